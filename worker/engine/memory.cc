@@ -1,0 +1,108 @@
+#include "worker/engine/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace vp::engine {
+
+std::string_view MemoryCategoryName(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::kParameters:
+      return "parameters";
+    case MemoryCategory::kGradients:
+      return "gradients";
+    case MemoryCategory::kOptimizer:
+      return "optimizer";
+    case MemoryCategory::kActivations:
+      return "activations";
+    case MemoryCategory::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+namespace {
+void RaiseTo(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+void MemoryTracker::Add(MemoryCategory c, int64_t bytes) {
+  const int i = static_cast<int>(c);
+  RaiseTo(peak_[i], current_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  RaiseTo(total_peak_, total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+}
+
+void MemoryTracker::Sub(MemoryCategory c, int64_t bytes) {
+  current_[static_cast<int>(c)].fetch_sub(bytes, std::memory_order_relaxed);
+  total_current_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+int64_t MemoryTracker::current(MemoryCategory c) const {
+  return current_[static_cast<int>(c)].load(std::memory_order_relaxed);
+}
+int64_t MemoryTracker::peak(MemoryCategory c) const {
+  return peak_[static_cast<int>(c)].load(std::memory_order_relaxed);
+}
+int64_t MemoryTracker::total_peak() const { return total_peak_.load(std::memory_order_relaxed); }
+int64_t MemoryTracker::total_current() const {
+  return total_current_.load(std::memory_order_relaxed);
+}
+
+void MemoryTracker::ResetPeaks() {
+  for (int i = 0; i < kN; ++i) peak_[i].store(current_[i].load());
+  total_peak_.store(total_current_.load());
+}
+
+void Buffer::FreeDeleter::operator()(float* p) const { std::free(p); }
+
+Buffer::Buffer(MemoryTracker* tracker, MemoryCategory category, size_t count)
+    : count_(count), tracker_(tracker), category_(category) {
+  if (count == 0) return;
+  // 64-byte alignment: a cache line, and what AVX-512 loads and cuBLAS-style kernels like.
+  const size_t bytes = ((count * sizeof(float) + 63) / 64) * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  data_.reset(static_cast<float*>(p));
+  if (tracker_ != nullptr) tracker_->Add(category_, static_cast<int64_t>(count_ * sizeof(float)));
+}
+
+Buffer::~Buffer() { Release(); }
+
+void Buffer::Release() {
+  if (data_ && tracker_ != nullptr) {
+    tracker_->Sub(category_, static_cast<int64_t>(count_ * sizeof(float)));
+  }
+  data_.reset();
+  count_ = 0;
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::move(other.data_)),
+      count_(other.count_),
+      tracker_(other.tracker_),
+      category_(other.category_) {
+  other.count_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = std::move(other.data_);
+    count_ = other.count_;
+    tracker_ = other.tracker_;
+    category_ = other.category_;
+    other.count_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::Zero() {
+  if (count_ > 0) std::memset(data_.get(), 0, count_ * sizeof(float));
+}
+
+}  // namespace vp::engine
