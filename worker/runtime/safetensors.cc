@@ -1,0 +1,178 @@
+#include "worker/runtime/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace vp::runtime {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // as the reference implementation caps it
+
+absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd, p, bytes);
+    if (n < 0) return absl::InternalError(absl::StrCat(path, ": write failed: ", strerror(errno)));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const TensorView& t : tensors) {
+    if (header.contains(t.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": duplicate tensor name ", t.name));
+    }
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat(t.name, ": negative dimension"));
+      numel *= static_cast<uint64_t>(d);
+    }
+    header[t.name] = {{"dtype", "F32"},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + numel * sizeof(float)}}};
+    offset += numel * sizeof(float);
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  // Pad the header with spaces so the data section starts 8-byte aligned.
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", strerror(errno)));
+  uint64_t n = text.size();
+  unsigned char len_le[8];
+  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(n >> (8 * i));
+  absl::Status st = WriteAll(fd, len_le, 8, tmp);
+  if (st.ok()) st = WriteAll(fd, text.data(), text.size(), tmp);
+  for (const TensorView& t : tensors) {
+    if (!st.ok()) break;
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    st = WriteAll(fd, t.data, static_cast<size_t>(numel) * sizeof(float), tmp);
+  }
+  if (st.ok() && ::fsync(fd) != 0) st = absl::InternalError(absl::StrCat(tmp, ": fsync failed"));
+  ::close(fd);
+  if (!st.ok()) {
+    std::remove(tmp.c_str());
+    return st;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat(path, ": rename failed: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::error_code ec;
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path, ": cannot stat: ", ec.message()));
+  if (file_size < 8) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated: ", file_size,
+                                            " bytes, shorter than the 8-byte header length"));
+  }
+  unsigned char len_le[8];
+  in.read(reinterpret_cast<char*>(len_le), 8);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len_le[i]) << (8 * i);
+  if (header_len > kMaxHeaderBytes || 8 + header_len > file_size) {
+    return absl::DataLossError(absl::StrCat(path, ": header length ", header_len,
+                                            " does not fit in the file (", file_size, " bytes)"));
+  }
+  std::string text(header_len, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(header_len));
+  json header = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return absl::DataLossError(absl::StrCat(path, ": header is not a JSON object"));
+  }
+  const uint64_t data_size = file_size - 8 - header_len;
+  SafetensorsFile out;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) {
+        return absl::DataLossError(absl::StrCat(path, ": __metadata__ is not an object"));
+      }
+      for (auto& [k, v] : entry.items()) {
+        if (!v.is_string()) {
+          return absl::DataLossError(absl::StrCat(path, ": __metadata__.", k, " is not a string"));
+        }
+        out.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = absl::StrCat(path, ": tensor ", name);
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets")) {
+      return absl::DataLossError(absl::StrCat(where, ": needs dtype, shape and data_offsets"));
+    }
+    if (entry["dtype"] != "F32") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": dtype ", entry["dtype"].dump(), " is not supported (F32 only)"));
+    }
+    Tensor t;
+    uint64_t numel = 1;
+    for (const json& d : entry["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+        return absl::DataLossError(absl::StrCat(where, ": bad shape ", entry["shape"].dump()));
+      }
+      t.shape.push_back(d.get<int64_t>());
+      numel *= d.get<uint64_t>();
+    }
+    const json& offs = entry["data_offsets"];
+    if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
+        !offs[1].is_number_unsigned()) {
+      return absl::DataLossError(absl::StrCat(where, ": bad data_offsets ", offs.dump()));
+    }
+    const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
+    if (begin > end || end > data_size) {
+      return absl::DataLossError(absl::StrCat(where, ": data_offsets [", begin, ", ", end,
+                                              ") outside the ", data_size, "-byte data section"));
+    }
+    if (end - begin != numel * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat(where, ": ", end - begin, " bytes for shape [",
+                                              absl::StrJoin(t.shape, ","), "] of F32"));
+    }
+    ranges.emplace_back(begin, end);
+    t.data.resize(numel);
+    in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
+    in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
+    if (!in) return absl::DataLossError(absl::StrCat(where, ": short read"));
+    out.tensors.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor data ranges overlap"));
+    }
+  }
+  return out;
+}
+
+}  // namespace vp::runtime

@@ -1,0 +1,40 @@
+// safetensors files (the Hugging Face format): an 8-byte little-endian header length, a JSON
+// header naming each tensor's dtype, shape and byte range, then the raw little-endian data.
+// vocabpipe writes F32 tensors only; the reader validates everything it is handed, since a
+// checkpoint is external input (truncated files, overlapping ranges, bad shapes are errors).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vp::runtime {
+
+struct TensorView {
+  std::string name;
+  std::vector<int64_t> shape;  // row-major
+  const float* data = nullptr;  // product(shape) floats
+};
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  int64_t numel() const;
+};
+
+// Writes atomically: to `path.tmp`, fsync, then rename over `path`.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
+struct SafetensorsFile {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+}  // namespace vp::runtime
