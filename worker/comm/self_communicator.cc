@@ -10,20 +10,25 @@ class SelfCommunicator final : public Communicator {
   int size() const override { return 1; }
   absl::Status AllReduce(float*, size_t, ReduceOp) override { return absl::OkStatus(); }
   absl::Status Broadcast(float*, size_t, int root) override {
-    if (root != 0) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " >= size 1"));
+    if (root != 0)
+      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " >= size 1"));
     return absl::OkStatus();
   }
   absl::Status Send(const float*, size_t, int peer, uint64_t) override {
-    return absl::FailedPreconditionError(absl::StrCat("send to rank ", peer, " on a 1-rank communicator"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("send to rank ", peer, " on a 1-rank communicator"));
   }
   absl::Status Recv(float*, size_t, int peer, uint64_t) override {
-    return absl::FailedPreconditionError(absl::StrCat("recv from rank ", peer, " on a 1-rank communicator"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("recv from rank ", peer, " on a 1-rank communicator"));
   }
   absl::Status Barrier() override { return absl::OkStatus(); }
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> MakeSelfCommunicator() { return std::make_unique<SelfCommunicator>(); }
+std::unique_ptr<Communicator> MakeSelfCommunicator() {
+  return std::make_unique<SelfCommunicator>();
+}
 
 }  // namespace vp::comm

@@ -16,7 +16,7 @@ namespace vp::runtime {
 
 struct TensorView {
   std::string name;
-  std::vector<int64_t> shape;  // row-major
+  std::vector<int64_t> shape;   // row-major
   const float* data = nullptr;  // product(shape) floats
 };
 

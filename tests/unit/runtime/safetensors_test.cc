@@ -21,9 +21,9 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   std::vector<float> a = {1, 2, 3, 4, 5, 6};
   std::vector<float> b = {-1.5f};
   const std::string path = TempPath("rt.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, {{"a", {2, 3}, a.data()}, {"b", {1}, b.data()}},
-                               {{"format", "pt"}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(path, {{"a", {2, 3}, a.data()}, {"b", {1}, b.data()}}, {{"format", "pt"}})
+          .ok());
   auto file = ReadSafetensors(path);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->metadata.at("format"), "pt");

@@ -1,0 +1,100 @@
+// planner_bench: (1) time to build + validate + simulate a p=64, m=1024 plan; (2) the paper's
+// 8-GPU model (Table 5 setup) simulated with FLOP-proportional A100 costs.
+#include <chrono>
+#include <cstdio>
+
+#include "coordinator/planner/planner.h"
+
+using namespace vp::planner;
+
+#include <fstream>
+#include <string>
+
+// --svg DIR: writes the docs/img pictures (the renderer behind `vocabpipe plan --format svg`).
+static int WriteSvgs(const std::string& dir) {
+  struct Pic {
+    const char* name;
+    Schedule s;
+    VocabMethod v;
+    int k;
+  };
+  for (Pic pic : {Pic{"1f1b-vocab2", Schedule::k1F1B, VocabMethod::kVocab2, 1},
+                  Pic{"1f1b-baseline", Schedule::k1F1B, VocabMethod::kBaseline, 1},
+                  Pic{"vhalf-vocab1", Schedule::kVHalf, VocabMethod::kVocab1, 1},
+                  Pic{"zbv-vocab2", Schedule::kZBV, VocabMethod::kVocab2, 1},
+                  Pic{"seq1f1b-vocab2", Schedule::kSeq1F1B, VocabMethod::kVocab2, 2}}) {
+    PlannerInput in;
+    in.pipeline = 4;
+    in.microbatches = 8;
+    in.layers = 16;
+    in.seq_chunks = pic.k;
+    in.schedule = pic.s;
+    in.vocab = pic.v;
+    in.costs = {1, 1, 1, 0.5, 0.5, 0.1, 0.1, 0, 0, 0};
+    auto plan = BuildPlan(in);
+    if (!plan.ok()) return 1;
+    auto sim = Simulate(*plan, in);
+    std::ofstream(dir + "/" + pic.name + ".svg") << RenderSvg(*plan, *sim);
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--svg") return WriteSvgs(argv[2]);
+  for (Schedule s : {Schedule::k1F1B, Schedule::kVHalf, Schedule::kZBH1})
+    for (VocabMethod v : {VocabMethod::kBaseline, VocabMethod::kVocab2, VocabMethod::kVocab1}) {
+      PlannerInput in;
+      in.pipeline = 64;
+      in.microbatches = 1024;
+      in.layers = 128;
+      in.schedule = s;
+      in.vocab = v;
+      in.costs = {1, 1, 1, 0.3, 0.3, 0.05, 0.05, 0.01, 0.01, 0};
+      const auto t0 = std::chrono::steady_clock::now();
+      auto plan = BuildPlan(in);  // builds, lowers and validates
+      if (!plan.ok()) return std::printf("%s\n", std::string(plan.status().message()).c_str()), 1;
+      auto sim = Simulate(*plan, in);  // validates again and times
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      size_t n = 0;
+      for (auto& r : plan->ranks) n += r.actions.size();
+      std::printf(
+          "p=64 m=1024 %-6s %-8s actions=%zu build+validate+simulate %.3f s (bubble %.3f)\n",
+          std::string(ScheduleName(s)).c_str(), std::string(VocabName(v)).c_str(), n, sec,
+          sim->bubble_ratio);
+    }
+  std::printf(
+      "\nPaper 8-GPU model: 32 layers, h=3072, s=4096, 128 microbatches, 1F1B, A100 312 TFLOPS\n");
+  std::printf("%-10s %8s %8s %8s %8s   peak act+state GB on worst rank (32k..256k)\n", "method",
+              "32k", "64k", "128k", "256k");
+  for (VocabMethod v : {VocabMethod::kBaseline, VocabMethod::kRedis, VocabMethod::kVocab1,
+                        VocabMethod::kVocab2, VocabMethod::kInterlaced}) {
+    std::printf("%-10s", std::string(VocabName(v)).c_str());
+    std::string mem;
+    for (int64_t vocab : {32768, 65536, 131072, 262144}) {
+      PlannerInput in;
+      in.pipeline = 8;
+      in.microbatches = 128;
+      in.layers = 32;
+      in.vocab = v;
+      in.model.hidden = 3072;
+      in.model.heads = 24;
+      in.model.seq_len = 4096;
+      in.model.vocab = vocab;
+      in.model.peak_flops = 312e12;
+      in.costs = FlopProportionalCosts(8, 32, in.model, 312e12);
+      auto plan = BuildPlan(in);
+      if (!plan.ok()) return std::printf("%s\n", std::string(plan.status().message()).c_str()), 1;
+      auto sim = Simulate(*plan, in);
+      double peak = 0;
+      for (auto& r : sim->ranks)
+        peak = std::max(peak, double(r.peak_activation_bytes + r.state_bytes) / 1e9);
+      std::printf(" %7.2f%%", 100 * sim->mfu);
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %6.1f", peak);
+      mem += buf;
+    }
+    std::printf("  %s\n", mem.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,182 @@
+// `vocabpipe plan job.yaml [overrides] [--format table|json|text|svg]`: builds, validates and
+// simulates a plan offline (no daemon). See docs/planner.md.
+#include <iostream>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "client/commands.h"
+#include "coordinator/planner/planner.h"
+#include "proto/spec/job_spec.h"
+
+namespace vp::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vocabpipe plan job.yaml [--pipeline P] [--microbatches M] [--schedule S|auto]\n"
+    "         [--vocab V|auto] [--seq-chunks K] [--chunks-per-rank V] [--budget BYTES]\n"
+    "         [--costs F=1,B=2,W=1,S=0,T=0,IF=0,IB=0,comm=0,coll=0,opt=0]\n"
+    "         [--format table|json|text|svg]\n";
+
+int Usage(std::ostream& err, absl::string_view why) {
+  err << "vocabpipe plan: " << why << "\n" << kUsage;
+  return 2;
+}
+
+// Parses "F=1,B=2,..." onto costs; keys not given keep their value.
+bool ParseCosts(absl::string_view text, planner::Costs* c, std::string* error) {
+  std::map<std::string, double*> keys = {
+      {"F", &c->f},        {"B", &c->b},       {"W", &c->w},
+      {"S", &c->s},        {"T", &c->t},       {"IF", &c->input_f},
+      {"IB", &c->input_b}, {"comm", &c->comm}, {"coll", &c->collective},
+      {"opt", &c->opt}};
+  bool comm_set = false, coll_set = false;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
+    double v = 0;
+    auto it = kv.size() == 2 ? keys.find(std::string(kv[0])) : keys.end();
+    if (it == keys.end() || !absl::SimpleAtod(kv[1], &v) || v < 0) {
+      *error = absl::StrCat("--costs: bad item '", item,
+                            "' (KEY=non-negative number; keys F B W S T IF IB comm coll opt)");
+      return false;
+    }
+    *it->second = v;
+    comm_set |= kv[0] == "comm";
+    coll_set |= kv[0] == "coll";
+  }
+  if (comm_set && !coll_set) c->collective = c->comm;
+  return true;
+}
+
+}  // namespace
+
+int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  std::string path, format = "table", costs_text;
+  std::map<std::string, std::string> flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      out << kUsage;
+      return 0;
+    }
+    if (a.rfind("--", 0) == 0) {
+      if (i + 1 >= args.size()) return Usage(err, absl::StrCat(a, " needs a value"));
+      flags[a] = args[++i];
+    } else if (path.empty()) {
+      path = a;
+    } else {
+      return Usage(err, absl::StrCat("unexpected argument '", a, "'"));
+    }
+  }
+  if (path.empty()) return Usage(err, "missing job file");
+  absl::StatusOr<vocabpipe::v1::JobSpec> spec = spec::LoadJobSpecFile(path);
+  if (!spec.ok()) {
+    err << "vocabpipe plan: " << spec.status().message() << "\n";
+    return 2;
+  }
+  const auto& par = spec->parallel();
+  const auto& model = spec->model();
+  planner::PlannerInput in;
+  in.pipeline = par.pipeline();
+  in.microbatches = par.microbatches();
+  in.layers = model.layers();
+  in.seq_chunks = par.seq_chunks();
+  in.chunks_per_rank = par.has_chunks_per_rank() ? par.chunks_per_rank() : 2;
+  in.max_pending_t = par.has_max_pending_t() ? par.max_pending_t() : 1;
+  in.model.hidden = model.hidden();
+  in.model.heads = model.heads();
+  in.model.seq_len = model.seq_len();
+  in.model.vocab = model.vocab_size();
+  in.model.ffn = model.ffn_hidden();
+  in.model.microbatch_size = par.microbatch_size();
+  in.model.tie_embeddings = model.tie_embeddings();
+  in.model.activation_bytes_per_element = spec->device().rfind("cuda", 0) == 0 ? 2 : 4;
+  std::string schedule = par.schedule(), vocab = par.vocab();
+  int64_t budget = par.memory_budget_bytes();
+  for (const auto& [flag, value] : flags) {
+    int v = 0;
+    auto need_int = [&](int* dst, int lo) {
+      if (!absl::SimpleAtoi(value, &v) || v < lo) return false;
+      *dst = v;
+      return true;
+    };
+    if (flag == "--pipeline") {
+      if (!need_int(&in.pipeline, 1)) return Usage(err, "--pipeline: need an integer >= 1");
+    } else if (flag == "--microbatches") {
+      if (!need_int(&in.microbatches, 1)) return Usage(err, "--microbatches: need an integer >= 1");
+    } else if (flag == "--seq-chunks") {
+      if (!need_int(&in.seq_chunks, 1)) return Usage(err, "--seq-chunks: need an integer >= 1");
+    } else if (flag == "--chunks-per-rank") {
+      if (!need_int(&in.chunks_per_rank, 1))
+        return Usage(err, "--chunks-per-rank: need an integer >= 1");
+    } else if (flag == "--schedule") {
+      schedule = value;
+    } else if (flag == "--vocab") {
+      vocab = value;
+    } else if (flag == "--costs") {
+      costs_text = value;
+    } else if (flag == "--format") {
+      format = value;
+    } else if (flag == "--budget") {
+      if (!absl::SimpleAtoi(value, &budget) || budget < 0)
+        return Usage(err, "--budget: need bytes >= 0");
+    } else {
+      return Usage(err, absl::StrCat("unknown flag ", flag));
+    }
+  }
+  if (format != "table" && format != "json" && format != "text" && format != "svg")
+    return Usage(err, "--format: expected table|json|text|svg");
+  // Default costs: FLOP-proportional, in units of 1e12 FLOPs (MFU needs real costs).
+  in.costs = planner::FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  std::string cost_error;
+  if (!costs_text.empty() && !ParseCosts(costs_text, &in.costs, &cost_error))
+    return Usage(err, cost_error);
+  const bool schedule_auto = schedule == "auto", vocab_auto = vocab == "auto";
+  if (!schedule_auto) {
+    absl::StatusOr<planner::Schedule> s = planner::ParseSchedule(schedule);
+    if (!s.ok()) return Usage(err, s.status().message());
+    in.schedule = *s;
+  }
+  if (!vocab_auto) {
+    absl::StatusOr<planner::VocabMethod> v = planner::ParseVocab(vocab);
+    if (!v.ok()) return Usage(err, v.status().message());
+    in.vocab = *v;
+  }
+  std::string explanation;
+  if (schedule_auto || vocab_auto) {
+    absl::StatusOr<planner::AutoChoice> choice =
+        planner::ChoosePlan(in, schedule_auto, vocab_auto, budget);
+    if (!choice.ok()) {
+      err << "vocabpipe plan: " << choice.status().message() << "\n";
+      return 2;
+    }
+    in = choice->chosen;
+    explanation = planner::CandidatesTable(*choice);
+  }
+  absl::StatusOr<planner::Plan> plan = planner::BuildPlan(in);
+  if (!plan.ok()) {
+    err << "vocabpipe plan: " << plan.status().message() << "\n";
+    return plan.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  absl::StatusOr<planner::SimResult> sim = planner::Simulate(*plan, in);
+  if (!sim.ok()) {
+    err << "vocabpipe plan: " << sim.status().message() << "\n";
+    return 1;
+  }
+  if (format == "json") {
+    out << planner::RenderJson(*plan, *sim);
+  } else if (format == "text") {
+    out << planner::PlanToText(*plan);
+  } else if (format == "svg") {
+    out << planner::RenderSvg(*plan, *sim);
+  } else {
+    if (!explanation.empty())
+      out << "candidates (fitting first, by predicted step time):\n" << explanation << "\n";
+    out << planner::RenderTable(*plan, *sim);
+  }
+  return 0;
+}
+
+}  // namespace vp::cli

@@ -1,0 +1,28 @@
+// Shared by the planner's .cc files: layer placement and per-action costs of one plan.
+#pragma once
+
+#include <vector>
+
+#include "coordinator/planner/plan.h"
+#include "coordinator/planner/planner.h"
+
+namespace vp::planner::internal {
+
+struct Layout {
+  int p = 1, m = 1, k = 1, groups = 1, layers = 1;
+  std::vector<int> owner_rank, owner_chunk, group_layers;  // per group
+  std::vector<std::vector<int>> group_of;                  // [rank][chunk]
+  std::vector<double> seq_cost_share, seq_mem_share;       // per sequence chunk
+  bool sharded = false;
+  int barrier = 0;  // 0, 1 (C1), 2 (C1 + C2)
+  int x_owner() const { return owner_rank[groups - 1]; }
+};
+
+// Reads placement and sequence shares from a plan (checked: every layer once, groups once).
+absl::StatusOr<Layout> LayoutFromPlan(const Plan& plan);
+
+// Cost of one compute action on `rank` and its activation units (+ for F, - for W/BW).
+double ActionCost(const Layout& l, const Costs& c, int rank, const Action& a);
+double ActivationUnits(const Layout& l, int rank, const Action& a);
+
+}  // namespace vp::planner::internal

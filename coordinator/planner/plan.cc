@@ -1,0 +1,269 @@
+#include "coordinator/planner/plan.h"
+
+#include <array>
+#include <charconv>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace vp::planner {
+namespace {
+
+constexpr std::array<absl::string_view, kNumActionKinds> kNames = {
+    "F",         "B",       "W",   "BW",       "IF",        "IB",
+    "S",         "T",       "OPT", "SEND_ACT", "RECV_ACT",  "SEND_GRAD",
+    "RECV_GRAD", "BCAST_X", "C1",  "C2",       "IF_REDUCE", "IB_BCAST"};
+
+absl::Status Bad(absl::string_view what, absl::string_view detail) {
+  return absl::InvalidArgumentError(absl::StrCat("plan text: ", what, ": ", detail));
+}
+
+}  // namespace
+
+absl::string_view ActionKindName(ActionKind kind) { return kNames[static_cast<int>(kind)]; }
+
+bool IsCompute(ActionKind kind) {
+  return static_cast<int>(kind) <= static_cast<int>(ActionKind::kOpt);
+}
+bool IsP2P(ActionKind kind) {
+  return kind == ActionKind::kSendAct || kind == ActionKind::kRecvAct ||
+         kind == ActionKind::kSendGrad || kind == ActionKind::kRecvGrad;
+}
+bool IsCollective(ActionKind kind) {
+  return static_cast<int>(kind) >= static_cast<int>(ActionKind::kBcastX);
+}
+
+std::string ToString(const Action& a) {
+  if (a.kind == ActionKind::kOpt) return "OPT";
+  std::string s = absl::StrCat(ActionKindName(a.kind), "(", a.mb);
+  if (a.chunk != 0) absl::StrAppend(&s, ",c", a.chunk);
+  if (a.seq != 0) absl::StrAppend(&s, ",s", a.seq);
+  if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
+    absl::StrAppend(&s, ",>", a.peer);
+  } else if (a.kind == ActionKind::kRecvAct || a.kind == ActionKind::kRecvGrad) {
+    absl::StrAppend(&s, ",<", a.peer);
+  }
+  s += ")";
+  return s;
+}
+
+absl::StatusOr<Action> ParseAction(absl::string_view token) {
+  Action a;
+  absl::string_view name = token;
+  absl::string_view args;
+  if (auto open = token.find('('); open != absl::string_view::npos) {
+    if (token.back() != ')') return Bad(token, "missing ')'");
+    name = token.substr(0, open);
+    args = token.substr(open + 1, token.size() - open - 2);
+  }
+  int kind = -1;
+  for (int i = 0; i < kNumActionKinds; ++i) {
+    if (kNames[i] == name) kind = i;
+  }
+  if (kind < 0) return Bad(token, "unknown action kind");
+  a.kind = static_cast<ActionKind>(kind);
+  if (a.kind == ActionKind::kOpt) {
+    if (!args.empty()) return Bad(token, "OPT takes no arguments");
+    a.mb = -1;
+    return a;
+  }
+  if (args.empty()) return Bad(token, "missing microbatch");
+  std::vector<absl::string_view> parts = absl::StrSplit(args, ',');
+  if (!absl::SimpleAtoi(parts[0], &a.mb) || a.mb < 0) return Bad(token, "bad microbatch");
+  for (size_t i = 1; i < parts.size(); ++i) {
+    absl::string_view p = parts[i];
+    if (p.empty()) return Bad(token, "empty field");
+    int v = 0;
+    if (!absl::SimpleAtoi(p.substr(1), &v) || v < 0) return Bad(token, "bad number");
+    switch (p[0]) {
+      case 'c':
+        a.chunk = static_cast<int16_t>(v);
+        break;
+      case 's':
+        a.seq = static_cast<int16_t>(v);
+        break;
+      case '>':
+        if (a.kind != ActionKind::kSendAct && a.kind != ActionKind::kSendGrad)
+          return Bad(token, "'>' only on sends");
+        a.peer = static_cast<int16_t>(v);
+        break;
+      case '<':
+        if (a.kind != ActionKind::kRecvAct && a.kind != ActionKind::kRecvGrad)
+          return Bad(token, "'<' only on receives");
+        a.peer = static_cast<int16_t>(v);
+        break;
+      default:
+        return Bad(token, "unknown field");
+    }
+  }
+  if (IsP2P(a.kind) && a.peer < 0) return Bad(token, "send/receive needs a peer");
+  return a;
+}
+
+int Plan::groups() const {
+  int g = 0;
+  for (const RankPlan& r : ranks) g += static_cast<int>(r.chunks.size());
+  return g;
+}
+
+std::string PlanToText(const Plan& plan) {
+  std::string s = "# vocabpipe plan v1\n";
+  absl::StrAppend(&s, "schedule ", plan.schedule, "\nvocab ", plan.vocab, "\npipeline ",
+                  plan.pipeline, "\nmicrobatches ", plan.microbatches, "\nseq_chunks ",
+                  plan.seq_chunks, "\nlayers ", plan.layers, "\nseq_bounds");
+  for (int b : plan.seq_bounds) absl::StrAppend(&s, " ", b);
+  absl::StrAppend(&s, "\nx_owner ", plan.x_owner, "\nvocab_sharded ", plan.vocab_sharded ? 1 : 0,
+                  "\nbarrier ", plan.barrier, "\n");
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    for (size_t c = 0; c < plan.ranks[r].chunks.size(); ++c) {
+      const ModelChunk& mc = plan.ranks[r].chunks[c];
+      absl::StrAppend(&s, "chunk ", r, " ", c, " group ", mc.group, " layers ", mc.first_layer, " ",
+                      mc.num_layers, "\n");
+    }
+  }
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    absl::StrAppend(&s, "rank ", r, ":");
+    for (const Action& a : plan.ranks[r].actions) absl::StrAppend(&s, " ", ToString(a));
+    s += "\n";
+  }
+  return s;
+}
+
+absl::StatusOr<Plan> PlanFromText(absl::string_view text) {
+  Plan plan;
+  plan.ranks.clear();
+  plan.seq_bounds.clear();
+  bool have_pipeline = false;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    auto where = [&](absl::string_view d) { return Bad(absl::StrCat("line ", line_no), d); };
+    auto num = [&](size_t i, int* out) { return i < w.size() && absl::SimpleAtoi(w[i], out); };
+    absl::string_view key = w[0];
+    int v = 0;
+    if (key == "schedule" && w.size() == 2) {
+      plan.schedule = std::string(w[1]);
+    } else if (key == "vocab" && w.size() == 2) {
+      plan.vocab = std::string(w[1]);
+    } else if (key == "pipeline" && num(1, &plan.pipeline)) {
+      if (plan.pipeline < 1 || plan.pipeline > 4096) return where("pipeline out of range");
+      plan.ranks.resize(plan.pipeline);
+      have_pipeline = true;
+    } else if (key == "microbatches" && num(1, &plan.microbatches)) {
+    } else if (key == "seq_chunks" && num(1, &plan.seq_chunks)) {
+    } else if (key == "layers" && num(1, &plan.layers)) {
+    } else if (key == "x_owner" && num(1, &plan.x_owner)) {
+    } else if (key == "vocab_sharded" && num(1, &v)) {
+      plan.vocab_sharded = v != 0;
+    } else if (key == "barrier" && num(1, &plan.barrier)) {
+    } else if (key == "seq_bounds") {
+      for (size_t i = 1; i < w.size(); ++i) {
+        if (!num(i, &v)) return where("bad seq_bounds");
+        plan.seq_bounds.push_back(v);
+      }
+    } else if (key == "chunk" && w.size() == 8) {
+      int r, c;
+      ModelChunk mc;
+      if (!have_pipeline || !num(1, &r) || !num(2, &c) || !num(4, &mc.group) ||
+          !num(6, &mc.first_layer) || !num(7, &mc.num_layers) || r < 0 || r >= plan.pipeline ||
+          c != static_cast<int>(plan.ranks[r].chunks.size()))
+        return where("bad chunk line (chunks must follow 'pipeline' and come in order)");
+      plan.ranks[r].chunks.push_back(mc);
+    } else if (key.substr(0, 4) == "rank" && w.size() >= 2 && w[1].back() == ':') {
+      int r;
+      if (!have_pipeline || !absl::SimpleAtoi(w[1].substr(0, w[1].size() - 1), &r) || r < 0 ||
+          r >= plan.pipeline)
+        return where("bad rank line");
+      for (size_t i = 2; i < w.size(); ++i) {
+        absl::StatusOr<Action> a = ParseAction(w[i]);
+        if (!a.ok()) return where(a.status().message());
+        plan.ranks[r].actions.push_back(*a);
+      }
+    } else {
+      return where(absl::StrCat("unknown or malformed line '", line, "'"));
+    }
+  }
+  if (!have_pipeline) return Bad("header", "missing 'pipeline'");
+  return plan;
+}
+
+vocabpipe::v1::Plan PlanToProto(const Plan& plan) {
+  vocabpipe::v1::Plan p;
+  p.set_schedule(plan.schedule);
+  p.set_vocab(plan.vocab);
+  p.set_pipeline(plan.pipeline);
+  p.set_microbatches(plan.microbatches);
+  p.set_seq_chunks(plan.seq_chunks);
+  p.set_layers(plan.layers);
+  for (int b : plan.seq_bounds) p.add_seq_bounds(b);
+  p.set_x_owner(plan.x_owner);
+  p.set_vocab_sharded(plan.vocab_sharded);
+  p.set_barrier(plan.barrier);
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    vocabpipe::v1::RankPlan* rp = p.add_ranks();
+    rp->set_rank(static_cast<int>(r));
+    for (size_t c = 0; c < plan.ranks[r].chunks.size(); ++c) {
+      const ModelChunk& mc = plan.ranks[r].chunks[c];
+      vocabpipe::v1::ModelChunk* pc = rp->add_chunks();
+      pc->set_chunk(static_cast<int>(c));
+      pc->set_group(mc.group);
+      pc->set_first_layer(mc.first_layer);
+      pc->set_num_layers(mc.num_layers);
+    }
+    rp->mutable_actions()->Reserve(static_cast<int>(plan.ranks[r].actions.size()));
+    for (const Action& a : plan.ranks[r].actions) {
+      vocabpipe::v1::PlanAction* pa = rp->add_actions();
+      pa->set_kind(static_cast<vocabpipe::v1::ActionKind>(static_cast<int>(a.kind) + 1));
+      pa->set_microbatch(a.mb);
+      pa->set_chunk(a.chunk);
+      pa->set_seq(a.seq);
+      pa->set_peer(a.peer);
+    }
+  }
+  return p;
+}
+
+absl::StatusOr<Plan> PlanFromProto(const vocabpipe::v1::Plan& p) {
+  Plan plan;
+  plan.schedule = p.schedule();
+  plan.vocab = p.vocab();
+  plan.pipeline = p.pipeline();
+  plan.microbatches = p.microbatches();
+  plan.seq_chunks = p.seq_chunks();
+  plan.layers = p.layers();
+  plan.seq_bounds.assign(p.seq_bounds().begin(), p.seq_bounds().end());
+  plan.x_owner = p.x_owner();
+  plan.vocab_sharded = p.vocab_sharded();
+  plan.barrier = p.barrier();
+  if (p.pipeline() < 1 || p.ranks_size() != p.pipeline())
+    return absl::InvalidArgumentError("plan.ranks: need exactly `pipeline` rank plans");
+  plan.ranks.resize(p.pipeline());
+  for (const vocabpipe::v1::RankPlan& rp : p.ranks()) {
+    if (rp.rank() < 0 || rp.rank() >= p.pipeline())
+      return absl::InvalidArgumentError("plan.ranks.rank: out of range");
+    RankPlan& out = plan.ranks[rp.rank()];
+    for (const vocabpipe::v1::ModelChunk& c : rp.chunks())
+      out.chunks.push_back({c.group(), c.first_layer(), c.num_layers()});
+    out.actions.reserve(rp.actions_size());
+    for (const vocabpipe::v1::PlanAction& pa : rp.actions()) {
+      int k = static_cast<int>(pa.kind()) - 1;
+      if (k < 0 || k >= kNumActionKinds)
+        return absl::InvalidArgumentError("plan.ranks.actions.kind: unspecified or unknown");
+      Action a;
+      a.kind = static_cast<ActionKind>(k);
+      a.mb = pa.microbatch();
+      a.chunk = static_cast<int16_t>(pa.chunk());
+      a.seq = static_cast<int16_t>(pa.seq());
+      a.peer = static_cast<int16_t>(pa.peer());
+      out.actions.push_back(a);
+    }
+  }
+  return plan;
+}
+
+}  // namespace vp::planner

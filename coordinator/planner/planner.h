@@ -1,0 +1,139 @@
+// The planner: schedule generators × vocabulary methods -> lowered Plan, validator,
+// simulator, automatic choice and renderers (docs/planner.md). No tensor code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/planner/plan.h"
+
+namespace vp::planner {
+
+enum class Schedule { k1F1B, kInterleaved, kVHalf, kZBH1, kZBV, kSeq1F1B, kSeq1F1BInterleaved };
+enum class VocabMethod { kBaseline, kRedis, kInterlaced, kVocab1, kVocab2 };
+
+absl::string_view ScheduleName(Schedule s);  // 1f1b, interleaved, vhalf, zbh1, zbv, seq1f1b, ...
+absl::string_view VocabName(VocabMethod v);  // baseline, redis, interlaced, vocab1, vocab2
+absl::StatusOr<Schedule> ParseSchedule(absl::string_view name);
+absl::StatusOr<VocabMethod> ParseVocab(absl::string_view name);
+std::vector<Schedule> AllSchedules();
+std::vector<VocabMethod> AllVocabMethods();
+
+// Per-pass costs (any time unit; seconds when MFU is wanted). F, B, W are one pass of one
+// stage's layers (layers/pipeline of them) over one whole microbatch; a model chunk or a
+// sequence chunk costs its share. S and T are one rank's vocabulary shard (1/p of the output
+// layer) for one microbatch; the unsharded output layer (baseline, redis) costs p·S and p·T.
+// IF/IB are the input layer passes (a row gather costs the same for a shard and the whole).
+struct Costs {
+  double f = 1, b = 2, w = 1;
+  double s = 0, t = 0;
+  double input_f = 0, input_b = 0;
+  double comm = 0;        // point-to-point transfer latency
+  double collective = 0;  // one vocabulary collective (C0, C1, C2, IF_REDUCE, IB_BCAST)
+  double opt = 0;         // optimizer step
+};
+
+// Model shape for byte counts, FLOPs and the sequence partition (all optional: zeros mean
+// "unknown", then bytes/MFU are reported as 0 and sequence chunks are equal).
+struct ModelShape {
+  int64_t hidden = 0, heads = 0, seq_len = 0, vocab = 0, ffn = 0, microbatch_size = 1;
+  bool tie_embeddings = false;
+  int activation_bytes_per_element = 2;  // bf16 activations on GPU, 4 on CPU
+  int state_bytes_per_param = 16;        // fp32 weight + grad + Adam m, v
+  double peak_flops = 0;                 // per device, for MFU (costs must then be seconds)
+};
+
+struct PlannerInput {
+  int pipeline = 1;         // p
+  int microbatches = 1;     // m
+  int layers = 1;           // transformer layers L
+  int seq_chunks = 1;       // k (Seq1F1B schedules)
+  int chunks_per_rank = 2;  // v for interleaved schedules (V-shapes always 2)
+  Schedule schedule = Schedule::k1F1B;
+  VocabMethod vocab = VocabMethod::kVocab2;
+  int max_pending_t = 1;  // Vocab-2 T passes allowed to wait (T(i) before S(i+max_pending_t))
+  Costs costs;
+  ModelShape model;
+};
+
+// Costs proportional to the paper's FLOP counts (Table 4) at `flops_per_second` per device:
+// F = B = W = one stage's transformer forward FLOPs, S = 2bshV/p, T = 4bshV/p (the output
+// layer's 6bshV split over p shards), no input-layer or communication cost.
+Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m, double flops_per_second);
+
+// Builds, lowers and validates a plan. Impossible requests get InvalidArgument naming the
+// field and the rule.
+absl::StatusOr<Plan> BuildPlan(const PlannerInput& in);
+
+// Checks a plan: placement covers every layer once, every pass present exactly once on the
+// rank holding its chunk, every dependency respected, every send matched by a receive,
+// collectives in the same order on every rank, no deadlock (rendezvous semantics). On
+// failure the message lists the first offending action of each stuck rank.
+absl::Status ValidatePlan(const Plan& plan);
+
+struct RankStats {
+  int rank = 0;
+  double busy = 0;  // compute time
+  double first_start = 0, last_end = 0;
+  double peak_activation_microbatches = 0;  // one stage's layers × one microbatch = 1
+  int64_t peak_activation_bytes = 0;
+  int64_t parameter_bytes = 0;  // weights only
+  int64_t state_bytes = 0;      // weights + gradients + optimizer state
+  int layers = 0;
+};
+
+struct TimedAction {
+  double start = 0, end = 0;
+};
+
+struct SimResult {
+  double makespan = 0;
+  double bubble_ratio = 0;  // 1 - mean busy / max span
+  double step_time = 0;     // makespan + optimizer
+  double model_flops = 0;   // per step (paper Table 4); 0 when the shape is unknown
+  double mfu = 0;           // model_flops / (step_time · p · peak_flops)
+  std::vector<RankStats> ranks;
+  std::vector<std::vector<TimedAction>> times;  // per rank, per action
+};
+
+// Validates, then times the plan: per-rank compute lane in plan order, P2P transfers cost
+// costs.comm on the edge, collectives run on a comm lane shared by all ranks.
+absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in);
+
+// Computation-wise sequence partition: k chunk boundaries (k+1 offsets) with equal forward
+// FLOPs under the causal model of docs/planner.md. Equal lengths when the shape is unknown.
+absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& shape, int layers, int k);
+// Forward FLOPs of tokens [begin, end) of one sequence (causal attention to all keys < end).
+double ChunkForwardFlops(const ModelShape& shape, int layers, int64_t begin, int64_t end);
+
+// Automatic choice: every (schedule, vocab, k) candidate ranked by predicted step time.
+struct Candidate {
+  Schedule schedule;
+  VocabMethod vocab;
+  int seq_chunks = 1;
+  bool ok = false;  // built and simulated
+  std::string error;
+  double step_time = 0, bubble_ratio = 0, mfu = 0;
+  int64_t peak_bytes = 0;  // max over ranks of state + activations
+  bool fits = false;
+};
+struct AutoChoice {
+  PlannerInput chosen;
+  std::vector<Candidate> candidates;  // sorted: fitting first, then by step time
+};
+// Candidates: every schedule when in.schedule_auto, else in.schedule; same for vocab; k in
+// {1,2,4} for Seq1F1B schedules. budget_bytes 0 = unlimited.
+absl::StatusOr<AutoChoice> ChoosePlan(const PlannerInput& in, bool schedule_auto, bool vocab_auto,
+                                      int64_t budget_bytes);
+std::string CandidatesTable(const AutoChoice& choice);
+
+// Renderers.
+std::string RenderTable(const Plan& plan, const SimResult& sim);
+std::string RenderJson(const Plan& plan, const SimResult& sim);
+std::string RenderSvg(const Plan& plan, const SimResult& sim);
+
+}  // namespace vp::planner

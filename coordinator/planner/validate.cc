@@ -1,0 +1,609 @@
+// Validator and simulator: one abstract machine executes a lowered plan.
+//
+// Every rank runs its actions strictly in order. Compute actions need local "tokens" (data the
+// rank holds: its own activations, received activations/gradients, collective results). A
+// SEND fires only together with the matching RECV at the peer's head (rendezvous: a send
+// blocks until matched), a collective only when it is at the head of every rank. Data crosses
+// ranks only through these actions, so a compute whose token is missing can never run: the
+// rank is stuck. If every rank reaches its end the plan is deadlock-free under blocking sends
+// (and under any looser semantics), every dependency is respected, and the firing order is a
+// global order of which every rank's list is a projection (docs/planner.md).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/planner/internal.h"
+#include "coordinator/planner/planner.h"
+
+namespace vp::planner {
+namespace internal {
+
+absl::StatusOr<Layout> LayoutFromPlan(const Plan& plan) {
+  Layout l;
+  l.p = plan.pipeline;
+  l.m = plan.microbatches;
+  l.k = plan.seq_chunks;
+  l.layers = plan.layers;
+  l.sharded = plan.vocab_sharded;
+  l.barrier = plan.barrier;
+  if (l.p < 1 || static_cast<int>(plan.ranks.size()) != l.p)
+    return absl::InvalidArgumentError("plan.pipeline: must equal the number of rank plans (>= 1)");
+  if (l.m < 1) return absl::InvalidArgumentError("plan.microbatches: must be >= 1");
+  if (l.k < 1 || static_cast<int>(plan.seq_bounds.size()) != l.k + 1)
+    return absl::InvalidArgumentError("plan.seq_bounds: need seq_chunks + 1 offsets");
+  for (int q = 0; q < l.k; ++q) {
+    if (plan.seq_bounds[q + 1] <= plan.seq_bounds[q])
+      return absl::InvalidArgumentError("plan.seq_bounds: must be strictly increasing");
+  }
+  if (l.barrier < 0 || l.barrier > 2 || (!l.sharded && l.barrier != 0))
+    return absl::InvalidArgumentError("plan.barrier: 0 without vocabulary sharding, else 1 or 2");
+  l.groups = plan.groups();
+  l.owner_rank.assign(l.groups, -1);
+  l.owner_chunk.assign(l.groups, -1);
+  l.group_layers.assign(l.groups, 0);
+  std::vector<int> first(l.groups, 0);
+  l.group_of.resize(l.p);
+  for (int r = 0; r < l.p; ++r) {
+    if (plan.ranks[r].chunks.empty())
+      return absl::InvalidArgumentError(absl::StrCat("plan rank ", r, ": holds no model chunk"));
+    for (size_t c = 0; c < plan.ranks[r].chunks.size(); ++c) {
+      const ModelChunk& mc = plan.ranks[r].chunks[c];
+      if (mc.group < 0 || mc.group >= l.groups || l.owner_rank[mc.group] >= 0)
+        return absl::InvalidArgumentError(absl::StrCat("plan rank ", r, " chunk ", c, ": group ",
+                                                       mc.group, " out of range or held twice"));
+      l.owner_rank[mc.group] = r;
+      l.owner_chunk[mc.group] = static_cast<int>(c);
+      l.group_layers[mc.group] = mc.num_layers;
+      first[mc.group] = mc.first_layer;
+      l.group_of[r].push_back(mc.group);
+    }
+  }
+  int next = 0;
+  for (int g = 0; g < l.groups; ++g) {
+    if (first[g] != next || l.group_layers[g] < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan placement: group ", g, " must start at layer ", next,
+                       " (layers must be covered once, in group order)"));
+    next += l.group_layers[g];
+  }
+  if (next != l.layers)
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan placement: groups cover ", next, " layers, plan.layers is ", l.layers));
+  const double total = plan.seq_bounds[l.k] - plan.seq_bounds[0];
+  for (int q = 0; q < l.k; ++q) {
+    l.seq_mem_share.push_back((plan.seq_bounds[q + 1] - plan.seq_bounds[q]) / total);
+    l.seq_cost_share.push_back(1.0 / l.k);  // computation-wise partition: equal FLOPs
+  }
+  return l;
+}
+
+double ActionCost(const Layout& l, const Costs& c, int rank, const Action& a) {
+  const double stage_layers = static_cast<double>(l.layers) / l.p;
+  auto share = [&] {
+    const int g = l.group_of[rank][a.chunk];
+    return l.group_layers[g] / stage_layers * l.seq_cost_share[a.seq];
+  };
+  const double vocab_scale = l.sharded ? 1.0 : l.p;
+  switch (a.kind) {
+    case ActionKind::kF:
+      return c.f * share();
+    case ActionKind::kB:
+      return c.b * share();
+    case ActionKind::kW:
+      return c.w * share();
+    case ActionKind::kBW:
+      return (c.b + c.w) * share();
+    case ActionKind::kS:
+      return c.s * vocab_scale * l.seq_cost_share[a.seq];
+    case ActionKind::kT:
+      return c.t * vocab_scale * l.seq_cost_share[a.seq];
+    case ActionKind::kIF:
+      return c.input_f;
+    case ActionKind::kIB:
+      return c.input_b;
+    case ActionKind::kOpt:
+      return c.opt;
+    default:
+      return 0;
+  }
+}
+
+double ActivationUnits(const Layout& l, int rank, const Action& a) {
+  if (a.kind != ActionKind::kF && a.kind != ActionKind::kW && a.kind != ActionKind::kBW) return 0;
+  const int g = l.group_of[rank][a.chunk];
+  const double u =
+      l.group_layers[g] / (static_cast<double>(l.layers) / l.p) * l.seq_mem_share[a.seq];
+  return a.kind == ActionKind::kF ? u : -u;
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::Layout;
+constexpr double kAbsent = -1;
+
+// Token kinds. Per chunk: own activation, own input gradient, own weight gradient, received
+// input activation, received output gradient. Per (mb, seq): vocabulary-layer results.
+enum ChunkTok { kActOwn, kGradOwn, kWDone, kActIn, kGradIn, kNumChunkTok };
+enum VocabTok { kX, kSDone, kC1, kTDone, kC2, kIfDone, kEmb, kIbGrad, kIbDone, kNumVocabTok };
+
+class Machine {
+ public:
+  Machine(const Plan& plan, const Layout& l, const Costs* costs)
+      : plan_(plan), l_(l), costs_(costs) {
+    v_ = 0;
+    for (int r = 0; r < l.p; ++r) v_ = std::max<int>(v_, l.group_of[r].size());
+    per_rank_ = static_cast<size_t>(kNumChunkTok * v_ + kNumVocabTok) * l.m * l.k;
+    tok_.assign(static_cast<size_t>(l.p) * per_rank_, kAbsent);
+    pc_.assign(l.p, 0);
+    lane_.assign(l.p, 0);
+    stuck_.assign(l.p, "");
+    if (costs_ != nullptr) {
+      times_.resize(l.p);
+      for (int r = 0; r < l.p; ++r) times_[r].resize(plan.ranks[r].actions.size());
+    }
+  }
+
+  absl::Status Run();
+  std::vector<std::vector<TimedAction>>& times() { return times_; }
+
+ private:
+  double& ChunkT(int r, int kind, int c, int mb, int q) {
+    return tok_[r * per_rank_ + ((static_cast<size_t>(kind) * v_ + c) * l_.m + mb) * l_.k + q];
+  }
+  double& VocabT(int r, int kind, int mb, int q) {
+    return tok_[r * per_rank_ +
+                ((static_cast<size_t>(kNumChunkTok) * v_ + kind) * l_.m + mb) * l_.k + q];
+  }
+  const Action* Head(int r) const {
+    const auto& acts = plan_.ranks[r].actions;
+    return pc_[r] < acts.size() ? &acts[pc_[r]] : nullptr;
+  }
+  absl::Status CheckRanges(int r, const Action& a) const;
+  // Fires a compute action or returns why it cannot run (empty = fired).
+  std::string FireCompute(int r, const Action& a);
+  std::string FireCollective(const Action& a);
+  void Record(int r, double start, double end) {
+    if (costs_ != nullptr) times_[r][pc_[r]] = {start, end};
+  }
+  double Cost(int r, const Action& a) const {
+    return costs_ ? internal::ActionCost(l_, *costs_, r, a) : 0;
+  }
+
+  const Plan& plan_;
+  const Layout& l_;
+  const Costs* costs_;
+  int v_;
+  size_t per_rank_;
+  std::vector<double> tok_;
+  std::vector<size_t> pc_;
+  std::vector<double> lane_;
+  double coll_free_ = 0;
+  std::vector<std::string> stuck_;
+  std::vector<std::vector<TimedAction>> times_;
+};
+
+absl::Status Machine::CheckRanges(int r, const Action& a) const {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", r, " action ", pc_[r], " ", ToString(a), ": ", why));
+  };
+  if (a.kind == ActionKind::kOpt) return absl::OkStatus();
+  if (a.mb < 0 || a.mb >= l_.m) return bad("microbatch outside [0, microbatches)");
+  if (a.seq < 0 || a.seq >= l_.k) return bad("sequence chunk outside [0, seq_chunks)");
+  if (a.chunk < 0 || a.chunk >= static_cast<int>(l_.group_of[r].size()))
+    return bad("no such model chunk on this rank");
+  if (IsP2P(a.kind) && (a.peer < 0 || a.peer >= l_.p || a.peer == r)) return bad("bad peer");
+  return absl::OkStatus();
+}
+
+std::string Machine::FireCompute(int r, const Action& a) {
+  const int q = a.seq, mb = a.mb;
+  double ready = lane_[r];
+  auto need = [&](double t, absl::string_view what) -> bool {
+    if (t == kAbsent) {
+      stuck_[r] = absl::StrCat("needs ", what);
+      return false;
+    }
+    ready = std::max(ready, t);
+    return true;
+  };
+  auto fire = [&](double& out) {
+    const double end = ready + Cost(r, a);
+    Record(r, ready, end);
+    lane_[r] = end;
+    out = end;
+  };
+  const bool mine = !l_.sharded;
+  switch (a.kind) {
+    case ActionKind::kF: {
+      const int g = l_.group_of[r][a.chunk];
+      if (ChunkT(r, kActOwn, a.chunk, mb, q) != kAbsent) return "duplicate forward";
+      if (g == 0) {
+        if (!need(VocabT(r, kEmb, mb, 0), "the embedding output (IF/IF_REDUCE)")) return stuck_[r];
+      } else if (l_.owner_rank[g - 1] == r) {
+        if (!need(ChunkT(r, kActOwn, l_.owner_chunk[g - 1], mb, q), "the previous group's F"))
+          return stuck_[r];
+      } else if (!need(ChunkT(r, kActIn, a.chunk, mb, q), "RECV_ACT of its input")) {
+        return stuck_[r];
+      }
+      if (q > 0 && !need(ChunkT(r, kActOwn, a.chunk, mb, q - 1), "F of the previous seq chunk"))
+        return stuck_[r];
+      fire(ChunkT(r, kActOwn, a.chunk, mb, q));
+      if (g == l_.groups - 1) VocabT(r, kX, mb, q) = ChunkT(r, kActOwn, a.chunk, mb, q);
+      return "";
+    }
+    case ActionKind::kB:
+    case ActionKind::kBW: {
+      const int g = l_.group_of[r][a.chunk];
+      if (ChunkT(r, kGradOwn, a.chunk, mb, q) != kAbsent) return "duplicate backward";
+      if (!need(ChunkT(r, kActOwn, a.chunk, mb, q), "its own F")) return stuck_[r];
+      if (g == l_.groups - 1) {
+        if (!l_.sharded) {
+          if (!need(VocabT(r, kTDone, mb, q), "the loss gradient (T on this rank)"))
+            return stuck_[r];
+        } else if (l_.barrier == 1) {
+          if (!need(VocabT(r, kC1, mb, q), "barrier C1 (grad X)")) return stuck_[r];
+        } else if (!need(VocabT(r, kC2, mb, q), "barrier C2 (grad X)")) {
+          return stuck_[r];
+        }
+      } else if (l_.owner_rank[g + 1] == r) {
+        if (!need(ChunkT(r, kGradOwn, l_.owner_chunk[g + 1], mb, q), "the next group's B"))
+          return stuck_[r];
+      } else if (!need(ChunkT(r, kGradIn, a.chunk, mb, q), "RECV_GRAD of its output")) {
+        return stuck_[r];
+      }
+      if (q + 1 < l_.k &&
+          !need(ChunkT(r, kGradOwn, a.chunk, mb, q + 1), "B of the next seq chunk (dK/dV)"))
+        return stuck_[r];
+      fire(ChunkT(r, kGradOwn, a.chunk, mb, q));
+      if (a.kind == ActionKind::kBW) ChunkT(r, kWDone, a.chunk, mb, q) = lane_[r];
+      return "";
+    }
+    case ActionKind::kW:
+      if (ChunkT(r, kWDone, a.chunk, mb, q) != kAbsent) return "duplicate W";
+      if (!need(ChunkT(r, kGradOwn, a.chunk, mb, q), "its B")) return stuck_[r];
+      fire(ChunkT(r, kWDone, a.chunk, mb, q));
+      return "";
+    case ActionKind::kIF:
+      if (mine && l_.owner_rank[0] != r) return "input layer lives on the owner of group 0";
+      if (VocabT(r, kIfDone, mb, 0) != kAbsent) return "duplicate IF";
+      fire(VocabT(r, kIfDone, mb, 0));
+      if (mine) VocabT(r, kEmb, mb, 0) = lane_[r];
+      return "";
+    case ActionKind::kIB:
+      if (VocabT(r, kIbDone, mb, 0) != kAbsent) return "duplicate IB";
+      if (mine) {
+        if (l_.owner_rank[0] != r) return "input layer lives on the owner of group 0";
+        for (int s = 0; s < l_.k; ++s)
+          if (!need(ChunkT(r, kGradOwn, l_.owner_chunk[0], mb, s), "B of layer group 0"))
+            return stuck_[r];
+      } else if (!need(VocabT(r, kIbGrad, mb, 0), "IB_BCAST")) {
+        return stuck_[r];
+      }
+      fire(VocabT(r, kIbDone, mb, 0));
+      return "";
+    case ActionKind::kS:
+      if (mine && l_.x_owner() != r) return "output layer lives on the owner of the last group";
+      if (VocabT(r, kSDone, mb, q) != kAbsent) return "duplicate S";
+      if (!need(VocabT(r, kX, mb, q), "X (F of the last group or BCAST_X)")) return stuck_[r];
+      fire(VocabT(r, kSDone, mb, q));
+      return "";
+    case ActionKind::kT:
+      if (mine && l_.x_owner() != r) return "output layer lives on the owner of the last group";
+      if (VocabT(r, kTDone, mb, q) != kAbsent) return "duplicate T";
+      if (!need(VocabT(r, mine ? kSDone : kC1, mb, q), mine ? "its S" : "barrier C1"))
+        return stuck_[r];
+      fire(VocabT(r, kTDone, mb, q));
+      return "";
+    case ActionKind::kOpt: {
+      // Everything this rank computes must be done: weight gradients of every chunk, T and IB.
+      for (size_t c = 0; c < l_.group_of[r].size(); ++c)
+        for (int i = 0; i < l_.m; ++i)
+          for (int s = 0; s < l_.k; ++s)
+            if (!need(ChunkT(r, kWDone, c, i, s),
+                      absl::StrCat("W/BW of mb ", i, " chunk ", c, " seq ", s, " before OPT")))
+              return stuck_[r];
+      for (int i = 0; i < l_.m; ++i) {
+        if (l_.sharded || l_.owner_rank[0] == r)
+          if (!need(VocabT(r, kIbDone, i, 0), absl::StrCat("IB(", i, ") before OPT")))
+            return stuck_[r];
+        if (l_.sharded || l_.x_owner() == r)
+          for (int s = 0; s < l_.k; ++s)
+            if (!need(VocabT(r, kTDone, i, s), absl::StrCat("T(", i, ") before OPT")))
+              return stuck_[r];
+      }
+      double dummy;
+      fire(dummy);
+      return "";
+    }
+    default:
+      return "not a compute action";
+  }
+}
+
+std::string Machine::FireCollective(const Action& a) {
+  const int mb = a.mb, q = a.seq;
+  if (!l_.sharded) return "vocabulary collectives need a sharded vocabulary method";
+  double ready = coll_free_;
+  std::vector<std::pair<int, int>> outs;  // (rank, vocab token kind)
+  auto need_all = [&](int kind) -> std::string {
+    for (int r = 0; r < l_.p; ++r) {
+      if (VocabT(r, kind, mb, q) == kAbsent)
+        return absl::StrCat("rank ", r, " has not run its pass");
+      ready = std::max(ready, VocabT(r, kind, mb, q));
+    }
+    return "";
+  };
+  std::string err;
+  int out_kind = -1;
+  bool to_all = true;
+  switch (a.kind) {
+    case ActionKind::kBcastX:
+      if (VocabT(l_.x_owner(), kX, mb, q) == kAbsent) return "X owner has not run the last F";
+      ready = std::max(ready, VocabT(l_.x_owner(), kX, mb, q));
+      out_kind = kX;
+      break;
+    case ActionKind::kC1:
+      err = need_all(kSDone);
+      out_kind = kC1;
+      break;
+    case ActionKind::kC2:
+      if (l_.barrier != 2) return "C2 only with Algorithm 1 (barrier 2)";
+      err = need_all(kTDone);
+      out_kind = kC2;
+      break;
+    case ActionKind::kIfReduce:
+      if (q != 0) return "IF_REDUCE has no sequence chunk";
+      err = need_all(kIfDone);
+      out_kind = kEmb;
+      to_all = false;
+      break;
+    case ActionKind::kIbBcast: {
+      const int r0 = l_.owner_rank[0], c0 = l_.owner_chunk[0];
+      for (int s = 0; s < l_.k; ++s) {
+        if (ChunkT(r0, kGradOwn, c0, mb, s) == kAbsent) return "owner of group 0 has not run B";
+        ready = std::max(ready, ChunkT(r0, kGradOwn, c0, mb, s));
+      }
+      out_kind = kIbGrad;
+      break;
+    }
+    default:
+      return "not a collective";
+  }
+  if (!err.empty()) return err;
+  const double end = ready + (costs_ ? costs_->collective : 0);
+  coll_free_ = end;
+  for (int r = 0; r < l_.p; ++r) {
+    if (to_all || r == l_.owner_rank[0]) {
+      double& t = VocabT(r, out_kind, mb, a.kind == ActionKind::kIfReduce ? 0 : q);
+      if (t == kAbsent || a.kind != ActionKind::kBcastX || r != l_.x_owner()) t = end;
+    }
+    Record(r, ready, end);
+  }
+  return "";
+}
+
+absl::Status Machine::Run() {
+  // Collectives: the same sequence on every rank (checked up front for a clear message).
+  std::vector<std::vector<const Action*>> colls(l_.p);
+  for (int r = 0; r < l_.p; ++r)
+    for (const Action& a : plan_.ranks[r].actions)
+      if (IsCollective(a.kind)) colls[r].push_back(&a);
+  for (int r = 1; r < l_.p; ++r) {
+    const size_t n = std::min(colls[r].size(), colls[0].size());
+    size_t i = 0;
+    while (i < n && colls[r][i]->kind == colls[0][i]->kind && colls[r][i]->mb == colls[0][i]->mb &&
+           colls[r][i]->seq == colls[0][i]->seq)
+      ++i;
+    if (i < n || colls[r].size() != colls[0].size())
+      return absl::FailedPreconditionError(
+          absl::StrCat("collective order differs: rank ", r, " collective #", i, " is ",
+                       i < colls[r].size() ? ToString(*colls[r][i]) : "missing", ", rank 0 has ",
+                       i < colls[0].size() ? ToString(*colls[0][i]) : "missing"));
+  }
+  for (int r = 0; r < l_.p; ++r)
+    for (size_t i = 0; i < plan_.ranks[r].actions.size(); ++i) {
+      pc_[r] = i;
+      if (absl::Status s = CheckRanges(r, plan_.ranks[r].actions[i]); !s.ok()) return s;
+    }
+  std::fill(pc_.begin(), pc_.end(), 0);
+
+  std::vector<int> work;
+  std::vector<char> queued(l_.p, 1);
+  for (int r = l_.p - 1; r >= 0; --r) work.push_back(r);
+  int arrived = 0;
+  std::vector<char> at_coll(l_.p, 0);
+  auto push = [&](int r) {
+    if (!queued[r]) {
+      queued[r] = 1;
+      work.push_back(r);
+    }
+  };
+  while (!work.empty()) {
+    const int r = work.back();
+    work.pop_back();
+    queued[r] = 0;
+    while (const Action* a = Head(r)) {
+      if (IsCompute(a->kind)) {
+        std::string why = FireCompute(r, *a);
+        if (!why.empty()) {
+          stuck_[r] = why;
+          break;
+        }
+        ++pc_[r];
+        continue;
+      }
+      if (IsCollective(a->kind)) {
+        if (at_coll[r]) break;
+        at_coll[r] = 1;
+        if (++arrived < l_.p) {
+          stuck_[r] = "waits for the other ranks at this collective";
+          break;
+        }
+        std::string why = FireCollective(*a);
+        if (!why.empty()) {
+          for (int i = 0; i < l_.p; ++i) stuck_[i] = absl::StrCat("collective blocked: ", why);
+          break;
+        }
+        arrived = 0;
+        for (int i = 0; i < l_.p; ++i) {
+          at_coll[i] = 0;
+          stuck_[i].clear();
+          ++pc_[i];
+          if (i != r) push(i);
+        }
+        continue;
+      }
+      // Point to point: fire when the peer's head is the matching counterpart.
+      const bool send = a->kind == ActionKind::kSendAct || a->kind == ActionKind::kSendGrad;
+      const bool act = a->kind == ActionKind::kSendAct || a->kind == ActionKind::kRecvAct;
+      const int s = send ? r : a->peer, d = send ? a->peer : r;
+      const Action* other = Head(a->peer);
+      const Action* sa = send ? a : other;
+      const Action* ra = send ? other : a;
+      const ActionKind want = send ? (act ? ActionKind::kRecvAct : ActionKind::kRecvGrad)
+                                   : (act ? ActionKind::kSendAct : ActionKind::kSendGrad);
+      if (other == nullptr || other->kind != want || other->peer != r || other->mb != a->mb ||
+          other->seq != a->seq) {
+        stuck_[r] = absl::StrCat("waits for rank ", a->peer, " to post the matching ",
+                                 ActionKindName(want));
+        break;
+      }
+      const int gs = l_.group_of[s][sa->chunk], gd = l_.group_of[d][ra->chunk];
+      if (gd != gs + (act ? 1 : -1) || l_.owner_rank[gs] == l_.owner_rank[gd]) {
+        stuck_[r] = "send and receive chunks are not adjacent layer groups on different ranks";
+        break;
+      }
+      const double t = ChunkT(s, act ? kActOwn : kGradOwn, sa->chunk, a->mb, a->seq);
+      if (t == kAbsent) {
+        stuck_[s] = absl::StrCat("sends data it has not computed");
+        break;
+      }
+      const double arrive = t + (costs_ ? costs_->comm : 0);
+      ChunkT(d, act ? kActIn : kGradIn, ra->chunk, a->mb, a->seq) = arrive;
+      if (costs_ != nullptr) {
+        times_[s][pc_[s]] = {t, t};
+        times_[d][pc_[d]] = {arrive, arrive};
+      }
+      stuck_[r].clear();
+      stuck_[a->peer].clear();
+      ++pc_[r];
+      ++pc_[a->peer];
+      push(a->peer);
+    }
+  }
+  std::vector<std::string> errors;
+  for (int r = 0; r < l_.p; ++r) {
+    if (const Action* a = Head(r))
+      errors.push_back(absl::StrCat("rank ", r, " action ", pc_[r], " ", ToString(*a), ": ",
+                                    stuck_[r].empty() ? "blocked" : stuck_[r]));
+  }
+  if (!errors.empty())
+    return absl::FailedPreconditionError(
+        absl::StrCat("plan cannot run to the end:\n  ", absl::StrJoin(errors, "\n  ")));
+  // Coverage: every pass of every (mb, seq) exactly once on the rank holding it.
+  for (int r = 0; r < l_.p; ++r) {
+    for (size_t c = 0; c < l_.group_of[r].size(); ++c)
+      for (int i = 0; i < l_.m; ++i)
+        for (int s = 0; s < l_.k; ++s)
+          if (ChunkT(r, kWDone, c, i, s) == kAbsent)
+            return absl::FailedPreconditionError(
+                absl::StrCat("rank ", r, " never runs F/B/W of mb ", i, " chunk ", c, " seq ", s));
+    for (int i = 0; i < l_.m; ++i) {
+      const bool in = l_.sharded || l_.owner_rank[0] == r;
+      const bool out = l_.sharded || l_.x_owner() == r;
+      if (in && VocabT(r, kIbDone, i, 0) == kAbsent)
+        return absl::FailedPreconditionError(absl::StrCat("rank ", r, " never runs IB(", i, ")"));
+      for (int s = 0; s < l_.k; ++s)
+        if (out && VocabT(r, kTDone, i, s) == kAbsent)
+          return absl::FailedPreconditionError(
+              absl::StrCat("rank ", r, " never runs T(", i, ",s", s, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidatePlan(const Plan& plan) {
+  absl::StatusOr<Layout> l = internal::LayoutFromPlan(plan);
+  if (!l.ok()) return l.status();
+  Machine machine(plan, *l, nullptr);
+  return machine.Run();
+}
+
+absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
+  absl::StatusOr<Layout> l = internal::LayoutFromPlan(plan);
+  if (!l.ok()) return l.status();
+  Machine machine(plan, *l, &in.costs);
+  if (absl::Status s = machine.Run(); !s.ok()) return s;
+  SimResult res;
+  res.times = std::move(machine.times());
+  const ModelShape& ms = in.model;
+  const double b = ms.microbatch_size, s = ms.seq_len, h = ms.hidden;
+  const double ffn = ms.ffn > 0 ? ms.ffn : 4 * h;
+  // Activation bytes of one layer for one microbatch (Megatron's sbh(34 + 5as/h) for 2-byte
+  // activations, scaled to the element size).
+  const double layer_act =
+      h > 0 ? b * s * h * (34 + 5.0 * ms.heads * s / h) * ms.activation_bytes_per_element / 2 : 0;
+  const double stage_act = layer_act * l->layers / l->p;
+  const double layer_params = 4 * h * h + 2 * h * ffn + 9 * h + ffn;
+  const double vocab_rows = static_cast<double>(ms.vocab);
+  double busy_total = 0;
+  for (int r = 0; r < l->p; ++r) {
+    RankStats st;
+    st.rank = r;
+    double mem = 0, peak = 0;
+    bool first = true;
+    const auto& acts = plan.ranks[r].actions;
+    for (size_t i = 0; i < acts.size(); ++i) {
+      const TimedAction& t = res.times[r][i];
+      if (IsCompute(acts[i].kind)) {
+        const double c = internal::ActionCost(*l, in.costs, r, acts[i]);
+        st.busy += c;
+        if (first) st.first_start = t.start;
+        first = false;
+        mem += internal::ActivationUnits(*l, r, acts[i]);
+        peak = std::max(peak, mem);
+      }
+      st.last_end = std::max(st.last_end, t.end);
+      res.makespan = std::max(res.makespan, t.end);
+    }
+    st.peak_activation_microbatches = std::round(peak * 1e6) / 1e6;
+    for (int g : l->group_of[r]) st.layers += l->group_layers[g];
+    double params = st.layers * layer_params;
+    double vocab_act = 0;
+    if (l->sharded) {
+      params += vocab_rows / l->p * h * (ms.tie_embeddings ? 1 : 2);
+      vocab_act = (in.max_pending_t + 1) * b * s * (vocab_rows / l->p) * 4;
+    } else {
+      if (l->owner_rank[0] == r) params += vocab_rows * h;
+      if (l->x_owner() == r && (!ms.tie_embeddings || l->owner_rank[0] != r)) {
+        params += vocab_rows * h;
+        vocab_act = b * s * vocab_rows * 4;
+      }
+    }
+    if (l->owner_rank[0] == r) params += s * h;  // position embedding
+    if (l->x_owner() == r) params += 2 * h;      // final layer norm
+    st.parameter_bytes = static_cast<int64_t>(params * 4);
+    st.state_bytes = static_cast<int64_t>(params * ms.state_bytes_per_param);
+    st.peak_activation_bytes = static_cast<int64_t>(peak * stage_act + vocab_act);
+    busy_total += st.busy;
+    res.ranks.push_back(st);
+  }
+  res.bubble_ratio = res.makespan > 0 ? 1 - busy_total / (l->p * res.makespan) : 0;
+  res.step_time = res.makespan;
+  if (h > 0) {
+    const double layer_flops = 6 * b * s * (4 * h * h + 2 * h * ffn) + 12 * b * s * s * h;
+    res.model_flops = l->m * (l->layers * layer_flops + 6 * b * s * h * vocab_rows + 3 * b * s * h);
+  }
+  if (ms.peak_flops > 0 && res.step_time > 0)
+    res.mfu = res.model_flops / (res.step_time * l->p * ms.peak_flops);
+  return res;
+}
+
+}  // namespace vp::planner

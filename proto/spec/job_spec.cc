@@ -1,0 +1,767 @@
+// Job spec loading: a generic YAML -> protobuf mapping by reflection, defaults, validation.
+#include "proto/spec/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/reflection.h"
+
+namespace vp::spec {
+namespace {
+
+namespace pb = google::protobuf;
+using vocabpipe::v1::JobSpec;
+
+// One problem with one field. `path` is the dotted field path ("train.lr"); `line` is 1-based
+// or 0 when the error does not come from a place in the text (validation rules).
+struct FieldError {
+  std::string path;
+  std::string message;
+  int line = 0;
+  int column = 0;
+};
+
+std::string FormatError(const FieldError& e) {
+  std::string s = absl::StrCat(e.path.empty() ? "(root)" : e.path, ": ", e.message);
+  if (e.line > 0) absl::StrAppend(&s, " (line ", e.line, ", column ", e.column, ")");
+  return s;
+}
+
+std::string JoinErrors(const std::vector<FieldError>& errors) {
+  std::vector<std::string> lines;
+  lines.reserve(errors.size());
+  for (const FieldError& e : errors) lines.push_back(FormatError(e));
+  return absl::StrJoin(lines, "\n");
+}
+
+std::string Child(const std::string& parent, std::string_view name) {
+  return parent.empty() ? std::string(name) : absl::StrCat(parent, ".", std::string(name));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar parsing. YAML scalars arrive as text; a quoted scalar (tag "!") is always a string,
+// so `lr: "0.1"` is rejected for a number field, as JSON would.
+
+bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
+
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return absl::StrCat("\"", absl::CHexEscape(node.Scalar()), "\"");
+    default:
+      return "nothing";
+  }
+}
+
+std::string_view StripPlus(std::string_view s) {
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  return s;
+}
+
+bool ParseDouble(std::string_view text, double* out) {
+  text = StripPlus(text);
+  if (text.empty()) return false;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out, std::chars_format::general);
+  return ec == std::errc() && ptr == end;
+}
+
+// Integers: plain decimal, or an integral floating literal such as 8e9 (handy for byte
+// budgets) as long as it is exactly representable.
+bool ParseInt64(std::string_view text, int64_t* out, bool* out_of_range) {
+  *out_of_range = false;
+  std::string_view t = StripPlus(text);
+  if (t.empty()) return false;
+  const char* end = t.data() + t.size();
+  auto [ptr, ec] = std::from_chars(t.data(), end, *out);
+  if (ptr == end && ec == std::errc()) return true;
+  if (ptr == end && ec == std::errc::result_out_of_range) {
+    *out_of_range = true;
+    return false;
+  }
+  double d;
+  if (!ParseDouble(text, &d) || !std::isfinite(d) || d != std::floor(d)) return false;
+  if (std::fabs(d) > 9007199254740992.0) {  // 2^53: beyond it the literal is not exact
+    *out_of_range = true;
+    return false;
+  }
+  *out = static_cast<int64_t>(d);
+  return true;
+}
+
+bool ParseUint64(std::string_view text, uint64_t* out, bool* out_of_range) {
+  *out_of_range = false;
+  std::string_view t = StripPlus(text);
+  if (t.empty() || t.front() == '-') return false;
+  const char* end = t.data() + t.size();
+  auto [ptr, ec] = std::from_chars(t.data(), end, *out);
+  if (ptr == end && ec == std::errc()) return true;
+  if (ptr == end && ec == std::errc::result_out_of_range) *out_of_range = true;
+  return false;
+}
+
+bool ParseBool(std::string_view text, bool* out) {
+  const std::string t = absl::AsciiStrToLower(std::string(text));
+  if (t == "true" || t == "yes" || t == "on") {
+    *out = true;
+    return true;
+  }
+  if (t == "false" || t == "no" || t == "off") {
+    *out = false;
+    return true;
+  }
+  return false;
+}
+
+std::string ExpectedType(const pb::FieldDescriptor* field) {
+  using FD = pb::FieldDescriptor;
+  switch (field->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+    case FD::CPPTYPE_INT64:
+      return "an integer";
+    case FD::CPPTYPE_UINT32:
+    case FD::CPPTYPE_UINT64:
+      return "a non-negative integer";
+    case FD::CPPTYPE_DOUBLE:
+    case FD::CPPTYPE_FLOAT:
+      return "a number";
+    case FD::CPPTYPE_BOOL:
+      return "a boolean (true or false)";
+    case FD::CPPTYPE_STRING:
+      return "a string";
+    case FD::CPPTYPE_MESSAGE:
+      return "a mapping";
+    case FD::CPPTYPE_ENUM: {
+      std::vector<std::string> names;
+      for (int i = 0; i < field->enum_type()->value_count(); ++i) {
+        names.push_back(field->enum_type()->value(i)->name());
+      }
+      return absl::StrCat("one of ", absl::StrJoin(names, ", "));
+    }
+  }
+  return "a value";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The generic YAML -> message mapping.
+
+class YamlToProto {
+ public:
+  // Paths of fields that were present with a non-null value, and of fields that had an error
+  // (their validation errors are not reported on top of the parse error).
+  std::set<std::string> present;
+  std::set<std::string> failed;
+  std::vector<FieldError> errors;
+
+  void Fill(const YAML::Node& node, const std::string& path, pb::Message* msg) {
+    if (!node.IsMap()) {
+      Error(node, path, absl::StrCat("expected a mapping, got ", Describe(node)));
+      return;
+    }
+    const pb::Descriptor* desc = msg->GetDescriptor();
+    std::set<std::string> seen;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const YAML::Node& key = it->first;
+      const YAML::Node& value = it->second;
+      if (!key.IsScalar()) {
+        Error(key, path, absl::StrCat("keys must be field names, got ", Describe(key)));
+        continue;
+      }
+      const std::string& name = key.Scalar();
+      const std::string field_path = Child(path, name);
+      const pb::FieldDescriptor* field = desc->FindFieldByName(name);
+      if (field == nullptr) {
+        std::vector<std::string> known;
+        for (int i = 0; i < desc->field_count(); ++i) known.push_back(desc->field(i)->name());
+        Error(key, field_path,
+              absl::StrCat("unknown field; known fields: ", absl::StrJoin(known, ", ")));
+        continue;
+      }
+      if (!seen.insert(name).second) {
+        Error(key, field_path, "duplicate field");
+        continue;
+      }
+      // null (`key:`, `key: ~`, `key: null`) leaves a field unset, so its default applies.
+      if (value.IsNull()) continue;
+      if (field->is_map()) {
+        Error(value, field_path, "map fields are not supported in job specs");
+      } else if (field->is_repeated()) {
+        FillRepeated(value, field_path, field, msg);
+      } else {
+        FillSingular(value, field_path, field, msg);
+      }
+    }
+  }
+
+ private:
+  void Error(const YAML::Node& node, const std::string& path, std::string message) {
+    const YAML::Mark mark = node.Mark();
+    FieldError e{path, std::move(message), 0, 0};
+    if (!mark.is_null()) {
+      e.line = mark.line + 1;
+      e.column = mark.column + 1;
+    }
+    errors.push_back(std::move(e));
+    failed.insert(path);
+  }
+
+  void FillRepeated(const YAML::Node& value, const std::string& path,
+                    const pb::FieldDescriptor* field, pb::Message* msg) {
+    if (!value.IsSequence()) {
+      Error(value, path, absl::StrCat("expected a sequence, got ", Describe(value)));
+      return;
+    }
+    present.insert(path);
+    for (size_t i = 0; i < value.size(); ++i) {
+      SetValue(value[i], absl::StrCat(path, "[", i, "]"), field, msg);
+    }
+  }
+
+  void FillSingular(const YAML::Node& value, const std::string& path,
+                    const pb::FieldDescriptor* field, pb::Message* msg) {
+    present.insert(path);
+    SetValue(value, path, field, msg);
+  }
+
+  // Sets (singular) or appends (repeated) one value.
+  void SetValue(const YAML::Node& value, const std::string& path, const pb::FieldDescriptor* field,
+                pb::Message* msg) {
+    using FD = pb::FieldDescriptor;
+    const pb::Reflection* refl = msg->GetReflection();
+    const bool repeated = field->is_repeated();
+    if (field->cpp_type() == FD::CPPTYPE_MESSAGE) {
+      pb::Message* sub = repeated ? refl->AddMessage(msg, field) : refl->MutableMessage(msg, field);
+      Fill(value, path, sub);
+      return;
+    }
+    const std::string expected = ExpectedType(field);
+    if (!value.IsScalar()) {
+      Error(value, path, absl::StrCat("expected ", expected, ", got ", Describe(value)));
+      return;
+    }
+    const std::string& text = value.Scalar();
+    const bool quoted = IsQuoted(value);
+    auto type_error = [&] {
+      Error(value, path,
+            absl::StrCat(
+                "expected ", expected, ", got ", Describe(value),
+                quoted && field->cpp_type() != FD::CPPTYPE_STRING ? " (a quoted string)" : ""));
+    };
+    switch (field->cpp_type()) {
+      case FD::CPPTYPE_INT32:
+      case FD::CPPTYPE_INT64: {
+        int64_t v;
+        bool out_of_range;
+        if (quoted || !ParseInt64(text, &v, &out_of_range)) {
+          if (!quoted && out_of_range) {
+            Error(value, path, absl::StrCat(text, " is out of int64 range"));
+          } else {
+            type_error();
+          }
+          return;
+        }
+        if (field->cpp_type() == FD::CPPTYPE_INT32) {
+          if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+            Error(value, path,
+                  absl::StrCat(text, " is out of int32 range [-2147483648, 2147483647]"));
+            return;
+          }
+          repeated ? refl->AddInt32(msg, field, static_cast<int32_t>(v))
+                   : refl->SetInt32(msg, field, static_cast<int32_t>(v));
+        } else {
+          repeated ? refl->AddInt64(msg, field, v) : refl->SetInt64(msg, field, v);
+        }
+        return;
+      }
+      case FD::CPPTYPE_UINT32:
+      case FD::CPPTYPE_UINT64: {
+        uint64_t v;
+        bool out_of_range;
+        if (quoted || !ParseUint64(text, &v, &out_of_range)) {
+          if (!quoted && out_of_range) {
+            Error(value, path, absl::StrCat(text, " is out of uint64 range"));
+          } else {
+            type_error();
+          }
+          return;
+        }
+        if (field->cpp_type() == FD::CPPTYPE_UINT32) {
+          if (v > std::numeric_limits<uint32_t>::max()) {
+            Error(value, path, absl::StrCat(text, " is out of uint32 range"));
+            return;
+          }
+          repeated ? refl->AddUInt32(msg, field, static_cast<uint32_t>(v))
+                   : refl->SetUInt32(msg, field, static_cast<uint32_t>(v));
+        } else {
+          repeated ? refl->AddUInt64(msg, field, v) : refl->SetUInt64(msg, field, v);
+        }
+        return;
+      }
+      case FD::CPPTYPE_DOUBLE:
+      case FD::CPPTYPE_FLOAT: {
+        double v;
+        if (quoted || !ParseDouble(text, &v)) {
+          type_error();
+          return;
+        }
+        if (!std::isfinite(v)) {
+          Error(value, path, absl::StrCat("expected a finite number, got ", Describe(value)));
+          return;
+        }
+        if (field->cpp_type() == FD::CPPTYPE_DOUBLE) {
+          repeated ? refl->AddDouble(msg, field, v) : refl->SetDouble(msg, field, v);
+        } else {
+          repeated ? refl->AddFloat(msg, field, static_cast<float>(v))
+                   : refl->SetFloat(msg, field, static_cast<float>(v));
+        }
+        return;
+      }
+      case FD::CPPTYPE_BOOL: {
+        bool v;
+        if (quoted || !ParseBool(text, &v)) {
+          type_error();
+          return;
+        }
+        repeated ? refl->AddBool(msg, field, v) : refl->SetBool(msg, field, v);
+        return;
+      }
+      case FD::CPPTYPE_STRING:
+        repeated ? refl->AddString(msg, field, text) : refl->SetString(msg, field, text);
+        return;
+      case FD::CPPTYPE_ENUM: {
+        const pb::EnumValueDescriptor* ev = field->enum_type()->FindValueByName(text);
+        if (ev == nullptr) {
+          type_error();
+          return;
+        }
+        repeated ? refl->AddEnum(msg, field, ev) : refl->SetEnum(msg, field, ev);
+        return;
+      }
+      case FD::CPPTYPE_MESSAGE:
+        return;  // handled above
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Validation.
+
+constexpr const char* kSchedules[] = {"1f1b",    "interleaved",         "vhalf", "zbh1", "zbv",
+                                      "seq1f1b", "seq1f1b-interleaved", "auto"};
+constexpr const char* kVocabMethods[] = {"baseline", "redis",  "interlaced",
+                                         "vocab1",   "vocab2", "auto"};
+constexpr const char* kLrSchedules[] = {"constant", "cosine"};
+
+template <size_t N>
+bool OneOf(const std::string& v, const char* const (&set)[N]) {
+  return std::find(std::begin(set), std::end(set), v) != std::end(set);
+}
+
+template <size_t N>
+std::string JoinSet(const char* const (&set)[N]) {
+  return absl::StrJoin(std::begin(set), std::end(set), ", ");
+}
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+bool ValidDevice(const std::string& device) {
+  if (device == "cpu" || device == "cuda") return true;
+  if (device.rfind("cuda:", 0) != 0) return false;
+  const std::string_view n = std::string_view(device).substr(5);
+  return !n.empty() && n.size() <= 4 &&
+         std::all_of(n.begin(), n.end(), [](char c) { return absl::ascii_isdigit(c); });
+}
+
+std::string Num(double v) { return absl::StrFormat("%g", v); }
+
+std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
+  JobSpec s = original;
+  ApplyDefaults(&s);
+  std::vector<FieldError> errors;
+  auto add = [&](std::string path, std::string message) {
+    errors.push_back(FieldError{std::move(path), std::move(message)});
+  };
+  auto at_least = [&](const std::string& path, int64_t v, int64_t min) {
+    if (v < min) add(path, absl::StrCat("must be >= ", min, " (got ", v, ")"));
+  };
+
+  if (!ValidName(s.name())) {
+    add("name",
+        absl::StrCat("must match [A-Za-z0-9._-]{1,64} (got \"", absl::CHexEscape(s.name()), "\")"));
+  }
+
+  const auto& m = s.model();
+  at_least("model.layers", m.layers(), 1);
+  at_least("model.hidden", m.hidden(), 1);
+  at_least("model.heads", m.heads(), 1);
+  if (m.hidden() >= 1 && m.heads() >= 1 && m.hidden() % m.heads() != 0) {
+    add("model.heads",
+        absl::StrCat("must divide model.hidden (", m.hidden(), " % ", m.heads(), " != 0)"));
+  }
+  at_least("model.vocab_size", m.vocab_size(), 2);
+  at_least("model.seq_len", m.seq_len(), 1);
+  // An unset ffn_hidden is derived from hidden; only report it when the user wrote it or when
+  // hidden itself is valid (otherwise the hidden error already says it all).
+  if (original.model().has_ffn_hidden() || m.hidden() >= 1) {
+    at_least("model.ffn_hidden", m.ffn_hidden(), 1);
+  }
+
+  const auto& p = s.parallel();
+  at_least("parallel.pipeline", p.pipeline(), 1);
+  if (!OneOf(p.schedule(), kSchedules)) {
+    add("parallel.schedule", absl::StrCat("must be one of ", JoinSet(kSchedules), " (got \"",
+                                          absl::CHexEscape(p.schedule()), "\")"));
+  }
+  if (!OneOf(p.vocab(), kVocabMethods)) {
+    add("parallel.vocab", absl::StrCat("must be one of ", JoinSet(kVocabMethods), " (got \"",
+                                       absl::CHexEscape(p.vocab()), "\")"));
+  }
+  at_least("parallel.seq_chunks", p.seq_chunks(), 1);
+  if (p.seq_chunks() > 1 && m.seq_len() >= 1 && p.seq_chunks() > m.seq_len()) {
+    add("parallel.seq_chunks",
+        absl::StrCat("must be <= model.seq_len (", p.seq_chunks(), " > ", m.seq_len(), ")"));
+  }
+  if (p.seq_chunks() > 1 && OneOf(p.schedule(), kSchedules) && p.schedule() != "seq1f1b" &&
+      p.schedule() != "seq1f1b-interleaved" && p.schedule() != "auto") {
+    add("parallel.seq_chunks",
+        absl::StrCat("> 1 requires schedule seq1f1b, seq1f1b-interleaved or auto (got schedule ",
+                     p.schedule(), ")"));
+  }
+  at_least("parallel.microbatch_size", p.microbatch_size(), 1);
+  at_least("parallel.microbatches", p.microbatches(), 1);
+  at_least("parallel.chunks_per_rank", p.chunks_per_rank(), 1);
+  at_least("parallel.memory_budget_bytes", p.memory_budget_bytes(), 0);
+  at_least("parallel.max_pending_t", p.max_pending_t(), 1);
+
+  const auto& t = s.train();
+  at_least("train.steps", t.steps(), 0);
+  if (!(t.lr() > 0)) add("train.lr", absl::StrCat("must be > 0 (got ", Num(t.lr()), ")"));
+  if (!OneOf(t.lr_schedule(), kLrSchedules)) {
+    add("train.lr_schedule", absl::StrCat("must be one of ", JoinSet(kLrSchedules), " (got \"",
+                                          absl::CHexEscape(t.lr_schedule()), "\")"));
+  }
+  at_least("train.warmup_steps", t.warmup_steps(), 0);
+  if (!(t.min_lr() >= 0)) {
+    add("train.min_lr", absl::StrCat("must be >= 0 (got ", Num(t.min_lr()), ")"));
+  } else if (t.lr() > 0 && t.min_lr() > t.lr()) {
+    add("train.min_lr",
+        absl::StrCat("must be <= train.lr (", Num(t.min_lr()), " > ", Num(t.lr()), ")"));
+  }
+  if (!(t.weight_decay() >= 0)) {
+    add("train.weight_decay", absl::StrCat("must be >= 0 (got ", Num(t.weight_decay()), ")"));
+  }
+  if (!(t.beta1() >= 0 && t.beta1() < 1)) {
+    add("train.beta1", absl::StrCat("must be in [0, 1) (got ", Num(t.beta1()), ")"));
+  }
+  if (!(t.beta2() >= 0 && t.beta2() < 1)) {
+    add("train.beta2", absl::StrCat("must be in [0, 1) (got ", Num(t.beta2()), ")"));
+  }
+  if (!(t.eps() > 0)) add("train.eps", absl::StrCat("must be > 0 (got ", Num(t.eps()), ")"));
+  if (!(t.grad_clip() >= 0)) {
+    add("train.grad_clip", absl::StrCat("must be >= 0 (got ", Num(t.grad_clip()), ")"));
+  }
+  at_least("train.threads", t.threads(), 0);
+
+  if (s.data().path().empty()) add("data.path", "required (must be a non-empty path)");
+
+  if (s.checkpoint().dir().empty()) add("checkpoint.dir", "must be non-empty");
+  at_least("checkpoint.every", s.checkpoint().every(), 0);
+
+  if (!ValidDevice(s.device())) {
+    add("device",
+        absl::StrCat("must be cpu, cuda or cuda:N (got \"", absl::CHexEscape(s.device()), "\")"));
+  }
+  return errors;
+}
+
+bool Covered(const std::string& path, const std::set<std::string>& failed) {
+  for (const std::string& f : failed) {
+    if (path == f ||
+        (path.size() > f.size() && path.compare(0, f.size(), f) == 0 && path[f.size()] == '.')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string ResolvePath(const std::string& path, const std::filesystem::path& base) {
+  std::filesystem::path p(path);
+  if (p.is_relative()) p = base / p;
+  return p.lexically_normal().string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Emission.
+
+// A string that a YAML reader would take for null, a boolean or a number must be quoted.
+bool NeedsQuotes(const std::string& s) {
+  if (s.empty()) return true;
+  const std::string lower = absl::AsciiStrToLower(s);
+  if (lower == "~" || lower == "null" || lower == "true" || lower == "false" || lower == "yes" ||
+      lower == "no" || lower == "on" || lower == "off" || lower == "y" || lower == "n") {
+    return true;
+  }
+  double d;
+  int64_t i;
+  bool oor;
+  return ParseDouble(s, &d) || ParseInt64(s, &i, &oor) || oor || lower == ".inf" ||
+         lower == "-.inf" || lower == ".nan";
+}
+
+std::string ShortestDouble(double v) {
+  char buf[64];
+  auto [ptr, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, ptr);
+}
+
+void EmitScalar(YAML::Emitter& out, const pb::Message& msg, const pb::FieldDescriptor* field,
+                int index) {
+  using FD = pb::FieldDescriptor;
+  const pb::Reflection* r = msg.GetReflection();
+  const bool rep = field->is_repeated();
+  switch (field->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+      out << (rep ? r->GetRepeatedInt32(msg, field, index) : r->GetInt32(msg, field));
+      break;
+    case FD::CPPTYPE_INT64:
+      out << (rep ? r->GetRepeatedInt64(msg, field, index) : r->GetInt64(msg, field));
+      break;
+    case FD::CPPTYPE_UINT32:
+      out << (rep ? r->GetRepeatedUInt32(msg, field, index) : r->GetUInt32(msg, field));
+      break;
+    case FD::CPPTYPE_UINT64:
+      out << (rep ? r->GetRepeatedUInt64(msg, field, index) : r->GetUInt64(msg, field));
+      break;
+    case FD::CPPTYPE_DOUBLE:
+      out << ShortestDouble(rep ? r->GetRepeatedDouble(msg, field, index)
+                                : r->GetDouble(msg, field));
+      break;
+    case FD::CPPTYPE_FLOAT:
+      out << ShortestDouble(rep ? r->GetRepeatedFloat(msg, field, index) : r->GetFloat(msg, field));
+      break;
+    case FD::CPPTYPE_BOOL:
+      out << (rep ? r->GetRepeatedBool(msg, field, index) : r->GetBool(msg, field));
+      break;
+    case FD::CPPTYPE_STRING: {
+      const std::string s =
+          rep ? r->GetRepeatedString(msg, field, index) : r->GetString(msg, field);
+      if (NeedsQuotes(s)) out << YAML::DoubleQuoted;
+      out << s;
+      break;
+    }
+    case FD::CPPTYPE_ENUM:
+      out << (rep ? r->GetRepeatedEnum(msg, field, index) : r->GetEnum(msg, field))->name();
+      break;
+    case FD::CPPTYPE_MESSAGE:
+      break;
+  }
+}
+
+void EmitMessage(YAML::Emitter& out, const pb::Message& msg) {
+  const pb::Descriptor* desc = msg.GetDescriptor();
+  const pb::Reflection* r = msg.GetReflection();
+  out << YAML::BeginMap;
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const pb::FieldDescriptor* field = desc->field(i);
+    if (field->is_repeated()) {
+      const int n = r->FieldSize(msg, field);
+      if (n == 0) continue;
+      out << YAML::Key << field->name() << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (int j = 0; j < n; ++j) {
+        if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+          EmitMessage(out, r->GetRepeatedMessage(msg, field, j));
+        } else {
+          EmitScalar(out, msg, field, j);
+        }
+      }
+      out << YAML::EndSeq;
+      continue;
+    }
+    // Fields with presence are written when set; proto3 implicit fields (model sizes,
+    // data.path) always, so that a missing required value stays visible.
+    if (field->has_presence() && !r->HasField(msg, field)) continue;
+    out << YAML::Key << field->name() << YAML::Value;
+    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      EmitMessage(out, r->GetMessage(msg, field));
+    } else {
+      EmitScalar(out, msg, field, -1);
+    }
+  }
+  out << YAML::EndMap;
+}
+
+}  // namespace
+
+void ApplyDefaults(JobSpec* spec) {
+  if (!spec->has_name()) spec->set_name("job");
+  if (!spec->has_device()) spec->set_device("cpu");
+
+  auto* m = spec->mutable_model();
+  if (!m->has_tie_embeddings()) m->set_tie_embeddings(false);
+  if (!m->has_ffn_hidden()) {
+    m->set_ffn_hidden(static_cast<int32_t>(std::clamp<int64_t>(
+        4 * static_cast<int64_t>(m->hidden()), 0, std::numeric_limits<int32_t>::max())));
+  }
+
+  auto* p = spec->mutable_parallel();
+  if (!p->has_pipeline()) p->set_pipeline(1);
+  if (!p->has_schedule()) p->set_schedule("1f1b");
+  if (!p->has_vocab()) p->set_vocab("vocab2");
+  if (!p->has_seq_chunks()) p->set_seq_chunks(1);
+  if (!p->has_microbatch_size()) p->set_microbatch_size(1);
+  if (!p->has_microbatches()) p->set_microbatches(1);
+  if (!p->has_chunks_per_rank()) p->set_chunks_per_rank(2);
+  if (!p->has_memory_budget_bytes()) p->set_memory_budget_bytes(0);
+  if (!p->has_max_pending_t()) p->set_max_pending_t(1);
+
+  auto* t = spec->mutable_train();
+  if (!t->has_steps()) t->set_steps(10);
+  if (!t->has_lr()) t->set_lr(3e-4);
+  if (!t->has_lr_schedule()) t->set_lr_schedule("constant");
+  if (!t->has_warmup_steps()) t->set_warmup_steps(0);
+  if (!t->has_min_lr()) t->set_min_lr(0.0);
+  if (!t->has_weight_decay()) t->set_weight_decay(0.1);
+  if (!t->has_beta1()) t->set_beta1(0.9);
+  if (!t->has_beta2()) t->set_beta2(0.95);
+  if (!t->has_eps()) t->set_eps(1e-8);
+  if (!t->has_grad_clip()) t->set_grad_clip(0.0);
+  if (!t->has_seed()) t->set_seed(1234);
+  if (!t->has_threads()) t->set_threads(0);
+
+  auto* d = spec->mutable_data();
+  if (!d->has_shuffle()) d->set_shuffle(false);
+
+  auto* c = spec->mutable_checkpoint();
+  if (!c->has_dir()) c->set_dir(absl::StrCat("runs/", spec->name()));
+  if (!c->has_every()) c->set_every(0);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  const std::vector<FieldError> errors = CollectValidationErrors(spec);
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(JoinErrors(errors));
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("(root): invalid YAML/JSON at line %d, column %d: %s", e.mark.line + 1,
+                        e.mark.column + 1, e.msg));
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("(root): expected a mapping of job spec fields, got ",
+                     root.IsNull() ? std::string("an empty document") : Describe(root)));
+  }
+
+  JobSpec spec;
+  YamlToProto mapper;
+  try {
+    mapper.Fill(root, "", &spec);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrFormat("(root): invalid YAML/JSON: %s", e.msg));
+  }
+
+  std::vector<FieldError> errors = std::move(mapper.errors);
+  // Required fields: proto3 cannot tell a missing model.hidden from 0, the text can.
+  std::set<std::string> skip = mapper.failed;
+  if (!mapper.present.contains("model")) {
+    if (!mapper.failed.contains("model")) {
+      errors.push_back(
+          FieldError{"model", "required (with layers, hidden, heads, vocab_size, seq_len)"});
+    }
+    skip.insert("model");
+  } else {
+    for (const char* f : {"layers", "hidden", "heads", "vocab_size", "seq_len"}) {
+      const std::string path = Child("model", f);
+      if (!mapper.present.contains(path) && !mapper.failed.contains(path)) {
+        errors.push_back(FieldError{path, "required"});
+        skip.insert(path);
+      }
+    }
+  }
+  if (!mapper.present.contains("data.path") && !Covered("data.path", mapper.failed)) {
+    errors.push_back(FieldError{"data.path", "required"});
+    skip.insert("data.path");
+  }
+  for (FieldError& e : CollectValidationErrors(spec)) {
+    if (!Covered(e.path, skip)) errors.push_back(std::move(e));
+  }
+  if (!errors.empty()) return absl::InvalidArgumentError(JoinErrors(errors));
+
+  ApplyDefaults(&spec);
+  std::error_code ec;
+  std::filesystem::path base(base_dir.empty() ? std::string(".") : std::string(base_dir));
+  base = std::filesystem::absolute(base, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat("(root): cannot resolve base directory \"",
+                                                   std::string(base_dir), "\": ", ec.message()));
+  }
+  spec.mutable_data()->set_path(ResolvePath(spec.data().path(), base));
+  spec.mutable_checkpoint()->set_dir(ResolvePath(spec.checkpoint().dir(), base));
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec(errno, std::generic_category());
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open job spec: ", ec.message()));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text.str(), dir.string());
+  if (!spec.ok()) {
+    // Every line starts with the file, like a compiler diagnostic.
+    std::vector<std::string> lines = absl::StrSplit(spec.status().message(), '\n');
+    for (std::string& line : lines) line = absl::StrCat(path, ": ", line);
+    return absl::Status(spec.status().code(), absl::StrJoin(lines, "\n"));
+  }
+  return spec;
+}
+
+std::string JobSpecToYaml(const JobSpec& spec) {
+  YAML::Emitter out;
+  out.SetIndent(2);
+  EmitMessage(out, spec);
+  return absl::StrCat(out.c_str(), "\n");
+}
+
+}  // namespace vp::spec

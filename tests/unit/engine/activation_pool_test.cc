@@ -1,0 +1,42 @@
+#include "worker/engine/activation_pool.h"
+
+#include <gtest/gtest.h>
+
+namespace vp::engine {
+namespace {
+
+TEST(ActivationPool, RecyclesBuffersAndChargesOnlyLiveBytes) {
+  MemoryTracker tracker;
+  ActivationPool pool(&tracker);
+  float* first = nullptr;
+  {
+    PooledBuffer a = pool.Acquire(1000);
+    EXPECT_EQ(a.size(), 1000u);
+    EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 4000);
+    first = a.data();
+    a.data()[7] = 3.0f;
+  }
+  EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
+  EXPECT_EQ(pool.cached_bytes(), 4000);
+  PooledBuffer b = pool.Acquire(1000);  // same size: same memory, contents kept
+  EXPECT_EQ(b.data(), first);
+  EXPECT_EQ(b.data()[7], 3.0f);
+  EXPECT_EQ(pool.cached_bytes(), 0);
+  PooledBuffer moved = std::move(b);
+  EXPECT_TRUE(b.empty());
+  moved.Reset();
+  PooledBuffer z = pool.Acquire(1000, /*zero=*/true);
+  EXPECT_EQ(z.data()[7], 0.0f);
+  PooledBuffer other = pool.Acquire(10);  // different size: fresh
+  EXPECT_NE(other.data(), z.data());
+  EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 4040);
+  EXPECT_EQ(tracker.peak(MemoryCategory::kActivations), 4040);
+  z.Reset();
+  other.Reset();
+  pool.ReleaseCached();
+  EXPECT_EQ(pool.cached_bytes(), 0);
+  EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
+}
+
+}  // namespace
+}  // namespace vp::engine

@@ -1,0 +1,62 @@
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "client/commands.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+std::string WriteJob() {
+  const std::string dir = ::testing::TempDir() + "/plan_cmd";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/job.yaml";
+  std::ofstream(path) << "model: {layers: 8, hidden: 64, heads: 4, vocab_size: 1000, seq_len: 64}\n"
+                         "parallel: {pipeline: 4, microbatches: 8, schedule: 1f1b, vocab: vocab2}\n"
+                         "data: {path: train.bin}\n";
+  return path;
+}
+
+int RunPlan(const vp::cli::Args& args, std::string* out, std::string* err) {
+  std::ostringstream o, e;
+  const int rc = vp::cli::RunPlanCommand(args, o, e);
+  *out = o.str();
+  *err = e.str();
+  return rc;
+}
+
+TEST(PlanCommand, JsonHasTheContractFields) {
+  std::string out, err;
+  ASSERT_EQ(RunPlan({WriteJob(), "--costs", "F=1,B=1,W=1,comm=0", "--vocab", "baseline", "--format",
+                     "json"},
+                    &out, &err),
+            0)
+      << err;
+  for (const char* key :
+       {"\"schedule\":\"1f1b\"", "\"vocab\":\"baseline\"", "\"pipeline\":4", "\"microbatches\":8",
+        "\"makespan\":33", "\"bubble_ratio\"", "\"rank\":3", "\"actions\":[", "\"busy\":24",
+        "\"peak_activation_microbatches\":4", "\"parameter_bytes\""})
+    EXPECT_NE(out.find(key), std::string::npos) << key << "\n" << out.substr(0, 400);
+}
+
+TEST(PlanCommand, OverridesFormatsAndErrors) {
+  const std::string job = WriteJob();
+  std::string out, err;
+  EXPECT_EQ(RunPlan({job, "--schedule", "vhalf", "--format", "svg"}, &out, &err), 0) << err;
+  EXPECT_EQ(out.rfind("<svg", 0), 0u);
+  EXPECT_EQ(RunPlan({job, "--pipeline", "2", "--format", "text"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("pipeline 2"), std::string::npos);
+  EXPECT_EQ(RunPlan({job, "--schedule", "seq1f1b", "--seq-chunks", "2"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("seq_chunks 2"), std::string::npos);
+  EXPECT_EQ(RunPlan({job, "--schedule", "auto", "--vocab", "auto"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("chosen"), std::string::npos);
+  EXPECT_EQ(RunPlan({job, "--pipeline", "16"}, &out, &err), 2);
+  EXPECT_NE(err.find("model.layers"), std::string::npos);
+  EXPECT_EQ(RunPlan({job, "--schedule", "gpipe"}, &out, &err), 2);
+  EXPECT_EQ(RunPlan({job, "--costs", "F=x"}, &out, &err), 2);
+  EXPECT_EQ(RunPlan({job, "--format", "pdf"}, &out, &err), 2);
+  EXPECT_EQ(RunPlan({}, &out, &err), 2);
+}
+
+}  // namespace

@@ -1,0 +1,313 @@
+#include "coordinator/planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace vp::planner {
+namespace {
+
+PlannerInput Input(int p, int m, Schedule s, VocabMethod v, int k = 1) {
+  PlannerInput in;
+  in.pipeline = p;
+  in.microbatches = m;
+  in.layers = 4 * p;
+  in.seq_chunks = k;
+  in.schedule = s;
+  in.vocab = v;
+  in.costs.f = 1;
+  in.costs.b = 1;
+  in.costs.w = 1;
+  return in;
+}
+
+SimResult Sim(const PlannerInput& in) {
+  absl::StatusOr<Plan> plan = BuildPlan(in);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<SimResult> sim = Simulate(*plan, in);
+  EXPECT_TRUE(sim.ok()) << sim.status();
+  return *sim;
+}
+
+TEST(Planner, OneF1BMakespanAndPeak) {
+  for (int p : {1, 2, 4, 8})
+    for (int m : {p, 2 * p + 1, 4 * p})
+      for (double b : {1.0, 2.0}) {
+        PlannerInput in = Input(p, m, Schedule::k1F1B, VocabMethod::kBaseline);
+        in.costs.b = b;
+        SimResult sim = Sim(in);
+        EXPECT_DOUBLE_EQ(sim.makespan, (m + p - 1) * (1 + b + 1)) << p << " " << m;
+        for (int r = 0; r < p; ++r)
+          EXPECT_DOUBLE_EQ(sim.ranks[r].peak_activation_microbatches, std::min(p - r, m));
+      }
+}
+
+TEST(Planner, VocabMethodsAddOneOrTwoMicrobatchesOn1F1B) {
+  for (int p : {2, 4, 8}) {
+    const int m = 4 * p;
+    SimResult base = Sim(Input(p, m, Schedule::k1F1B, VocabMethod::kBaseline));
+    SimResult v2 = Sim(Input(p, m, Schedule::k1F1B, VocabMethod::kVocab2));
+    SimResult v1 = Sim(Input(p, m, Schedule::k1F1B, VocabMethod::kVocab1));
+    for (int r = 0; r < p; ++r) {
+      EXPECT_DOUBLE_EQ(v2.ranks[r].peak_activation_microbatches,
+                       base.ranks[r].peak_activation_microbatches + 1);
+      EXPECT_DOUBLE_EQ(v1.ranks[r].peak_activation_microbatches,
+                       base.ranks[r].peak_activation_microbatches + 2);
+    }
+  }
+}
+
+TEST(Planner, VHalfPeakIsHalfAndEqual) {
+  for (int p : {2, 4, 6, 8}) {
+    SimResult sim = Sim(Input(p, 4 * p, Schedule::kVHalf, VocabMethod::kBaseline));
+    for (int r = 0; r < p; ++r)
+      EXPECT_DOUBLE_EQ(sim.ranks[r].peak_activation_microbatches, (p + 2) / 2) << p << " " << r;
+  }
+}
+
+TEST(Planner, Seq1F1BMakespan) {
+  for (int p : {2, 4})
+    for (int k : {2, 4}) {
+      const int m = 2 * p;
+      SimResult sim = Sim(Input(p, m, Schedule::kSeq1F1B, VocabMethod::kBaseline, k));
+      EXPECT_NEAR(sim.makespan, (m * k + p - 1) * 3.0 / k, 1e-9) << p << " " << k;
+      for (int r = 0; r < p; ++r)
+        EXPECT_NEAR(sim.ranks[r].peak_activation_microbatches,
+                    std::min<double>(p - r + k - 1, m * k) / k, 1e-9);
+    }
+}
+
+TEST(Planner, InterlacedIsAboutOneAndAHalfTimes1F1BMemory) {
+  const int p = 8;
+  SimResult base = Sim(Input(p, 4 * p, Schedule::k1F1B, VocabMethod::kBaseline));
+  SimResult il = Sim(Input(p, 4 * p, Schedule::k1F1B, VocabMethod::kInterlaced));
+  const double ratio =
+      il.ranks[0].peak_activation_microbatches / base.ranks[0].peak_activation_microbatches;
+  EXPECT_GE(ratio, 1.4);
+  EXPECT_LE(ratio, 1.7);
+}
+
+TEST(Planner, ZeroBubbleSchedulesBeat1F1BWithinTheirMemoryCap) {
+  const int p = 4, m = 16;
+  SimResult f = Sim(Input(p, m, Schedule::k1F1B, VocabMethod::kBaseline));
+  SimResult h1 = Sim(Input(p, m, Schedule::kZBH1, VocabMethod::kBaseline));
+  SimResult zv = Sim(Input(p, m, Schedule::kZBV, VocabMethod::kBaseline));
+  EXPECT_LT(h1.makespan, f.makespan);
+  EXPECT_LT(zv.makespan, f.makespan);
+  for (int r = 0; r < p; ++r) {
+    EXPECT_LE(h1.ranks[r].peak_activation_microbatches, p);
+    EXPECT_LE(zv.ranks[r].peak_activation_microbatches, p);
+  }
+}
+
+// Every schedule x every vocabulary method, p in {1..8, 16, 32}, m from 1 to 4p (a sample of
+// m for the large p to keep the test fast), passes the validator (BuildPlan validates) and
+// the text and proto round trips.
+TEST(Planner, EveryCombinationValidates) {
+  for (int p : {1, 2, 3, 4, 5, 6, 7, 8, 16, 32}) {
+    std::vector<int> ms;
+    if (p <= 8) {
+      for (int m = 1; m <= 4 * p; ++m) ms.push_back(m);
+    } else {
+      ms = {1, p - 1, p, p + 1, p + 2, 3 * p / 2 + 1, 4 * p};
+    }
+    for (Schedule s : AllSchedules())
+      for (VocabMethod v : AllVocabMethods())
+        for (int m : ms) {
+          if (p > 8 && m != 4 * p && m != p + 1 && v != VocabMethod::kVocab1) continue;
+          const int k = (s == Schedule::kSeq1F1B || s == Schedule::kSeq1F1BInterleaved) ? 2 : 1;
+          PlannerInput in = Input(p, m, s, v, k);
+          in.costs.b = 2;
+          in.costs.s = 0.5;
+          in.costs.t = 0.7;
+          in.costs.input_f = 0.1;
+          in.costs.input_b = 0.1;
+          in.costs.comm = (m % 2) ? 0.05 : 0;
+          in.costs.collective = 0.02;
+          absl::StatusOr<Plan> plan = BuildPlan(in);
+          ASSERT_TRUE(plan.ok()) << ScheduleName(s) << " " << VocabName(v) << " p=" << p
+                                 << " m=" << m << ": " << plan.status();
+          if (m == 4 * p && p <= 8) {
+            absl::StatusOr<Plan> back = PlanFromText(PlanToText(*plan));
+            ASSERT_TRUE(back.ok()) << back.status();
+            EXPECT_EQ(*back, *plan);
+            absl::StatusOr<Plan> from_proto = PlanFromProto(PlanToProto(*plan));
+            ASSERT_TRUE(from_proto.ok());
+            EXPECT_EQ(*from_proto, *plan);
+          }
+        }
+  }
+}
+
+TEST(Validator, RejectsBrokenPlans) {
+  absl::StatusOr<Plan> good = BuildPlan(Input(4, 8, Schedule::k1F1B, VocabMethod::kVocab2));
+  ASSERT_TRUE(good.ok());
+  ASSERT_TRUE(ValidatePlan(*good).ok());
+  {  // B moved before its F on the last rank: dependency violated.
+    Plan bad = *good;
+    auto& acts = bad.ranks[3].actions;
+    auto f = std::find_if(acts.begin(), acts.end(),
+                          [](const Action& a) { return a.kind == ActionKind::kF; });
+    auto b = std::find_if(acts.begin(), acts.end(),
+                          [](const Action& a) { return a.kind == ActionKind::kBW; });
+    std::iter_swap(f, b);
+    absl::Status st = ValidatePlan(bad);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("rank 3"), std::string::npos) << st;
+  }
+  {  // A receive removed: the send is never matched.
+    Plan bad = *good;
+    auto& acts = bad.ranks[1].actions;
+    acts.erase(std::find_if(acts.begin(), acts.end(),
+                            [](const Action& a) { return a.kind == ActionKind::kRecvAct; }));
+    absl::Status st = ValidatePlan(bad);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("SEND_ACT"), std::string::npos) << st;
+  }
+  {  // Two collectives swapped on one rank: order differs.
+    Plan bad = *good;
+    auto& acts = bad.ranks[2].actions;
+    std::vector<size_t> colls;
+    for (size_t i = 0; i < acts.size(); ++i)
+      if (IsCollective(acts[i].kind)) colls.push_back(i);
+    std::swap(acts[colls[3]], acts[colls[4]]);
+    absl::Status st = ValidatePlan(bad);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("collective order differs"), std::string::npos) << st;
+  }
+  {  // A forward dropped: coverage.
+    Plan bad = *good;
+    auto& acts = bad.ranks[0].actions;
+    acts.erase(std::find_if(acts.begin(), acts.end(),
+                            [](const Action& a) { return a.kind == ActionKind::kF && a.mb == 7; }));
+    EXPECT_FALSE(ValidatePlan(bad).ok());
+  }
+  {  // A microbatch outside [0, m).
+    Plan bad = *good;
+    bad.ranks[0].actions[0].mb = 8;
+    EXPECT_FALSE(ValidatePlan(bad).ok());
+  }
+  {  // Layers dropped from the placement.
+    Plan bad = *good;
+    bad.ranks[3].chunks[0].num_layers -= 1;
+    absl::Status st = ValidatePlan(bad);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("layers"), std::string::npos);
+  }
+}
+
+TEST(Planner, ImpossibleRequestsGetClearErrors) {
+  PlannerInput in = Input(8, 8, Schedule::k1F1B, VocabMethod::kVocab1);
+  in.layers = 6;
+  absl::StatusOr<Plan> p = BuildPlan(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("model.layers"), std::string::npos);
+  in.layers = 12;  // 12 layers over 8 groups
+  p = BuildPlan(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("do not split evenly"), std::string::npos);
+  in.vocab = VocabMethod::kRedis;  // redis may split unevenly, never dropping a layer
+  p = BuildPlan(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  int total = 0;
+  for (const RankPlan& r : p->ranks)
+    for (const ModelChunk& c : r.chunks) total += c.num_layers;
+  EXPECT_EQ(total, 12);
+  in = Input(4, 8, Schedule::k1F1B, VocabMethod::kVocab2, 2);
+  p = BuildPlan(in);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("parallel.seq_chunks"), std::string::npos);
+  EXPECT_FALSE(ParseSchedule("gpipe").ok());
+  EXPECT_FALSE(ParseVocab("vocab3").ok());
+}
+
+TEST(Planner, RedisMovesLayersOffTheLastStage) {
+  PlannerInput in = Input(4, 16, Schedule::k1F1B, VocabMethod::kRedis);
+  in.layers = 32;
+  in.costs.s = 1.5;  // per shard: whole output layer = 6, about two stages of layers
+  in.costs.t = 1.5;
+  absl::StatusOr<Plan> plan = BuildPlan(in);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_LT(plan->ranks[3].chunks[0].num_layers, 8);
+  SimResult redis = Sim(in);
+  in.vocab = VocabMethod::kBaseline;
+  SimResult base = Sim(in);
+  EXPECT_LT(redis.makespan, base.makespan);
+}
+
+TEST(Partition, EqualFlopsChunksShrinkAlongTheSequence) {
+  ModelShape m;
+  m.hidden = 1024;
+  m.heads = 16;
+  m.seq_len = 16384;
+  m.vocab = 32000;
+  for (int k : {2, 4, 8}) {
+    absl::StatusOr<std::vector<int>> b = PartitionSequence(m, 24, k);
+    ASSERT_TRUE(b.ok());
+    ASSERT_EQ(b->size(), k + 1u);
+    EXPECT_EQ(b->front(), 0);
+    EXPECT_EQ(b->back(), 16384);
+    double lo = 1e300, hi = 0;
+    for (int q = 0; q < k; ++q) {
+      const double f = ChunkForwardFlops(m, 24, (*b)[q], (*b)[q + 1]);
+      lo = std::min(lo, f);
+      hi = std::max(hi, f);
+      if (q > 0) EXPECT_LE((*b)[q + 1] - (*b)[q], (*b)[q] - (*b)[q - 1]);
+    }
+    EXPECT_LT((hi - lo) / hi, 0.01) << k;
+  }
+  ModelShape small;
+  small.seq_len = 3;
+  EXPECT_FALSE(PartitionSequence(small, 2, 4).ok());
+}
+
+TEST(Planner, AutoPicksTheFastestThatFits) {
+  PlannerInput in = Input(4, 16, Schedule::k1F1B, VocabMethod::kVocab2);
+  in.costs.s = 1;
+  in.costs.t = 1;
+  in.model.hidden = 256;
+  in.model.heads = 4;
+  in.model.seq_len = 256;
+  in.model.vocab = 32000;
+  absl::StatusOr<AutoChoice> all = ChoosePlan(in, true, true, 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_TRUE(all->candidates[0].ok);
+  for (const Candidate& c : all->candidates)
+    if (c.ok) EXPECT_GE(c.step_time, all->candidates[0].step_time);
+  // A budget below the best candidate's peak moves the choice to one that fits.
+  const int64_t budget = all->candidates[0].peak_bytes - 1;
+  absl::StatusOr<AutoChoice> tight = ChoosePlan(in, true, true, budget);
+  if (tight.ok()) {
+    EXPECT_LE(tight->candidates[0].peak_bytes, budget);
+  } else {
+    EXPECT_NE(tight.status().message().find("memory_budget_bytes"), std::string::npos);
+  }
+  EXPECT_NE(CandidatesTable(*all).find("chosen"), std::string::npos);
+}
+
+TEST(Simulator, BaselineMfuFallsWithVocabularyWhileVocabParallelStaysFlat) {
+  // The paper's 8-GPU model: 32 layers, h = 3072, s = 4096, 128 microbatches, A100 peak.
+  double base32 = 0, base256 = 0, v1_32 = 0, v1_256 = 0;
+  for (int64_t vocab : {32768, 262144}) {
+    for (VocabMethod v : {VocabMethod::kBaseline, VocabMethod::kVocab1}) {
+      PlannerInput in = Input(8, 128, Schedule::k1F1B, v);
+      in.layers = 32;
+      in.model.hidden = 3072;
+      in.model.heads = 24;
+      in.model.seq_len = 4096;
+      in.model.vocab = vocab;
+      in.model.peak_flops = 312e12;
+      in.costs = FlopProportionalCosts(8, 32, in.model, 312e12);
+      const double mfu = Sim(in).mfu;
+      (v == VocabMethod::kBaseline ? (vocab == 32768 ? base32 : base256)
+                                   : (vocab == 32768 ? v1_32 : v1_256)) = mfu;
+    }
+  }
+  EXPECT_LT(base256, 0.8 * base32);
+  EXPECT_NEAR(v1_256, v1_32, 0.03);
+  EXPECT_GT(v1_256, base256);
+}
+
+}  // namespace
+}  // namespace vp::planner

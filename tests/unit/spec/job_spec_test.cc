@@ -1,0 +1,572 @@
+#include "proto/spec/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+
+namespace vp::spec {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using vocabpipe::v1::JobSpec;
+namespace pb = google::protobuf;
+
+// The spec shape of examples/demo.yaml, one field per line so tests can edit single lines.
+constexpr const char* kBase = R"(name: demo
+model:
+  layers: 2
+  hidden: 64
+  heads: 4
+  vocab_size: 1000
+  seq_len: 32
+  tie_embeddings: false
+parallel:
+  pipeline: 1
+  schedule: 1f1b
+  vocab: vocab2
+  seq_chunks: 1
+  microbatch_size: 2
+  microbatches: 2
+train:
+  steps: 5
+  lr: 0.001
+  lr_schedule: constant
+  warmup_steps: 0
+  weight_decay: 0.1
+  beta1: 0.9
+  beta2: 0.95
+  eps: 1.0e-8
+  grad_clip: 0
+  seed: 1234
+data:
+  path: data.bin
+  shuffle: false
+checkpoint:
+  dir: runs/demo
+  every: 0
+device: cpu
+)";
+
+// Replaces the first occurrence of `from` (which must exist) in the base spec.
+std::string Edit(const std::string& from, const std::string& to, std::string text = kBase) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << "test bug: '" << from << "' not in spec";
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+std::string ErrorOf(const std::string& text) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, "/base");
+  EXPECT_FALSE(spec.ok()) << "spec unexpectedly valid:\n" << text;
+  if (spec.ok()) return "";
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(spec.status().message());
+}
+
+TEST(ParseJobSpec, DemoSpecParses) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase, "/base");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "demo");
+  EXPECT_EQ(spec->model().layers(), 2);
+  EXPECT_EQ(spec->model().hidden(), 64);
+  EXPECT_EQ(spec->model().heads(), 4);
+  EXPECT_EQ(spec->model().vocab_size(), 1000);
+  EXPECT_EQ(spec->model().seq_len(), 32);
+  EXPECT_FALSE(spec->model().tie_embeddings());
+  EXPECT_EQ(spec->parallel().schedule(), "1f1b");
+  EXPECT_EQ(spec->parallel().vocab(), "vocab2");
+  EXPECT_EQ(spec->parallel().microbatch_size(), 2);
+  EXPECT_EQ(spec->parallel().microbatches(), 2);
+  EXPECT_EQ(spec->train().steps(), 5);
+  EXPECT_DOUBLE_EQ(spec->train().lr(), 0.001);
+  EXPECT_DOUBLE_EQ(spec->train().eps(), 1e-8);
+  EXPECT_EQ(spec->train().seed(), 1234u);
+  EXPECT_EQ(spec->data().path(), "/base/data.bin");
+  EXPECT_FALSE(spec->data().shuffle());
+  EXPECT_EQ(spec->checkpoint().dir(), "/base/runs/demo");
+  EXPECT_EQ(spec->device(), "cpu");
+}
+
+TEST(ParseJobSpec, FlowStyleAsInTheDocs) {
+  const char* text = R"(name: demo
+model:    {layers: 2, hidden: 64, heads: 4, vocab_size: 1000, seq_len: 32,
+           tie_embeddings: false}
+parallel: {pipeline: 1, schedule: 1f1b, vocab: vocab2, seq_chunks: 1,
+           microbatch_size: 2, microbatches: 2}
+train:    {steps: 5, lr: 0.001, lr_schedule: constant, warmup_steps: 0,
+           weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1.0e-8,
+           grad_clip: 0, seed: 1234}
+data:     {path: data.bin, shuffle: false}
+checkpoint: {dir: runs/demo, every: 0}
+device: cpu
+)";
+  absl::StatusOr<JobSpec> flow = ParseJobSpec(text, "/base");
+  ASSERT_TRUE(flow.ok()) << flow.status();
+  absl::StatusOr<JobSpec> block = ParseJobSpec(kBase, "/base");
+  ASSERT_TRUE(block.ok());
+  EXPECT_TRUE(pb::util::MessageDifferencer::Equals(*flow, *block));
+}
+
+TEST(ParseJobSpec, DefaultsApplied) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      "model: {layers: 1, hidden: 32, heads: 2, vocab_size: 50, seq_len: 8}\n"
+      "data: {path: tokens.bin}\n",
+      "/runs");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "job");
+  EXPECT_EQ(spec->device(), "cpu");
+  EXPECT_FALSE(spec->model().tie_embeddings());
+  EXPECT_EQ(spec->model().ffn_hidden(), 128);
+  const auto& p = spec->parallel();
+  EXPECT_EQ(p.pipeline(), 1);
+  EXPECT_EQ(p.schedule(), "1f1b");
+  EXPECT_EQ(p.vocab(), "vocab2");
+  EXPECT_EQ(p.seq_chunks(), 1);
+  EXPECT_EQ(p.microbatch_size(), 1);
+  EXPECT_EQ(p.microbatches(), 1);
+  EXPECT_EQ(p.chunks_per_rank(), 2);
+  EXPECT_EQ(p.memory_budget_bytes(), 0);
+  EXPECT_EQ(p.max_pending_t(), 1);
+  const auto& t = spec->train();
+  EXPECT_EQ(t.steps(), 10);
+  EXPECT_DOUBLE_EQ(t.lr(), 3e-4);
+  EXPECT_EQ(t.lr_schedule(), "constant");
+  EXPECT_EQ(t.warmup_steps(), 0);
+  EXPECT_DOUBLE_EQ(t.min_lr(), 0.0);
+  EXPECT_DOUBLE_EQ(t.weight_decay(), 0.1);
+  EXPECT_DOUBLE_EQ(t.beta1(), 0.9);
+  EXPECT_DOUBLE_EQ(t.beta2(), 0.95);
+  EXPECT_DOUBLE_EQ(t.eps(), 1e-8);
+  EXPECT_DOUBLE_EQ(t.grad_clip(), 0.0);
+  EXPECT_EQ(t.seed(), 1234u);
+  EXPECT_EQ(t.threads(), 0);
+  EXPECT_FALSE(spec->data().shuffle());
+  EXPECT_EQ(spec->checkpoint().dir(), "/runs/runs/job");
+  EXPECT_EQ(spec->checkpoint().every(), 0);
+}
+
+// Every field with presence, at any depth, is set after ApplyDefaults (except data.path,
+// which is required and has no default).
+void ExpectAllSet(const pb::Message& msg, const std::string& path) {
+  const pb::Descriptor* d = msg.GetDescriptor();
+  const pb::Reflection* r = msg.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    const std::string p = path.empty() ? f->name() : path + "." + f->name();
+    if (f->has_presence()) EXPECT_TRUE(r->HasField(msg, f)) << p << " left unset";
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      ExpectAllSet(r->GetMessage(msg, f), p);
+    }
+  }
+}
+
+TEST(ApplyDefaults, FillsEveryOptionalField) {
+  JobSpec spec;
+  spec.mutable_model()->set_hidden(48);
+  spec.set_name("x");
+  ApplyDefaults(&spec);
+  ExpectAllSet(spec, "");
+  EXPECT_EQ(spec.model().ffn_hidden(), 192);
+  EXPECT_EQ(spec.checkpoint().dir(), "runs/x");
+  // Set fields are kept.
+  JobSpec again = spec;
+  again.mutable_train()->set_lr(0.5);
+  ApplyDefaults(&again);
+  EXPECT_DOUBLE_EQ(again.train().lr(), 0.5);
+}
+
+TEST(ParseJobSpec, RelativePathsResolved) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      Edit("  path: data.bin", "  path: ../shared/./d.bin", Edit("  dir: runs/demo", "  dir: out")),
+      "/a/b");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().path(), "/a/shared/d.bin");
+  EXPECT_EQ(spec->checkpoint().dir(), "/a/b/out");
+
+  spec = ParseJobSpec(Edit("  path: data.bin", "  path: /abs/d.bin"), "/a/b");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->data().path(), "/abs/d.bin");
+
+  // A relative base directory is made absolute against the working directory.
+  spec = ParseJobSpec(kBase, "rel");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->data().path(),
+            (std::filesystem::current_path() / "rel" / "data.bin").lexically_normal().string());
+  EXPECT_TRUE(std::filesystem::path(spec->checkpoint().dir()).is_absolute());
+}
+
+TEST(ParseJobSpec, JsonInput) {
+  const char* json = R"({
+  "name": "json-job",
+  "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab_size": 1000, "seq_len": 32,
+            "tie_embeddings": true},
+  "parallel": {"pipeline": 2, "schedule": "seq1f1b", "vocab": "vocab1", "seq_chunks": 4},
+  "train": {"lr": 1e-3, "seed": 7, "lr_schedule": "cosine", "min_lr": 0.0001},
+  "data": {"path": "d.bin", "shuffle": true},
+  "device": "cuda:1"
+})";
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(json, "/j");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "json-job");
+  EXPECT_TRUE(spec->model().tie_embeddings());
+  EXPECT_EQ(spec->parallel().pipeline(), 2);
+  EXPECT_EQ(spec->parallel().seq_chunks(), 4);
+  EXPECT_EQ(spec->parallel().vocab(), "vocab1");
+  EXPECT_DOUBLE_EQ(spec->train().lr(), 1e-3);
+  EXPECT_DOUBLE_EQ(spec->train().min_lr(), 1e-4);
+  EXPECT_EQ(spec->train().seed(), 7u);
+  EXPECT_TRUE(spec->data().shuffle());
+  EXPECT_EQ(spec->data().path(), "/j/d.bin");
+  EXPECT_EQ(spec->device(), "cuda:1");
+
+  // Tab-indented JSON, as many JSON writers produce it.
+  spec = ParseJobSpec(
+      "{\n\t\"model\": {\n\t\t\"layers\": 1, \"hidden\": 8, \"heads\": 2, "
+      "\"vocab_size\": 10, \"seq_len\": 4\n\t},\n\t\"data\": {\"path\": \"d.bin\"}\n}\n",
+      "/j");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().hidden(), 8);
+
+  // JSON strings are strings: a quoted number is a type error for a number field.
+  EXPECT_THAT(ErrorOf(R"({"model": {"layers": "2", "hidden": 64, "heads": 4, "vocab_size": 10,
+                          "seq_len": 4}, "data": {"path": "d"}})"),
+              HasSubstr("model.layers: expected an integer, got \"2\" (a quoted string)"));
+}
+
+TEST(ParseJobSpec, UnknownFieldsNamePathAndKnownFields) {
+  EXPECT_THAT(ErrorOf(Edit("  hidden: 64", "  hidden: 64\n  hiden: 64")),
+              HasSubstr("model.hiden: unknown field; known fields: layers, hidden, heads, "
+                        "vocab_size, seq_len, tie_embeddings, ffn_hidden"));
+  EXPECT_THAT(ErrorOf(Edit("device: cpu", "device: cpu\nmodle: {}")),
+              HasSubstr("modle: unknown field; known fields: name, model, parallel, train, "
+                        "data, checkpoint, device"));
+  EXPECT_THAT(ErrorOf(Edit("  shuffle: false", "  shuffle: false\n  shufle: true")),
+              HasSubstr("data.shufle: unknown field; known fields: path, shuffle"));
+}
+
+TEST(ParseJobSpec, WrongTypes) {
+  EXPECT_THAT(ErrorOf(Edit("  lr: 0.001", "  lr: fast")),
+              HasSubstr("train.lr: expected a number, got \"fast\""));
+  EXPECT_THAT(ErrorOf(Edit("  layers: 2", "  layers: two")),
+              HasSubstr("model.layers: expected an integer, got \"two\""));
+  EXPECT_THAT(ErrorOf(Edit("  layers: 2", "  layers: 2.5")),
+              HasSubstr("model.layers: expected an integer, got \"2.5\""));
+  EXPECT_THAT(ErrorOf(Edit("  hidden: 64", "  hidden: 3000000000")),
+              HasSubstr("model.hidden: 3000000000 is out of int32 range"));
+  EXPECT_THAT(ErrorOf(Edit("  hidden: 64", "  hidden: -3000000000")),
+              HasSubstr("model.hidden: -3000000000 is out of int32 range"));
+  EXPECT_THAT(ErrorOf(Edit("  hidden: 64", "  hidden: {a: 1}")),
+              HasSubstr("model.hidden: expected an integer, got a mapping"));
+  EXPECT_THAT(ErrorOf(Edit("  hidden: 64", "  hidden: [64]")),
+              HasSubstr("model.hidden: expected an integer, got a sequence"));
+  EXPECT_THAT(ErrorOf(Edit("  tie_embeddings: false", "  tie_embeddings: maybe")),
+              HasSubstr("model.tie_embeddings: expected a boolean (true or false), got \"maybe\""));
+  EXPECT_THAT(ErrorOf(Edit("  seed: 1234", "  seed: -1")),
+              HasSubstr("train.seed: expected a non-negative integer, got \"-1\""));
+  EXPECT_THAT(ErrorOf(Edit("  lr: 0.001", "  lr: .inf")),
+              HasSubstr("train.lr: expected a number, got \".inf\""));
+  EXPECT_THAT(ErrorOf(Edit("  lr: 0.001", "  lr: inf")),
+              HasSubstr("train.lr: expected a finite number, got \"inf\""));
+  EXPECT_THAT(ErrorOf(Edit("name: demo", "name: [a, b]")),
+              HasSubstr("name: expected a string, got a sequence"));
+  EXPECT_THAT(ErrorOf(Edit("device: cpu", "device: cpu\nmodel: 5", Edit("model:\n", "mdl:\n"))),
+              HasSubstr("model: expected a mapping, got \"5\""));
+  EXPECT_THAT(ErrorOf(Edit("  hidden: 64", "  hidden: 64\n  hidden: 32")),
+              HasSubstr("model.hidden: duplicate field"));
+  // The place in the text is given.
+  EXPECT_THAT(ErrorOf(Edit("  lr: 0.001", "  lr: fast")), HasSubstr("(line 18, column 7)"));
+}
+
+TEST(ParseJobSpec, NumberForms) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      Edit("  seq_chunks: 1", "  seq_chunks: 1\n  memory_budget_bytes: 8e9",
+           Edit("  lr: 0.001", "  lr: +1e-3", Edit("  grad_clip: 0", "  grad_clip: 1"))),
+      "/b");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->parallel().memory_budget_bytes(), 8000000000);
+  EXPECT_DOUBLE_EQ(spec->train().lr(), 1e-3);
+  EXPECT_DOUBLE_EQ(spec->train().grad_clip(), 1.0);
+  // null leaves a field unset, so its default applies.
+  spec = ParseJobSpec(Edit("  lr: 0.001", "  lr:"), "/b");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(spec->train().lr(), 3e-4);
+}
+
+TEST(ParseJobSpec, MissingRequiredFields) {
+  std::string e = ErrorOf(Edit("  hidden: 64\n", ""));
+  EXPECT_THAT(e, HasSubstr("model.hidden: required"));
+  // No follow-up errors about the missing field (e.g. heads must divide hidden).
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(e, '\n')).size(), 1u) << e;
+
+  e = ErrorOf(Edit("  vocab_size: 1000\n  seq_len: 32\n", ""));
+  EXPECT_THAT(e, HasSubstr("model.vocab_size: required"));
+  EXPECT_THAT(e, HasSubstr("model.seq_len: required"));
+
+  e = ErrorOf(Edit("  path: data.bin\n", ""));
+  EXPECT_THAT(e, HasSubstr("data.path: required"));
+  e = ErrorOf(Edit("data:\n  path: data.bin\n  shuffle: false\n", ""));
+  EXPECT_THAT(e, HasSubstr("data.path: required"));
+  e = ErrorOf(Edit("  path: data.bin", "  path: \"\""));
+  EXPECT_THAT(e, HasSubstr("data.path: required (must be a non-empty path)"));
+
+  e = ErrorOf("data: {path: x}\n");
+  EXPECT_THAT(e, HasSubstr("model: required"));
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(e, '\n')).size(), 1u) << e;
+}
+
+TEST(ParseJobSpec, AllErrorsReportedOnePerLine) {
+  std::string text = Edit("  heads: 4", "  heads: 5");
+  text = Edit("  lr: 0.001", "  lr: fast", text);
+  text = Edit("  beta2: 0.95", "  beta2: 1", text);
+  text = Edit("device: cpu", "device: gpu", text);
+  text = Edit("  hidden: 64", "  hidden: 64\n  hiden: 1", text);
+  const std::string e = ErrorOf(text);
+  std::vector<std::string> lines = absl::StrSplit(e, '\n');
+  EXPECT_EQ(lines.size(), 5u) << e;
+  EXPECT_THAT(e, HasSubstr("model.heads: must divide model.hidden (64 % 5 != 0)"));
+  EXPECT_THAT(e, HasSubstr("train.lr: expected a number"));
+  EXPECT_THAT(e, HasSubstr("train.beta2: must be in [0, 1) (got 1)"));
+  EXPECT_THAT(e, HasSubstr("device: must be cpu, cuda or cuda:N (got \"gpu\")"));
+  EXPECT_THAT(e, HasSubstr("model.hiden: unknown field"));
+}
+
+TEST(ParseJobSpec, SyntaxErrorsAndNonMappings) {
+  EXPECT_THAT(ErrorOf("model: {layers: 2\n"), HasSubstr("invalid YAML/JSON at line"));
+  EXPECT_THAT(ErrorOf(""), HasSubstr("(root): expected a mapping of job spec fields, got an "
+                                     "empty document"));
+  EXPECT_THAT(ErrorOf("- a\n- b\n"), HasSubstr("(root): expected a mapping of job spec fields, "
+                                               "got a sequence"));
+}
+
+struct RuleCase {
+  const char* from;
+  const char* to;
+  const char* expected;
+};
+
+// Test names and ctest names show the field path of the rule, not the struct's bytes.
+void PrintTo(const RuleCase& c, std::ostream* os) {
+  const std::string_view e = c.expected;
+  *os << e.substr(0, e.find(':'));
+}
+
+std::string RuleName(const ::testing::TestParamInfo<RuleCase>& info) {
+  std::string name;
+  for (char ch : std::string_view(info.param.expected)
+                     .substr(0, std::string_view(info.param.expected).find(':'))) {
+    name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  }
+  return name + "_" + std::to_string(info.index);
+}
+
+class ValidationRule : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(ValidationRule, ReportsFieldAndRule) {
+  const RuleCase& c = GetParam();
+  const std::string e = ErrorOf(Edit(c.from, c.to));
+  EXPECT_THAT(e, HasSubstr(c.expected));
+  // Exactly one rule is broken by each edit.
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(e, '\n')).size(), 1u) << e;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, ValidationRule,
+    ::testing::Values(
+        RuleCase{"  layers: 2", "  layers: 0", "model.layers: must be >= 1 (got 0)"},
+        RuleCase{"  hidden: 64", "  hidden: -4", "model.hidden: must be >= 1 (got -4)"},
+        RuleCase{"  heads: 4", "  heads: 0", "model.heads: must be >= 1 (got 0)"},
+        RuleCase{"  heads: 4", "  heads: 5", "model.heads: must divide model.hidden (64 % 5 != 0)"},
+        RuleCase{"  vocab_size: 1000", "  vocab_size: 1", "model.vocab_size: must be >= 2 (got 1)"},
+        RuleCase{"  seq_len: 32", "  seq_len: 0", "model.seq_len: must be >= 1 (got 0)"},
+        RuleCase{"  seq_len: 32", "  seq_len: 32\n  ffn_hidden: 0",
+                 "model.ffn_hidden: must be >= 1 (got 0)"},
+        RuleCase{"  pipeline: 1", "  pipeline: 0", "parallel.pipeline: must be >= 1 (got 0)"},
+        RuleCase{"  microbatches: 2", "  microbatches: 0",
+                 "parallel.microbatches: must be >= 1 (got 0)"},
+        RuleCase{"  microbatch_size: 2", "  microbatch_size: -1",
+                 "parallel.microbatch_size: must be >= 1 (got -1)"},
+        RuleCase{"  seq_chunks: 1", "  seq_chunks: 0", "parallel.seq_chunks: must be >= 1 (got 0)"},
+        RuleCase{"  seq_chunks: 1\n", "  seq_chunks: 2\n",
+                 "parallel.seq_chunks: > 1 requires schedule seq1f1b, seq1f1b-interleaved or "
+                 "auto (got schedule 1f1b)"},
+        RuleCase{"  microbatches: 2", "  microbatches: 2\n  chunks_per_rank: 0",
+                 "parallel.chunks_per_rank: must be >= 1 (got 0)"},
+        RuleCase{"  schedule: 1f1b", "  schedule: gpipe",
+                 "parallel.schedule: must be one of 1f1b, interleaved, vhalf, zbh1, zbv, "
+                 "seq1f1b, seq1f1b-interleaved, auto (got \"gpipe\")"},
+        RuleCase{"  vocab: vocab2", "  vocab: vocab3",
+                 "parallel.vocab: must be one of baseline, redis, interlaced, vocab1, vocab2, "
+                 "auto (got \"vocab3\")"},
+        RuleCase{"  microbatches: 2", "  microbatches: 2\n  max_pending_t: 0",
+                 "parallel.max_pending_t: must be >= 1 (got 0)"},
+        RuleCase{"  microbatches: 2", "  microbatches: 2\n  memory_budget_bytes: -1",
+                 "parallel.memory_budget_bytes: must be >= 0 (got -1)"},
+        RuleCase{"  steps: 5", "  steps: -1", "train.steps: must be >= 0 (got -1)"},
+        RuleCase{"  lr: 0.001", "  lr: 0", "train.lr: must be > 0 (got 0)"},
+        RuleCase{"  warmup_steps: 0", "  warmup_steps: -2",
+                 "train.warmup_steps: must be >= 0 (got -2)"},
+        RuleCase{"  lr: 0.001", "  lr: 0.001\n  min_lr: 0.01",
+                 "train.min_lr: must be <= train.lr (0.01 > 0.001)"},
+        RuleCase{"  lr: 0.001", "  lr: 0.001\n  min_lr: -0.1", "train.min_lr: must be >= 0"},
+        RuleCase{"  weight_decay: 0.1", "  weight_decay: -0.1",
+                 "train.weight_decay: must be >= 0 (got -0.1)"},
+        RuleCase{"  beta1: 0.9", "  beta1: 1", "train.beta1: must be in [0, 1) (got 1)"},
+        RuleCase{"  beta1: 0.9", "  beta1: -0.5", "train.beta1: must be in [0, 1) (got -0.5)"},
+        RuleCase{"  beta2: 0.95", "  beta2: 1.5", "train.beta2: must be in [0, 1) (got 1.5)"},
+        RuleCase{"  eps: 1.0e-8", "  eps: 0", "train.eps: must be > 0 (got 0)"},
+        RuleCase{"  grad_clip: 0", "  grad_clip: -1", "train.grad_clip: must be >= 0 (got -1)"},
+        RuleCase{"  lr_schedule: constant", "  lr_schedule: linear",
+                 "train.lr_schedule: must be one of constant, cosine (got \"linear\")"},
+        RuleCase{"  seed: 1234", "  seed: 1234\n  threads: -1",
+                 "train.threads: must be >= 0 (got -1)"},
+        RuleCase{"  every: 0", "  every: -5", "checkpoint.every: must be >= 0 (got -5)"},
+        RuleCase{"  dir: runs/demo", "  dir: \"\"", "checkpoint.dir: must be non-empty"},
+        RuleCase{"device: cpu", "device: cuda:x",
+                 "device: must be cpu, cuda or cuda:N (got \"cuda:x\")"},
+        RuleCase{"name: demo", "name: my job",
+                 "name: must match [A-Za-z0-9._-]{1,64} (got \"my job\")"},
+        RuleCase{"name: demo", "name: \"\"", "name: must match [A-Za-z0-9._-]{1,64} (got \"\")"},
+        RuleCase{"name: demo",
+                 "name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                 "name: must match [A-Za-z0-9._-]{1,64}"}),
+    RuleName);
+
+TEST(ParseJobSpec, SeqChunksRules) {
+  // seq_chunks > 1 is fine with the seq1f1b schedules and auto, up to seq_len.
+  for (const char* schedule : {"seq1f1b", "seq1f1b-interleaved", "auto"}) {
+    std::string text = Edit("  schedule: 1f1b", std::string("  schedule: ") + schedule);
+    EXPECT_TRUE(ParseJobSpec(Edit("  seq_chunks: 1\n", "  seq_chunks: 32\n", text), "/b").ok())
+        << schedule;
+    EXPECT_THAT(ErrorOf(Edit("  seq_chunks: 1\n", "  seq_chunks: 33\n", text)),
+                HasSubstr("parallel.seq_chunks: must be <= model.seq_len (33 > 32)"));
+  }
+}
+
+TEST(ParseJobSpec, AcceptedValues) {
+  for (const char* d : {"cpu", "cuda", "cuda:0", "cuda:12"}) {
+    EXPECT_TRUE(ParseJobSpec(Edit("device: cpu", std::string("device: ") + d), "/b").ok()) << d;
+  }
+  for (const char* v : {"baseline", "redis", "interlaced", "vocab1", "vocab2", "auto"}) {
+    EXPECT_TRUE(ParseJobSpec(Edit("  vocab: vocab2", std::string("  vocab: ") + v), "/b").ok());
+  }
+  EXPECT_TRUE(ParseJobSpec(Edit("name: demo", "name: A.b_c-9"), "/b").ok());
+  EXPECT_TRUE(ParseJobSpec(Edit("  steps: 5", "  steps: 0"), "/b").ok());
+}
+
+TEST(ValidateJobSpec, WorksOnProtosBuiltInCode) {
+  JobSpec spec;
+  auto* m = spec.mutable_model();
+  m->set_layers(2);
+  m->set_hidden(64);
+  m->set_heads(4);
+  m->set_vocab_size(100);
+  m->set_seq_len(16);
+  spec.mutable_data()->set_path("/d.bin");
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  m->set_hidden(0);
+  spec.mutable_train()->set_lr(-1);
+  absl::Status s = ValidateJobSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.hidden: must be >= 1 (got 0)"));
+  EXPECT_THAT(s.message(), HasSubstr("train.lr: must be > 0 (got -1)"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("ffn_hidden")));
+  spec.mutable_data()->clear_path();
+  EXPECT_THAT(ValidateJobSpec(spec).message(), HasSubstr("data.path: required"));
+}
+
+TEST(JobSpecToYaml, RoundTrips) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase, "/base");
+  ASSERT_TRUE(spec.ok());
+  spec->mutable_train()->set_lr(0.1 + 0.2);  // needs all 17 digits to survive
+  spec->mutable_train()->set_seed(18446744073709551615ull);
+  spec->mutable_parallel()->set_memory_budget_bytes(int64_t{1} << 40);
+  const std::string yaml = JobSpecToYaml(*spec);
+  absl::StatusOr<JobSpec> again = ParseJobSpec(yaml, "/elsewhere");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
+  EXPECT_TRUE(pb::util::MessageDifferencer::Equals(*spec, *again)) << yaml;
+  EXPECT_THAT(yaml, HasSubstr("hidden: 64"));
+  EXPECT_THAT(yaml, HasSubstr("schedule: 1f1b"));
+}
+
+TEST(JobSpecToYaml, QuotesStringsThatLookLikeOtherTypes) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase, "/base");
+  ASSERT_TRUE(spec.ok());
+  for (const char* name : {"123", "true", "null", "1e5", "off"}) {
+    spec->set_name(name);
+    absl::StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec), "/b");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->name(), name);
+  }
+  // A partly filled spec (no defaults) keeps its unset fields unset.
+  JobSpec partial;
+  partial.mutable_model()->set_layers(3);
+  partial.mutable_train()->set_steps(7);
+  const std::string yaml = JobSpecToYaml(partial);
+  EXPECT_THAT(yaml, Not(HasSubstr("lr:")));
+  EXPECT_THAT(yaml, HasSubstr("steps: 7"));
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("vp_spec_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(LoadJobSpecFile, ResolvesAgainstTheFilesFolderAndPrefixesErrors) {
+  TempDir dir;
+  const std::filesystem::path good = dir.path() / "job.yaml";
+  std::ofstream(good) << kBase;
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(good.string());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().path(), (dir.path() / "data.bin").string());
+  EXPECT_EQ(spec->checkpoint().dir(), (dir.path() / "runs/demo").string());
+
+  const std::filesystem::path bad = dir.path() / "bad.yaml";
+  std::ofstream(bad) << Edit("  heads: 4", "  heads: 5", Edit("  lr: 0.001", "  lr: 0"));
+  spec = LoadJobSpecFile(bad.string());
+  ASSERT_FALSE(spec.ok());
+  for (const std::string& line :
+       std::vector<std::string>(absl::StrSplit(spec.status().message(), '\n'))) {
+    EXPECT_EQ(line.rfind(bad.string() + ": ", 0), 0u) << line;
+  }
+  EXPECT_THAT(spec.status().message(), HasSubstr("train.lr: must be > 0"));
+
+  spec = LoadJobSpecFile((dir.path() / "missing.yaml").string());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(spec.status().message(), HasSubstr("missing.yaml: cannot open job spec"));
+}
+
+TEST(Examples, EveryExampleLoads) {
+  const std::filesystem::path dir = std::filesystem::path(VP_SOURCE_DIR) / "examples";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".yaml" && ext != ".yml" && ext != ".json") continue;
+    ++count;
+    absl::StatusOr<JobSpec> spec = LoadJobSpecFile(entry.path().string());
+    EXPECT_TRUE(spec.ok()) << spec.status();
+  }
+  EXPECT_GE(count, 4);
+}
+
+}  // namespace
+}  // namespace vp::spec

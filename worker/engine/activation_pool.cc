@@ -1,0 +1,69 @@
+#include "worker/engine/activation_pool.h"
+
+#include <utility>
+
+namespace vp::engine {
+
+PooledBuffer::PooledBuffer(PooledBuffer&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)), buf_(std::move(other.buf_)) {}
+
+PooledBuffer& PooledBuffer::operator=(PooledBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    pool_ = std::exchange(other.pool_, nullptr);
+    buf_ = std::move(other.buf_);
+  }
+  return *this;
+}
+
+void PooledBuffer::Reset() {
+  if (pool_ != nullptr && !buf_.empty()) pool_->Return(std::move(buf_));
+  buf_ = Buffer();
+  pool_ = nullptr;
+}
+
+PooledBuffer ActivationPool::Acquire(size_t count, bool zero) {
+  if (count == 0) return PooledBuffer();
+  Buffer buf;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(count);
+    if (it != free_.end()) {
+      buf = std::move(it->second);
+      free_.erase(it);
+      cached_bytes_ -= static_cast<int64_t>(count * sizeof(float));
+    }
+  }
+  if (buf.empty()) {
+    // Untracked Buffer: the pool charges live bytes itself (see the header).
+    buf = Buffer(nullptr, MemoryCategory::kActivations, count);
+  } else if (zero) {
+    buf.Zero();
+  }
+  if (tracker_ != nullptr) {
+    tracker_->Add(MemoryCategory::kActivations, static_cast<int64_t>(count * sizeof(float)));
+  }
+  return PooledBuffer(this, std::move(buf));
+}
+
+void ActivationPool::Return(Buffer buf) {
+  const int64_t bytes = static_cast<int64_t>(buf.size() * sizeof(float));
+  if (tracker_ != nullptr) tracker_->Sub(MemoryCategory::kActivations, bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  cached_bytes_ += bytes;
+  free_.emplace(buf.size(), std::move(buf));
+}
+
+int64_t ActivationPool::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_bytes_;
+}
+
+void ActivationPool::ReleaseCached() {
+  std::multimap<size_t, Buffer> drop;
+  std::lock_guard<std::mutex> lock(mu_);
+  drop.swap(free_);
+  cached_bytes_ = 0;
+}
+
+}  // namespace vp::engine

@@ -1,0 +1,88 @@
+// Causal attention for a query chunk [q_begin, q_end) against keys/values [0, q_end).
+// One sgemm per (batch, head) for Q·Kᵀ and one for P·V; the softmax and its backward are
+// row loops in between. The full q_len x q_end score block is computed and the part above the
+// causal diagonal is zeroed, matching the bsh·12s FLOP count of design.md §5.
+#include <cmath>
+#include <limits>
+
+#include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/kernels/cpu/kernels.h"
+
+namespace vp::engine::cpu {
+
+void AttentionForward(float* out, float* att, const float* q, int ldq, const float* k,
+                      const float* v, const AttentionShape& shape) {
+  const int tq = shape.q_len();
+  const int tk = shape.q_end;
+  const int hd = shape.head_dim;
+  const int width = shape.width();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int b = 0; b < shape.batch; ++b) {
+    const float* qb = q + static_cast<long>(b) * tq * ldq;
+    const float* kb = k + static_cast<long>(b) * shape.kv_rows * width;
+    const float* vb = v + static_cast<long>(b) * shape.kv_rows * width;
+    float* ob = out + static_cast<long>(b) * tq * width;
+    for (int h = 0; h < shape.heads; ++h) {
+      float* a = att + (static_cast<long>(b) * shape.heads + h) * tq * tk;  // (tq, tk)
+      // Scores: a = scale * Q_h · K_hᵀ.
+      Gemm(false, true, tq, tk, hd, scale, qb + h * hd, ldq, kb + h * hd, width, 0.0f, a, tk);
+      for (int i = 0; i < tq; ++i) {
+        float* row = a + static_cast<long>(i) * tk;
+        const int visible = shape.q_begin + i + 1;  // keys 0..q_begin+i
+        float maxv = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j < visible; ++j) maxv = row[j] > maxv ? row[j] : maxv;
+        float sum = 0.0f;
+        for (int j = 0; j < visible; ++j) {
+          row[j] = std::exp(row[j] - maxv);
+          sum += row[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j < visible; ++j) row[j] *= inv;
+        for (int j = visible; j < tk; ++j) row[j] = 0.0f;
+      }
+      // out_h = P · V_h.
+      Gemm(false, false, tq, hd, tk, 1.0f, a, tk, vb + h * hd, width, 0.0f, ob + h * hd, width);
+    }
+  }
+}
+
+void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
+                       const float* att, const float* q, int ldq, const float* k, const float* v,
+                       const AttentionShape& shape) {
+  const int tq = shape.q_len();
+  const int tk = shape.q_end;
+  const int hd = shape.head_dim;
+  const int width = shape.width();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int b = 0; b < shape.batch; ++b) {
+    const float* qb = q + static_cast<long>(b) * tq * ldq;
+    const float* kb = k + static_cast<long>(b) * shape.kv_rows * width;
+    const float* vb = v + static_cast<long>(b) * shape.kv_rows * width;
+    const float* dob = dout + static_cast<long>(b) * tq * width;
+    float* dqb = dq + static_cast<long>(b) * tq * ldq;
+    float* dkb = dk + static_cast<long>(b) * shape.kv_rows * width;
+    float* dvb = dv + static_cast<long>(b) * shape.kv_rows * width;
+    for (int h = 0; h < shape.heads; ++h) {
+      const float* a = att + (static_cast<long>(b) * shape.heads + h) * tq * tk;  // (tq, tk)
+      float* da = scratch;                                                        // (tq, tk)
+      // dP = dO_h · V_hᵀ;  dV_h += Pᵀ · dO_h.
+      Gemm(false, true, tq, tk, hd, 1.0f, dob + h * hd, width, vb + h * hd, width, 0.0f, da, tk);
+      Gemm(true, false, tk, hd, tq, 1.0f, a, tk, dob + h * hd, width, 1.0f, dvb + h * hd, width);
+      // Softmax backward in place: dS = P ⊙ (dP − rowsum(P ⊙ dP)). Masked entries have P = 0.
+      for (int i = 0; i < tq; ++i) {
+        const float* p = a + static_cast<long>(i) * tk;
+        float* d = da + static_cast<long>(i) * tk;
+        const int visible = shape.q_begin + i + 1;
+        float dot = 0.0f;
+        for (int j = 0; j < visible; ++j) dot += p[j] * d[j];
+        for (int j = 0; j < visible; ++j) d[j] = p[j] * (d[j] - dot);
+        for (int j = visible; j < tk; ++j) d[j] = 0.0f;
+      }
+      // dQ_h = scale · dS · K_h;  dK_h += scale · dSᵀ · Q_h.
+      Gemm(false, false, tq, hd, tk, scale, da, tk, kb + h * hd, width, 0.0f, dqb + h * hd, ldq);
+      Gemm(true, false, tk, hd, tq, scale, da, tk, qb + h * hd, ldq, 1.0f, dkb + h * hd, width);
+    }
+  }
+}
+
+}  // namespace vp::engine::cpu

@@ -1,0 +1,70 @@
+// GELU, residual add and position embedding: the elementwise kernels.
+#include <cmath>
+#include <numbers>
+
+#include "worker/engine/kernels/cpu/kernels.h"
+
+namespace vp::engine::cpu {
+namespace {
+// sqrt(2/pi), the tanh-GELU constant.
+const float kGeluScale = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
+constexpr float kGeluCubic = 0.044715f;
+
+// tanh(u) = 1 - 2 / (exp(2u) + 1): one expf instead of tanhf (which goes through expm1f and
+// measured ~2x slower). Exact at the extremes (exp overflow gives 1, underflow -1); near 0 the
+// absolute error is ~1 ulp of 1, far below what GELU's 0.5·x·(1 + t) can see.
+inline float FastTanh(float u) { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
+}  // namespace
+
+void GeluForward(float* out, const float* inp, long n) {
+  for (long i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    out[i] = 0.5f * x * (1.0f + FastTanh(u));
+  }
+}
+
+void GeluBackward(float* dinp, const float* inp, const float* dout, long n) {
+  for (long i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    const float t = FastTanh(u);
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    dinp[i] = dout[i] * grad;
+  }
+}
+
+void ResidualForward(float* out, const float* a, const float* b, long n) {
+  for (long i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void ResidualBackward(float* da, float* db, const float* dout, long n) {
+  for (long i = 0; i < n; ++i) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+void PositionEmbeddingForward(float* x, const float* wpe, int batch, int t, int c, int start_pos) {
+  for (int b = 0; b < batch; ++b) {
+    for (int i = 0; i < t; ++i) {
+      float* row = x + (static_cast<long>(b) * t + i) * c;
+      const float* pos = wpe + static_cast<long>(start_pos + i) * c;
+      for (int j = 0; j < c; ++j) row[j] += pos[j];
+    }
+  }
+}
+
+void PositionEmbeddingBackward(float* dwpe, const float* dx, int batch, int t, int c,
+                               int start_pos) {
+  for (int b = 0; b < batch; ++b) {
+    for (int i = 0; i < t; ++i) {
+      const float* row = dx + (static_cast<long>(b) * t + i) * c;
+      float* pos = dwpe + static_cast<long>(start_pos + i) * c;
+      for (int j = 0; j < c; ++j) pos[j] += row[j];
+    }
+  }
+}
+
+}  // namespace vp::engine::cpu

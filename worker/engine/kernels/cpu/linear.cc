@@ -1,0 +1,35 @@
+#include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/kernels/cpu/kernels.h"
+
+namespace vp::engine::cpu {
+
+void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int n,
+                   int in_dim, int out_dim) {
+  if (bias != nullptr) {
+    // Seed out with the bias and let the GEMM accumulate onto it (beta = 1): one pass.
+    for (int i = 0; i < n; ++i) {
+      float* row = out + static_cast<long>(i) * out_dim;
+      for (int j = 0; j < out_dim; ++j) row[j] = bias[j];
+    }
+  }
+  Gemm(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight, out_dim,
+       bias != nullptr ? 1.0f : 0.0f, out, out_dim);
+}
+
+void LinearBackwardInput(float* dinp, const float* dout, const float* weight, int n, int in_dim,
+                         int out_dim) {
+  Gemm(false, true, n, in_dim, out_dim, 1.0f, dout, out_dim, weight, out_dim, 0.0f, dinp, in_dim);
+}
+
+void LinearBackwardWeight(float* dweight, float* dbias, const float* dout, const float* inp, int n,
+                          int in_dim, int out_dim) {
+  Gemm(true, false, in_dim, out_dim, n, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dweight, out_dim);
+  if (dbias != nullptr) {
+    for (int i = 0; i < n; ++i) {
+      const float* row = dout + static_cast<long>(i) * out_dim;
+      for (int j = 0; j < out_dim; ++j) dbias[j] += row[j];
+    }
+  }
+}
+
+}  // namespace vp::engine::cpu

@@ -1,0 +1,150 @@
+#include "worker/engine/model/rank_model.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/init.h"
+
+namespace vp::engine {
+
+namespace {
+constexpr float kInitStd = 0.02f;  // GPT-2's initializer_range
+}  // namespace
+
+RankLayout RankLayout::Standalone(const ModelConfig& cfg) {
+  RankLayout layout;
+  layout.chunks = {{0, cfg.layers}};
+  return layout;
+}
+
+size_t ParamTensor::count() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
+    const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
+    std::vector<int> chunk_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker) {
+  if (cfg.layers < 1 || cfg.hidden < 1 || cfg.heads < 1 || cfg.hidden % cfg.heads != 0 ||
+      cfg.vocab < 2 || cfg.seq_len < 1 || cfg.ffn_hidden < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: invalid shape (layers ",
+                                                   cfg.layers, ", hidden ", cfg.hidden, ", heads ",
+                                                   cfg.heads, ", vocab ", cfg.vocab, ", seq_len ",
+                                                   cfg.seq_len, ", ffn ", cfg.ffn_hidden, ")"));
+  }
+  for (const RankLayout::Chunk& c : layout.chunks) {
+    if (c.first_layer < 0 || c.count < 0 || c.first_layer + c.count > cfg.layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank layout: chunk [", c.first_layer, ", ", c.first_layer + c.count,
+                       ") outside the model's ", cfg.layers, " layers"));
+    }
+  }
+  auto partition = vocab::MakeVocabPartition(cfg.vocab, layout.world, layout.rank);
+  if (!partition.ok()) return partition.status();
+
+  auto m = std::make_unique<RankModel>(PassKey{});
+  m->cfg_ = cfg;
+  m->layout_ = layout;
+  m->partition_ = *partition;
+  const int64_t h = cfg.hidden;
+  const int64_t rows = partition->rows;
+  size_t offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, bool vocab_shard) {
+    ParamTensor t;
+    t.name = std::move(name);
+    t.offset = offset;
+    t.shape = std::move(shape);
+    t.weight_decay = decay;
+    t.vocab_shard = vocab_shard;
+    t.global_row_begin = vocab_shard ? partition->begin : 0;
+    t.valid_rows = vocab_shard ? partition->valid_rows : t.shape[0];
+    offset += t.count();
+    m->tensors_.push_back(std::move(t));
+    return m->tensors_.back().offset;
+  };
+  m->wte_offset_ = add("transformer.wte.weight", {rows, h}, true, true);
+  if (layout.holds_first_group) {
+    m->wpe_offset_ = add("transformer.wpe.weight", {cfg.seq_len, h}, true, false);
+  }
+  std::vector<size_t> stack_offsets;
+  for (const RankLayout::Chunk& c : layout.chunks) {
+    stack_offsets.push_back(offset);
+    for (int l = c.first_layer; l < c.first_layer + c.count; ++l) {
+      const size_t layer_base = offset;
+      for (const TensorSpec& spec : LayerTensorSpecs(cfg)) {
+        ParamTensor t;
+        t.name = LayerTensorName(l, spec.name);
+        t.offset = layer_base + spec.offset;
+        t.shape = spec.shape;
+        t.weight_decay = spec.weight_decay;
+        t.valid_rows = spec.shape[0];
+        m->tensors_.push_back(std::move(t));
+      }
+      offset = layer_base + LayerParamCount(cfg);
+    }
+  }
+  if (layout.holds_last_group) {
+    m->lnf_offset_ = add("transformer.ln_f.weight", {h}, false, false);
+    add("transformer.ln_f.bias", {h}, false, false);
+  }
+  m->lm_head_offset_ =
+      cfg.tie_embeddings ? m->wte_offset_ : add("lm_head.weight", {rows, h}, true, true);
+
+  m->params_ = Buffer(tracker, MemoryCategory::kParameters, offset);
+  m->grads_ = Buffer(tracker, MemoryCategory::kGradients, offset);
+
+  auto input =
+      vocab::InputLayerShard::Create(*partition, cfg.hidden, m->params_.data() + m->wte_offset_,
+                                     m->grads_.data() + m->wte_offset_, tracker);
+  if (!input.ok()) return input.status();
+  m->input_ = std::make_unique<vocab::InputLayerShard>(std::move(*input));
+  auto output = vocab::OutputLayerShard::Create(*partition, cfg.hidden, algorithm,
+                                                m->params_.data() + m->lm_head_offset_,
+                                                m->grads_.data() + m->lm_head_offset_, tracker);
+  if (!output.ok()) return output.status();
+  m->output_ = std::make_unique<vocab::OutputLayerShard>(std::move(*output));
+
+  for (size_t c = 0; c < layout.chunks.size(); ++c) {
+    auto stack = LayerStack::Create(
+        cfg, layout.chunks[c].first_layer, layout.chunks[c].count, microbatch_size, chunk_bounds,
+        m->params_.data() + stack_offsets[c], m->grads_.data() + stack_offsets[c], tracker);
+    if (!stack.ok()) return stack.status();
+    m->stacks_.push_back(std::make_unique<LayerStack>(std::move(*stack)));
+  }
+  return m;
+}
+
+void RankModel::Init(uint64_t seed) {
+  params_.Zero();
+  const int64_t h = cfg_.hidden;
+  for (const ParamTensor& t : tensors_) {
+    if (!t.vocab_shard) continue;
+    // Real rows only: element (row, col) of the global tensor is sample row·h + col, so the
+    // shard draws exactly the 1-rank model's values; padding rows stay zero.
+    InitNormal(params_.data() + t.offset, static_cast<size_t>(t.valid_rows * h), kInitStd, seed,
+               TensorId(t.name), static_cast<uint64_t>(t.global_row_begin * h));
+  }
+  if (layout_.holds_first_group) {
+    InitNormal(params_.data() + wpe_offset_, static_cast<size_t>(cfg_.seq_len) * h, kInitStd, seed,
+               TensorId("transformer.wpe.weight"), 0);
+  }
+  for (auto& stack : stacks_) stack->InitParams(seed);
+  if (layout_.holds_last_group) {
+    InitConstant(params_.data() + lnf_offset_, h, 1.0f);
+    InitConstant(params_.data() + lnf_offset_ + h, h, 0.0f);
+  }
+}
+
+const ParamTensor* RankModel::Find(const std::string& name) const {
+  for (const ParamTensor& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::vector<DecayRange> RankModel::DecayRanges() const {
+  std::vector<DecayRange> ranges;
+  for (const ParamTensor& t : tensors_) ranges.push_back({t.offset, t.count(), t.weight_decay});
+  return ranges;
+}
+
+}  // namespace vp::engine

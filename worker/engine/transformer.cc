@@ -1,0 +1,406 @@
+#include "worker/engine/transformer.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/init.h"
+#include "worker/engine/kernels/cpu/kernels.h"
+
+namespace vp::engine {
+
+// ---------------------------------------------------------------------------------------------
+// Parameter layout.
+
+size_t TensorSpec::count() const {
+  size_t n = 1;
+  for (const int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg) {
+  const int64_t h = cfg.hidden;
+  const int64_t f = cfg.ffn_hidden;
+  // Hugging Face GPT-2 order; Conv1D weights are [in, out].
+  std::vector<TensorSpec> specs = {
+      {"ln_1.weight", 0, {h}, false},
+      {"ln_1.bias", 0, {h}, false},
+      {"attn.c_attn.weight", 0, {h, 3 * h}, true},
+      {"attn.c_attn.bias", 0, {3 * h}, false},
+      {"attn.c_proj.weight", 0, {h, h}, true},
+      {"attn.c_proj.bias", 0, {h}, false},
+      {"ln_2.weight", 0, {h}, false},
+      {"ln_2.bias", 0, {h}, false},
+      {"mlp.c_fc.weight", 0, {h, f}, true},
+      {"mlp.c_fc.bias", 0, {f}, false},
+      {"mlp.c_proj.weight", 0, {f, h}, true},
+      {"mlp.c_proj.bias", 0, {h}, false},
+  };
+  size_t offset = 0;
+  for (TensorSpec& s : specs) {
+    s.offset = offset;
+    offset += s.count();
+  }
+  return specs;
+}
+
+size_t LayerParamCount(const ModelConfig& cfg) {
+  const size_t h = cfg.hidden;
+  const size_t f = cfg.ffn_hidden;
+  return 4 * h + h * 3 * h + 3 * h + h * h + h + h * f + f + f * h + h;
+}
+
+std::string LayerTensorName(int layer, std::string_view suffix) {
+  return absl::StrCat("transformer.h.", layer, ".", std::string(suffix));
+}
+
+LayerParams BindLayerParams(float* base, const ModelConfig& cfg) {
+  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
+  float* LayerParams::*const fields[] = {
+      &LayerParams::ln1_w,  &LayerParams::ln1_b,       &LayerParams::attn_w,
+      &LayerParams::attn_b, &LayerParams::attn_proj_w, &LayerParams::attn_proj_b,
+      &LayerParams::ln2_w,  &LayerParams::ln2_b,       &LayerParams::fc_w,
+      &LayerParams::fc_b,   &LayerParams::proj_w,      &LayerParams::proj_b,
+  };
+  LayerParams p;
+  for (size_t i = 0; i < specs.size(); ++i) p.*fields[i] = base + specs[i].offset;
+  return p;
+}
+
+void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed) {
+  const float std_w = 0.02f;
+  // GPT-2: the projections that write into the residual stream are scaled so the stream's
+  // variance does not grow with depth (2 such projections per layer).
+  const float std_residual = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.layers));
+  for (const TensorSpec& s : LayerTensorSpecs(cfg)) {
+    float* dst = base + s.offset;
+    const std::string_view name = s.name;
+    if (name == "ln_1.weight" || name == "ln_2.weight") {
+      InitConstant(dst, s.count(), 1.0f);
+    } else if (s.shape.size() == 1) {
+      InitConstant(dst, s.count(), 0.0f);
+    } else {
+      const bool residual = name == "attn.c_proj.weight" || name == "mlp.c_proj.weight";
+      InitNormal(dst, s.count(), residual ? std_residual : std_w, seed,
+                 TensorId(LayerTensorName(layer, name)), 0);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TransformerLayer.
+
+TransformerLayer::TransformerLayer(const ModelConfig& cfg, int batch, float* params, float* grads,
+                                   ActivationPool* pool)
+    : cfg_(cfg),
+      batch_(batch),
+      p_(BindLayerParams(params, cfg)),
+      g_(BindLayerParams(grads, cfg)),
+      pool_(pool) {}
+
+namespace {
+
+// Copies rows [0, t) of column block [col, col+h) of src (b, t, ld) to rows [begin, begin+t) of
+// dst (b, s, h), or the reverse direction when to_cache is false.
+void CopyRows(float* cache, float* chunk, int b, int t, int s, int h, int ld, int col, int begin,
+              bool to_cache) {
+  for (int i = 0; i < b; ++i) {
+    for (int j = 0; j < t; ++j) {
+      float* c = cache + (static_cast<long>(i) * s + begin + j) * h;
+      float* x = chunk + (static_cast<long>(i) * t + j) * ld + col;
+      if (to_cache) {
+        std::memcpy(c, x, sizeof(float) * h);
+      } else {
+        std::memcpy(x, c, sizeof(float) * h);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void TransformerLayer::Forward(SeqChunk chunk, const float* x, float* out, LayerKvState& kv,
+                               LayerActivations& acts) const {
+  const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
+  const int n = b * t;
+  const long nh = static_cast<long>(n) * h;
+  acts.chunk = chunk;
+  acts.batch = b;
+  acts.inp = x;
+  if (kv.k.empty()) {
+    kv.k = pool_->Acquire(static_cast<size_t>(b) * s * h);
+    kv.v = pool_->Acquire(static_cast<size_t>(b) * s * h);
+  }
+  // Attention sub-block: res1 = x + c_proj(attn(c_attn(ln_1(x)))).
+  acts.ln1 = pool_->Acquire(nh);
+  acts.ln1_mean = pool_->Acquire(n);
+  acts.ln1_rstd = pool_->Acquire(n);
+  cpu::LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(), acts.ln1_rstd.data(), x, p_.ln1_w,
+                        p_.ln1_b, n, h);
+  acts.qkv = pool_->Acquire(3 * nh);
+  cpu::LinearForward(acts.qkv.data(), acts.ln1.data(), p_.attn_w, p_.attn_b, n, h, 3 * h);
+  // Append this chunk's keys and values to the cache so later chunks can attend to them.
+  CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, true);
+  CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, chunk.begin, true);
+  const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
+  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * chunk.end);
+  acts.atty = pool_->Acquire(nh);
+  cpu::AttentionForward(acts.atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
+                        kv.v.data(), shape);
+  acts.res1 = pool_->Acquire(nh);
+  cpu::LinearForward(acts.res1.data(), acts.atty.data(), p_.attn_proj_w, p_.attn_proj_b, n, h, h);
+  cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, nh);
+  // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
+  acts.ln2 = pool_->Acquire(nh);
+  acts.ln2_mean = pool_->Acquire(n);
+  acts.ln2_rstd = pool_->Acquire(n);
+  cpu::LayerNormForward(acts.ln2.data(), acts.ln2_mean.data(), acts.ln2_rstd.data(),
+                        acts.res1.data(), p_.ln2_w, p_.ln2_b, n, h);
+  acts.fch = pool_->Acquire(static_cast<size_t>(n) * f);
+  cpu::LinearForward(acts.fch.data(), acts.ln2.data(), p_.fc_w, p_.fc_b, n, h, f);
+  acts.fch_gelu = pool_->Acquire(static_cast<size_t>(n) * f);
+  cpu::GeluForward(acts.fch_gelu.data(), acts.fch.data(), static_cast<long>(n) * f);
+  cpu::LinearForward(out, acts.fch_gelu.data(), p_.proj_w, p_.proj_b, n, f, h);
+  cpu::ResidualForward(out, out, acts.res1.data(), nh);
+  acts.forward_done = true;
+}
+
+void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState& kv,
+                                     LayerActivations& acts) const {
+  const SeqChunk chunk = acts.chunk;
+  const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
+  const int n = b * t;
+  const long nh = static_cast<long>(n) * h;
+  // MLP sub-block. The layer output gradient is both the skip-path gradient of res1 and the
+  // output gradient of mlp.c_proj (stashed for W).
+  acts.d_out = pool_->Acquire(nh);
+  std::memcpy(acts.d_out.data(), dout, sizeof(float) * nh);
+  acts.d_fch = pool_->Acquire(static_cast<size_t>(n) * f);
+  cpu::LinearBackwardInput(acts.d_fch.data(), dout, p_.proj_w, n, f, h);
+  cpu::GeluBackward(acts.d_fch.data(), acts.fch.data(), acts.d_fch.data(),
+                    static_cast<long>(n) * f);
+  acts.fch.Reset();  // W needs only the GELU output
+  acts.d_ln2 = pool_->Acquire(nh);
+  cpu::LinearBackwardInput(acts.d_ln2.data(), acts.d_fch.data(), p_.fc_w, n, h, f);
+  acts.d_res1 = pool_->Acquire(nh);
+  std::memcpy(acts.d_res1.data(), dout, sizeof(float) * nh);
+  cpu::LayerNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(), acts.res1.data(), p_.ln2_w,
+                              acts.ln2_mean.data(), acts.ln2_rstd.data(), n, h);
+  // Attention sub-block.
+  PooledBuffer d_atty = pool_->Acquire(nh);
+  cpu::LinearBackwardInput(d_atty.data(), acts.d_res1.data(), p_.attn_proj_w, n, h, h);
+  if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
+    kv.dk = pool_->Acquire(static_cast<size_t>(b) * s * h, /*zero=*/true);
+    kv.dv = pool_->Acquire(static_cast<size_t>(b) * s * h, /*zero=*/true);
+  }
+  acts.d_qkv = pool_->Acquire(3 * nh);
+  {
+    PooledBuffer scratch = pool_->Acquire(static_cast<size_t>(t) * chunk.end);
+    const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
+    cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
+                           d_atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
+                           kv.v.data(), shape);
+  }
+  // Later chunks (already run backward) and this chunk have now added everything they owe to
+  // the keys/values at this chunk's positions; earlier chunks never see them. So the
+  // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
+  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, false);
+  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, chunk.begin, false);
+  acts.att.Reset();
+  acts.qkv.Reset();
+  acts.d_ln1 = pool_->Acquire(nh);
+  cpu::LinearBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), p_.attn_w, n, h, 3 * h);
+  std::memcpy(dx, acts.d_res1.data(), sizeof(float) * nh);
+  cpu::LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w, acts.ln1_mean.data(),
+                              acts.ln1_rstd.data(), n, h);
+  if (chunk.begin == 0) kv = LayerKvState();  // the microbatch's last backward
+  acts.backward_input_done = true;
+}
+
+void TransformerLayer::BackwardWeight(LayerActivations& acts) const {
+  const int n = batch_ * acts.chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+  cpu::LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
+                               acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h);
+  cpu::LinearBackwardWeight(g_.attn_w, g_.attn_b, acts.d_qkv.data(), acts.ln1.data(), n, h, 3 * h);
+  cpu::LinearBackwardWeight(g_.attn_proj_w, g_.attn_proj_b, acts.d_res1.data(), acts.atty.data(), n,
+                            h, h);
+  cpu::LayerNormBackwardWeight(g_.ln2_w, g_.ln2_b, acts.d_ln2.data(), acts.res1.data(),
+                               acts.ln2_mean.data(), acts.ln2_rstd.data(), n, h);
+  cpu::LinearBackwardWeight(g_.fc_w, g_.fc_b, acts.d_fch.data(), acts.ln2.data(), n, h, f);
+  cpu::LinearBackwardWeight(g_.proj_w, g_.proj_b, acts.d_out.data(), acts.fch_gelu.data(), n, f, h);
+  acts = LayerActivations();
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerStack.
+
+absl::Status ValidateChunkBounds(const std::vector<int>& chunk_bounds, int seq_len) {
+  if (chunk_bounds.size() < 2) {
+    return absl::InvalidArgumentError("chunk_bounds: needs at least 2 entries {0, ..., seq_len}");
+  }
+  if (chunk_bounds.front() != 0 || chunk_bounds.back() != seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bounds: must start at 0 and end at seq_len ", seq_len));
+  }
+  for (size_t i = 1; i < chunk_bounds.size(); ++i) {
+    if (chunk_bounds[i] <= chunk_bounds[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk_bounds: must be strictly increasing (entry ", i, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> EqualChunkBounds(int seq_len, int k) {
+  std::vector<int> bounds(k + 1);
+  for (int q = 0; q <= k; ++q) bounds[q] = static_cast<int>(static_cast<long>(seq_len) * q / k);
+  return bounds;
+}
+
+absl::StatusOr<LayerStack> LayerStack::Create(const ModelConfig& cfg, int first_layer, int count,
+                                              int microbatch_size, std::vector<int> chunk_bounds,
+                                              float* params, float* grads, MemoryTracker* tracker) {
+  if (cfg.hidden <= 0 || cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) {
+    return absl::InvalidArgumentError("model: hidden and heads must be > 0, hidden % heads == 0");
+  }
+  if (cfg.ffn_hidden <= 0 || cfg.seq_len <= 0 || cfg.layers <= 0) {
+    return absl::InvalidArgumentError("model: ffn_hidden, seq_len and layers must be > 0");
+  }
+  if (count <= 0 || first_layer < 0 || first_layer + count > cfg.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", first_layer, ", ",
+                                                   first_layer + count, ") must lie in [0, ",
+                                                   cfg.layers, ") and be non-empty"));
+  }
+  if (microbatch_size <= 0) {
+    return absl::InvalidArgumentError("microbatch_size: must be > 0");
+  }
+  if (params == nullptr || grads == nullptr) {
+    return absl::InvalidArgumentError("params/grads: must not be null");
+  }
+  if (absl::Status s = ValidateChunkBounds(chunk_bounds, cfg.seq_len); !s.ok()) return s;
+  LayerStack stack;
+  stack.cfg_ = cfg;
+  stack.first_ = first_layer;
+  stack.count_ = count;
+  stack.batch_ = microbatch_size;
+  stack.layer_params_ = LayerParamCount(cfg);
+  stack.bounds_ = std::move(chunk_bounds);
+  stack.params_ = params;
+  stack.grads_ = grads;
+  stack.pool_ = std::make_unique<ActivationPool>(tracker);
+  for (int i = 0; i < count; ++i) {
+    stack.layers_.emplace_back(cfg, microbatch_size, params + i * stack.layer_params_,
+                               grads + i * stack.layer_params_, stack.pool_.get());
+  }
+  return stack;
+}
+
+std::vector<TensorSpec> LayerStack::TensorSpecs() const {
+  std::vector<TensorSpec> out;
+  const std::vector<TensorSpec> layer = LayerTensorSpecs(cfg_);
+  for (int i = 0; i < count_; ++i) {
+    for (const TensorSpec& s : layer) {
+      TensorSpec t = s;
+      t.name = LayerTensorName(first_ + i, s.name);
+      t.offset += static_cast<size_t>(i) * layer_params_;
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+void LayerStack::InitParams(uint64_t seed) {
+  for (int i = 0; i < count_; ++i) {
+    InitLayerParams(params_ + i * layer_params_, cfg_, first_ + i, seed);
+  }
+}
+
+absl::Status LayerStack::Forward(SlotKey slot, const float* x, float* out) {
+  if (slot.chunk < 0 || slot.chunk >= num_chunks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot.chunk: ", slot.chunk, " not in [0, ", num_chunks(), ")"));
+  }
+  if (slots_.contains(slot)) {
+    return absl::FailedPreconditionError(absl::StrCat("F(mb ", slot.microbatch, ", chunk ",
+                                                      slot.chunk, "): slot already forwarded"));
+  }
+  MicrobatchState& mb = microbatches_[slot.microbatch];
+  if (mb.kv.empty()) mb.kv.resize(count_);
+  if (mb.next_forward != slot.chunk) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("F(mb ", slot.microbatch, ", chunk ", slot.chunk,
+                     "): chunks must be forwarded in order; expected chunk ", mb.next_forward));
+  }
+  const SeqChunk c = chunk(slot.chunk);
+  const size_t nh = static_cast<size_t>(batch_) * c.len() * cfg_.hidden;
+  Slot& st = slots_[slot];
+  st.acts.resize(count_);
+  st.inputs.reserve(count_);
+  for (int i = 0; i < count_; ++i) st.inputs.push_back(pool_->Acquire(nh));
+  std::memcpy(st.inputs[0].data(), x, sizeof(float) * nh);
+  for (int i = 0; i < count_; ++i) {
+    float* y = i + 1 < count_ ? st.inputs[i + 1].data() : out;
+    layers_[i].Forward(c, st.inputs[i].data(), y, mb.kv[i], st.acts[i]);
+  }
+  if (++mb.next_forward == num_chunks()) mb.next_backward = num_chunks() - 1;
+  return absl::OkStatus();
+}
+
+absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* dx) {
+  auto it = slots_.find(slot);
+  if (it == slots_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("B(mb ", slot.microbatch, ", chunk ",
+                                                      slot.chunk, "): slot was not forwarded"));
+  }
+  Slot& st = it->second;
+  if (st.acts[0].backward_input_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("B(mb ", slot.microbatch, ", chunk ", slot.chunk, "): backward already ran"));
+  }
+  MicrobatchState& mb = microbatches_.at(slot.microbatch);
+  if (mb.next_forward != num_chunks() || mb.next_backward != slot.chunk) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("B(mb ", slot.microbatch, ", chunk ", slot.chunk,
+                     "): needs all chunks forwarded and chunks in reverse order; expected chunk ",
+                     mb.next_forward != num_chunks() ? num_chunks() - 1 : mb.next_backward));
+  }
+  const SeqChunk c = chunk(slot.chunk);
+  const size_t nh = static_cast<size_t>(batch_) * c.len() * cfg_.hidden;
+  // Ping-pong gradients between layers; the first layer writes straight into dx.
+  PooledBuffer grad[2];
+  if (count_ > 1) {
+    grad[0] = pool_->Acquire(nh);
+    grad[1] = pool_->Acquire(nh);
+  }
+  const float* g_in = dout;
+  for (int i = count_ - 1; i >= 0; --i) {
+    float* g_out = i == 0 ? dx : grad[i % 2].data();
+    layers_[i].BackwardInput(g_in, g_out, mb.kv[i], st.acts[i]);
+    g_in = g_out;
+  }
+  if (slot.chunk == 0) {
+    microbatches_.erase(slot.microbatch);  // K/V caches were released by the layers
+  } else {
+    --mb.next_backward;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerStack::BackwardWeight(SlotKey slot) {
+  auto it = slots_.find(slot);
+  if (it == slots_.end() || !it->second.acts[0].backward_input_done) {
+    return absl::FailedPreconditionError(absl::StrCat("W(mb ", slot.microbatch, ", chunk ",
+                                                      slot.chunk, "): needs B of the slot first"));
+  }
+  for (int i = count_ - 1; i >= 0; --i) layers_[i].BackwardWeight(it->second.acts[i]);
+  slots_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status LayerStack::Backward(SlotKey slot, const float* dout, float* dx) {
+  if (absl::Status s = BackwardInput(slot, dout, dx); !s.ok()) return s;
+  return BackwardWeight(slot);
+}
+
+}  // namespace vp::engine

@@ -1,0 +1,317 @@
+#include "worker/engine/vocab/output_layer.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cpu/blas.h"
+
+namespace vp::engine::vocab {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+const char* PhaseName(OutputLayerState::Phase p) {
+  switch (p) {
+    case OutputLayerState::Phase::kNone:
+      return "none";
+    case OutputLayerState::Phase::kS:
+      return "S";
+    case OutputLayerState::Phase::kC1:
+      return "C1";
+    case OutputLayerState::Phase::kT:
+      return "T";
+    case OutputLayerState::Phase::kC2:
+      return "C2";
+  }
+  return "?";
+}
+
+absl::Status ExpectPhase(const OutputLayerState& state, OutputLayerState::Phase want,
+                         const char* pass) {
+  if (state.phase() == want) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("output layer ", pass, " needs a state after ",
+                                                    PhaseName(want), ", got one after ",
+                                                    PhaseName(state.phase())));
+}
+
+// exp(x) for x <= 0 without a libm call, so the loops below vectorize: Cephes' expf
+// reduction x = k·ln2 + r, |r| <= ln2/2, and a degree-6 polynomial; relative error ~2e-7
+// (float rounding). Inputs below -87 (where exp underflows) return ~1e-38, not 0: such a term
+// contributes nothing to a sum that holds exp(0) = 1.
+inline float ExpNonPositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  // k = round(x·log2 e) (x <= 0: truncating t − 0.5 rounds to nearest), |r| <= ~ln2/2.
+  const int32_t ki = static_cast<int32_t>(x * 1.44269504088896341f - 0.5f);
+  const float k = static_cast<float>(ki);
+  const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t bits = (ki + 127) << 23;  // 2^k, k in [-126, 0]
+  return y * std::bit_cast<float>(bits);
+}
+
+// One token's row of logits y (valid) → P' in place; returns m' and s' and, if label >= 0,
+// the shifted label logit y[label] − m'. Only the `valid` real rows are touched: padding
+// columns stay exactly 0, so they never enter the max, the sum or P'.
+void SoftmaxRowForward(float* y,  // (valid) logits in, P' out
+                       int64_t valid, int32_t label, float* m_out, float* s_out, float* z_out) {
+  // Eight running maxima: a single one is a serial dependency the compiler may not split.
+  float mx[8];
+  std::fill_n(mx, 8, kNegInf);
+  int64_t j = 0;
+  for (; j + 8 <= valid; j += 8) {
+    for (int q = 0; q < 8; ++q) mx[q] = y[j + q] > mx[q] ? y[j + q] : mx[q];
+  }
+  for (; j < valid; ++j) mx[0] = y[j] > mx[0] ? y[j] : mx[0];
+  float m = mx[0];
+  for (int q = 1; q < 8; ++q) m = mx[q] > m ? mx[q] : m;
+  *z_out = label >= 0 ? y[label] - m : 0.0f;
+  for (j = 0; j < valid; ++j) y[j] = ExpNonPositive(y[j] - m);
+  // The sum in double (V/p terms <= 1; the loss is log s), four partial sums for throughput.
+  double s4[4] = {0, 0, 0, 0};
+  for (j = 0; j + 4 <= valid; j += 4) {
+    for (int q = 0; q < 4; ++q) s4[q] += y[j + q];
+  }
+  for (; j < valid; ++j) s4[0] += y[j];
+  const double s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+  const float inv = static_cast<float>(1.0 / s);
+  for (j = 0; j < valid; ++j) y[j] *= inv;
+  *m_out = m;
+  *s_out = static_cast<float>(s);
+}
+
+}  // namespace
+
+bool OutputLayerState::grad_input_ready() const {
+  if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
+    return phase_ == Phase::kC1 || phase_ == Phase::kT;
+  }
+  return phase_ == Phase::kC2;
+}
+
+void OutputLayerState::Release() {
+  probs_ = Buffer();
+  local_max_ = Buffer();
+  local_sum_ = Buffer();
+  label_logit_ = Buffer();
+  scale_ = Buffer();
+  loss_ = Buffer();
+  grad_x_ = Buffer();
+  local_label_.clear();
+  local_label_.shrink_to_fit();
+}
+
+int64_t OutputLayerState::bytes() const {
+  size_t floats = probs_.size() + local_max_.size() + local_sum_.size() + label_logit_.size() +
+                  scale_.size() + loss_.size() + grad_x_.size();
+  return static_cast<int64_t>(floats * sizeof(float));
+}
+
+absl::StatusOr<OutputLayerShard> OutputLayerShard::Create(const VocabPartition& partition,
+                                                          int hidden, OutputAlgorithm algorithm,
+                                                          const float* weight, float* weight_grad,
+                                                          MemoryTracker* tracker) {
+  if (hidden < 1) return absl::InvalidArgumentError(absl::StrCat("hidden ", hidden, " < 1"));
+  if (partition.rows < 1 || partition.valid_rows < 0 || partition.valid_rows > partition.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("partition: rows ", partition.rows,
+                                                   " must be >= 1 and valid_rows ",
+                                                   partition.valid_rows, " in [0, rows]"));
+  }
+  if (weight == nullptr || weight_grad == nullptr) {
+    return absl::InvalidArgumentError("output layer: weight and weight_grad must be non-null");
+  }
+  return OutputLayerShard(partition, hidden, algorithm, weight, weight_grad, tracker);
+}
+
+Buffer OutputLayerShard::TakeWorkspace(size_t count) const {
+  {
+    std::lock_guard<std::mutex> lock(spare_->mu);
+    // Reused as (n, rows) with the same rows: the valid columns are overwritten by S's GEMM
+    // (beta = 0) and the padding columns were never written, so no zeroing is needed.
+    if (spare_->buffer.size() >= count) return std::move(spare_->buffer);
+  }
+  return Buffer(tracker_, MemoryCategory::kActivations, count);
+}
+
+void OutputLayerShard::ReleaseWorkspace() const {
+  std::lock_guard<std::mutex> lock(spare_->mu);
+  spare_->buffer = Buffer();
+}
+
+absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32_t* labels, int n,
+                                                     float d) const {
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("output layer S: n ", n, " < 1"));
+  if (x == nullptr || labels == nullptr) {
+    return absl::InvalidArgumentError("output layer S: x and labels must be non-null");
+  }
+  if (!std::isfinite(d)) return absl::InvalidArgumentError("output layer S: d must be finite");
+  const int64_t rows = partition_.rows, valid = partition_.valid_rows;
+  const int h = hidden_;
+
+  OutputLayerState st;
+  st.algorithm_ = algorithm_;
+  st.n_ = n;
+  st.d_ = d;
+  st.local_label_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    if (labels[i] < 0 || labels[i] >= partition_.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("output layer S: labels[", i,
+                                                     "] = ", labels[i],
+                                                     " outside [0, V = ", partition_.vocab, ")"));
+    }
+    st.local_label_[i] =
+        partition_.Owns(labels[i]) ? static_cast<int32_t>(labels[i] - partition_.begin) : -1;
+  }
+  const auto act = MemoryCategory::kActivations;
+  st.probs_ = TakeWorkspace(static_cast<size_t>(n) * rows);
+  st.local_max_ = Buffer(tracker_, act, n);
+  st.local_sum_ = Buffer(tracker_, act, n);
+  st.label_logit_ = Buffer(tracker_, act, n);
+
+  float* y = st.probs_.data();  // (n, rows)
+  if (valid > 0) {
+    // Y (n, valid) = X (n, h) · W_rᵀ (h, valid); padding columns are skipped and stay 0.
+    cpu::Gemm(false, true, n, static_cast<int>(valid), h, 1.0f, x, h, weight_, h, 0.0f, y,
+              static_cast<int>(rows));
+    for (int i = 0; i < n; ++i) {
+      SoftmaxRowForward(y + static_cast<size_t>(i) * rows, valid, st.local_label_[i],
+                        &st.local_max_.data()[i], &st.local_sum_.data()[i],
+                        &st.label_logit_.data()[i]);
+    }
+  } else {
+    // All-padding shard: contributes m' = -inf, s' = 0, P' = 0 (the buffer is zeroed).
+    for (int i = 0; i < n; ++i) st.local_max_.data()[i] = kNegInf;
+  }
+
+  if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
+    // A (n, h) = P' (n, valid) · W_r (valid, h). Rescaled and reduced in C1.
+    st.grad_x_ = Buffer(tracker_, act, static_cast<size_t>(n) * h);
+    if (valid > 0) {
+      cpu::Gemm(false, false, n, h, static_cast<int>(valid), 1.0f, y, static_cast<int>(rows),
+                weight_, h, 0.0f, st.grad_x_.data(), h);
+    }
+  }
+  st.phase_ = OutputLayerState::Phase::kS;
+  return st;
+}
+
+absl::Status OutputLayerShard::C1(OutputLayerState& st, comm::Communicator& comm) const {
+  if (absl::Status s = ExpectPhase(st, OutputLayerState::Phase::kS, "C1"); !s.ok()) return s;
+  const int n = st.n_;
+  const auto act = MemoryCategory::kActivations;
+
+  // m = max over ranks of m'.
+  Buffer global_max(tracker_, act, n);
+  std::memcpy(global_max.data(), st.local_max_.data(), n * sizeof(float));
+  if (absl::Status s = comm.AllReduce(global_max.data(), n, comm::ReduceOp::kMax); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("output layer C1 max: ", s.message()));
+  }
+
+  // One sum all-reduce of [s'·exp(m' − m) (n) | shifted label logit y_label − m (n)]. The
+  // label logit is non-zero only on the rank owning the label. For an all-padding shard
+  // m' = -inf, so exp(m' − m) = 0 and s' = 0: it adds exactly 0, never a NaN.
+  Buffer sums(tracker_, act, 2 * static_cast<size_t>(n));
+  st.scale_ = Buffer(tracker_, act, n);
+  for (int i = 0; i < n; ++i) {
+    const float delta = st.local_max_.data()[i] - global_max.data()[i];  // <= 0 or -inf
+    const float rescaled = st.local_sum_.data()[i] * std::exp(delta);
+    st.scale_.data()[i] = rescaled;  // s_loc, divided by s below
+    sums.data()[i] = rescaled;
+    sums.data()[n + i] = st.local_label_[i] >= 0 ? st.label_logit_.data()[i] + delta : 0.0f;
+  }
+  if (absl::Status s = comm.AllReduce(sums.data(), sums.size(), comm::ReduceOp::kSum); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("output layer C1 sum: ", s.message()));
+  }
+  st.loss_ = Buffer(tracker_, act, n);
+  for (int i = 0; i < n; ++i) {
+    const float s = sums.data()[i];  // >= 1: the owner of the max contributes exp(0)
+    st.loss_.data()[i] = std::log(s) - sums.data()[n + i];
+    st.scale_.data()[i] /= s;
+  }
+
+  if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
+    // ∇X (n, h) = d·(A·scale − Bg), Bg = W_r row of the label where it is local. Bg is read
+    // straight from W_r rather than copied in S (same values: weights are fixed in a step).
+    const int h = hidden_;
+    float* gx = st.grad_x_.data();
+    for (int i = 0; i < n; ++i) {
+      float* row = gx + static_cast<size_t>(i) * h;
+      const float c = st.d_ * st.scale_.data()[i];
+      for (int k = 0; k < h; ++k) row[k] *= c;
+      if (st.local_label_[i] >= 0) {
+        const float* w = weight_ + static_cast<size_t>(st.local_label_[i]) * h;
+        for (int k = 0; k < h; ++k) row[k] -= st.d_ * w[k];
+      }
+    }
+    const size_t count = static_cast<size_t>(n) * h;
+    if (absl::Status s = comm.AllReduce(gx, count, comm::ReduceOp::kSum); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("output layer C1 grad_x: ", s.message()));
+    }
+  }
+  // m', s' and the label logit are folded into scale and loss; free them now.
+  st.local_max_ = Buffer();
+  st.local_sum_ = Buffer();
+  st.label_logit_ = Buffer();
+  st.phase_ = OutputLayerState::Phase::kC1;
+  return absl::OkStatus();
+}
+
+absl::Status OutputLayerShard::T(OutputLayerState& st, const float* x) const {
+  if (absl::Status s = ExpectPhase(st, OutputLayerState::Phase::kC1, "T"); !s.ok()) return s;
+  if (x == nullptr) return absl::InvalidArgumentError("output layer T: x must be non-null");
+  const int n = st.n_, h = hidden_;
+  const int64_t rows = partition_.rows, valid = partition_.valid_rows;
+  float* g = st.probs_.data();  // (n, rows): P' → grad = d·(softmax − onehot), in place
+  for (int i = 0; i < n; ++i) {
+    float* row = g + static_cast<size_t>(i) * rows;
+    const float c = st.d_ * st.scale_.data()[i];
+    for (int64_t j = 0; j < valid; ++j) row[j] *= c;
+    if (st.local_label_[i] >= 0) row[st.local_label_[i]] -= st.d_;
+  }
+  if (valid > 0) {
+    // ∇W_r (valid, h) += gradᵀ (valid, n) · X (n, h); padding rows are never written.
+    cpu::Gemm(true, false, static_cast<int>(valid), h, n, 1.0f, g, static_cast<int>(rows), x, h,
+              1.0f, weight_grad_, h);
+  }
+  if (algorithm_ == OutputAlgorithm::kAlgorithm1) {
+    // ∇X' (n, h) = grad (n, valid) · W_r (valid, h), this rank's partial sum for C2.
+    st.grad_x_ = Buffer(tracker_, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+    if (valid > 0) {
+      cpu::Gemm(false, false, n, h, static_cast<int>(valid), 1.0f, g, static_cast<int>(rows),
+                weight_, h, 0.0f, st.grad_x_.data(), h);
+    }
+  }
+  {
+    // T is the last reader of the n×rows buffer; keep it for the next S.
+    std::lock_guard<std::mutex> lock(spare_->mu);
+    if (st.probs_.size() > spare_->buffer.size()) spare_->buffer = std::move(st.probs_);
+    st.probs_ = Buffer();
+  }
+  st.phase_ = OutputLayerState::Phase::kT;
+  return absl::OkStatus();
+}
+
+absl::Status OutputLayerShard::C2(OutputLayerState& st, comm::Communicator& comm) const {
+  if (algorithm_ != OutputAlgorithm::kAlgorithm1) {
+    return absl::FailedPreconditionError(
+        "output layer C2 is Algorithm 1's barrier; Algorithm 2 has no C2");
+  }
+  if (absl::Status s = ExpectPhase(st, OutputLayerState::Phase::kT, "C2"); !s.ok()) return s;
+  if (absl::Status s = comm.AllReduce(st.grad_x_.data(), st.grad_x_.size(), comm::ReduceOp::kSum);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("output layer C2 grad_x: ", s.message()));
+  }
+  st.phase_ = OutputLayerState::Phase::kC2;
+  return absl::OkStatus();
+}
+
+}  // namespace vp::engine::vocab

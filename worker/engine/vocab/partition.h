@@ -1,0 +1,35 @@
+// How the vocabulary is split across the p ranks of the pipeline (design.md §4).
+//
+// V is padded up to Vp, the next multiple of 2p (the paper pads to a multiple of 2p so shards
+// stay even under V-shape placements); rank r owns rows [r·Vp/p, (r+1)·Vp/p) of both the input
+// embedding and the output weight. Rows >= V are padding: they hold zero weights, never enter
+// the softmax (not in the max, not in the sum) and keep zero gradients. With a small V and a
+// large p a whole shard can be padding.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace vp::engine::vocab {
+
+struct VocabPartition {
+  int64_t vocab = 0;         // V, the real vocabulary size
+  int64_t padded_vocab = 0;  // Vp: V rounded up to a multiple of 2p
+  int world = 1;             // p
+  int rank = 0;              // r
+  int64_t rows = 0;          // Vp / p, rows held by every shard (padding included)
+  int64_t begin = 0;         // first global row (token id) of this shard: r·Vp/p
+  int64_t valid_rows = 0;    // rows of this shard below V; 0 for an all-padding shard
+
+  // True if global token id `token` is a real row of this shard.
+  bool Owns(int64_t token) const { return token >= begin && token < begin + valid_rows; }
+};
+
+// Vp: V rounded up to a multiple of 2·world.
+int64_t PaddedVocab(int64_t vocab, int world);
+
+// The shard of `rank` among `world` ranks. Errors name the argument and the rule broken.
+absl::StatusOr<VocabPartition> MakeVocabPartition(int64_t vocab, int world, int rank);
+
+}  // namespace vp::engine::vocab

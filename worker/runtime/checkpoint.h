@@ -1,0 +1,41 @@
+// Checkpoints of a standalone run, in the layout users load with Hugging Face tools:
+//
+//   <run_dir>/step_<N>/model.safetensors     GPT-2 tensor names and layouts, unpadded vocabulary
+//   <run_dir>/step_<N>/config.json           GPT-2 config keys
+//   <run_dir>/step_<N>/optimizer.safetensors AdamW exp_avg.<name> / exp_avg_sq.<name>, step
+//   <run_dir>/step_<N>/DONE                  written last: a step folder without it is partial
+//
+// Files are written to temporaries and renamed; DONE is the commit point, so a crash mid-save
+// never leaves a checkpoint that looks complete.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/model/rank_model.h"
+#include "worker/engine/optimizer.h"
+
+namespace vp::runtime {
+
+// The folder of step N: <run_dir>/step_<N>.
+std::string CheckpointDir(const std::string& run_dir, int64_t step);
+
+// The GPT-2 config.json text for a model.
+std::string Gpt2ConfigJson(const engine::ModelConfig& cfg);
+
+// Saves model, config and optimizer state of a rank that holds the whole model.
+absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
+                            const engine::RankModel& model, engine::AdamW& optimizer);
+
+// The highest step with a DONE marker under run_dir, or NotFound.
+absl::StatusOr<int64_t> LatestCheckpointStep(const std::string& run_dir);
+
+// Loads a checkpoint folder into a model of the same shape (and, if optimizer is non-null, the
+// optimizer state). Every tensor is checked: present, same shape, finite; errors name the file
+// and the tensor. Nothing is modified unless the whole checkpoint is valid.
+absl::Status LoadCheckpoint(const std::string& step_dir, engine::RankModel& model,
+                            engine::AdamW* optimizer);
+
+}  // namespace vp::runtime

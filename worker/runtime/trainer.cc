@@ -1,0 +1,127 @@
+#include "worker/runtime/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cpu/kernels.h"
+
+namespace vp::runtime {
+
+using engine::Buffer;
+using engine::MemoryCategory;
+
+absl::StatusOr<std::unique_ptr<StandaloneTrainer>> StandaloneTrainer::Create(
+    const TrainerOptions& options) {
+  auto t = std::make_unique<StandaloneTrainer>(PassKey{});
+  t->options_ = options;
+  t->tracker_ = std::make_unique<engine::MemoryTracker>();
+  t->comm_ = comm::MakeSelfCommunicator();
+  const engine::ModelConfig& cfg = options.model;
+  auto model =
+      engine::RankModel::Create(cfg, engine::RankLayout::Standalone(cfg), options.microbatch_size,
+                                {0, cfg.seq_len}, options.algorithm, t->tracker_.get());
+  if (!model.ok()) return model.status();
+  t->model_ = std::move(*model);
+  t->model_->Init(options.seed);
+  auto opt = engine::AdamW::Create(t->tracker_.get(), t->model_->param_count(), options.adamw,
+                                   t->model_->DecayRanges());
+  if (!opt.ok()) return opt.status();
+  t->optimizer_ = std::make_unique<engine::AdamW>(std::move(*opt));
+  return t;
+}
+
+absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const int32_t* targets,
+                                           float d, double* loss) {
+  const engine::ModelConfig& cfg = options_.model;
+  const int b = options_.microbatch_size, s = cfg.seq_len, h = cfg.hidden;
+  const int n = b * s;
+  engine::RankModel& model = *model_;
+  engine::MemoryTracker* mem = tracker_.get();
+
+  // IF: embedding lookup on the vocabulary shard + reduce, then position embeddings.
+  auto in_state = model.input_layer().Forward(inputs, n);
+  if (!in_state.ok()) return in_state.status();
+  if (auto st = model.input_layer().ForwardReduce(*in_state, *comm_); !st.ok()) return st;
+  float* x0 = in_state->mutable_output();  // (b, s, h)
+  engine::cpu::PositionEmbeddingForward(x0, model.wpe(), b, s, h, 0);
+
+  // F of the layer stack, then the final LayerNorm.
+  Buffer x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);  // (n, h)
+  const engine::SlotKey slot{j, 0};
+  if (auto st = model.stack(0).Forward(slot, x0, x_last.data()); !st.ok()) return st;
+  in_state->ReleaseOutput();  // the stack keeps its own copy of its input
+  Buffer lnf_out(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);  // (n, h)
+  Buffer lnf_mean(mem, MemoryCategory::kActivations, n);                          // (n)
+  Buffer lnf_rstd(mem, MemoryCategory::kActivations, n);                          // (n)
+  engine::cpu::LayerNormForward(lnf_out.data(), lnf_mean.data(), lnf_rstd.data(), x_last.data(),
+                                model.lnf_weight(), model.lnf_bias(), n, h);
+
+  // Output layer: S, barrier C1, T (and C2 for Algorithm 1).
+  engine::vocab::OutputLayerShard& out = model.output_layer();
+  auto out_state = out.S(lnf_out.data(), targets, n, d);
+  if (!out_state.ok()) return out_state.status();
+  if (auto st = out.C1(*out_state, *comm_); !st.ok()) return st;
+  if (auto st = out.T(*out_state, lnf_out.data()); !st.ok()) return st;
+  if (options_.algorithm == engine::vocab::OutputAlgorithm::kAlgorithm1) {
+    if (auto st = out.C2(*out_state, *comm_); !st.ok()) return st;
+  }
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += out_state->losses()[i];
+  *loss += sum * d;
+
+  // Backward: final LayerNorm (B then W), the layer stack, position embeddings, IB.
+  const float* d_lnf_out = out_state->grad_input();  // (n, h), d already applied
+  Buffer d_x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+  engine::cpu::LayerNormBackwardInput(d_x_last.data(), d_lnf_out, x_last.data(), model.lnf_weight(),
+                                      lnf_mean.data(), lnf_rstd.data(), n, h);
+  engine::cpu::LayerNormBackwardWeight(model.lnf_weight_grad(), model.lnf_bias_grad(), d_lnf_out,
+                                       x_last.data(), lnf_mean.data(), lnf_rstd.data(), n, h);
+  out_state->Release();
+  Buffer d_x0(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+  if (auto st = model.stack(0).Backward(slot, d_x_last.data(), d_x0.data()); !st.ok()) return st;
+  engine::cpu::PositionEmbeddingBackward(model.wpe_grad(), d_x0.data(), b, s, h, 0);
+  if (auto st = model.input_layer().BackwardBroadcast(*in_state, *comm_, 0, d_x0.data());
+      !st.ok()) {
+    return st;
+  }
+  return model.input_layer().Backward(*in_state);
+}
+
+absl::StatusOr<double> StandaloneTrainer::ComputeGradients(int64_t step, const BatchFn& batches) {
+  const int b = options_.microbatch_size, s = options_.model.seq_len;
+  const int m = options_.microbatches;
+  // Mean over all m·b·s tokens of the step: each token's loss gradient is 1/(m·b·s), known
+  // before the step, so the output layer applies it directly (no loss-gradient broadcast).
+  const float d = 1.0f / (static_cast<float>(m) * b * s);
+  std::vector<int32_t> inputs(static_cast<size_t>(b) * s), targets(inputs.size());
+  model_->ZeroGrads();
+  double loss = 0;
+  for (int j = 0; j < m; ++j) {
+    if (auto st = batches(step, j, inputs.data(), targets.data()); !st.ok()) return st;
+    if (auto st = Microbatch(j, inputs.data(), targets.data(), d, &loss); !st.ok()) return st;
+  }
+  return loss;
+}
+
+absl::StatusOr<StepResult> StandaloneTrainer::Step(int64_t step, const BatchFn& batches) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto loss = ComputeGradients(step, batches);
+  if (!loss.ok()) return loss.status();
+  StepResult r;
+  r.step = step;
+  r.loss = *loss;
+  if (!std::isfinite(r.loss)) {
+    return absl::InternalError(absl::StrCat("step ", step, ": loss is ", r.loss));
+  }
+  const double sq = engine::SquaredNorm(model_->grads(), model_->param_count());
+  r.grad_norm = std::sqrt(sq);
+  r.lr = options_.lr.At(step);
+  optimizer_->Step(model_->params(), model_->grads(), r.lr,
+                   engine::ClipScale(sq, options_.grad_clip));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace vp::runtime
