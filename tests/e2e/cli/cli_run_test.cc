@@ -1,0 +1,224 @@
+// End-to-end: the real `vocabpipe` binary in a child process, on files in a temp folder.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/runtime/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result Vocabpipe(const std::string& args) {
+  const std::string cmd = absl::StrCat(VP_BINARY_DIR, "/client/vocabpipe ", args, " 2>&1");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<nlohmann::json> ReadMetrics(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+class CliRunTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat("vp_cli_", testing::UnitTest::GetInstance()->current_test_info()->name(),
+                        "_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes a job spec into the test's folder.
+  std::string WriteSpec(const std::string& name, const std::string& body) {
+    const fs::path path = dir_ / (name + ".yaml");
+    std::ofstream(path) << body;
+    return path.string();
+  }
+
+  double Synth(int vocab, int tokens) {
+    Result r = Vocabpipe(absl::StrCat("data synth --vocab ", vocab, " --tokens ", tokens, " --out ",
+                                      (dir_ / "data.bin").string(), " --seed 5"));
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.output, m, std::regex("entropy rate ([0-9.]+)"))) << r.output;
+    return std::stod(m[1]);
+  }
+
+  fs::path dir_;
+};
+
+constexpr char kSmallModel[] = R"(
+model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32}
+parallel: {microbatch_size: 4, microbatches: 2}
+data: {path: data.bin}
+)";
+
+TEST_F(CliRunTest, TrainingApproachesTheEntropyFloor) {
+  const double floor = Synth(64, 60000);
+  const std::string spec = WriteSpec("floor", absl::StrCat(kSmallModel, R"(
+train: {steps: 300, lr: 0.003, warmup_steps: 10, lr_schedule: cosine, min_lr: 0.0003}
+checkpoint: {dir: run}
+)"));
+  Result r = Vocabpipe("run " + spec);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto metrics = ReadMetrics(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 300u);
+  for (const char* key :
+       {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_bytes"}) {
+    EXPECT_TRUE(metrics.back().contains(key)) << key;
+  }
+  const double first = metrics.front()["loss"];
+  double last = 0;
+  for (size_t i = metrics.size() - 10; i < metrics.size(); ++i) last += double(metrics[i]["loss"]);
+  last /= 10;
+  // The initial loss is about ln 64 = 4.16; the chain's floor is ~1 nat. After 300 steps the
+  // model must have closed most of the gap, and can never beat the floor by more than noise.
+  EXPECT_NEAR(first, std::log(64.0), 0.2);
+  EXPECT_LT(last - floor, 0.35 * (first - floor))
+      << "first " << first << " last " << last << " floor " << floor;
+  EXPECT_GT(last, floor - 0.1);
+  EXPECT_GT(double(metrics.back()["mfu"]), 0.0);
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "step_300" / "DONE"));
+}
+
+TEST_F(CliRunTest, ResumeReproducesTheUninterruptedRun) {
+  Synth(64, 20000);
+  const std::string full = WriteSpec("full", absl::StrCat(kSmallModel, R"(
+train: {steps: 6, lr: 0.003}
+checkpoint: {dir: full, every: 3}
+)"));
+  const std::string part = WriteSpec("part", absl::StrCat(kSmallModel, R"(
+train: {steps: 6, lr: 0.003}
+checkpoint: {dir: part, every: 3}
+)"));
+  ASSERT_EQ(Vocabpipe("run " + full).code, 0);
+  Result first_half = Vocabpipe("run " + part + " --steps 3");
+  ASSERT_EQ(first_half.code, 0) << first_half.output;
+  Result resumed = Vocabpipe("run " + part + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  auto a = ReadMetrics(dir_ / "full" / "metrics.jsonl");
+  auto b = ReadMetrics(dir_ / "part" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(int(b[i]["step"]), i);
+    EXPECT_DOUBLE_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "step " << i;
+  }
+  auto wa = vp::runtime::ReadSafetensors((dir_ / "full/step_6/model.safetensors").string());
+  auto wb = vp::runtime::ReadSafetensors((dir_ / "part/step_6/model.safetensors").string());
+  ASSERT_TRUE(wa.ok() && wb.ok());
+  for (const auto& [name, t] : wa->tensors) EXPECT_EQ(t.data, wb->tensors.at(name).data) << name;
+}
+
+TEST_F(CliRunTest, ZeroStepsSavesTheInitialModelInHuggingFaceLayout) {
+  Synth(50, 5000);
+  // V = 50 is padded internally (to a multiple of 2p); the checkpoint has exactly 50 rows.
+  const std::string spec = WriteSpec("zero", R"(
+model: {layers: 3, hidden: 32, heads: 2, vocab_size: 50, seq_len: 16, tie_embeddings: true}
+train: {steps: 0}
+data: {path: data.bin}
+checkpoint: {dir: zero}
+)");
+  Result r = Vocabpipe("run " + spec);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto f = vp::runtime::ReadSafetensors((dir_ / "zero/step_0/model.safetensors").string());
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->tensors.at("transformer.wte.weight").shape, (std::vector<int64_t>{50, 32}));
+  EXPECT_EQ(f->tensors.at("lm_head.weight").data, f->tensors.at("transformer.wte.weight").data);
+  EXPECT_EQ(f->tensors.at("transformer.wpe.weight").shape, (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(f->tensors.at("transformer.h.2.attn.c_attn.weight").shape,
+            (std::vector<int64_t>{32, 96}));
+  EXPECT_EQ(f->tensors.at("transformer.h.2.mlp.c_proj.weight").shape,
+            (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(f->tensors.at("transformer.ln_f.bias").shape, (std::vector<int64_t>{32}));
+  auto config = nlohmann::json::parse(std::ifstream(dir_ / "zero/step_0/config.json"));
+  EXPECT_EQ(config["model_type"], "gpt2");
+  EXPECT_EQ(config["n_layer"], 3);
+  EXPECT_EQ(config["vocab_size"], 50);
+  EXPECT_EQ(config["tie_word_embeddings"], true);
+}
+
+TEST_F(CliRunTest, BadSpecIsRejectedWithTheFieldPath) {
+  Synth(64, 2000);
+  Result r = Vocabpipe("run " + WriteSpec("bad", R"(
+model: {layers: 2, hidden: 64, heads: 5, vocab_size: 64, seq_len: 32}
+train: {lr: -1, stepz: 3}
+data: {path: data.bin}
+)"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.output, HasSubstr("train.stepz: unknown field"));
+  Result r2 = Vocabpipe("run " + WriteSpec("bad2", R"(
+model: {layers: 2, hidden: 64, heads: 5, vocab_size: 64, seq_len: 32}
+train: {lr: -1}
+data: {path: data.bin}
+)"));
+  EXPECT_EQ(r2.code, 2);
+  EXPECT_THAT(r2.output, HasSubstr("model.heads: must divide model.hidden"));
+  EXPECT_THAT(r2.output, HasSubstr("train.lr"));
+}
+
+TEST_F(CliRunTest, OutOfRangeTokensAreRejectedWithTheirOffset) {
+  Synth(100, 2000);  // ids up to 99, but the model has only 64
+  Result r = Vocabpipe("run " + WriteSpec("oor", kSmallModel));
+  EXPECT_EQ(r.code, 2);  // invalid input, not a failure while running
+  EXPECT_THAT(r.output, HasSubstr("data.bin: token"));
+  EXPECT_THAT(r.output, HasSubstr("byte offset"));
+  EXPECT_THAT(r.output, HasSubstr("not < vocab size 64"));
+}
+
+TEST_F(CliRunTest, CorruptCheckpointIsRejectedAndLeftInPlace) {
+  Synth(64, 20000);
+  const std::string spec = WriteSpec("ck", absl::StrCat(kSmallModel, R"(
+train: {steps: 2}
+checkpoint: {dir: ck}
+)"));
+  ASSERT_EQ(Vocabpipe("run " + spec).code, 0);
+  const fs::path model = dir_ / "ck/step_2/model.safetensors";
+  const auto size = fs::file_size(model);
+  fs::resize_file(model, size - 64);
+  Result r = Vocabpipe("run " + spec + " --resume --steps 4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.output, HasSubstr("model.safetensors: tensor"));
+  EXPECT_EQ(fs::file_size(model), size - 64);  // nothing overwritten
+  EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
+}
+
+TEST_F(CliRunTest, PipelineRunsNeedTheRuntimeAndSaySo) {
+  Synth(64, 2000);
+  const std::string p2 = WriteSpec("p2b", R"(
+model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32}
+parallel: {pipeline: 2, microbatches: 4}
+data: {path: data.bin}
+)");
+  Result r2 = Vocabpipe("run " + p2);
+  EXPECT_EQ(r2.code, 2);
+  EXPECT_THAT(r2.output, HasSubstr("parallel.pipeline: 2 ranks need the multi-process"));
+}
+
+}  // namespace
