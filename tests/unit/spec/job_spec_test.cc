@@ -163,7 +163,9 @@ void ExpectAllSet(const pb::Message& msg, const std::string& path) {
   for (int i = 0; i < d->field_count(); ++i) {
     const pb::FieldDescriptor* f = d->field(i);
     const std::string p = path.empty() ? f->name() : path + "." + f->name();
-    if (f->has_presence()) EXPECT_TRUE(r->HasField(msg, f)) << p << " left unset";
+    if (f->has_presence()) {
+      EXPECT_TRUE(r->HasField(msg, f)) << p << " left unset";
+    }
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
       ExpectAllSet(r->GetMessage(msg, f), p);
     }
