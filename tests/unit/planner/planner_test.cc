@@ -253,7 +253,9 @@ TEST(Partition, EqualFlopsChunksShrinkAlongTheSequence) {
       const double f = ChunkForwardFlops(m, 24, (*b)[q], (*b)[q + 1]);
       lo = std::min(lo, f);
       hi = std::max(hi, f);
-      if (q > 0) EXPECT_LE((*b)[q + 1] - (*b)[q], (*b)[q] - (*b)[q - 1]);
+      if (q > 0) {
+        EXPECT_LE((*b)[q + 1] - (*b)[q], (*b)[q] - (*b)[q - 1]);
+      }
     }
     EXPECT_LT((hi - lo) / hi, 0.01) << k;
   }
