@@ -9,14 +9,9 @@ namespace vp::engine::vocab {
 absl::StatusOr<InputLayerShard> InputLayerShard::Create(const VocabPartition& partition, int hidden,
                                                         const float* weight, float* weight_grad,
                                                         MemoryTracker* tracker) {
-  if (hidden < 1) return absl::InvalidArgumentError(absl::StrCat("hidden ", hidden, " < 1"));
-  if (partition.rows < 1 || partition.valid_rows < 0 || partition.valid_rows > partition.rows) {
-    return absl::InvalidArgumentError(absl::StrCat("partition: rows ", partition.rows,
-                                                   " must be >= 1 and valid_rows ",
-                                                   partition.valid_rows, " in [0, rows]"));
-  }
-  if (weight == nullptr || weight_grad == nullptr) {
-    return absl::InvalidArgumentError("input layer: weight and weight_grad must be non-null");
+  if (absl::Status st = ValidateShardArgs("input layer", partition, hidden, weight, weight_grad);
+      !st.ok()) {
+    return st;
   }
   return InputLayerShard(partition, hidden, weight, weight_grad, tracker);
 }

@@ -30,4 +30,19 @@ absl::StatusOr<VocabPartition> MakeVocabPartition(int64_t vocab, int world, int 
   return p;
 }
 
+absl::Status ValidateShardArgs(const char* layer, const VocabPartition& partition, int hidden,
+                               const float* weight, const float* weight_grad) {
+  if (hidden < 1) return absl::InvalidArgumentError(absl::StrCat("hidden ", hidden, " < 1"));
+  if (partition.rows < 1 || partition.valid_rows < 0 || partition.valid_rows > partition.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("partition: rows ", partition.rows,
+                                                   " must be >= 1 and valid_rows ",
+                                                   partition.valid_rows, " in [0, rows]"));
+  }
+  if (weight == nullptr || weight_grad == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(layer, ": weight and weight_grad must be non-null"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace vp::engine::vocab

@@ -32,4 +32,8 @@ int64_t PaddedVocab(int64_t vocab, int world);
 // The shard of `rank` among `world` ranks. Errors name the argument and the rule broken.
 absl::StatusOr<VocabPartition> MakeVocabPartition(int64_t vocab, int world, int rank);
 
+// Checks the arguments every shard constructor takes; `layer` names the shard in the error.
+absl::Status ValidateShardArgs(const char* layer, const VocabPartition& partition, int hidden,
+                               const float* weight, const float* weight_grad);
+
 }  // namespace vp::engine::vocab
