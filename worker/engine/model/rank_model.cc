@@ -38,7 +38,11 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
                        ") outside the model's ", cfg.layers, " layers"));
     }
   }
-  auto partition = vocab::MakeVocabPartition(cfg.vocab, layout.world, layout.rank);
+  const bool has_input = layout.vocab_sharded || layout.holds_input_layer;
+  const bool has_output = layout.vocab_sharded || layout.holds_output_layer;
+  auto partition = layout.vocab_sharded
+                       ? vocab::MakeVocabPartition(cfg.vocab, layout.world, layout.rank)
+                       : vocab::MakeVocabPartition(cfg.vocab, 1, 0);
   if (!partition.ok()) return partition.status();
 
   auto m = std::make_unique<RankModel>(PassKey{});
@@ -61,7 +65,7 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     m->tensors_.push_back(std::move(t));
     return m->tensors_.back().offset;
   };
-  m->wte_offset_ = add("transformer.wte.weight", {rows, h}, true, true);
+  if (has_input) m->wte_offset_ = add("transformer.wte.weight", {rows, h}, true, true);
   if (layout.holds_first_group) {
     m->wpe_offset_ = add("transformer.wpe.weight", {cfg.seq_len, h}, true, false);
   }
@@ -86,8 +90,11 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     m->lnf_offset_ = add("transformer.ln_f.weight", {h}, false, false);
     add("transformer.ln_f.bias", {h}, false, false);
   }
-  m->lm_head_offset_ =
-      cfg.tie_embeddings ? m->wte_offset_ : add("lm_head.weight", {rows, h}, true, true);
+  if (has_output) {
+    m->lm_head_offset_ = cfg.tie_embeddings && has_input
+                             ? m->wte_offset_
+                             : add("lm_head.weight", {rows, h}, true, true);
+  }
 
   m->params_ = Buffer(tracker, MemoryCategory::kParameters, offset);
   m->grads_ = Buffer(tracker, MemoryCategory::kGradients, offset);
@@ -120,8 +127,11 @@ void RankModel::Init(uint64_t seed) {
     if (!t.vocab_shard) continue;
     // Real rows only: element (row, col) of the global tensor is sample row·h + col, so the
     // shard draws exactly the 1-rank model's values; padding rows stay zero.
+    // A tied output copy on another rank starts equal to wte.
+    const std::string& id_name =
+        cfg_.tie_embeddings ? std::string("transformer.wte.weight") : t.name;
     InitNormal(params_.data() + t.offset, static_cast<size_t>(t.valid_rows * h), kInitStd, seed,
-               TensorId(t.name), static_cast<uint64_t>(t.global_row_begin * h));
+               TensorId(id_name), static_cast<uint64_t>(t.global_row_begin * h));
   }
   if (layout_.holds_first_group) {
     InitNormal(params_.data() + wpe_offset_, static_cast<size_t>(cfg_.seq_len) * h, kInitStd, seed,
@@ -132,6 +142,11 @@ void RankModel::Init(uint64_t seed) {
     InitConstant(params_.data() + lnf_offset_, h, 1.0f);
     InitConstant(params_.data() + lnf_offset_ + h, h, 0.0f);
   }
+}
+
+const ParamTensor* RankModel::tied_output_copy() const {
+  if (!cfg_.tie_embeddings || output_ == nullptr) return nullptr;
+  return Find("lm_head.weight");
 }
 
 const ParamTensor* RankModel::Find(const std::string& name) const {

@@ -38,6 +38,14 @@ struct RankLayout {
   std::vector<Chunk> chunks;
   bool holds_first_group = true;  // owns wpe; adds position embeddings after IF
   bool holds_last_group = true;   // owns ln_f; produces X for the output layer
+  // Vocabulary layers. Sharded (vocab-parallel methods): every rank holds rows
+  // [rank·Vp/world, (rank+1)·Vp/world) of wte and lm_head. Not sharded (baseline, redis): the
+  // whole input layer sits on the rank of the first layer group and the whole output layer on
+  // the rank of the last one; with tied embeddings on different ranks each keeps a copy
+  // (identical init; the runtime all-reduces their gradients).
+  bool vocab_sharded = true;
+  bool holds_input_layer = true;   // used when !vocab_sharded
+  bool holds_output_layer = true;  // used when !vocab_sharded
 
   // The layout of a 1-rank model: every layer in one chunk.
   static RankLayout Standalone(const ModelConfig& cfg);
@@ -84,8 +92,14 @@ class RankModel {
   // The ranges AdamW decays, from the tensor table.
   std::vector<DecayRange> DecayRanges() const;
 
+  bool has_input_layer() const { return input_ != nullptr; }
+  bool has_output_layer() const { return output_ != nullptr; }
   vocab::InputLayerShard& input_layer() { return *input_; }
   vocab::OutputLayerShard& output_layer() { return *output_; }
+  // Tied embeddings whose input and output copies live on different ranks (not sharded): the
+  // output copy's tensor (named lm_head.weight here), whose gradient the runtime sums with the
+  // input copy's. Null otherwise.
+  const ParamTensor* tied_output_copy() const;
   int num_chunks() const { return static_cast<int>(stacks_.size()); }
   LayerStack& stack(int chunk) { return *stacks_[chunk]; }
 
