@@ -15,7 +15,9 @@ using Args = std::vector<std::string>;
 int RunDataCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe plan job.yaml [--pipeline P ...] [--format table|json|text|svg]
 int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err);
-// vocabpipe run job.yaml
+// vocabpipe run job.yaml [--resume] [--steps N]
 int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe export RUN_DIR [--step N]: merges per-rank checkpoint shards into model.safetensors
+int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err);
 
 }  // namespace vp::cli

@@ -1,0 +1,72 @@
+// One pipeline rank executing a pass plan (coordinator/planner's Plan IR) against its model
+// shard: transformer chunks, vocabulary shards, sequence chunks, optimizer step.
+//
+// Compute actions (F, B, W, BW, IF, IB, S, T, OPT) run on the calling thread in plan order.
+// Communication actions (SEND/RECV_ACT/GRAD, BCAST_X, C1, C2, IF_REDUCE, IB_BCAST) run in plan
+// order on a communication thread with its own Communicator, so transfers and the vocabulary
+// barriers overlap with transformer passes; each side waits only for the actions of the other
+// that precede it in the plan and produce or consume its data. The planner proves the plan
+// deadlock-free under blocking sends, and this split only relaxes that order.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/planner/plan.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/model/rank_model.h"
+#include "worker/runtime/trainer.h"
+
+namespace vp::runtime {
+
+// What one rank measured in one step.
+struct RankStepResult {
+  int64_t step = 0;
+  bool has_loss = false;  // the rank saw every microbatch's loss (x_owner always does)
+  double loss = 0;        // mean over the step's m·b·s tokens, where has_loss
+  double grad_norm = 0;   // global (all ranks) L2 norm before clipping
+  float lr = 0;
+  double seconds = 0;  // wall time of the step on this rank
+  // Busy seconds per compute action kind (indexed by planner::ActionKind), seconds the
+  // compute thread waited for communication, and seconds the communication thread spent in
+  // each communication kind (blocked in transfers and collectives).
+  std::array<double, planner::kNumActionKinds> busy{};
+  double compute_wait_seconds = 0;
+  std::array<double, planner::kNumActionKinds> comm{};
+  // Peaks of this step, bytes, from the engine's allocator.
+  int64_t peak_parameters = 0, peak_gradients = 0, peak_optimizer = 0, peak_activations = 0;
+  int64_t peak_total = 0;
+
+  double busy_seconds() const;  // sum of busy
+};
+
+class PipelineRank {
+ public:
+  // comm: this rank's communicator over all plan.pipeline ranks, used only by the
+  // communication thread (it must outlive the PipelineRank). options.microbatches must equal
+  // plan.microbatches and options.model.layers plan.layers.
+  static absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan,
+                                                              int rank,
+                                                              const TrainerOptions& options,
+                                                              comm::Communicator* comm);
+  ~PipelineRank();
+
+  // Executes the plan once: every microbatch's passes, then the optimizer step.
+  absl::StatusOr<RankStepResult> Step(int64_t step, const BatchFn& batches);
+
+  engine::RankModel& model();
+  engine::AdamW& optimizer();
+  engine::MemoryTracker& memory();
+  int rank() const;
+
+  struct Impl;
+
+ private:
+  explicit PipelineRank(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vp::runtime
