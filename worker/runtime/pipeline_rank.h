@@ -48,8 +48,7 @@ class PipelineRank {
   // comm: this rank's communicator over all plan.pipeline ranks, used only by the
   // communication thread (it must outlive the PipelineRank). options.microbatches must equal
   // plan.microbatches and options.model.layers plan.layers.
-  static absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan,
-                                                              int rank,
+  static absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan, int rank,
                                                               const TrainerOptions& options,
                                                               comm::Communicator* comm);
   ~PipelineRank();
@@ -62,10 +61,11 @@ class PipelineRank {
   engine::MemoryTracker& memory();
   int rank() const;
 
+  // The state behind the interface (defined in the .cc; construct through Create).
   struct Impl;
+  explicit PipelineRank(std::unique_ptr<Impl> impl);
 
  private:
-  explicit PipelineRank(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
