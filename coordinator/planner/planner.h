@@ -43,6 +43,11 @@ struct ModelShape {
   int64_t hidden = 0, heads = 0, seq_len = 0, vocab = 0, ffn = 0, microbatch_size = 1;
   bool tie_embeddings = false;
   int activation_bytes_per_element = 2;  // bf16 activations on GPU, 4 on CPU
+  // Bytes one transformer layer keeps for one microbatch of the whole sequence between its F
+  // and its backward, as measured on the engine that runs the plan (the runtime measures it
+  // with engine::MeasureLayerActivationBytes). 0: Megatron's estimate
+  // b·s·h·(34 + 5·heads·s/h) at activation_bytes_per_element / 2.
+  double layer_activation_bytes = 0;
   int state_bytes_per_param = 16;        // fp32 weight + grad + Adam m, v
   double peak_flops = 0;                 // per device, for MFU (costs must then be seconds)
 };

@@ -549,7 +549,10 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   // Activation bytes of one layer for one microbatch (Megatron's sbh(34 + 5as/h) for 2-byte
   // activations, scaled to the element size).
   const double layer_act =
-      h > 0 ? b * s * h * (34 + 5.0 * ms.heads * s / h) * ms.activation_bytes_per_element / 2 : 0;
+      ms.layer_activation_bytes > 0
+          ? ms.layer_activation_bytes
+          : (h > 0 ? b * s * h * (34 + 5.0 * ms.heads * s / h) * ms.activation_bytes_per_element / 2
+                   : 0);
   const double stage_act = layer_act * l->layers / l->p;
   const double layer_params = 4 * h * h + 2 * h * ffn + 9 * h + ffn;
   const double vocab_rows = static_cast<double>(ms.vocab);
@@ -579,12 +582,14 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     double vocab_act = 0;
     if (l->sharded) {
       params += vocab_rows / l->p * h * (ms.tie_embeddings ? 1 : 2);
-      vocab_act = (in.max_pending_t + 1) * b * s * (vocab_rows / l->p) * 4;
+      // The shard's n×V/p fp32 buffer lives from S to T; T hands it to the next S, so at most
+      // max_pending_t are alive at once. Plus X and ∇X (n×h) of the microbatch in flight.
+      vocab_act = in.max_pending_t * b * s * (vocab_rows / l->p) * 4 + 2 * b * s * h * 4;
     } else {
       if (l->owner_rank[0] == r) params += vocab_rows * h;
       if (l->x_owner() == r && (!ms.tie_embeddings || l->owner_rank[0] != r)) {
         params += vocab_rows * h;
-        vocab_act = b * s * vocab_rows * 4;
+        vocab_act = b * s * vocab_rows * 4 + 2 * b * s * h * 4;
       }
     }
     if (l->owner_rank[0] == r) params += s * h;  // position embedding

@@ -403,4 +403,20 @@ absl::Status LayerStack::Backward(SlotKey slot, const float* dout, float* dx) {
   return BackwardWeight(slot);
 }
 
+absl::StatusOr<int64_t> MeasureLayerActivationBytes(const ModelConfig& cfg, int b) {
+  MemoryTracker tracker;
+  const size_t n = LayerParamCount(cfg);
+  Buffer params(nullptr, MemoryCategory::kParameters, n);
+  Buffer grads(nullptr, MemoryCategory::kGradients, n);
+  auto stack =
+      LayerStack::Create(cfg, 0, 1, b, {0, cfg.seq_len}, params.data(), grads.data(), &tracker);
+  if (!stack.ok()) return stack.status();
+  stack->InitParams(0);
+  const size_t nh = static_cast<size_t>(b) * cfg.seq_len * cfg.hidden;
+  Buffer x(nullptr, MemoryCategory::kActivations, nh);
+  Buffer out(nullptr, MemoryCategory::kActivations, nh);
+  if (auto st = stack->Forward({0, 0}, x.data(), out.data()); !st.ok()) return st;
+  return tracker.current(MemoryCategory::kActivations);
+}
+
 }  // namespace vp::engine

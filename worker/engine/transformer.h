@@ -223,4 +223,9 @@ class LayerStack {
   std::map<int, MicrobatchState> microbatches_;
 };
 
+// Bytes of activations one layer keeps for one microbatch of b whole sequences between its
+// forward and its backward, measured by running a forward through a one-layer stack and
+// reading the tracker (the planner's memory model takes this number as its input).
+absl::StatusOr<int64_t> MeasureLayerActivationBytes(const ModelConfig& cfg, int b);
+
 }  // namespace vp::engine

@@ -1,0 +1,101 @@
+// The planner's per-rank memory prediction (parameters + gradients + optimizer state + peak
+// activations) against the engine allocator's measured peak, for the same plan executed by
+// PipelineRank.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/planner/planner.h"
+#include "tests/unit/comm/gloo_threads.h"
+#include "worker/runtime/pipeline_rank.h"
+
+namespace vp::runtime {
+namespace {
+
+using planner::Schedule;
+using planner::VocabMethod;
+
+struct Case {
+  Schedule schedule;
+  VocabMethod vocab;
+};
+
+class MemoryModel : public testing::TestWithParam<Case> {};
+
+TEST_P(MemoryModel, PredictionWithinTenPercentOfMeasuredPeak) {
+  TrainerOptions o;
+  o.model = {.layers = 4,
+             .hidden = 64,
+             .heads = 4,
+             .vocab = 8192,
+             .seq_len = 64,
+             .ffn_hidden = 256,
+             .tie_embeddings = false};
+  o.microbatch_size = 2;
+  o.microbatches = 6;
+  const int p = 2;
+  planner::PlannerInput in;
+  in.pipeline = p;
+  in.microbatches = o.microbatches;
+  in.layers = o.model.layers;
+  in.schedule = GetParam().schedule;
+  in.vocab = GetParam().vocab;
+  in.model = {.hidden = o.model.hidden,
+              .heads = o.model.heads,
+              .seq_len = o.model.seq_len,
+              .vocab = o.model.vocab,
+              .ffn = o.model.ffn_hidden,
+              .microbatch_size = o.microbatch_size,
+              .tie_embeddings = false,
+              .activation_bytes_per_element = 4};
+  auto layer_bytes = engine::MeasureLayerActivationBytes(o.model, o.microbatch_size);
+  ASSERT_TRUE(layer_bytes.ok()) << layer_bytes.status();
+  in.model.layer_activation_bytes = static_cast<double>(*layer_bytes);
+  in.costs = planner::FlopProportionalCosts(p, o.model.layers, in.model, 1e11);
+  auto plan = planner::BuildPlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto sim = planner::Simulate(*plan, in);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  std::vector<int64_t> measured(p), measured_act(p);
+  BatchFn batches = [&](int64_t, int j, int32_t* x, int32_t* y) {
+    for (int i = 0; i < o.microbatch_size * o.model.seq_len; ++i) {
+      x[i] = (i * 7 + j) % o.model.vocab;
+      y[i] = (i * 13 + j) % o.model.vocab;
+    }
+    return absl::OkStatus();
+  };
+  comm::testing::RunOnGlooRanks(p, [&](comm::GlooCommunicator& comm) {
+    auto rank = PipelineRank::Create(*plan, comm.rank(), o, &comm);
+    ASSERT_TRUE(rank.ok()) << rank.status();
+    for (int step = 0; step < 2; ++step) {
+      auto r = (*rank)->Step(step, batches);
+      ASSERT_TRUE(r.ok()) << r.status();
+      measured[comm.rank()] = r->peak_total;
+      measured_act[comm.rank()] = r->peak_activations;
+    }
+  });
+  for (int r = 0; r < p; ++r) {
+    const auto& st = sim->ranks[r];
+    const double predicted = static_cast<double>(st.state_bytes + st.peak_activation_bytes);
+    std::printf(
+        "rank %d: predicted %.2f MiB (state %.2f, act %.2f), measured %.2f MiB (act %.2f)\n", r,
+        predicted / 1048576, st.state_bytes / 1048576.0, st.peak_activation_bytes / 1048576.0,
+        measured[r] / 1048576.0, measured_act[r] / 1048576.0);
+    EXPECT_NEAR(predicted / measured[r], 1.0, 0.10) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, MemoryModel,
+                         testing::Values(Case{Schedule::k1F1B, VocabMethod::kBaseline},
+                                         Case{Schedule::k1F1B, VocabMethod::kVocab1},
+                                         Case{Schedule::k1F1B, VocabMethod::kVocab2},
+                                         Case{Schedule::kVHalf, VocabMethod::kVocab2},
+                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2}),
+                         [](const testing::TestParamInfo<Case>& i) {
+                           return absl::StrCat(planner::ScheduleName(i.param.schedule), "_",
+                                               planner::VocabName(i.param.vocab));
+                         });
+
+}  // namespace
+}  // namespace vp::runtime
