@@ -169,7 +169,9 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
     ASSERT_TRUE(has[owner][step]);
     EXPECT_NEAR(got[owner][step], want[step], 1e-5 * want[step]) << "step " << step;
     for (int r = 0; r < c.p; ++r) {  // every rank that saw the loss agrees
-      if (has[r][step]) EXPECT_NEAR(got[r][step], want[step], 1e-5 * want[step]) << "rank " << r;
+      if (has[r][step]) {
+        EXPECT_NEAR(got[r][step], want[step], 1e-5 * want[step]) << "rank " << r;
+      }
     }
   }
   for (const auto& [name, w] : want_w) {

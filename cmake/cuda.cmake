@@ -1,0 +1,89 @@
+# CUDA backend detection (included from the top-level CMakeLists.txt right after the
+# VOCABPIPE_CUDA option). Sets:
+#   VP_HAVE_CUDA            TRUE when the CUDA language, cuBLAS/cuBLASLt and NCCL are usable
+#   VP_NCCL_LIBRARY         path of libnccl
+#   VP_NCCL_INCLUDE_DIR     folder holding nccl.h
+#   target vp_cuda_toolkit  INTERFACE: cudart, cuBLAS, cuBLASLt, NCCL and VP_HAVE_CUDA=1
+# VOCABPIPE_CUDA: AUTO builds the backend when nvcc is found, ON requires it, OFF skips it.
+# Every CUDA folder guards its contents with if(VP_HAVE_CUDA), so a machine without nvcc builds.
+include_guard(GLOBAL)
+include(CheckLanguage)
+
+if(NOT DEFINED VOCABPIPE_CUDA)
+  set(VOCABPIPE_CUDA "AUTO" CACHE STRING "Build the CUDA backend: AUTO, ON or OFF")
+endif()
+string(TOUPPER "${VOCABPIPE_CUDA}" _vp_cuda_mode)
+if(NOT _vp_cuda_mode MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "VOCABPIPE_CUDA must be AUTO, ON or OFF, got \"${VOCABPIPE_CUDA}\"")
+endif()
+
+set(VP_HAVE_CUDA FALSE)
+if(NOT _vp_cuda_mode STREQUAL "OFF")
+  # nvcc is usually not on PATH (/usr/local/cuda/bin); check_language only looks there if told.
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "CUDA compiler")
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # sm_80 (A100) and sm_90 (H100/H200); set before enable_language so CMake does not probe.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+      set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures" FORCE)
+    endif()
+    enable_language(CUDA)
+    # Kernels use C++17 only; nvcc 11+ supports it with every host compiler we build with.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(CMAKE_CUDA_EXTENSIONS OFF)
+    # No --use_fast_math: tanh-GELU and -inf handling of padded vocabulary rows need IEEE.
+    set(CMAKE_CUDA_FLAGS_RELEASE "-O2 -DNDEBUG")
+    find_package(CUDAToolkit)
+    find_library(VP_NCCL_LIBRARY NAMES nccl
+                 HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
+    find_path(VP_NCCL_INCLUDE_DIR NAMES nccl.h
+              HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include)
+    set(_vp_missing "")
+    if(NOT CUDAToolkit_FOUND OR NOT TARGET CUDA::cublas OR NOT TARGET CUDA::cublasLt)
+      list(APPEND _vp_missing "cuBLAS/cuBLASLt (CUDAToolkit)")
+    endif()
+    if(NOT VP_NCCL_LIBRARY OR NOT VP_NCCL_INCLUDE_DIR)
+      list(APPEND _vp_missing "NCCL (libnccl, nccl.h)")
+    endif()
+    if(_vp_missing STREQUAL "")
+      set(VP_HAVE_CUDA TRUE)
+    elseif(_vp_cuda_mode STREQUAL "ON")
+      message(FATAL_ERROR "VOCABPIPE_CUDA=ON but not found: ${_vp_missing}")
+    else()
+      message(STATUS "CUDA backend off: not found: ${_vp_missing}")
+    endif()
+  elseif(_vp_cuda_mode STREQUAL "ON")
+    message(FATAL_ERROR "VOCABPIPE_CUDA=ON but no CUDA compiler (nvcc) was found")
+  else()
+    message(STATUS "CUDA backend off: no nvcc found (VOCABPIPE_CUDA=AUTO)")
+  endif()
+endif()
+
+if(VP_HAVE_CUDA)
+  add_library(vp_cuda_toolkit INTERFACE)
+  target_link_libraries(vp_cuda_toolkit INTERFACE CUDA::cudart CUDA::cublas CUDA::cublasLt
+                        ${VP_NCCL_LIBRARY})
+  target_include_directories(vp_cuda_toolkit INTERFACE ${VP_NCCL_INCLUDE_DIR})
+  target_compile_definitions(vp_cuda_toolkit INTERFACE VP_HAVE_CUDA=1)
+  message(STATUS "CUDA backend on: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+                 "architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${VP_NCCL_LIBRARY}")
+endif()
+
+# The top-level add_compile_options (-Wall -Wextra -march=...) are g++ flags that nvcc rejects:
+# call this on every target with .cu sources to keep them for its C++ sources only and pass
+# the warnings to nvcc's host compiler instead.
+function(vp_cuda_target_options target)
+  get_target_property(_opts ${target} COMPILE_OPTIONS)
+  if(_opts)
+    set(_fixed "")
+    foreach(_o IN LISTS _opts)
+      list(APPEND _fixed "$<$<COMPILE_LANGUAGE:CXX>:${_o}>")
+    endforeach()
+    set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS ${_fixed})
+  endif()
+  target_compile_options(${target} PRIVATE
+                         $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
+endfunction()

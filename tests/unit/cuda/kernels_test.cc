@@ -1,0 +1,294 @@
+// Each CUDA kernel against the CPU engine on random inputs. fp32 path: 1e-5 relative (plus a
+// small absolute floor for values near 0); bf16 path: tolerances in docs/cuda.md. Skips with
+// "no CUDA device" when none is present.
+#include "worker/engine/kernels/cpu/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "worker/engine/kernels/cuda/gemm.h"
+#include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/runtime.h"
+#include "worker/engine/optimizer.h"
+
+namespace vp::engine::cuda {
+namespace {
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A device copy of a host vector, freed at scope exit.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T)),
+              cudaSuccess);
+    cudaMemset(p, 0, std::max<size_t>(1, n) * sizeof(T));
+  }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
+    cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> Get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                 double abs_floor, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], abs_floor + rel * std::abs(want[i])) << what << " at " << i;
+  }
+}
+
+TEST(CudaKernels, LayerNormMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = 37, c = 96;
+  auto x = Random(n * c, 1), w = Random(c, 2), b = Random(c, 3), dy = Random(n * c, 4);
+  std::vector<float> out(n * c), mean(n), rstd(n), dx(n * c, 0.5f), dw(c, 0.1f), db(c, 0.2f);
+  cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+  cpu::LayerNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), n,
+                              c);
+  cpu::LayerNormBackwardWeight(dw.data(), db.data(), dy.data(), x.data(), mean.data(), rstd.data(),
+                               n, c);
+  Dev<float> gx(x), gw(w), gb(b), gdy(dy), gout(n * c), gmean(n), grstd(n),
+      gdx(std::vector<float>(n * c, 0.5f)), gdw(std::vector<float>(c, 0.1f)),
+      gdb(std::vector<float>(c, 0.2f));
+  ASSERT_EQ(LayerNormForward(gout.p, gmean.p, grstd.p, gx.p, gw.p, gb.p, n, c, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(LayerNormBackwardInput(gdx.p, gdy.p, gx.p, gw.p, gmean.p, grstd.p, n, c, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(LayerNormBackwardWeight(gdw.p, gdb.p, gdy.p, gx.p, gmean.p, grstd.p, n, c, nullptr),
+            cudaSuccess);
+  ExpectClose(gout.Get(), out, 1e-5, 1e-5, "out");
+  ExpectClose(grstd.Get(), rstd, 1e-5, 1e-6, "rstd");
+  ExpectClose(gdx.Get(), dx, 1e-5, 1e-5, "dinp");
+  ExpectClose(gdw.Get(), dw, 1e-5, 1e-4, "dweight");
+  ExpectClose(gdb.Get(), db, 1e-5, 1e-4, "dbias");
+}
+
+TEST(CudaKernels, GeluAndResidualMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const long n = 5000;
+  auto x = Random(n, 5, 3.0f), dy = Random(n, 6), y = Random(n, 7);
+  std::vector<float> out(n), dx(n), res(n), da(n, 1.0f), dbv(n, 2.0f);
+  cpu::GeluForward(out.data(), x.data(), n);
+  cpu::GeluBackward(dx.data(), x.data(), dy.data(), n);
+  cpu::ResidualForward(res.data(), x.data(), y.data(), n);
+  cpu::ResidualBackward(da.data(), dbv.data(), dy.data(), n);
+  Dev<float> gx(x), gdy(dy), gy(y), gout(n), gdx(n), gres(n), gda(std::vector<float>(n, 1.0f)),
+      gdb(std::vector<float>(n, 2.0f));
+  ASSERT_EQ(GeluForward(gout.p, gx.p, n, nullptr), cudaSuccess);
+  ASSERT_EQ(GeluBackward(gdx.p, gx.p, gdy.p, n, nullptr), cudaSuccess);
+  ASSERT_EQ(ResidualForward(gres.p, gx.p, gy.p, n, nullptr), cudaSuccess);
+  ASSERT_EQ(ResidualBackward(gda.p, gdb.p, gdy.p, n, nullptr), cudaSuccess);
+  ExpectClose(gout.Get(), out, 1e-5, 1e-6, "gelu");
+  ExpectClose(gdx.Get(), dx, 1e-5, 1e-6, "gelu backward");
+  ExpectClose(gres.Get(), res, 0, 0, "residual");
+  ExpectClose(gda.Get(), da, 0, 0, "da");
+  ExpectClose(gdb.Get(), dbv, 0, 0, "db");
+}
+
+TEST(CudaKernels, LinearMatchesCpuFp32AndBf16) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = 24, in = 64, out_dim = 48;
+  auto x = Random(n * in, 8), w = Random(in * out_dim, 9, 0.1f), b = Random(out_dim, 10),
+       dy = Random(n * out_dim, 11);
+  std::vector<float> y(n * out_dim), dx(n * in), dw(in * out_dim, 0.3f), db(out_dim, 0.0f);
+  cpu::LinearForward(y.data(), x.data(), w.data(), b.data(), n, in, out_dim);
+  cpu::LinearBackwardInput(dx.data(), dy.data(), w.data(), n, in, out_dim);
+  cpu::LinearBackwardWeight(dw.data(), db.data(), dy.data(), x.data(), n, in, out_dim);
+  auto gemm = GemmRunner::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  Dev<float> gx(x), gw(w), gb(b), gdy(dy), gy(n * out_dim), gdx(n * in),
+      gdw(std::vector<float>(in * out_dim, 0.3f)), gdb(out_dim);
+  ASSERT_TRUE(LinearForward(**gemm, gy.p, gx.p, gw.p, gb.p, n, in, out_dim, nullptr).ok());
+  ASSERT_TRUE(LinearBackwardInput(**gemm, gdx.p, gdy.p, gw.p, n, in, out_dim, nullptr).ok());
+  ASSERT_TRUE(
+      LinearBackwardWeight(**gemm, gdw.p, gdb.p, gdy.p, gx.p, n, in, out_dim, nullptr).ok());
+  ExpectClose(gy.Get(), y, 1e-5, 1e-5, "linear");
+  ExpectClose(gdx.Get(), dx, 1e-5, 1e-5, "dinp");
+  ExpectClose(gdw.Get(), dw, 1e-5, 1e-5, "dweight");
+  ExpectClose(gdb.Get(), db, 1e-5, 1e-5, "dbias");
+  EXPECT_EQ((*gemm)->cached_plans(), 3u);
+  // bf16 inputs, fp32 accumulation: error ~ 2^-8 relative per input, √in growth.
+  Dev<bf16> hx(n * in), hw(in * out_dim), hb(out_dim), hy(n * out_dim);
+  ASSERT_EQ(FloatToBf16(hx.p, gx.p, n * in, nullptr), cudaSuccess);
+  ASSERT_EQ(FloatToBf16(hw.p, gw.p, in * out_dim, nullptr), cudaSuccess);
+  ASSERT_EQ(FloatToBf16(hb.p, gb.p, out_dim, nullptr), cudaSuccess);
+  ASSERT_TRUE(LinearForward(**gemm, hy.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
+  Dev<float> fy(n * out_dim);
+  ASSERT_EQ(Bf16ToFloat(fy.p, hy.p, n * out_dim, nullptr), cudaSuccess);
+  ExpectClose(fy.Get(), y, 2e-2, 3e-2, "bf16 linear");
+}
+
+TEST(CudaKernels, AttentionChunkMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  cpu::AttentionShape cs{
+      .batch = 2, .heads = 3, .head_dim = 16, .q_begin = 5, .q_end = 12, .kv_rows = 16};
+  AttentionShape s{2, 3, 16, 5, 12, 16};
+  const int w = cs.width(), ldq = 3 * w, ql = cs.q_len();
+  auto q = Random(size_t(2) * ql * ldq, 12), k = Random(size_t(2) * 16 * w, 13),
+       v = Random(size_t(2) * 16 * w, 14), dout = Random(size_t(2) * ql * w, 15);
+  std::vector<float> out(2 * ql * w), att(size_t(2) * 3 * ql * 12), dq(q.size(), 0.0f),
+      dk(k.size(), 0.25f), dv(v.size(), 0.5f), scratch(ql * 12);
+  cpu::AttentionForward(out.data(), att.data(), q.data(), ldq, k.data(), v.data(), cs);
+  cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), att.data(),
+                         q.data(), ldq, k.data(), v.data(), cs);
+  Dev<float> gq(q), gk(k), gv(v), gdo(dout), gout(out.size()), gatt(att.size()), gdq(q.size()),
+      gdk(std::vector<float>(k.size(), 0.25f)), gdv(std::vector<float>(v.size(), 0.5f)),
+      gscr(att.size());
+  ASSERT_EQ(AttentionForward(gout.p, gatt.p, gq.p, ldq, gk.p, gv.p, s, nullptr), cudaSuccess);
+  ASSERT_EQ(AttentionBackward(gdq.p, gdk.p, gdv.p, gscr.p, gdo.p, gatt.p, gq.p, ldq, gk.p, gv.p, s,
+                              nullptr),
+            cudaSuccess);
+  ExpectClose(gatt.Get(), att, 1e-5, 1e-6, "att");
+  ExpectClose(gout.Get(), out, 1e-5, 1e-5, "out");
+  // dq: only the q columns of each qkv row are written by either side.
+  ExpectClose(gdq.Get(), dq, 1e-5, 1e-5, "dq");
+  ExpectClose(gdk.Get(), dk, 1e-5, 1e-5, "dk");
+  ExpectClose(gdv.Get(), dv, 1e-5, 1e-5, "dv");
+}
+
+TEST(CudaKernels, EmbeddingShardAndPositions) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = 6, h = 8, rows = 4;
+  const int64_t begin = 10;
+  std::vector<int32_t> tokens = {10, 3, 13, 11, 10, 14};  // 3 and 14 are outside [10, 14)
+  auto wte = Random(rows * h, 16), dy = Random(n * h, 17);
+  Dev<float> gw(wte), gout(n * h), gdw(rows * h), gdy(dy);
+  Dev<int32_t> gt(tokens);
+  ASSERT_EQ(EmbeddingForward(gout.p, gw.p, gt.p, n, h, begin, rows, nullptr), cudaSuccess);
+  ASSERT_EQ(EmbeddingBackward(gdw.p, gdy.p, gt.p, n, h, begin, rows, nullptr), cudaSuccess);
+  std::vector<float> out(n * h, 0.0f), dw(rows * h, 0.0f);
+  for (int i = 0; i < n; ++i) {
+    const int64_t l = tokens[i] - begin;
+    if (l < 0 || l >= rows) continue;
+    for (int k = 0; k < h; ++k) {
+      out[i * h + k] = wte[l * h + k];
+      dw[l * h + k] += dy[i * h + k];
+    }
+  }
+  ExpectClose(gout.Get(), out, 0, 0, "lookup");
+  ExpectClose(gdw.Get(), dw, 1e-6, 1e-6, "scatter-add");
+  // Positions for a chunk starting at 3.
+  const int batch = 2, t = 4, c = 8, start = 3;
+  auto x = Random(batch * t * c, 18), wpe = Random((start + t) * c, 19);
+  std::vector<float> xc = x, dwpe((start + t) * c, 0.0f);
+  cpu::PositionEmbeddingForward(xc.data(), wpe.data(), batch, t, c, start);
+  cpu::PositionEmbeddingBackward(dwpe.data(), x.data(), batch, t, c, start);
+  Dev<float> gxx(x), gwpe(wpe), gdwpe(dwpe.size());
+  ASSERT_EQ(PositionEmbeddingForward(gxx.p, gwpe.p, batch, t, c, start, nullptr), cudaSuccess);
+  ASSERT_EQ(PositionEmbeddingBackward(gdwpe.p, Dev<float>(x).p, batch, t, c, start, nullptr),
+            cudaSuccess);
+  cudaDeviceSynchronize();
+  ExpectClose(gxx.Get(), xc, 0, 0, "wpe forward");
+  ExpectClose(gdwpe.Get(), dwpe, 1e-6, 1e-6, "wpe backward");
+}
+
+TEST(CudaKernels, OutputLayerSThenTMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  // One shard of 24 rows (20 valid) holding all of V = 20: C1 on one rank is local.
+  const int n = 8, h = 32, rows = 24, valid = 20;
+  const float d = 1.0f / n;
+  auto x = Random(n * h, 20), w = Random(rows * h, 21, 0.2f);
+  for (int i = valid * h; i < rows * h; ++i) w[i] = 0.0f;
+  std::vector<int32_t> label = {0, 5, 19, 7, 7, 3, 12, 1};
+  // Reference in double.
+  std::vector<float> loss(n), grad(n * rows, 0.0f), dw(rows * h, 0.0f), gxr(n * h, 0.0f);
+  for (int i = 0; i < n; ++i) {
+    std::vector<double> y(valid);
+    double m = -INFINITY;
+    for (int j = 0; j < valid; ++j) {
+      double a = 0;
+      for (int k = 0; k < h; ++k) a += double(x[i * h + k]) * w[j * h + k];
+      y[j] = a;
+      m = std::max(m, a);
+    }
+    double s = 0;
+    for (double a : y) s += std::exp(a - m);
+    loss[i] = float(std::log(s) + m - y[label[i]]);
+    for (int j = 0; j < valid; ++j) {
+      grad[i * rows + j] = float(d * (std::exp(y[j] - m) / s - (j == label[i])));
+    }
+  }
+  for (int j = 0; j < valid; ++j)
+    for (int k = 0; k < h; ++k)
+      for (int i = 0; i < n; ++i) dw[j * h + k] += grad[i * rows + j] * x[i * h + k];
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < h; ++k)
+      for (int j = 0; j < valid; ++j) gxr[i * h + k] += grad[i * rows + j] * w[j * h + k];
+
+  auto gemm = GemmRunner::Create();
+  ASSERT_TRUE(gemm.ok());
+  Dev<float> gx(x), gw(w), probs(n * rows), mx(n), sm(n), z(n), gmax(n), sums(2 * n), scale(n),
+      gloss(n), gdw(rows * h), ggx(n * h);
+  Dev<int32_t> glabel(label);
+  ASSERT_TRUE(OutputLayerS(**gemm, probs.p, mx.p, sm.p, z.p, nullptr, gx.p, gw.p, glabel.p, n, h,
+                           rows, valid, nullptr)
+                  .ok());
+  // C1 on one rank: the all-reduces are identities, so the global max is the local one.
+  cudaMemcpy(gmax.p, mx.p, n * sizeof(float), cudaMemcpyDeviceToDevice);
+  ASSERT_EQ(VocabC1Prepare(sums.p, scale.p, mx.p, gmax.p, sm.p, z.p, glabel.p, n, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(VocabC1Finish(gloss.p, scale.p, sums.p, n, nullptr), cudaSuccess);
+  ASSERT_TRUE(OutputLayerT(**gemm, probs.p, gdw.p, ggx.p, gx.p, gw.p, scale.p, glabel.p, d, n, h,
+                           rows, valid, nullptr)
+                  .ok());
+  ExpectClose(gloss.Get(), loss, 1e-5, 1e-5, "loss");
+  ExpectClose(probs.Get(), grad, 1e-4, 1e-6, "softmax - onehot");
+  ExpectClose(gdw.Get(), dw, 1e-4, 1e-6, "dW");
+  ExpectClose(ggx.Get(), gxr, 1e-4, 1e-6, "dX (Algorithm 1)");
+  const auto dw_got = gdw.Get();
+  for (int i = valid * h; i < rows * h; ++i) ASSERT_EQ(dw_got[i], 0.0f) << "padding row written";
+}
+
+TEST(CudaKernels, AdamWMatchesCpuOptimizer) {
+  SKIP_WITHOUT_DEVICE();
+  const size_t count = 1000;
+  auto p = Random(count, 22), g = Random(count, 23);
+  std::vector<uint8_t> decay(count);
+  for (size_t i = 0; i < count; ++i) decay[i] = i < 600;
+  AdamWConfig cfg;
+  auto opt = AdamW::Create(nullptr, count, cfg, {{0, 600, true}, {600, 400, false}});
+  ASSERT_TRUE(opt.ok());
+  std::vector<float> cpu_p = p;
+  Dev<float> gp(p), gg(g), gm(count), gv(count);
+  Dev<bf16> gbf(count);
+  Dev<uint8_t> gdecay(decay);
+  for (int step = 1; step <= 3; ++step) {
+    opt->Step(cpu_p.data(), g.data(), 1e-3f, 0.5f);
+    AdamWParams ap{.lr = 1e-3f,
+                   .beta1 = cfg.beta1,
+                   .beta2 = cfg.beta2,
+                   .eps = cfg.eps,
+                   .weight_decay = cfg.weight_decay,
+                   .grad_scale = 0.5f,
+                   .bc1 = 1.0 - std::pow(double(cfg.beta1), step),
+                   .bc2 = 1.0 - std::pow(double(cfg.beta2), step)};
+    ASSERT_EQ(AdamWStep(gp.p, gbf.p, gg.p, gm.p, gv.p, gdecay.p, count, ap, nullptr), cudaSuccess);
+  }
+  ExpectClose(gp.Get(), cpu_p, 1e-6, 1e-7, "master weights");
+  Dev<float> back(count);
+  ASSERT_EQ(Bf16ToFloat(back.p, gbf.p, count, nullptr), cudaSuccess);
+  ExpectClose(back.Get(), cpu_p, 1.0 / 256, 0, "bf16 params");
+}
+
+}  // namespace
+}  // namespace vp::engine::cuda

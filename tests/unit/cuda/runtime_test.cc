@@ -1,0 +1,183 @@
+// Device-free tests of the CUDA runtime layer: these run for real on machines without a GPU.
+#include "worker/engine/kernels/cuda/runtime.h"
+
+#include <gloo/rendezvous/hash_store.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/engine/kernels/cuda/caching_allocator.h"
+#include "worker/engine/kernels/cuda/check.h"
+
+namespace vp::engine::cuda {
+namespace {
+
+TEST(PeakTable, KnownDevicesAndUnknown) {
+  EXPECT_EQ(PeakBf16Tflops("NVIDIA A100-SXM4-80GB"), 312.0);
+  EXPECT_EQ(PeakBf16Tflops("NVIDIA H100 80GB HBM3"), 989.0);
+  EXPECT_EQ(PeakBf16Tflops("NVIDIA H100 PCIe"), 756.0);
+  EXPECT_EQ(PeakBf16Tflops("NVIDIA H200"), 989.0);
+  EXPECT_EQ(PeakBf16Tflops("NVIDIA L40S"), 362.0);
+  EXPECT_EQ(PeakBf16Tflops("NVIDIA L40"), 181.0);
+  EXPECT_FALSE(PeakBf16Tflops("NVIDIA GeForce GTX 1080").has_value());
+}
+
+TEST(Mfu, AbsentRatherThanNegative) {
+  EXPECT_NEAR(*Mfu(989e12 * 0.5, 1.0, 989.0), 0.5, 1e-12);
+  EXPECT_FALSE(Mfu(1e12, 1.0, std::nullopt).has_value());
+  EXPECT_FALSE(Mfu(1e12, 0.0, 989.0).has_value());
+  EXPECT_FALSE(Mfu(1e12, 1.0, -100.0).has_value());
+}
+
+TEST(StatusMapping, CodesAndLocation) {
+  const absl::Status oom = CudaStatus(cudaErrorMemoryAllocation, "cudaMalloc(&p, n)", "f.cc", 7);
+  EXPECT_TRUE(absl::IsResourceExhausted(oom));
+  EXPECT_NE(oom.message().find("f.cc:7"), absl::string_view::npos);
+  EXPECT_NE(oom.message().find("cudaMalloc(&p, n)"), absl::string_view::npos);
+  EXPECT_TRUE(absl::IsFailedPrecondition(CudaStatus(cudaErrorNoDevice, "x", "f", 1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(CudaStatus(cudaErrorInvalidValue, "x", "f", 1)));
+  EXPECT_TRUE(CudaStatus(cudaSuccess, "x", "f", 1).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(CublasStatus(CUBLAS_STATUS_ALLOC_FAILED, "x", "f", 1)));
+}
+
+TEST(DeviceCount, NeverFails) { EXPECT_GE(DeviceCount(), 0); }
+
+TEST(CachingAllocator, RoundsToSizeClasses) {
+  EXPECT_EQ(CachingAllocator::RoundUp(1), 512u);
+  EXPECT_EQ(CachingAllocator::RoundUp(512), 512u);
+  EXPECT_EQ(CachingAllocator::RoundUp(513), 1024u);
+  EXPECT_EQ(CachingAllocator::RoundUp(size_t{1} << 20), size_t{1} << 20);
+  EXPECT_EQ(CachingAllocator::RoundUp((size_t{1} << 20) + 1), size_t{2} << 20);
+  EXPECT_EQ(CachingAllocator::RoundUp((size_t{4} << 20) + 1), size_t{6} << 20);
+}
+
+TEST(CachingAllocator, ChargesCategoriesAndReusesBlocks) {
+  MemoryTracker tracker;
+  CachingAllocator alloc(MakeHostMemoryBackend(), &tracker);
+  {
+    auto w = alloc.Allocate(MemoryCategory::kParameters, 1000);  // class 1024
+    ASSERT_TRUE(w.ok());
+    auto a = alloc.Allocate(MemoryCategory::kActivations, 3 << 20);  // class 4 MiB
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(tracker.current(MemoryCategory::kParameters), 1024);
+    EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 4 << 20);
+    EXPECT_EQ(alloc.stats().allocated, 1024 + (4 << 20));
+    a->Reset();
+    EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
+    EXPECT_EQ(tracker.peak(MemoryCategory::kActivations), 4 << 20);
+    EXPECT_EQ(alloc.stats().reserved, 1024 + (4 << 20));  // cached, still held
+    // Same class: served from the cache, no new backend allocation.
+    auto b = alloc.Allocate(MemoryCategory::kGradients, (3 << 20) + 5);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(alloc.stats().backend_allocs, 2);
+    EXPECT_EQ(alloc.stats().cache_hits, 1);
+    EXPECT_EQ(tracker.current(MemoryCategory::kGradients), 4 << 20);
+    // A different class misses.
+    auto c = alloc.Allocate(MemoryCategory::kOptimizer, 100);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(alloc.stats().backend_allocs, 3);
+    EXPECT_EQ(alloc.stats().allocated_peak, 1024 + (4 << 20) + 512);
+  }
+  EXPECT_EQ(tracker.total_current(), 0);
+  EXPECT_EQ(alloc.stats().allocated, 0);
+  EXPECT_EQ(alloc.stats().reserved, 1024 + (4 << 20) + 512);
+  alloc.EmptyCache();
+  EXPECT_EQ(alloc.stats().reserved, 0);
+  EXPECT_EQ(alloc.stats().reserved_peak, 1024 + (4 << 20) + 512);
+  alloc.ResetPeaks();
+  EXPECT_EQ(alloc.stats().reserved_peak, 0);
+}
+
+TEST(CachingAllocator, MoveTransfersOwnership) {
+  MemoryTracker tracker;
+  CachingAllocator alloc(MakeHostMemoryBackend(), &tracker);
+  auto a = alloc.Allocate(MemoryCategory::kActivations, 64);
+  ASSERT_TRUE(a.ok());
+  DeviceBuffer moved = std::move(*a);
+  EXPECT_TRUE(a->empty());
+  EXPECT_EQ(moved.bytes(), 64u);
+  a->Reset();  // no-op on the moved-from buffer
+  EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 512);
+  moved = DeviceBuffer();
+  EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
+  auto z = alloc.Allocate(MemoryCategory::kActivations, 0);
+  ASSERT_TRUE(z.ok());
+  EXPECT_TRUE(z->empty());
+}
+
+// A backend with a byte budget: proves that out-of-memory empties the cache and retries.
+class BudgetBackend final : public DeviceMemoryBackend {
+ public:
+  explicit BudgetBackend(size_t budget) : left_(budget) {}
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes > left_) return absl::ResourceExhaustedError("budget");
+    left_ -= bytes;
+    blocks_.emplace_back(bytes);
+    sizes_[blocks_.back().data()] = bytes;
+    return static_cast<void*>(blocks_.back().data());
+  }
+  void Free(void* p) override { left_ += sizes_.at(p); }
+
+ private:
+  size_t left_;
+  std::vector<std::vector<char>> blocks_;
+  std::map<void*, size_t> sizes_;
+};
+
+TEST(CachingAllocator, OutOfMemoryEmptiesCacheAndRetries) {
+  CachingAllocator alloc(std::make_unique<BudgetBackend>(size_t{4} << 20), nullptr);
+  {
+    auto a = alloc.Allocate(MemoryCategory::kActivations, size_t{4} << 20);
+    ASSERT_TRUE(a.ok());
+  }  // cached: the whole budget is now in the free list
+  auto b = alloc.Allocate(MemoryCategory::kActivations, size_t{2} << 20);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(alloc.stats().reserved, 2 << 20);
+  auto c = alloc.Allocate(MemoryCategory::kActivations, size_t{4} << 20);
+  EXPECT_TRUE(absl::IsResourceExhausted(c.status()));
+  EXPECT_NE(c.status().message().find("activations"), absl::string_view::npos) << c.status();
+}
+
+TEST(NcclIdExchange, RankZeroPublishesOthersWait) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  constexpr int kRanks = 3;
+  std::vector<absl::StatusOr<comm::NcclIdBytes>> got(kRanks, absl::UnknownError("unset"));
+  std::vector<std::thread> threads;
+  for (int r = kRanks - 1; r >= 0; --r) {  // waiters start before the publisher
+    threads.emplace_back([&, r] {
+      got[r] = comm::ExchangeNcclId(*store, "job1/attempt0/vocab/nccl_unique_id", r,
+                                    absl::Seconds(10), []() -> absl::StatusOr<comm::NcclIdBytes> {
+                                      comm::NcclIdBytes id{};
+                                      for (size_t i = 0; i < id.size(); ++i) id[i] = char(i * 7);
+                                      return id;
+                                    });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r].status();
+    EXPECT_EQ((*got[r])[5], char(35));
+    EXPECT_EQ(*got[r], *got[0]);
+  }
+}
+
+TEST(NcclIdExchange, MissingPublisherTimesOut) {
+  gloo::rendezvous::HashStore store;
+  auto got = comm::ExchangeNcclId(store, "nobody/nccl_unique_id", 1, absl::Milliseconds(100),
+                                  []() -> absl::StatusOr<comm::NcclIdBytes> {
+                                    return absl::InternalError("rank 1 must not create the id");
+                                  });
+  EXPECT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
+}
+
+TEST(NcclIdExchange, MalformedValueIsRejected) {
+  gloo::rendezvous::HashStore store;
+  store.set("bad/nccl_unique_id", std::vector<char>(5, 'x'));
+  auto got = comm::ExchangeNcclId(store, "bad/nccl_unique_id", 2, absl::Seconds(1), nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(got.status())) << got.status();
+}
+
+}  // namespace
+}  // namespace vp::engine::cuda

@@ -1,0 +1,307 @@
+#include "worker/comm/nccl/nccl_communicator.h"
+
+#include <gloo/rendezvous/store.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace vp::comm {
+namespace {
+
+static_assert(sizeof(ncclUniqueId) == kNcclIdBytes, "NCCL_UNIQUE_ID_BYTES changed");
+constexpr uint64_t kMaxTag = (uint64_t{1} << 56) - 1;  // the Gloo backend's tag range
+
+absl::Status NcclError(ncclResult_t r, const std::string& what) {
+  const std::string text = absl::StrCat(what, ": ", ncclGetErrorString(r));
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return absl::InvalidArgumentError(text);
+    case ncclRemoteError:
+    case ncclSystemError:
+      return absl::UnavailableError(text);  // a peer or the network is gone
+    default:
+      return absl::InternalError(text);
+  }
+}
+
+absl::Status CudaError(cudaError_t e, const std::string& what) {
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+// Non-blocking communicators may return ncclInProgress from any call: poll until it resolves.
+ncclResult_t Settle(ncclComm_t comm, ncclResult_t r, absl::Time deadline) {
+  while (r == ncclInProgress) {
+    if (absl::Now() > deadline) return ncclInProgress;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+    r = q != ncclSuccess ? q : state;
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<NcclIdBytes> ExchangeNcclId(
+    gloo::rendezvous::Store& store, const std::string& key, int rank, absl::Duration timeout,
+    const std::function<absl::StatusOr<NcclIdBytes>()>& make_id) {
+  try {
+    if (rank == 0) {
+      absl::StatusOr<NcclIdBytes> id = make_id();
+      if (!id.ok()) return id.status();
+      store.set(key, std::vector<char>(id->begin(), id->end()));
+      return *id;
+    }
+    store.wait({key}, std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
+    const std::vector<char> bytes = store.get(key);
+    if (bytes.size() != kNcclIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nccl id under \"", key, "\" has ", bytes.size(), " bytes, expected ", kNcclIdBytes));
+    }
+    NcclIdBytes id;
+    std::memcpy(id.data(), bytes.data(), kNcclIdBytes);
+    return id;
+  } catch (const std::exception& e) {
+    const std::string text = e.what();
+    const std::string lower = absl::AsciiStrToLower(text);
+    const std::string what = absl::StrCat("nccl id exchange under \"", key, "\" on rank ", rank,
+                                          " (timeout ", absl::FormatDuration(timeout), "): ");
+    if (absl::StrContains(lower, "timeout") || absl::StrContains(lower, "timed out")) {
+      return absl::DeadlineExceededError(what + text);
+    }
+    return absl::UnavailableError(what + text);
+  }
+}
+
+NcclCommunicator::NcclCommunicator(ConnectKey, const NcclOptions& o, ncclComm* comm,
+                                   cudaStream_t stream, float* scratch)
+    : rank_(o.rank),
+      size_(o.size),
+      device_(o.device),
+      prefix_(o.prefix),
+      timeout_(o.timeout),
+      comm_(comm),
+      stream_(stream),
+      scratch_(scratch) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  cudaSetDevice(device_);
+  if (comm_ != nullptr) {
+    // A poisoned communicator was aborted already; a healthy one finalises cleanly.
+    if (error_.ok()) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      Settle(comm_, r, absl::Now() + timeout_);
+      ncclCommDestroy(comm_);
+    }
+  }
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status NcclCommunicator::CheckUsable() const {
+  if (error_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("nccl communicator \"", prefix_, "\" rank ", rank_,
+                   " is unusable after an earlier error: ", error_.message()));
+}
+
+absl::Status NcclCommunicator::CheckPeer(const char* op, const char* arg, int peer,
+                                         bool allow_self) const {
+  if (peer < 0 || peer >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl ", op, ": ", arg, " ", peer, " outside [0, ", size_, ")"));
+  }
+  if (!allow_self && peer == rank_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl ", op, ": ", arg, " ", peer, " is this rank itself"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::Fail(absl::Status status) {
+  if (error_.ok()) {
+    error_ = status;
+    // An errored or hung NCCL communicator cannot be reused; abort frees its resources and
+    // unblocks kernels still waiting on peers.
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  return status;
+}
+
+absl::Status NcclCommunicator::Wait(const std::string& what) {
+  const absl::Time deadline = absl::Now() + timeout_;
+  const std::string ctx =
+      absl::StrCat("nccl ", what, " on rank ", rank_, " of ", size_, " (communicator \"", prefix_,
+                   "\", timeout ", absl::FormatDuration(timeout_), ")");
+  while (true) {
+    const cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) return Fail(CudaError(q, ctx));
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress) return Fail(NcclError(state, ctx));
+    if (absl::Now() > deadline) return Fail(absl::DeadlineExceededError(ctx));
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+absl::Status NcclCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (count == 0 || size_ == 1) return absl::OkStatus();
+  if (data == nullptr) return absl::InvalidArgumentError("nccl all-reduce: data is null");
+  const std::string what =
+      absl::StrCat("all-reduce ", op == ReduceOp::kSum ? "sum" : "max", " of ", count, " floats");
+  cudaSetDevice(device_);
+  ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat,
+                                 op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_);
+  r = Settle(comm_, r, absl::Now() + timeout_);
+  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  return Wait(what);
+}
+
+absl::Status NcclCommunicator::Broadcast(float* data, size_t count, int root) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (absl::Status s = CheckPeer("broadcast", "root", root, true); !s.ok()) return s;
+  if (count == 0 || size_ == 1) return absl::OkStatus();
+  if (data == nullptr) return absl::InvalidArgumentError("nccl broadcast: data is null");
+  const std::string what = absl::StrCat("broadcast of ", count, " floats from root ", root);
+  cudaSetDevice(device_);
+  ncclResult_t r = ncclBroadcast(data, data, count, ncclFloat, root, comm_, stream_);
+  r = Settle(comm_, r, absl::Now() + timeout_);
+  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  return Wait(what);
+}
+
+absl::Status NcclCommunicator::Send(const float* data, size_t count, int peer, uint64_t tag) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (absl::Status s = CheckPeer("send", "peer", peer, false); !s.ok()) return s;
+  if (tag > kMaxTag) return absl::InvalidArgumentError("nccl send: tag must be < 2^56");
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) return absl::InvalidArgumentError("nccl send: data is null");
+  return SendRecv(data, count, peer, nullptr, 0, 0);
+}
+
+absl::Status NcclCommunicator::Recv(float* data, size_t count, int peer, uint64_t tag) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (absl::Status s = CheckPeer("recv", "peer", peer, false); !s.ok()) return s;
+  if (tag > kMaxTag) return absl::InvalidArgumentError("nccl recv: tag must be < 2^56");
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) return absl::InvalidArgumentError("nccl recv: data is null");
+  return SendRecv(nullptr, 0, 0, data, count, peer);
+}
+
+absl::Status NcclCommunicator::SendRecv(const float* send_data, size_t send_count, int send_peer,
+                                        float* recv_data, size_t recv_count, int recv_peer) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (send_count > 0) {
+    if (absl::Status s = CheckPeer("send", "peer", send_peer, false); !s.ok()) return s;
+  }
+  if (recv_count > 0) {
+    if (absl::Status s = CheckPeer("recv", "peer", recv_peer, false); !s.ok()) return s;
+  }
+  if ((send_count > 0 && send_data == nullptr) || (recv_count > 0 && recv_data == nullptr)) {
+    return absl::InvalidArgumentError("nccl send/recv: data is null with a non-zero count");
+  }
+  if (send_count == 0 && recv_count == 0) return absl::OkStatus();
+  const std::string what = absl::StrCat("send ", send_count, " floats to ", send_peer, " / recv ",
+                                        recv_count, " floats from ", recv_peer);
+  cudaSetDevice(device_);
+  const absl::Time deadline = absl::Now() + timeout_;
+  ncclResult_t r = Settle(comm_, ncclGroupStart(), deadline);
+  if (r == ncclSuccess && send_count > 0) {
+    r = Settle(comm_, ncclSend(send_data, send_count, ncclFloat, send_peer, comm_, stream_),
+               deadline);
+  }
+  if (r == ncclSuccess && recv_count > 0) {
+    r = Settle(comm_, ncclRecv(recv_data, recv_count, ncclFloat, recv_peer, comm_, stream_),
+               deadline);
+  }
+  const ncclResult_t end = Settle(comm_, ncclGroupEnd(), deadline);
+  if (r == ncclSuccess) r = end;
+  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  return Wait(what);
+}
+
+absl::Status NcclCommunicator::Barrier() {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (size_ == 1) return absl::OkStatus();
+  return AllReduce(scratch_, 1, ReduceOp::kSum);
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(const NcclOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl connect: rank ", o.rank, " must be in [0, size ", o.size, ")"));
+  }
+  if (o.store == nullptr) return absl::InvalidArgumentError("nccl connect: store is required");
+  if (o.prefix.empty()) return absl::InvalidArgumentError("nccl connect: prefix is required");
+  if (o.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("nccl connect: timeout must be positive");
+  }
+  if (cudaError_t e = cudaSetDevice(o.device); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("nccl connect: device ", o.device, ": ", cudaGetErrorString(e)));
+  }
+  absl::StatusOr<NcclIdBytes> id =
+      ExchangeNcclId(*o.store, o.prefix + "/nccl_unique_id", o.rank, o.timeout,
+                     []() -> absl::StatusOr<NcclIdBytes> {
+                       ncclUniqueId uid;
+                       if (ncclResult_t r = ncclGetUniqueId(&uid); r != ncclSuccess) {
+                         return NcclError(r, "ncclGetUniqueId");
+                       }
+                       NcclIdBytes bytes;
+                       std::memcpy(bytes.data(), uid.internal, kNcclIdBytes);
+                       return bytes;
+                     });
+  if (!id.ok()) return id.status();
+
+  int least = 0, greatest = 0;
+  cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
+                                                   o.high_priority_stream ? greatest : least);
+      e != cudaSuccess) {
+    return CudaError(e, "nccl connect: stream");
+  }
+  float* scratch = nullptr;
+  if (cudaError_t e = cudaMalloc(&scratch, sizeof(float)); e != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return CudaError(e, "nccl connect: scratch");
+  }
+  cudaMemset(scratch, 0, sizeof(float));
+
+  ncclUniqueId uid;
+  std::memcpy(uid.internal, id->data(), kNcclIdBytes);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so a missing peer surfaces as a timeout, not a hang
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, o.size, uid, o.rank, &config);
+  const absl::Time deadline = absl::Now() + o.timeout;
+  if (comm != nullptr) r = Settle(comm, r, deadline);
+  if (r != ncclSuccess) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    cudaFree(scratch);
+    cudaStreamDestroy(stream);
+    const std::string what =
+        absl::StrCat("nccl connect \"", o.prefix, "\" rank ", o.rank, " of ", o.size, " (timeout ",
+                     absl::FormatDuration(o.timeout), ")");
+    if (r == ncclInProgress) return absl::DeadlineExceededError(what);
+    return NcclError(r, what);
+  }
+  return std::make_unique<NcclCommunicator>(NcclCommunicator::ConnectKey(), o, comm, stream,
+                                            scratch);
+}
+
+}  // namespace vp::comm

@@ -1,0 +1,149 @@
+#include "worker/engine/kernels/cuda/caching_allocator.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cuda/check.h"
+
+namespace vp::engine::cuda {
+namespace {
+
+class CudaMemoryBackend final : public DeviceMemoryBackend {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* p = nullptr;
+    VP_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void Free(void* ptr) override { cudaFree(ptr); }
+};
+
+class HostMemoryBackend final : public DeviceMemoryBackend {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(256, bytes);  // class sizes are multiples of 512
+    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("malloc ", bytes));
+    return p;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMemoryBackend> MakeCudaMemoryBackend() {
+  return std::make_unique<CudaMemoryBackend>();
+}
+std::unique_ptr<DeviceMemoryBackend> MakeHostMemoryBackend() {
+  return std::make_unique<HostMemoryBackend>();
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      ptr_(std::exchange(other.ptr_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      block_bytes_(std::exchange(other.block_bytes_, 0)),
+      category_(other.category_) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    owner_ = std::exchange(other.owner_, nullptr);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    block_bytes_ = std::exchange(other.block_bytes_, 0);
+    category_ = other.category_;
+  }
+  return *this;
+}
+
+void DeviceBuffer::Reset() {
+  if (ptr_ != nullptr && owner_ != nullptr) owner_->Release(ptr_, block_bytes_, category_);
+  owner_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+  block_bytes_ = 0;
+}
+
+CachingAllocator::CachingAllocator(std::unique_ptr<DeviceMemoryBackend> backend,
+                                   MemoryTracker* tracker)
+    : backend_(std::move(backend)), tracker_(tracker) {}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EmptyCacheLocked();
+}
+
+size_t CachingAllocator::RoundUp(size_t bytes) {
+  const size_t g = bytes <= kSmallLimit ? kSmallGranule : kLargeGranule;
+  return (bytes + g - 1) / g * g;
+}
+
+absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(MemoryCategory category, size_t bytes) {
+  if (bytes == 0) return DeviceBuffer();
+  const size_t block = RoundUp(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  void* ptr = nullptr;
+  if (auto it = free_.find(block); it != free_.end() && !it->second.empty()) {
+    ptr = it->second.back();
+    it->second.pop_back();
+    ++stats_.cache_hits;
+  } else {
+    absl::StatusOr<void*> got = backend_->Allocate(block);
+    if (!got.ok() && absl::IsResourceExhausted(got.status())) {
+      // Cached blocks of other classes may be what keeps the device full.
+      EmptyCacheLocked();
+      got = backend_->Allocate(block);
+    }
+    if (!got.ok()) {
+      return absl::Status(got.status().code(),
+                          absl::StrCat("caching allocator: ", bytes, " bytes for ",
+                                       std::string(MemoryCategoryName(category)), " (",
+                                       stats_.allocated, " allocated, ", stats_.reserved,
+                                       " reserved): ", std::string(got.status().message())));
+    }
+    ptr = *got;
+    ++stats_.backend_allocs;
+    stats_.reserved += static_cast<int64_t>(block);
+    if (stats_.reserved > stats_.reserved_peak) stats_.reserved_peak = stats_.reserved;
+  }
+  stats_.allocated += static_cast<int64_t>(block);
+  if (stats_.allocated > stats_.allocated_peak) stats_.allocated_peak = stats_.allocated;
+  if (tracker_ != nullptr) tracker_->Add(category, static_cast<int64_t>(block));
+  return DeviceBuffer(this, ptr, bytes, block, category);
+}
+
+void CachingAllocator::Release(void* ptr, size_t block_bytes, MemoryCategory category) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_[block_bytes].push_back(ptr);
+  stats_.allocated -= static_cast<int64_t>(block_bytes);
+  if (tracker_ != nullptr) tracker_->Sub(category, static_cast<int64_t>(block_bytes));
+}
+
+void CachingAllocator::EmptyCache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EmptyCacheLocked();
+}
+
+void CachingAllocator::EmptyCacheLocked() {
+  for (auto& [block, ptrs] : free_) {
+    for (void* p : ptrs) {
+      backend_->Free(p);
+      stats_.reserved -= static_cast<int64_t>(block);
+    }
+  }
+  free_.clear();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::ResetPeaks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.allocated_peak = stats_.allocated;
+  stats_.reserved_peak = stats_.reserved;
+}
+
+}  // namespace vp::engine::cuda

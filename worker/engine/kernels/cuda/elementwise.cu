@@ -1,0 +1,296 @@
+// Embeddings, GELU, residual, bias, conversions and AdamW: memory-bound elementwise kernels with
+// grid-stride loops; all arithmetic in fp32.
+#include <cmath>
+
+#include "worker/engine/kernels/cuda/common.cuh"
+#include "worker/engine/kernels/cuda/kernels.h"
+
+namespace vp::engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// sqrt(2/π) and the cubic coefficient of tanh-GELU (the CPU engine's constants).
+constexpr float kGeluScale = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+template <typename T>
+__global__ void EmbeddingForwardKernel(T* out, const T* weight, const int32_t* tokens, int n, int h,
+                                       int64_t begin, int64_t valid_rows) {
+  const long total = static_cast<long>(n) * h;
+  for (long idx = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long i = idx / h, k = idx % h;
+    const int64_t local = static_cast<int64_t>(tokens[i]) - begin;
+    out[idx] = (local >= 0 && local < valid_rows) ? weight[local * h + k] : FromFloat<T>(0.0f);
+  }
+}
+
+template <typename T>
+__global__ void EmbeddingBackwardKernel(float* dweight, const T* dout, const int32_t* tokens, int n,
+                                        int h, int64_t begin, int64_t valid_rows) {
+  const long total = static_cast<long>(n) * h;
+  for (long idx = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long i = idx / h, k = idx % h;
+    const int64_t local = static_cast<int64_t>(tokens[i]) - begin;
+    if (local >= 0 && local < valid_rows) atomicAdd(&dweight[local * h + k], ToFloat(dout[idx]));
+  }
+}
+
+template <typename T>
+__global__ void PositionForwardKernel(T* x, const T* wpe, int batch, int t, int c, int start_pos) {
+  const long total = static_cast<long>(batch) * t * c;
+  for (long idx = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long tc = idx % (static_cast<long>(t) * c);
+    x[idx] = FromFloat<T>(ToFloat(x[idx]) + ToFloat(wpe[static_cast<long>(start_pos) * c + tc]));
+  }
+}
+
+// One thread per (t, c): sums over the batch, so no atomics and a fixed summation order.
+template <typename T>
+__global__ void PositionBackwardKernel(float* dwpe, const T* dx, int batch, int t, int c,
+                                       int start_pos) {
+  const long tc_total = static_cast<long>(t) * c;
+  for (long tc = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; tc < tc_total;
+       tc += static_cast<long>(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (int b = 0; b < batch; ++b) acc += ToFloat(dx[b * tc_total + tc]);
+    dwpe[static_cast<long>(start_pos) * c + tc] += acc;
+  }
+}
+
+// tanh(u) = 1 − 2/(exp(2u) + 1), the CPU engine's form (exact at the extremes).
+__device__ __forceinline__ float GeluTanh(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
+
+template <typename T>
+__global__ void GeluForwardKernel(T* out, const T* inp, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const float x = ToFloat(inp[i]);
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    out[i] = FromFloat<T>(0.5f * x * (1.0f + GeluTanh(u)));
+  }
+}
+
+template <typename T>
+__global__ void GeluBackwardKernel(T* dinp, const T* inp, const T* dout, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const float x = ToFloat(inp[i]);
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    const float t = GeluTanh(u);
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    dinp[i] = FromFloat<T>(ToFloat(dout[i]) * grad);
+  }
+}
+
+template <typename T>
+__global__ void ResidualForwardKernel(T* out, const T* a, const T* b, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    out[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i]));
+  }
+}
+
+template <typename T>
+__global__ void ResidualBackwardKernel(T* da, T* db, const T* dout, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const float g = ToFloat(dout[i]);
+    da[i] = FromFloat<T>(ToFloat(da[i]) + g);
+    db[i] = FromFloat<T>(ToFloat(db[i]) + g);
+  }
+}
+
+template <typename T>
+__global__ void AddBiasKernel(T* out, const T* bias, int n, int c) {
+  const long total = static_cast<long>(n) * c;
+  for (long idx = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long>(gridDim.x) * blockDim.x) {
+    out[idx] = FromFloat<T>(ToFloat(out[idx]) + ToFloat(bias[idx % c]));
+  }
+}
+
+// Column sums: block (32, 8) covers 32 columns; the 8 row lanes of each block stride over a
+// slice of rows (blockIdx.y), reduce in shared memory, and one atomic per column and block.
+template <typename T>
+__global__ void ColumnSumKernel(float* dbias, const T* dout, int n, int c, int rows_per_block) {
+  __shared__ float partial[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  const int row_begin = blockIdx.y * rows_per_block;
+  const int row_end = min(n, row_begin + rows_per_block);
+  float acc = 0.0f;
+  if (col < c) {
+    for (int r = row_begin + threadIdx.y; r < row_end; r += 8) {
+      acc += ToFloat(dout[static_cast<long>(r) * c + col]);
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    float s = 0.0f;
+    for (int y = 0; y < 8; ++y) s += partial[y][threadIdx.x];
+    atomicAdd(&dbias[col], s);
+  }
+}
+
+__global__ void FloatToBf16Kernel(__nv_bfloat16* out, const float* inp, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16(inp[i]);
+  }
+}
+__global__ void Bf16ToFloatKernel(float* out, const __nv_bfloat16* inp, long n) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long>(gridDim.x) * blockDim.x) {
+    out[i] = __bfloat162float(inp[i]);
+  }
+}
+
+// The CPU optimizer's arithmetic, element by element (same operation order, so the fp32
+// master weights agree to rounding).
+__global__ void AdamWKernel(float* master, __nv_bfloat16* params, const float* grads, float* m,
+                            float* v, const uint8_t* decay, size_t count, float lr, float b1,
+                            float b2, float eps, float decay_factor, float grad_scale,
+                            float step_size, float bc2_sqrt) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = grads[i] * grad_scale;
+    float p = master[i];
+    if (decay[i]) p *= decay_factor;
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    p = p - step_size * mi / denom;
+    master[i] = p;
+    if (params != nullptr) params[i] = __float2bfloat16(p);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t EmbeddingForward(T* out, const T* weight, const int32_t* tokens, int n, int h,
+                             int64_t begin, int64_t valid_rows, cudaStream_t stream) {
+  EmbeddingForwardKernel<T>
+      <<<ElementwiseBlocks(static_cast<long>(n) * h, kThreads), kThreads, 0, stream>>>(
+          out, weight, tokens, n, h, begin, valid_rows);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t EmbeddingBackward(float* dweight, const T* dout, const int32_t* tokens, int n, int h,
+                              int64_t begin, int64_t valid_rows, cudaStream_t stream) {
+  EmbeddingBackwardKernel<T>
+      <<<ElementwiseBlocks(static_cast<long>(n) * h, kThreads), kThreads, 0, stream>>>(
+          dweight, dout, tokens, n, h, begin, valid_rows);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t PositionEmbeddingForward(T* x, const T* wpe, int batch, int t, int c, int start_pos,
+                                     cudaStream_t stream) {
+  PositionForwardKernel<T>
+      <<<ElementwiseBlocks(static_cast<long>(batch) * t * c, kThreads), kThreads, 0, stream>>>(
+          x, wpe, batch, t, c, start_pos);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t PositionEmbeddingBackward(float* dwpe, const T* dx, int batch, int t, int c,
+                                      int start_pos, cudaStream_t stream) {
+  PositionBackwardKernel<T>
+      <<<ElementwiseBlocks(static_cast<long>(t) * c, kThreads), kThreads, 0, stream>>>(
+          dwpe, dx, batch, t, c, start_pos);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream) {
+  GeluForwardKernel<T><<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, inp, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t GeluBackward(T* dinp, const T* inp, const T* dout, long n, cudaStream_t stream) {
+  GeluBackwardKernel<T>
+      <<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t ResidualForward(T* out, const T* a, const T* b, long n, cudaStream_t stream) {
+  ResidualForwardKernel<T><<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, a, b, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t ResidualBackward(T* da, T* db, const T* dout, long n, cudaStream_t stream) {
+  ResidualBackwardKernel<T>
+      <<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(da, db, dout, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t AddBias(T* out, const T* bias, int n, int c, cudaStream_t stream) {
+  AddBiasKernel<T><<<ElementwiseBlocks(static_cast<long>(n) * c, kThreads), kThreads, 0, stream>>>(
+      out, bias, n, c);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t BiasBackward(float* dbias, const T* dout, int n, int c, cudaStream_t stream) {
+  if (n <= 0 || c <= 0) return cudaSuccess;
+  const int rows_per_block = 256;
+  const dim3 grid(CeilDiv(c, 32), CeilDiv(n, rows_per_block));
+  ColumnSumKernel<T><<<grid, dim3(32, 8), 0, stream>>>(dbias, dout, n, c, rows_per_block);
+  return cudaGetLastError();
+}
+
+cudaError_t FloatToBf16(bf16* out, const float* inp, long n, cudaStream_t stream) {
+  FloatToBf16Kernel<<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, inp, n);
+  return cudaGetLastError();
+}
+
+cudaError_t Bf16ToFloat(float* out, const bf16* inp, long n, cudaStream_t stream) {
+  Bf16ToFloatKernel<<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, inp, n);
+  return cudaGetLastError();
+}
+
+cudaError_t AdamWStep(float* master, bf16* params, const float* grads, float* m, float* v,
+                      const uint8_t* decay, size_t count, const AdamWParams& p,
+                      cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const float step_size = static_cast<float>(p.lr / p.bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(p.bc2));
+  const float decay_factor = 1.0f - p.lr * p.weight_decay;
+  AdamWKernel<<<ElementwiseBlocks(static_cast<long>(count), kThreads), kThreads, 0, stream>>>(
+      master, params, grads, m, v, decay, count, p.lr, p.beta1, p.beta2, p.eps, decay_factor,
+      p.grad_scale, step_size, bc2_sqrt);
+  return cudaGetLastError();
+}
+
+#define VP_INSTANTIATE(T)                                                                        \
+  template cudaError_t EmbeddingForward<T>(T*, const T*, const int32_t*, int, int, int64_t,      \
+                                           int64_t, cudaStream_t);                               \
+  template cudaError_t EmbeddingBackward<T>(float*, const T*, const int32_t*, int, int, int64_t, \
+                                            int64_t, cudaStream_t);                              \
+  template cudaError_t PositionEmbeddingForward<T>(T*, const T*, int, int, int, int,             \
+                                                   cudaStream_t);                                \
+  template cudaError_t PositionEmbeddingBackward<T>(float*, const T*, int, int, int, int,        \
+                                                    cudaStream_t);                               \
+  template cudaError_t GeluForward<T>(T*, const T*, long, cudaStream_t);                         \
+  template cudaError_t GeluBackward<T>(T*, const T*, const T*, long, cudaStream_t);              \
+  template cudaError_t ResidualForward<T>(T*, const T*, const T*, long, cudaStream_t);           \
+  template cudaError_t ResidualBackward<T>(T*, T*, const T*, long, cudaStream_t);                \
+  template cudaError_t AddBias<T>(T*, const T*, int, int, cudaStream_t);                         \
+  template cudaError_t BiasBackward<T>(float*, const T*, int, int, cudaStream_t);
+VP_INSTANTIATE(float)
+VP_INSTANTIATE(bf16)
+#undef VP_INSTANTIATE
+
+}  // namespace vp::engine::cuda

@@ -1,0 +1,237 @@
+#include "worker/engine/kernels/cuda/gemm.h"
+
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/kernels.h"
+
+namespace vp::engine::cuda {
+namespace {
+
+cudaDataType_t ToCuda(DType t) { return t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+template <typename T>
+constexpr DType DTypeOf() {
+  return std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(size_t workspace_bytes) {
+  std::unique_ptr<GemmRunner> r(new GemmRunner());  // private constructor
+  VP_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&r->handle_));
+  if (workspace_bytes > 0) {
+    VP_CUDA_RETURN_IF_ERROR(cudaMalloc(&r->workspace_, workspace_bytes));
+    r->workspace_bytes_ = workspace_bytes;
+  }
+  return r;
+}
+
+GemmRunner::~GemmRunner() {
+  for (auto& [key, plan] : plans_) Destroy(plan);
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+void GemmRunner::Destroy(Plan& p) {
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  p = Plan{};
+}
+
+// Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, and a row-major matrix read as
+// column-major is its transpose. So cuBLASLt computes D (n × m, col-major) with first operand
+// B (stored col-major as (trans_b ? k×n : n×k), op = trans_b) and second operand A (stored
+// (trans_a ? m×k : k×m), op = trans_a).
+absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+  const auto [ta, tb, m, n, k, lda, ldb, ldc, ab, ct] = key;
+  const cudaDataType_t ab_type = ToCuda(static_cast<DType>(ab));
+  const cudaDataType_t c_type = ToCuda(static_cast<DType>(ct));
+  Plan p;
+  absl::Status st = [&]() -> absl::Status {
+    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N;   // B
+    const cublasOperation_t op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // A
+    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                             &op_first, sizeof(op_first)));
+    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                             &op_second, sizeof(op_second)));
+    // Layouts are (rows, cols, ld) of the stored column-major matrices.
+    VP_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&p.b, ab_type, tb ? k : n, tb ? n : k, ldb));
+    VP_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&p.a, ab_type, ta ? m : k, ta ? k : m, lda));
+    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, c_type, n, m, ldc));
+    cublasLtMatmulPreference_t pref = nullptr;
+    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = workspace_bytes_;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.b, p.a, p.c, p.c,
+                                                             pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    VP_CUBLAS_RETURN_IF_ERROR(hs);
+    if (found == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuBLASLt has no algorithm for gemm m ", m, " n ", n, " k ", k, " lda ", lda, " ldb ",
+          ldb, " ldc ", ldc, " (check 16-byte alignment of leading dimensions)"));
+    }
+    p.algo = result.algo;
+    return absl::OkStatus();
+  }();
+  if (!st.ok()) {
+    Destroy(p);
+    return st;
+  }
+  return &plans_.emplace(key, p).first->second;
+}
+
+absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                              const void* a, int lda, const void* b, int ldb, float beta, void* c,
+                              int ldc, DType ab_type, DType c_type, cudaStream_t stream) {
+  if (m < 0 || n < 0 || k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm: m ", m, ", n ", n, ", k ", k, " must be >= 0"));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (lda < (trans_a ? m : k) || ldb < (trans_b ? k : n) || ldc < n) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions lda ", lda, " ldb ",
+                                                   ldb, " ldc ", ldc, " too small for m ", m, " n ",
+                                                   n, " k ", k));
+  }
+  const Key key{trans_a,
+                trans_b,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                static_cast<int>(ab_type),
+                static_cast<int>(c_type)};
+  absl::StatusOr<Plan*> plan = GetPlan(key);
+  if (!plan.ok()) return plan.status();
+  Plan& p = **plan;
+  VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p.desc, &alpha, b, p.b, a, p.a, &beta, c, p.c,
+                                           c, p.c, &p.algo, workspace_, workspace_bytes_, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status LinearForward(GemmRunner& gemm, T* out, const T* inp, const T* weight, const T* bias,
+                           int n, int in_dim, int out_dim, cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  if (absl::Status s = gemm.Gemm(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight,
+                                 out_dim, 0.0f, out, out_dim, t, t, stream);
+      !s.ok()) {
+    return s;
+  }
+  if (bias != nullptr) VP_CUDA_RETURN_IF_ERROR(AddBias(out, bias, n, out_dim, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status LinearBackwardInput(GemmRunner& gemm, T* dinp, const T* dout, const T* weight, int n,
+                                 int in_dim, int out_dim, cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  return gemm.Gemm(false, true, n, in_dim, out_dim, 1.0f, dout, out_dim, weight, out_dim, 0.0f,
+                   dinp, in_dim, t, t, stream);
+}
+
+template <typename T>
+absl::Status LinearBackwardWeight(GemmRunner& gemm, float* dweight, float* dbias, const T* dout,
+                                  const T* inp, int n, int in_dim, int out_dim,
+                                  cudaStream_t stream) {
+  if (absl::Status s = gemm.Gemm(true, false, in_dim, out_dim, n, 1.0f, inp, in_dim, dout, out_dim,
+                                 1.0f, dweight, out_dim, DTypeOf<T>(), DType::kF32, stream);
+      !s.ok()) {
+    return s;
+  }
+  if (dbias != nullptr) VP_CUDA_RETURN_IF_ERROR(BiasBackward(dbias, dout, n, out_dim, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status OutputLayerS(GemmRunner& gemm, T* probs, float* local_max, float* local_sum,
+                          float* label_logit, float* a_out, const T* x, const T* weight,
+                          const int32_t* local_label, int n, int h, int64_t rows, int64_t valid,
+                          cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  const int r = static_cast<int>(rows), vld = static_cast<int>(valid);
+  if (valid > 0) {
+    // Y (n, valid) = X (n, h) · W_rᵀ (h, valid); padding columns are zeroed by the softmax.
+    if (absl::Status s =
+            gemm.Gemm(false, true, n, vld, h, 1.0f, x, h, weight, h, 0.0f, probs, r, t, t, stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  VP_CUDA_RETURN_IF_ERROR(VocabSoftmaxForward(probs, local_max, local_sum, label_logit, local_label,
+                                              n, rows, valid, stream));
+  if (a_out != nullptr) {
+    if (valid == 0) {
+      VP_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(a_out, 0, static_cast<size_t>(n) * h * sizeof(float), stream));
+    } else if (absl::Status s = gemm.Gemm(false, false, n, h, vld, 1.0f, probs, r, weight, h, 0.0f,
+                                          a_out, h, t, DType::kF32, stream);
+               !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status OutputLayerT(GemmRunner& gemm, T* probs, float* weight_grad, float* grad_x_partial,
+                          const T* x, const T* weight, const float* scale,
+                          const int32_t* local_label, float d, int n, int h, int64_t rows,
+                          int64_t valid, cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  const int r = static_cast<int>(rows), vld = static_cast<int>(valid);
+  VP_CUDA_RETURN_IF_ERROR(
+      VocabSoftmaxBackward(probs, scale, local_label, d, n, rows, valid, stream));
+  if (valid > 0) {
+    // ∇W_r (valid, h) += gradᵀ (valid, n) · X (n, h); padding rows are never written.
+    if (absl::Status s = gemm.Gemm(true, false, vld, h, n, 1.0f, probs, r, x, h, 1.0f, weight_grad,
+                                   h, t, DType::kF32, stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (grad_x_partial != nullptr) {
+    if (valid == 0) {
+      VP_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(grad_x_partial, 0, static_cast<size_t>(n) * h * sizeof(float), stream));
+    } else if (absl::Status s = gemm.Gemm(false, false, n, h, vld, 1.0f, probs, r, weight, h, 0.0f,
+                                          grad_x_partial, h, t, DType::kF32, stream);
+               !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+#define VP_INSTANTIATE(T)                                                                          \
+  template absl::Status LinearForward<T>(GemmRunner&, T*, const T*, const T*, const T*, int, int,  \
+                                         int, cudaStream_t);                                       \
+  template absl::Status LinearBackwardInput<T>(GemmRunner&, T*, const T*, const T*, int, int, int, \
+                                               cudaStream_t);                                      \
+  template absl::Status LinearBackwardWeight<T>(GemmRunner&, float*, float*, const T*, const T*,   \
+                                                int, int, int, cudaStream_t);                      \
+  template absl::Status OutputLayerS<T>(GemmRunner&, T*, float*, float*, float*, float*, const T*, \
+                                        const T*, const int32_t*, int, int, int64_t, int64_t,      \
+                                        cudaStream_t);                                             \
+  template absl::Status OutputLayerT<T>(GemmRunner&, T*, float*, float*, const T*, const T*,       \
+                                        const float*, const int32_t*, float, int, int, int64_t,    \
+                                        int64_t, cudaStream_t);
+VP_INSTANTIATE(float)
+VP_INSTANTIATE(bf16)
+#undef VP_INSTANTIATE
+
+}  // namespace vp::engine::cuda

@@ -1,0 +1,111 @@
+// Row-major GEMMs on cuBLASLt, with the same argument convention as cpu::Gemm:
+//   C (m, n) = alpha · op(A) · op(B) + beta · C,  op(A) (m, k), op(B) (k, n).
+// Types: A and B both fp32 or both bf16; C fp32 or bf16. Compute is always fp32
+// (CUBLAS_COMPUTE_32F: no TF32, so the fp32 path matches the CPU engine to rounding).
+// beta = 1 with an fp32 C is how W passes accumulate weight gradients across microbatches.
+//
+// Each distinct shape (transposes, m, n, k, leading dimensions, types) gets a plan — matmul
+// descriptor, three layouts and the heuristic's algorithm — built once and cached; pipeline
+// shapes are static, so after the first step every call is a cache hit. Not thread-safe: one
+// GemmRunner per stream/thread. cuBLASLt needs 16-byte aligned pointers: keep shard rows and
+// buffer offsets multiples of 8 elements.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vp::engine::cuda {
+
+enum class DType { kF32, kBF16 };
+
+class GemmRunner {
+ public:
+  static constexpr size_t kDefaultWorkspace = size_t{32} << 20;  // Hopper wants 32 MiB
+
+  static absl::StatusOr<std::unique_ptr<GemmRunner>> Create(
+      size_t workspace_bytes = kDefaultWorkspace);
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
+                    int lda, const void* b, int ldb, float beta, void* c, int ldc, DType ab_type,
+                    DType c_type, cudaStream_t stream);
+
+  size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, int, int>;
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  GemmRunner() = default;
+  absl::StatusOr<Plan*> GetPlan(const Key& key);
+  static void Destroy(Plan& plan);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, Plan> plans_;
+};
+
+// Linear layer, weight in Conv1D layout [in, out] (the CPU engine's layout), T float or bf16.
+// out = inp · weight (+ bias).
+template <typename T>
+absl::Status LinearForward(GemmRunner& gemm, T* out,  // (n, out_dim)
+                           const T* inp,              // (n, in_dim)
+                           const T* weight,           // (in_dim, out_dim)
+                           const T* bias,             // (out_dim) or null
+                           int n, int in_dim, int out_dim, cudaStream_t stream);
+// B part: dinp = dout · weightᵀ (overwrites).
+template <typename T>
+absl::Status LinearBackwardInput(GemmRunner& gemm, T* dinp,  // (n, in_dim)
+                                 const T* dout,              // (n, out_dim)
+                                 const T* weight,            // (in_dim, out_dim)
+                                 int n, int in_dim, int out_dim, cudaStream_t stream);
+// W part: dweight += inpᵀ · dout, dbias += Σ_rows dout (fp32 gradients; dbias may be null).
+template <typename T>
+absl::Status LinearBackwardWeight(GemmRunner& gemm, float* dweight,  // (in_dim, out_dim)
+                                  float* dbias,                      // (out_dim) or null
+                                  const T* dout,                     // (n, out_dim)
+                                  const T* inp,                      // (n, in_dim)
+                                  int n, int in_dim, int out_dim, cudaStream_t stream);
+
+// Output layer passes on device (see worker/engine/vocab/output_layer.h for the math). The
+// shard holds `rows` rows of which the first `valid` are real; local_label as in kernels.h.
+//
+// S: Y (n, valid) = X · W_rᵀ by cuBLASLt (T inputs, fp32 accumulation, T output), then the
+// row statistics and P' in place. Algorithm 2 (a_out non-null): A (n, h) = P' · W_r in fp32.
+template <typename T>
+absl::Status OutputLayerS(GemmRunner& gemm, T* probs,  // (n, rows)
+                          float* local_max,            // (n)
+                          float* local_sum,            // (n)
+                          float* label_logit,          // (n)
+                          float* a_out,                // (n, h) or null
+                          const T* x,                  // (n, h)
+                          const T* weight,             // (rows, h)
+                          const int32_t* local_label,  // (n)
+                          int n, int h, int64_t rows, int64_t valid, cudaStream_t stream);
+// T: probs → d·(softmax − onehot) in place, ∇W_r (valid, h) += gradᵀ · X in fp32; Algorithm 1
+// (grad_x_partial non-null): ∇X' (n, h) = grad · W_r in fp32 (overwrites).
+template <typename T>
+absl::Status OutputLayerT(GemmRunner& gemm, T* probs,  // (n, rows)
+                          float* weight_grad,          // (rows, h)
+                          float* grad_x_partial,       // (n, h) or null
+                          const T* x,                  // (n, h)
+                          const T* weight,             // (rows, h)
+                          const float* scale,          // (n) from C1
+                          const int32_t* local_label,  // (n)
+                          float d, int n, int h, int64_t rows, int64_t valid, cudaStream_t stream);
+
+}  // namespace vp::engine::cuda

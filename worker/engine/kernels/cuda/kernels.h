@@ -1,0 +1,229 @@
+// CUDA kernels of the transformer layer and the vocabulary layers, mirroring
+// worker/engine/kernels/cpu/kernels.h and the vocab passes (llm.c style forward/backward pairs).
+//
+// Precision (llmc-lessons §6): T is float (fp32 path, matches the CPU engine to 1e-5) or bf16
+// (parameters and activations). Statistics — LayerNorm mean/rstd, softmax max/sum, losses — are
+// fp32 in both paths, and so are every *weight* gradient (accumulated over many microbatches,
+// where bf16 would lose the small updates) and the AdamW master weights and moments.
+//
+// Every wrapper enqueues on `stream` and returns cudaGetLastError() (launch errors only; a
+// fault inside a kernel surfaces at the next synchronisation). Accumulate/overwrite rules are
+// the CPU ones and are repeated per function. Explicit instantiations: float and bf16 only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace vp::engine::cuda {
+
+using bf16 = __nv_bfloat16;
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+// ---------------------------------------------------------------------------------------------
+// Input layer (a vocabulary shard of rows [begin, begin + valid_rows) of wte).
+
+// out[i, :] = weight[tokens[i] − begin, :] for tokens in the shard, 0 for tokens outside it (so a
+// sum all-reduce over shards yields the full lookup). Overwrites out.
+template <typename T>
+cudaError_t EmbeddingForward(T* out,                 // (n, h)
+                             const T* weight,        // (>= valid_rows, h)
+                             const int32_t* tokens,  // (n) global token ids
+                             int n, int h, int64_t begin, int64_t valid_rows, cudaStream_t stream);
+
+// dweight[tokens[i] − begin, :] += dout[i, :] for tokens in the shard (scatter-add; a repeated
+// token adds once per occurrence). fp32 atomics.
+template <typename T>
+cudaError_t EmbeddingBackward(float* dweight,         // (>= valid_rows, h)
+                              const T* dout,          // (n, h)
+                              const int32_t* tokens,  // (n)
+                              int n, int h, int64_t begin, int64_t valid_rows, cudaStream_t stream);
+
+// x[b, t, :] += wpe[start_pos + t, :].
+template <typename T>
+cudaError_t PositionEmbeddingForward(T* x,          // (batch, t, c)
+                                     const T* wpe,  // (>= start_pos + t, c)
+                                     int batch, int t, int c, int start_pos, cudaStream_t stream);
+
+// dwpe[start_pos + t, :] += Σ_b dx[b, t, :] (accumulates; deterministic, no atomics).
+template <typename T>
+cudaError_t PositionEmbeddingBackward(float* dwpe,  // (>= start_pos + t, c)
+                                      const T* dx,  // (batch, t, c)
+                                      int batch, int t, int c, int start_pos, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm over the last dimension, fp32 statistics, eps 1e-5.
+
+template <typename T>
+cudaError_t LayerNormForward(T* out,           // (n, c)
+                             float* mean,      // (n)
+                             float* rstd,      // (n)
+                             const T* inp,     // (n, c)
+                             const T* weight,  // (c)
+                             const T* bias,    // (c)
+                             int n, int c, cudaStream_t stream);
+
+// B part: dinp += dL/dinp (accumulates into the residual stream's gradient).
+template <typename T>
+cudaError_t LayerNormBackwardInput(T* dinp,            // (n, c)
+                                   const T* dout,      // (n, c)
+                                   const T* inp,       // (n, c)
+                                   const T* weight,    // (c)
+                                   const float* mean,  // (n)
+                                   const float* rstd,  // (n)
+                                   int n, int c, cudaStream_t stream);
+
+// W part: dweight += Σ_rows dout·xhat, dbias += Σ_rows dout (fp32, accumulates).
+template <typename T>
+cudaError_t LayerNormBackwardWeight(float* dweight,     // (c)
+                                    float* dbias,       // (c)
+                                    const T* dout,      // (n, c)
+                                    const T* inp,       // (n, c)
+                                    const float* mean,  // (n)
+                                    const float* rstd,  // (n)
+                                    int n, int c, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise.
+
+// tanh-approximation GELU (GPT-2 gelu_new); never compiled with fast-math.
+template <typename T>
+cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream);  // all (n)
+// dinp = dout · gelu'(inp) (overwrites; dinp may alias dout).
+template <typename T>
+cudaError_t GeluBackward(T* dinp, const T* inp, const T* dout, long n,
+                         cudaStream_t stream);  // all (n)
+
+// out = a + b (out may alias a or b).
+template <typename T>
+cudaError_t ResidualForward(T* out, const T* a, const T* b, long n, cudaStream_t stream);
+// da += dout, db += dout.
+template <typename T>
+cudaError_t ResidualBackward(T* da, T* db, const T* dout, long n, cudaStream_t stream);
+
+// out[i, :] += bias (the linear layer's bias, added after the GEMM).
+template <typename T>
+cudaError_t AddBias(T* out,         // (n, c)
+                    const T* bias,  // (c)
+                    int n, int c, cudaStream_t stream);
+// dbias += Σ_rows dout (fp32, accumulates).
+template <typename T>
+cudaError_t BiasBackward(float* dbias,   // (c)
+                         const T* dout,  // (n, c)
+                         int n, int c, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Causal attention for one query chunk against the key/value prefix (same shapes and rules as
+// cpu::AttentionForward/Backward: queries at absolute positions [q_begin, q_end), keys/values
+// [0, q_end) from a cache of kv_rows rows per sequence, scale 1/sqrt(head_dim)).
+struct AttentionShape {
+  int batch = 0;
+  int heads = 0;
+  int head_dim = 0;
+  int q_begin = 0;
+  int q_end = 0;
+  int kv_rows = 0;
+
+  int q_len() const { return q_end - q_begin; }
+  int width() const { return heads * head_dim; }
+};
+
+// att: fp32 softmax probabilities, zeros above the causal diagonal, kept for the backward.
+template <typename T>
+cudaError_t AttentionForward(T* out,      // (batch, q_len, heads*head_dim)
+                             float* att,  // (batch, heads, q_len, q_end)
+                             const T* q,  // (batch, q_len, ldq)
+                             int ldq,
+                             const T* k,  // (batch, kv_rows, heads*head_dim)
+                             const T* v,  // (batch, kv_rows, heads*head_dim)
+                             const AttentionShape& shape, cudaStream_t stream);
+
+// dq overwritten; dk, dv accumulated for key positions [0, q_end). scratch holds dL/dscores
+// for all heads at once (larger than the CPU's per-head scratch: heads run in parallel).
+template <typename T>
+cudaError_t AttentionBackward(T* dq,             // (batch, q_len, ldq)
+                              T* dk,             // (batch, kv_rows, heads*head_dim)
+                              T* dv,             // (batch, kv_rows, heads*head_dim)
+                              float* scratch,    // (batch, heads, q_len, q_end)
+                              const T* dout,     // (batch, q_len, heads*head_dim)
+                              const float* att,  // (batch, heads, q_len, q_end)
+                              const T* q,        // (batch, q_len, ldq)
+                              int ldq,
+                              const T* k,  // (batch, kv_rows, heads*head_dim)
+                              const T* v,  // (batch, kv_rows, heads*head_dim)
+                              const AttentionShape& shape, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Output layer (vocabulary shard of `rows` rows, the first `valid` real; see
+// worker/engine/vocab/output_layer.h). local_label[i] is the label's row in this shard or −1.
+
+// S pass, after the logits GEMM: per row, m' = max over valid columns, z = y_label − m' (0 where
+// the label is not local), s' = Σ exp(y − m') in fp32, and P' = exp(y − m')/s' written in place.
+// Padding columns are set to 0. valid = 0 gives m' = −inf, s' = 0, P' = 0.
+template <typename T>
+cudaError_t VocabSoftmaxForward(T* probs,                    // (n, rows) logits in, P' out
+                                float* local_max,            // (n)
+                                float* local_sum,            // (n)
+                                float* label_logit,          // (n)
+                                const int32_t* local_label,  // (n)
+                                int n, int64_t rows, int64_t valid, cudaStream_t stream);
+
+// C1, before the sum all-reduce (global_max already all-reduced with max):
+//   scale[i] = s'·exp(m' − m);  sums[i] = scale[i];  sums[n+i] = z + m' − m where local, else 0.
+cudaError_t VocabC1Prepare(float* sums,                 // (2n)
+                           float* scale,                // (n)
+                           const float* local_max,      // (n)
+                           const float* global_max,     // (n)
+                           const float* local_sum,      // (n)
+                           const float* label_logit,    // (n)
+                           const int32_t* local_label,  // (n)
+                           int n, cudaStream_t stream);
+// C1, after the sum all-reduce: loss[i] = log sums[i] − sums[n+i]; scale[i] /= sums[i].
+cudaError_t VocabC1Finish(float* loss,        // (n)
+                          float* scale,       // (n)
+                          const float* sums,  // (2n)
+                          int n, cudaStream_t stream);
+// Algorithm 2, C1: grad_x = d·(A·scale − W_r[label]) where the label is local (A = P'·W_r).
+template <typename T>
+cudaError_t VocabGradInputFix(float* grad_x,               // (n, h) A in, ∇X partial out
+                              const float* scale,          // (n)
+                              const T* weight,             // (rows, h)
+                              const int32_t* local_label,  // (n)
+                              float d, int n, int h, cudaStream_t stream);
+
+// T pass, before the ∇W GEMM: probs = d·scale·P' − d·onehot(label) in place (valid columns).
+template <typename T>
+cudaError_t VocabSoftmaxBackward(T* probs,                    // (n, rows)
+                                 const float* scale,          // (n)
+                                 const int32_t* local_label,  // (n)
+                                 float d, int n, int64_t rows, int64_t valid, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// AdamW (torch semantics, same as vp::engine::AdamW::Step) on fp32 master weights, writing the
+// bf16 working copy. decay[i] = 1 where weight decay applies. bc1 = 1 − β1^t, bc2 = 1 − β2^t
+// (computed by the caller in double, as the CPU optimizer does). params may be null.
+struct AdamWParams {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_scale = 1.0f;
+  double bc1 = 1.0;
+  double bc2 = 1.0;
+};
+cudaError_t AdamWStep(float* master,         // (count)
+                      bf16* params,          // (count) or null
+                      const float* grads,    // (count)
+                      float* m,              // (count)
+                      float* v,              // (count)
+                      const uint8_t* decay,  // (count)
+                      size_t count, const AdamWParams& p, cudaStream_t stream);
+
+// fp32 ↔ bf16 conversions (round to nearest even), for uploads and comparisons.
+cudaError_t FloatToBf16(bf16* out, const float* inp, long n, cudaStream_t stream);
+cudaError_t Bf16ToFloat(float* out, const bf16* inp, long n, cudaStream_t stream);
+
+}  // namespace vp::engine::cuda

@@ -1,0 +1,160 @@
+// The output layer's elementwise halves of S, C1 and T (the GEMMs are cuBLASLt calls in
+// output_layer.cc). Row statistics in fp32; one block per token row.
+#include "worker/engine/kernels/cuda/common.cuh"
+#include "worker/engine/kernels/cuda/kernels.h"
+
+namespace vp::engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void VocabSoftmaxForwardKernel(T* probs, float* local_max, float* local_sum,
+                                          float* label_logit, const int32_t* local_label,
+                                          int64_t rows, int64_t valid) {
+  __shared__ float red[32];
+  const int i = blockIdx.x;
+  T* y = probs + static_cast<int64_t>(i) * rows;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, ToFloat(y[j]));
+  mx = BlockMax(mx, red);
+  if (valid == 0) {
+    for (int64_t j = threadIdx.x; j < rows; j += blockDim.x) y[j] = FromFloat<T>(0.0f);
+    if (threadIdx.x == 0) {
+      local_max[i] = -INFINITY;
+      local_sum[i] = 0.0f;
+      label_logit[i] = 0.0f;
+    }
+    return;
+  }
+  const int32_t label = local_label[i];
+  // Read the label logit before the row is overwritten with exponentials.
+  const float z = label >= 0 ? ToFloat(y[label]) - mx : 0.0f;
+  __syncthreads();
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(ToFloat(y[j]) - mx);
+  sum = BlockSum(sum, red);
+  const float inv = 1.0f / sum;
+  // Recompute the exponential rather than store it: for bf16 the stored value would be rounded
+  // before the division.
+  for (int64_t j = threadIdx.x; j < rows; j += blockDim.x) {
+    y[j] = FromFloat<T>(j < valid ? expf(ToFloat(y[j]) - mx) * inv : 0.0f);
+  }
+  if (threadIdx.x == 0) {
+    local_max[i] = mx;
+    local_sum[i] = sum;
+    label_logit[i] = z;
+  }
+}
+
+__global__ void VocabC1PrepareKernel(float* sums, float* scale, const float* local_max,
+                                     const float* global_max, const float* local_sum,
+                                     const float* label_logit, const int32_t* local_label, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  // m' = −inf on an all-padding shard: exp(−inf) = 0 and s' = 0, so it adds exactly 0.
+  const float delta = local_max[i] - global_max[i];
+  const float rescaled = local_sum[i] * expf(delta);
+  scale[i] = rescaled;
+  sums[i] = rescaled;
+  sums[n + i] = local_label[i] >= 0 ? label_logit[i] + delta : 0.0f;
+}
+
+__global__ void VocabC1FinishKernel(float* loss, float* scale, const float* sums, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float s = sums[i];
+  loss[i] = logf(s) - sums[n + i];
+  scale[i] /= s;
+}
+
+template <typename T>
+__global__ void VocabGradInputFixKernel(float* grad_x, const float* scale, const T* weight,
+                                        const int32_t* local_label, float d, int n, int h) {
+  const long total = static_cast<long>(n) * h;
+  for (long idx = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long i = idx / h, k = idx % h;
+    float g = grad_x[idx] * (d * scale[i]);
+    const int32_t label = local_label[i];
+    if (label >= 0) g -= d * ToFloat(weight[static_cast<long>(label) * h + k]);
+    grad_x[idx] = g;
+  }
+}
+
+template <typename T>
+__global__ void VocabSoftmaxBackwardKernel(T* probs, const float* scale, const int32_t* local_label,
+                                           float d, int64_t rows, int64_t valid) {
+  const int i = blockIdx.x;
+  T* g = probs + static_cast<int64_t>(i) * rows;
+  const float c = d * scale[i];
+  const int32_t label = local_label[i];
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) {
+    float x = ToFloat(g[j]) * c;
+    if (j == label) x -= d;
+    g[j] = FromFloat<T>(x);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t VocabSoftmaxForward(T* probs, float* local_max, float* local_sum, float* label_logit,
+                                const int32_t* local_label, int n, int64_t rows, int64_t valid,
+                                cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (valid < 0 || valid > rows) return cudaErrorInvalidValue;
+  VocabSoftmaxForwardKernel<T><<<n, kThreads, 0, stream>>>(probs, local_max, local_sum, label_logit,
+                                                           local_label, rows, valid);
+  return cudaGetLastError();
+}
+
+cudaError_t VocabC1Prepare(float* sums, float* scale, const float* local_max,
+                           const float* global_max, const float* local_sum,
+                           const float* label_logit, const int32_t* local_label, int n,
+                           cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  VocabC1PrepareKernel<<<CeilDiv(n, kThreads), kThreads, 0, stream>>>(
+      sums, scale, local_max, global_max, local_sum, label_logit, local_label, n);
+  return cudaGetLastError();
+}
+
+cudaError_t VocabC1Finish(float* loss, float* scale, const float* sums, int n,
+                          cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  VocabC1FinishKernel<<<CeilDiv(n, kThreads), kThreads, 0, stream>>>(loss, scale, sums, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t VocabGradInputFix(float* grad_x, const float* scale, const T* weight,
+                              const int32_t* local_label, float d, int n, int h,
+                              cudaStream_t stream) {
+  if (n <= 0 || h <= 0) return cudaSuccess;
+  VocabGradInputFixKernel<T>
+      <<<ElementwiseBlocks(static_cast<long>(n) * h, kThreads), kThreads, 0, stream>>>(
+          grad_x, scale, weight, local_label, d, n, h);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t VocabSoftmaxBackward(T* probs, const float* scale, const int32_t* local_label, float d,
+                                 int n, int64_t rows, int64_t valid, cudaStream_t stream) {
+  if (n <= 0 || valid == 0) return cudaSuccess;
+  VocabSoftmaxBackwardKernel<T>
+      <<<n, kThreads, 0, stream>>>(probs, scale, local_label, d, rows, valid);
+  return cudaGetLastError();
+}
+
+#define VP_INSTANTIATE(T)                                                                          \
+  template cudaError_t VocabSoftmaxForward<T>(T*, float*, float*, float*, const int32_t*, int,     \
+                                              int64_t, int64_t, cudaStream_t);                     \
+  template cudaError_t VocabGradInputFix<T>(float*, const float*, const T*, const int32_t*, float, \
+                                            int, int, cudaStream_t);                               \
+  template cudaError_t VocabSoftmaxBackward<T>(T*, const float*, const int32_t*, float, int,       \
+                                               int64_t, int64_t, cudaStream_t);
+VP_INSTANTIATE(float)
+VP_INSTANTIATE(bf16)
+#undef VP_INSTANTIATE
+
+}  // namespace vp::engine::cuda
