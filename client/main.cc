@@ -12,7 +12,11 @@ constexpr char kUsage[] = R"(vocabpipe — vocabulary-parallel pipeline training
 usage: vocabpipe COMMAND [ARGS]
 
 commands:
-  run JOB.yaml [--resume] [--steps N]   train a job in this process
+  run JOB.yaml [--resume] [--steps N] [--timeout S]
+                                        train a job: in this process (pipeline 1) or on
+                                        p local vocabpipe-worker processes (pipeline p > 1)
+  export RUN_DIR [--step N]             merge per-rank checkpoint shards into
+                                        step_N/model.safetensors (Hugging Face GPT-2)
   plan JOB.yaml [--format table|json|text|svg] [overrides]
                                         build, check and simulate the pipeline plan (offline)
   data synth --vocab V --tokens N --out FILE [--seed S] [--branching K]
@@ -35,6 +39,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return vp::cli::RunRunCommand(args, std::cout, std::cerr);
   if (cmd == "plan") return vp::cli::RunPlanCommand(args, std::cout, std::cerr);
   if (cmd == "data") return vp::cli::RunDataCommand(args, std::cout, std::cerr);
+  if (cmd == "export") return vp::cli::RunExportCommand(args, std::cout, std::cerr);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "vocabpipe " << vp::cli::Version() << "\n";
     return 0;

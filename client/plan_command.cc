@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "client/commands.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/planner/spec_input.h"
 #include "proto/spec/job_spec.h"
 
 namespace vp::cli {
@@ -76,23 +77,8 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe plan: " << spec.status().message() << "\n";
     return 2;
   }
+  planner::PlannerInput in = planner::PlannerInputFromSpec(*spec);
   const auto& par = spec->parallel();
-  const auto& model = spec->model();
-  planner::PlannerInput in;
-  in.pipeline = par.pipeline();
-  in.microbatches = par.microbatches();
-  in.layers = model.layers();
-  in.seq_chunks = par.seq_chunks();
-  in.chunks_per_rank = par.has_chunks_per_rank() ? par.chunks_per_rank() : 2;
-  in.max_pending_t = par.has_max_pending_t() ? par.max_pending_t() : 1;
-  in.model.hidden = model.hidden();
-  in.model.heads = model.heads();
-  in.model.seq_len = model.seq_len();
-  in.model.vocab = model.vocab_size();
-  in.model.ffn = model.ffn_hidden();
-  in.model.microbatch_size = par.microbatch_size();
-  in.model.tie_embeddings = model.tie_embeddings();
-  in.model.activation_bytes_per_element = spec->device().rfind("cuda", 0) == 0 ? 2 : 4;
   std::string schedule = par.schedule(), vocab = par.vocab();
   int64_t budget = par.memory_budget_bytes();
   for (const auto& [flag, value] : flags) {

@@ -1,18 +1,30 @@
-// vocabpipe run job.yaml [--resume] [--steps N]: trains a job in this process.
+// vocabpipe run job.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]: trains a
+// job. parallel.pipeline = 1 trains in this process (runtime::RunStandaloneJob); p > 1 starts
+// p vocabpipe-worker processes on this host (launch::RunPipelineJob).
 #include <unistd.h>
+
+#include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "proto/spec/job_spec.h"
+#include "worker/launch/launcher.h"
 #include "worker/runtime/run_job.h"
 
 namespace vp::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vocabpipe run JOB.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]\n";
+
+}  // namespace
 
 int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
   std::string spec_path;
   runtime::RunOptions options;
   options.interactive = isatty(STDOUT_FILENO) && &out == &std::cout;
+  launch::LaunchOptions launch;
   int64_t steps_override = -1;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -25,9 +37,22 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
         return 2;
       }
       ++i;
+    } else if (a == "--timeout") {
+      double seconds = 0;
+      if (i + 1 >= args.size() || !absl::SimpleAtod(args[i + 1], &seconds) || seconds <= 0) {
+        err << "vocabpipe run: --timeout needs seconds > 0\n";
+        return 2;
+      }
+      launch.timeout = absl::Seconds(seconds);
+      ++i;
+    } else if (a == "--worker") {
+      if (i + 1 >= args.size()) {
+        err << "vocabpipe run: --worker needs a path\n";
+        return 2;
+      }
+      launch.worker_binary = args[++i];
     } else if (!a.empty() && a[0] == '-') {
-      err << "vocabpipe run: unknown flag " << a << "\nusage: vocabpipe run JOB.yaml [--resume] "
-          << "[--steps N]\n";
+      err << "vocabpipe run: unknown flag " << a << "\n" << kUsage;
       return 2;
     } else if (spec_path.empty()) {
       spec_path = a;
@@ -37,7 +62,7 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
     }
   }
   if (spec_path.empty()) {
-    err << "usage: vocabpipe run JOB.yaml [--resume] [--steps N]\n";
+    err << kUsage;
     return 2;
   }
   auto spec = spec::LoadJobSpecFile(spec_path);
@@ -46,7 +71,14 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
     return 2;
   }
   if (steps_override >= 0) spec->mutable_train()->set_steps(static_cast<int32_t>(steps_override));
-  auto summary = runtime::RunStandaloneJob(*spec, options, out);
+  absl::StatusOr<runtime::RunSummary> summary;
+  if (spec->parallel().pipeline() == 1) {
+    summary = runtime::RunStandaloneJob(*spec, options, out);
+  } else {
+    launch.resume = options.resume;
+    launch.interactive = options.interactive;
+    summary = launch::RunPipelineJob(*spec, launch, out);
+  }
   if (!summary.ok()) {
     err << "vocabpipe run: " << summary.status().message() << "\n";
     return absl::IsInvalidArgument(summary.status()) || absl::IsUnimplemented(summary.status()) ? 2
@@ -54,9 +86,10 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
   }
   out << absl::StrFormat(
       "done: %d steps, loss %.4f -> %.4f, %.0f tokens/s, MFU %.1f%% of a measured %.1f GFLOP/s "
-      "sgemm peak, peak memory %.1f MiB\nmetrics: %s\ncheckpoint: %s\n",
+      "sgemm peak%s, peak memory %.1f MiB\nmetrics: %s\ncheckpoint: %s\n",
       summary->steps_run, summary->first_loss, summary->final_loss, summary->tokens_per_s,
-      100.0 * summary->mfu, summary->peak_flops / 1e9, summary->peak_memory_bytes / 1048576.0,
+      100.0 * summary->mfu, summary->peak_flops / 1e9,
+      spec->parallel().pipeline() > 1 ? " per rank" : "", summary->peak_memory_bytes / 1048576.0,
       summary->metrics_path, summary->last_checkpoint);
   return 0;
 }

@@ -48,8 +48,11 @@ struct ModelShape {
   // with engine::MeasureLayerActivationBytes). 0: Megatron's estimate
   // b·s·h·(34 + 5·heads·s/h) at activation_bytes_per_element / 2.
   double layer_activation_bytes = 0;
-  int state_bytes_per_param = 16;        // fp32 weight + grad + Adam m, v
-  double peak_flops = 0;                 // per device, for MFU (costs must then be seconds)
+  // Extra bytes while one layer's backward runs (its gradient working set), added once to a
+  // rank's peak; measured by the same engine call. 0: not modelled.
+  double layer_backward_transient_bytes = 0;
+  int state_bytes_per_param = 16;  // fp32 weight + grad + Adam m, v
+  double peak_flops = 0;           // per device, for MFU (costs must then be seconds)
 };
 
 struct PlannerInput {

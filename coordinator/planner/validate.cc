@@ -596,7 +596,8 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     if (l->x_owner() == r) params += 2 * h;      // final layer norm
     st.parameter_bytes = static_cast<int64_t>(params * 4);
     st.state_bytes = static_cast<int64_t>(params * ms.state_bytes_per_param);
-    st.peak_activation_bytes = static_cast<int64_t>(peak * stage_act + vocab_act);
+    const double transient = st.layers > 0 ? ms.layer_backward_transient_bytes : 0;
+    st.peak_activation_bytes = static_cast<int64_t>(peak * stage_act + vocab_act + transient);
     busy_total += st.busy;
     res.ranks.push_back(st);
   }

@@ -403,7 +403,8 @@ absl::Status LayerStack::Backward(SlotKey slot, const float* dout, float* dx) {
   return BackwardWeight(slot);
 }
 
-absl::StatusOr<int64_t> MeasureLayerActivationBytes(const ModelConfig& cfg, int b) {
+absl::StatusOr<LayerActivationFootprint> MeasureLayerActivationBytes(const ModelConfig& cfg,
+                                                                     int b) {
   MemoryTracker tracker;
   const size_t n = LayerParamCount(cfg);
   Buffer params(nullptr, MemoryCategory::kParameters, n);
@@ -416,7 +417,17 @@ absl::StatusOr<int64_t> MeasureLayerActivationBytes(const ModelConfig& cfg, int 
   Buffer x(nullptr, MemoryCategory::kActivations, nh);
   Buffer out(nullptr, MemoryCategory::kActivations, nh);
   if (auto st = stack->Forward({0, 0}, x.data(), out.data()); !st.ok()) return st;
-  return tracker.current(MemoryCategory::kActivations);
+  LayerActivationFootprint f;
+  f.kept = tracker.current(MemoryCategory::kActivations);
+  tracker.ResetPeaks();
+  {
+    // The runtime holds the pass's output gradient and input gradient (n, h) while B runs.
+    Buffer dout(&tracker, MemoryCategory::kActivations, nh);
+    Buffer dx(&tracker, MemoryCategory::kActivations, nh);
+    if (auto st = stack->Backward({0, 0}, dout.data(), dx.data()); !st.ok()) return st;
+  }
+  f.backward_transient = tracker.peak(MemoryCategory::kActivations) - f.kept;
+  return f;
 }
 
 }  // namespace vp::engine

@@ -223,9 +223,14 @@ class LayerStack {
   std::map<int, MicrobatchState> microbatches_;
 };
 
-// Bytes of activations one layer keeps for one microbatch of b whole sequences between its
-// forward and its backward, measured by running a forward through a one-layer stack and
-// reading the tracker (the planner's memory model takes this number as its input).
-absl::StatusOr<int64_t> MeasureLayerActivationBytes(const ModelConfig& cfg, int b);
+// The activation footprint of one layer for one microbatch of b whole sequences, measured by
+// running a forward and a backward through a one-layer stack and reading the tracker (the
+// planner's memory model takes these numbers as its input).
+struct LayerActivationFootprint {
+  int64_t kept = 0;                // held from the layer's F until its backward
+  int64_t backward_transient = 0;  // extra held while its backward runs (dK/dV, the B stash,
+                                   // the pass's input and output gradients)
+};
+absl::StatusOr<LayerActivationFootprint> MeasureLayerActivationBytes(const ModelConfig& cfg, int b);
 
 }  // namespace vp::engine

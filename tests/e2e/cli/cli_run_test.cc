@@ -209,16 +209,22 @@ checkpoint: {dir: ck}
   EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
 }
 
-TEST_F(CliRunTest, PipelineRunsNeedTheRuntimeAndSaySo) {
+TEST_F(CliRunTest, PipelineRunsTrainWithWorkerProcesses) {
   Synth(64, 2000);
   const std::string p2 = WriteSpec("p2b", R"(
 model: {layers: 2, hidden: 64, heads: 4, vocab_size: 64, seq_len: 32}
 parallel: {pipeline: 2, microbatches: 4}
+train: {steps: 2, threads: 1}
 data: {path: data.bin}
+checkpoint: {dir: p2run}
 )");
   Result r2 = Vocabpipe("run " + p2);
-  EXPECT_EQ(r2.code, 2);
-  EXPECT_THAT(r2.output, HasSubstr("parallel.pipeline: 2 ranks need the multi-process"));
+  EXPECT_EQ(r2.code, 0) << r2.output;
+  EXPECT_THAT(r2.output, HasSubstr("step 2/2 | loss"));
+  auto metrics = ReadMetrics(dir_ / "p2run" / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 2u);
+  EXPECT_EQ(metrics.back()["stages"].size(), 2u);
+  EXPECT_TRUE(fs::exists(dir_ / "p2run" / "step_2" / "DONE"));
 }
 
 }  // namespace

@@ -1,0 +1,78 @@
+// vocabpipe export RUN_DIR [--step N]: merges the per-rank checkpoint shards of a pipeline
+// run into step_<N>/model.safetensors + config.json + DONE (latest complete step by default).
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "worker/launch/run_dir.h"
+#include "worker/launch/shard_checkpoint.h"
+#include "worker/runtime/checkpoint.h"
+
+namespace vp::cli {
+namespace {
+
+constexpr char kUsage[] = "usage: vocabpipe export RUN_DIR [--step N]\n";
+
+}  // namespace
+
+int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  std::string dir;
+  int64_t step = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      out << kUsage;
+      return 0;
+    }
+    if (a == "--step") {
+      if (i + 1 >= args.size() || !absl::SimpleAtoi(args[i + 1], &step) || step < 0) {
+        err << "vocabpipe export: --step needs a non-negative integer\n" << kUsage;
+        return 2;
+      }
+      ++i;
+    } else if (!a.empty() && a[0] == '-') {
+      err << "vocabpipe export: unknown flag " << a << "\n" << kUsage;
+      return 2;
+    } else if (dir.empty()) {
+      dir = a;
+    } else {
+      err << "vocabpipe export: more than one run directory given\n" << kUsage;
+      return 2;
+    }
+  }
+  if (dir.empty()) {
+    err << "vocabpipe export: missing RUN_DIR\n" << kUsage;
+    return 2;
+  }
+  auto files = launch::ReadRunFiles(dir);
+  if (!files.ok()) {
+    err << "vocabpipe export: " << dir
+        << " is not a pipeline run directory: " << files.status().message() << "\n";
+    return 2;
+  }
+  const int world = files->plan.pipeline;
+  if (step < 0) {
+    auto latest = launch::LatestShardedStep(dir, world);
+    if (!latest.ok()) {
+      err << "vocabpipe export: " << latest.status().message() << "\n";
+      return 1;
+    }
+    step = *latest;
+  }
+  auto topt = launch::PipelineTrainerOptions(files->spec, files->plan);
+  if (!topt.ok()) {
+    err << "vocabpipe export: " << topt.status().message() << "\n";
+    return 2;
+  }
+  if (auto st = launch::MergeShards(dir, step, world, topt->model); !st.ok()) {
+    err << "vocabpipe export: " << st.message() << "\n";
+    return 1;
+  }
+  out << "exported step " << step << " of " << world << " ranks: "
+      << (std::filesystem::path(runtime::CheckpointDir(dir, step)) / "model.safetensors").string()
+      << "\n";
+  return 0;
+}
+
+}  // namespace vp::cli

@@ -1,0 +1,68 @@
+#include "coordinator/planner/spec_input.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace vp::planner {
+
+PlannerInput PlannerInputFromSpec(const vocabpipe::v1::JobSpec& spec) {
+  const auto& par = spec.parallel();
+  const auto& model = spec.model();
+  PlannerInput in;
+  in.pipeline = par.pipeline();
+  in.microbatches = par.microbatches();
+  in.layers = model.layers();
+  in.seq_chunks = par.seq_chunks();
+  in.chunks_per_rank = par.has_chunks_per_rank() ? par.chunks_per_rank() : 2;
+  in.max_pending_t = par.has_max_pending_t() ? par.max_pending_t() : 1;
+  in.model.hidden = model.hidden();
+  in.model.heads = model.heads();
+  in.model.seq_len = model.seq_len();
+  in.model.vocab = model.vocab_size();
+  in.model.ffn = model.ffn_hidden();
+  in.model.microbatch_size = par.microbatch_size();
+  in.model.tie_embeddings = model.tie_embeddings();
+  in.model.activation_bytes_per_element = spec.device().rfind("cuda", 0) == 0 ? 2 : 4;
+  return in;
+}
+
+absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
+                                           double flops_per_second,
+                                           const LayerActivationBytes& measured) {
+  SpecPlan out;
+  PlannerInput& in = out.input;
+  in = PlannerInputFromSpec(spec);
+  in.model.layer_activation_bytes = static_cast<double>(measured.kept);
+  in.model.layer_backward_transient_bytes = static_cast<double>(measured.backward_transient);
+  in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, flops_per_second);
+  const std::string& schedule = spec.parallel().schedule();
+  const std::string& vocab = spec.parallel().vocab();
+  const bool schedule_auto = schedule == "auto", vocab_auto = vocab == "auto";
+  if (!schedule_auto) {
+    absl::StatusOr<Schedule> s = ParseSchedule(schedule);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("parallel.schedule: ", s.status().message()));
+    }
+    in.schedule = *s;
+  }
+  if (!vocab_auto) {
+    absl::StatusOr<VocabMethod> v = ParseVocab(vocab);
+    if (!v.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("parallel.vocab: ", v.status().message()));
+    }
+    in.vocab = *v;
+  }
+  if (schedule_auto || vocab_auto) {
+    absl::StatusOr<AutoChoice> choice =
+        ChoosePlan(in, schedule_auto, vocab_auto, spec.parallel().memory_budget_bytes());
+    if (!choice.ok()) return choice.status();
+    in = choice->chosen;
+  }
+  absl::StatusOr<Plan> plan = BuildPlan(in);
+  if (!plan.ok()) return plan.status();
+  out.plan = std::move(*plan);
+  return out;
+}
+
+}  // namespace vp::planner

@@ -1,0 +1,351 @@
+// `vocabpipe run` with parallel.pipeline > 1: the real CLI binary in a child process starts real
+// vocabpipe-worker processes that train over Gloo on loopback. Compared against the standalone
+// run of the same spec (pipeline 1), which must give the same losses and weights.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "worker/runtime/safetensors.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result Vocabpipe(const std::string& args) {
+  const std::string cmd = absl::StrCat(VP_BINARY_DIR, "/client/vocabpipe ", args, " 2>&1");
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<nlohmann::json> ReadJsonl(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream f(path);
+  for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream f(path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Same names and shapes, and |a - b| <= tol · max(1, |b|) for every element.
+void ExpectSameWeights(const fs::path& a, const fs::path& b, double tol) {
+  auto wa = vp::runtime::ReadSafetensors(a.string());
+  auto wb = vp::runtime::ReadSafetensors(b.string());
+  ASSERT_TRUE(wa.ok()) << wa.status();
+  ASSERT_TRUE(wb.ok()) << wb.status();
+  ASSERT_EQ(wa->tensors.size(), wb->tensors.size());
+  for (const auto& [name, tb] : wb->tensors) {
+    ASSERT_TRUE(wa->tensors.contains(name)) << name;
+    const auto& ta = wa->tensors.at(name);
+    ASSERT_EQ(ta.shape, tb.shape) << name;
+    double worst = 0;
+    for (size_t i = 0; i < tb.data.size(); ++i) {
+      worst = std::max(worst, std::abs(double(ta.data[i]) - tb.data[i]) /
+                                  std::max(1.0, std::abs(double(tb.data[i]))));
+    }
+    EXPECT_LE(worst, tol) << name;
+  }
+}
+
+class LaunchTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat("vp_launch_", testing::UnitTest::GetInstance()->current_test_info()->name(),
+                        "_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    Result r = Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 20000 --out ",
+                                      (dir_ / "data.bin").string(), " --seed 5"));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A tiny job: V = 64 (padded per rank), s = 16, m = 4 microbatches of b = 2. AdamW's eps is
+  // 1e-5, not 1e-8: with a tiny eps Adam divides gradients that are zero in exact arithmetic
+  // (the attention key bias, padding-adjacent rows) by their own rounding noise, so float
+  // summation order — which differs between p ranks and one — becomes an lr-sized step.
+  // The losses are compared at the default eps in TwoRanksDefaultEpsLossesMatch.
+  std::string Spec(const std::string& name, int pipeline, int layers, const std::string& vocab,
+                   bool tied, int steps = 5, int every = 0, double eps = 1e-5) {
+    const fs::path path = dir_ / (name + ".yaml");
+    std::ofstream(path) << absl::StrCat(
+        "model: {layers: ", layers, ", hidden: 32, heads: 2, vocab_size: 64, seq_len: 16",
+        tied ? ", tie_embeddings: true" : "", "}\n", "parallel: {pipeline: ", pipeline,
+        ", microbatch_size: 2, microbatches: 4, vocab: ", vocab, "}\n", "train: {steps: ", steps,
+        ", lr: 0.003, eps: ", eps, ", threads: 1}\n",
+        "data: {path: data.bin}\ncheckpoint: {dir: ", name, ", every: ", every, "}\n");
+    return path.string();
+  }
+
+  // Runs the spec at p and at 1 and compares per-step losses and the final weights.
+  void ExpectMatchesStandalone(int pipeline, int layers, const std::string& vocab, bool tied) {
+    const std::string p = Spec("pipe", pipeline, layers, vocab, tied);
+    const std::string one = Spec("one", 1, layers, vocab, tied);
+    Result rp = Vocabpipe("run " + p + " --timeout 10");
+    ASSERT_EQ(rp.code, 0) << rp.output;
+    Result r1 = Vocabpipe("run " + one);
+    ASSERT_EQ(r1.code, 0) << r1.output;
+    EXPECT_THAT(rp.output, HasSubstr("step 5/5 | loss"));
+    EXPECT_THAT(rp.output, HasSubstr("busy max/mean"));
+    auto mp = ReadJsonl(dir_ / "pipe" / "metrics.jsonl");
+    auto m1 = ReadJsonl(dir_ / "one" / "metrics.jsonl");
+    ASSERT_EQ(mp.size(), 5u);
+    ASSERT_EQ(m1.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
+      const double a = mp[i]["loss"], b = m1[i]["loss"];
+      EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(b)) << "step " << i << ": " << a << " vs " << b;
+      EXPECT_NEAR(double(mp[i]["grad_norm"]), double(m1[i]["grad_norm"]),
+                  1e-4 * double(m1[i]["grad_norm"]))
+          << "step " << i;
+      // The launcher's per-stage figures: one entry per rank.
+      ASSERT_TRUE(mp[i]["stages"].is_array());
+      ASSERT_EQ(mp[i]["stages"].size(), size_t(pipeline));
+      int64_t max_total = 0;
+      for (int r = 0; r < pipeline; ++r) {
+        const auto& s = mp[i]["stages"][r];
+        EXPECT_EQ(int(s["rank"]), r);
+        EXPECT_GT(double(s["busy_seconds"]), 0.0);
+        EXPECT_GT(int64_t(s["memory"]["parameters"]), 0);
+        max_total = std::max(max_total, int64_t(s["memory"]["total"]));
+        // The planner's prediction (with the engine's measured layer activation size) is
+        // within 10% of the allocator's measured peak.
+        EXPECT_NEAR(double(s["predicted_memory_total"]) / double(s["memory"]["total"]), 1.0, 0.1)
+            << "rank " << r << " step " << i;
+      }
+      EXPECT_EQ(int64_t(mp[i]["peak_memory_bytes"]), max_total);
+      EXPECT_GT(double(mp[i]["tokens_per_s"]), 0.0);
+      EXPECT_GE(double(mp[i]["busy_max_over_mean"]), 1.0);
+    }
+    // The launcher merged the final shards into the standalone layout.
+    ASSERT_TRUE(fs::exists(dir_ / "pipe/step_5/DONE"));
+    for (int r = 0; r < pipeline; ++r) {
+      EXPECT_TRUE(fs::exists(dir_ / "pipe/step_5" / absl::StrCat("rank_", r) / "DONE")) << r;
+    }
+    ExpectSameWeights(dir_ / "pipe/step_5/model.safetensors", dir_ / "one/step_5/model.safetensors",
+                      1e-5);
+    EXPECT_EQ(ReadFile(dir_ / "pipe/step_5/config.json"),
+              ReadFile(dir_ / "one/step_5/config.json"));
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(LaunchTest, TwoRanksVocab2MatchStandalone) {
+  ExpectMatchesStandalone(2, 2, "vocab2", false);
+}
+
+TEST_F(LaunchTest, FourRanksVocab1TiedMatchStandalone) {
+  ExpectMatchesStandalone(4, 4, "vocab1", true);
+}
+
+TEST_F(LaunchTest, TwoRanksBaselineTiedMatchStandalone) {
+  // Baseline keeps whole vocabulary layers on the first and last rank; with tied embeddings
+  // the last rank's output copy must not appear twice in the merged checkpoint.
+  ExpectMatchesStandalone(2, 2, "baseline", true);
+}
+
+TEST_F(LaunchTest, TwoRanksDefaultEpsLossesMatch) {
+  const std::string p = Spec("pipe", 2, 2, "vocab2", false, 5, 0, 1e-8);
+  const std::string one = Spec("one", 1, 2, "vocab2", false, 5, 0, 1e-8);
+  ASSERT_EQ(Vocabpipe("run " + p).code, 0);
+  ASSERT_EQ(Vocabpipe("run " + one).code, 0);
+  auto mp = ReadJsonl(dir_ / "pipe" / "metrics.jsonl");
+  auto m1 = ReadJsonl(dir_ / "one" / "metrics.jsonl");
+  ASSERT_EQ(mp.size(), 5u);
+  ASSERT_EQ(m1.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const double a = mp[i]["loss"], b = m1[i]["loss"];
+    EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(b)) << "step " << i;
+  }
+}
+
+TEST_F(LaunchTest, ExportRebuildsTheMergedCheckpoint) {
+  // Checkpoint every 2 steps: shards at steps 2 and 4.
+  const std::string spec = Spec("exp", 2, 2, "interlaced", false, /*steps=*/4, /*every=*/2);
+  Result r = Vocabpipe("run " + spec);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const fs::path run = dir_ / "exp";
+  const std::string merged = ReadFile(run / "step_4/model.safetensors");
+  ASSERT_FALSE(merged.empty());
+  fs::remove(run / "step_4/model.safetensors");
+  fs::remove(run / "step_4/DONE");
+  fs::remove(run / "step_2/DONE");
+
+  std::ostringstream out, err;
+  EXPECT_EQ(vp::cli::RunExportCommand({run.string()}, out, err), 0) << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("exported step 4 of 2 ranks"));
+  EXPECT_EQ(ReadFile(run / "step_4/model.safetensors"), merged);  // bit-identical re-merge
+  EXPECT_TRUE(fs::exists(run / "step_4/DONE"));
+
+  std::ostringstream out2, err2;
+  EXPECT_EQ(vp::cli::RunExportCommand({run.string(), "--step", "2"}, out2, err2), 0) << err2.str();
+  EXPECT_TRUE(fs::exists(run / "step_2/DONE"));
+  auto w2 = vp::runtime::ReadSafetensors((run / "step_2/model.safetensors").string());
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  EXPECT_EQ(w2->tensors.at("transformer.wte.weight").shape, (std::vector<int64_t>{64, 32}));
+
+  // A step whose shards are missing, and a folder that is no run: clear errors.
+  std::ostringstream out3, err3;
+  EXPECT_EQ(vp::cli::RunExportCommand({run.string(), "--step", "3"}, out3, err3), 1);
+  EXPECT_THAT(err3.str(), HasSubstr("rank 0 has not saved step 3"));
+  std::ostringstream out4, err4;
+  EXPECT_EQ(vp::cli::RunExportCommand({dir_.string()}, out4, err4), 2);
+  EXPECT_THAT(err4.str(), HasSubstr("is not a pipeline run directory"));
+}
+
+TEST_F(LaunchTest, ResumeContinuesFromTheShards) {
+  const std::string full = Spec("full", 2, 2, "vocab2", false, /*steps=*/6, /*every=*/3);
+  const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/6, /*every=*/3);
+  ASSERT_EQ(Vocabpipe("run " + full).code, 0);
+  Result first = Vocabpipe("run " + part + " --steps 3");
+  ASSERT_EQ(first.code, 0) << first.output;
+  Result resumed = Vocabpipe("run " + part + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("step 4/6"));
+  EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr("step 3/6")));
+  auto a = ReadJsonl(dir_ / "full/metrics.jsonl");
+  auto b = ReadJsonl(dir_ / "part/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(int(b[i]["step"]), i);
+    EXPECT_DOUBLE_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "step " << i;
+  }
+  ExpectSameWeights(dir_ / "part/step_6/model.safetensors", dir_ / "full/step_6/model.safetensors",
+                    0.0);
+}
+
+// `vocabpipe run SPEC --timeout T` in a child process whose output goes to `log`.
+pid_t StartRun(const std::string& spec, const std::string& timeout, const fs::path& log) {
+  const std::string bin = absl::StrCat(VP_BINARY_DIR, "/client/vocabpipe");
+  std::vector<std::string> argv = {bin, "run", spec, "--timeout", timeout};
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, bin.c_str(), &actions, nullptr, args.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+// Waits until the file has content (a worker reported a step), at most 30 s.
+bool WaitForReport(const fs::path& jsonl) {
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    if (fs::exists(jsonl) && fs::file_size(jsonl) > 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// Waits for the launcher to exit within `limit`; kills it (and fails) otherwise. Returns the
+// wait status.
+int WaitExit(pid_t launcher, std::chrono::seconds limit, const fs::path& log) {
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - start < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done == 0) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, &status, 0);
+    ADD_FAILURE() << "vocabpipe run did not exit within " << limit.count() << " s\n"
+                  << ReadFile(log);
+  }
+  return status;
+}
+
+TEST_F(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
+  const std::string spec = Spec("kill", 2, 2, "vocab2", false, /*steps=*/100000);
+  const fs::path log = dir_ / "launcher.out";
+  const pid_t launcher = StartRun(spec, "5", log);
+  ASSERT_GT(launcher, 0);
+  // Once rank 1 has reported a step, SIGKILL it.
+  if (!WaitForReport(dir_ / "kill/rank_1.jsonl")) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
+    FAIL() << "rank 1 never reported a step\n" << ReadFile(log);
+  }
+  const pid_t victim = std::stoi(ReadFile(dir_ / "kill/rank_1.pid"));
+  const pid_t survivor = std::stoi(ReadFile(dir_ / "kill/rank_0.pid"));
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  // Exit within the timeout (5 s) plus the launcher's SIGTERM grace (2 s) and slack.
+  const int status = WaitExit(launcher, std::chrono::seconds(12), log);
+  const std::string output = ReadFile(log);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << output;
+  EXPECT_THAT(output, HasSubstr("vocabpipe run: rank 1 failed: killed by signal 9"));
+  EXPECT_NE(kill(survivor, 0), 0) << "rank 0 outlived the run";
+  // Steps every rank finished before the kill are in the metrics.
+  EXPECT_FALSE(ReadJsonl(dir_ / "kill/metrics.jsonl").empty());
+}
+
+TEST_F(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
+  // A rank that stops answering (SIGSTOP: alive, holding its sockets open) must not hang the
+  // run: its peer's Gloo call times out, the launcher names that failure and SIGKILLs the
+  // stuck rank after waiting the timeout for it.
+  const std::string spec = Spec("stuck", 2, 2, "vocab2", false, /*steps=*/100000);
+  const fs::path log = dir_ / "launcher.out";
+  const pid_t launcher = StartRun(spec, "2", log);
+  ASSERT_GT(launcher, 0);
+  if (!WaitForReport(dir_ / "stuck/rank_1.jsonl")) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
+    FAIL() << "rank 1 never reported a step\n" << ReadFile(log);
+  }
+  const pid_t stuck = std::stoi(ReadFile(dir_ / "stuck/rank_1.pid"));
+  ASSERT_EQ(kill(stuck, SIGSTOP), 0);
+  // Gloo timeout 2 s + launcher wait 2.5 s + SIGTERM grace 2 s, with slack.
+  const int status = WaitExit(launcher, std::chrono::seconds(14), log);
+  const std::string output = ReadFile(log);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << output;
+  EXPECT_THAT(output, HasSubstr("rank 0 failed: exit code 1"));
+  EXPECT_THAT(output, HasSubstr("Timed out"));
+  EXPECT_THAT(output, HasSubstr("then rank 1: killed by signal 9"));
+  EXPECT_NE(kill(stuck, 0), 0) << "the stuck rank outlived the run";
+}
+
+}  // namespace

@@ -1,0 +1,498 @@
+#include "worker/launch/launcher.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/planner/spec_input.h"
+#include "worker/data/token_file.h"
+#include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/transformer.h"
+#include "worker/launch/run_dir.h"
+#include "worker/launch/shard_checkpoint.h"
+#include "worker/runtime/checkpoint.h"
+#include "worker/runtime/flops.h"
+
+extern char** environ;
+
+namespace vp::launch {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(10);
+// After SIGTERM, how long a worker gets before SIGKILL.
+constexpr auto kTermGrace = std::chrono::seconds(2);
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int wait_status = 0;
+  int64_t exit_round = 0;  // the launcher's poll round in which the exit was seen
+  std::string jsonl;
+  int64_t offset = 0;                 // bytes of jsonl consumed
+  std::string partial;                // an incomplete last line
+  std::vector<nlohmann::json> lines;  // reported steps not yet merged, in order
+
+  bool failed() const {
+    return !running && pid > 0 && !(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0);
+  }
+};
+
+std::string FormatDuration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return absl::StrFormat("%02d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+}
+
+// Starts `argv` with stdout and stderr appended to log_path and stdin from /dev/null.
+absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
+  }
+  return pid;
+}
+
+// Reads what the worker appended to its jsonl since the last call.
+absl::Status ReadNewLines(Worker& w) {
+  std::ifstream f(w.jsonl, std::ios::binary);
+  if (!f) return absl::OkStatus();  // not created yet
+  f.seekg(w.offset);
+  std::ostringstream s;
+  s << f.rdbuf();
+  const std::string text = s.str();
+  w.offset += static_cast<int64_t>(text.size());
+  w.partial += text;
+  size_t start = 0;
+  for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string line = w.partial.substr(start, nl - start);
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("step")) {
+      return absl::DataLossError(absl::StrCat(w.jsonl, ": unreadable line: ", line));
+    }
+    w.lines.push_back(std::move(j));
+  }
+  w.partial.erase(0, start);
+  return absl::OkStatus();
+}
+
+// The last non-empty line of a rank's log: the worker's error message.
+std::string LastLogLine(const std::string& path) {
+  std::ifstream f(path);
+  std::string line, last;
+  while (std::getline(f, line)) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  }
+  return last;
+}
+
+std::string FailureReason(const Worker& w, const std::string& log) {
+  if (WIFSIGNALED(w.wait_status)) {
+    const int sig = WTERMSIG(w.wait_status);
+    return absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
+  }
+  std::string last = LastLogLine(log);
+  if (last.empty()) last = "no message";
+  return absl::StrCat("exit code ", WEXITSTATUS(w.wait_status), ": ", last);
+}
+
+// Reaps workers that exited (noting the poll round); returns how many are still running.
+int Reap(std::vector<Worker>& workers, int64_t round) {
+  int running = 0;
+  for (Worker& w : workers) {
+    if (!w.running) continue;
+    int status = 0;
+    const pid_t r = waitpid(w.pid, &status, WNOHANG);
+    if (r == w.pid) {
+      w.running = false;
+      w.wait_status = status;
+      w.exit_round = round;
+    } else {
+      ++running;
+    }
+  }
+  return running;
+}
+
+// Signals every running worker, waits up to `grace` for them to exit.
+void SignalAndWait(std::vector<Worker>& workers, int sig, Clock::duration grace) {
+  for (Worker& w : workers) {
+    if (w.running) kill(w.pid, sig);
+  }
+  const auto deadline = Clock::now() + grace;
+  while (Reap(workers, INT64_MAX) > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+// Per-step figures the launcher merges from the ranks' reports.
+struct StepFigures {
+  nlohmann::json metrics;
+  std::string progress;
+  double seconds = 0;
+  double loss = 0;
+  int64_t peak = 0;
+  int64_t checkpoint_step = -1;
+};
+
+// predicted: the planner's per-rank peak (state + activations), shown beside the measured one.
+StepFigures MergeStep(const std::vector<nlohmann::json>& ranks, int64_t steps,
+                      double tokens_per_step, double flops_per_step, double peak_flops,
+                      double elapsed_before, int64_t steps_before,
+                      const std::vector<int64_t>& predicted) {
+  StepFigures out;
+  const int p = static_cast<int>(ranks.size());
+  double busy_max = 0, busy_sum = 0;
+  int64_t mem_max = 0, mem_min = INT64_MAX;
+  bool all_saved = true;
+  const nlohmann::json* loss_rank = nullptr;
+  nlohmann::json stages = nlohmann::json::array();
+  for (const nlohmann::json& r : ranks) {
+    out.seconds = std::max(out.seconds, r.value("seconds", 0.0));
+    const double busy = r.value("busy_seconds", 0.0);
+    busy_max = std::max(busy_max, busy);
+    busy_sum += busy;
+    const int64_t mem = r["memory"].value("total", int64_t{0});
+    mem_max = std::max(mem_max, mem);
+    mem_min = std::min(mem_min, mem);
+    if (loss_rank == nullptr && r.value("has_loss", false)) loss_rank = &r;
+    const int64_t saved = r.value("checkpoint_step", int64_t{-1});
+    if (saved < 0 || (out.checkpoint_step >= 0 && saved != out.checkpoint_step)) all_saved = false;
+    out.checkpoint_step = saved;
+    stages.push_back({{"rank", r["rank"]},
+                      {"seconds", r["seconds"]},
+                      {"busy_seconds", busy},
+                      {"busy", r["busy"]},
+                      {"compute_wait_seconds", r["compute_wait_seconds"]},
+                      {"comm_seconds", r["comm_seconds"]},
+                      {"comm", r["comm"]},
+                      {"memory", r["memory"]},
+                      {"predicted_memory_total",
+                       stages.size() < predicted.size() ? predicted[stages.size()] : 0}});
+  }
+  if (!all_saved) out.checkpoint_step = -1;
+  const nlohmann::json& head = loss_rank != nullptr ? *loss_rank : ranks.front();
+  out.loss = loss_rank != nullptr ? head.value("loss", 0.0) : 0.0;
+  out.peak = mem_max;
+  const int64_t step = head["step"];
+  const double secs = std::max(out.seconds, 1e-9);
+  const double tps = tokens_per_step / secs;
+  const double mfu = flops_per_step / secs / (p * peak_flops);
+  const double busy_ratio = busy_sum > 0 ? busy_max / (busy_sum / p) : 0;
+  const double mem_ratio = mem_min > 0 ? static_cast<double>(mem_max) / mem_min : 0;
+  out.metrics = {{"step", step},
+                 {"lr", head["lr"]},
+                 {"grad_norm", head["grad_norm"]},
+                 {"tokens_per_s", tps},
+                 {"mfu", mfu},
+                 {"peak_memory_bytes", mem_max},
+                 {"step_seconds", out.seconds},
+                 {"busy_max_over_mean", busy_ratio},
+                 {"memory_max_over_min", mem_ratio},
+                 {"stages", stages}};
+  if (loss_rank != nullptr) out.metrics["loss"] = out.loss;
+  const double mean_step_seconds =
+      (elapsed_before + out.seconds) / static_cast<double>(steps_before + 1);
+  const double eta = mean_step_seconds * static_cast<double>(steps - step - 1);
+  out.progress = absl::StrFormat(
+      "step %d/%d | loss %.4f | lr %.2e | %.0f tok/s | MFU %.1f%% | busy max/mean %.2f | "
+      "mem max/min %.2f (max %.1f MiB) | ETA %s",
+      step + 1, steps, out.loss, head.value("lr", 0.0), tps, 100.0 * mfu, busy_ratio, mem_ratio,
+      mem_max / 1048576.0, FormatDuration(eta));
+  return out;
+}
+
+// Keeps the metrics lines of steps before first_step (a resumed run rewrites the rest).
+absl::Status TrimMetrics(const std::string& path, int64_t first_step) {
+  std::vector<std::string> keep;
+  {
+    std::ifstream f(path);
+    for (std::string line; std::getline(f, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{-1}) < first_step) keep.push_back(line);
+    }
+  }
+  std::ofstream f(path, std::ios::trunc);
+  for (const std::string& line : keep) f << line << "\n";
+  if (!f) return absl::InternalError(absl::StrCat(path, ": cannot rewrite"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
+  std::vector<fs::path> candidates;
+  if (!override_path.empty()) {
+    candidates.push_back(override_path);
+  } else if (const char* env = std::getenv("VOCABPIPE_WORKER"); env != nullptr && *env != '\0') {
+    candidates.push_back(env);
+  } else {
+    std::error_code ec;
+    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
+    candidates.push_back(self.parent_path() / "vocabpipe-worker");
+    candidates.push_back(self.parent_path().parent_path() / "worker" / "launch" /
+                         "vocabpipe-worker");
+  }
+  for (const fs::path& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c.string();
+  }
+  std::vector<std::string> names;
+  for (const fs::path& c : candidates) names.push_back(c.string());
+  return absl::NotFoundError(absl::StrCat("vocabpipe-worker not found (looked at ",
+                                          absl::StrJoin(names, ", "),
+                                          "); set VOCABPIPE_WORKER or pass --worker"));
+}
+
+absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec& spec,
+                                                   const LaunchOptions& options,
+                                                   std::ostream& progress) {
+  const int p = spec.parallel().pipeline();
+  // Everything that can be checked before a process starts is checked here, so bad input is
+  // InvalidArgument (exit code 2) and not a worker failure.
+  if (spec.device() != "cpu") {
+    return absl::UnimplementedError(
+        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
+  }
+  // The planner's memory model takes the engine's real per-layer activation size.
+  const engine::ModelConfig shape{.layers = spec.model().layers(),
+                                  .hidden = spec.model().hidden(),
+                                  .heads = spec.model().heads(),
+                                  .vocab = spec.model().vocab_size(),
+                                  .seq_len = spec.model().seq_len(),
+                                  .ffn_hidden = spec.model().ffn_hidden(),
+                                  .tie_embeddings = spec.model().tie_embeddings()};
+  auto layer_bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
+  if (!layer_bytes.ok()) return layer_bytes.status();
+  auto built = planner::BuildPlanFromSpec(
+      spec, 1e12,
+      {.kept = layer_bytes->kept, .backward_transient = layer_bytes->backward_transient});
+  if (!built.ok()) return built.status();
+  const planner::Plan& plan = built->plan;
+  std::vector<int64_t> predicted(p, 0);
+  if (auto sim = planner::Simulate(plan, built->input); sim.ok()) {
+    for (int r = 0; r < p; ++r) {
+      predicted[r] = sim->ranks[r].state_bytes + sim->ranks[r].peak_activation_bytes;
+    }
+  }
+  auto topt = PipelineTrainerOptions(spec, plan);
+  if (!topt.ok()) return topt.status();
+  if (auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
+      !file.ok()) {
+    return file.status();
+  }
+  auto binary = FindWorkerBinary(options.worker_binary);
+  if (!binary.ok()) return binary.status();
+
+  const std::string dir = spec.checkpoint().dir();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint.dir: cannot create ", dir, ": ", ec.message()));
+  }
+  runtime::RunSummary summary;
+  int64_t first_step = 0;
+  if (options.resume) {
+    auto latest = LatestShardedStep(dir, p);
+    if (latest.ok()) {
+      first_step = *latest;
+    } else if (!absl::IsNotFound(latest.status())) {
+      return latest.status();
+    }
+  }
+  const int64_t steps = spec.train().steps();
+  summary.first_step = first_step;
+  summary.metrics_path = MetricsPath(dir);
+  if (first_step > 0) {
+    if (auto st = TrimMetrics(summary.metrics_path, first_step); !st.ok()) return st;
+  }
+  std::ofstream metrics(summary.metrics_path, first_step > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics) return absl::InternalError(absl::StrCat(summary.metrics_path, ": cannot open"));
+  if (first_step >= steps && steps > 0) return summary;  // nothing left to train
+
+  // A fresh store per launch (the attempt id in the key prefix guards against leftovers too).
+  fs::remove_all(StoreDir(dir), ec);
+  fs::create_directories(StoreDir(dir), ec);
+  if (ec) return absl::InternalError(absl::StrCat(StoreDir(dir), ": ", ec.message()));
+  for (int r = 0; r < p; ++r) fs::remove(RankMetricsPath(dir, r), ec);
+  if (auto st = WriteRunFiles(dir, spec, plan); !st.ok()) return st;
+
+  // MFU is against the peak of one rank's BLAS threads, measured before the workers start.
+  engine::cpu::SetBlasThreads(WorkerThreads(spec));
+  summary.peak_flops = runtime::MeasureCpuPeakFlops();
+  const auto& cfg = topt->model;
+  const double tokens_per_step =
+      static_cast<double>(topt->microbatches) * topt->microbatch_size * cfg.seq_len;
+  const double flops_per_step =
+      topt->microbatches * runtime::ModelFlopsPerMicrobatch(cfg, topt->microbatch_size);
+
+  const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
+  std::vector<Worker> workers(p);
+  for (int r = 0; r < p; ++r) {
+    Worker& w = workers[r];
+    w.rank = r;
+    w.jsonl = RankMetricsPath(dir, r);
+    std::vector<std::string> argv = {*binary,
+                                     "--run-dir",
+                                     dir,
+                                     "--rank",
+                                     absl::StrCat(r),
+                                     "--timeout",
+                                     absl::StrCat(absl::ToDoubleSeconds(options.timeout)),
+                                     "--attempt",
+                                     attempt};
+    if (first_step > 0) {
+      argv.push_back("--resume-step");
+      argv.push_back(absl::StrCat(first_step));
+    }
+    auto pid = Spawn(argv, RankLogPath(dir, r));
+    if (!pid.ok()) {
+      SignalAndWait(workers, SIGKILL, kTermGrace);
+      return pid.status();
+    }
+    w.pid = *pid;
+    w.running = true;
+    std::ofstream(RankPidPath(dir, r)) << *pid << "\n";
+  }
+
+  // Watch: merge every step all ranks reported, reap exits, stop at the first failure.
+  absl::Status launcher_error;  // a failure of the launcher itself (merge, unreadable report)
+  int64_t next_step = first_step;
+  double elapsed = 0, timed_seconds = 0, timed_steps = 0;
+  auto drain = [&]() -> absl::Status {
+    for (Worker& w : workers) {
+      if (auto st = ReadNewLines(w); !st.ok()) return st;
+    }
+    while (std::all_of(workers.begin(), workers.end(),
+                       [](const Worker& w) { return !w.lines.empty(); })) {
+      std::vector<nlohmann::json> ranks;
+      for (Worker& w : workers) {
+        ranks.push_back(std::move(w.lines.front()));
+        w.lines.erase(w.lines.begin());
+        if (ranks.back()["step"] != next_step) {
+          return absl::DataLossError(absl::StrCat(
+              w.jsonl, ": reported step ", ranks.back()["step"].dump(), ", expected ", next_step));
+        }
+      }
+      StepFigures f = MergeStep(ranks, steps, tokens_per_step, flops_per_step, summary.peak_flops,
+                                elapsed, summary.steps_run, predicted);
+      elapsed += f.seconds;
+      if (next_step > first_step || steps - first_step == 1) {
+        timed_seconds += f.seconds;
+        timed_steps += 1;
+      }
+      metrics << f.metrics.dump() << "\n";
+      metrics.flush();
+      if (next_step == first_step) summary.first_loss = f.loss;
+      summary.final_loss = f.loss;
+      summary.peak_memory_bytes = std::max(summary.peak_memory_bytes, f.peak);
+      summary.steps_run += 1;
+      if (options.interactive) {
+        progress << "\r" << f.progress << "\033[K" << std::flush;
+      } else {
+        progress << f.progress << "\n" << std::flush;
+      }
+      if (f.checkpoint_step >= 0) {
+        if (auto st = MergeShards(dir, f.checkpoint_step, p, cfg); !st.ok()) return st;
+        summary.last_checkpoint = runtime::CheckpointDir(dir, f.checkpoint_step);
+      }
+      ++next_step;
+    }
+    return absl::OkStatus();
+  };
+  auto any_failed = [&] {
+    return std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.failed(); });
+  };
+  int64_t round = 0;
+  while (true) {
+    const int running = Reap(workers, ++round);
+    if (launcher_error = drain(); !launcher_error.ok()) break;
+    if (any_failed() || running == 0) break;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  if (!launcher_error.ok()) {
+    SignalAndWait(workers, SIGTERM, kTermGrace);
+  } else if (any_failed()) {
+    // The others lose their peer and fail on their own within the Gloo timeout; wait that
+    // long at most, then terminate whoever is left.
+    const auto deadline =
+        Clock::now() + absl::ToChronoSeconds(options.timeout) + std::chrono::milliseconds(500);
+    while (Reap(workers, ++round) > 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    SignalAndWait(workers, SIGTERM, kTermGrace);
+  }
+  SignalAndWait(workers, SIGKILL, std::chrono::seconds(5));
+  if (options.interactive && summary.steps_run > 0) progress << "\n";
+  if (!launcher_error.ok()) return launcher_error;
+
+  if (any_failed()) {
+    (void)drain();  // keep the metrics of every step that all ranks finished
+    // The first to fail is the cause; a rank killed by a signal beats one that exited on
+    // its own in the same poll (its peers fail because it vanished).
+    std::vector<const Worker*> failed;
+    for (const Worker& w : workers) {
+      if (w.failed()) failed.push_back(&w);
+    }
+    std::stable_sort(failed.begin(), failed.end(), [](const Worker* a, const Worker* b) {
+      if (a->exit_round != b->exit_round) return a->exit_round < b->exit_round;
+      return WIFSIGNALED(a->wait_status) && !WIFSIGNALED(b->wait_status);
+    });
+    const Worker& first = *failed.front();
+    std::string message = absl::StrCat(
+        "rank ", first.rank, " failed: ", FailureReason(first, RankLogPath(dir, first.rank)),
+        " (log: ", RankLogPath(dir, first.rank), ")");
+    for (size_t i = 1; i < failed.size(); ++i) {
+      absl::StrAppend(&message, "; then rank ", failed[i]->rank, ": ",
+                      FailureReason(*failed[i], RankLogPath(dir, failed[i]->rank)));
+    }
+    return absl::AbortedError(message);
+  }
+  if (auto st = drain(); !st.ok()) return st;
+  if (steps == 0) {
+    if (auto st = MergeShards(dir, 0, p, cfg); !st.ok()) return st;
+    summary.last_checkpoint = runtime::CheckpointDir(dir, 0);
+  } else if (next_step != steps) {
+    return absl::DataLossError(absl::StrCat("the workers exited after step ", next_step, " of ",
+                                            steps, " without an error; see ", dir,
+                                            "/rank_<R>.log"));
+  }
+  if (timed_steps > 0) {
+    summary.tokens_per_s = tokens_per_step * timed_steps / timed_seconds;
+    summary.mfu = flops_per_step * timed_steps / timed_seconds / (p * summary.peak_flops);
+  }
+  return summary;
+}
+
+}  // namespace vp::launch

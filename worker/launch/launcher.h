@@ -1,0 +1,39 @@
+// `vocabpipe run` for parallel.pipeline = p > 1 on one host: builds and validates the plan,
+// prepares the run directory (run_dir.h), starts p `vocabpipe-worker` processes, merges their
+// per-step reports into one progress line and one metrics.jsonl object per step, merges
+// checkpoint shards, and stops every worker when one fails (docs/operations.md, "Pipeline
+// runs").
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "vocabpipe/v1/job.pb.h"
+#include "worker/runtime/run_job.h"
+
+namespace vp::launch {
+
+struct LaunchOptions {
+  bool resume = false;       // continue from the latest step all ranks saved
+  bool interactive = false;  // redraw one progress line with '\r'
+  // The worker executable. Empty: $VOCABPIPE_WORKER, else `vocabpipe-worker` beside the
+  // running executable, else ../worker/launch/vocabpipe-worker from it (the build tree).
+  std::string worker_binary;
+  // Gloo timeout of the workers, and how long the launcher waits for the other workers to
+  // stop on their own after one failed before it terminates them.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// Finds the worker executable as LaunchOptions::worker_binary describes.
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path);
+
+// Runs the job to the end. A worker that fails makes it return Aborted("rank R failed:
+// <reason>") once every worker has exited; a spec or plan the planner rejects is
+// InvalidArgument.
+absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec& spec,
+                                                   const LaunchOptions& options,
+                                                   std::ostream& progress);
+
+}  // namespace vp::launch

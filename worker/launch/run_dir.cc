@@ -1,0 +1,113 @@
+#include "worker/launch/run_dir.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "proto/spec/job_spec.h"
+#include "worker/runtime/run_job.h"
+
+namespace vp::launch {
+namespace fs = std::filesystem;
+
+std::string SpecPath(const std::string& dir) { return (fs::path(dir) / "job.yaml").string(); }
+std::string PlanPath(const std::string& dir) { return (fs::path(dir) / "plan.txt").string(); }
+std::string StoreDir(const std::string& dir) { return (fs::path(dir) / "store").string(); }
+std::string RankPidPath(const std::string& dir, int rank) {
+  return (fs::path(dir) / absl::StrCat("rank_", rank, ".pid")).string();
+}
+std::string RankLogPath(const std::string& dir, int rank) {
+  return (fs::path(dir) / absl::StrCat("rank_", rank, ".log")).string();
+}
+std::string RankMetricsPath(const std::string& dir, int rank) {
+  return (fs::path(dir) / absl::StrCat("rank_", rank, ".jsonl")).string();
+}
+std::string MetricsPath(const std::string& dir) {
+  return (fs::path(dir) / "metrics.jsonl").string();
+}
+std::string ShardDir(const std::string& dir, int64_t step, int rank) {
+  return (fs::path(dir) / absl::StrCat("step_", step) / absl::StrCat("rank_", rank)).string();
+}
+
+namespace {
+
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+absl::Status WriteRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,
+                           const planner::Plan& plan) {
+  if (auto st = WriteTextFile(SpecPath(dir), spec::JobSpecToYaml(spec)); !st.ok()) return st;
+  return WriteTextFile(PlanPath(dir), planner::PlanToText(plan));
+}
+
+absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir) {
+  auto spec_text = ReadTextFile(SpecPath(dir));
+  if (!spec_text.ok()) return spec_text.status();
+  auto spec = spec::ParseJobSpec(*spec_text, dir);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(SpecPath(dir), ": ", spec.status().message()));
+  }
+  auto plan_text = ReadTextFile(PlanPath(dir));
+  if (!plan_text.ok()) return plan_text.status();
+  auto plan = planner::PlanFromText(*plan_text);
+  if (!plan.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(PlanPath(dir), ": ", plan.status().message()));
+  }
+  if (plan->pipeline != spec->parallel().pipeline()) {
+    return absl::InvalidArgumentError(absl::StrCat(PlanPath(dir), ": pipeline ", plan->pipeline,
+                                                   " differs from the spec's parallel.pipeline ",
+                                                   spec->parallel().pipeline()));
+  }
+  return RunFiles{std::move(*spec), std::move(*plan)};
+}
+
+absl::StatusOr<runtime::TrainerOptions> PipelineTrainerOptions(const vocabpipe::v1::JobSpec& spec,
+                                                               const planner::Plan& plan) {
+  vocabpipe::v1::JobSpec one = spec;
+  one.mutable_parallel()->set_pipeline(1);
+  auto o = runtime::TrainerOptionsFromSpec(one);
+  if (!o.ok()) return o.status();
+  if (plan.microbatches != o->microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat("plan microbatches ", plan.microbatches,
+                                                   " differ from parallel.microbatches ",
+                                                   o->microbatches));
+  }
+  if (plan.layers != o->model.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan layers ", plan.layers, " differ from model.layers ", o->model.layers));
+  }
+  o->algorithm = plan.barrier == 2 ? engine::vocab::OutputAlgorithm::kAlgorithm1
+                                   : engine::vocab::OutputAlgorithm::kAlgorithm2;
+  return o;
+}
+
+int WorkerThreads(const vocabpipe::v1::JobSpec& spec) {
+  if (spec.train().threads() > 0) return spec.train().threads();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, spec.parallel().pipeline()));
+}
+
+}  // namespace vp::launch

@@ -1,0 +1,152 @@
+#include "worker/launch/worker.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/data/sample_reader.h"
+#include "worker/data/token_file.h"
+#include "worker/engine/kernels/cpu/blas.h"
+#include "worker/launch/run_dir.h"
+#include "worker/launch/shard_checkpoint.h"
+
+namespace vp::launch {
+namespace fs = std::filesystem;
+
+std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step) {
+  nlohmann::json busy = nlohmann::json::object(), comm = nlohmann::json::object();
+  double comm_total = 0;
+  for (int k = 0; k < planner::kNumActionKinds; ++k) {
+    const std::string name(planner::ActionKindName(static_cast<planner::ActionKind>(k)));
+    if (r.busy[k] > 0) busy[name] = r.busy[k];
+    if (r.comm[k] > 0) comm[name] = r.comm[k];
+    comm_total += r.comm[k];
+  }
+  nlohmann::json j = {
+      {"step", r.step},
+      {"rank", rank},
+      {"has_loss", r.has_loss},
+      {"grad_norm", r.grad_norm},
+      {"lr", r.lr},
+      {"seconds", r.seconds},
+      {"busy_seconds", r.busy_seconds()},
+      {"busy", busy},
+      {"compute_wait_seconds", r.compute_wait_seconds},
+      {"comm_seconds", comm_total},
+      {"comm", comm},
+      {"memory",
+       {{"parameters", r.peak_parameters},
+        {"gradients", r.peak_gradients},
+        {"optimizer", r.peak_optimizer},
+        {"activations", r.peak_activations},
+        {"total", r.peak_total}}},
+  };
+  if (r.has_loss) j["loss"] = r.loss;
+  if (checkpoint_step >= 0) j["checkpoint_step"] = checkpoint_step;
+  return j.dump();
+}
+
+absl::Status RunWorker(const WorkerOptions& options) {
+  const std::string& dir = options.run_dir;
+  auto files = ReadRunFiles(dir);
+  if (!files.ok()) return files.status();
+  const vocabpipe::v1::JobSpec& spec = files->spec;
+  const planner::Plan& plan = files->plan;
+  const int p = plan.pipeline;
+  if (options.rank < 0 || options.rank >= p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank: ", options.rank, " is not in [0, ", p, ")"));
+  }
+  auto topt = PipelineTrainerOptions(spec, plan);
+  if (!topt.ok()) return topt.status();
+  engine::cpu::SetBlasThreads(WorkerThreads(spec));
+
+  // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
+  // shards need the targets), so each rank opens the token file itself.
+  auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
+  if (!file.ok()) return file.status();
+  auto source = std::make_shared<data::TokenFile>(std::move(*file));
+  auto reader =
+      data::SampleReader::Create(source, {.seq_len = spec.model().seq_len(),
+                                          .microbatch_size = spec.parallel().microbatch_size(),
+                                          .microbatches = spec.parallel().microbatches(),
+                                          .shuffle = spec.data().shuffle(),
+                                          .seed = spec.train().seed()});
+  if (!reader.ok()) return reader.status();
+  runtime::BatchFn batches = [&](int64_t step, int j, int32_t* inputs, int32_t* targets) {
+    return reader->Fill(step, j, inputs, targets);
+  };
+
+  auto store = comm::MakeFileStore(StoreDir(dir));
+  if (!store.ok()) return store.status();
+  // The communicator must outlive the PipelineRank (its communication thread uses it).
+  auto gloo = comm::ConnectGloo({.rank = options.rank,
+                                 .size = p,
+                                 .store = *store,
+                                 .prefix = absl::StrCat("vocabpipe/", options.attempt, "/pipeline"),
+                                 .hostname = "127.0.0.1",
+                                 .timeout = options.timeout});
+  if (!gloo.ok()) {
+    return absl::Status(gloo.status().code(), absl::StrCat("connect: ", gloo.status().message()));
+  }
+  auto pr = runtime::PipelineRank::Create(plan, options.rank, *topt, gloo->get());
+  if (!pr.ok()) return pr.status();
+  runtime::PipelineRank& rank = **pr;
+  auto fatal = [&](absl::Status st) {
+    if (options.on_fatal) options.on_fatal(st);
+    return st;
+  };
+
+  int64_t first_step = 0;
+  if (options.resume_step >= 0) {
+    if (auto st =
+            LoadRankShard(dir, options.resume_step, options.rank, rank.model(), &rank.optimizer());
+        !st.ok()) {
+      return fatal(st);
+    }
+    first_step = options.resume_step;
+  }
+  const std::string metrics_path = RankMetricsPath(dir, options.rank);
+  std::ofstream metrics(metrics_path, std::ios::trunc);
+  if (!metrics) return fatal(absl::InternalError(absl::StrCat(metrics_path, ": cannot open")));
+
+  const int64_t steps = spec.train().steps();
+  const int every = spec.checkpoint().every();
+  if (steps == 0) {  // steps: 0 saves the initial model and stops (like a standalone run)
+    if (auto st = SaveRankShard(dir, 0, options.rank, p, rank.model(), rank.optimizer());
+        !st.ok()) {
+      return fatal(st);
+    }
+    return absl::OkStatus();
+  }
+  for (int64_t step = first_step; step < steps; ++step) {
+    rank.memory().ResetPeaks();
+    auto r = rank.Step(step, batches);
+    if (!r.ok()) {
+      return fatal(
+          absl::Status(r.status().code(), absl::StrCat("step ", step, ": ", r.status().message())));
+    }
+    const int64_t done = step + 1;
+    int64_t checkpoint_step = -1;
+    if ((every > 0 && done % every == 0) || done == steps) {
+      if (auto st = SaveRankShard(dir, done, options.rank, p, rank.model(), rank.optimizer());
+          !st.ok()) {
+        return fatal(
+            absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
+      }
+      checkpoint_step = done;
+    }
+    // The line is written after the shard: a launcher that sees checkpoint_step may merge.
+    metrics << RankStepJson(options.rank, *r, checkpoint_step) << "\n";
+    metrics.flush();
+    if (!metrics) {
+      return fatal(absl::InternalError(absl::StrCat(metrics_path, ": write failed")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace vp::launch

@@ -1,0 +1,42 @@
+// One pipeline rank as a process (`vocabpipe-worker --run-dir DIR --rank R`): reads the job
+// spec and plan the launcher wrote into DIR, loads the data (every rank reads the same
+// microbatches), connects to the other ranks over Gloo (FileStore in DIR/store), builds a
+// runtime::PipelineRank and runs the steps, appending one JSON object per step to
+// DIR/rank_<R>.jsonl and saving its checkpoint shard at checkpoint steps.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "coordinator/planner/plan.h"
+#include "worker/runtime/pipeline_rank.h"
+
+namespace vp::launch {
+
+struct WorkerOptions {
+  std::string run_dir;
+  int rank = 0;
+  // Bound on the rendezvous and on every Gloo transfer and collective: a rank whose peer died
+  // fails within it.
+  absl::Duration timeout = absl::Seconds(60);
+  // Names this launch's keys in the store (a relaunch must not read stale addresses).
+  std::string attempt = "0";
+  int64_t resume_step = -1;  // >= 0: load the rank's shard of this step and continue after it
+  // Called with an error raised once the PipelineRank exists, before anything is torn down.
+  // The process entry point reports and _Exits there: after a transport error the executor's
+  // communication thread may still sit in a Gloo call until its timeout, and destroying the
+  // rank would join it. Null: the error is returned as usual.
+  std::function<void(const absl::Status&)> on_fatal;
+};
+
+// Runs the rank to the end of the job. Errors name the stage (spec, data, connect, step N,
+// checkpoint) and are meant for the rank's log.
+absl::Status RunWorker(const WorkerOptions& options);
+
+// The JSON object a worker appends for one step (one line of rank_<R>.jsonl).
+std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step);
+
+}  // namespace vp::launch
