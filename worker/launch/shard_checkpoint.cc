@@ -106,28 +106,9 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank,
   const std::string model_path = (fs::path(dir) / "model.safetensors").string();
   auto weights = runtime::ReadSafetensors(model_path);
   if (!weights.ok()) return weights.status();
-  auto check = [](const std::string& file, const runtime::SafetensorsFile& f,
-                  const std::string& name,
-                  const std::vector<int64_t>& shape) -> absl::StatusOr<const runtime::Tensor*> {
-    auto it = f.tensors.find(name);
-    if (it == f.tensors.end()) {
-      return absl::NotFoundError(absl::StrCat(file, ": tensor ", name, " is missing"));
-    }
-    if (it->second.shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file, ": tensor ", name, " has shape [", absl::StrJoin(it->second.shape, ","),
-          "], the rank expects [", absl::StrJoin(shape, ","), "]"));
-    }
-    for (float x : it->second.data) {
-      if (!std::isfinite(x)) {
-        return absl::DataLossError(absl::StrCat(file, ": tensor ", name, " holds NaN or Inf"));
-      }
-    }
-    return &it->second;
-  };
   std::vector<std::pair<const runtime::Tensor*, float*>> copies;
   for (const engine::ParamTensor& t : model.tensors()) {
-    auto w = check(model_path, *weights, t.name, SavedShape(t));
+    auto w = runtime::CheckedTensor(model_path, *weights, t.name, SavedShape(t));
     if (!w.ok()) return w.status();
     if (t.vocab_shard) {
       auto it = weights->metadata.find(kShardKey + t.name);
@@ -158,9 +139,9 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank,
       return absl::DataLossError(absl::StrCat(opt_path, ": metadata adamw_step missing or bad"));
     }
     for (const engine::ParamTensor& t : model.tensors()) {
-      auto m = check(opt_path, *moments, "exp_avg." + t.name, SavedShape(t));
+      auto m = runtime::CheckedTensor(opt_path, *moments, "exp_avg." + t.name, SavedShape(t));
       if (!m.ok()) return m.status();
-      auto v = check(opt_path, *moments, "exp_avg_sq." + t.name, SavedShape(t));
+      auto v = runtime::CheckedTensor(opt_path, *moments, "exp_avg_sq." + t.name, SavedShape(t));
       if (!v.ok()) return v.status();
       copies.emplace_back(*m, optimizer->m().data() + t.offset);
       copies.emplace_back(*v, optimizer->v().data() + t.offset);

@@ -142,27 +142,9 @@ absl::Status LoadCheckpoint(const std::string& step_dir, engine::RankModel& mode
   auto weights = ReadSafetensors(model_path);
   if (!weights.ok()) return weights.status();
   // Validate everything first, copy afterwards: a bad checkpoint leaves the model untouched.
-  auto check = [](const std::string& file, const SafetensorsFile& f, const std::string& name,
-                  const std::vector<int64_t>& shape) -> absl::StatusOr<const Tensor*> {
-    auto it = f.tensors.find(name);
-    if (it == f.tensors.end()) {
-      return absl::NotFoundError(absl::StrCat(file, ": tensor ", name, " is missing"));
-    }
-    if (it->second.shape != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file, ": tensor ", name, " has shape [", absl::StrJoin(it->second.shape, ","),
-          "], the model expects [", absl::StrJoin(shape, ","), "]"));
-    }
-    for (float x : it->second.data) {
-      if (!std::isfinite(x)) {
-        return absl::DataLossError(absl::StrCat(file, ": tensor ", name, " holds NaN or Inf"));
-      }
-    }
-    return &it->second;
-  };
   std::vector<std::pair<const Tensor*, size_t>> copies;
   for (const Export& e : ExportTable(model)) {
-    auto t = check(model_path, *weights, e.name, e.shape);
+    auto t = CheckedTensor(model_path, *weights, e.name, e.shape);
     if (!t.ok()) return t.status();
     copies.emplace_back(*t, e.offset);
   }
@@ -181,9 +163,9 @@ absl::Status LoadCheckpoint(const std::string& step_dir, engine::RankModel& mode
     for (const engine::ParamTensor& p : model.tensors()) {
       std::vector<int64_t> shape = p.shape;
       if (p.vocab_shard) shape[0] = p.valid_rows;
-      auto m = check(opt_path, *moments, "exp_avg." + p.name, shape);
+      auto m = CheckedTensor(opt_path, *moments, "exp_avg." + p.name, shape);
       if (!m.ok()) return m.status();
-      auto v = check(opt_path, *moments, "exp_avg_sq." + p.name, shape);
+      auto v = CheckedTensor(opt_path, *moments, "exp_avg_sq." + p.name, shape);
       if (!v.ok()) return v.status();
       moment_copies.emplace_back(*m, optimizer->m().data() + p.offset);
       moment_copies.emplace_back(*v, optimizer->v().data() + p.offset);

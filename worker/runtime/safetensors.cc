@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -173,6 +174,26 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     }
   }
   return out;
+}
+
+absl::StatusOr<const Tensor*> CheckedTensor(const std::string& path, const SafetensorsFile& file,
+                                            const std::string& name,
+                                            const std::vector<int64_t>& shape) {
+  auto it = file.tensors.find(name);
+  if (it == file.tensors.end()) {
+    return absl::NotFoundError(absl::StrCat(path, ": tensor ", name, " is missing"));
+  }
+  if (it->second.shape != shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor ", name, " has shape [", absl::StrJoin(it->second.shape, ","),
+                     "], expected [", absl::StrJoin(shape, ","), "]"));
+  }
+  for (float x : it->second.data) {
+    if (!std::isfinite(x)) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " holds NaN or Inf"));
+    }
+  }
+  return &it->second;
 }
 
 }  // namespace vp::runtime

@@ -37,4 +37,10 @@ struct SafetensorsFile {
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
 
+// The tensor `name` of a file read from `path`, checked for loading into a model: present,
+// of exactly `shape`, every value finite. Errors name the file and the tensor.
+absl::StatusOr<const Tensor*> CheckedTensor(const std::string& path, const SafetensorsFile& file,
+                                            const std::string& name,
+                                            const std::vector<int64_t>& shape);
+
 }  // namespace vp::runtime
