@@ -7,11 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/comm/gloo/gloo_communicator.h"
-#include "worker/data/sample_reader.h"
-#include "worker/data/token_file.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
+#include "worker/runtime/run_job.h"
 
 namespace vp::launch {
 namespace fs = std::filesystem;
@@ -66,19 +65,9 @@ absl::Status RunWorker(const WorkerOptions& options) {
 
   // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
   // shards need the targets), so each rank opens the token file itself.
-  auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
-  if (!file.ok()) return file.status();
-  auto source = std::make_shared<data::TokenFile>(std::move(*file));
-  auto reader =
-      data::SampleReader::Create(source, {.seq_len = spec.model().seq_len(),
-                                          .microbatch_size = spec.parallel().microbatch_size(),
-                                          .microbatches = spec.parallel().microbatches(),
-                                          .shuffle = spec.data().shuffle(),
-                                          .seed = spec.train().seed()});
-  if (!reader.ok()) return reader.status();
-  runtime::BatchFn batches = [&](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    return reader->Fill(step, j, inputs, targets);
-  };
+  auto batches_or = runtime::OpenJobBatches(spec);
+  if (!batches_or.ok()) return batches_or.status();
+  const runtime::BatchFn batches = std::move(*batches_or);
 
   auto store = comm::MakeFileStore(StoreDir(dir));
   if (!store.ok()) return store.status();

@@ -58,6 +58,22 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSp
   return o;
 }
 
+absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
+  auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
+  if (!file.ok()) return file.status();
+  auto reader = data::SampleReader::Create(std::make_shared<data::TokenFile>(std::move(*file)),
+                                           {.seq_len = spec.model().seq_len(),
+                                            .microbatch_size = spec.parallel().microbatch_size(),
+                                            .microbatches = spec.parallel().microbatches(),
+                                            .shuffle = spec.data().shuffle(),
+                                            .seed = spec.train().seed()});
+  if (!reader.ok()) return reader.status();
+  auto shared = std::make_shared<data::SampleReader>(std::move(*reader));
+  return BatchFn([shared](int64_t step, int j, int32_t* inputs, int32_t* targets) {
+    return shared->Fill(step, j, inputs, targets);
+  });
+}
+
 namespace {
 
 std::string FormatDuration(double seconds) {
@@ -73,19 +89,9 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   if (!topt.ok()) return topt.status();
   engine::cpu::SetBlasThreads(spec.train().threads());
 
-  auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
-  if (!file.ok()) return file.status();
-  auto source = std::make_shared<data::TokenFile>(std::move(*file));
-  auto reader =
-      data::SampleReader::Create(source, {.seq_len = spec.model().seq_len(),
-                                          .microbatch_size = spec.parallel().microbatch_size(),
-                                          .microbatches = spec.parallel().microbatches(),
-                                          .shuffle = spec.data().shuffle(),
-                                          .seed = spec.train().seed()});
-  if (!reader.ok()) return reader.status();
-  BatchFn batches = [&](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    return reader->Fill(step, j, inputs, targets);
-  };
+  auto batches_or = OpenJobBatches(spec);
+  if (!batches_or.ok()) return batches_or.status();
+  const BatchFn batches = std::move(*batches_or);
 
   auto trainer = StandaloneTrainer::Create(*topt);
   if (!trainer.ok()) return trainer.status();

@@ -29,6 +29,11 @@ struct RunSummary {
   std::string last_checkpoint;
 };
 
+// Opens the job's token file (validated against the vocabulary) and returns the function that
+// fills microbatch j of a step in the spec's sample order. Every pipeline rank calls this: all
+// ranks read the same microbatches (inputs for IF, targets for S/T).
+absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec);
+
 // Maps a validated JobSpec onto the trainer's options (pipeline must be 1).
 absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSpec& spec);
 
