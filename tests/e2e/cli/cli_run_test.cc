@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/vocabpipe_cli.h"
 #include "worker/runtime/safetensors.h"
 
 namespace {
@@ -18,30 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Result Vocabpipe(const std::string& args) {
-  const std::string cmd = absl::StrCat(VP_BINARY_DIR, "/client/vocabpipe ", args, " 2>&1");
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::vector<nlohmann::json> ReadMetrics(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream f(path);
-  for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
+using Result = vp::testing::CliResult;
+using vp::testing::Vocabpipe;
 
 class CliRunTest : public testing::Test {
  protected:
@@ -87,7 +66,7 @@ checkpoint: {dir: run}
 )"));
   Result r = Vocabpipe("run " + spec);
   ASSERT_EQ(r.code, 0) << r.output;
-  auto metrics = ReadMetrics(dir_ / "run" / "metrics.jsonl");
+  auto metrics = vp::testing::ReadJsonl(dir_ / "run" / "metrics.jsonl");
   ASSERT_EQ(metrics.size(), 300u);
   for (const char* key :
        {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_bytes"}) {
@@ -122,8 +101,8 @@ checkpoint: {dir: part, every: 3}
   ASSERT_EQ(first_half.code, 0) << first_half.output;
   Result resumed = Vocabpipe("run " + part + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
-  auto a = ReadMetrics(dir_ / "full" / "metrics.jsonl");
-  auto b = ReadMetrics(dir_ / "part" / "metrics.jsonl");
+  auto a = vp::testing::ReadJsonl(dir_ / "full" / "metrics.jsonl");
+  auto b = vp::testing::ReadJsonl(dir_ / "part" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);
   for (int i = 0; i < 6; ++i) {
@@ -221,7 +200,7 @@ checkpoint: {dir: p2run}
   Result r2 = Vocabpipe("run " + p2);
   EXPECT_EQ(r2.code, 0) << r2.output;
   EXPECT_THAT(r2.output, HasSubstr("step 2/2 | loss"));
-  auto metrics = ReadMetrics(dir_ / "p2run" / "metrics.jsonl");
+  auto metrics = vp::testing::ReadJsonl(dir_ / "p2run" / "metrics.jsonl");
   ASSERT_EQ(metrics.size(), 2u);
   EXPECT_EQ(metrics.back()["stages"].size(), 2u);
   EXPECT_TRUE(fs::exists(dir_ / "p2run" / "step_2" / "DONE"));

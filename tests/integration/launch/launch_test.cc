@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
+#include "tests/support/vocabpipe_cli.h"
 #include "worker/runtime/safetensors.h"
 
 extern char** environ;
@@ -30,30 +31,10 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
+using Result = vp::testing::CliResult;
+using vp::testing::Vocabpipe;
 
-Result Vocabpipe(const std::string& args) {
-  const std::string cmd = absl::StrCat(VP_BINARY_DIR, "/client/vocabpipe ", args, " 2>&1");
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::vector<nlohmann::json> ReadJsonl(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream f(path);
-  for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
+using vp::testing::ReadJsonl;
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream f(path);
