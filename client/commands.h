@@ -20,4 +20,22 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe export RUN_DIR [--step N]: merges per-rank checkpoint shards into model.safetensors
 int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err);
 
+// Control plane (client/control_client.h: --coordinator or $VOCABPIPE_COORDINATOR, --output
+// text|json, exit codes 0-5).
+// vocabpipe submit JOB.yaml: prints the job id
+int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe status [JOB]: one job's record or every job
+int RunStatusCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe watch JOB [--after-event N]: follows a job to its end (progress bars)
+int RunWatchCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe cancel JOB [--reason TEXT]
+int RunCancelCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe workers: the registered worker daemons
+int RunWorkersCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe plan JOB.yaml --coordinator ADDR: the coordinator's dry run (remote_commands.cc)
+int RunRemotePlanCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe run JOB.yaml --coordinator ADDR | --control-plane: submit and watch, on a running
+// coordinator or on an in-process one with local worker daemons
+int RunRemoteRunCommand(const Args& args, std::ostream& out, std::ostream& err);
+
 }  // namespace vp::cli

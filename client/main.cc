@@ -1,4 +1,5 @@
 // vocabpipe: the command-line interface. `vocabpipe help` lists the commands.
+#include <algorithm>
 #include <iostream>
 #include <string>
 
@@ -19,12 +20,24 @@ commands:
                                         step_N/model.safetensors (Hugging Face GPT-2)
   plan JOB.yaml [--format table|json|text|svg] [overrides]
                                         build, check and simulate the pipeline plan (offline)
+  run JOB.yaml --coordinator HOST:PORT  submit to a coordinator and watch to the end
+  run JOB.yaml --control-plane          the same via an in-process coordinator and p local
+                                        worker daemons
+  plan JOB.yaml --coordinator HOST:PORT the coordinator's dry run (plan, candidates)
+  submit JOB.yaml                       send a job to the coordinator; prints its id
+  status [JOB]                          one job (state, step, loss, MFU, plan, stages) or all
+  watch JOB [--after-event N]           follow a job: progress, loss, tok/s, MFU, ETA, memory
+  cancel JOB [--reason TEXT]            stop a job; its workers are free again
+  workers                               the registered worker daemons
+                                        (these five take --coordinator HOST:PORT, default
+                                        $VOCABPIPE_COORDINATOR, and --output text|json)
   data synth --vocab V --tokens N --out FILE [--seed S] [--branching K]
                                         write a synthetic Markov-chain corpus
   data inspect FILE [--vocab V]         show and validate a token file
   version                               print the version
 
-exit codes: 0 ok, 1 the command failed while running, 2 bad usage or invalid input
+exit codes: 0 ok, 1 the command failed while running, 2 bad usage or invalid input,
+            3 no such job, 4 coordinator unreachable, 5 the watched job was cancelled
 )";
 
 }  // namespace
@@ -36,10 +49,21 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   vp::cli::Args args(argv + 2, argv + argc);
+  // --coordinator / --control-plane send run and plan through the control plane.
+  const bool control = std::find_if(args.begin(), args.end(), [](const std::string& a) {
+                         return a == "--coordinator" || a == "--control-plane";
+                       }) != args.end();
+  if (cmd == "run" && control) return vp::cli::RunRemoteRunCommand(args, std::cout, std::cerr);
+  if (cmd == "plan" && control) return vp::cli::RunRemotePlanCommand(args, std::cout, std::cerr);
   if (cmd == "run") return vp::cli::RunRunCommand(args, std::cout, std::cerr);
   if (cmd == "plan") return vp::cli::RunPlanCommand(args, std::cout, std::cerr);
   if (cmd == "data") return vp::cli::RunDataCommand(args, std::cout, std::cerr);
   if (cmd == "export") return vp::cli::RunExportCommand(args, std::cout, std::cerr);
+  if (cmd == "submit") return vp::cli::RunSubmitCommand(args, std::cout, std::cerr);
+  if (cmd == "status") return vp::cli::RunStatusCommand(args, std::cout, std::cerr);
+  if (cmd == "watch") return vp::cli::RunWatchCommand(args, std::cout, std::cerr);
+  if (cmd == "cancel") return vp::cli::RunCancelCommand(args, std::cout, std::cerr);
+  if (cmd == "workers") return vp::cli::RunWorkersCommand(args, std::cout, std::cerr);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "vocabpipe " << vp::cli::Version() << "\n";
     return 0;

@@ -9,6 +9,7 @@ PACKAGES=(
   libgloo-dev libopenblas-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy
+  prometheus-cpp-dev prometheus
 )
 
 missing=()

@@ -1,5 +1,7 @@
 #include "worker/launch/run_dir.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -35,7 +37,8 @@ std::string ShardDir(const std::string& dir, int64_t step, int rank) {
 namespace {
 
 absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  // A temporary name per process: worker daemons of one job write the same files at once.
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << text;

@@ -69,14 +69,18 @@ absl::Status RunWorker(const WorkerOptions& options) {
   if (!batches_or.ok()) return batches_or.status();
   const runtime::BatchFn batches = std::move(*batches_or);
 
-  auto store = comm::MakeFileStore(StoreDir(dir));
-  if (!store.ok()) return store.status();
+  std::shared_ptr<gloo::rendezvous::Store> store = options.store;
+  if (store == nullptr) {
+    auto file_store = comm::MakeFileStore(StoreDir(dir));
+    if (!file_store.ok()) return file_store.status();
+    store = *file_store;
+  }
   // The communicator must outlive the PipelineRank (its communication thread uses it).
   auto gloo = comm::ConnectGloo({.rank = options.rank,
                                  .size = p,
-                                 .store = *store,
+                                 .store = store,
                                  .prefix = absl::StrCat("vocabpipe/", options.attempt, "/pipeline"),
-                                 .hostname = "127.0.0.1",
+                                 .hostname = options.hostname,
                                  .timeout = options.timeout});
   if (!gloo.ok()) {
     return absl::Status(gloo.status().code(), absl::StrCat("connect: ", gloo.status().message()));

@@ -7,12 +7,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "coordinator/planner/plan.h"
 #include "worker/runtime/pipeline_rank.h"
+
+namespace gloo::rendezvous {
+class Store;
+}  // namespace gloo::rendezvous
 
 namespace vp::launch {
 
@@ -25,6 +30,11 @@ struct WorkerOptions {
   // Names this launch's keys in the store (a relaunch must not read stale addresses).
   std::string attempt = "0";
   int64_t resume_step = -1;  // >= 0: load the rank's shard of this step and continue after it
+  // Rendezvous store. Null: a FileStore in DIR/store (ranks on one host, `vocabpipe run`);
+  // worker daemons pass the coordinator's (daemon/grpc_store.h).
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  // IP this rank's Gloo transport binds to and publishes.
+  std::string hostname = "127.0.0.1";
   // Called with an error raised once the PipelineRank exists, before anything is torn down.
   // The process entry point reports and _Exits there: after a transport error the executor's
   // communication thread may still sit in a Gloo call until its timeout, and destroying the

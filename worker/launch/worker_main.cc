@@ -1,40 +1,113 @@
-// vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] [--resume-step N]
-// One pipeline rank; started by `vocabpipe run` (worker/launch/launcher.h). Exit code 0 when
-// the job's steps are done, 1 on any error (the message goes to stderr, the rank's log), 2 on
-// bad usage.
+// vocabpipe-worker, two modes:
+//
+//   vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address IP]
+//       [--exit-with-parent 1]
+//       The worker daemon (worker/daemon/worker_daemon.h): registers with the coordinator,
+//       heartbeats and runs the ranks it is given until SIGINT/SIGTERM. The address may also
+//       come from $VOCABPIPE_COORDINATOR. Exit code 0 when stopped by a signal, 2 on bad usage.
+//
+//   vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID]
+//       [--resume-step N] [--store HOST:PORT] [--hostname IP]
+//       One pipeline rank; started by `vocabpipe run` (worker/launch/launcher.h) or by a worker
+//       daemon (then --store names the coordinator whose StoreService holds the rendezvous).
+//       Exit code 0 when the job's steps are done, 1 on any error (the message goes to
+//       stderr, the rank's log), 2 on bad usage.
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/numbers.h"
+#include "worker/daemon/grpc_store.h"
+#include "worker/daemon/worker_daemon.h"
 #include "worker/launch/worker.h"
 
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] "
-    "[--resume-step N]\n";
+    "usage: vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address IP]\n"
+    "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] "
+    "[--resume-step N] [--store HOST:PORT] [--hostname IP]\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-worker: " << why << "\n" << kUsage;
   return 2;
 }
 
+bool IsDaemonMode(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--coordinator") return true;
+    if (a == "--run-dir") return false;
+  }
+  const char* env = std::getenv("VOCABPIPE_COORDINATOR");
+  return env != nullptr && *env != '\0';
+}
+
+int DaemonMain(int argc, char** argv) {
+  vp::daemon::DaemonOptions options;
+  if (const char* env = std::getenv("VOCABPIPE_COORDINATOR")) options.coordinator = env;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return Usage(a + " needs a value");
+    const std::string v = argv[++i];
+    if (a == "--coordinator") {
+      options.coordinator = v;
+    } else if (a == "--device") {
+      options.device = v;
+    } else if (a == "--address") {
+      options.address = v;
+    } else if (a == "--exit-with-parent") {
+      // Started by `vocabpipe run --control-plane`: end with it.
+      if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);
+    } else {
+      return Usage("unknown flag " + a);
+    }
+  }
+  options.worker_binary = "/proc/self/exe";
+  char self[4096] = {0};
+  if (const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1); n > 0) {
+    options.worker_binary.assign(self, n);
+  }
+  // Signals go to a sigwait thread that asks the daemon loop to stop.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::atomic<bool> stop{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    stop = true;
+  });
+  waiter.detach();
+  if (absl::Status st = vp::daemon::RunDaemon(options, &stop); !st.ok()) {
+    return Usage(std::string(st.message()));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Die with the launcher: a worker must never outlive the run that started it.
+  if (IsDaemonMode(argc, argv)) return DaemonMain(argc, argv);
+
+  // Die with the launcher (or daemon): a rank must never outlive whoever started it.
   const pid_t parent = getppid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) return 1;
 
   vp::launch::WorkerOptions options;
   bool have_dir = false, have_rank = false;
+  std::string store_address;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) return Usage(a + " needs a value");
@@ -59,11 +132,20 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &options.resume_step) || options.resume_step < 0) {
         return Usage("--resume-step: need an integer >= 0");
       }
+    } else if (a == "--store") {
+      store_address = v;
+    } else if (a == "--hostname") {
+      options.hostname = v;
     } else {
       return Usage("unknown flag " + a);
     }
   }
   if (!have_dir || !have_rank) return Usage("--run-dir and --rank are required");
+  if (!store_address.empty()) {
+    // The store's waits are bounded by the rank's timeout, like every Gloo operation.
+    options.store = std::make_shared<vp::daemon::GrpcStore>(
+        store_address, absl::ToChronoMilliseconds(options.timeout));
+  }
   const int rank = options.rank;
   // Leave without destructors: after a transport error the executor's communication thread
   // may still be blocked in Gloo until its timeout, and joining it would only delay the exit.

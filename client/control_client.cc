@@ -1,0 +1,184 @@
+#include "client/control_client.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace vp::cli {
+namespace v1 = vocabpipe::v1;
+
+bool ParseControlArgs(const std::string& cmd, const Args& args,
+                      const std::vector<std::string>& known, const std::string& usage,
+                      std::ostream& err, ControlArgs* out) {
+  auto fail = [&](const std::string& why) {
+    err << "vocabpipe " << cmd << ": " << why << "\n" << usage;
+    return false;
+  };
+  std::string output = "text";
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.size() > 1 && a[0] == '-') {
+      const bool is_known = a == "--coordinator" || a == "--output" ||
+                            std::find(known.begin(), known.end(), a) != known.end();
+      if (!is_known) return fail("unknown flag " + a);
+      if (i + 1 >= args.size()) return fail(a + " needs a value");
+      const std::string& v = args[++i];
+      if (a == "--coordinator") {
+        out->coordinator = v;
+      } else if (a == "--output") {
+        output = v;
+      } else {
+        out->values[a] = v;
+      }
+    } else {
+      out->positional.push_back(a);
+    }
+  }
+  if (output != "text" && output != "json") return fail("--output: text or json");
+  out->json = output == "json";
+  if (out->coordinator.empty()) {
+    if (const char* env = std::getenv("VOCABPIPE_COORDINATOR")) out->coordinator = env;
+  }
+  if (out->coordinator.empty()) {
+    return fail("no coordinator: pass --coordinator HOST:PORT or set VOCABPIPE_COORDINATOR");
+  }
+  return true;
+}
+
+Stubs Connect(const std::string& address) {
+  Stubs s;
+  s.channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  s.jobs = v1::JobService::NewStub(s.channel);
+  s.workers = v1::WorkerService::NewStub(s.channel);
+  return s;
+}
+
+std::unique_ptr<grpc::ClientContext> CallContext(int seconds) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  return ctx;
+}
+
+int ReportRpcError(const std::string& cmd, const grpc::Status& st, const std::string& address,
+                   std::ostream& err) {
+  switch (st.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      err << "vocabpipe " << cmd << ": invalid: " << st.error_message() << "\n";
+      return kExitUsage;
+    case grpc::StatusCode::NOT_FOUND:
+      err << "vocabpipe " << cmd << ": " << st.error_message() << "\n";
+      return kExitNotFound;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      err << "vocabpipe " << cmd << ": coordinator " << address
+          << " unreachable: " << st.error_message() << "\n";
+      return kExitUnavailable;
+    default:
+      err << "vocabpipe " << cmd << ": " << st.error_message() << "\n";
+      return kExitFailed;
+  }
+}
+
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  const std::string prefix = "JOB_STATE_";
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+namespace {
+
+nlohmann::json StagesJson(const google::protobuf::RepeatedPtrField<v1::StageStats>& stages) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const v1::StageStats& s : stages) {
+    out.push_back({{"rank", s.rank()},
+                   {"worker_id", s.worker_id()},
+                   {"peak_memory_bytes", s.peak_memory_bytes()},
+                   {"busy_seconds", s.busy_seconds()},
+                   {"comm_seconds", s.comm_seconds()}});
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json JobJson(const v1::Job& job) {
+  nlohmann::json candidates = nlohmann::json::array();
+  for (const v1::PlanCandidate& c : job.candidates()) {
+    candidates.push_back({{"schedule", c.schedule()},
+                          {"vocab", c.vocab()},
+                          {"seq_chunks", c.seq_chunks()},
+                          {"ok", c.ok()},
+                          {"error", c.error()},
+                          {"predicted_step_seconds", c.predicted_step_seconds()},
+                          {"bubble_ratio", c.bubble_ratio()},
+                          {"peak_memory_bytes", c.peak_memory_bytes()},
+                          {"fits", c.fits()},
+                          {"chosen", c.chosen()}});
+  }
+  const v1::PlanSummary& p = job.plan();
+  nlohmann::json j = {
+      {"id", job.id()},
+      {"name", job.spec().name()},
+      {"state", StateName(job.state())},
+      {"reason", job.reason()},
+      {"step", job.step()},
+      {"total_steps", job.total_steps()},
+      {"loss", job.has_loss() ? nlohmann::json(job.loss()) : nlohmann::json(nullptr)},
+      {"mfu", job.mfu()},
+      {"tokens_per_second", job.tokens_per_second()},
+      {"plan",
+       {{"schedule", p.schedule()},
+        {"vocab", p.vocab()},
+        {"seq_chunks", p.seq_chunks()},
+        {"pipeline", p.pipeline()},
+        {"microbatches", p.microbatches()},
+        {"predicted_step_seconds", p.predicted_step_seconds()},
+        {"costs_source", p.costs_source()}}},
+      {"candidates", candidates},
+      {"stages", StagesJson(job.stages())},
+      {"created_unix_ms", job.created_unix_ms()},
+      {"updated_unix_ms", job.updated_unix_ms()},
+      {"last_event", job.last_event()},
+  };
+  if (job.has_profiled_costs()) {
+    const v1::PassCosts& c = job.profiled_costs();
+    j["profiled_costs"] = {{"F", c.f()},        {"B", c.b()},    {"W", c.w()},
+                           {"S", c.s()},        {"T", c.t()},    {"IF", c.input_f()},
+                           {"IB", c.input_b()}, {"OPT", c.opt()}};
+  }
+  return j;
+}
+
+nlohmann::json EventJson(const v1::JobEvent& e) {
+  nlohmann::json j = {{"job_id", e.job_id()}, {"seq", e.seq()}, {"unix_ms", e.unix_ms()}};
+  if (e.has_step()) {
+    const v1::StepMetrics& m = e.step();
+    j["step"] = {{"step", m.step()},
+                 {"loss", m.has_loss() ? nlohmann::json(m.loss()) : nlohmann::json(nullptr)},
+                 {"seconds", m.seconds()},
+                 {"tokens_per_second", m.tokens_per_second()},
+                 {"mfu", m.mfu()},
+                 {"grad_norm", m.grad_norm()},
+                 {"lr", m.lr()},
+                 {"stages", StagesJson(m.stages())}};
+  } else {
+    j["state"] = StateName(e.state());
+    j["message"] = e.message();
+  }
+  return j;
+}
+
+nlohmann::json WorkerJson(const v1::WorkerInfo& w) {
+  return {{"worker_id", w.worker_id()},
+          {"device", w.device()},
+          {"memory_bytes", w.memory_bytes()},
+          {"address", w.address()},
+          {"hostname", w.hostname()},
+          {"pid", w.pid()},
+          {"job_id", w.job_id()},
+          {"rank", w.job_id().empty() ? nlohmann::json(nullptr) : nlohmann::json(w.rank())},
+          {"peak_flops", w.peak_flops()},
+          {"last_heartbeat_unix_ms", w.last_heartbeat_unix_ms()}};
+}
+
+}  // namespace vp::cli

@@ -1,0 +1,61 @@
+// Shared by the control-plane subcommands (submit, status, watch, cancel, workers): flag
+// parsing, the coordinator address (--coordinator, else $VOCABPIPE_COORDINATOR), gRPC stubs
+// with deadlines, exit codes and the JSON views of jobs, events and workers.
+//
+// Exit codes (docs/operations.md, "Control plane"): 0 ok (watch: the job SUCCEEDED), 1 the
+// command or the watched job failed, 2 bad usage or invalid input (INVALID_ARGUMENT), 3 no such
+// job (NOT_FOUND), 4 the coordinator is unreachable, 5 the watched job was CANCELLED.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "client/commands.h"
+#include "vocabpipe/v1/service.grpc.pb.h"
+
+namespace vp::cli {
+
+inline constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2, kExitNotFound = 3,
+                     kExitUnavailable = 4, kExitCancelled = 5;
+
+// Flags common to the control commands plus each command's own. Positional arguments go to
+// `positional`; `--flag value` pairs to `values` (only flags named in `known`).
+struct ControlArgs {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> values;
+  std::string coordinator;  // resolved address
+  bool json = false;        // --output json
+};
+// Parses args; on error writes "vocabpipe <cmd>: why" + usage to err and returns false.
+// Every command knows --coordinator and --output (text|json).
+bool ParseControlArgs(const std::string& cmd, const Args& args,
+                      const std::vector<std::string>& known, const std::string& usage,
+                      std::ostream& err, ControlArgs* out);
+
+struct Stubs {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<vocabpipe::v1::JobService::Stub> jobs;
+  std::unique_ptr<vocabpipe::v1::WorkerService::Stub> workers;
+};
+Stubs Connect(const std::string& address);
+
+// A context whose deadline is `seconds` from now (every unary call has one).
+std::unique_ptr<grpc::ClientContext> CallContext(int seconds = 15);
+
+// Writes "vocabpipe <cmd>: <message>" and returns the exit code of a failed call.
+int ReportRpcError(const std::string& cmd, const grpc::Status& st, const std::string& address,
+                   std::ostream& err);
+
+nlohmann::json JobJson(const vocabpipe::v1::Job& job);
+nlohmann::json EventJson(const vocabpipe::v1::JobEvent& event);
+nlohmann::json WorkerJson(const vocabpipe::v1::WorkerInfo& worker);
+std::string StateName(vocabpipe::v1::JobState state);  // RUNNING, ...
+
+}  // namespace vp::cli

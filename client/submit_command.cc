@@ -1,0 +1,46 @@
+// vocabpipe submit JOB.yaml [--coordinator HOST:PORT] [--output text|json]: sends the job file
+// to the coordinator, which parses and validates it (relative paths resolve against the
+// file's folder), and prints the new job id.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "client/control_client.h"
+
+namespace vp::cli {
+namespace v1 = vocabpipe::v1;
+
+int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  const std::string usage =
+      "usage: vocabpipe submit JOB.yaml [--coordinator HOST:PORT] [--output text|json]\n";
+  ControlArgs a;
+  if (!ParseControlArgs("submit", args, {}, usage, err, &a)) return kExitUsage;
+  if (a.positional.size() != 1) {
+    err << "vocabpipe submit: give exactly one job file\n" << usage;
+    return kExitUsage;
+  }
+  const std::string& path = a.positional[0];
+  std::ifstream f(path);
+  if (!f) {
+    err << "vocabpipe submit: " << path << ": cannot read\n";
+    return kExitUsage;
+  }
+  std::ostringstream text;
+  text << f.rdbuf();
+  v1::SubmitJobRequest req;
+  req.set_spec_text(text.str());
+  std::error_code ec;
+  req.set_base_dir(std::filesystem::absolute(path, ec).parent_path().string());
+  Stubs s = Connect(a.coordinator);
+  v1::SubmitJobResponse resp;
+  grpc::Status st = s.jobs->SubmitJob(CallContext().get(), req, &resp);
+  if (!st.ok()) return ReportRpcError("submit", st, a.coordinator, err);
+  if (a.json) {
+    out << nlohmann::json{{"id", resp.job_id()}}.dump() << "\n";
+  } else {
+    out << resp.job_id() << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace vp::cli

@@ -1,0 +1,656 @@
+#include "coordinator/server/coordinator.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/planner/plan.h"
+#include "coordinator/server/job_plan.h"
+#include "proto/spec/job_spec.h"
+
+namespace vp::server {
+namespace v1 = vocabpipe::v1;
+namespace fs = std::filesystem;
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string JobStateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  const std::string prefix = "JOB_STATE_";
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+namespace {
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// Resolves a path of the spec against base_dir; it must end up absolute (the workers that read
+// it run elsewhere).
+absl::Status MakeAbsolute(std::string* path, const std::string& base_dir,
+                          const std::string& field) {
+  if (path->empty() || fs::path(*path).is_absolute()) return absl::OkStatus();
+  if (base_dir.empty() || !fs::path(base_dir).is_absolute()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": relative path \"", *path, "\" needs an absolute base_dir to resolve against"));
+  }
+  *path = (fs::path(base_dir) / *path).lexically_normal().string();
+  return absl::OkStatus();
+}
+
+bool DeviceMatches(const std::string& job_device, const std::string& worker_device) {
+  if (job_device.empty() || job_device == "cpu") return worker_device == "cpu";
+  return worker_device.rfind("cuda", 0) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
+  const bool has_text = !request.spec_text().empty();
+  if (request.has_spec() == has_text) {
+    return absl::InvalidArgumentError("spec, spec_text: give exactly one of them");
+  }
+  v1::JobSpec spec;
+  if (has_text) {
+    auto parsed = spec::ParseJobSpec(request.spec_text(), request.base_dir());
+    if (!parsed.ok()) return parsed.status();
+    spec = std::move(*parsed);
+  } else {
+    spec = request.spec();
+    spec::ApplyDefaults(&spec);
+    if (auto st = spec::ValidateJobSpec(spec); !st.ok()) return st;
+  }
+  if (auto st = MakeAbsolute(spec.mutable_data()->mutable_path(), request.base_dir(), "data.path");
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = MakeAbsolute(spec.mutable_checkpoint()->mutable_dir(), request.base_dir(),
+                             "checkpoint.dir");
+      !st.ok()) {
+    return st;
+  }
+  return spec;
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorOptions& options) {
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_timeout <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError(
+        "heartbeat_timeout: must exceed heartbeat_interval, which must be > 0");
+  }
+  auto store = JobStore::Open(options.db_path);
+  if (!store.ok()) return store.status();
+  auto loaded = (*store)->LoadAll();
+  if (!loaded.ok()) return loaded.status();
+  std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(*store)));
+  {
+    std::lock_guard<std::mutex> lock(c->mu_);
+    c->next_job_ = c->store_->MaxOrdinal() + 1;
+    for (v1::Job& job : *loaded) {
+      const std::string id = job.id();
+      v1::Job& j = c->jobs_[id] = std::move(job);
+      if (!IsTerminal(j.state()) && j.state() != v1::JOB_STATE_PENDING) {
+        // The ranks' rendezvous and metrics were in the old process: this launch is lost.
+        const std::string reason =
+            absl::StrCat("coordinator restarted while the job was ", JobStateName(j.state()));
+        for (v1::StageStats& s : *j.mutable_stages()) s.clear_worker_id();
+        if (auto st = c->SetState(j, v1::JOB_STATE_FAILED, reason); !st.ok()) return st;
+      } else if (options.observer) {
+        options.observer->OnJobState(j);  // the exporter starts empty: publish stored states
+      }
+    }
+  }
+  c->monitor_ = std::thread([p = c.get()] { p->MonitorLoop(); });
+  return c;
+}
+
+Coordinator::Coordinator(const CoordinatorOptions& options, std::unique_ptr<JobStore> store)
+    : options_(options), store_(std::move(store)) {}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  events_cv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void Coordinator::MonitorLoop() {
+  const absl::Duration tick = std::min(absl::Milliseconds(100), options_.heartbeat_interval / 2);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    stop_cv_.wait_for(lock, absl::ToChronoMilliseconds(tick));
+    if (stopping_) break;
+    ExpireWorkers();
+    SettleFailures();
+    Schedule();
+    NotifyWorkers();
+  }
+}
+
+v1::Job* Coordinator::FindJob(const std::string& id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::Status Coordinator::SaveWithEvent(v1::Job& job, v1::JobEvent event) {
+  event.set_job_id(job.id());
+  event.set_seq(job.last_event() + 1);
+  event.set_unix_ms(NowMs());
+  v1::Job updated = job;
+  updated.set_last_event(event.seq());
+  updated.set_updated_unix_ms(event.unix_ms());
+  if (auto st = store_->Save(updated, {event}); !st.ok()) {
+    std::cerr << "vocabpipe-coordinator: job " << job.id() << ": " << st.message() << std::endl;
+    return st;
+  }
+  job = std::move(updated);
+  events_cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::SetState(v1::Job& job, v1::JobState state, const std::string& reason) {
+  v1::Job before = job;
+  job.set_state(state);
+  job.set_reason(reason);
+  v1::JobEvent e;
+  e.set_state(state);
+  e.set_message(reason);
+  absl::Status st = SaveWithEvent(job, std::move(e));
+  if (!st.ok()) {
+    job = std::move(before);
+  } else if (options_.observer) {
+    options_.observer->OnJobState(job);
+  }
+  return st;
+}
+
+void Coordinator::Finish(v1::Job& job, v1::JobState state, const std::string& reason,
+                         const std::string& except_worker) {
+  SetState(job, state, reason).IgnoreError();  // logged; the in-memory state still moves on
+  if (!IsTerminal(job.state())) {  // the store refused the write: still end the job here
+    job.set_state(state);
+    job.set_reason(reason);
+  }
+  auto it = active_.find(job.id());
+  if (it == active_.end()) return;
+  ActiveJob& a = it->second;
+  for (size_t r = 0; r < a.workers.size(); ++r) {
+    auto w = workers_.find(a.workers[r]);
+    if (w == workers_.end() || w->second.info.job_id() != job.id()) continue;
+    if (a.workers[r] != except_worker && !a.done[r] && !a.failed[r]) {
+      v1::WorkerCommand cmd;
+      cmd.mutable_cancel()->set_job_id(job.id());
+      w->second.commands.push_back(std::move(cmd));
+    }
+    w->second.info.clear_job_id();
+    w->second.info.set_rank(-1);
+  }
+  kv_.DropPrefix(absl::StrCat("vocabpipe/", a.attempt, "/"));
+  active_.erase(it);
+}
+
+absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::Job job;
+  job.set_id(absl::StrCat("job-", next_job_));
+  *job.mutable_spec() = spec;
+  job.set_total_steps(spec.train().steps());
+  job.set_created_unix_ms(NowMs());
+  if (auto st = SetState(job, v1::JOB_STATE_PENDING,
+                         absl::StrCat("waiting for ", spec.parallel().pipeline(), " free ",
+                                      spec.device().empty() ? "cpu" : spec.device(), " workers"));
+      !st.ok()) {
+    return st;
+  }
+  ++next_job_;
+  const std::string id = job.id();
+  jobs_[id] = std::move(job);
+  Schedule();
+  return id;
+}
+
+absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const v1::Job* job = FindJob(id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job \"", id, "\""));
+  return *job;
+}
+
+std::vector<v1::Job> Coordinator::ListJobs(int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::Job> out;
+  for (const auto& [id, job] : jobs_) out.push_back(job);
+  std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
+    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() > b.created_unix_ms()
+                                                      : a.id() > b.id();
+  });
+  if (limit > 0 && static_cast<int>(out.size()) > limit) out.resize(limit);
+  return out;
+}
+
+absl::StatusOr<v1::Job> Coordinator::Cancel(const std::string& id, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::Job* job = FindJob(id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job \"", id, "\""));
+  if (IsTerminal(job->state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is already ", JobStateName(job->state())));
+  }
+  Finish(*job, v1::JOB_STATE_CANCELLED,
+         reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason));
+  Schedule();
+  return *job;
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(const std::string& id,
+                                                                  int64_t after_seq,
+                                                                  absl::Duration max_wait,
+                                                                  bool* terminal) {
+  if (after_seq < 0) return absl::InvalidArgumentError("after_event: must be >= 0");
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto until = absl::ToChronoTime(absl::Now() + max_wait);
+  for (;;) {
+    const v1::Job* job = FindJob(id);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("job_id: no job \"", id, "\""));
+    *terminal = IsTerminal(job->state());
+    if (job->last_event() > after_seq || *terminal || stopping_) {
+      return store_->Events(id, after_seq);
+    }
+    if (events_cv_.wait_until(lock, until) == std::cv_status::timeout) {
+      return std::vector<v1::JobEvent>{};
+    }
+  }
+}
+
+absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& spec) {
+  auto plan = PlanForJob(spec, nullptr, options_.flops_per_second);
+  if (!plan.ok()) return plan.status();
+  v1::PlanJobResponse out;
+  *out.mutable_plan() = plan->summary;
+  for (auto& c : plan->candidates) *out.add_candidates() = c;
+  out.set_plan_text(planner::PlanToText(plan->plan));
+  out.set_table(plan->table);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduling.
+
+void Coordinator::Schedule() {
+  // Pending jobs in submission order (ids are "job-<ordinal>"; the map orders them as text).
+  std::vector<std::pair<int64_t, std::string>> pending;
+  for (const auto& [id, job] : jobs_) {
+    if (job.state() != v1::JOB_STATE_PENDING) continue;
+    int64_t n = 0;
+    (void)absl::SimpleAtoi(id.substr(id.find('-') + 1), &n);
+    pending.push_back({n, id});
+  }
+  std::sort(pending.begin(), pending.end());
+  for (const auto& [ordinal, id] : pending) {
+    v1::Job& job = jobs_[id];
+    const int p = job.spec().parallel().pipeline();
+    std::vector<std::pair<int64_t, Worker*>> free;
+    for (auto& [wid, w] : workers_) {
+      if (w.info.job_id().empty() && DeviceMatches(job.spec().device(), w.info.device())) {
+        int64_t n = 0;
+        (void)absl::SimpleAtoi(wid.substr(wid.find('-') + 1), &n);
+        free.push_back({n, &w});
+      }
+    }
+    if (static_cast<int>(free.size()) < p) continue;
+    std::sort(free.begin(), free.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    ActiveJob& a = active_[id];
+    a = ActiveJob{};
+    a.attempt = absl::StrCat(id, ".", NowMs());
+    a.done.assign(p, false);
+    a.failed.assign(p, false);
+    job.clear_stages();
+    for (int r = 0; r < p; ++r) {
+      Worker& w = *free[r].second;
+      w.info.set_job_id(id);
+      w.info.set_rank(r);
+      a.workers.push_back(w.info.worker_id());
+      a.peak_flops += w.info.peak_flops();
+      v1::StageStats* s = job.add_stages();
+      s->set_rank(r);
+      s->set_worker_id(w.info.worker_id());
+    }
+    if (options_.profile) {
+      if (!SetState(job, v1::JOB_STATE_PROFILING,
+                    absl::StrCat("timing the passes on ", absl::StrJoin(a.workers, ", ")))
+               .ok()) {
+        Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
+        continue;
+      }
+      for (const std::string& wid : a.workers) {
+        v1::WorkerCommand cmd;
+        cmd.mutable_profile()->set_job_id(id);
+        *cmd.mutable_profile()->mutable_spec() = job.spec();
+        workers_[wid].commands.push_back(std::move(cmd));
+      }
+    } else {
+      StartPlanning(job, a);
+    }
+  }
+}
+
+void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
+  const int p = static_cast<int>(a.workers.size());
+  v1::PassCosts costs;
+  const bool profiled = static_cast<int>(a.profiles.size()) == p;
+  if (profiled) {
+    // The slowest worker bounds every pass of a pipeline: plan with the per-pass maximum.
+    for (const auto& [rank, c] : a.profiles) {
+      costs.set_f(std::max(costs.f(), c.f()));
+      costs.set_b(std::max(costs.b(), c.b()));
+      costs.set_w(std::max(costs.w(), c.w()));
+      costs.set_s(std::max(costs.s(), c.s()));
+      costs.set_t(std::max(costs.t(), c.t()));
+      costs.set_input_f(std::max(costs.input_f(), c.input_f()));
+      costs.set_input_b(std::max(costs.input_b(), c.input_b()));
+      costs.set_opt(std::max(costs.opt(), c.opt()));
+      costs.set_comm(std::max(costs.comm(), c.comm()));
+      costs.set_collective(std::max(costs.collective(), c.collective()));
+    }
+    *job.mutable_profiled_costs() = costs;
+  }
+  if (!SetState(job, v1::JOB_STATE_PLANNING,
+                profiled ? "planning with profiled costs" : "planning with FLOP-proportional costs")
+           .ok()) {
+    Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
+    return;
+  }
+  auto plan = PlanForJob(job.spec(), profiled ? &costs : nullptr, options_.flops_per_second);
+  if (!plan.ok()) {
+    Finish(job, v1::JOB_STATE_FAILED, absl::StrCat("planning: ", plan.status().message()));
+    return;
+  }
+  *job.mutable_plan() = plan->summary;
+  job.clear_candidates();
+  for (const auto& c : plan->candidates) *job.add_candidates() = c;
+  job.set_plan_text(planner::PlanToText(plan->plan));
+  a.model_flops_per_step = plan->summary.model_flops_per_step();
+  if (!SetState(job, v1::JOB_STATE_RUNNING,
+                absl::StrCat(plan->summary.schedule(), " + ", plan->summary.vocab(), " on ",
+                             absl::StrJoin(a.workers, ", ")))
+           .ok()) {
+    Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
+    return;
+  }
+  for (int r = 0; r < p; ++r) {
+    v1::WorkerCommand cmd;
+    v1::RunTask* run = cmd.mutable_run();
+    run->set_job_id(job.id());
+    run->set_rank(r);
+    run->set_attempt(a.attempt);
+    *run->mutable_spec() = job.spec();
+    run->set_plan_text(job.plan_text());
+    run->set_timeout_ms(absl::ToInt64Milliseconds(options_.rank_timeout));
+    workers_[a.workers[r]].commands.push_back(std::move(cmd));
+  }
+}
+
+void Coordinator::ExpireWorkers() {
+  const absl::Time now = absl::Now();
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker& w = it->second;
+    if (now - w.last_heartbeat <= options_.heartbeat_timeout) {
+      ++it;
+      continue;
+    }
+    const std::string wid = it->first;
+    if (!w.info.job_id().empty()) {
+      if (v1::Job* job = FindJob(w.info.job_id()); job != nullptr && !IsTerminal(job->state())) {
+        std::string reason =
+            absl::StrCat("rank ", w.info.rank(), ": worker ", wid, " (", w.info.hostname(), " pid ",
+                         w.info.pid(), ") lost: no heartbeat for ",
+                         absl::FormatDuration(now - w.last_heartbeat));
+        if (auto a = active_.find(job->id()); a != active_.end() && !a->second.failure.empty()) {
+          absl::StrAppend(&reason, "; then ", a->second.failure);
+        }
+        Finish(*job, v1::JOB_STATE_FAILED, reason, wid);
+      }
+    }
+    it = workers_.erase(it);
+  }
+}
+
+void Coordinator::NotifyWorkers() {
+  if (!options_.observer) return;
+  int idle = 0, busy = 0;
+  for (const auto& [id, w] : workers_) (w.info.job_id().empty() ? idle : busy) += 1;
+  options_.observer->OnWorkers(idle, busy);
+}
+
+void Coordinator::SettleFailures() {
+  const absl::Time now = absl::Now();
+  std::vector<std::string> due;
+  for (const auto& [id, a] : active_) {
+    if (!a.failure.empty() && now >= a.failure_deadline) due.push_back(id);
+  }
+  for (const std::string& id : due) {
+    Finish(jobs_[id], v1::JOB_STATE_FAILED, active_[id].failure);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers.
+
+absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
+    const v1::RegisterWorkerRequest& req) {
+  const std::string& d = req.device();
+  int n = 0;
+  if (!(d == "cpu" || d == "cuda" ||
+        (d.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(d.substr(5), &n) && n >= 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: \"", d, "\" is not cpu, cuda or cuda:N"));
+  }
+  if (req.memory_bytes() < 0) return absl::InvalidArgumentError("memory_bytes: must be >= 0");
+  if (req.threads() < 0) return absl::InvalidArgumentError("threads: must be >= 0");
+  if (!(req.peak_flops() >= 0)) return absl::InvalidArgumentError("peak_flops: must be >= 0");
+  if (req.address().empty() || req.address().size() > 255 ||
+      req.address().find_first_of(" \t\n/") != std::string::npos) {
+    return absl::InvalidArgumentError("address: must be a host name or IP address");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker w;
+  w.info.set_worker_id(absl::StrCat("worker-", next_worker_++));
+  w.info.set_device(d);
+  w.info.set_memory_bytes(req.memory_bytes());
+  w.info.set_address(req.address());
+  w.info.set_hostname(req.hostname());
+  w.info.set_pid(req.pid());
+  w.info.set_rank(-1);
+  w.info.set_peak_flops(req.peak_flops());
+  w.last_heartbeat = absl::Now();
+  w.info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
+  v1::RegisterWorkerResponse out;
+  out.set_worker_id(w.info.worker_id());
+  out.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  out.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+  workers_[w.info.worker_id()] = std::move(w);
+  Schedule();
+  return out;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(req.worker_id());
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker_id: unknown worker \"", req.worker_id(), "\" (register again)"));
+  }
+  Worker& w = it->second;
+  w.last_heartbeat = absl::Now();
+  w.info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
+  v1::HeartbeatResponse out;
+  while (!w.commands.empty()) {
+    *out.add_commands() = std::move(w.commands.front());
+    w.commands.pop_front();
+  }
+  return out;
+}
+
+absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!workers_.count(req.worker_id())) {
+    return absl::NotFoundError(absl::StrCat("worker_id: unknown worker \"", req.worker_id(), "\""));
+  }
+  v1::Job* job = FindJob(req.job_id());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job \"", req.job_id(), "\""));
+  }
+  auto ait = active_.find(req.job_id());
+  if (ait == active_.end()) return absl::OkStatus();  // late report of a finished job
+  ActiveJob& a = ait->second;
+  const int p = static_cast<int>(a.workers.size());
+  if (req.rank() < 0 || req.rank() >= p || a.workers[req.rank()] != req.worker_id()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " of job ", req.job_id(),
+                                                   " is not run by ", req.worker_id()));
+  }
+  // Parse everything first: a bad line changes nothing.
+  std::vector<nlohmann::json> lines;
+  for (int i = 0; i < req.step_json_size(); ++i) {
+    nlohmann::json j = nlohmann::json::parse(req.step_json(i), nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
+        !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0 || !j.contains("seconds") ||
+        !j["seconds"].is_number()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step_json[", i, "]: not a rank step object with step and seconds"));
+    }
+    lines.push_back(std::move(j));
+  }
+  const auto& par = job->spec().parallel();
+  const double tokens_per_step = static_cast<double>(par.microbatches()) * par.microbatch_size() *
+                                 job->spec().model().seq_len();
+  for (const nlohmann::json& j : lines) {
+    const int64_t step = j["step"].get<int64_t>();
+    if (step < job->step()) continue;  // already merged (a resent report)
+    RankReport& rr = a.steps[step];
+    v1::StepMetrics& m = rr.merged;
+    if (m.stages_size() == 0) {
+      for (int r = 0; r < p; ++r) m.add_stages()->set_rank(-1);
+    }
+    v1::StageStats* s = m.mutable_stages(req.rank());
+    if (s->rank() >= 0) continue;  // this rank already reported the step
+    s->set_rank(req.rank());
+    s->set_worker_id(req.worker_id());
+    s->set_peak_memory_bytes(j.value("/memory/total"_json_pointer, int64_t{0}));
+    s->set_busy_seconds(j.value("busy_seconds", 0.0));
+    s->set_comm_seconds(j.value("comm_seconds", 0.0));
+    m.set_seconds(std::max(m.seconds(), j["seconds"].get<double>()));
+    if (j.value("has_loss", false) && j.contains("loss")) {
+      m.set_has_loss(true);
+      m.set_loss(j["loss"].get<double>());
+    }
+    m.set_grad_norm(j.value("grad_norm", 0.0));
+    m.set_lr(j.value("lr", 0.0));
+    if (++rr.reported < p) continue;
+    // Every rank reported: the step is complete. Steps complete in order (ranks step in
+    // lockstep), so this is job->step() + 1.
+    m.set_step(step + 1);
+    m.set_unix_ms(NowMs());
+    if (m.seconds() > 0) {
+      m.set_tokens_per_second(tokens_per_step / m.seconds());
+      if (a.peak_flops > 0) m.set_mfu(a.model_flops_per_step / (m.seconds() * a.peak_flops));
+    }
+    job->set_step(m.step());
+    if (m.has_loss()) {
+      job->set_has_loss(true);
+      job->set_loss(m.loss());
+    }
+    job->set_mfu(m.mfu());
+    job->set_tokens_per_second(m.tokens_per_second());
+    *job->mutable_stages() = m.stages();
+    v1::JobEvent e;
+    *e.mutable_step() = m;
+    if (SaveWithEvent(*job, std::move(e)).ok() && options_.observer) {  // errors are logged
+      options_.observer->OnStep(*job, m);
+    }
+    a.steps.erase(step);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!workers_.count(req.worker_id())) {
+    return absl::NotFoundError(absl::StrCat("worker_id: unknown worker \"", req.worker_id(), "\""));
+  }
+  v1::Job* job = FindJob(req.job_id());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job \"", req.job_id(), "\""));
+  }
+  auto ait = active_.find(req.job_id());
+  if (ait == active_.end()) return absl::OkStatus();  // the job ended meanwhile
+  ActiveJob& a = ait->second;
+  const int p = static_cast<int>(a.workers.size());
+  const auto pos = std::find(a.workers.begin(), a.workers.end(), req.worker_id());
+  if (pos == a.workers.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_id: ", req.worker_id(), " has no rank of job ", req.job_id()));
+  }
+  const int rank = static_cast<int>(pos - a.workers.begin());
+  if (req.rank() == -1) {  // a profile result
+    if (job->state() != v1::JOB_STATE_PROFILING) return absl::OkStatus();
+    if (!req.ok()) {
+      Finish(*job, v1::JOB_STATE_FAILED,
+             absl::StrCat("rank ", rank, " (", req.worker_id(), "): profiling: ", req.message()));
+      Schedule();
+      return absl::OkStatus();
+    }
+    a.profiles[rank] = req.costs();
+    if (static_cast<int>(a.profiles.size()) == p) StartPlanning(*job, a);
+    Schedule();
+    return absl::OkStatus();
+  }
+  if (req.rank() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", req.worker_id(), " runs rank ", rank, ", not ", req.rank()));
+  }
+  if (!req.ok()) {
+    a.failed[rank] = true;
+    if (a.failure.empty()) {
+      a.failure = absl::StrCat("rank ", rank, " (", req.worker_id(), ") failed: ", req.message());
+      a.failure_deadline = absl::Now() + options_.heartbeat_timeout + options_.heartbeat_interval;
+    }
+  } else {
+    a.done[rank] = true;
+  }
+  int reported = 0;
+  for (int r = 0; r < p; ++r) reported += a.done[r] || a.failed[r];
+  if (reported == p) {
+    if (a.failure.empty()) {
+      Finish(*job, v1::JOB_STATE_SUCCEEDED,
+             absl::StrCat(job->step(), " of ", job->total_steps(), " steps done"));
+    } else {
+      Finish(*job, v1::JOB_STATE_FAILED, a.failure);
+    }
+  }
+  Schedule();
+  return absl::OkStatus();
+}
+
+std::vector<v1::WorkerInfo> Coordinator::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::WorkerInfo> out;
+  for (const auto& [id, w] : workers_) out.push_back(w.info);
+  std::sort(out.begin(), out.end(), [](const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
+    return a.worker_id().size() != b.worker_id().size()
+               ? a.worker_id().size() < b.worker_id().size()
+               : a.worker_id() < b.worker_id();
+  });
+  return out;
+}
+
+}  // namespace vp::server

@@ -1,0 +1,162 @@
+// The coordinator: job lifecycle, worker registry and scheduling, independent of gRPC (the
+// services in service.h translate RPCs into these calls; tests drive it directly too).
+//
+// Job states: PENDING -> (PROFILING) -> PLANNING -> RUNNING -> SUCCEEDED | FAILED | CANCELLED.
+// A PENDING job waits until `parallel.pipeline` free workers of its device kind are
+// registered; it then takes them (rank r = r-th of them), optionally asks each to profile the
+// passes at the job's shapes, builds the plan from the measured (else FLOP-proportional)
+// costs, and sends every worker its RunTask. Ranks report per-step metrics; when every rank
+// reported step N the merged StepMetrics becomes an event. A rank that fails, or a worker
+// whose heartbeats stop for heartbeat_timeout, fails the job with a reason naming the rank;
+// the other ranks are told to cancel and every worker of the job is free again.
+//
+// Every job record and event is written to the JobStore before it is visible: a coordinator
+// restarted on the same database has the whole history. Jobs that were PROFILING, PLANNING or
+// RUNNING when it stopped are FAILED on restart ("coordinator restarted"): their workers'
+// rendezvous and metrics went with the old process.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/server/job_store.h"
+#include "coordinator/server/kv_store.h"
+#include "vocabpipe/v1/service.pb.h"
+
+namespace vp::server {
+
+// Told about job state changes, merged steps and worker counts (the Prometheus exporter in
+// coordinator_main.cc). Called with the coordinator's lock held: keep it quick, never call
+// back into the Coordinator.
+class CoordinatorObserver {
+ public:
+  virtual ~CoordinatorObserver() = default;
+  virtual void OnJobState(const vocabpipe::v1::Job& job) = 0;
+  virtual void OnStep(const vocabpipe::v1::Job& job, const vocabpipe::v1::StepMetrics& step) = 0;
+  virtual void OnWorkers(int idle, int busy) = 0;
+};
+
+struct CoordinatorOptions {
+  std::string db_path;  // SQLite file (":memory:" for tests that need no restart)
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A worker silent this long is dropped, and its job fails naming the rank.
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Gloo timeout given to the ranks (a rank whose peer died fails within it).
+  absl::Duration rank_timeout = absl::Seconds(60);
+  // Ask the job's workers to time the passes before planning.
+  bool profile = true;
+  // FLOP-proportional cost scale when no profile is available (FLOP/s per rank).
+  double flops_per_second = 1e11;
+  std::shared_ptr<CoordinatorObserver> observer;  // optional
+};
+
+bool IsTerminal(vocabpipe::v1::JobState state);
+std::string JobStateName(vocabpipe::v1::JobState state);  // "RUNNING", ...
+
+// Checks and completes a submitted spec: exactly one of spec / spec_text, parsed (text),
+// defaults applied, validated, paths absolute. InvalidArgument naming the field path.
+absl::StatusOr<vocabpipe::v1::JobSpec> SpecFromRequest(
+    const vocabpipe::v1::SubmitJobRequest& request);
+
+class Coordinator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorOptions& options);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Jobs.
+  absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec);  // a validated spec
+  absl::StatusOr<vocabpipe::v1::Job> GetJob(const std::string& id);
+  std::vector<vocabpipe::v1::Job> ListJobs(int limit);  // newest first
+  absl::StatusOr<vocabpipe::v1::Job> Cancel(const std::string& id, const std::string& reason);
+  // The job's events with seq > after_seq; waits up to max_wait for one when there is none
+  // yet. *terminal: the job had reached a terminal state (its last event is included).
+  absl::StatusOr<std::vector<vocabpipe::v1::JobEvent>> WaitEvents(const std::string& id,
+                                                                  int64_t after_seq,
+                                                                  absl::Duration max_wait,
+                                                                  bool* terminal);
+  // Dry run of the plan a job would get (profiled costs of the last profile of the same shape
+  // when the coordinator has one).
+  absl::StatusOr<vocabpipe::v1::PlanJobResponse> PlanDryRun(const vocabpipe::v1::JobSpec& spec);
+
+  // Workers.
+  absl::StatusOr<vocabpipe::v1::RegisterWorkerResponse> RegisterWorker(
+      const vocabpipe::v1::RegisterWorkerRequest& request);
+  absl::StatusOr<vocabpipe::v1::HeartbeatResponse> Heartbeat(
+      const vocabpipe::v1::HeartbeatRequest& request);
+  absl::Status ReportMetrics(const vocabpipe::v1::ReportMetricsRequest& request);
+  absl::Status ReportTask(const vocabpipe::v1::ReportTaskRequest& request);
+  std::vector<vocabpipe::v1::WorkerInfo> ListWorkers();
+
+  KvStore& kv() { return kv_; }
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  struct Worker {
+    vocabpipe::v1::WorkerInfo info;
+    absl::Time last_heartbeat;
+    std::deque<vocabpipe::v1::WorkerCommand> commands;
+  };
+  struct RankReport {
+    int reported = 0;  // ranks that reported this step
+    vocabpipe::v1::StepMetrics merged;
+  };
+  struct ActiveJob {                   // what a non-terminal job needs beyond its record
+    std::vector<std::string> workers;  // per rank
+    std::vector<bool> done;            // per rank: task finished ok
+    std::vector<bool> failed;          // per rank: task reported a failure
+    // The first rank failure, held back until every rank reported or the deadline passes: a
+    // peer's transport error usually arrives before the heartbeat timeout reveals the worker
+    // that really died, and the reason must name that one.
+    std::string failure;
+    absl::Time failure_deadline;
+    std::map<int, vocabpipe::v1::PassCosts> profiles;  // per rank
+    std::map<int64_t, RankReport> steps;
+    std::string attempt;
+    double peak_flops = 0;  // sum over the job's workers
+    double model_flops_per_step = 0;
+  };
+
+  Coordinator(const CoordinatorOptions& options, std::unique_ptr<JobStore> store);
+  // All private methods expect mu_ held.
+  vocabpipe::v1::Job* FindJob(const std::string& id);
+  absl::Status SaveWithEvent(vocabpipe::v1::Job& job, vocabpipe::v1::JobEvent event);
+  absl::Status SetState(vocabpipe::v1::Job& job, vocabpipe::v1::JobState state,
+                        const std::string& reason);
+  // Terminal transition: state + reason, cancel every other rank, free the workers.
+  void Finish(vocabpipe::v1::Job& job, vocabpipe::v1::JobState state, const std::string& reason,
+              const std::string& except_worker = "");
+  void Schedule();
+  void StartPlanning(vocabpipe::v1::Job& job, ActiveJob& active);
+  void ExpireWorkers();
+  void SettleFailures();  // jobs whose held-back failure is due
+  void NotifyWorkers();
+  void MonitorLoop();
+
+  const CoordinatorOptions options_;
+  std::unique_ptr<JobStore> store_;
+  KvStore kv_;
+
+  std::mutex mu_;
+  std::condition_variable events_cv_;  // a job got a new event
+  std::map<std::string, vocabpipe::v1::Job> jobs_;
+  std::map<std::string, ActiveJob> active_;
+  std::map<std::string, Worker> workers_;
+  int64_t next_job_ = 1, next_worker_ = 1;
+  bool stopping_ = false;
+  std::condition_variable stop_cv_;
+  std::thread monitor_;
+};
+
+}  // namespace vp::server

@@ -1,0 +1,122 @@
+// vocabpipe-coordinator --listen HOST:PORT --db FILE [--heartbeat-interval S]
+//     [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]
+//     [--metrics-listen HOST:PORT]
+// The control plane daemon (docs/operations.md, "Control plane"). Prints
+// "vocabpipe-coordinator: listening on HOST:PORT" once it serves (port 0 picks one), and
+// stops cleanly on SIGINT/SIGTERM. Exit codes: 0 stopped by a signal, 1 could not start,
+// 2 bad usage.
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "coordinator/server/coordinator.h"
+#include "coordinator/server/service.h"
+#ifdef VP_HAVE_METRICS
+#include "coordinator/server/prometheus_observer.h"
+#endif
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: vocabpipe-coordinator --listen HOST:PORT --db FILE [--heartbeat-interval S]\n"
+    "         [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]\n"
+    "         [--metrics-listen HOST:PORT]\n";
+
+int Usage(const std::string& why) {
+  std::cerr << "vocabpipe-coordinator: " << why << "\n" << kUsage;
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  vp::server::CoordinatorOptions options;
+  std::string listen, metrics_listen;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--no-profile") {
+      options.profile = false;
+      continue;
+    }
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (i + 1 >= argc) return Usage(a + " needs a value");
+    const std::string v = argv[++i];
+    double x = 0;
+    const bool number = absl::SimpleAtod(v, &x) && x > 0;
+    if (a == "--listen") {
+      listen = v;
+    } else if (a == "--exit-with-parent") {
+      if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);  // tests and wrappers: end with them
+    } else if (a == "--metrics-listen") {
+      metrics_listen = v;
+    } else if (a == "--db") {
+      options.db_path = v;
+    } else if (a == "--heartbeat-interval") {
+      if (!number) return Usage("--heartbeat-interval: need seconds > 0");
+      options.heartbeat_interval = absl::Seconds(x);
+    } else if (a == "--heartbeat-timeout") {
+      if (!number) return Usage("--heartbeat-timeout: need seconds > 0");
+      options.heartbeat_timeout = absl::Seconds(x);
+    } else if (a == "--rank-timeout") {
+      if (!number) return Usage("--rank-timeout: need seconds > 0");
+      options.rank_timeout = absl::Seconds(x);
+    } else if (a == "--flops-per-second") {
+      if (!number) return Usage("--flops-per-second: need a number > 0");
+      options.flops_per_second = x;
+    } else {
+      return Usage("unknown flag " + a);
+    }
+  }
+  if (listen.empty() || options.db_path.empty()) return Usage("--listen and --db are required");
+
+  // Signals are taken by a dedicated thread (sigwait), never by an async handler.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (!metrics_listen.empty()) {
+#ifdef VP_HAVE_METRICS
+    auto exporter = vp::metrics::MetricsExporter::Create(metrics_listen);
+    if (!exporter.ok()) {
+      std::cerr << "vocabpipe-coordinator: --metrics-listen: " << exporter.status().message()
+                << std::endl;
+      return 1;
+    }
+    std::cout << "vocabpipe-coordinator: metrics on port " << (*exporter)->port() << std::endl;
+    options.observer = std::make_shared<vp::server::PrometheusObserver>(std::move(*exporter));
+#else
+    return Usage("--metrics-listen: this build has no metrics library (coordinator/metrics)");
+#endif
+  }
+  auto coordinator = vp::server::Coordinator::Open(options);
+  if (!coordinator.ok()) {
+    std::cerr << "vocabpipe-coordinator: " << coordinator.status().message() << std::endl;
+    return 1;
+  }
+  auto server = vp::server::CoordinatorServer::Start(coordinator->get(), listen);
+  if (!server.ok()) {
+    std::cerr << "vocabpipe-coordinator: " << server.status().message() << std::endl;
+    return 1;
+  }
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  std::cout << "vocabpipe-coordinator: listening on " << host << ":" << (*server)->port()
+            << std::endl;
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::cerr << "vocabpipe-coordinator: signal " << sig << ", stopping" << std::endl;
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  stopper.join();
+  return 0;
+}

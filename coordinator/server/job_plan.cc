@@ -1,0 +1,114 @@
+#include "coordinator/server/job_plan.h"
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/planner/spec_input.h"
+
+namespace vp::server {
+namespace {
+
+vocabpipe::v1::PlanCandidate CandidateRow(const planner::Candidate& c) {
+  vocabpipe::v1::PlanCandidate row;
+  row.set_schedule(std::string(planner::ScheduleName(c.schedule)));
+  row.set_vocab(std::string(planner::VocabName(c.vocab)));
+  row.set_seq_chunks(c.seq_chunks);
+  row.set_ok(c.ok);
+  row.set_error(c.error);
+  row.set_predicted_step_seconds(c.step_time);
+  row.set_bubble_ratio(c.bubble_ratio);
+  row.set_peak_memory_bytes(c.peak_bytes);
+  row.set_fits(c.fits);
+  return row;
+}
+
+}  // namespace
+
+absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
+                                   const vocabpipe::v1::PassCosts* profiled,
+                                   double flops_per_second) {
+  JobPlan out;
+  planner::PlannerInput& in = out.input;
+  in = planner::PlannerInputFromSpec(spec);
+  in.costs = planner::FlopProportionalCosts(in.pipeline, in.layers, in.model, flops_per_second);
+  if (profiled != nullptr) {
+    // Measured seconds replace the estimate pass by pass: what the workers really spend is
+    // what decides between a vocabulary-parallel plan and the plain schedule.
+    auto take = [](double measured, double* cost) {
+      if (measured > 0) *cost = measured;
+    };
+    take(profiled->f(), &in.costs.f);
+    take(profiled->b(), &in.costs.b);
+    take(profiled->w(), &in.costs.w);
+    take(profiled->s(), &in.costs.s);
+    take(profiled->t(), &in.costs.t);
+    take(profiled->input_f(), &in.costs.input_f);
+    take(profiled->input_b(), &in.costs.input_b);
+    take(profiled->opt(), &in.costs.opt);
+    take(profiled->comm(), &in.costs.comm);
+    take(profiled->collective(), &in.costs.collective);
+  }
+  const std::string& schedule = spec.parallel().schedule();
+  const std::string& vocab = spec.parallel().vocab();
+  const bool schedule_auto = schedule == "auto", vocab_auto = vocab == "auto";
+  if (!schedule_auto) {
+    auto s = planner::ParseSchedule(schedule);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("parallel.schedule: ", s.status().message()));
+    }
+    in.schedule = *s;
+  }
+  if (!vocab_auto) {
+    auto v = planner::ParseVocab(vocab);
+    if (!v.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("parallel.vocab: ", v.status().message()));
+    }
+    in.vocab = *v;
+  }
+  if (schedule_auto || vocab_auto) {
+    auto choice =
+        planner::ChoosePlan(in, schedule_auto, vocab_auto, spec.parallel().memory_budget_bytes());
+    if (!choice.ok()) return choice.status();
+    in = choice->chosen;
+    for (const planner::Candidate& c : choice->candidates) {
+      vocabpipe::v1::PlanCandidate row = CandidateRow(c);
+      row.set_chosen(c.ok && c.schedule == in.schedule && c.vocab == in.vocab &&
+                     c.seq_chunks == in.seq_chunks);
+      out.candidates.push_back(std::move(row));
+    }
+  }
+  auto plan = planner::BuildPlan(in);
+  if (!plan.ok()) return plan.status();
+  out.plan = std::move(*plan);
+  auto sim = planner::Simulate(out.plan, in);
+  if (!sim.ok()) return sim.status();
+  out.sim = std::move(*sim);
+  if (out.candidates.empty()) {
+    planner::Candidate c;
+    c.schedule = in.schedule;
+    c.vocab = in.vocab;
+    c.seq_chunks = in.seq_chunks;
+    c.ok = true;
+    c.step_time = out.sim.step_time;
+    c.bubble_ratio = out.sim.bubble_ratio;
+    for (const planner::RankStats& r : out.sim.ranks) {
+      c.peak_bytes = std::max(c.peak_bytes, r.state_bytes + r.peak_activation_bytes);
+    }
+    const int64_t budget = spec.parallel().memory_budget_bytes();
+    c.fits = budget == 0 || c.peak_bytes <= budget;
+    vocabpipe::v1::PlanCandidate row = CandidateRow(c);
+    row.set_chosen(true);
+    out.candidates.push_back(std::move(row));
+  }
+  vocabpipe::v1::PlanSummary& s = out.summary;
+  s.set_schedule(std::string(planner::ScheduleName(in.schedule)));
+  s.set_vocab(std::string(planner::VocabName(in.vocab)));
+  s.set_seq_chunks(in.seq_chunks);
+  s.set_pipeline(in.pipeline);
+  s.set_microbatches(in.microbatches);
+  s.set_predicted_step_seconds(out.sim.step_time);
+  s.set_costs_source(profiled != nullptr ? "profiled" : "flops");
+  s.set_model_flops_per_step(out.sim.model_flops);
+  out.table = planner::RenderTable(out.plan, out.sim);
+  return out;
+}
+
+}  // namespace vp::server

@@ -1,0 +1,35 @@
+// The coordinator's plan for a job: the planner input from the spec, per-pass costs (profiled
+// on the job's workers when available, else FLOP-proportional), schedule and vocabulary method
+// as the spec names them or chosen by planner::ChoosePlan under the memory budget ("auto"),
+// and the candidate table the job record shows.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/planner/plan.h"
+#include "coordinator/planner/planner.h"
+#include "vocabpipe/v1/job.pb.h"
+#include "vocabpipe/v1/service.pb.h"
+
+namespace vp::server {
+
+struct JobPlan {
+  planner::PlannerInput input;
+  planner::Plan plan;
+  planner::SimResult sim;
+  vocabpipe::v1::PlanSummary summary;
+  // Every candidate the auto choice weighed (a single row when nothing is "auto").
+  std::vector<vocabpipe::v1::PlanCandidate> candidates;
+  std::string table;  // planner::RenderTable of the chosen plan
+};
+
+// Costs in seconds. `profiled` (null: none) replaces the FLOP-proportional pass costs; its
+// zero entries keep the FLOP estimate. flops_per_second sets the FLOP-proportional scale.
+// Errors: InvalidArgument naming the field (parallel.schedule, parallel.vocab, ...).
+absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
+                                   const vocabpipe::v1::PassCosts* profiled,
+                                   double flops_per_second);
+
+}  // namespace vp::server

@@ -1,0 +1,53 @@
+// Durable job records: one SQLite file holds every job (its spec, state, reason, plan, the
+// planner's candidate table, the last step's metrics) and every job's event history (state
+// changes and per-step metrics). A coordinator restarted on the same file sees all of it.
+//
+// Schema (docs/operations.md, "Control plane"):
+//   jobs(id TEXT PRIMARY KEY, ordinal INTEGER, state INTEGER, record BLOB)   record = v1.Job
+//   events(job_id TEXT, seq INTEGER, record BLOB, PRIMARY KEY(job_id, seq))  record = v1.JobEvent
+// Writes are transactions; a failed write leaves the previous rows untouched. Not thread-safe:
+// the Coordinator serializes calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "vocabpipe/v1/service.pb.h"
+
+struct sqlite3;
+
+namespace vp::server {
+
+class JobStore {
+ public:
+  // Opens (creating if needed) the database file; ":memory:" for a throwaway store.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Inserts or replaces the job row and appends `events` (their seq must follow the stored
+  // ones), in one transaction.
+  absl::Status Save(const vocabpipe::v1::Job& job,
+                    const std::vector<vocabpipe::v1::JobEvent>& events = {});
+  absl::StatusOr<vocabpipe::v1::Job> Load(const std::string& id);  // NotFound
+  // Every job, oldest first.
+  absl::StatusOr<std::vector<vocabpipe::v1::Job>> LoadAll();
+  // The job's events with seq > after_seq, in order.
+  absl::StatusOr<std::vector<vocabpipe::v1::JobEvent>> Events(const std::string& id,
+                                                              int64_t after_seq);
+  // The largest job ordinal stored (job ids are "job-<ordinal>"), 0 when empty.
+  int64_t MaxOrdinal() const { return max_ordinal_; }
+
+ private:
+  explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const char* sql);
+  sqlite3* db_;
+  int64_t max_ordinal_ = 0;
+};
+
+}  // namespace vp::server

@@ -1,0 +1,43 @@
+// The rendezvous key-value store StoreService serves: set, get and wait with a timeout. Keys
+// live in memory only: a rendezvous is per launch (keys are namespaced by the job's attempt)
+// and a restarted coordinator starts no old launch again. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace vp::server {
+
+class KvStore {
+ public:
+  // Limits on what one request may store (a Gloo address is ~100 bytes, an NCCL id 128).
+  static constexpr size_t kMaxKeyBytes = 1024;
+  static constexpr size_t kMaxValueBytes = 1 << 20;
+  static constexpr size_t kMaxKeys = 1 << 20;
+
+  absl::Status Set(const std::string& key, std::string value);
+  // Waits until `key` exists or the deadline passes (NotFound then).
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Time deadline);
+  // Waits until every key exists (NotFound naming a missing one at the deadline).
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Time deadline);
+  // Drops every key starting with prefix (a finished launch's rendezvous).
+  void DropPrefix(const std::string& prefix);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+// Checks a key: non-empty, at most kMaxKeyBytes. InvalidArgument naming `field`.
+absl::Status ValidateKey(const std::string& key, const std::string& field);
+
+}  // namespace vp::server

@@ -1,0 +1,480 @@
+// The control plane end to end: a real vocabpipe-coordinator (SQLite job store) and real
+// vocabpipe-worker daemons on loopback, driven over gRPC.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "coordinator/server/job_store.h"
+#include "gloo/common/error.h"
+#include "tests/integration/control/control_harness.h"
+#include "worker/daemon/grpc_store.h"
+
+namespace {
+
+using namespace vp::testing;  // NOLINT
+using ::testing::HasSubstr;
+
+class ControlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        fs::temp_directory_path() /
+        absl::StrCat("vp_control_", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                     "_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    db_ = dir_ / "coordinator.db";
+  }
+  void TearDown() override {
+    workers_.clear();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  void MakeData() {
+    const std::string cmd = absl::StrCat(Bin("client/vocabpipe"), " data synth --vocab 64 ",
+                                         "--tokens 20000 --seed 5 --out ",
+                                         (dir_ / "data.bin").string(), " > /dev/null 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+
+  // A tiny p-rank job: V = 64, h = 32, s = 16, m = 4 microbatches of b = 2.
+  v1::SubmitJobRequest TinyJob(const std::string& name, int pipeline, int steps,
+                               const std::string& extra_parallel = "") {
+    v1::SubmitJobRequest req;
+    req.set_spec_text(
+        absl::StrCat("name: ", name, "\n",
+                     "model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
+                     "parallel: {pipeline: ", pipeline, ", microbatch_size: 2, microbatches: 4",
+                     extra_parallel, "}\n", "train: {steps: ", steps, ", lr: 0.003, threads: 1}\n",
+                     "data: {path: data.bin}\ncheckpoint: {dir: ", name, "}\n"));
+    req.set_base_dir(dir_.string());
+    return req;
+  }
+
+  void StartWorkers(CoordinatorProcess& c, int n) {
+    for (int i = 0; i < n; ++i) {
+      workers_.push_back(std::make_unique<Process>(
+          std::vector<std::string>{Bin("worker/launch/vocabpipe-worker"), "--coordinator",
+                                   c.address(), "--exit-with-parent", "1"},
+          dir_ / absl::StrCat("worker_", workers_.size(), ".log")));
+    }
+    ASSERT_TRUE(
+        WaitFor([&] { return ListWorkers(c).workers_size() >= n; }, std::chrono::seconds(20)));
+  }
+
+  v1::ListWorkersResponse ListWorkers(CoordinatorProcess& c) {
+    v1::ListWorkersResponse resp;
+    c.workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &resp).ok();
+    return resp;
+  }
+
+  v1::Job GetJob(CoordinatorProcess& c, const std::string& id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::Job job;
+    grpc::Status st = c.jobs->GetJob(Ctx().get(), req, &job);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return job;
+  }
+
+  std::string Submit(CoordinatorProcess& c, const v1::SubmitJobRequest& req) {
+    v1::SubmitJobResponse resp;
+    grpc::Status st = c.jobs->SubmitJob(Ctx().get(), req, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return resp.job_id();
+  }
+
+  // Every event of the job from after_event on, until the stream ends (terminal) or timeout.
+  std::vector<v1::JobEvent> Watch(CoordinatorProcess& c, const std::string& id,
+                                  int64_t after_event = 0, int seconds = 60) {
+    v1::WatchJobRequest req;
+    req.set_job_id(id);
+    req.set_after_event(after_event);
+    auto ctx = Ctx(seconds);
+    auto reader = c.jobs->WatchJob(ctx.get(), req);
+    std::vector<v1::JobEvent> events;
+    v1::JobEvent e;
+    while (reader->Read(&e)) events.push_back(e);
+    grpc::Status st = reader->Finish();
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return events;
+  }
+
+  fs::path dir_, db_;
+  std::vector<std::unique_ptr<Process>> workers_;
+};
+
+TEST_F(ControlTest, HealthServiceReportsServing) {
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  // grpc.health.v1.Health/Check over a generic call: HealthCheckRequest{service: ""} is the
+  // empty message; HealthCheckResponse{status: SERVING} is field 1 = 1, bytes 08 01.
+  grpc::GenericStub stub(c.channel());
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status st) { done.set_value(st); });
+  grpc::Status st = done.get_future().get();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+TEST_F(ControlTest, BadRequestsGetTheNamedErrorAndChangeNothing) {
+  MakeData();
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  const std::string id = Submit(c, TinyJob("ok", 2, 1));
+  ASSERT_EQ(id, "job-1");
+
+  // A bad spec: INVALID_ARGUMENT naming the field path.
+  v1::SubmitJobRequest bad = TinyJob("bad", 2, 1);
+  bad.set_spec_text(absl::StrCat(bad.spec_text(), "train: {lr: -1}\n"));
+  v1::SubmitJobResponse resp;
+  grpc::Status st = c.jobs->SubmitJob(Ctx().get(), bad, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = TinyJob("bad", 2, 1);
+  *bad.mutable_spec()->mutable_model() = v1::ModelSpec();  // both spec and text
+  st = c.jobs->SubmitJob(Ctx().get(), bad, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("spec, spec_text"));
+  v1::SubmitJobRequest msg;  // a spec message with a bad field
+  msg.mutable_spec()->mutable_model()->set_layers(0);
+  msg.mutable_spec()->mutable_model()->set_hidden(32);
+  msg.mutable_spec()->mutable_model()->set_heads(2);
+  msg.mutable_spec()->mutable_model()->set_vocab_size(64);
+  msg.mutable_spec()->mutable_model()->set_seq_len(16);
+  msg.mutable_spec()->mutable_data()->set_path((dir_ / "data.bin").string());
+  st = c.jobs->SubmitJob(Ctx().get(), msg, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("model.layers"));
+  v1::SubmitJobRequest text;
+  text.set_spec_text(
+      "model: {layers: 2, hidden: 30, heads: 4, vocab_size: 64, seq_len: 16}\n"
+      "data: {path: /x.bin}\n");
+  st = c.jobs->SubmitJob(Ctx().get(), text, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("model.hidden"));
+
+  // Unknown ids: NOT_FOUND on every call that takes one.
+  v1::GetJobRequest get;
+  get.set_job_id("job-99");
+  v1::Job job;
+  EXPECT_EQ(c.jobs->GetJob(Ctx().get(), get, &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("job-99");
+  EXPECT_EQ(c.jobs->CancelJob(Ctx().get(), cancel, &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  {
+    v1::WatchJobRequest w;
+    w.set_job_id("job-99");
+    auto ctx = Ctx();
+    auto reader = c.jobs->WatchJob(ctx.get(), w);
+    v1::JobEvent e;
+    EXPECT_FALSE(reader->Read(&e));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  get.clear_job_id();
+  EXPECT_EQ(c.jobs->GetJob(Ctx().get(), get, &job).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id("worker-7");
+  v1::HeartbeatResponse hbr;
+  EXPECT_EQ(c.workers->Heartbeat(Ctx().get(), hb, &hbr).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::RegisterWorkerRequest reg;
+  reg.set_device("tpu");
+  reg.set_address("127.0.0.1");
+  v1::RegisterWorkerResponse regr;
+  st = c.workers->RegisterWorker(Ctx().get(), reg, &regr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("device"));
+  v1::StoreSetRequest set;  // empty key
+  v1::StoreSetResponse setr;
+  EXPECT_EQ(c.store->Set(Ctx().get(), set, &setr).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Nothing stored changed: one job, still PENDING, with its one event.
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(c.jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), id);
+  EXPECT_EQ(list.jobs(0).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(list.jobs(0).last_event(), 1);
+}
+
+TEST_F(ControlTest, JobsAndEventsSurviveACoordinatorRestart) {
+  MakeData();
+  std::string a, b;
+  {
+    CoordinatorProcess c(dir_, db_);
+    ASSERT_TRUE(c.up()) << c.process().Log();
+    a = Submit(c, TinyJob("a", 2, 1));
+    b = Submit(c, TinyJob("b", 2, 1));
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(b);
+    cancel.set_reason("not needed");
+    v1::Job job;
+    ASSERT_TRUE(c.jobs->CancelJob(Ctx().get(), cancel, &job).ok());
+    EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+    // Cancelling twice is refused and changes nothing.
+    EXPECT_EQ(c.jobs->CancelJob(Ctx().get(), cancel, &job).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+    c.process().Kill(SIGKILL);  // no clean shutdown
+  }
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  v1::Job ja = GetJob(c, a), jb = GetJob(c, b);
+  EXPECT_EQ(ja.state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(ja.spec().model().hidden(), 32);
+  EXPECT_EQ(ja.spec().data().path(), (dir_ / "data.bin").string());
+  EXPECT_EQ(jb.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(jb.reason(), "cancelled: not needed");
+  // The history: b was PENDING (1) then CANCELLED (2); resuming after event 1 gives only 2.
+  auto all = Watch(c, b, 0);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(all[1].state(), v1::JOB_STATE_CANCELLED);
+  auto rest = Watch(c, b, 1);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].seq(), 2);
+  // New ids continue after the stored ones.
+  EXPECT_EQ(Submit(c, TinyJob("c", 2, 1)), "job-3");
+}
+
+TEST_F(ControlTest, StoreServiceBacksAGlooStore) {
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  vp::daemon::GrpcStore store(c.address(), std::chrono::milliseconds(300));
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    vp::daemon::GrpcStore other(c.address(), std::chrono::milliseconds(300));
+    other.set("k2", {'b'});
+  });
+  store.set("k1", {'a', '\0', 'c'});
+  EXPECT_EQ(store.get("k1"), (std::vector<char>{'a', '\0', 'c'}));
+  store.wait({"k1", "k2"});  // k2 arrives while waiting
+  EXPECT_EQ(store.get("k2"), std::vector<char>{'b'});
+  late.join();
+  EXPECT_THROW(store.get("never"), gloo::IoException);
+  EXPECT_THROW(store.wait({"k1", "never"}), gloo::IoException);
+}
+
+TEST_F(ControlTest, WorkersRegisterAndAreDroppedWhenSilent) {
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  StartWorkers(c, 2);
+  auto list = ListWorkers(c);
+  ASSERT_EQ(list.workers_size(), 2);
+  EXPECT_EQ(list.workers(0).device(), "cpu");
+  EXPECT_EQ(list.workers(0).address(), "127.0.0.1");
+  EXPECT_GT(list.workers(0).memory_bytes(), 0);
+  EXPECT_GT(list.workers(0).peak_flops(), 0);
+  EXPECT_TRUE(list.workers(0).job_id().empty());
+  workers_[1]->Kill(SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return ListWorkers(c).workers_size() == 1; }, std::chrono::seconds(5)));
+}
+
+}  // namespace
+
+namespace {
+
+using namespace vp::testing;  // NOLINT
+
+class ControlRunTest : public ControlTest {};
+
+TEST_F(ControlRunTest, SubmitWatchToSucceededWithMetricsForEveryStep) {
+  MakeData();
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  StartWorkers(c, 2);
+  const std::string id = Submit(c, TinyJob("run", 2, 3, ", schedule: auto, vocab: auto"));
+  auto events = Watch(c, id);
+  ASSERT_FALSE(events.empty());
+  std::vector<v1::JobState> states;
+  std::vector<int64_t> steps;
+  for (const v1::JobEvent& e : events) {
+    if (e.has_step()) {
+      steps.push_back(e.step().step());
+      EXPECT_TRUE(e.step().has_loss());
+      EXPECT_GT(e.step().loss(), 0);
+      EXPECT_GT(e.step().seconds(), 0);
+      EXPECT_GT(e.step().tokens_per_second(), 0);
+      EXPECT_GT(e.step().mfu(), 0);
+      ASSERT_EQ(e.step().stages_size(), 2);
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(e.step().stages(r).rank(), r);
+        EXPECT_GT(e.step().stages(r).peak_memory_bytes(), 0);
+        EXPECT_GT(e.step().stages(r).busy_seconds(), 0);
+      }
+    } else {
+      states.push_back(e.state());
+    }
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::JOB_STATE_PENDING, v1::JOB_STATE_PROFILING,
+                                               v1::JOB_STATE_PLANNING, v1::JOB_STATE_RUNNING,
+                                               v1::JOB_STATE_SUCCEEDED}))
+      << GetJob(c, id).reason();
+  v1::Job job = GetJob(c, id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.step(), 3);
+  EXPECT_GT(job.loss(), 0);
+  EXPECT_EQ(job.plan().costs_source(), "profiled");
+  EXPECT_GT(job.profiled_costs().f(), 0);
+  EXPECT_GT(job.profiled_costs().t(), 0);
+  EXPECT_GT(job.candidates_size(), 1);  // the auto choice's table
+  int chosen = 0;
+  for (const auto& row : job.candidates()) chosen += row.chosen();
+  EXPECT_EQ(chosen, 1);
+  EXPECT_FALSE(job.plan().schedule().empty());
+  ASSERT_EQ(job.stages_size(), 2);
+  // The ranks wrote their checkpoint shards into checkpoint.dir.
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "step_3" / "rank_0"));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "step_3" / "rank_1"));
+  // The workers are free again.
+  const v1::ListWorkersResponse free_workers = ListWorkers(c);
+  for (const auto& w : free_workers.workers()) EXPECT_TRUE(w.job_id().empty());
+}
+
+TEST_F(ControlRunTest, CancelMidRunFreesTheWorkers) {
+  MakeData();
+  CoordinatorProcess c(dir_, db_, {"--no-profile"});
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  StartWorkers(c, 2);
+  const std::string id = Submit(c, TinyJob("long", 2, 100000));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 1; }, std::chrono::seconds(30)))
+      << GetJob(c, id).reason();
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(id);
+  v1::Job job;
+  ASSERT_TRUE(c.jobs->CancelJob(Ctx().get(), cancel, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  const v1::ListWorkersResponse free_workers = ListWorkers(c);
+  for (const auto& w : free_workers.workers()) EXPECT_TRUE(w.job_id().empty());
+  // Free for real: the next job runs on the same two workers.
+  const std::string next = Submit(c, TinyJob("next", 2, 1));
+  auto events = Watch(c, next);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().state(), v1::JOB_STATE_SUCCEEDED) << events.back().message();
+  EXPECT_EQ(GetJob(c, id).state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(ControlRunTest, AKilledWorkerFailsTheJobNamingItsRank) {
+  MakeData();
+  CoordinatorProcess c(dir_, db_, {"--no-profile"});
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  StartWorkers(c, 2);
+  const std::string id = Submit(c, TinyJob("doomed", 2, 100000));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 1; }, std::chrono::seconds(30)));
+  // Which worker runs rank 1?
+  std::string rank1;
+  const v1::ListWorkersResponse busy = ListWorkers(c);
+  for (const auto& w : busy.workers()) {
+    if (w.rank() == 1) rank1 = w.worker_id();
+  }
+  ASSERT_EQ(rank1, "worker-2");
+  const auto killed = std::chrono::steady_clock::now();
+  workers_[1]->Kill(SIGKILL);  // its rank process dies with it (PR_SET_PDEATHSIG)
+  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_FAILED; },
+                      std::chrono::seconds(10)));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_LE(seconds, 1.5 + 1.0);  // heartbeat timeout + polling slack
+  const v1::Job job = GetJob(c, id);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1"));
+}
+
+}  // namespace
+
+namespace {
+
+using namespace vp::testing;  // NOLINT
+using ::testing::HasSubstr;
+
+class ControlRestartTest : public ControlTest {};
+
+// The coordinator dies mid-run and comes back on the same database: the job record and every
+// step's metrics are still there, the interrupted job is FAILED with the reason, and the
+// workers register again and run the next job.
+TEST_F(ControlRestartTest, MetricHistorySurvivesAKillMidRun) {
+  MakeData();
+  auto c =
+      std::make_unique<CoordinatorProcess>(dir_, db_, std::vector<std::string>{"--no-profile"});
+  ASSERT_TRUE(c->up());
+  StartWorkers(*c, 2);
+  const std::string id = Submit(*c, TinyJob("long", 2, 100000));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(*c, id).step() >= 3; }, std::chrono::seconds(30)));
+  c->process().Kill(SIGKILL);
+  const std::string old_address = c->address();
+  c.reset();
+  // Same port, so the running worker daemons find it again.
+  Process restarted({Bin("coordinator/server/vocabpipe-coordinator"), "--listen", old_address,
+                     "--db", db_.string(), "--heartbeat-interval", "0.1", "--heartbeat-timeout",
+                     "1.5", "--no-profile", "--exit-with-parent", "1"},
+                    dir_ / "restarted.log");
+  ASSERT_TRUE(WaitFor([&] { return restarted.Log().find("listening") != std::string::npos; },
+                      std::chrono::seconds(10)))
+      << restarted.Log();
+  auto channel = grpc::CreateChannel(old_address, grpc::InsecureChannelCredentials());
+  auto jobs = v1::JobService::NewStub(channel);
+  auto workers = v1::WorkerService::NewStub(channel);
+  v1::GetJobRequest get;
+  get.set_job_id(id);
+  v1::Job job;
+  ASSERT_TRUE(jobs->GetJob(Ctx().get(), get, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("coordinator restarted while the job was RUNNING"));
+  EXPECT_GE(job.step(), 3);
+  // Every merged step before the kill is in the history, in order.
+  v1::WatchJobRequest w;
+  w.set_job_id(id);
+  auto ctx = Ctx();
+  auto reader = jobs->WatchJob(ctx.get(), w);
+  v1::JobEvent e;
+  int64_t expect_step = 1;
+  while (reader->Read(&e)) {
+    if (e.has_step()) {
+      EXPECT_EQ(e.step().step(), expect_step++);
+    }
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_GE(expect_step - 1, job.step());
+  // The workers come back (their heartbeats got NOT_FOUND) and are free.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        v1::ListWorkersResponse list;
+        workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &list).ok();
+        return list.workers_size() == 2;
+      },
+      std::chrono::seconds(10)));
+}
+
+TEST_F(ControlRestartTest, PlanJobIsADryRun) {
+  MakeData();
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up());
+  v1::PlanJobResponse plan;
+  grpc::Status st = c.jobs->PlanJob(Ctx().get(), TinyJob("dry", 2, 1, ", vocab: auto"), &plan);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(plan.plan().pipeline(), 2);
+  EXPECT_EQ(plan.plan().costs_source(), "flops");
+  EXPECT_GE(plan.candidates_size(), 4);
+  EXPECT_THAT(plan.plan_text(), HasSubstr("rank 1"));
+  v1::SubmitJobRequest bad = TinyJob("dry", 2, 1, ", schedule: zigzag");
+  EXPECT_EQ(c.jobs->PlanJob(Ctx().get(), bad, &plan).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(c.jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);  // no job was created
+}
+
+}  // namespace

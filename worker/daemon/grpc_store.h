@@ -1,0 +1,40 @@
+// A gloo::rendezvous::Store backed by the coordinator's StoreService: the ranks of a job run
+// by worker daemons on any hosts meet through it (no shared file system needed). Also usable
+// for any small key exchange (the NCCL unique id).
+//
+// Gloo's Store API reports errors by exception: a failed or timed-out call throws
+// gloo::IoException naming the key, which ConnectGloo turns into a Status.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gloo/rendezvous/store.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace vp::daemon {
+
+class GrpcStore final : public gloo::rendezvous::Store {
+ public:
+  // `address`: the coordinator's HOST:PORT. `timeout` bounds get() and wait() (Gloo's
+  // rendezvous timeout); set() has a fixed 10 s deadline.
+  GrpcStore(const std::string& address, std::chrono::milliseconds timeout);
+  ~GrpcStore() override;
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace vp::daemon

@@ -1,0 +1,368 @@
+#include "worker/daemon/worker_daemon.h"
+
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/planner/plan.h"
+#include "vocabpipe/v1/service.grpc.pb.h"
+#include "worker/daemon/profile.h"
+#include "worker/engine/kernels/cpu/blas.h"
+#include "worker/launch/run_dir.h"
+
+namespace vp::daemon {
+namespace v1 = vocabpipe::v1;
+namespace fs = std::filesystem;
+namespace {
+
+void Log(const std::string& msg) { std::cerr << "vocabpipe-worker: " << msg << std::endl; }
+
+// Best of three 1024^3 SGEMMs on this process's BLAS threads: the peak a rank can reach here.
+double MeasurePeakFlops() {
+  constexpr int n = 1024;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    engine::cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  return best;
+}
+
+int64_t MemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+std::string LastLogLine(const std::string& path) {
+  std::ifstream f(path);
+  std::string line, last;
+  while (std::getline(f, line)) {
+    if (!line.empty()) last = line;
+  }
+  if (last.size() > 1000) last = last.substr(last.size() - 1000);
+  return last;
+}
+
+// One rank process started for a RunTask.
+struct Task {
+  std::string job_id;
+  int rank = 0;
+  pid_t pid = -1;
+  std::string metrics_path, log_path;
+  size_t offset = 0;  // bytes of the metrics file already reported
+};
+
+class Daemon {
+ public:
+  Daemon(const DaemonOptions& options)
+      : options_(options),
+        channel_(grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials())),
+        stub_(v1::WorkerService::NewStub(channel_)) {}
+
+  ~Daemon() {
+    KillAll();
+    if (profiler_.joinable()) profiler_.join();
+  }
+
+  void Loop(const std::atomic<bool>* stop) {
+    if (options_.measure_peak) peak_flops_ = MeasurePeakFlops();
+    absl::Time next_beat = absl::InfinitePast();
+    bool warned = false;
+    while (!stop->load()) {
+      const absl::Time now = absl::Now();
+      if (worker_id_.empty()) {
+        if (now >= next_beat) {
+          if (auto st = Register(); !st.ok()) {
+            if (!warned)
+              Log(absl::StrCat("register with ", options_.coordinator, ": ", st.message(),
+                               " (retrying)"));
+            warned = true;
+            next_beat = now + absl::Seconds(1);
+          } else {
+            warned = false;
+            next_beat = now;
+          }
+        }
+      } else if (now >= next_beat) {
+        next_beat = now + interval_;
+        Beat();
+      }
+      if (task_) Poll();
+      if (!dying_.empty()) Reap();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  template <typename Request, typename Response, typename Call>
+  grpc::Status Unary(Call call, const Request& req, Response* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+    return ((*stub_).*call)(&ctx, req, resp);
+  }
+
+  absl::Status Register() {
+    v1::RegisterWorkerRequest req;
+    req.set_device(options_.device);
+    req.set_memory_bytes(MemoryBytes());
+    req.set_address(options_.address);
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    req.set_hostname(host);
+    req.set_pid(getpid());
+    req.set_threads(static_cast<int>(std::thread::hardware_concurrency()));
+    req.set_peak_flops(peak_flops_);
+    v1::RegisterWorkerResponse resp;
+    grpc::Status st = Unary(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
+    if (!st.ok()) return absl::UnavailableError(st.error_message());
+    worker_id_ = resp.worker_id();
+    interval_ = absl::Milliseconds(std::max<int64_t>(10, resp.heartbeat_interval_ms()));
+    Log(absl::StrCat("registered as ", worker_id_, " with ", options_.coordinator));
+    return absl::OkStatus();
+  }
+
+  void Beat() {
+    v1::HeartbeatRequest req;
+    req.set_worker_id(worker_id_);
+    if (task_) req.set_job_id(task_->job_id);
+    v1::HeartbeatResponse resp;
+    grpc::Status st = Unary(&v1::WorkerService::Stub::Heartbeat, req, &resp);
+    if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
+      // The coordinator dropped this worker (timeout or restart): whatever it ran is over.
+      Log(absl::StrCat(worker_id_, " unknown to the coordinator; registering again"));
+      if (task_) Kill();
+      worker_id_.clear();
+      return;
+    }
+    if (!st.ok()) return;  // transient: the next beat retries
+    for (const v1::WorkerCommand& cmd : resp.commands()) {
+      if (cmd.has_cancel()) {
+        if (task_ && task_->job_id == cmd.cancel().job_id()) {
+          Log(absl::StrCat("cancel ", task_->job_id, " rank ", task_->rank));
+          Kill();
+        }
+      } else if (cmd.has_run()) {
+        Run(cmd.run());
+      } else if (cmd.has_profile()) {
+        Profile(cmd.profile());
+      }
+    }
+  }
+
+  void ReportTask(const std::string& job_id, int rank, bool ok, const std::string& message,
+                  const v1::PassCosts* costs = nullptr) {
+    v1::ReportTaskRequest req;
+    req.set_worker_id(worker_id_);
+    req.set_job_id(job_id);
+    req.set_rank(rank);
+    req.set_ok(ok);
+    req.set_message(message);
+    if (costs != nullptr) *req.mutable_costs() = *costs;
+    v1::ReportTaskResponse resp;
+    grpc::Status st = Unary(&v1::WorkerService::Stub::ReportTask, req, &resp);
+    if (!st.ok()) Log(absl::StrCat("report ", job_id, ": ", st.error_message()));
+  }
+
+  void Profile(const v1::ProfileTask& task) {
+    if (profiler_.joinable()) profiler_.join();
+    // Off the heartbeat thread: profiling takes a few seconds and heartbeats must go on.
+    profiler_ = std::thread([this, task, id = worker_id_] {
+      auto costs = ProfilePasses(task.spec());
+      v1::ReportTaskRequest req;
+      req.set_worker_id(id);
+      req.set_job_id(task.job_id());
+      req.set_rank(-1);
+      req.set_ok(costs.ok());
+      if (costs.ok()) {
+        *req.mutable_costs() = *costs;
+      } else {
+        req.set_message(std::string(costs.status().message()));
+      }
+      v1::ReportTaskResponse resp;
+      grpc::Status st = Unary(&v1::WorkerService::Stub::ReportTask, req, &resp);
+      if (!st.ok())
+        Log(absl::StrCat("report profile of ", task.job_id(), ": ", st.error_message()));
+    });
+  }
+
+  void Run(const v1::RunTask& run) {
+    if (task_) {
+      ReportTask(run.job_id(), run.rank(), false,
+                 absl::StrCat("worker ", worker_id_, " is still running ", task_->job_id));
+      return;
+    }
+    const std::string dir = run.spec().checkpoint().dir();
+    auto fail = [&](const std::string& why) { ReportTask(run.job_id(), run.rank(), false, why); };
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return fail(absl::StrCat("checkpoint.dir ", dir, ": ", ec.message()));
+    auto plan = planner::PlanFromText(run.plan_text());
+    if (!plan.ok()) return fail(absl::StrCat("plan: ", plan.status().message()));
+    if (auto st = launch::WriteRunFiles(dir, run.spec(), *plan); !st.ok()) {
+      return fail(std::string(st.message()));
+    }
+    Task t;
+    t.job_id = run.job_id();
+    t.rank = run.rank();
+    t.metrics_path = launch::RankMetricsPath(dir, run.rank());
+    t.log_path = launch::RankLogPath(dir, run.rank());
+    fs::remove(t.metrics_path, ec);  // the rank truncates it too, but only once it starts
+
+    const std::vector<std::string> args = {
+        options_.worker_binary,
+        "--run-dir",
+        dir,
+        "--rank",
+        std::to_string(run.rank()),
+        "--attempt",
+        run.attempt(),
+        "--timeout",
+        absl::StrCat(std::max<int64_t>(1, run.timeout_ms()) / 1000.0),
+        "--store",
+        options_.coordinator,
+        "--hostname",
+        options_.address};
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int log = open(t.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log < 0) return fail(absl::StrCat(t.log_path, ": cannot open"));
+    const pid_t pid = fork();
+    if (pid == 0) {   // child: only async-signal-safe calls until exec
+      sigset_t none;  // the daemon blocks SIGINT/SIGTERM (sigwait); the rank must not
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(log);
+    if (pid < 0) return fail("fork failed");
+    t.pid = pid;
+    Log(absl::StrCat("running ", t.job_id, " rank ", t.rank, " (pid ", pid, ", log ", t.log_path,
+                     ")"));
+    task_ = std::move(t);
+  }
+
+  // Sends the rank's new per-step lines, then reaps it when it has exited.
+  void Poll() {
+    int status = 0;
+    const pid_t r = waitpid(task_->pid, &status, WNOHANG);
+    SendMetrics();  // after waitpid: an exited rank's last lines are all in the file
+    if (r != task_->pid) return;
+    Task t = std::move(*task_);
+    task_.reset();
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      ReportTask(t.job_id, t.rank, true, "");
+    } else {
+      std::string why = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
+                                            : absl::StrCat("exit code ", WEXITSTATUS(status));
+      const std::string last = LastLogLine(t.log_path);
+      if (!last.empty()) absl::StrAppend(&why, ": ", last);
+      ReportTask(t.job_id, t.rank, false, why);
+    }
+  }
+
+  void SendMetrics() {
+    std::ifstream f(task_->metrics_path, std::ios::binary);
+    if (!f) return;
+    f.seekg(static_cast<std::streamoff>(task_->offset));
+    std::string rest((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t end = rest.rfind('\n');
+    if (end == std::string::npos) return;  // no complete line yet
+    v1::ReportMetricsRequest req;
+    req.set_worker_id(worker_id_);
+    req.set_job_id(task_->job_id);
+    req.set_rank(task_->rank);
+    for (absl::string_view line : absl::StrSplit(rest.substr(0, end), '\n')) {
+      if (!line.empty()) req.add_step_json(std::string(line));
+    }
+    v1::ReportMetricsResponse resp;
+    grpc::Status st = Unary(&v1::WorkerService::Stub::ReportMetrics, req, &resp);
+    if (st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      task_->offset += end + 1;  // sent (or refused for good): do not resend
+    }
+  }
+
+  // SIGTERM now, SIGKILL 2 s later if it is still there; reaped by Reap() from the loop, so
+  // heartbeats never wait for a dying rank. No report: the coordinator asked for it (or
+  // forgot the job).
+  void Kill() {
+    kill(task_->pid, SIGTERM);
+    dying_.push_back({task_->pid, absl::Now() + absl::Seconds(2)});
+    task_.reset();
+  }
+
+  void Reap() {
+    for (auto it = dying_.begin(); it != dying_.end();) {
+      int status = 0;
+      if (waitpid(it->pid, &status, WNOHANG) != 0) {
+        it = dying_.erase(it);
+        continue;
+      }
+      if (absl::Now() > it->kill_at) kill(it->pid, SIGKILL);
+      ++it;
+    }
+  }
+
+  // On exit: nothing may outlive the daemon.
+  void KillAll() {
+    if (task_) Kill();
+    for (const Dying& d : dying_) {
+      kill(d.pid, SIGKILL);
+      waitpid(d.pid, nullptr, 0);
+    }
+    dying_.clear();
+  }
+
+  struct Dying {
+    pid_t pid;
+    absl::Time kill_at;
+  };
+  std::vector<Dying> dying_;
+  const DaemonOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::string worker_id_;
+  absl::Duration interval_ = absl::Seconds(1);
+  double peak_flops_ = 0;
+  std::optional<Task> task_;
+  std::thread profiler_;
+};
+
+}  // namespace
+
+absl::Status RunDaemon(const DaemonOptions& options, const std::atomic<bool>* stop) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator: HOST:PORT required");
+  }
+  if (options.worker_binary.empty()) {
+    return absl::InvalidArgumentError("worker_binary: the rank executable is required");
+  }
+  const std::string& d = options.device;
+  if (d != "cpu" && d.rfind("cuda", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: \"", d, "\" is not cpu or cuda:N"));
+  }
+  Daemon daemon(options);
+  daemon.Loop(stop);
+  return absl::OkStatus();
+}
+
+}  // namespace vp::daemon

@@ -1,0 +1,36 @@
+// The worker daemon (`vocabpipe-worker --coordinator HOST:PORT`): registers with the
+// coordinator (device kind, memory, the address its Gloo transport binds to, measured peak
+// FLOP/s), heartbeats, and executes what the heartbeat answers carry:
+//   ProfileTask: times the passes at the job's shapes (profile.h) and reports the costs;
+//   RunTask:     writes the job's run files (job.yaml, plan.txt) into checkpoint.dir and starts
+//                one rank process (`vocabpipe-worker --run-dir DIR --rank R --store HOST:PORT`)
+//                whose Gloo rendezvous goes through the coordinator's StoreService; streams
+//                its per-step lines (rank_<R>.jsonl) to the coordinator and reports its exit;
+//   CancelTask:  stops the rank process (SIGTERM, then SIGKILL after 2 s).
+// A rank process dies with its daemon (PR_SET_PDEATHSIG). One daemon runs one rank at a time;
+// several daemons on one machine take one rank each.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace vp::daemon {
+
+struct DaemonOptions {
+  std::string coordinator;            // HOST:PORT
+  std::string device = "cpu";         // cpu | cuda:N
+  std::string address = "127.0.0.1";  // IP the rank's Gloo transport binds to
+  // The executable started for a rank (vocabpipe-worker; the daemon passes /proc/self/exe).
+  std::string worker_binary;
+  absl::Duration rpc_deadline = absl::Seconds(5);  // every unary call
+  bool measure_peak = true;  // time one SGEMM at start for MFU (tests may skip it)
+};
+
+// Runs until *stop becomes true. Errors: bad options only (a coordinator that is down is
+// retried: the daemon registers once it is up, and again after a coordinator restart).
+absl::Status RunDaemon(const DaemonOptions& options, const std::atomic<bool>* stop);
+
+}  // namespace vp::daemon
