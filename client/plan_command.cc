@@ -114,8 +114,11 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   }
   if (format != "table" && format != "json" && format != "text" && format != "svg")
     return Usage(err, "--format: expected table|json|text|svg");
-  // Default costs: FLOP-proportional, in units of 1e12 FLOPs (MFU needs real costs).
+  // Default costs: FLOP-proportional seconds at a 1e12 FLOP/s peak, so the predicted MFU is
+  // the plan's (bubble-limited) MFU at peak speed; with --costs the units are the user's and
+  // MFU is left out.
   in.costs = planner::FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  if (costs_text.empty()) in.model.peak_flops = 1e12;
   std::string cost_error;
   if (!costs_text.empty() && !ParseCosts(costs_text, &in.costs, &cost_error))
     return Usage(err, cost_error);

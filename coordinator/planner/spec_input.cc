@@ -35,6 +35,7 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
   in = PlannerInputFromSpec(spec);
   in.model.layer_activation_bytes = static_cast<double>(measured.kept);
   in.model.layer_backward_transient_bytes = static_cast<double>(measured.backward_transient);
+  in.model.peak_flops = flops_per_second;  // costs are seconds at this peak: MFU is defined
   in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, flops_per_second);
   const std::string& schedule = spec.parallel().schedule();
   const std::string& vocab = spec.parallel().vocab();
