@@ -68,11 +68,22 @@ struct Task {
   size_t offset = 0;  // bytes of the metrics file already reported
 };
 
+// A channel to the coordinator that reconnects within a second after the coordinator comes
+// back: gRPC's default reconnect backoff grows to minutes, which would keep a worker away from
+// a restarted coordinator long after it is serving again.
+std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
 class Daemon {
  public:
   Daemon(const DaemonOptions& options)
       : options_(options),
-        channel_(grpc::CreateChannel(options.coordinator, grpc::InsecureChannelCredentials())),
+        channel_(CoordinatorChannel(options.coordinator)),
         stub_(v1::WorkerService::NewStub(channel_)) {}
 
   ~Daemon() {
