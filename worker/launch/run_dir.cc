@@ -1,7 +1,5 @@
 #include "worker/launch/run_dir.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/spec/job_spec.h"
+#include "worker/runtime/checkpoint.h"
 #include "worker/runtime/run_job.h"
 
 namespace vp::launch {
@@ -36,20 +35,6 @@ std::string ShardDir(const std::string& dir, int64_t step, int rank) {
 
 namespace {
 
-absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  // A temporary name per process: worker daemons of one job write the same files at once.
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) return absl::InternalError(absl::StrCat(path, ": write failed"));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -62,8 +47,10 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
 
 absl::Status WriteRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,
                            const planner::Plan& plan) {
-  if (auto st = WriteTextFile(SpecPath(dir), spec::JobSpecToYaml(spec)); !st.ok()) return st;
-  return WriteTextFile(PlanPath(dir), planner::PlanToText(plan));
+  if (auto st = runtime::WriteTextFileAtomically(SpecPath(dir), spec::JobSpecToYaml(spec));
+      !st.ok())
+    return st;
+  return runtime::WriteTextFileAtomically(PlanPath(dir), planner::PlanToText(plan));
 }
 
 absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir) {

@@ -23,19 +23,6 @@ namespace {
 
 constexpr char kShardKey[] = "vocab_shard.";
 
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) return absl::InternalError(absl::StrCat(path, ": write failed"));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
-  return absl::OkStatus();
-}
-
 // The saved shape of a tensor: vocabulary shards lose their padding rows.
 std::vector<int64_t> SavedShape(const engine::ParamTensor& t) {
   std::vector<int64_t> shape = t.shape;
@@ -93,7 +80,8 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
       !st.ok()) {
     return st;
   }
-  return WriteText((fs::path(dir) / "DONE").string(), absl::StrCat(step, "\n"));
+  return runtime::WriteTextFileAtomically((fs::path(dir) / "DONE").string(),
+                                          absl::StrCat(step, "\n"));
 }
 
 absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank,
@@ -260,12 +248,13 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
       !st.ok()) {
     return st;
   }
-  if (auto st =
-          WriteText((fs::path(out_dir) / "config.json").string(), runtime::Gpt2ConfigJson(config));
+  if (auto st = runtime::WriteTextFileAtomically((fs::path(out_dir) / "config.json").string(),
+                                                 runtime::Gpt2ConfigJson(config));
       !st.ok()) {
     return st;
   }
-  return WriteText((fs::path(out_dir) / "DONE").string(), absl::StrCat(step, "\n"));
+  return runtime::WriteTextFileAtomically((fs::path(out_dir) / "DONE").string(),
+                                          absl::StrCat(step, "\n"));
 }
 
 }  // namespace vp::launch

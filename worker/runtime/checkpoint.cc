@@ -1,5 +1,7 @@
 #include "worker/runtime/checkpoint.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -39,8 +41,10 @@ std::vector<Export> ExportTable(const engine::RankModel& model) {
   return out;
 }
 
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+}  // namespace
+
+absl::Status WriteTextFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << text;
@@ -51,8 +55,6 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
   if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
   return absl::OkStatus();
 }
-
-}  // namespace
 
 std::string CheckpointDir(const std::string& run_dir, int64_t step) {
   return (fs::path(run_dir) / absl::StrCat("step_", step)).string();
@@ -111,11 +113,12 @@ absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
       !st.ok()) {
     return st;
   }
-  if (auto st = WriteText((fs::path(dir) / "config.json").string(), Gpt2ConfigJson(model.config()));
+  if (auto st = WriteTextFileAtomically((fs::path(dir) / "config.json").string(),
+                                        Gpt2ConfigJson(model.config()));
       !st.ok()) {
     return st;
   }
-  return WriteText((fs::path(dir) / "DONE").string(), absl::StrCat(step, "\n"));
+  return WriteTextFileAtomically((fs::path(dir) / "DONE").string(), absl::StrCat(step, "\n"));
 }
 
 absl::StatusOr<int64_t> LatestCheckpointStep(const std::string& run_dir) {

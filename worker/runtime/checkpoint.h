@@ -19,6 +19,11 @@
 
 namespace vp::runtime {
 
+// Writes a small text file atomically: to a temporary name unique to this process, then renamed
+// over `path`, so readers never see a partial file and concurrent writers never share a
+// temporary (worker daemons of one job write the same run files at once).
+absl::Status WriteTextFileAtomically(const std::string& path, const std::string& text);
+
 // The folder of step N: <run_dir>/step_<N>.
 std::string CheckpointDir(const std::string& run_dir, int64_t step);
 
