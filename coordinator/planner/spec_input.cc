@@ -28,15 +28,32 @@ PlannerInput PlannerInputFromSpec(const vocabpipe::v1::JobSpec& spec) {
 }
 
 absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
-                                           double flops_per_second,
-                                           const LayerActivationBytes& measured) {
+                                           const SpecPlanOptions& options) {
   SpecPlan out;
   PlannerInput& in = out.input;
   in = PlannerInputFromSpec(spec);
-  in.model.layer_activation_bytes = static_cast<double>(measured.kept);
-  in.model.layer_backward_transient_bytes = static_cast<double>(measured.backward_transient);
-  in.model.peak_flops = flops_per_second;  // costs are seconds at this peak: MFU is defined
-  in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, flops_per_second);
+  in.model.layer_activation_bytes = static_cast<double>(options.activations.kept);
+  in.model.layer_backward_transient_bytes =
+      static_cast<double>(options.activations.backward_transient);
+  in.model.peak_flops = options.flops_per_second;
+  in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, options.flops_per_second);
+  if (const Costs* m = options.measured_costs; m != nullptr) {
+    // Measured seconds replace the estimate pass by pass: what the workers really spend is
+    // what decides between a vocabulary-parallel plan and the plain schedule.
+    auto take = [](double measured, double& cost) {
+      if (measured > 0) cost = measured;
+    };
+    take(m->f, in.costs.f);
+    take(m->b, in.costs.b);
+    take(m->w, in.costs.w);
+    take(m->s, in.costs.s);
+    take(m->t, in.costs.t);
+    take(m->input_f, in.costs.input_f);
+    take(m->input_b, in.costs.input_b);
+    take(m->opt, in.costs.opt);
+    take(m->comm, in.costs.comm);
+    take(m->collective, in.costs.collective);
+  }
   const std::string& schedule = spec.parallel().schedule();
   const std::string& vocab = spec.parallel().vocab();
   const bool schedule_auto = schedule == "auto", vocab_auto = vocab == "auto";
@@ -59,6 +76,7 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
         ChoosePlan(in, schedule_auto, vocab_auto, spec.parallel().memory_budget_bytes());
     if (!choice.ok()) return choice.status();
     in = choice->chosen;
+    out.candidates = std::move(choice->candidates);
   }
   absl::StatusOr<Plan> plan = BuildPlan(in);
   if (!plan.ok()) return plan.status();

@@ -22,19 +22,29 @@ struct LayerActivationBytes {
   int64_t backward_transient = 0;
 };
 
+// What the run knows beyond the spec.
+struct SpecPlanOptions {
+  // FLOP-proportional pass costs are seconds at this peak (so MFU is defined).
+  double flops_per_second = 1e12;
+  // The engine's measured per-layer activation footprint, for the memory prediction.
+  LayerActivationBytes activations;
+  // Per-pass costs profiled on the job's workers (seconds): each entry > 0 replaces the
+  // FLOP-proportional estimate of that pass. Null: none.
+  const Costs* measured_costs = nullptr;
+};
+
 struct SpecPlan {
   PlannerInput input;  // what the plan was built from (schedule/vocab resolved)
   Plan plan;
+  // Every candidate the auto choice weighed; empty when neither schedule nor vocab is "auto".
+  std::vector<Candidate> candidates;
 };
 
-// The plan a run of `spec` executes: PlannerInputFromSpec, FLOP-proportional costs at
-// flops_per_second per rank (so Simulate predicts seconds when it is the real peak),
-// parallel.schedule / parallel.vocab parsed, or chosen by ChoosePlan under
-// parallel.memory_budget_bytes when "auto", then BuildPlan (which validates). Bad names are
-// InvalidArgument naming the field. `measured`, when non-zero, is the engine's measured
-// per-layer activation footprint, for the memory prediction (ModelShape).
+// The plan a run of `spec` executes: PlannerInputFromSpec, costs (FLOP-proportional, replaced
+// by measured ones where given), parallel.schedule / parallel.vocab parsed, or chosen by
+// ChoosePlan under parallel.memory_budget_bytes when "auto", then BuildPlan (which validates).
+// Bad names are InvalidArgument naming the field.
 absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
-                                           double flops_per_second = 1e12,
-                                           const LayerActivationBytes& measured = {});
+                                           const SpecPlanOptions& options = {});
 
 }  // namespace vp::planner

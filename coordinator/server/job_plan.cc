@@ -25,59 +25,34 @@ vocabpipe::v1::PlanCandidate CandidateRow(const planner::Candidate& c) {
 absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                                    const vocabpipe::v1::PassCosts* profiled,
                                    double flops_per_second) {
-  JobPlan out;
-  planner::PlannerInput& in = out.input;
-  in = planner::PlannerInputFromSpec(spec);
-  in.costs = planner::FlopProportionalCosts(in.pipeline, in.layers, in.model, flops_per_second);
+  planner::Costs measured;
   if (profiled != nullptr) {
-    // Measured seconds replace the estimate pass by pass: what the workers really spend is
-    // what decides between a vocabulary-parallel plan and the plain schedule.
-    auto take = [](double measured, double* cost) {
-      if (measured > 0) *cost = measured;
-    };
-    take(profiled->f(), &in.costs.f);
-    take(profiled->b(), &in.costs.b);
-    take(profiled->w(), &in.costs.w);
-    take(profiled->s(), &in.costs.s);
-    take(profiled->t(), &in.costs.t);
-    take(profiled->input_f(), &in.costs.input_f);
-    take(profiled->input_b(), &in.costs.input_b);
-    take(profiled->opt(), &in.costs.opt);
-    take(profiled->comm(), &in.costs.comm);
-    take(profiled->collective(), &in.costs.collective);
+    measured = {.f = profiled->f(),
+                .b = profiled->b(),
+                .w = profiled->w(),
+                .s = profiled->s(),
+                .t = profiled->t(),
+                .input_f = profiled->input_f(),
+                .input_b = profiled->input_b(),
+                .comm = profiled->comm(),
+                .collective = profiled->collective(),
+                .opt = profiled->opt()};
   }
-  const std::string& schedule = spec.parallel().schedule();
-  const std::string& vocab = spec.parallel().vocab();
-  const bool schedule_auto = schedule == "auto", vocab_auto = vocab == "auto";
-  if (!schedule_auto) {
-    auto s = planner::ParseSchedule(schedule);
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("parallel.schedule: ", s.status().message()));
-    }
-    in.schedule = *s;
+  planner::SpecPlanOptions options;
+  options.flops_per_second = flops_per_second;
+  options.measured_costs = profiled != nullptr ? &measured : nullptr;
+  auto built = planner::BuildPlanFromSpec(spec, options);
+  if (!built.ok()) return built.status();
+  JobPlan out;
+  out.input = std::move(built->input);
+  out.plan = std::move(built->plan);
+  const planner::PlannerInput& in = out.input;
+  for (const planner::Candidate& c : built->candidates) {
+    vocabpipe::v1::PlanCandidate row = CandidateRow(c);
+    row.set_chosen(c.ok && c.schedule == in.schedule && c.vocab == in.vocab &&
+                   c.seq_chunks == in.seq_chunks);
+    out.candidates.push_back(std::move(row));
   }
-  if (!vocab_auto) {
-    auto v = planner::ParseVocab(vocab);
-    if (!v.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("parallel.vocab: ", v.status().message()));
-    }
-    in.vocab = *v;
-  }
-  if (schedule_auto || vocab_auto) {
-    auto choice =
-        planner::ChoosePlan(in, schedule_auto, vocab_auto, spec.parallel().memory_budget_bytes());
-    if (!choice.ok()) return choice.status();
-    in = choice->chosen;
-    for (const planner::Candidate& c : choice->candidates) {
-      vocabpipe::v1::PlanCandidate row = CandidateRow(c);
-      row.set_chosen(c.ok && c.schedule == in.schedule && c.vocab == in.vocab &&
-                     c.seq_chunks == in.seq_chunks);
-      out.candidates.push_back(std::move(row));
-    }
-  }
-  auto plan = planner::BuildPlan(in);
-  if (!plan.ok()) return plan.status();
-  out.plan = std::move(*plan);
   auto sim = planner::Simulate(out.plan, in);
   if (!sim.ok()) return sim.status();
   out.sim = std::move(*sim);

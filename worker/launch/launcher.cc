@@ -294,9 +294,10 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
                                   .tie_embeddings = spec.model().tie_embeddings()};
   auto layer_bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
   if (!layer_bytes.ok()) return layer_bytes.status();
-  auto built = planner::BuildPlanFromSpec(
-      spec, 1e12,
-      {.kept = layer_bytes->kept, .backward_transient = layer_bytes->backward_transient});
+  planner::SpecPlanOptions plan_options;
+  plan_options.activations = {.kept = layer_bytes->kept,
+                              .backward_transient = layer_bytes->backward_transient};
+  auto built = planner::BuildPlanFromSpec(spec, plan_options);
   if (!built.ok()) return built.status();
   const planner::Plan& plan = built->plan;
   std::vector<int64_t> predicted(p, 0);
