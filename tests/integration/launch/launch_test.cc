@@ -278,17 +278,27 @@ int WaitExit(pid_t launcher, std::chrono::seconds limit, const fs::path& log) {
   return status;
 }
 
+// Starts `vocabpipe run` and returns once rank 1 of run folder `run` has reported a step;
+// -1 (after recording a failure and stopping the run) if it never does.
+pid_t StartRunUntilRank1Reports(const std::string& spec, const std::string& timeout,
+                                const fs::path& log, const std::string& run) {
+  const pid_t launcher = StartRun(spec, timeout, log);
+  if (launcher <= 0) return -1;
+  if (!WaitForReport(log.parent_path() / run / "rank_1.jsonl")) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
+    ADD_FAILURE() << "rank 1 never reported a step\n" << ReadFile(log);
+    return -1;
+  }
+  return launcher;
+}
+
 TEST_F(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
   const std::string spec = Spec("kill", 2, 2, "vocab2", false, /*steps=*/100000);
   const fs::path log = dir_ / "launcher.out";
-  const pid_t launcher = StartRun(spec, "5", log);
-  ASSERT_GT(launcher, 0);
   // Once rank 1 has reported a step, SIGKILL it.
-  if (!WaitForReport(dir_ / "kill/rank_1.jsonl")) {
-    kill(launcher, SIGKILL);
-    waitpid(launcher, nullptr, 0);
-    FAIL() << "rank 1 never reported a step\n" << ReadFile(log);
-  }
+  const pid_t launcher = StartRunUntilRank1Reports(spec, "5", log, "kill");
+  ASSERT_GT(launcher, 0);
   const pid_t victim = std::stoi(ReadFile(dir_ / "kill/rank_1.pid"));
   const pid_t survivor = std::stoi(ReadFile(dir_ / "kill/rank_0.pid"));
   ASSERT_EQ(kill(victim, SIGKILL), 0);
@@ -309,13 +319,8 @@ TEST_F(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
   // stuck rank after waiting the timeout for it.
   const std::string spec = Spec("stuck", 2, 2, "vocab2", false, /*steps=*/100000);
   const fs::path log = dir_ / "launcher.out";
-  const pid_t launcher = StartRun(spec, "2", log);
+  const pid_t launcher = StartRunUntilRank1Reports(spec, "2", log, "stuck");
   ASSERT_GT(launcher, 0);
-  if (!WaitForReport(dir_ / "stuck/rank_1.jsonl")) {
-    kill(launcher, SIGKILL);
-    waitpid(launcher, nullptr, 0);
-    FAIL() << "rank 1 never reported a step\n" << ReadFile(log);
-  }
   const pid_t stuck = std::stoi(ReadFile(dir_ / "stuck/rank_1.pid"));
   ASSERT_EQ(kill(stuck, SIGSTOP), 0);
   // Gloo timeout 2 s + launcher wait 2.5 s + SIGTERM grace 2 s, with slack.
