@@ -501,25 +501,28 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   return out;
 }
 
-absl::StatusOr<Coordinator::ActiveJob*> Coordinator::ActiveJobForReport(
-    const std::string& worker_id, const std::string& job_id) {
+absl::StatusOr<Coordinator::ReportTarget> Coordinator::ReportTargetFor(const std::string& worker_id,
+                                                                       const std::string& job_id) {
   if (!workers_.count(worker_id)) {
     return absl::NotFoundError(absl::StrCat("worker_id: unknown worker \"", worker_id, "\""));
   }
-  if (FindJob(job_id) == nullptr) {
+  ReportTarget target;
+  target.job = FindJob(job_id);
+  if (target.job == nullptr) {
     return absl::NotFoundError(absl::StrCat("job_id: no job \"", job_id, "\""));
   }
   auto it = active_.find(job_id);
-  return it == active_.end() ? nullptr : &it->second;
+  if (it != active_.end()) target.active = &it->second;
+  return target;
 }
 
 absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto active = ActiveJobForReport(req.worker_id(), req.job_id());
-  if (!active.ok()) return active.status();
-  if (*active == nullptr) return absl::OkStatus();  // the job ended meanwhile: a late report
-  ActiveJob& a = **active;
-  v1::Job* job = FindJob(req.job_id());
+  auto target = ReportTargetFor(req.worker_id(), req.job_id());
+  if (!target.ok()) return target.status();
+  if (target->active == nullptr) return absl::OkStatus();  // the job ended: a late report
+  ActiveJob& a = *target->active;
+  v1::Job* job = target->job;
   const int p = static_cast<int>(a.workers.size());
   if (req.rank() < 0 || req.rank() >= p || a.workers[req.rank()] != req.worker_id()) {
     return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " of job ", req.job_id(),
@@ -591,11 +594,11 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
 
 absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto active = ActiveJobForReport(req.worker_id(), req.job_id());
-  if (!active.ok()) return active.status();
-  if (*active == nullptr) return absl::OkStatus();  // the job ended meanwhile: a late report
-  ActiveJob& a = **active;
-  v1::Job* job = FindJob(req.job_id());
+  auto target = ReportTargetFor(req.worker_id(), req.job_id());
+  if (!target.ok()) return target.status();
+  if (target->active == nullptr) return absl::OkStatus();  // the job ended: a late report
+  ActiveJob& a = *target->active;
+  v1::Job* job = target->job;
   const int p = static_cast<int>(a.workers.size());
   const auto pos = std::find(a.workers.begin(), a.workers.end(), req.worker_id());
   if (pos == a.workers.end()) {

@@ -131,10 +131,14 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& options, std::unique_ptr<JobStore> store);
   // All private methods expect mu_ held.
   vocabpipe::v1::Job* FindJob(const std::string& id);
-  // A worker's report about a job: NotFound for an unknown worker or job; null when the job is
-  // no longer active (a late report, ignored). Requires mu_.
-  absl::StatusOr<ActiveJob*> ActiveJobForReport(const std::string& worker_id,
-                                                const std::string& job_id);
+  // A worker's report about a job: NotFound for an unknown worker or job; `active` is null
+  // when the job is no longer active (a late report, ignored). Requires mu_.
+  struct ReportTarget {
+    vocabpipe::v1::Job* job = nullptr;
+    ActiveJob* active = nullptr;
+  };
+  absl::StatusOr<ReportTarget> ReportTargetFor(const std::string& worker_id,
+                                               const std::string& job_id);
   absl::Status SaveWithEvent(vocabpipe::v1::Job& job, vocabpipe::v1::JobEvent event);
   absl::Status SetState(vocabpipe::v1::Job& job, vocabpipe::v1::JobState state,
                         const std::string& reason);
