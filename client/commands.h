@@ -15,7 +15,9 @@ using Args = std::vector<std::string>;
 int RunDataCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe plan job.yaml [--pipeline P ...] [--format table|json|text|svg]
 int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err);
-// vocabpipe run job.yaml [--resume] [--steps N]
+// vocabpipe run job.yaml [--resume] [--steps N] [--coordinator ADDR | --direct]: through an
+// in-process coordinator and local worker daemons (default), a running coordinator, or
+// without a control plane (run_command.cc)
 int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe export RUN_DIR [--step N]: merges per-rank checkpoint shards into model.safetensors
 int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err);
@@ -34,8 +36,5 @@ int RunCancelCommand(const Args& args, std::ostream& out, std::ostream& err);
 int RunWorkersCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe plan JOB.yaml --coordinator ADDR: the coordinator's dry run (remote_commands.cc)
 int RunRemotePlanCommand(const Args& args, std::ostream& out, std::ostream& err);
-// vocabpipe run JOB.yaml --coordinator ADDR | --control-plane: submit and watch, on a running
-// coordinator or on an in-process one with local worker daemons
-int RunRemoteRunCommand(const Args& args, std::ostream& out, std::ostream& err);
 
 }  // namespace vp::cli

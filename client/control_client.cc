@@ -1,8 +1,10 @@
 #include "client/control_client.h"
 
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace vp::cli {
 namespace v1 = vocabpipe::v1;
@@ -179,6 +181,37 @@ nlohmann::json WorkerJson(const v1::WorkerInfo& w) {
           {"rank", w.job_id().empty() ? nlohmann::json(nullptr) : nlohmann::json(w.rank())},
           {"peak_flops", w.peak_flops()},
           {"last_heartbeat_unix_ms", w.last_heartbeat_unix_ms()}};
+}
+
+FollowResult FollowJob(Stubs& stubs, const v1::Job& job, int64_t after,
+                       const std::function<void(const v1::JobEvent&)>& on_event) {
+  FollowResult result;
+  result.last_state = job.state();
+  result.last_reason = job.reason();
+  absl::Time unreachable_since = absl::InfiniteFuture();
+  for (;;) {
+    v1::WatchJobRequest req;
+    req.set_job_id(job.id());
+    req.set_after_event(after);
+    grpc::ClientContext ctx;  // a stream: no deadline, it ends with the job
+    auto reader = stubs.jobs->WatchJob(&ctx, req);
+    v1::JobEvent e;
+    while (reader->Read(&e)) {
+      unreachable_since = absl::InfiniteFuture();
+      after = e.seq();
+      if (!e.has_step()) {
+        result.last_state = e.state();
+        result.last_reason = e.message();
+      }
+      on_event(e);
+    }
+    result.status = reader->Finish();
+    if (result.status.ok()) return result;
+    if (result.status.error_code() != grpc::StatusCode::UNAVAILABLE) return result;
+    if (unreachable_since == absl::InfiniteFuture()) unreachable_since = absl::Now();
+    if (absl::Now() - unreachable_since > absl::Seconds(60)) return result;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 }
 
 }  // namespace vp::cli

@@ -10,6 +10,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -52,6 +53,17 @@ std::unique_ptr<grpc::ClientContext> CallContext(int seconds = 15);
 // Writes "vocabpipe <cmd>: <message>" and returns the exit code of a failed call.
 int ReportRpcError(const std::string& cmd, const grpc::Status& st, const std::string& address,
                    std::ostream& err);
+
+// Streams the job's events with seq > after to on_event until the job has ended. A dropped
+// stream (coordinator restart) is resumed after the last event seen, for up to 60 s of
+// unreachability. Returns the job's last state, or the call's error.
+struct FollowResult {
+  grpc::Status status;
+  vocabpipe::v1::JobState last_state = vocabpipe::v1::JOB_STATE_UNSPECIFIED;
+  std::string last_reason;  // the message of the last state event
+};
+FollowResult FollowJob(Stubs& stubs, const vocabpipe::v1::Job& job, int64_t after,
+                       const std::function<void(const vocabpipe::v1::JobEvent&)>& on_event);
 
 nlohmann::json JobJson(const vocabpipe::v1::Job& job);
 nlohmann::json EventJson(const vocabpipe::v1::JobEvent& event);

@@ -13,16 +13,17 @@ constexpr char kUsage[] = R"(vocabpipe — vocabulary-parallel pipeline training
 usage: vocabpipe COMMAND [ARGS]
 
 commands:
-  run JOB.yaml [--resume] [--steps N] [--timeout S]
-                                        train a job: in this process (pipeline 1) or on
-                                        p local vocabpipe-worker processes (pipeline p > 1)
+  run JOB.yaml [--resume] [--steps N] [--timeout S] [--output text|json]
+                                        train a job through an in-process coordinator and
+                                        p local worker daemons (the control plane's gRPC
+                                        path); writes metrics.jsonl and checkpoints
+  run JOB.yaml --direct                 the same without the control plane: in this
+                                        process (p = 1) or p rank processes (p > 1)
   export RUN_DIR [--step N]             merge per-rank checkpoint shards into
                                         step_N/model.safetensors (Hugging Face GPT-2)
   plan JOB.yaml [--format table|json|text|svg] [overrides]
                                         build, check and simulate the pipeline plan (offline)
   run JOB.yaml --coordinator HOST:PORT  submit to a coordinator and watch to the end
-  run JOB.yaml --control-plane          the same via an in-process coordinator and p local
-                                        worker daemons
   plan JOB.yaml --coordinator HOST:PORT the coordinator's dry run (plan, candidates)
   submit JOB.yaml                       send a job to the coordinator; prints its id
   status [JOB]                          one job (state, step, loss, MFU, plan, stages) or all
@@ -49,11 +50,8 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   vp::cli::Args args(argv + 2, argv + argc);
-  // --coordinator / --control-plane send run and plan through the control plane.
-  const bool control = std::find_if(args.begin(), args.end(), [](const std::string& a) {
-                         return a == "--coordinator" || a == "--control-plane";
-                       }) != args.end();
-  if (cmd == "run" && control) return vp::cli::RunRemoteRunCommand(args, std::cout, std::cerr);
+  // --coordinator sends plan to a coordinator's dry run.
+  const bool control = std::find(args.begin(), args.end(), "--coordinator") != args.end();
   if (cmd == "plan" && control) return vp::cli::RunRemotePlanCommand(args, std::cout, std::cerr);
   if (cmd == "run") return vp::cli::RunRunCommand(args, std::cout, std::cerr);
   if (cmd == "plan") return vp::cli::RunPlanCommand(args, std::cout, std::cerr);

@@ -1,97 +1,412 @@
-// vocabpipe run job.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]: trains a
-// job. parallel.pipeline = 1 trains in this process (runtime::RunStandaloneJob); p > 1 starts
-// p vocabpipe-worker processes on this host (launch::RunPipelineJob).
+// vocabpipe run JOB.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]
+//                        [--output text|json] [--coordinator HOST:PORT | --direct]
+//
+// Default: the job goes through the control plane on this host, exactly as a submitted job
+// does on a cluster: an in-process coordinator (gRPC on a loopback port, its SQLite file in
+// checkpoint.dir) and parallel.pipeline local worker daemons (`vocabpipe-worker
+// --coordinator`); the daemons register, profile the passes, get the plan and start the rank
+// processes. This command submits the job, follows its event stream and writes
+// checkpoint.dir/metrics.jsonl from the step events (each carries its merged line,
+// proto/runlog), with one progress line per step and a summary at the end.
+//   --coordinator HOST:PORT  submit to a running coordinator instead and watch the job.
+//   --direct                 no control plane: p = 1 trains in this process
+//                            (runtime::RunStandaloneJob), p > 1 starts the rank processes
+//                            itself (launch::RunPipelineJob). Same files, same numbers.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
+#include "client/control_client.h"
+#include "coordinator/planner/spec_input.h"
+#include "coordinator/server/coordinator.h"
+#include "coordinator/server/service.h"
+#include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
+#include "worker/data/token_file.h"
 #include "worker/launch/launcher.h"
+#include "worker/launch/run_dir.h"
+#include "worker/runtime/checkpoint.h"
 #include "worker/runtime/run_job.h"
 
+extern char** environ;
+
 namespace vp::cli {
+namespace v1 = vocabpipe::v1;
+namespace fs = std::filesystem;
+
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vocabpipe run JOB.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]\n";
+    "usage: vocabpipe run JOB.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]\n"
+    "                              [--output text|json] [--coordinator HOST:PORT | --direct]\n";
+
+struct RunFlags {
+  std::string spec_path;
+  bool resume = false;
+  int64_t steps = -1;  // >= 0: overrides train.steps
+  double timeout_seconds = 60;
+  std::string worker_binary;
+  std::string coordinator;  // non-empty: a running coordinator
+  bool direct = false;
+  bool json = false;
+};
+
+// Returns false (after writing why) on bad usage.
+bool ParseRunFlags(const Args& args, std::ostream& err, RunFlags* f) {
+  auto fail = [&](const std::string& why) {
+    err << "vocabpipe run: " << why << "\n" << kUsage;
+    return false;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (a == "--resume") {
+      f->resume = true;
+    } else if (a == "--direct") {
+      f->direct = true;
+    } else if (a == "--control-plane") {
+      // The default since the control plane runs every job; kept for old scripts.
+    } else if (a == "--steps") {
+      if (!has_value || !absl::SimpleAtoi(args[i + 1], &f->steps) || f->steps < 0) {
+        return fail("--steps needs a non-negative integer");
+      }
+      ++i;
+    } else if (a == "--timeout") {
+      if (!has_value || !absl::SimpleAtod(args[i + 1], &f->timeout_seconds) ||
+          !(f->timeout_seconds > 0)) {
+        return fail("--timeout needs seconds > 0");
+      }
+      ++i;
+    } else if (a == "--worker") {
+      if (!has_value) return fail("--worker needs a path");
+      f->worker_binary = args[++i];
+    } else if (a == "--coordinator") {
+      if (!has_value) return fail("--coordinator needs HOST:PORT");
+      f->coordinator = args[++i];
+    } else if (a == "--output") {
+      if (!has_value || (args[i + 1] != "text" && args[i + 1] != "json")) {
+        return fail("--output: text or json");
+      }
+      f->json = args[++i] == "json";
+    } else if (!a.empty() && a[0] == '-') {
+      return fail("unknown flag " + a);
+    } else if (f->spec_path.empty()) {
+      f->spec_path = a;
+    } else {
+      return fail(absl::StrCat("more than one job spec given (", f->spec_path, ", ", a, ")"));
+    }
+  }
+  if (f->spec_path.empty()) return fail("give a job spec");
+  if (f->direct && !f->coordinator.empty()) return fail("--direct and --coordinator exclude");
+  return true;
+}
+
+void PrintSummary(const runtime::RunSummary& s, bool per_rank, std::ostream& out) {
+  out << absl::StrFormat(
+      "done: %d steps, loss %.4f -> %.4f, %.0f tokens/s, MFU %.1f%% of a measured %.1f GFLOP/s "
+      "sgemm peak%s, peak memory %.1f MiB\nmetrics: %s\ncheckpoint: %s\n",
+      s.steps_run, s.first_loss, s.final_loss, s.tokens_per_s, 100.0 * s.mfu, s.peak_flops / 1e9,
+      per_rank ? " per rank" : "", s.peak_memory_bytes / 1048576.0, s.metrics_path,
+      s.last_checkpoint);
+}
+
+int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std::ostream& out,
+              std::ostream& err) {
+  absl::StatusOr<runtime::RunSummary> summary;
+  if (spec.parallel().pipeline() == 1) {
+    runtime::RunOptions options;
+    options.resume = f.resume;
+    options.interactive = interactive;
+    summary = runtime::RunStandaloneJob(spec, options, out);
+  } else {
+    launch::LaunchOptions launch;
+    launch.resume = f.resume;
+    launch.interactive = interactive;
+    launch.timeout = absl::Seconds(f.timeout_seconds);
+    launch.worker_binary = f.worker_binary;
+    summary = launch::RunPipelineJob(spec, launch, out);
+  }
+  if (!summary.ok()) {
+    err << "vocabpipe run: " << summary.status().message() << "\n";
+    return absl::IsInvalidArgument(summary.status()) || absl::IsUnimplemented(summary.status())
+               ? kExitUsage
+               : kExitFailed;
+  }
+  PrintSummary(*summary, spec.parallel().pipeline() > 1, out);
+  return kExitOk;
+}
+
+v1::SubmitJobRequest SubmitRequest(const v1::JobSpec& spec, const RunFlags& f) {
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = spec;  // paths are already absolute (LoadJobSpecFile)
+  std::error_code ec;
+  req.set_base_dir(fs::absolute(f.spec_path, ec).parent_path().string());
+  req.set_resume(f.resume);
+  return req;
+}
+
+int SubmitAndWatch(const v1::JobSpec& spec, const RunFlags& f, std::ostream& out,
+                   std::ostream& err) {
+  Stubs s = Connect(f.coordinator);
+  v1::SubmitJobResponse resp;
+  grpc::Status st = s.jobs->SubmitJob(CallContext().get(), SubmitRequest(spec, f), &resp);
+  if (!st.ok()) return ReportRpcError("run", st, f.coordinator, err);
+  if (!f.json) out << "submitted " << resp.job_id() << " to " << f.coordinator << "\n";
+  Args watch = {resp.job_id(), "--coordinator", f.coordinator};
+  if (f.json) {
+    watch.push_back("--output");
+    watch.push_back("json");
+  }
+  return RunWatchCommand(watch, out, err);
+}
+
+// Worker daemons started for a local run: SIGTERM and reaped on scope exit (their rank
+// processes die with them).
+class LocalWorkers {
+ public:
+  LocalWorkers() = default;
+  LocalWorkers(const LocalWorkers&) = delete;
+  LocalWorkers& operator=(const LocalWorkers&) = delete;
+  ~LocalWorkers() {
+    for (pid_t pid : pids_) kill(pid, SIGTERM);
+    for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
+  }
+  bool Start(const std::string& binary, const std::string& address, const std::string& log) {
+    std::vector<std::string> args = {binary, "--coordinator", address, "--exit-with-parent", "1"};
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = -1;
+    const bool ok = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) == 0;
+    posix_spawn_file_actions_destroy(&fa);
+    if (ok) pids_.push_back(pid);
+    return ok;
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+// Writes metrics.jsonl and the progress lines from the job's step events, and adds up the
+// run's summary. A resumed run keeps the lines before its first step.
+class StepWriter {
+ public:
+  StepWriter(const v1::JobSpec& spec, bool resume, bool interactive)
+      : path_(launch::MetricsPath(spec.checkpoint().dir())),
+        dir_(spec.checkpoint().dir()),
+        steps_(spec.train().steps()),
+        resume_(resume),
+        interactive_(interactive) {
+    summary_.metrics_path = path_;
+  }
+
+  absl::Status Start() {
+    if (resume_) return absl::OkStatus();  // trimmed at the first step it gets
+    std::ofstream f(path_, std::ios::trunc);
+    if (!f) return absl::InternalError(absl::StrCat(path_, ": cannot create"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Step(const v1::StepMetrics& m, std::ostream& out) {
+    nlohmann::json line = nlohmann::json::parse(m.line_json(), nullptr, false);
+    if (line.is_discarded() || !line.is_object() || !line.contains("step")) {
+      return absl::DataLossError(absl::StrCat("step ", m.step(), ": the event has no step line"));
+    }
+    const int64_t step = line["step"].get<int64_t>();
+    if (!file_.is_open()) {
+      if (resume_) {
+        if (auto st = launch::KeepMetricsBefore(path_, step); !st.ok()) return st;
+      }
+      file_.open(path_, std::ios::app);
+      summary_.first_step = step;
+      summary_.first_loss = m.loss();
+    }
+    file_ << m.line_json() << "\n";
+    file_.flush();
+    if (!file_) return absl::InternalError(absl::StrCat(path_, ": write failed"));
+    summary_.final_loss = m.loss();
+    summary_.steps_run += 1;
+    summary_.peak_memory_bytes =
+        std::max(summary_.peak_memory_bytes, line.value("peak_memory_bytes", int64_t{0}));
+    if (line.contains("checkpoint_step")) {
+      summary_.last_checkpoint = runtime::CheckpointDir(dir_, line["checkpoint_step"]);
+    }
+    // Throughput leaves out the first step (warm-up) unless it is the only one.
+    elapsed_ += m.seconds();
+    if (summary_.steps_run > 1 || steps_ - step == 1) {
+      timed_seconds_ += m.seconds();
+      timed_tokens_ += m.tokens_per_second() * m.seconds();
+      mfu_seconds_ += m.mfu() * m.seconds();
+    }
+    const double eta = elapsed_ / static_cast<double>(summary_.steps_run) *
+                       static_cast<double>(std::max<int64_t>(0, steps_ - step - 1));
+    const std::string text = runlog::ProgressLine(line, steps_, eta);
+    if (interactive_) {
+      out << "\r" << text << "\033[K" << std::flush;
+    } else {
+      out << text << "\n" << std::flush;
+    }
+    return absl::OkStatus();
+  }
+
+  runtime::RunSummary Finish(double peak_flops_per_rank, std::ostream& out) {
+    if (interactive_ && summary_.steps_run > 0) out << "\n";
+    if (timed_seconds_ > 0) {
+      summary_.tokens_per_s = timed_tokens_ / timed_seconds_;
+      summary_.mfu = mfu_seconds_ / timed_seconds_;
+    }
+    summary_.peak_flops = peak_flops_per_rank;
+    if (steps_ == 0) summary_.last_checkpoint = runtime::CheckpointDir(dir_, 0);
+    return summary_;
+  }
+
+ private:
+  const std::string path_, dir_;
+  const int64_t steps_;
+  const bool resume_, interactive_;
+  std::ofstream file_;
+  runtime::RunSummary summary_;
+  double elapsed_ = 0, timed_seconds_ = 0, timed_tokens_ = 0, mfu_seconds_ = 0;
+};
+
+// What `--direct` would reject before starting anything is rejected here too, as invalid input
+// (exit code 2) rather than as a failed job: the device, the plan, the data file.
+absl::Status CheckRunnable(const v1::JobSpec& spec) {
+  if (spec.device() != "cpu") {
+    return absl::UnimplementedError(
+        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
+  }
+  if (auto plan = planner::BuildPlanFromSpec(spec); !plan.ok()) return plan.status();
+  return data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
+}
+
+int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool interactive,
+                         std::ostream& out, std::ostream& err) {
+  if (auto st = CheckRunnable(spec); !st.ok()) {
+    err << "vocabpipe run: " << st.message() << "\n";
+    return kExitUsage;
+  }
+  const std::string dir = spec.checkpoint().dir();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    err << "vocabpipe run: checkpoint.dir " << dir << ": " << ec.message() << "\n";
+    return kExitFailed;
+  }
+  StepWriter writer(spec, f.resume, interactive && !f.json);
+  if (auto st = writer.Start(); !st.ok()) {
+    err << "vocabpipe run: " << st.message() << "\n";
+    return kExitFailed;
+  }
+  auto binary = launch::FindWorkerBinary(f.worker_binary);
+  if (!binary.ok()) {
+    err << "vocabpipe run: " << binary.status().message() << "\n";
+    return kExitFailed;
+  }
+  server::CoordinatorOptions options;
+  options.db_path = (fs::path(dir) / "coordinator.db").string();
+  options.heartbeat_interval = absl::Milliseconds(200);
+  options.heartbeat_timeout = absl::Seconds(5);
+  options.rank_timeout = absl::Seconds(f.timeout_seconds);
+  auto coordinator = server::Coordinator::Open(options);
+  if (!coordinator.ok()) {
+    err << "vocabpipe run: " << coordinator.status().message() << "\n";
+    return kExitFailed;
+  }
+  auto srv = server::CoordinatorServer::Start(coordinator->get(), "127.0.0.1:0");
+  if (!srv.ok()) {
+    err << "vocabpipe run: " << srv.status().message() << "\n";
+    return kExitFailed;
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", (*srv)->port());
+  LocalWorkers workers;
+  for (int r = 0; r < spec.parallel().pipeline(); ++r) {
+    const std::string log = (fs::path(dir) / absl::StrCat("daemon_", r, ".log")).string();
+    if (!workers.Start(*binary, address, log)) {
+      err << "vocabpipe run: cannot start " << *binary << "\n";
+      return kExitFailed;
+    }
+  }
+
+  // From here on, the same gRPC calls as `vocabpipe submit` + `vocabpipe watch`.
+  Stubs s = Connect(address);
+  v1::SubmitJobResponse submitted;
+  grpc::Status st = s.jobs->SubmitJob(CallContext().get(), SubmitRequest(spec, f), &submitted);
+  if (!st.ok()) return ReportRpcError("run", st, address, err);
+  v1::GetJobRequest get;
+  get.set_job_id(submitted.job_id());
+  v1::Job job;
+  st = s.jobs->GetJob(CallContext().get(), get, &job);
+  if (!st.ok()) return ReportRpcError("run", st, address, err);
+  absl::Status write_error;
+  FollowResult r = FollowJob(s, job, 0, [&](const v1::JobEvent& e) {
+    if (e.has_step() && write_error.ok()) write_error = writer.Step(e.step(), f.json ? err : out);
+    if (f.json) {
+      out << EventJson(e).dump() << "\n" << std::flush;
+    } else if (!e.has_step()) {
+      if (interactive) out << "\r\033[K";
+      out << job.id() << ": " << StateName(e.state());
+      if (!e.message().empty()) out << " — " << e.message();
+      out << "\n" << std::flush;
+    }
+  });
+  if (!r.status.ok()) return ReportRpcError("run", r.status, address, err);
+  if (!write_error.ok()) {
+    err << "vocabpipe run: " << write_error.message() << "\n";
+    return kExitFailed;
+  }
+  double peak = 0;
+  int counted = 0;
+  for (const v1::WorkerInfo& w : (*coordinator)->ListWorkers()) {
+    peak += w.peak_flops();
+    ++counted;
+  }
+  runtime::RunSummary summary = writer.Finish(counted > 0 ? peak / counted : 0, f.json ? err : out);
+  switch (r.last_state) {
+    case v1::JOB_STATE_SUCCEEDED:
+      if (!f.json) PrintSummary(summary, spec.parallel().pipeline() > 1, out);
+      return kExitOk;
+    case v1::JOB_STATE_CANCELLED:
+      err << "vocabpipe run: cancelled: " << r.last_reason << "\n";
+      return kExitCancelled;
+    default:
+      err << "vocabpipe run: " << r.last_reason << " (logs: " << dir << "/rank_<R>.log, " << dir
+          << "/daemon_<R>.log)\n";
+      return kExitFailed;
+  }
+}
 
 }  // namespace
 
 int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
-  std::string spec_path;
-  runtime::RunOptions options;
-  options.interactive = isatty(STDOUT_FILENO) && &out == &std::cout;
-  launch::LaunchOptions launch;
-  int64_t steps_override = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--resume") {
-      options.resume = true;
-    } else if (a == "--steps") {
-      if (i + 1 >= args.size() || !absl::SimpleAtoi(args[i + 1], &steps_override) ||
-          steps_override < 0) {
-        err << "vocabpipe run: --steps needs a non-negative integer\n";
-        return 2;
-      }
-      ++i;
-    } else if (a == "--timeout") {
-      double seconds = 0;
-      if (i + 1 >= args.size() || !absl::SimpleAtod(args[i + 1], &seconds) || seconds <= 0) {
-        err << "vocabpipe run: --timeout needs seconds > 0\n";
-        return 2;
-      }
-      launch.timeout = absl::Seconds(seconds);
-      ++i;
-    } else if (a == "--worker") {
-      if (i + 1 >= args.size()) {
-        err << "vocabpipe run: --worker needs a path\n";
-        return 2;
-      }
-      launch.worker_binary = args[++i];
-    } else if (!a.empty() && a[0] == '-') {
-      err << "vocabpipe run: unknown flag " << a << "\n" << kUsage;
-      return 2;
-    } else if (spec_path.empty()) {
-      spec_path = a;
-    } else {
-      err << "vocabpipe run: more than one job spec given (" << spec_path << ", " << a << ")\n";
-      return 2;
-    }
-  }
-  if (spec_path.empty()) {
-    err << kUsage;
-    return 2;
-  }
-  auto spec = spec::LoadJobSpecFile(spec_path);
+  RunFlags f;
+  if (!ParseRunFlags(args, err, &f)) return kExitUsage;
+  auto spec = spec::LoadJobSpecFile(f.spec_path);
   if (!spec.ok()) {
     err << spec.status().message() << "\n";
-    return 2;
+    return kExitUsage;
   }
-  if (steps_override >= 0) spec->mutable_train()->set_steps(static_cast<int32_t>(steps_override));
-  absl::StatusOr<runtime::RunSummary> summary;
-  if (spec->parallel().pipeline() == 1) {
-    summary = runtime::RunStandaloneJob(*spec, options, out);
-  } else {
-    launch.resume = options.resume;
-    launch.interactive = options.interactive;
-    summary = launch::RunPipelineJob(*spec, launch, out);
-  }
-  if (!summary.ok()) {
-    err << "vocabpipe run: " << summary.status().message() << "\n";
-    return absl::IsInvalidArgument(summary.status()) || absl::IsUnimplemented(summary.status()) ? 2
-                                                                                                : 1;
-  }
-  out << absl::StrFormat(
-      "done: %d steps, loss %.4f -> %.4f, %.0f tokens/s, MFU %.1f%% of a measured %.1f GFLOP/s "
-      "sgemm peak%s, peak memory %.1f MiB\nmetrics: %s\ncheckpoint: %s\n",
-      summary->steps_run, summary->first_loss, summary->final_loss, summary->tokens_per_s,
-      100.0 * summary->mfu, summary->peak_flops / 1e9,
-      spec->parallel().pipeline() > 1 ? " per rank" : "", summary->peak_memory_bytes / 1048576.0,
-      summary->metrics_path, summary->last_checkpoint);
-  return 0;
+  if (f.steps >= 0) spec->mutable_train()->set_steps(static_cast<int32_t>(f.steps));
+  const bool interactive = isatty(STDOUT_FILENO) && &out == &std::cout;
+  if (f.direct) return RunDirect(*spec, f, interactive, out, err);
+  if (!f.coordinator.empty()) return SubmitAndWatch(*spec, f, out, err);
+  return RunLocalControlPlane(*spec, f, interactive, out, err);
 }
 
 }  // namespace vp::cli

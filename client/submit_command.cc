@@ -1,6 +1,7 @@
-// vocabpipe submit JOB.yaml [--coordinator HOST:PORT] [--output text|json]: sends the job file
-// to the coordinator, which parses and validates it (relative paths resolve against the
-// file's folder), and prints the new job id.
+// vocabpipe submit JOB.yaml [--resume] [--coordinator HOST:PORT] [--output text|json]: sends
+// the job file to the coordinator, which parses and validates it (relative paths resolve
+// against the file's folder), and prints the new job id. --resume: the ranks continue from the
+// latest step all of them saved in checkpoint.dir.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,9 +13,19 @@ namespace v1 = vocabpipe::v1;
 
 int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string usage =
-      "usage: vocabpipe submit JOB.yaml [--coordinator HOST:PORT] [--output text|json]\n";
+      "usage: vocabpipe submit JOB.yaml [--resume] [--coordinator HOST:PORT] "
+      "[--output text|json]\n";
+  Args rest;
+  bool resume = false;
+  for (const std::string& x : args) {
+    if (x == "--resume") {
+      resume = true;
+    } else {
+      rest.push_back(x);
+    }
+  }
   ControlArgs a;
-  if (!ParseControlArgs("submit", args, {}, usage, err, &a)) return kExitUsage;
+  if (!ParseControlArgs("submit", rest, {}, usage, err, &a)) return kExitUsage;
   if (a.positional.size() != 1) {
     err << "vocabpipe submit: give exactly one job file\n" << usage;
     return kExitUsage;
@@ -29,6 +40,7 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
   text << f.rdbuf();
   v1::SubmitJobRequest req;
   req.set_spec_text(text.str());
+  req.set_resume(resume);
   std::error_code ec;
   req.set_base_dir(std::filesystem::absolute(path, ec).parent_path().string());
   Stubs s = Connect(a.coordinator);

@@ -3,8 +3,6 @@
 // tokens/s, MFU, ETA) with one memory bar per pipeline stage; json: one event object per line.
 // A dropped stream (coordinator restart) is resumed after the last event seen, for up to 60 s.
 // Exit code: 0 SUCCEEDED, 1 FAILED, 5 CANCELLED (others: control_client.h).
-#include <thread>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -85,40 +83,20 @@ int RunWatchCommand(const Args& args, std::ostream& out, std::ostream& err) {
   if (!st.ok()) return ReportRpcError("watch", st, a.coordinator, err);
   Progress progress(job.total_steps());
 
-  v1::JobState last = job.state();
-  absl::Time unreachable_since = absl::InfiniteFuture();
-  for (;;) {
-    v1::WatchJobRequest req;
-    req.set_job_id(job.id());
-    req.set_after_event(after);
-    grpc::ClientContext ctx;  // a stream: no deadline, it ends with the job
-    auto reader = s.jobs->WatchJob(&ctx, req);
-    v1::JobEvent e;
-    while (reader->Read(&e)) {
-      unreachable_since = absl::InfiniteFuture();
-      after = e.seq();
-      if (a.json) {
-        out << EventJson(e).dump() << "\n";
-      } else if (e.has_step()) {
-        progress.Step(e.step(), out);
-      } else {
-        out << job.id() << ": " << StateName(e.state());
-        if (!e.message().empty()) out << " — " << e.message();
-        out << "\n";
-      }
-      out.flush();
-      if (!e.has_step()) last = e.state();
+  FollowResult r = FollowJob(s, job, after, [&](const v1::JobEvent& e) {
+    if (a.json) {
+      out << EventJson(e).dump() << "\n";
+    } else if (e.has_step()) {
+      progress.Step(e.step(), out);
+    } else {
+      out << job.id() << ": " << StateName(e.state());
+      if (!e.message().empty()) out << " — " << e.message();
+      out << "\n";
     }
-    st = reader->Finish();
-    if (st.ok()) break;
-    const bool transient = st.error_code() == grpc::StatusCode::UNAVAILABLE;
-    if (!transient) return ReportRpcError("watch", st, a.coordinator, err);
-    if (unreachable_since == absl::InfiniteFuture()) unreachable_since = absl::Now();
-    if (absl::Now() - unreachable_since > absl::Seconds(60)) {
-      return ReportRpcError("watch", st, a.coordinator, err);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  }
+    out.flush();
+  });
+  if (!r.status.ok()) return ReportRpcError("watch", r.status, a.coordinator, err);
+  const v1::JobState last = r.last_state;
   switch (last) {
     case v1::JOB_STATE_SUCCEEDED:
       return kExitOk;

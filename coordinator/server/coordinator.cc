@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/plan.h"
 #include "coordinator/server/job_plan.h"
+#include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
 
 namespace vp::server {
@@ -30,6 +31,34 @@ std::string JobStateName(v1::JobState state) {
 namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// A merged step line (proto/runlog) as the StepMetrics of a job event; `workers` per rank.
+v1::StepMetrics StepMetricsFromLine(const nlohmann::json& line,
+                                    const std::vector<std::string>& workers) {
+  v1::StepMetrics m;
+  m.set_step(line.value("step", int64_t{0}) + 1);  // steps done
+  if (line.contains("loss")) {
+    m.set_has_loss(true);
+    m.set_loss(line["loss"].get<double>());
+  }
+  m.set_seconds(line.value("step_seconds", 0.0));
+  m.set_tokens_per_second(line.value("tokens_per_s", 0.0));
+  m.set_mfu(line.value("mfu", 0.0));
+  m.set_grad_norm(line.value("grad_norm", 0.0));
+  m.set_lr(line.value("lr", 0.0));
+  for (const nlohmann::json& stage : line["stages"]) {
+    v1::StageStats* s = m.add_stages();
+    const int rank = stage.value("rank", 0);
+    s->set_rank(rank);
+    if (rank < static_cast<int>(workers.size())) s->set_worker_id(workers[rank]);
+    s->set_peak_memory_bytes(stage["memory"].value("total", int64_t{0}));
+    s->set_busy_seconds(stage.value("busy_seconds", 0.0));
+    s->set_comm_seconds(stage.value("comm_seconds", 0.0));
+    s->set_predicted_memory_bytes(stage.value("predicted_memory_total", int64_t{0}));
+  }
+  m.set_line_json(line.dump());
+  return m;
+}
 
 // Resolves a path of the spec against base_dir; it must end up absolute (the workers that read
 // it run elsewhere).
@@ -198,11 +227,12 @@ void Coordinator::Finish(v1::Job& job, v1::JobState state, const std::string& re
   active_.erase(it);
 }
 
-absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec) {
+absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::Job job;
   job.set_id(absl::StrCat("job-", next_job_));
   *job.mutable_spec() = spec;
+  job.set_resume(resume);
   job.set_total_steps(spec.train().steps());
   job.set_created_unix_ms(NowMs());
   if (auto st = SetState(job, v1::JOB_STATE_PENDING,
@@ -361,6 +391,10 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
       costs.set_opt(std::max(costs.opt(), c.opt()));
       costs.set_comm(std::max(costs.comm(), c.comm()));
       costs.set_collective(std::max(costs.collective(), c.collective()));
+      costs.set_layer_activation_kept_bytes(
+          std::max(costs.layer_activation_kept_bytes(), c.layer_activation_kept_bytes()));
+      costs.set_layer_activation_transient_bytes(
+          std::max(costs.layer_activation_transient_bytes(), c.layer_activation_transient_bytes()));
     }
     *job.mutable_profiled_costs() = costs;
   }
@@ -380,6 +414,10 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
   for (const auto& c : plan->candidates) *job.add_candidates() = c;
   job.set_plan_text(planner::PlanToText(plan->plan));
   a.model_flops_per_step = plan->summary.model_flops_per_step();
+  a.predicted_memory.clear();
+  for (const planner::RankStats& r : plan->sim.ranks) {
+    a.predicted_memory.push_back(r.state_bytes + r.peak_activation_bytes);
+  }
   if (!SetState(job, v1::JOB_STATE_RUNNING,
                 absl::StrCat(plan->summary.schedule(), " + ", plan->summary.vocab(), " on ",
                              absl::StrJoin(a.workers, ", ")))
@@ -396,6 +434,7 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
     *run->mutable_spec() = job.spec();
     run->set_plan_text(job.plan_text());
     run->set_timeout_ms(absl::ToInt64Milliseconds(options_.rank_timeout));
+    run->set_resume(job.resume());
     workers_[a.workers[r]].commands.push_back(std::move(cmd));
   }
 }
@@ -528,52 +567,48 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
     return absl::InvalidArgumentError(absl::StrCat("rank: ", req.rank(), " of job ", req.job_id(),
                                                    " is not run by ", req.worker_id()));
   }
-  // Parse everything first: a bad line changes nothing.
+  // Check everything first: a bad line changes nothing.
   std::vector<nlohmann::json> lines;
   for (int i = 0; i < req.step_json_size(); ++i) {
+    const std::string where = absl::StrCat("step_json[", i, "]");
     nlohmann::json j = nlohmann::json::parse(req.step_json(i), nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
-        !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0 || !j.contains("seconds") ||
-        !j["seconds"].is_number()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step_json[", i, "]: not a rank step object with step and seconds"));
+    if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(where, ": not JSON"));
+    if (auto st = runlog::CheckRankLine(j, where); !st.ok()) return st;
+    if (j["rank"].get<int64_t>() != req.rank()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".rank: ", j["rank"].dump(),
+                                                     " but the report is from rank ", req.rank()));
     }
     lines.push_back(std::move(j));
   }
   const auto& par = job->spec().parallel();
-  const double tokens_per_step = static_cast<double>(par.microbatches()) * par.microbatch_size() *
-                                 job->spec().model().seq_len();
+  const runlog::StepContext context{.tokens_per_step = static_cast<double>(par.microbatches()) *
+                                                       par.microbatch_size() *
+                                                       job->spec().model().seq_len(),
+                                    .model_flops_per_step = a.model_flops_per_step,
+                                    .peak_flops_per_rank = a.peak_flops / p,
+                                    .predicted_memory = a.predicted_memory};
   for (const nlohmann::json& j : lines) {
     const int64_t step = j["step"].get<int64_t>();
     if (step < job->step()) continue;  // already merged (a resent report)
     RankReport& rr = a.steps[step];
-    v1::StepMetrics& m = rr.merged;
-    if (m.stages_size() == 0) {
-      for (int r = 0; r < p; ++r) m.add_stages()->set_rank(-1);
-    }
-    v1::StageStats* s = m.mutable_stages(req.rank());
-    if (s->rank() >= 0) continue;  // this rank already reported the step
-    s->set_rank(req.rank());
-    s->set_worker_id(req.worker_id());
-    s->set_peak_memory_bytes(j.value("/memory/total"_json_pointer, int64_t{0}));
-    s->set_busy_seconds(j.value("busy_seconds", 0.0));
-    s->set_comm_seconds(j.value("comm_seconds", 0.0));
-    m.set_seconds(std::max(m.seconds(), j["seconds"].get<double>()));
-    if (j.value("has_loss", false) && j.contains("loss")) {
-      m.set_has_loss(true);
-      m.set_loss(j["loss"].get<double>());
-    }
-    m.set_grad_norm(j.value("grad_norm", 0.0));
-    m.set_lr(j.value("lr", 0.0));
+    if (rr.lines.empty()) rr.lines.resize(p);
+    if (!rr.lines[req.rank()].empty()) continue;  // this rank already reported the step
+    rr.lines[req.rank()] = j.dump();
     if (++rr.reported < p) continue;
-    // Every rank reported: the step is complete. Steps complete in order (ranks step in
-    // lockstep), so this is job->step() + 1.
-    m.set_step(step + 1);
-    m.set_unix_ms(NowMs());
-    if (m.seconds() > 0) {
-      m.set_tokens_per_second(tokens_per_step / m.seconds());
-      if (a.peak_flops > 0) m.set_mfu(a.model_flops_per_step / (m.seconds() * a.peak_flops));
+    // Every rank reported: the step is complete. Ranks step in lockstep, so steps complete
+    // in order.
+    std::vector<nlohmann::json> ranks;
+    for (const std::string& line : rr.lines) ranks.push_back(nlohmann::json::parse(line));
+    a.steps.erase(step);
+    auto merged = runlog::MergeRankLines(ranks, context);
+    if (!merged.ok()) {
+      Finish(*job, v1::JOB_STATE_FAILED,
+             absl::StrCat("step ", step,
+                          ": the ranks' reports disagree: ", merged.status().message()));
+      return absl::OkStatus();
     }
+    v1::StepMetrics m = StepMetricsFromLine(*merged, a.workers);
+    m.set_unix_ms(NowMs());
     job->set_step(m.step());
     if (m.has_loss()) {
       job->set_has_loss(true);
@@ -583,11 +618,10 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
     job->set_tokens_per_second(m.tokens_per_second());
     *job->mutable_stages() = m.stages();
     v1::JobEvent e;
-    *e.mutable_step() = m;
-    if (SaveWithEvent(*job, std::move(e)).ok() && options_.observer) {  // errors are logged
-      options_.observer->OnStep(*job, m);
+    *e.mutable_step() = std::move(m);
+    if (SaveWithEvent(*job, e).ok() && options_.observer) {  // errors are logged
+      options_.observer->OnStep(*job, e.step());
     }
-    a.steps.erase(step);
   }
   return absl::OkStatus();
 }

@@ -76,7 +76,9 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // Jobs.
-  absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec);  // a validated spec
+  // A validated spec. resume: the ranks continue from the latest step all of them saved in
+  // checkpoint.dir (SubmitJobRequest.resume).
+  absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec, bool resume = false);
   absl::StatusOr<vocabpipe::v1::Job> GetJob(const std::string& id);
   std::vector<vocabpipe::v1::Job> ListJobs(int limit);  // newest first
   absl::StatusOr<vocabpipe::v1::Job> Cancel(const std::string& id, const std::string& reason);
@@ -109,8 +111,8 @@ class Coordinator {
     std::deque<vocabpipe::v1::WorkerCommand> commands;
   };
   struct RankReport {
-    int reported = 0;  // ranks that reported this step
-    vocabpipe::v1::StepMetrics merged;
+    int reported = 0;                // ranks that reported this step
+    std::vector<std::string> lines;  // per rank: its line (proto/runlog), empty until reported
   };
   struct ActiveJob {                   // what a non-terminal job needs beyond its record
     std::vector<std::string> workers;  // per rank
@@ -126,6 +128,7 @@ class Coordinator {
     std::string attempt;
     double peak_flops = 0;  // sum over the job's workers
     double model_flops_per_step = 0;
+    std::vector<int64_t> predicted_memory;  // per rank: the planner's state + activations
   };
 
   Coordinator(const CoordinatorOptions& options, std::unique_ptr<JobStore> store);

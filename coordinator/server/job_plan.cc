@@ -41,6 +41,10 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
   planner::SpecPlanOptions options;
   options.flops_per_second = flops_per_second;
   options.measured_costs = profiled != nullptr ? &measured : nullptr;
+  if (profiled != nullptr) {
+    options.activations = {.kept = profiled->layer_activation_kept_bytes(),
+                           .backward_transient = profiled->layer_activation_transient_bytes()};
+  }
   auto built = planner::BuildPlanFromSpec(spec, options);
   if (!built.ok()) return built.status();
   JobPlan out;

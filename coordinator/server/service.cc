@@ -43,7 +43,7 @@ class JobServiceImpl final : public v1::JobService::Service {
                          v1::SubmitJobResponse* resp) override {
     auto spec = SpecFromRequest(*req);
     if (!spec.ok()) return ToGrpc(spec.status());
-    auto id = c_->Submit(*spec);
+    auto id = c_->Submit(*spec, req->resume());
     if (!id.ok()) return ToGrpc(id.status());
     resp->set_job_id(*id);
     return grpc::Status::OK;

@@ -135,6 +135,10 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::JobSpec& job) {
     costs.set_collective(collective);
     costs.set_comm(p2p);
   }
+  auto layer_bytes = launch::MeasureJobLayerActivations(job);
+  if (!layer_bytes.ok()) return layer_bytes.status();
+  costs.set_layer_activation_kept_bytes(layer_bytes->kept);
+  costs.set_layer_activation_transient_bytes(layer_bytes->backward_transient);
   if (!(costs.f() > 0) || !(costs.s() > 0) || !(costs.t() > 0)) {
     return absl::InternalError(absl::StrCat("profile: a pass was not timed (F ", costs.f(),
                                             " s, S ", costs.s(), " s, T ", costs.t(), " s)"));

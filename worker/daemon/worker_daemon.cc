@@ -22,6 +22,7 @@
 #include "worker/daemon/profile.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/run_dir.h"
+#include "worker/launch/shard_checkpoint.h"
 
 namespace vp::daemon {
 namespace v1 = vocabpipe::v1;
@@ -228,6 +229,16 @@ class Daemon {
     if (auto st = launch::WriteRunFiles(dir, run.spec(), *plan); !st.ok()) {
       return fail(std::string(st.message()));
     }
+    int64_t resume_step = -1;
+    if (run.resume()) {
+      // The ranks share checkpoint.dir, so every daemon finds the same step.
+      auto latest = launch::LatestShardedStep(dir, plan->pipeline);
+      if (latest.ok()) {
+        resume_step = *latest;
+      } else if (!absl::IsNotFound(latest.status())) {
+        return fail(absl::StrCat("resume: ", latest.status().message()));
+      }
+    }
     Task t;
     t.job_id = run.job_id();
     t.rank = run.rank();
@@ -235,20 +246,23 @@ class Daemon {
     t.log_path = launch::RankLogPath(dir, run.rank());
     fs::remove(t.metrics_path, ec);  // the rank truncates it too, but only once it starts
 
-    const std::vector<std::string> args = {
-        options_.worker_binary,
-        "--run-dir",
-        dir,
-        "--rank",
-        std::to_string(run.rank()),
-        "--attempt",
-        run.attempt(),
-        "--timeout",
-        absl::StrCat(std::max<int64_t>(1, run.timeout_ms()) / 1000.0),
-        "--store",
-        options_.coordinator,
-        "--hostname",
-        options_.address};
+    std::vector<std::string> args = {options_.worker_binary,
+                                     "--run-dir",
+                                     dir,
+                                     "--rank",
+                                     std::to_string(run.rank()),
+                                     "--attempt",
+                                     run.attempt(),
+                                     "--timeout",
+                                     absl::StrCat(std::max<int64_t>(1, run.timeout_ms()) / 1000.0),
+                                     "--store",
+                                     options_.coordinator,
+                                     "--hostname",
+                                     options_.address};
+    if (resume_step >= 0) {
+      args.push_back("--resume-step");
+      args.push_back(std::to_string(resume_step));
+    }
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

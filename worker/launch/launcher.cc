@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/spec_input.h"
+#include "proto/runlog/step_lines.h"
 #include "worker/data/token_file.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/transformer.h"
@@ -57,11 +58,6 @@ struct Worker {
   }
 };
 
-std::string FormatDuration(double seconds) {
-  const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  return absl::StrFormat("%02d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
-}
-
 // Starts `argv` with stdout and stderr appended to log_path and stdin from /dev/null.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
   posix_spawn_file_actions_t actions;
@@ -97,8 +93,11 @@ absl::Status ReadNewLines(Worker& w) {
     const std::string line = w.partial.substr(start, nl - start);
     if (line.empty()) continue;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.contains("step")) {
+    if (j.is_discarded()) {
       return absl::DataLossError(absl::StrCat(w.jsonl, ": unreadable line: ", line));
+    }
+    if (auto st = runlog::CheckRankLine(j, w.jsonl); !st.ok()) {
+      return absl::DataLossError(st.message());
     }
     w.lines.push_back(std::move(j));
   }
@@ -155,99 +154,6 @@ void SignalAndWait(std::vector<Worker>& workers, int sig, Clock::duration grace)
   }
 }
 
-// Per-step figures the launcher merges from the ranks' reports.
-struct StepFigures {
-  nlohmann::json metrics;
-  std::string progress;
-  double seconds = 0;
-  double loss = 0;
-  int64_t peak = 0;
-  int64_t checkpoint_step = -1;
-};
-
-// predicted: the planner's per-rank peak (state + activations), shown beside the measured one.
-StepFigures MergeStep(const std::vector<nlohmann::json>& ranks, int64_t steps,
-                      double tokens_per_step, double flops_per_step, double peak_flops,
-                      double elapsed_before, int64_t steps_before,
-                      const std::vector<int64_t>& predicted) {
-  StepFigures out;
-  const int p = static_cast<int>(ranks.size());
-  double busy_max = 0, busy_sum = 0;
-  int64_t mem_max = 0, mem_min = INT64_MAX;
-  bool all_saved = true;
-  const nlohmann::json* loss_rank = nullptr;
-  nlohmann::json stages = nlohmann::json::array();
-  for (const nlohmann::json& r : ranks) {
-    out.seconds = std::max(out.seconds, r.value("seconds", 0.0));
-    const double busy = r.value("busy_seconds", 0.0);
-    busy_max = std::max(busy_max, busy);
-    busy_sum += busy;
-    const int64_t mem = r["memory"].value("total", int64_t{0});
-    mem_max = std::max(mem_max, mem);
-    mem_min = std::min(mem_min, mem);
-    if (loss_rank == nullptr && r.value("has_loss", false)) loss_rank = &r;
-    const int64_t saved = r.value("checkpoint_step", int64_t{-1});
-    if (saved < 0 || (out.checkpoint_step >= 0 && saved != out.checkpoint_step)) all_saved = false;
-    out.checkpoint_step = saved;
-    stages.push_back({{"rank", r["rank"]},
-                      {"seconds", r["seconds"]},
-                      {"busy_seconds", busy},
-                      {"busy", r["busy"]},
-                      {"compute_wait_seconds", r["compute_wait_seconds"]},
-                      {"comm_seconds", r["comm_seconds"]},
-                      {"comm", r["comm"]},
-                      {"memory", r["memory"]},
-                      {"predicted_memory_total",
-                       stages.size() < predicted.size() ? predicted[stages.size()] : 0}});
-  }
-  if (!all_saved) out.checkpoint_step = -1;
-  const nlohmann::json& head = loss_rank != nullptr ? *loss_rank : ranks.front();
-  out.loss = loss_rank != nullptr ? head.value("loss", 0.0) : 0.0;
-  out.peak = mem_max;
-  const int64_t step = head["step"];
-  const double secs = std::max(out.seconds, 1e-9);
-  const double tps = tokens_per_step / secs;
-  const double mfu = flops_per_step / secs / (p * peak_flops);
-  const double busy_ratio = busy_sum > 0 ? busy_max / (busy_sum / p) : 0;
-  const double mem_ratio = mem_min > 0 ? static_cast<double>(mem_max) / mem_min : 0;
-  out.metrics = {{"step", step},
-                 {"lr", head["lr"]},
-                 {"grad_norm", head["grad_norm"]},
-                 {"tokens_per_s", tps},
-                 {"mfu", mfu},
-                 {"peak_memory_bytes", mem_max},
-                 {"step_seconds", out.seconds},
-                 {"busy_max_over_mean", busy_ratio},
-                 {"memory_max_over_min", mem_ratio},
-                 {"stages", stages}};
-  if (loss_rank != nullptr) out.metrics["loss"] = out.loss;
-  const double mean_step_seconds =
-      (elapsed_before + out.seconds) / static_cast<double>(steps_before + 1);
-  const double eta = mean_step_seconds * static_cast<double>(steps - step - 1);
-  out.progress = absl::StrFormat(
-      "step %d/%d | loss %.4f | lr %.2e | %.0f tok/s | MFU %.1f%% | busy max/mean %.2f | "
-      "mem max/min %.2f (max %.1f MiB) | ETA %s",
-      step + 1, steps, out.loss, head.value("lr", 0.0), tps, 100.0 * mfu, busy_ratio, mem_ratio,
-      mem_max / 1048576.0, FormatDuration(eta));
-  return out;
-}
-
-// Keeps the metrics lines of steps before first_step (a resumed run rewrites the rest).
-absl::Status TrimMetrics(const std::string& path, int64_t first_step) {
-  std::vector<std::string> keep;
-  {
-    std::ifstream f(path);
-    for (std::string line; std::getline(f, line);) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("step", int64_t{-1}) < first_step) keep.push_back(line);
-    }
-  }
-  std::ofstream f(path, std::ios::trunc);
-  for (const std::string& line : keep) f << line << "\n";
-  if (!f) return absl::InternalError(absl::StrCat(path, ": cannot rewrite"));
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
@@ -285,18 +191,10 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
         absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
   }
   // The planner's memory model takes the engine's real per-layer activation size.
-  const engine::ModelConfig shape{.layers = spec.model().layers(),
-                                  .hidden = spec.model().hidden(),
-                                  .heads = spec.model().heads(),
-                                  .vocab = spec.model().vocab_size(),
-                                  .seq_len = spec.model().seq_len(),
-                                  .ffn_hidden = spec.model().ffn_hidden(),
-                                  .tie_embeddings = spec.model().tie_embeddings()};
-  auto layer_bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
+  auto layer_bytes = MeasureJobLayerActivations(spec);
   if (!layer_bytes.ok()) return layer_bytes.status();
   planner::SpecPlanOptions plan_options;
-  plan_options.activations = {.kept = layer_bytes->kept,
-                              .backward_transient = layer_bytes->backward_transient};
+  plan_options.activations = *layer_bytes;
   auto built = planner::BuildPlanFromSpec(spec, plan_options);
   if (!built.ok()) return built.status();
   const planner::Plan& plan = built->plan;
@@ -336,7 +234,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   summary.first_step = first_step;
   summary.metrics_path = MetricsPath(dir);
   if (first_step > 0) {
-    if (auto st = TrimMetrics(summary.metrics_path, first_step); !st.ok()) return st;
+    if (auto st = KeepMetricsBefore(summary.metrics_path, first_step); !st.ok()) return st;
   }
   std::ofstream metrics(summary.metrics_path, first_step > 0 ? std::ios::app : std::ios::trunc);
   if (!metrics) return absl::InternalError(absl::StrCat(summary.metrics_path, ": cannot open"));
@@ -355,8 +253,12 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   const auto& cfg = topt->model;
   const double tokens_per_step =
       static_cast<double>(topt->microbatches) * topt->microbatch_size * cfg.seq_len;
-  const double flops_per_step =
-      topt->microbatches * runtime::ModelFlopsPerMicrobatch(cfg, topt->microbatch_size);
+  const runlog::StepContext context{
+      .tokens_per_step = tokens_per_step,
+      .model_flops_per_step =
+          topt->microbatches * runtime::ModelFlopsPerMicrobatch(cfg, topt->microbatch_size),
+      .peak_flops_per_rank = summary.peak_flops,
+      .predicted_memory = predicted};
 
   const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
   std::vector<Worker> workers(p);
@@ -384,7 +286,6 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     }
     w.pid = *pid;
     w.running = true;
-    std::ofstream(RankPidPath(dir, r)) << *pid << "\n";
   }
 
   // Watch: merge every step all ranks reported, reap exits, stop at the first failure.
@@ -406,27 +307,35 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
               w.jsonl, ": reported step ", ranks.back()["step"].dump(), ", expected ", next_step));
         }
       }
-      StepFigures f = MergeStep(ranks, steps, tokens_per_step, flops_per_step, summary.peak_flops,
-                                elapsed, summary.steps_run, predicted);
-      elapsed += f.seconds;
+      auto merged = runlog::MergeRankLines(ranks, context);
+      if (!merged.ok()) return merged.status();
+      const nlohmann::json& line = *merged;
+      const double seconds = line.value("step_seconds", 0.0);
+      const double loss = line.value("loss", 0.0);
+      elapsed += seconds;
       if (next_step > first_step || steps - first_step == 1) {
-        timed_seconds += f.seconds;
+        timed_seconds += seconds;
         timed_steps += 1;
       }
-      metrics << f.metrics.dump() << "\n";
+      metrics << line.dump() << "\n";
       metrics.flush();
-      if (next_step == first_step) summary.first_loss = f.loss;
-      summary.final_loss = f.loss;
-      summary.peak_memory_bytes = std::max(summary.peak_memory_bytes, f.peak);
+      if (next_step == first_step) summary.first_loss = loss;
+      summary.final_loss = loss;
+      summary.peak_memory_bytes =
+          std::max(summary.peak_memory_bytes, line.value("peak_memory_bytes", int64_t{0}));
       summary.steps_run += 1;
+      const double eta = elapsed / static_cast<double>(summary.steps_run) *
+                         static_cast<double>(steps - next_step - 1);
+      const std::string text = runlog::ProgressLine(line, steps, eta);
       if (options.interactive) {
-        progress << "\r" << f.progress << "\033[K" << std::flush;
+        progress << "\r" << text << "\033[K" << std::flush;
       } else {
-        progress << f.progress << "\n" << std::flush;
+        progress << text << "\n" << std::flush;
       }
-      if (f.checkpoint_step >= 0) {
-        if (auto st = MergeShards(dir, f.checkpoint_step, p, cfg); !st.ok()) return st;
-        summary.last_checkpoint = runtime::CheckpointDir(dir, f.checkpoint_step);
+      // Rank 0 merged the shards before it wrote its line (launch/worker.h).
+      if (line.contains("checkpoint_step")) {
+        summary.last_checkpoint =
+            runtime::CheckpointDir(dir, line["checkpoint_step"].get<int64_t>());
       }
       ++next_step;
     }
@@ -482,8 +391,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   }
   if (auto st = drain(); !st.ok()) return st;
   if (steps == 0) {
-    if (auto st = MergeShards(dir, 0, p, cfg); !st.ok()) return st;
-    summary.last_checkpoint = runtime::CheckpointDir(dir, 0);
+    summary.last_checkpoint = runtime::CheckpointDir(dir, 0);  // merged by rank 0
   } else if (next_step != steps) {
     return absl::DataLossError(absl::StrCat("the workers exited after step ", next_step, " of ",
                                             steps, " without an error; see ", dir,
@@ -491,7 +399,8 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   }
   if (timed_steps > 0) {
     summary.tokens_per_s = tokens_per_step * timed_steps / timed_seconds;
-    summary.mfu = flops_per_step * timed_steps / timed_seconds / (p * summary.peak_flops);
+    summary.mfu =
+        context.model_flops_per_step * timed_steps / timed_seconds / (p * summary.peak_flops);
   }
   return summary;
 }

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "proto/spec/job_spec.h"
+#include "worker/engine/transformer.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/run_job.h"
 
@@ -98,6 +100,38 @@ int WorkerThreads(const vocabpipe::v1::JobSpec& spec) {
   if (spec.train().threads() > 0) return spec.train().threads();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, spec.parallel().pipeline()));
+}
+
+absl::StatusOr<planner::LayerActivationBytes> MeasureJobLayerActivations(
+    const vocabpipe::v1::JobSpec& spec) {
+  const engine::ModelConfig shape{.layers = spec.model().layers(),
+                                  .hidden = spec.model().hidden(),
+                                  .heads = spec.model().heads(),
+                                  .vocab = spec.model().vocab_size(),
+                                  .seq_len = spec.model().seq_len(),
+                                  .ffn_hidden = spec.model().ffn_hidden(),
+                                  .tie_embeddings = spec.model().tie_embeddings()};
+  auto bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
+  if (!bytes.ok()) return bytes.status();
+  return planner::LayerActivationBytes{.kept = bytes->kept,
+                                       .backward_transient = bytes->backward_transient};
+}
+
+absl::Status KeepMetricsBefore(const std::string& path, int64_t first_step) {
+  std::vector<std::string> keep;
+  {
+    std::ifstream f(path);
+    for (std::string line; std::getline(f, line);) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.value("step", int64_t{-1}) < first_step) {
+        keep.push_back(line);
+      }
+    }
+  }
+  std::ofstream f(path, std::ios::trunc);
+  for (const std::string& line : keep) f << line << "\n";
+  if (!f) return absl::InternalError(absl::StrCat(path, ": cannot rewrite"));
+  return absl::OkStatus();
 }
 
 }  // namespace vp::launch

@@ -5,13 +5,16 @@
 //   <dir>/job.yaml                    the job spec as run (block YAML, absolute paths)
 //   <dir>/plan.txt                    the plan every rank executes (planner::PlanToText)
 //   <dir>/store/                      Gloo FileStore for the rendezvous (fresh per launch)
-//   <dir>/rank_<R>.pid                worker R's process id
+//   <dir>/rank_<R>.pid                worker R's process id (written by the worker)
 //   <dir>/rank_<R>.log                worker R's stdout + stderr
 //   <dir>/rank_<R>.jsonl              one object per step from worker R (this launch only)
-//   <dir>/metrics.jsonl               one object per step, merged by the launcher
+//   <dir>/metrics.jsonl               one object per step, merged (proto/runlog) by the
+//                                     launcher or written by `vocabpipe run` from the
+//                                     coordinator's step events
 //   <dir>/step_<N>/rank_<R>/          rank R's shard at step N: model.safetensors,
 //                                     optimizer.safetensors, DONE (the resume state)
 //   <dir>/step_<N>/model.safetensors  merged Hugging Face GPT-2 checkpoint, config.json, DONE
+//                                     (merged by rank 0 once every rank saved its shard)
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/planner/plan.h"
+#include "coordinator/planner/spec_input.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "worker/runtime/trainer.h"
 
@@ -46,12 +50,21 @@ struct RunFiles {
 // Reads and validates job.yaml and plan.txt; the plan must match the spec (p, m, L).
 absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir);
 
+// Keeps the lines of metrics.jsonl whose step is below first_step (a resumed run writes the
+// rest again). A missing file is an empty one.
+absl::Status KeepMetricsBefore(const std::string& path, int64_t first_step);
+
 // The trainer options of one pipeline rank: runtime::TrainerOptionsFromSpec on the spec's
 // model/train sections (it accepts pipeline = 1 only, so it is given a copy with p = 1), with
 // m and L checked against the plan and the output-layer algorithm taken from the plan's
 // barrier (2 = Algorithm 1, C1 + C2; otherwise Algorithm 2).
 absl::StatusOr<runtime::TrainerOptions> PipelineTrainerOptions(const vocabpipe::v1::JobSpec& spec,
                                                                const planner::Plan& plan);
+
+// The engine's measured activation bytes of one transformer layer for one microbatch at the
+// job's shapes: the planner's memory model input (launcher and profiling both pass it on).
+absl::StatusOr<planner::LayerActivationBytes> MeasureJobLayerActivations(
+    const vocabpipe::v1::JobSpec& spec);
 
 // BLAS threads per worker: train.threads, or an even share of the cores when it is 0.
 int WorkerThreads(const vocabpipe::v1::JobSpec& spec);

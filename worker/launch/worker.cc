@@ -1,11 +1,14 @@
 #include "worker/launch/worker.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "gloo/rendezvous/store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/run_dir.h"
@@ -48,6 +51,30 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
   return j.dump();
 }
 
+namespace {
+
+// After a save, rank r marks its shard of `step` complete in the rendezvous store; rank 0 waits
+// for every mark (bounded by the rank timeout) and merges the shards into the Hugging Face
+// checkpoint. Merging here, in the job's own processes, works the same for local runs and
+// daemon runs: the ranks already share checkpoint.dir (each writes its shard there).
+absl::Status PublishShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int world,
+                          int64_t step, const engine::ModelConfig& config) {
+  const std::string prefix = absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/");
+  try {
+    store.set(absl::StrCat(prefix, options.rank), {'1'});
+    if (options.rank != 0) return absl::OkStatus();
+    std::vector<std::string> keys;
+    for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(prefix, r));
+    store.wait(keys, absl::ToChronoMilliseconds(options.timeout));
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("waiting for every rank's shard of step ", step, ": ", e.what()));
+  }
+  return MergeShards(options.run_dir, step, world, config);
+}
+
+}  // namespace
+
 absl::Status RunWorker(const WorkerOptions& options) {
   const std::string& dir = options.run_dir;
   auto files = ReadRunFiles(dir);
@@ -61,6 +88,8 @@ absl::Status RunWorker(const WorkerOptions& options) {
   }
   auto topt = PipelineTrainerOptions(spec, plan);
   if (!topt.ok()) return topt.status();
+  // For operators and tests: which process is this rank (the launcher and daemons start it).
+  std::ofstream(RankPidPath(dir, options.rank)) << getpid() << "\n";
   engine::cpu::SetBlasThreads(WorkerThreads(spec));
 
   // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
@@ -113,6 +142,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
         !st.ok()) {
       return fatal(st);
     }
+    if (auto st = PublishShard(*store, options, p, 0, topt->model); !st.ok()) return fatal(st);
     return absl::OkStatus();
   }
   for (int64_t step = first_step; step < steps; ++step) {
@@ -130,9 +160,14 @@ absl::Status RunWorker(const WorkerOptions& options) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
+      if (auto st = PublishShard(*store, options, p, done, topt->model); !st.ok()) {
+        return fatal(
+            absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
+      }
       checkpoint_step = done;
     }
-    // The line is written after the shard: a launcher that sees checkpoint_step may merge.
+    // The line is written after the save (and on rank 0 after the merge): whoever reads
+    // checkpoint_step in every rank's line of a step finds the merged checkpoint complete.
     metrics << RankStepJson(options.rank, *r, checkpoint_step) << "\n";
     metrics.flush();
     if (!metrics) {

@@ -86,35 +86,6 @@ checkpoint: {dir: run}
   EXPECT_TRUE(fs::exists(dir_ / "run" / "step_300" / "DONE"));
 }
 
-TEST_F(CliRunTest, ResumeReproducesTheUninterruptedRun) {
-  Synth(64, 20000);
-  const std::string full = WriteSpec("full", absl::StrCat(kSmallModel, R"(
-train: {steps: 6, lr: 0.003}
-checkpoint: {dir: full, every: 3}
-)"));
-  const std::string part = WriteSpec("part", absl::StrCat(kSmallModel, R"(
-train: {steps: 6, lr: 0.003}
-checkpoint: {dir: part, every: 3}
-)"));
-  ASSERT_EQ(Vocabpipe("run " + full).code, 0);
-  Result first_half = Vocabpipe("run " + part + " --steps 3");
-  ASSERT_EQ(first_half.code, 0) << first_half.output;
-  Result resumed = Vocabpipe("run " + part + " --resume");
-  ASSERT_EQ(resumed.code, 0) << resumed.output;
-  auto a = vp::testing::ReadJsonl(dir_ / "full" / "metrics.jsonl");
-  auto b = vp::testing::ReadJsonl(dir_ / "part" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 6u);
-  ASSERT_EQ(b.size(), 6u);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(int(b[i]["step"]), i);
-    EXPECT_DOUBLE_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "step " << i;
-  }
-  auto wa = vp::runtime::ReadSafetensors((dir_ / "full/step_6/model.safetensors").string());
-  auto wb = vp::runtime::ReadSafetensors((dir_ / "part/step_6/model.safetensors").string());
-  ASSERT_TRUE(wa.ok() && wb.ok());
-  for (const auto& [name, t] : wa->tensors) EXPECT_EQ(t.data, wb->tensors.at(name).data) << name;
-}
-
 TEST_F(CliRunTest, ZeroStepsSavesTheInitialModelInHuggingFaceLayout) {
   Synth(50, 5000);
   // V = 50 is padded internally (to a multiple of 2p); the checkpoint has exactly 50 rows.
@@ -171,23 +142,6 @@ TEST_F(CliRunTest, OutOfRangeTokensAreRejectedWithTheirOffset) {
   EXPECT_THAT(r.output, HasSubstr("not < vocab size 64"));
 }
 
-TEST_F(CliRunTest, CorruptCheckpointIsRejectedAndLeftInPlace) {
-  Synth(64, 20000);
-  const std::string spec = WriteSpec("ck", absl::StrCat(kSmallModel, R"(
-train: {steps: 2}
-checkpoint: {dir: ck}
-)"));
-  ASSERT_EQ(Vocabpipe("run " + spec).code, 0);
-  const fs::path model = dir_ / "ck/step_2/model.safetensors";
-  const auto size = fs::file_size(model);
-  fs::resize_file(model, size - 64);
-  Result r = Vocabpipe("run " + spec + " --resume --steps 4");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.output, HasSubstr("model.safetensors: tensor"));
-  EXPECT_EQ(fs::file_size(model), size - 64);  // nothing overwritten
-  EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
-}
-
 TEST_F(CliRunTest, PipelineRunsTrainWithWorkerProcesses) {
   Synth(64, 2000);
   const std::string p2 = WriteSpec("p2b", R"(
@@ -205,5 +159,64 @@ checkpoint: {dir: p2run}
   EXPECT_EQ(metrics.back()["stages"].size(), 2u);
   EXPECT_TRUE(fs::exists(dir_ / "p2run" / "step_2" / "DONE"));
 }
+
+// Tests that run both ways: through the control plane (the default) and --direct.
+class CliRunModeTest : public CliRunTest, public testing::WithParamInterface<std::string> {
+ protected:
+  bool direct() const { return GetParam() == "direct"; }
+  std::string Run() const { return direct() ? "run --direct " : "run "; }
+};
+
+TEST_P(CliRunModeTest, ResumeReproducesTheUninterruptedRun) {
+  Synth(64, 20000);
+  const std::string full = WriteSpec("full", absl::StrCat(kSmallModel, R"(
+train: {steps: 6, lr: 0.003}
+checkpoint: {dir: full, every: 3}
+)"));
+  const std::string part = WriteSpec("part", absl::StrCat(kSmallModel, R"(
+train: {steps: 6, lr: 0.003}
+checkpoint: {dir: part, every: 3}
+)"));
+  ASSERT_EQ(Vocabpipe(Run() + full).code, 0);
+  Result first_half = Vocabpipe(Run() + part + " --steps 3");
+  ASSERT_EQ(first_half.code, 0) << first_half.output;
+  Result resumed = Vocabpipe(Run() + part + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  auto a = vp::testing::ReadJsonl(dir_ / "full" / "metrics.jsonl");
+  auto b = vp::testing::ReadJsonl(dir_ / "part" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(int(b[i]["step"]), i);
+    EXPECT_DOUBLE_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "step " << i;
+  }
+  auto wa = vp::runtime::ReadSafetensors((dir_ / "full/step_6/model.safetensors").string());
+  auto wb = vp::runtime::ReadSafetensors((dir_ / "part/step_6/model.safetensors").string());
+  ASSERT_TRUE(wa.ok() && wb.ok());
+  for (const auto& [name, t] : wa->tensors) EXPECT_EQ(t.data, wb->tensors.at(name).data) << name;
+}
+
+TEST_P(CliRunModeTest, CorruptCheckpointIsRejectedAndLeftInPlace) {
+  Synth(64, 20000);
+  const std::string spec = WriteSpec("ck", absl::StrCat(kSmallModel, R"(
+train: {steps: 2}
+checkpoint: {dir: ck}
+)"));
+  ASSERT_EQ(Vocabpipe(Run() + spec).code, 0);
+  // What a resume reads: the standalone trainer the Hugging Face checkpoint, a run through the
+  // control plane (rank processes) the rank's shard.
+  const fs::path model =
+      dir_ / (direct() ? "ck/step_2/model.safetensors" : "ck/step_2/rank_0/model.safetensors");
+  const auto size = fs::file_size(model);
+  fs::resize_file(model, size - 64);
+  Result r = Vocabpipe(Run() + spec + " --resume --steps 4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.output, HasSubstr("model.safetensors"));
+  EXPECT_THAT(r.output, HasSubstr("tensor"));
+  EXPECT_EQ(fs::file_size(model), size - 64);  // nothing overwritten
+  EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CliRunModeTest, testing::Values("control_plane", "direct"));
 
 }  // namespace

@@ -146,7 +146,8 @@ using ::testing::HasSubstr;
 class ControlCliRunTest : public ControlCliTest {};
 
 TEST_F(ControlCliRunTest, RunThroughAnInProcessControlPlane) {
-  CliResult run = Vocabpipe("run " + WriteSpec("local", 2) + " --control-plane --output json");
+  // `vocabpipe run` goes through the control plane by default.
+  CliResult run = Vocabpipe("run " + WriteSpec("local", 2) + " --output json");
   ASSERT_EQ(run.code, 0) << run.output;
   std::vector<nlohmann::json> events;
   std::istringstream lines(run.output);
@@ -162,6 +163,18 @@ TEST_F(ControlCliRunTest, RunThroughAnInProcessControlPlane) {
   // The job record is in the run folder's database; the shards next to it.
   EXPECT_TRUE(fs::exists(dir_ / "runs" / "local" / "coordinator.db"));
   EXPECT_TRUE(fs::exists(dir_ / "runs" / "local" / "step_2" / "rank_1"));
+  // metrics.jsonl from the step events (each carries its merged line), the merged checkpoint
+  // from rank 0.
+  auto metrics = ReadJsonl(dir_ / "runs" / "local" / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(metrics[i]["step"], i);
+    EXPECT_EQ(metrics[i]["stages"].size(), 2u);
+    EXPECT_TRUE(metrics[i].contains("loss"));
+    EXPECT_GT(double(metrics[i]["stages"][1]["predicted_memory_total"]), 0.0);
+  }
+  EXPECT_EQ(metrics[1]["checkpoint_step"], 2);
+  EXPECT_TRUE(fs::exists(dir_ / "runs" / "local" / "step_2" / "DONE"));
 }
 
 TEST_F(ControlCliRunTest, PlanOnTheCoordinator) {

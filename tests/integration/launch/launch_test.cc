@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -63,12 +64,16 @@ void ExpectSameWeights(const fs::path& a, const fs::path& b, double tol) {
   }
 }
 
-class LaunchTest : public testing::Test {
+// Every test runs both ways `vocabpipe run` can run a pipeline job: "control-plane" (the
+// default: an in-process coordinator and one worker daemon per rank over gRPC) and "direct"
+// (--direct: the launcher starts the rank processes itself). The standalone reference is
+// always `--direct` with pipeline 1, the plain single-process trainer.
+class LaunchTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("vp_launch_", testing::UnitTest::GetInstance()->current_test_info()->name(),
-                        "_", getpid());
+    std::string name = testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fs::temp_directory_path() / absl::StrCat("vp_launch_", name, "_", getpid());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     Result r = Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 20000 --out ",
@@ -76,6 +81,10 @@ class LaunchTest : public testing::Test {
     ASSERT_EQ(r.code, 0) << r.output;
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  bool direct() const { return GetParam() == "direct"; }
+  // `vocabpipe run` of the pipeline job in this test's mode.
+  std::string Run() const { return direct() ? "run --direct " : "run "; }
 
   // A tiny job: V = 64 (padded per rank), s = 16, m = 4 microbatches of b = 2. AdamW's eps is
   // 1e-5, not 1e-8: with a tiny eps Adam divides gradients that are zero in exact arithmetic
@@ -98,9 +107,9 @@ class LaunchTest : public testing::Test {
   void ExpectMatchesStandalone(int pipeline, int layers, const std::string& vocab, bool tied) {
     const std::string p = Spec("pipe", pipeline, layers, vocab, tied);
     const std::string one = Spec("one", 1, layers, vocab, tied);
-    Result rp = Vocabpipe("run " + p + " --timeout 10");
+    Result rp = Vocabpipe(Run() + p + " --timeout 10");
     ASSERT_EQ(rp.code, 0) << rp.output;
-    Result r1 = Vocabpipe("run " + one);
+    Result r1 = Vocabpipe("run --direct " + one);
     ASSERT_EQ(r1.code, 0) << r1.output;
     EXPECT_THAT(rp.output, HasSubstr("step 5/5 | loss"));
     EXPECT_THAT(rp.output, HasSubstr("busy max/mean"));
@@ -133,7 +142,7 @@ class LaunchTest : public testing::Test {
       EXPECT_GT(double(mp[i]["tokens_per_s"]), 0.0);
       EXPECT_GE(double(mp[i]["busy_max_over_mean"]), 1.0);
     }
-    // The launcher merged the final shards into the standalone layout.
+    // Rank 0 merged the final shards into the standalone layout.
     ASSERT_TRUE(fs::exists(dir_ / "pipe/step_5/DONE"));
     for (int r = 0; r < pipeline; ++r) {
       EXPECT_TRUE(fs::exists(dir_ / "pipe/step_5" / absl::StrCat("rank_", r) / "DONE")) << r;
@@ -147,25 +156,25 @@ class LaunchTest : public testing::Test {
   fs::path dir_;
 };
 
-TEST_F(LaunchTest, TwoRanksVocab2MatchStandalone) {
+TEST_P(LaunchTest, TwoRanksVocab2MatchStandalone) {
   ExpectMatchesStandalone(2, 2, "vocab2", false);
 }
 
-TEST_F(LaunchTest, FourRanksVocab1TiedMatchStandalone) {
+TEST_P(LaunchTest, FourRanksVocab1TiedMatchStandalone) {
   ExpectMatchesStandalone(4, 4, "vocab1", true);
 }
 
-TEST_F(LaunchTest, TwoRanksBaselineTiedMatchStandalone) {
+TEST_P(LaunchTest, TwoRanksBaselineTiedMatchStandalone) {
   // Baseline keeps whole vocabulary layers on the first and last rank; with tied embeddings
   // the last rank's output copy must not appear twice in the merged checkpoint.
   ExpectMatchesStandalone(2, 2, "baseline", true);
 }
 
-TEST_F(LaunchTest, TwoRanksDefaultEpsLossesMatch) {
+TEST_P(LaunchTest, TwoRanksDefaultEpsLossesMatch) {
   const std::string p = Spec("pipe", 2, 2, "vocab2", false, 5, 0, 1e-8);
   const std::string one = Spec("one", 1, 2, "vocab2", false, 5, 0, 1e-8);
-  ASSERT_EQ(Vocabpipe("run " + p).code, 0);
-  ASSERT_EQ(Vocabpipe("run " + one).code, 0);
+  ASSERT_EQ(Vocabpipe(Run() + p).code, 0);
+  ASSERT_EQ(Vocabpipe("run --direct " + one).code, 0);
   auto mp = ReadJsonl(dir_ / "pipe" / "metrics.jsonl");
   auto m1 = ReadJsonl(dir_ / "one" / "metrics.jsonl");
   ASSERT_EQ(mp.size(), 5u);
@@ -176,10 +185,10 @@ TEST_F(LaunchTest, TwoRanksDefaultEpsLossesMatch) {
   }
 }
 
-TEST_F(LaunchTest, ExportRebuildsTheMergedCheckpoint) {
+TEST_P(LaunchTest, ExportRebuildsTheMergedCheckpoint) {
   // Checkpoint every 2 steps: shards at steps 2 and 4.
   const std::string spec = Spec("exp", 2, 2, "interlaced", false, /*steps=*/4, /*every=*/2);
-  Result r = Vocabpipe("run " + spec);
+  Result r = Vocabpipe(Run() + spec);
   ASSERT_EQ(r.code, 0) << r.output;
   const fs::path run = dir_ / "exp";
   const std::string merged = ReadFile(run / "step_4/model.safetensors");
@@ -210,13 +219,13 @@ TEST_F(LaunchTest, ExportRebuildsTheMergedCheckpoint) {
   EXPECT_THAT(err4.str(), HasSubstr("is not a pipeline run directory"));
 }
 
-TEST_F(LaunchTest, ResumeContinuesFromTheShards) {
+TEST_P(LaunchTest, ResumeContinuesFromTheShards) {
   const std::string full = Spec("full", 2, 2, "vocab2", false, /*steps=*/6, /*every=*/3);
   const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/6, /*every=*/3);
-  ASSERT_EQ(Vocabpipe("run " + full).code, 0);
-  Result first = Vocabpipe("run " + part + " --steps 3");
+  ASSERT_EQ(Vocabpipe(Run() + full).code, 0);
+  Result first = Vocabpipe(Run() + part + " --steps 3");
   ASSERT_EQ(first.code, 0) << first.output;
-  Result resumed = Vocabpipe("run " + part + " --resume");
+  Result resumed = Vocabpipe(Run() + part + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("step 4/6"));
   EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr("step 3/6")));
@@ -232,10 +241,12 @@ TEST_F(LaunchTest, ResumeContinuesFromTheShards) {
                     0.0);
 }
 
-// `vocabpipe run SPEC --timeout T` in a child process whose output goes to `log`.
-pid_t StartRun(const std::string& spec, const std::string& timeout, const fs::path& log) {
+// `vocabpipe run SPEC --timeout T [--direct]` in a child process whose output goes to `log`.
+pid_t StartRun(const std::string& spec, const std::string& timeout, const fs::path& log,
+               bool direct) {
   const std::string bin = absl::StrCat(VP_BINARY_DIR, "/client/vocabpipe");
   std::vector<std::string> argv = {bin, "run", spec, "--timeout", timeout};
+  if (direct) argv.push_back("--direct");
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -281,8 +292,8 @@ int WaitExit(pid_t launcher, std::chrono::seconds limit, const fs::path& log) {
 // Starts `vocabpipe run` and returns once rank 1 of run folder `run` has reported a step;
 // -1 (after recording a failure and stopping the run) if it never does.
 pid_t StartRunUntilRank1Reports(const std::string& spec, const std::string& timeout,
-                                const fs::path& log, const std::string& run) {
-  const pid_t launcher = StartRun(spec, timeout, log);
+                                const fs::path& log, const std::string& run, bool direct) {
+  const pid_t launcher = StartRun(spec, timeout, log, direct);
   if (launcher <= 0) return -1;
   if (!WaitForReport(log.parent_path() / run / "rank_1.jsonl")) {
     kill(launcher, SIGKILL);
@@ -293,11 +304,11 @@ pid_t StartRunUntilRank1Reports(const std::string& spec, const std::string& time
   return launcher;
 }
 
-TEST_F(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
+TEST_P(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
   const std::string spec = Spec("kill", 2, 2, "vocab2", false, /*steps=*/100000);
   const fs::path log = dir_ / "launcher.out";
   // Once rank 1 has reported a step, SIGKILL it.
-  const pid_t launcher = StartRunUntilRank1Reports(spec, "5", log, "kill");
+  const pid_t launcher = StartRunUntilRank1Reports(spec, "5", log, "kill", direct());
   ASSERT_GT(launcher, 0);
   const pid_t victim = std::stoi(ReadFile(dir_ / "kill/rank_1.pid"));
   const pid_t survivor = std::stoi(ReadFile(dir_ / "kill/rank_0.pid"));
@@ -307,19 +318,25 @@ TEST_F(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
   const std::string output = ReadFile(log);
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_EQ(WEXITSTATUS(status), 1) << output;
-  EXPECT_THAT(output, HasSubstr("vocabpipe run: rank 1 failed: killed by signal 9"));
+  if (direct()) {
+    EXPECT_THAT(output, HasSubstr("vocabpipe run: rank 1 failed: killed by signal 9"));
+  } else {
+    EXPECT_THAT(output,
+                ::testing::ContainsRegex("vocabpipe run: rank 1 [^\\n]*killed by signal 9"));
+    EXPECT_THAT(output, HasSubstr("FAILED"));
+  }
   EXPECT_NE(kill(survivor, 0), 0) << "rank 0 outlived the run";
   // Steps every rank finished before the kill are in the metrics.
   EXPECT_FALSE(ReadJsonl(dir_ / "kill/metrics.jsonl").empty());
 }
 
-TEST_F(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
+TEST_P(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
   // A rank that stops answering (SIGSTOP: alive, holding its sockets open) must not hang the
   // run: its peer's Gloo call times out, the launcher names that failure and SIGKILLs the
   // stuck rank after waiting the timeout for it.
   const std::string spec = Spec("stuck", 2, 2, "vocab2", false, /*steps=*/100000);
   const fs::path log = dir_ / "launcher.out";
-  const pid_t launcher = StartRunUntilRank1Reports(spec, "2", log, "stuck");
+  const pid_t launcher = StartRunUntilRank1Reports(spec, "2", log, "stuck", direct());
   ASSERT_GT(launcher, 0);
   const pid_t stuck = std::stoi(ReadFile(dir_ / "stuck/rank_1.pid"));
   ASSERT_EQ(kill(stuck, SIGSTOP), 0);
@@ -328,10 +345,21 @@ TEST_F(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
   const std::string output = ReadFile(log);
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_EQ(WEXITSTATUS(status), 1) << output;
-  EXPECT_THAT(output, HasSubstr("rank 0 failed: exit code 1"));
   EXPECT_THAT(output, HasSubstr("Timed out"));
-  EXPECT_THAT(output, HasSubstr("then rank 1: killed by signal 9"));
+  if (direct()) {
+    EXPECT_THAT(output, HasSubstr("rank 0 failed: exit code 1"));
+    EXPECT_THAT(output, HasSubstr("then rank 1: killed by signal 9"));
+  } else {
+    EXPECT_THAT(output, ::testing::ContainsRegex("vocabpipe run: rank 0 [^\\n]*exit code 1"));
+  }
   EXPECT_NE(kill(stuck, 0), 0) << "the stuck rank outlived the run";
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, LaunchTest, testing::Values("control-plane", "direct"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
