@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Pipeline runtime benchmark: real `vocabpipe run` launches (p worker processes over Gloo on
-loopback) for each vocabulary method, measured tokens/s and per-stage busy-time imbalance
+"""Pipeline runtime benchmark: real `vocabpipe run --direct` launches (p worker processes over
+Gloo on loopback, no control plane) for each vocabulary method, measured tokens/s and per-stage busy-time imbalance
 (max/mean over ranks) beside the planner's prediction (`vocabpipe plan --format json`, the
 Simulate of the same plan with FLOP-proportional costs).
 
@@ -64,7 +64,7 @@ def main():
         plan = json.loads(run([a.vocabpipe, "plan", spec, "--format", "json"]))
         busy = [r["busy"] for r in plan["ranks"]]
         pred_imb = max(busy) / statistics.mean(busy)
-        run([a.vocabpipe, "run", spec, "--timeout", "600"])
+        run([a.vocabpipe, "run", spec, "--direct", "--timeout", "600"])
         with open(os.path.join(work, method, "metrics.jsonl")) as f:
             steps = [json.loads(line) for line in f][1:] or None
         if steps is None:
