@@ -659,9 +659,19 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
   }
   if (!req.ok()) {
     a.failed[rank] = true;
+    const std::string what =
+        absl::StrCat("rank ", rank, " (", req.worker_id(), ") failed: ", req.message());
+    const bool signaled = req.term_signal() != 0;
     if (a.failure.empty()) {
-      a.failure = absl::StrCat("rank ", rank, " (", req.worker_id(), ") failed: ", req.message());
+      a.failure = what;
+      a.failure_signaled = signaled;
       a.failure_deadline = absl::Now() + options_.heartbeat_timeout + options_.heartbeat_interval;
+    } else if (signaled && !a.failure_signaled) {
+      // The earlier report was a peer losing its connection to this rank.
+      a.failure = absl::StrCat(what, "; then ", a.failure);
+      a.failure_signaled = true;
+    } else {
+      absl::StrAppend(&a.failure, "; then ", what);
     }
   } else {
     a.done[rank] = true;

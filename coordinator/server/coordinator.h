@@ -121,7 +121,9 @@ class Coordinator {
     // The first rank failure, held back until every rank reported or the deadline passes: a
     // peer's transport error usually arrives before the heartbeat timeout reveals the worker
     // that really died, and the reason must name that one.
+    // A rank killed by a signal is named first even when a peer's report came earlier.
     std::string failure;
+    bool failure_signaled = false;
     absl::Time failure_deadline;
     std::map<int, vocabpipe::v1::PassCosts> profiles;  // per rank
     std::map<int64_t, RankReport> steps;
