@@ -12,14 +12,11 @@
 //   --direct                 no control plane: p = 1 trains in this process
 //                            (runtime::RunStandaloneJob), p > 1 starts the rank processes
 //                            itself (launch::RunPipelineJob). Same files, same numbers.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -31,15 +28,11 @@
 #include "coordinator/planner/spec_input.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
-#include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
-#include "worker/data/token_file.h"
 #include "worker/launch/launcher.h"
 #include "worker/launch/run_dir.h"
-#include "worker/runtime/checkpoint.h"
+#include "worker/launch/step_recorder.h"
 #include "worker/runtime/run_job.h"
-
-extern char** environ;
 
 namespace vp::cli {
 namespace v1 = vocabpipe::v1;
@@ -182,118 +175,33 @@ class LocalWorkers {
     for (pid_t pid : pids_) kill(pid, SIGTERM);
     for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
   }
-  bool Start(const std::string& binary, const std::string& address, const std::string& log) {
-    std::vector<std::string> args = {binary, "--coordinator", address, "--exit-with-parent", "1"};
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = -1;
-    const bool ok = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) == 0;
-    posix_spawn_file_actions_destroy(&fa);
-    if (ok) pids_.push_back(pid);
-    return ok;
+  absl::Status Start(const std::string& binary, const std::string& address,
+                     const std::string& log) {
+    auto pid =
+        launch::SpawnLogged({binary, "--coordinator", address, "--exit-with-parent", "1"}, log);
+    if (!pid.ok()) return pid.status();
+    pids_.push_back(*pid);
+    return absl::OkStatus();
   }
 
  private:
   std::vector<pid_t> pids_;
 };
 
-// Writes metrics.jsonl and the progress lines from the job's step events, and adds up the
-// run's summary. A resumed run keeps the lines before its first step.
-class StepWriter {
- public:
-  StepWriter(const v1::JobSpec& spec, bool resume, bool interactive)
-      : path_(launch::MetricsPath(spec.checkpoint().dir())),
-        dir_(spec.checkpoint().dir()),
-        steps_(spec.train().steps()),
-        resume_(resume),
-        interactive_(interactive) {
-    summary_.metrics_path = path_;
+// A step event's merged line (StepMetrics.line_json) into metrics.jsonl and the progress line.
+absl::Status RecordStep(const v1::StepMetrics& m, launch::StepRecorder& recorder) {
+  nlohmann::json line = nlohmann::json::parse(m.line_json(), nullptr, false);
+  if (line.is_discarded() || !line.is_object() || !line.contains("step")) {
+    return absl::DataLossError(absl::StrCat("step ", m.step(), ": the event has no step line"));
   }
-
-  absl::Status Start() {
-    if (resume_) return absl::OkStatus();  // trimmed at the first step it gets
-    std::ofstream f(path_, std::ios::trunc);
-    if (!f) return absl::InternalError(absl::StrCat(path_, ": cannot create"));
-    return absl::OkStatus();
-  }
-
-  absl::Status Step(const v1::StepMetrics& m, std::ostream& out) {
-    nlohmann::json line = nlohmann::json::parse(m.line_json(), nullptr, false);
-    if (line.is_discarded() || !line.is_object() || !line.contains("step")) {
-      return absl::DataLossError(absl::StrCat("step ", m.step(), ": the event has no step line"));
-    }
-    const int64_t step = line["step"].get<int64_t>();
-    if (!file_.is_open()) {
-      if (resume_) {
-        if (auto st = launch::KeepMetricsBefore(path_, step); !st.ok()) return st;
-      }
-      file_.open(path_, std::ios::app);
-      summary_.first_step = step;
-      summary_.first_loss = m.loss();
-    }
-    file_ << m.line_json() << "\n";
-    file_.flush();
-    if (!file_) return absl::InternalError(absl::StrCat(path_, ": write failed"));
-    summary_.final_loss = m.loss();
-    summary_.steps_run += 1;
-    summary_.peak_memory_bytes =
-        std::max(summary_.peak_memory_bytes, line.value("peak_memory_bytes", int64_t{0}));
-    if (line.contains("checkpoint_step")) {
-      summary_.last_checkpoint = runtime::CheckpointDir(dir_, line["checkpoint_step"]);
-    }
-    // Throughput leaves out the first step (warm-up) unless it is the only one.
-    elapsed_ += m.seconds();
-    if (summary_.steps_run > 1 || steps_ - step == 1) {
-      timed_seconds_ += m.seconds();
-      timed_tokens_ += m.tokens_per_second() * m.seconds();
-      mfu_seconds_ += m.mfu() * m.seconds();
-    }
-    const double eta = elapsed_ / static_cast<double>(summary_.steps_run) *
-                       static_cast<double>(std::max<int64_t>(0, steps_ - step - 1));
-    const std::string text = runlog::ProgressLine(line, steps_, eta);
-    if (interactive_) {
-      out << "\r" << text << "\033[K" << std::flush;
-    } else {
-      out << text << "\n" << std::flush;
-    }
-    return absl::OkStatus();
-  }
-
-  runtime::RunSummary Finish(double peak_flops_per_rank, std::ostream& out) {
-    if (interactive_ && summary_.steps_run > 0) out << "\n";
-    if (timed_seconds_ > 0) {
-      summary_.tokens_per_s = timed_tokens_ / timed_seconds_;
-      summary_.mfu = mfu_seconds_ / timed_seconds_;
-    }
-    summary_.peak_flops = peak_flops_per_rank;
-    if (steps_ == 0) summary_.last_checkpoint = runtime::CheckpointDir(dir_, 0);
-    return summary_;
-  }
-
- private:
-  const std::string path_, dir_;
-  const int64_t steps_;
-  const bool resume_, interactive_;
-  std::ofstream file_;
-  runtime::RunSummary summary_;
-  double elapsed_ = 0, timed_seconds_ = 0, timed_tokens_ = 0, mfu_seconds_ = 0;
-};
+  return recorder.Record(line);
+}
 
 // What `--direct` would reject before starting anything is rejected here too, as invalid input
-// (exit code 2) rather than as a failed job: the device, the plan, the data file.
+// (exit code 2) rather than as a failed job: the plan, the device, the data file.
 absl::Status CheckRunnable(const v1::JobSpec& spec) {
-  if (spec.device() != "cpu") {
-    return absl::UnimplementedError(
-        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
-  }
   if (auto plan = planner::BuildPlanFromSpec(spec); !plan.ok()) return plan.status();
-  return data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
+  return launch::CheckJobRunsHere(spec);
 }
 
 int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool interactive,
@@ -309,8 +217,9 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
     err << "vocabpipe run: checkpoint.dir " << dir << ": " << ec.message() << "\n";
     return kExitFailed;
   }
-  StepWriter writer(spec, f.resume, interactive && !f.json);
-  if (auto st = writer.Start(); !st.ok()) {
+  launch::StepRecorder recorder(dir, spec.train().steps(), f.resume, interactive && !f.json,
+                                f.json ? err : out);
+  if (auto st = recorder.Start(); !st.ok()) {
     err << "vocabpipe run: " << st.message() << "\n";
     return kExitFailed;
   }
@@ -338,8 +247,8 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   LocalWorkers workers;
   for (int r = 0; r < spec.parallel().pipeline(); ++r) {
     const std::string log = (fs::path(dir) / absl::StrCat("daemon_", r, ".log")).string();
-    if (!workers.Start(*binary, address, log)) {
-      err << "vocabpipe run: cannot start " << *binary << "\n";
+    if (auto st = workers.Start(*binary, address, log); !st.ok()) {
+      err << "vocabpipe run: " << st.message() << "\n";
       return kExitFailed;
     }
   }
@@ -356,7 +265,7 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   if (!st.ok()) return ReportRpcError("run", st, address, err);
   absl::Status write_error;
   FollowResult r = FollowJob(s, job, 0, [&](const v1::JobEvent& e) {
-    if (e.has_step() && write_error.ok()) write_error = writer.Step(e.step(), f.json ? err : out);
+    if (e.has_step() && write_error.ok()) write_error = RecordStep(e.step(), recorder);
     if (f.json) {
       out << EventJson(e).dump() << "\n" << std::flush;
     } else if (!e.has_step()) {
@@ -377,7 +286,7 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
     peak += w.peak_flops();
     ++counted;
   }
-  runtime::RunSummary summary = writer.Finish(counted > 0 ? peak / counted : 0, f.json ? err : out);
+  runtime::RunSummary summary = recorder.Finish(counted > 0 ? peak / counted : 0);
   switch (r.last_state) {
     case v1::JOB_STATE_SUCCEEDED:
       if (!f.json) PrintSummary(summary, spec.parallel().pipeline() > 1, out);

@@ -592,15 +592,13 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
     if (step < job->step()) continue;  // already merged (a resent report)
     RankReport& rr = a.steps[step];
     if (rr.lines.empty()) rr.lines.resize(p);
-    if (!rr.lines[req.rank()].empty()) continue;  // this rank already reported the step
-    rr.lines[req.rank()] = j.dump();
+    if (!rr.lines[req.rank()].is_null()) continue;  // this rank already reported the step
+    rr.lines[req.rank()] = j;
     if (++rr.reported < p) continue;
     // Every rank reported: the step is complete. Ranks step in lockstep, so steps complete
     // in order.
-    std::vector<nlohmann::json> ranks;
-    for (const std::string& line : rr.lines) ranks.push_back(nlohmann::json::parse(line));
+    auto merged = runlog::MergeRankLines(rr.lines, context);
     a.steps.erase(step);
-    auto merged = runlog::MergeRankLines(ranks, context);
     if (!merged.ok()) {
       Finish(*job, v1::JOB_STATE_FAILED,
              absl::StrCat("step ", step,

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,8 +112,8 @@ class Coordinator {
     std::deque<vocabpipe::v1::WorkerCommand> commands;
   };
   struct RankReport {
-    int reported = 0;                // ranks that reported this step
-    std::vector<std::string> lines;  // per rank: its line (proto/runlog), empty until reported
+    int reported = 0;                   // ranks that reported this step
+    std::vector<nlohmann::json> lines;  // per rank: its line (proto/runlog), null until reported
   };
   struct ActiveJob {                   // what a non-terminal job needs beyond its record
     std::vector<std::string> workers;  // per rank

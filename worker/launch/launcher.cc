@@ -27,6 +27,7 @@
 #include "worker/engine/transformer.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
+#include "worker/launch/step_recorder.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/flops.h"
 
@@ -57,26 +58,6 @@ struct Worker {
     return !running && pid > 0 && !(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0);
   }
 };
-
-// Starts `argv` with stdout and stderr appended to log_path and stdin from /dev/null.
-absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
-  }
-  return pid;
-}
 
 // Reads what the worker appended to its jsonl since the last call.
 absl::Status ReadNewLines(Worker& w) {
@@ -156,6 +137,34 @@ void SignalAndWait(std::vector<Worker>& workers, int sig, Clock::duration grace)
 
 }  // namespace
 
+absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec) {
+  if (spec.device() != "cpu") {
+    return absl::UnimplementedError(
+        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
+  }
+  return data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
+}
+
+absl::StatusOr<pid_t> SpawnLogged(const std::vector<std::string>& argv,
+                                  const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
+  }
+  return pid;
+}
+
 absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
   std::vector<fs::path> candidates;
   if (!override_path.empty()) {
@@ -186,10 +195,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   const int p = spec.parallel().pipeline();
   // Everything that can be checked before a process starts is checked here, so bad input is
   // InvalidArgument (exit code 2) and not a worker failure.
-  if (spec.device() != "cpu") {
-    return absl::UnimplementedError(
-        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
-  }
+  if (auto st = CheckJobRunsHere(spec); !st.ok()) return st;
   // The planner's memory model takes the engine's real per-layer activation size.
   auto layer_bytes = MeasureJobLayerActivations(spec);
   if (!layer_bytes.ok()) return layer_bytes.status();
@@ -206,10 +212,6 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   }
   auto topt = PipelineTrainerOptions(spec, plan);
   if (!topt.ok()) return topt.status();
-  if (auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
-      !file.ok()) {
-    return file.status();
-  }
   auto binary = FindWorkerBinary(options.worker_binary);
   if (!binary.ok()) return binary.status();
 
@@ -220,7 +222,6 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     return absl::InternalError(
         absl::StrCat("checkpoint.dir: cannot create ", dir, ": ", ec.message()));
   }
-  runtime::RunSummary summary;
   int64_t first_step = 0;
   if (options.resume) {
     auto latest = LatestShardedStep(dir, p);
@@ -231,14 +232,13 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     }
   }
   const int64_t steps = spec.train().steps();
-  summary.first_step = first_step;
-  summary.metrics_path = MetricsPath(dir);
-  if (first_step > 0) {
-    if (auto st = KeepMetricsBefore(summary.metrics_path, first_step); !st.ok()) return st;
+  StepRecorder recorder(dir, steps, first_step > 0, options.interactive, progress);
+  if (auto st = recorder.Start(); !st.ok()) return st;
+  if (first_step >= steps && steps > 0) {  // nothing left to train
+    runtime::RunSummary summary = recorder.Finish(0);
+    summary.first_step = first_step;
+    return summary;
   }
-  std::ofstream metrics(summary.metrics_path, first_step > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics) return absl::InternalError(absl::StrCat(summary.metrics_path, ": cannot open"));
-  if (first_step >= steps && steps > 0) return summary;  // nothing left to train
 
   // A fresh store per launch (the attempt id in the key prefix guards against leftovers too).
   fs::remove_all(StoreDir(dir), ec);
@@ -249,7 +249,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
 
   // MFU is against the peak of one rank's BLAS threads, measured before the workers start.
   engine::cpu::SetBlasThreads(WorkerThreads(spec));
-  summary.peak_flops = runtime::MeasureCpuPeakFlops();
+  const double peak_flops = runtime::MeasureCpuPeakFlops();
   const auto& cfg = topt->model;
   const double tokens_per_step =
       static_cast<double>(topt->microbatches) * topt->microbatch_size * cfg.seq_len;
@@ -257,7 +257,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       .tokens_per_step = tokens_per_step,
       .model_flops_per_step =
           topt->microbatches * runtime::ModelFlopsPerMicrobatch(cfg, topt->microbatch_size),
-      .peak_flops_per_rank = summary.peak_flops,
+      .peak_flops_per_rank = peak_flops,
       .predicted_memory = predicted};
 
   const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
@@ -279,7 +279,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       argv.push_back("--resume-step");
       argv.push_back(absl::StrCat(first_step));
     }
-    auto pid = Spawn(argv, RankLogPath(dir, r));
+    auto pid = SpawnLogged(argv, RankLogPath(dir, r));
     if (!pid.ok()) {
       SignalAndWait(workers, SIGKILL, kTermGrace);
       return pid.status();
@@ -291,7 +291,6 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   // Watch: merge every step all ranks reported, reap exits, stop at the first failure.
   absl::Status launcher_error;  // a failure of the launcher itself (merge, unreadable report)
   int64_t next_step = first_step;
-  double elapsed = 0, timed_seconds = 0, timed_steps = 0;
   auto drain = [&]() -> absl::Status {
     for (Worker& w : workers) {
       if (auto st = ReadNewLines(w); !st.ok()) return st;
@@ -309,34 +308,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       }
       auto merged = runlog::MergeRankLines(ranks, context);
       if (!merged.ok()) return merged.status();
-      const nlohmann::json& line = *merged;
-      const double seconds = line.value("step_seconds", 0.0);
-      const double loss = line.value("loss", 0.0);
-      elapsed += seconds;
-      if (next_step > first_step || steps - first_step == 1) {
-        timed_seconds += seconds;
-        timed_steps += 1;
-      }
-      metrics << line.dump() << "\n";
-      metrics.flush();
-      if (next_step == first_step) summary.first_loss = loss;
-      summary.final_loss = loss;
-      summary.peak_memory_bytes =
-          std::max(summary.peak_memory_bytes, line.value("peak_memory_bytes", int64_t{0}));
-      summary.steps_run += 1;
-      const double eta = elapsed / static_cast<double>(summary.steps_run) *
-                         static_cast<double>(steps - next_step - 1);
-      const std::string text = runlog::ProgressLine(line, steps, eta);
-      if (options.interactive) {
-        progress << "\r" << text << "\033[K" << std::flush;
-      } else {
-        progress << text << "\n" << std::flush;
-      }
-      // Rank 0 merged the shards before it wrote its line (launch/worker.h).
-      if (line.contains("checkpoint_step")) {
-        summary.last_checkpoint =
-            runtime::CheckpointDir(dir, line["checkpoint_step"].get<int64_t>());
-      }
+      if (auto st = recorder.Record(*merged); !st.ok()) return st;
       ++next_step;
     }
     return absl::OkStatus();
@@ -364,7 +336,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     SignalAndWait(workers, SIGTERM, kTermGrace);
   }
   SignalAndWait(workers, SIGKILL, std::chrono::seconds(5));
-  if (options.interactive && summary.steps_run > 0) progress << "\n";
+  recorder.EndProgress();
   if (!launcher_error.ok()) return launcher_error;
 
   if (any_failed()) {
@@ -390,19 +362,12 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     return absl::AbortedError(message);
   }
   if (auto st = drain(); !st.ok()) return st;
-  if (steps == 0) {
-    summary.last_checkpoint = runtime::CheckpointDir(dir, 0);  // merged by rank 0
-  } else if (next_step != steps) {
+  if (steps > 0 && next_step != steps) {
     return absl::DataLossError(absl::StrCat("the workers exited after step ", next_step, " of ",
                                             steps, " without an error; see ", dir,
                                             "/rank_<R>.log"));
   }
-  if (timed_steps > 0) {
-    summary.tokens_per_s = tokens_per_step * timed_steps / timed_seconds;
-    summary.mfu =
-        context.model_flops_per_step * timed_steps / timed_seconds / (p * summary.peak_flops);
-  }
-  return summary;
+  return recorder.Finish(peak_flops);
 }
 
 }  // namespace vp::launch

@@ -5,8 +5,11 @@
 // runs").
 #pragma once
 
+#include <sys/types.h>
+
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -25,6 +28,14 @@ struct LaunchOptions {
   // stop on their own after one failed before it terminates them.
   absl::Duration timeout = absl::Seconds(60);
 };
+
+// What a run on this host needs beyond a valid spec and plan: `device: cpu` (Unimplemented
+// otherwise) and a token file whose every id is below model.vocab_size (InvalidArgument).
+absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec);
+
+// Starts `argv` with stdin from /dev/null and stdout + stderr to log_path (truncated).
+absl::StatusOr<pid_t> SpawnLogged(const std::vector<std::string>& argv,
+                                  const std::string& log_path);
 
 // Finds the worker executable as LaunchOptions::worker_binary describes.
 absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path);

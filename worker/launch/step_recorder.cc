@@ -1,0 +1,86 @@
+#include "worker/launch/step_recorder.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "proto/runlog/step_lines.h"
+#include "worker/launch/run_dir.h"
+#include "worker/runtime/checkpoint.h"
+
+namespace vp::launch {
+
+StepRecorder::StepRecorder(const std::string& dir, int64_t total_steps, bool resume,
+                           bool interactive, std::ostream& progress)
+    : dir_(dir),
+      total_steps_(total_steps),
+      resume_(resume),
+      interactive_(interactive),
+      progress_(progress) {
+  summary_.metrics_path = MetricsPath(dir);
+}
+
+absl::Status StepRecorder::Start() {
+  if (resume_) return absl::OkStatus();  // trimmed when the first step arrives
+  std::ofstream f(summary_.metrics_path, std::ios::trunc);
+  if (!f) return absl::InternalError(absl::StrCat(summary_.metrics_path, ": cannot create"));
+  return absl::OkStatus();
+}
+
+absl::Status StepRecorder::Record(const nlohmann::json& line) {
+  const int64_t step = line.value("step", int64_t{0});
+  const double seconds = line.value("step_seconds", 0.0);
+  const double loss = line.value("loss", 0.0);
+  if (!file_.is_open()) {
+    if (resume_) {
+      if (auto st = KeepMetricsBefore(summary_.metrics_path, step); !st.ok()) return st;
+    }
+    file_.open(summary_.metrics_path, std::ios::app);
+    summary_.first_step = step;
+    summary_.first_loss = loss;
+  }
+  file_ << line.dump() << "\n";
+  file_.flush();
+  if (!file_) return absl::InternalError(absl::StrCat(summary_.metrics_path, ": write failed"));
+  summary_.final_loss = loss;
+  summary_.steps_run += 1;
+  summary_.peak_memory_bytes =
+      std::max(summary_.peak_memory_bytes, line.value("peak_memory_bytes", int64_t{0}));
+  // Rank 0 merged the shards before the ranks reported the step (launch/worker.h).
+  if (line.contains("checkpoint_step")) {
+    summary_.last_checkpoint = runtime::CheckpointDir(dir_, line["checkpoint_step"].get<int64_t>());
+  }
+  elapsed_ += seconds;
+  if (summary_.steps_run > 1 || total_steps_ - step == 1) {
+    timed_seconds_ += seconds;
+    timed_tokens_ += line.value("tokens_per_s", 0.0) * seconds;
+    timed_mfu_seconds_ += line.value("mfu", 0.0) * seconds;
+  }
+  const double eta = elapsed_ / static_cast<double>(summary_.steps_run) *
+                     static_cast<double>(std::max<int64_t>(0, total_steps_ - step - 1));
+  const std::string text = runlog::ProgressLine(line, total_steps_, eta);
+  if (interactive_) {
+    progress_ << "\r" << text << "\033[K" << std::flush;
+    line_open_ = true;
+  } else {
+    progress_ << text << "\n" << std::flush;
+  }
+  return absl::OkStatus();
+}
+
+void StepRecorder::EndProgress() {
+  if (line_open_) progress_ << "\n" << std::flush;
+  line_open_ = false;
+}
+
+runtime::RunSummary StepRecorder::Finish(double peak_flops_per_rank) {
+  EndProgress();
+  if (timed_seconds_ > 0) {
+    summary_.tokens_per_s = timed_tokens_ / timed_seconds_;
+    summary_.mfu = timed_mfu_seconds_ / timed_seconds_;
+  }
+  summary_.peak_flops = peak_flops_per_rank;
+  if (total_steps_ == 0) summary_.last_checkpoint = runtime::CheckpointDir(dir_, 0);
+  return summary_;
+}
+
+}  // namespace vp::launch
