@@ -3,7 +3,7 @@
 //
 // Compute actions (F, B, W, BW, IF, IB, S, T, OPT) run on the calling thread in plan order.
 // Communication actions (SEND/RECV_ACT/GRAD, BCAST_X, C1, C2, IF_REDUCE, IB_BCAST) run in plan
-// order on a communication thread with its own Communicator, so transfers and the vocabulary
+// order on communication threads with their own Communicators, so transfers and the vocabulary
 // barriers overlap with transformer passes; each side waits only for the actions of the other
 // that precede it in the plan and produce or consume its data. The planner proves the plan
 // deadlock-free under blocking sends, and this split only relaxes that order.
@@ -43,30 +43,32 @@ struct RankStepResult {
   double busy_seconds() const;  // sum of busy
 };
 
+// One rank of a pipeline job on some device. The CPU rank (Create below) runs its passes on
+// host threads and Gloo; the CUDA rank (worker/runtime/cuda) on a device with NCCL. Both execute
+// the same plan with the same executor (rank_executor.h).
 class PipelineRank {
  public:
-  // comm: this rank's communicator over all plan.pipeline ranks, used only by the
+  // CPU rank. comm: this rank's communicator over all plan.pipeline ranks, used only by the
   // communication thread (it must outlive the PipelineRank). options.microbatches must equal
   // plan.microbatches and options.model.layers plan.layers.
   static absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan, int rank,
                                                               const TrainerOptions& options,
                                                               comm::Communicator* comm);
-  ~PipelineRank();
+  virtual ~PipelineRank() = default;
 
   // Executes the plan once: every microbatch's passes, then the optimizer step.
-  absl::StatusOr<RankStepResult> Step(int64_t step, const BatchFn& batches);
+  virtual absl::StatusOr<RankStepResult> Step(int64_t step, const BatchFn& batches) = 0;
 
-  engine::RankModel& model();
-  engine::AdamW& optimizer();
-  engine::MemoryTracker& memory();
-  int rank() const;
-
-  // The state behind the interface (defined in the .cc; construct through Create).
-  struct Impl;
-  explicit PipelineRank(std::unique_ptr<Impl> impl);
-
- private:
-  std::unique_ptr<Impl> impl_;
+  // The host view of the rank's parameters and optimizer state (tensor table, checkpoints).
+  // A device rank keeps its state on the device: call PullState() before reading the host view
+  // and PushState() after changing it (loading a checkpoint). Both are no-ops on the CPU.
+  virtual engine::RankModel& model() = 0;
+  virtual engine::AdamW& optimizer() = 0;
+  virtual absl::Status PullState() { return absl::OkStatus(); }
+  virtual absl::Status PushState() { return absl::OkStatus(); }
+  // Memory accounting of the rank's engine (device memory on a device rank).
+  virtual engine::MemoryTracker& memory() = 0;
+  virtual int rank() const = 0;
 };
 
 }  // namespace vp::runtime

@@ -66,11 +66,15 @@ void DeviceBuffer::Reset() {
 }
 
 CachingAllocator::CachingAllocator(std::unique_ptr<DeviceMemoryBackend> backend,
-                                   MemoryTracker* tracker)
-    : backend_(std::move(backend)), tracker_(tracker) {}
+                                   MemoryTracker* tracker, Reuse reuse)
+    : backend_(std::move(backend)), tracker_(tracker), reuse_(reuse) {}
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [thread, blocks] : pending_) {  // the device is idle by now (owner's contract)
+    for (auto& [block, ptr] : blocks) free_[block].push_back(ptr);
+  }
+  pending_.clear();
   EmptyCacheLocked();
 }
 
@@ -115,9 +119,30 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(MemoryCategory category,
 
 void CachingAllocator::Release(void* ptr, size_t block_bytes, MemoryCategory category) {
   std::lock_guard<std::mutex> lock(mu_);
-  free_[block_bytes].push_back(ptr);
+  if (reuse_ == Reuse::kAfterSync) {
+    pending_[std::this_thread::get_id()].emplace_back(block_bytes, ptr);
+    pending_bytes_ += static_cast<int64_t>(block_bytes);
+  } else {
+    free_[block_bytes].push_back(ptr);
+  }
   stats_.allocated -= static_cast<int64_t>(block_bytes);
   if (tracker_ != nullptr) tracker_->Sub(category, static_cast<int64_t>(block_bytes));
+}
+
+void CachingAllocator::ReleasePending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(std::this_thread::get_id());
+  if (it == pending_.end()) return;
+  for (auto& [block, ptr] : it->second) {
+    free_[block].push_back(ptr);
+    pending_bytes_ -= static_cast<int64_t>(block);
+  }
+  pending_.erase(it);
+}
+
+int64_t CachingAllocator::pending_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_bytes_;
 }
 
 void CachingAllocator::EmptyCache() {

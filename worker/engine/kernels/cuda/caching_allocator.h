@@ -18,6 +18,12 @@
 // last use is still queued on that stream is safe to reuse on the same stream (stream order).
 // Thread-safe (one mutex).
 //
+// Several threads with their own streams (a pipeline rank's compute and communication threads)
+// share one allocator in ReuseAfterSync mode: a released block is parked in the releasing
+// thread's pending list and reaches the cache only when that thread calls ReleasePending()
+// after synchronising its stream, so another thread cannot be handed a block whose last kernel
+// is still queued. (Immediate mode returns blocks to the cache at once: one stream only.)
+//
 // The device is behind DeviceMemoryBackend so the bookkeeping is tested on a host backend.
 #pragma once
 
@@ -26,6 +32,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -99,8 +107,11 @@ class CachingAllocator {
   static constexpr size_t kSmallGranule = 512;
   static constexpr size_t kLargeGranule = size_t{2} << 20;  // 2 MiB
 
+  enum class Reuse { kImmediate, kAfterSync };
+
   // tracker may be null (no per-category accounting). The allocator must outlive its buffers.
-  CachingAllocator(std::unique_ptr<DeviceMemoryBackend> backend, MemoryTracker* tracker);
+  CachingAllocator(std::unique_ptr<DeviceMemoryBackend> backend, MemoryTracker* tracker,
+                   Reuse reuse = Reuse::kImmediate);
   ~CachingAllocator();  // frees the cache; live buffers at destruction are a caller bug
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -111,7 +122,13 @@ class CachingAllocator {
   // bytes 0 returns an empty buffer. Memory is not zeroed (use cudaMemsetAsync).
   absl::StatusOr<DeviceBuffer> Allocate(MemoryCategory category, size_t bytes);
 
-  // Returns every cached block to the backend (live blocks are untouched).
+  // ReuseAfterSync: moves the blocks the calling thread released into the cache (call after that
+  // thread's stream is idle). A no-op in Immediate mode.
+  void ReleasePending();
+  // Bytes released and not yet reusable (ReuseAfterSync), all threads.
+  int64_t pending_bytes() const;
+
+  // Returns every cached block to the backend (live and pending blocks are untouched).
   void EmptyCache();
   AllocatorStats stats() const;
   // Restarts the allocated/reserved peaks from the current values (e.g. at a step start).
@@ -124,8 +141,12 @@ class CachingAllocator {
 
   std::unique_ptr<DeviceMemoryBackend> backend_;
   MemoryTracker* tracker_;
+  Reuse reuse_;
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;  // class size → cached blocks
+  // ReuseAfterSync: per releasing thread, (class size, block) not yet in free_.
+  std::map<std::thread::id, std::vector<std::pair<size_t, void*>>> pending_;
+  int64_t pending_bytes_ = 0;
   AllocatorStats stats_;
 };
 
