@@ -62,6 +62,7 @@ class CpuStageEngine {
     model_->ZeroGrads();
     return absl::OkStatus();
   }
+  absl::Status EnterThread() { return absl::OkStatus(); }
   void ActionDone(Thread) {}
 
  private:

@@ -1,6 +1,9 @@
 #include "worker/runtime/pipeline_rank.h"
 
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <vector>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +78,49 @@ absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
 }
 
 }  // namespace internal
+
+absl::Status CheckP2POrderMatches(const planner::Plan& plan) {
+  using planner::ActionKind;
+  // (from, to) -> tags in plan order, as sent and as received.
+  std::map<std::pair<int, int>, std::vector<uint64_t>> sent, received;
+  for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) {
+    const auto& chunks = plan.ranks[r].chunks;
+    for (const planner::Action& a : plan.ranks[r].actions) {
+      if (!planner::IsP2P(a.kind)) continue;
+      if (a.chunk < 0 || a.chunk >= static_cast<int>(chunks.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan: rank ", r, " ", planner::ToString(a), " names no local chunk"));
+      }
+      const int group = chunks[a.chunk].group;
+      const bool grad = a.kind == ActionKind::kSendGrad || a.kind == ActionKind::kRecvGrad;
+      if (a.kind == ActionKind::kSendAct || a.kind == ActionKind::kSendGrad) {
+        sent[{r, a.peer}].push_back(internal::P2PTag(grad, group, a.seq, a.mb));
+      } else {
+        const int from = group + (grad ? 1 : -1);
+        received[{a.peer, r}].push_back(internal::P2PTag(grad, from, a.seq, a.mb));
+      }
+    }
+  }
+  for (const auto& [pair, tags] : sent) {
+    const std::vector<uint64_t>& other = received[pair];
+    for (size_t i = 0; i < std::max(tags.size(), other.size()); ++i) {
+      if (i >= tags.size() || i >= other.size() || tags[i] != other[i]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "plan: transfer ", i, " from rank ", pair.first, " to rank ", pair.second,
+            " differs between the sender's and the receiver's order; an untagged transport "
+            "(NCCL) needs them in the same order"));
+      }
+    }
+  }
+  for (const auto& [pair, tags] : received) {
+    if (!tags.empty() && !sent.contains(pair)) {
+      return absl::FailedPreconditionError(absl::StrCat("plan: rank ", pair.second,
+                                                        " receives from rank ", pair.first,
+                                                        " which sends it nothing"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 namespace {
 

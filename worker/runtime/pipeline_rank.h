@@ -71,4 +71,10 @@ class PipelineRank {
   virtual int rank() const = 0;
 };
 
+// For transports without tags (NCCL): between every ordered pair of ranks, the sends of one
+// and the receives of the other must name the same transfers in the same plan order (a tag is
+// the producing group, sequence chunk and microbatch). FailedPrecondition naming the first pair
+// and position that differ.
+absl::Status CheckP2POrderMatches(const planner::Plan& plan);
+
 }  // namespace vp::runtime

@@ -23,6 +23,8 @@
 //   Status FinalNormForward(XState&, Buffer out, n)          ln_f: X, keeps out as x_last
 //   Status FinalNormBackward(dout, grad_input, XState&, n)   ln_f backward; frees x_last, stats
 //   Status OptimizerStep(step, coll, tied_copy_sync, lr, clip, &grad_norm)
+//   Status EnterThread()               first call on every thread the executor runs (device:
+//                                      make the rank's device current)
 //   void ActionDone(thread)            after every action (device: hand freed blocks back)
 //   ZeroGrads(), tracker(), model()
 #pragma once
@@ -550,6 +552,10 @@ class RankExecutor {
   // Runs `actions` (communication, plan order) on the calling thread; times go to `comm`.
   void CommLoop(const std::vector<planner::Action>& actions,
                 std::array<double, planner::kNumActionKinds>* comm) {
+    if (auto st = eng_->EnterThread(); !st.ok()) {
+      Fail(absl::Status(st.code(), absl::StrCat("rank ", rank_, ": ", st.message())));
+      return;
+    }
     for (const planner::Action& a : actions) {
       const auto c0 = Clock::now();
       absl::Status st = RunComm(a);
@@ -596,6 +602,7 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
   const auto t0 = Clock::now();
   RankStepResult r;
   r.step = step;
+  if (auto st = eng_->EnterThread(); !st.ok()) return st;
   eng_->tracker().ResetPeaks();
   const int m = plan_.microbatches;
   d_ = 1.0f / (static_cast<float>(m) * b() * s());

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "worker/engine/kernels/cuda/gemm.h"
@@ -138,32 +140,154 @@ TEST(CudaKernels, LinearMatchesCpuFp32AndBf16) {
   ExpectClose(fy.Get(), y, 2e-2, 3e-2, "bf16 linear");
 }
 
-TEST(CudaKernels, AttentionChunkMatchesCpu) {
-  SKIP_WITHOUT_DEVICE();
-  cpu::AttentionShape cs{
-      .batch = 2, .heads = 3, .head_dim = 16, .q_begin = 5, .q_end = 12, .kv_rows = 16};
-  AttentionShape s{2, 3, 16, 5, 12, 16};
-  const int w = cs.width(), ldq = 3 * w, ql = cs.q_len();
-  auto q = Random(size_t(2) * ql * ldq, 12), k = Random(size_t(2) * 16 * w, 13),
-       v = Random(size_t(2) * 16 * w, 14), dout = Random(size_t(2) * ql * w, 15);
-  std::vector<float> out(2 * ql * w), att(size_t(2) * 3 * ql * 12), dq(q.size(), 0.0f),
-      dk(k.size(), 0.25f), dv(v.size(), 0.5f), scratch(ql * 12);
+// Uploads h as T and replaces h by the values the device holds (bf16-rounded for bf16), so the
+// CPU reference sees exactly the kernel's inputs.
+template <typename T>
+void Upload(Dev<T>& dst, std::vector<float>& h) {
+  ASSERT_EQ(dst.n, h.size());
+  Dev<float> tmp(h);
+  if constexpr (std::is_same_v<T, float>) {
+    ASSERT_EQ(cudaMemcpy(dst.p, tmp.p, h.size() * sizeof(float), cudaMemcpyDeviceToDevice),
+              cudaSuccess);
+  } else {
+    ASSERT_EQ(FloatToBf16(dst.p, tmp.p, static_cast<long>(h.size()), nullptr), cudaSuccess);
+    ASSERT_EQ(Bf16ToFloat(tmp.p, dst.p, static_cast<long>(h.size()), nullptr), cudaSuccess);
+    h = tmp.Get();
+  }
+}
+
+template <typename T>
+std::vector<float> Download(const Dev<T>& src) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src.Get();
+  } else {
+    Dev<float> tmp(src.n);
+    EXPECT_EQ(Bf16ToFloat(tmp.p, src.p, static_cast<long>(src.n), nullptr), cudaSuccess);
+    return tmp.Get();
+  }
+}
+
+struct AttentionTolerance {
+  double rel, out_abs, grad_abs, lse_rel;
+};
+
+// The flash kernels in T against cpu::AttentionForward/Backward on the same (T-rounded) random
+// inputs. q sits inside a (batch, q_len, 3·width) qkv buffer (ldq = 3·width) as in the model;
+// dk/dv start at nonzero values to check that they are accumulated, dq at a sentinel outside
+// its q columns to check that only those are written. lse is checked against a float64
+// log-sum-exp of the scaled scores over each row's causal prefix.
+template <typename T>
+void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const AttentionTolerance& tol) {
+  const AttentionShape s{cs.batch, cs.heads, cs.head_dim, cs.q_begin, cs.q_end, cs.kv_rows};
+  const int w = cs.width(), ldq = 3 * w, ql = cs.q_len(), hd = cs.head_dim;
+  const size_t q_n = size_t(cs.batch) * ql * ldq, kv_n = size_t(cs.batch) * cs.kv_rows * w,
+               o_n = size_t(cs.batch) * ql * w, stat_n = size_t(cs.batch) * cs.heads * ql;
+  auto q = Random(q_n, seed), k = Random(kv_n, seed + 1), v = Random(kv_n, seed + 2),
+       dout = Random(o_n, seed + 3), dk = Random(kv_n, seed + 4, 0.5f),
+       dv = Random(kv_n, seed + 5, 0.5f);
+  std::vector<float> dq(q_n, 7.0f);
+  Dev<T> gq(q_n), gk(kv_n), gv(kv_n), gdo(o_n), gdk(kv_n), gdv(kv_n), gdq(q_n), gout(o_n);
+  Upload(gq, q);
+  Upload(gk, k);
+  Upload(gv, v);
+  Upload(gdo, dout);
+  Upload(gdk, dk);
+  Upload(gdv, dv);
+  Upload(gdq, dq);
+  Dev<float> glse(stat_n), gdelta(stat_n);
+
+  std::vector<float> out(o_n), att(size_t(cs.batch) * cs.heads * ql * cs.q_end),
+      scratch(size_t(ql) * cs.q_end);
   cpu::AttentionForward(out.data(), att.data(), q.data(), ldq, k.data(), v.data(), cs);
+  ASSERT_EQ(AttentionForward(gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s, nullptr), cudaSuccess);
+  // The backward reads the device's own forward output, as in training (for bf16 it is the
+  // rounded out that delta = Σ dO·O sees; the CPU uses its fp32 probabilities).
+  ASSERT_EQ(AttentionBackward(gdq.p, gdk.p, gdv.p, gdelta.p, gdo.p, gout.p, glse.p, gq.p, ldq, gk.p,
+                              gv.p, s, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), att.data(),
                          q.data(), ldq, k.data(), v.data(), cs);
-  Dev<float> gq(q), gk(k), gv(v), gdo(dout), gout(out.size()), gatt(att.size()), gdq(q.size()),
-      gdk(std::vector<float>(k.size(), 0.25f)), gdv(std::vector<float>(v.size(), 0.5f)),
-      gscr(att.size());
-  ASSERT_EQ(AttentionForward(gout.p, gatt.p, gq.p, ldq, gk.p, gv.p, s, nullptr), cudaSuccess);
-  ASSERT_EQ(AttentionBackward(gdq.p, gdk.p, gdv.p, gscr.p, gdo.p, gatt.p, gq.p, ldq, gk.p, gv.p, s,
-                              nullptr),
-            cudaSuccess);
-  ExpectClose(gatt.Get(), att, 1e-5, 1e-6, "att");
-  ExpectClose(gout.Get(), out, 1e-5, 1e-5, "out");
-  // dq: only the q columns of each qkv row are written by either side.
-  ExpectClose(gdq.Get(), dq, 1e-5, 1e-5, "dq");
-  ExpectClose(gdk.Get(), dk, 1e-5, 1e-5, "dk");
-  ExpectClose(gdv.Get(), dv, 1e-5, 1e-5, "dv");
+
+  std::vector<float> lse(stat_n);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  for (int b = 0; b < cs.batch; ++b) {
+    for (int h = 0; h < cs.heads; ++h) {
+      for (int i = 0; i < ql; ++i) {
+        const float* qi = q.data() + (size_t(b) * ql + i) * ldq + h * hd;
+        std::vector<double> sc(cs.q_begin + i + 1);
+        double mx = -INFINITY, sum = 0.0;
+        for (size_t j = 0; j < sc.size(); ++j) {
+          const float* kj = k.data() + (size_t(b) * cs.kv_rows + j) * w + h * hd;
+          double dot = 0.0;
+          for (int d = 0; d < hd; ++d) dot += double(qi[d]) * kj[d];
+          sc[j] = scale * dot;
+          mx = std::max(mx, sc[j]);
+        }
+        for (double x : sc) sum += std::exp(x - mx);
+        lse[(size_t(b) * cs.heads + h) * ql + i] = static_cast<float>(mx + std::log(sum));
+      }
+    }
+  }
+  ExpectClose(glse.Get(), lse, tol.lse_rel, tol.lse_rel, "lse");
+  ExpectClose(Download(gout), out, tol.rel, tol.out_abs, "out");
+  ExpectClose(Download(gdq), dq, tol.rel, tol.grad_abs, "dq");
+  ExpectClose(Download(gdk), dk, tol.rel, tol.grad_abs, "dk");
+  ExpectClose(Download(gdv), dv, tol.rel, tol.grad_abs, "dv");
+}
+
+// fp32: same math, different summation order and expf → 1e-5 relative; the absolute floor
+// covers gradients near 0, where dS = P·(dP − delta) cancels.
+constexpr AttentionTolerance kFp32Tol{1e-5, 1e-5, 3e-5, 1e-5};
+
+TEST(CudaKernels, AttentionWholeSequenceMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  // 75 rows: three query/key tiles, the last partial; head_dim 32 (bucket 64).
+  CheckAttention<float>(
+      {.batch = 2, .heads = 3, .head_dim = 32, .q_begin = 0, .q_end = 75, .kv_rows = 75}, 20,
+      kFp32Tol);
+}
+
+TEST(CudaKernels, AttentionChunkMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  // A Seq1F1B middle chunk: q_begin and q_end off the 32-row tile grid, kv cache longer than
+  // q_end (rows >= q_end must keep their dk/dv), head_dim 16.
+  CheckAttention<float>(
+      {.batch = 2, .heads = 2, .head_dim = 16, .q_begin = 37, .q_end = 70, .kv_rows = 96}, 30,
+      kFp32Tol);
+  // A one-row chunk and a chunk of exactly one tile.
+  CheckAttention<float>(
+      {.batch = 1, .heads = 2, .head_dim = 8, .q_begin = 40, .q_end = 41, .kv_rows = 48}, 40,
+      kFp32Tol);
+  CheckAttention<float>(
+      {.batch = 1, .heads = 1, .head_dim = 24, .q_begin = 32, .q_end = 64, .kv_rows = 64}, 50,
+      kFp32Tol);
+}
+
+TEST(CudaKernels, AttentionLargeHeadDimMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  // head_dim 80 and 128 use the 128 bucket (dynamic shared memory above 48 KiB).
+  CheckAttention<float>(
+      {.batch = 1, .heads = 2, .head_dim = 80, .q_begin = 20, .q_end = 53, .kv_rows = 64}, 60,
+      kFp32Tol);
+  CheckAttention<float>(
+      {.batch = 1, .heads = 1, .head_dim = 128, .q_begin = 0, .q_end = 40, .kv_rows = 40}, 70,
+      kFp32Tol);
+}
+
+TEST(CudaKernels, AttentionBf16MatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  // Same inputs on both sides (bf16-rounded), fp32 accumulation in the kernels; the error comes
+  // from rounding out, dq, dk, dv to bf16 (2^-9 relative) and from delta computed on the rounded
+  // out: 2e-2 relative + 2e-2 absolute. lse depends on the inputs only (bf16 products are exact
+  // in fp32), so it keeps a tight tolerance.
+  constexpr AttentionTolerance kBf16Tol{2e-2, 2e-2, 2e-2, 1e-4};
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 33, .q_end = 97, .kv_rows = 128}, 80,
+      kBf16Tol);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 96, .q_begin = 0, .q_end = 50, .kv_rows = 50}, 90,
+      kBf16Tol);
 }
 
 TEST(CudaKernels, EmbeddingShardAndPositions) {

@@ -152,7 +152,7 @@ TEST_P(VocabLayersTest, MatchesUnpartitionedReference) {
     const int r = comm.rank();
     auto part = MakeVocabPartition(V, p, r);
     ASSERT_TRUE(part.ok()) << part.status();
-    EXPECT_EQ(part->padded_vocab % (2 * p), 0);
+    EXPECT_EQ(part->padded_vocab % (8 * p), 0);
     MemoryTracker tracker;
     // This rank's rows of the model's flat buffers (padding rows zero). Tied: one weight and
     // one gradient buffer serve both shards.
@@ -275,9 +275,9 @@ INSTANTIATE_TEST_SUITE_P(Shards, VocabLayersTest,
                          ConfigName);
 
 TEST(VocabPartition, PaddingRule) {
-  EXPECT_EQ(PaddedVocab(50257, 4), 50264);
-  EXPECT_EQ(PaddedVocab(48, 8), 48);
-  EXPECT_EQ(PaddedVocab(5, 8), 16);
+  EXPECT_EQ(PaddedVocab(50257, 4), 50272);
+  EXPECT_EQ(PaddedVocab(64, 8), 64);
+  EXPECT_EQ(PaddedVocab(5, 8), 64);
   auto last = MakeVocabPartition(50257, 4, 3);
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(last->rows, 12566);

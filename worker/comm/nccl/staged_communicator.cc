@@ -9,7 +9,12 @@ namespace {
 
 absl::Status Copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, const char* op) {
   if (count == 0) return absl::OkStatus();
-  const cudaError_t e = cudaMemcpy(dst, src, count * sizeof(float), kind);
+  cudaError_t e = cudaMemcpy(dst, src, count * sizeof(float), kind);
+  // A copy from pageable memory may return before the DMA lands; kernels on non-blocking
+  // streams do not wait for the legacy stream, so wait here.
+  if (e == cudaSuccess && kind == cudaMemcpyHostToDevice) {
+    e = cudaStreamSynchronize(cudaStreamLegacy);
+  }
   if (e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("staged ", op, ": cudaMemcpy ",
                                             kind == cudaMemcpyDeviceToHost ? "D2H" : "H2D", ": ",

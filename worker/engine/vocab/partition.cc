@@ -8,7 +8,7 @@
 namespace vp::engine::vocab {
 
 int64_t PaddedVocab(int64_t vocab, int world) {
-  const int64_t m = 2 * static_cast<int64_t>(world);
+  const int64_t m = 8 * static_cast<int64_t>(world);
   return (vocab + m - 1) / m * m;
 }
 

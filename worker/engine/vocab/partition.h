@@ -1,7 +1,8 @@
 // How the vocabulary is split across the p ranks of the pipeline (design.md §4).
 //
-// V is padded up to Vp, the next multiple of 2p (the paper pads to a multiple of 2p so shards
-// stay even under V-shape placements); rank r owns rows [r·Vp/p, (r+1)·Vp/p) of both the input
+// V is padded up to Vp, the next multiple of 8p (the paper pads to a multiple of 2p so shards
+// stay even under V-shape placements; 8p also keeps every shard's row count a multiple of 8,
+// which cuBLASLt's 16-byte alignment needs for bf16 rows on a GPU); rank r owns rows [r·Vp/p, (r+1)·Vp/p) of both the input
 // embedding and the output weight. Rows >= V are padding: they hold zero weights, never enter
 // the softmax (not in the max, not in the sum) and keep zero gradients. With a small V and a
 // large p a whole shard can be padding.
@@ -15,7 +16,7 @@ namespace vp::engine::vocab {
 
 struct VocabPartition {
   int64_t vocab = 0;         // V, the real vocabulary size
-  int64_t padded_vocab = 0;  // Vp: V rounded up to a multiple of 2p
+  int64_t padded_vocab = 0;  // Vp: V rounded up to a multiple of 8p
   int world = 1;             // p
   int rank = 0;              // r
   int64_t rows = 0;          // Vp / p, rows held by every shard (padding included)
@@ -26,7 +27,7 @@ struct VocabPartition {
   bool Owns(int64_t token) const { return token >= begin && token < begin + valid_rows; }
 };
 
-// Vp: V rounded up to a multiple of 2·world.
+// Vp: V rounded up to a multiple of 8·world.
 int64_t PaddedVocab(int64_t vocab, int world);
 
 // The shard of `rank` among `world` ranks. Errors name the argument and the rule broken.

@@ -71,6 +71,15 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
     const size_t ws = workspace_bytes_;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof(ws));
+    // The heuristic otherwise assumes 256-byte aligned pointers; tensors of a flat parameter
+    // buffer and shard rows are only guaranteed 16 bytes (offsets multiples of 8 elements).
+    const uint32_t align = 16;
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.b, p.a, p.c, p.c,

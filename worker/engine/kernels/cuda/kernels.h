@@ -130,25 +130,29 @@ struct AttentionShape {
   int width() const { return heads * head_dim; }
 };
 
-// att: fp32 softmax probabilities, zeros above the causal diagonal, kept for the backward.
+// Flash-style (tiled, online softmax): the (q_len × q_end) probabilities are never stored. The
+// forward keeps only lse, the per-row log-sum-exp of the scaled scores (fp32), from which the
+// backward recomputes the probabilities tile by tile.
 template <typename T>
 cudaError_t AttentionForward(T* out,      // (batch, q_len, heads*head_dim)
-                             float* att,  // (batch, heads, q_len, q_end)
+                             float* lse,  // (batch, heads, q_len)
                              const T* q,  // (batch, q_len, ldq)
                              int ldq,
                              const T* k,  // (batch, kv_rows, heads*head_dim)
                              const T* v,  // (batch, kv_rows, heads*head_dim)
                              const AttentionShape& shape, cudaStream_t stream);
 
-// dq overwritten; dk, dv accumulated for key positions [0, q_end). scratch holds dL/dscores
-// for all heads at once (larger than the CPU's per-head scratch: heads run in parallel).
+// dq overwritten; dk, dv accumulated (+=) for key positions [0, q_end) (rows a later chunk's
+// backward already filled keep their contribution). delta is scratch for Σ_d dout·out per row.
+// Deterministic: no atomics (one pass over key tiles for dk/dv, one over query tiles for dq).
 template <typename T>
 cudaError_t AttentionBackward(T* dq,             // (batch, q_len, ldq)
                               T* dk,             // (batch, kv_rows, heads*head_dim)
                               T* dv,             // (batch, kv_rows, heads*head_dim)
-                              float* scratch,    // (batch, heads, q_len, q_end)
+                              float* delta,      // (batch, heads, q_len) scratch
                               const T* dout,     // (batch, q_len, heads*head_dim)
-                              const float* att,  // (batch, heads, q_len, q_end)
+                              const T* out,      // (batch, q_len, heads*head_dim) forward output
+                              const float* lse,  // (batch, heads, q_len) from the forward
                               const T* q,        // (batch, q_len, ldq)
                               int ldq,
                               const T* k,  // (batch, kv_rows, heads*head_dim)

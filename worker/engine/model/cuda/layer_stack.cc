@@ -1,0 +1,600 @@
+// The device twin of the CPU LayerStack/TransformerLayer (worker/engine/transformer.cc): the same
+// math in the same order, the same F / B / W split and B-pass stash, the same per-(layer,
+// microbatch) K/V cache over Seq1F1B chunks and the same order checks and messages. Differences:
+//   - attention is flash-style: F keeps lse (b, heads, t) instead of the (t × end)
+//     probabilities, and B recomputes them from lse and the attention output atty (kept anyway
+//     for c_proj's W);
+//   - every pass enqueues on ctx.stream and the public methods return after Finish(ctx), so a
+//     buffer freed mid-pass (e.g. qkv after B) is reused only once the stream is idle.
+//
+// Precision (T = bf16): parameters and activations are bf16, LayerNorm statistics and lse fp32,
+// weight gradients fp32 (GEMMs accumulate in fp32 and add into the fp32 gradient with beta = 1).
+// The dK/dV accumulators that carry key/value gradients from later chunks to earlier ones are
+// T, i.e. bf16, because the attention backward kernel accumulates into T: with k chunks a key
+// row's gradient is rounded to bf16 up to k times (once per chunk that attends to it). That is
+// the one place where chunking changes bf16 rounding; with one chunk it matches the unchunked
+// backward.
+#include "worker/engine/model/cuda/layer_stack.h"
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/gemm.h"
+#include "worker/engine/kernels/cuda/kernels.h"
+
+// Propagates a non-OK absl::Status (the GEMM wrappers and DeviceArray::Create return one).
+#define VP_LS_RETURN_IF_ERROR(expr)                                 \
+  do {                                                              \
+    if (absl::Status vp_ls_status_ = (expr); !vp_ls_status_.ok()) { \
+      return vp_ls_status_;                                         \
+    }                                                               \
+  } while (0)
+
+namespace vp::engine::cuda {
+namespace {
+
+// Named pointers into one layer's block, the CPU LayerParams layout (BindLayerParams offsets)
+// over elements of E: T for parameters, float for gradients.
+template <typename E>
+struct DeviceLayerParams {
+  E* ln1_w = nullptr;        // ln_1.weight        (h)
+  E* ln1_b = nullptr;        // ln_1.bias          (h)
+  E* attn_w = nullptr;       // attn.c_attn.weight (h, 3h)
+  E* attn_b = nullptr;       // attn.c_attn.bias   (3h)
+  E* attn_proj_w = nullptr;  // attn.c_proj.weight (h, h)
+  E* attn_proj_b = nullptr;  // attn.c_proj.bias   (h)
+  E* ln2_w = nullptr;        // ln_2.weight        (h)
+  E* ln2_b = nullptr;        // ln_2.bias          (h)
+  E* fc_w = nullptr;         // mlp.c_fc.weight    (h, f)
+  E* fc_b = nullptr;         // mlp.c_fc.bias      (f)
+  E* proj_w = nullptr;       // mlp.c_proj.weight  (f, h)
+  E* proj_b = nullptr;       // mlp.c_proj.bias    (h)
+};
+
+// Same offsets as BindLayerParams: taken from LayerTensorSpecs so the two layouts cannot drift.
+template <typename E>
+DeviceLayerParams<E> BindDeviceLayerParams(E* base, const ModelConfig& cfg) {
+  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
+  E* DeviceLayerParams<E>::*const fields[] = {
+      &DeviceLayerParams<E>::ln1_w,       &DeviceLayerParams<E>::ln1_b,
+      &DeviceLayerParams<E>::attn_w,      &DeviceLayerParams<E>::attn_b,
+      &DeviceLayerParams<E>::attn_proj_w, &DeviceLayerParams<E>::attn_proj_b,
+      &DeviceLayerParams<E>::ln2_w,       &DeviceLayerParams<E>::ln2_b,
+      &DeviceLayerParams<E>::fc_w,        &DeviceLayerParams<E>::fc_b,
+      &DeviceLayerParams<E>::proj_w,      &DeviceLayerParams<E>::proj_b,
+  };
+  DeviceLayerParams<E> p;
+  for (size_t i = 0; i < specs.size(); ++i) p.*fields[i] = base + specs[i].offset;
+  return p;
+}
+
+// A device array of `count` E charged to kActivations; zero-filled only when the pass relies on
+// zeros (accumulators), since a memset is a kernel launch.
+template <typename E>
+absl::Status Acquire(const DeviceContext& ctx, size_t count, DeviceArray<E>& out,
+                     bool zero = false) {
+  absl::StatusOr<DeviceArray<E>> a =
+      DeviceArray<E>::Create(ctx, MemoryCategory::kActivations, count, zero);
+  if (!a.ok()) return a.status();
+  out = std::move(*a);
+  return absl::OkStatus();
+}
+
+template <typename T>
+cudaError_t CopyDevice(T* dst, const T* src, size_t count, cudaStream_t stream) {
+  return cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, stream);
+}
+
+// Copies rows [0, t) of column block [col, col+h) of `chunk` (b, t, ld) to rows [begin, begin+t)
+// of `cache` (b, s, h), or the reverse direction when to_cache is false (the CPU CopyRows). One
+// strided 2-D copy per sequence: the cache's per-sequence row stride s differs from the chunk's t.
+template <typename T>
+cudaError_t CopyRows(T* cache,  // (b, s, h)
+                     T* chunk,  // (b, t, ld)
+                     int b, int t, int s, int h, int ld, int col, int begin, bool to_cache,
+                     cudaStream_t stream) {
+  const size_t row = sizeof(T) * h;
+  for (int i = 0; i < b; ++i) {
+    T* c = cache + (static_cast<size_t>(i) * s + begin) * h;
+    T* x = chunk + static_cast<size_t>(i) * t * ld + col;
+    const cudaError_t e = to_cache ? cudaMemcpy2DAsync(c, row, x, sizeof(T) * ld, row, t,
+                                                       cudaMemcpyDeviceToDevice, stream)
+                                   : cudaMemcpy2DAsync(x, sizeof(T) * ld, c, row, row, t,
+                                                       cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// Per (layer, microbatch): the key/value cache filled by the forwards of chunks 0, 1, ... and
+// the dK/dV accumulator filled by the backwards of chunks k-1, ..., 0 (LayerKvState).
+template <typename T>
+struct DeviceKvState {
+  DeviceArray<T> k;   // (b, s, h)
+  DeviceArray<T> v;   // (b, s, h)
+  DeviceArray<T> dk;  // (b, s, h) T: bf16 in the bf16 path (see the file comment)
+  DeviceArray<T> dv;  // (b, s, h)
+};
+
+// Activations of one layer for one (microbatch, chunk) (LayerActivations, with lse in place of
+// the attention probabilities).
+template <typename T>
+struct DeviceLayerActivations {
+  SeqChunk chunk;
+  const T* inp = nullptr;  // (b, t, h) the layer input; the stack keeps it alive until W
+  // Forward.
+  DeviceArray<T> ln1;                     // (b, t, h)
+  DeviceArray<float> ln1_mean, ln1_rstd;  // (b, t)
+  DeviceArray<T> qkv;                     // (b, t, 3h)  freed by B
+  DeviceArray<float> lse;                 // (b, heads, t)  freed by B
+  DeviceArray<T> atty;                    // (b, t, h)  attention output before c_proj
+  DeviceArray<T> res1;                    // (b, t, h)  x + attn
+  DeviceArray<T> ln2;                     // (b, t, h)
+  DeviceArray<float> ln2_mean, ln2_rstd;  // (b, t)
+  DeviceArray<T> fch;                     // (b, t, f)  c_fc output, pre-GELU; freed by B
+  DeviceArray<T> fch_gelu;                // (b, t, f)
+  // B-pass stash for W.
+  DeviceArray<T> d_out;   // (b, t, h)  gradient of the layer output (mlp.c_proj's output)
+  DeviceArray<T> d_fch;   // (b, t, f)  gradient of c_fc's output
+  DeviceArray<T> d_ln2;   // (b, t, h)  gradient of ln_2's output
+  DeviceArray<T> d_res1;  // (b, t, h)  gradient of res1 (= attn.c_proj's output gradient)
+  DeviceArray<T> d_qkv;   // (b, t, 3h) gradient of c_attn's output (dK, dV fully accumulated)
+  DeviceArray<T> d_ln1;   // (b, t, h)  gradient of ln_1's output
+  bool forward_done = false;
+  bool backward_input_done = false;
+};
+
+// One transformer layer bound to its device parameters and fp32 gradient block. The stack
+// checks the call order; this class assumes it (as TransformerLayer does).
+template <typename T>
+class DeviceLayer {
+ public:
+  DeviceLayer(const ModelConfig& cfg, int batch, const T* params, float* grads)
+      : cfg_(cfg),
+        batch_(batch),
+        p_(BindDeviceLayerParams(params, cfg)),
+        g_(BindDeviceLayerParams(grads, cfg)) {}
+
+  // F: out = layer(x) for the chunk's positions; appends the chunk's K/V to kv.
+  absl::Status Forward(const DeviceContext& ctx, SeqChunk chunk,
+                       const T* x,  // (b, t, h) kept alive by the stack until W
+                       T* out,      // (b, t, h)
+                       DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
+    const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
+              heads = cfg_.heads;
+    const int n = b * t;
+    const long nh = static_cast<long>(n) * h;
+    cudaStream_t st = ctx.stream;
+    GemmRunner& gemm = *ctx.gemm;
+    acts.chunk = chunk;
+    acts.inp = x;
+    if (kv.k.empty()) {  // the microbatch's first chunk: the cache spans the whole sequence
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.k));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.v));
+    }
+    // Attention sub-block: res1 = x + c_proj(attn(c_attn(ln_1(x)))).
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln1));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_mean));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_rstd));
+    VP_CUDA_RETURN_IF_ERROR(LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(),
+                                             acts.ln1_rstd.data(), x, p_.ln1_w, p_.ln1_b, n, h,
+                                             st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, 3 * nh, acts.qkv));
+    VP_LS_RETURN_IF_ERROR(LinearForward(gemm, acts.qkv.data(), acts.ln1.data(), p_.attn_w,
+                                        p_.attn_b, n, h, 3 * h, st));
+    // Append this chunk's keys and values to the cache so later chunks can attend to them.
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, true, st));
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, chunk.begin, true, st));
+    const AttentionShape shape{b, heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.atty));
+    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(),
+                                             3 * h, kv.k.data(), kv.v.data(), shape, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.res1));
+    VP_LS_RETURN_IF_ERROR(LinearForward(gemm, acts.res1.data(), acts.atty.data(), p_.attn_proj_w,
+                                        p_.attn_proj_b, n, h, h, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
+    // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_mean));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_rstd));
+    VP_CUDA_RETURN_IF_ERROR(LayerNormForward(acts.ln2.data(), acts.ln2_mean.data(),
+                                             acts.ln2_rstd.data(), acts.res1.data(), p_.ln2_w,
+                                             p_.ln2_b, n, h, st));
+    const long nf = static_cast<long>(n) * f;
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch));
+    VP_LS_RETURN_IF_ERROR(
+        LinearForward(gemm, acts.fch.data(), acts.ln2.data(), p_.fc_w, p_.fc_b, n, h, f, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch_gelu));
+    VP_CUDA_RETURN_IF_ERROR(GeluForward(acts.fch_gelu.data(), acts.fch.data(), nf, st));
+    VP_LS_RETURN_IF_ERROR(
+        LinearForward(gemm, out, acts.fch_gelu.data(), p_.proj_w, p_.proj_b, n, f, h, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), nh, st));
+    acts.forward_done = true;
+    return absl::OkStatus();
+  }
+
+  // B: dx = dL/dx for the chunk (overwritten); adds this chunk's dK/dV of positions
+  // [0, chunk.end) into kv and uses the accumulated values for the chunk's own positions.
+  absl::Status BackwardInput(const DeviceContext& ctx,
+                             const T* dout,  // (b, t, h)
+                             T* dx,          // (b, t, h)
+                             DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
+    const SeqChunk chunk = acts.chunk;
+    const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
+              heads = cfg_.heads;
+    const int n = b * t;
+    const long nh = static_cast<long>(n) * h;
+    const long nf = static_cast<long>(n) * f;
+    cudaStream_t st = ctx.stream;
+    GemmRunner& gemm = *ctx.gemm;
+    // MLP sub-block. The layer output gradient is both the skip-path gradient of res1 and the
+    // output gradient of mlp.c_proj (stashed for W: the caller's dout need not outlive B).
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_out));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, nh, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.d_fch));
+    VP_LS_RETURN_IF_ERROR(
+        LinearBackwardInput(gemm, acts.d_fch.data(), dout, p_.proj_w, n, f, h, st));
+    VP_CUDA_RETURN_IF_ERROR(
+        GeluBackward(acts.d_fch.data(), acts.fch.data(), acts.d_fch.data(), nf, st));
+    acts.fch.Reset();  // W needs only the GELU output
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln2));
+    VP_LS_RETURN_IF_ERROR(
+        LinearBackwardInput(gemm, acts.d_ln2.data(), acts.d_fch.data(), p_.fc_w, n, h, f, st));
+    // LayerNormBackwardInput accumulates: start d_res1 from the skip path's gradient, dout.
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_res1));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
+                                                   acts.res1.data(), p_.ln2_w, acts.ln2_mean.data(),
+                                                   acts.ln2_rstd.data(), n, h, st));
+    // Attention sub-block.
+    DeviceArray<T> d_atty;  // (b, t, h)
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, d_atty));
+    VP_LS_RETURN_IF_ERROR(
+        LinearBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), p_.attn_proj_w, n, h, h, st));
+    if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
+      // Zeroed: the attention backward accumulates dK/dV over the chunks that attend to a key.
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.dk, /*zero=*/true));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.dv, /*zero=*/true));
+    }
+    // No zero fill: the kernel overwrites the Q column block and the K/V blocks are copied in.
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, 3 * nh, acts.d_qkv));
+    {
+      DeviceArray<float> delta;  // (b, heads, t) scratch: Σ_d dout·out per query row
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, delta));
+      const AttentionShape shape{b, heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
+      VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
+                                                delta.data(), d_atty.data(), acts.atty.data(),
+                                                acts.lse.data(), acts.qkv.data(), 3 * h,
+                                                kv.k.data(), kv.v.data(), shape, st));
+    }
+    // Later chunks (already run backward) and this chunk have now added everything they owe to
+    // the keys/values at this chunk's positions; earlier chunks never see them. So the
+    // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, false, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h,
+                                     chunk.begin, false, st));
+    // Freed blocks stay unusable by other threads until Finish (ReuseAfterSync), and this
+    // stream's later work is ordered after the kernels above, so releasing here is safe.
+    acts.lse.Reset();
+    acts.qkv.Reset();
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln1));
+    VP_LS_RETURN_IF_ERROR(LinearBackwardInput(gemm, acts.d_ln1.data(), acts.d_qkv.data(), p_.attn_w,
+                                              n, h, 3 * h, st));
+    // dx = d_res1 (the skip path) + ln_1's input gradient (accumulated by the kernel).
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), nh, st));
+    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w,
+                                                   acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h,
+                                                   st));
+    if (chunk.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
+    acts.backward_input_done = true;
+    return absl::OkStatus();
+  }
+
+  // W: accumulates every parameter gradient of the chunk into the fp32 gradient block, then
+  // frees the activations.
+  absl::Status BackwardWeight(const DeviceContext& ctx, DeviceLayerActivations<T>& acts) const {
+    const int n = batch_ * acts.chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+    cudaStream_t st = ctx.stream;
+    GemmRunner& gemm = *ctx.gemm;
+    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
+                                                    acts.ln1_mean.data(), acts.ln1_rstd.data(), n,
+                                                    h, st));
+    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.attn_w, g_.attn_b, acts.d_qkv.data(),
+                                               acts.ln1.data(), n, h, 3 * h, st));
+    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.attn_proj_w, g_.attn_proj_b,
+                                               acts.d_res1.data(), acts.atty.data(), n, h, h, st));
+    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight(g_.ln2_w, g_.ln2_b, acts.d_ln2.data(),
+                                                    acts.res1.data(), acts.ln2_mean.data(),
+                                                    acts.ln2_rstd.data(), n, h, st));
+    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.fc_w, g_.fc_b, acts.d_fch.data(),
+                                               acts.ln2.data(), n, h, f, st));
+    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.proj_w, g_.proj_b, acts.d_out.data(),
+                                               acts.fch_gelu.data(), n, f, h, st));
+    acts = DeviceLayerActivations<T>();
+    return absl::OkStatus();
+  }
+
+ private:
+  ModelConfig cfg_;
+  int batch_;
+  DeviceLayerParams<const T> p_;
+  DeviceLayerParams<float> g_;
+};
+
+}  // namespace
+
+template <typename T>
+struct DeviceLayerStack<T>::Impl {
+  struct Slot {
+    std::vector<DeviceArray<T>> inputs;  // inputs[i]: the input of layer i (b, t, h)
+    std::vector<DeviceLayerActivations<T>> acts;
+  };
+  struct MicrobatchState {
+    int next_forward = 0;              // next chunk to forward
+    int next_backward = 0;             // next chunk to run B on (counts down from k-1)
+    std::vector<DeviceKvState<T>> kv;  // per layer
+  };
+
+  ModelConfig cfg;
+  int first = 0;
+  int count = 0;
+  int batch = 0;
+  size_t layer_params = 0;
+  std::vector<int> bounds;
+  DeviceContext ctx;
+  std::vector<DeviceLayer<T>> layers;
+  // Device buffers in the maps go back to ctx.alloc, which outlives the stack.
+  std::map<SlotKey, Slot> slots;
+  std::map<int, MicrobatchState> microbatches;
+
+  int num_chunks() const { return static_cast<int>(bounds.size()) - 1; }
+  SeqChunk chunk(int q) const { return {bounds[q], bounds[q + 1]}; }
+
+  // The public passes: `s` is the pass's status; the stream is drained either way (so nothing
+  // this pass enqueued is still running when the caller sees an error), the first error wins.
+  absl::Status Finished(absl::Status s) const {
+    absl::Status f = Finish(ctx);
+    return s.ok() ? f : s;
+  }
+
+  // Order checks (no device work; messages as in the CPU LayerStack).
+  absl::Status CheckForward(SlotKey slot) {
+    if (slot.chunk < 0 || slot.chunk >= num_chunks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot.chunk: ", slot.chunk, " not in [0, ", num_chunks(), ")"));
+    }
+    if (slots.contains(slot)) {
+      return absl::FailedPreconditionError(absl::StrCat("F(mb ", slot.microbatch, ", chunk ",
+                                                        slot.chunk, "): slot already forwarded"));
+    }
+    const auto it = microbatches.find(slot.microbatch);
+    const int next = it == microbatches.end() ? 0 : it->second.next_forward;
+    if (next != slot.chunk) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("F(mb ", slot.microbatch, ", chunk ", slot.chunk,
+                       "): chunks must be forwarded in order; expected chunk ", next));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckBackwardInput(SlotKey slot) const {
+    const auto it = slots.find(slot);
+    if (it == slots.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("B(mb ", slot.microbatch, ", chunk ",
+                                                        slot.chunk, "): slot was not forwarded"));
+    }
+    if (it->second.acts[0].backward_input_done) {
+      return absl::FailedPreconditionError(absl::StrCat("B(mb ", slot.microbatch, ", chunk ",
+                                                        slot.chunk, "): backward already ran"));
+    }
+    const MicrobatchState& mb = microbatches.at(slot.microbatch);
+    if (mb.next_forward != num_chunks() || mb.next_backward != slot.chunk) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("B(mb ", slot.microbatch, ", chunk ", slot.chunk,
+                       "): needs all chunks forwarded and chunks in reverse order; expected chunk ",
+                       mb.next_forward != num_chunks() ? num_chunks() - 1 : mb.next_backward));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckBackwardWeight(SlotKey slot) const {
+    const auto it = slots.find(slot);
+    if (it == slots.end() || !it->second.acts[0].backward_input_done) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "W(mb ", slot.microbatch, ", chunk ", slot.chunk, "): needs B of the slot first"));
+    }
+    return absl::OkStatus();
+  }
+
+  // F after CheckForward. On an error the slot is dropped (the chunk may be forwarded again: its
+  // K/V rows are simply rewritten); a sticky device error leaves the context unusable anyway.
+  absl::Status RunForward(SlotKey slot, const T* x, T* out) {
+    MicrobatchState& mb = microbatches[slot.microbatch];
+    if (mb.kv.empty()) mb.kv.resize(count);
+    const SeqChunk c = chunk(slot.chunk);
+    const size_t nh = static_cast<size_t>(batch) * c.len() * cfg.hidden;
+    Slot& st = slots[slot];
+    st.acts.resize(count);
+    absl::Status status = [&]() -> absl::Status {
+      st.inputs.resize(count);
+      for (int i = 0; i < count; ++i) VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, st.inputs[i]));
+      // W reads each layer's input; the caller's x need not live that long.
+      VP_CUDA_RETURN_IF_ERROR(CopyDevice(st.inputs[0].data(), x, nh, ctx.stream));
+      for (int i = 0; i < count; ++i) {
+        T* y = i + 1 < count ? st.inputs[i + 1].data() : out;
+        VP_LS_RETURN_IF_ERROR(
+            layers[i].Forward(ctx, c, st.inputs[i].data(), y, mb.kv[i], st.acts[i]));
+      }
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) {
+      slots.erase(slot);
+      return status;
+    }
+    if (++mb.next_forward == num_chunks()) mb.next_backward = num_chunks() - 1;
+    return absl::OkStatus();
+  }
+
+  // B after CheckBackwardInput. A device error part-way leaves the slot's layers in mixed states;
+  // the caller must stop (as after any device error).
+  absl::Status RunBackwardInput(SlotKey slot, const T* dout, T* dx) {
+    Slot& st = slots.at(slot);
+    MicrobatchState& mb = microbatches.at(slot.microbatch);
+    const SeqChunk c = chunk(slot.chunk);
+    const size_t nh = static_cast<size_t>(batch) * c.len() * cfg.hidden;
+    // Ping-pong gradients between layers; the first layer writes straight into dx.
+    DeviceArray<T> grad[2];  // (b, t, h) each
+    if (count > 1) {
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, grad[0]));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, grad[1]));
+    }
+    const T* g_in = dout;
+    for (int i = count - 1; i >= 0; --i) {
+      T* g_out = i == 0 ? dx : grad[i % 2].data();
+      VP_LS_RETURN_IF_ERROR(layers[i].BackwardInput(ctx, g_in, g_out, mb.kv[i], st.acts[i]));
+      g_in = g_out;
+    }
+    if (slot.chunk == 0) {
+      microbatches.erase(slot.microbatch);  // K/V caches were released by the layers
+    } else {
+      --mb.next_backward;
+    }
+    return absl::OkStatus();
+  }
+
+  // W after CheckBackwardWeight.
+  absl::Status RunBackwardWeight(SlotKey slot) {
+    auto it = slots.find(slot);
+    for (int i = count - 1; i >= 0; --i) {
+      VP_LS_RETURN_IF_ERROR(layers[i].BackwardWeight(ctx, it->second.acts[i]));
+    }
+    slots.erase(it);
+    return absl::OkStatus();
+  }
+};
+
+template <typename T>
+absl::StatusOr<std::unique_ptr<DeviceLayerStack<T>>> DeviceLayerStack<T>::Create(
+    const ModelConfig& cfg, int first_layer, int count, int microbatch_size,
+    std::vector<int> chunk_bounds, const T* params, float* grads, const DeviceContext& ctx) {
+  // Everything is checked before the device is touched (Create itself enqueues nothing:
+  // buffers are taken per pass), so these checks run on machines without a GPU.
+  if (cfg.hidden <= 0 || cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) {
+    return absl::InvalidArgumentError("model: hidden and heads must be > 0, hidden % heads == 0");
+  }
+  if (cfg.ffn_hidden <= 0 || cfg.seq_len <= 0 || cfg.layers <= 0) {
+    return absl::InvalidArgumentError("model: ffn_hidden, seq_len and layers must be > 0");
+  }
+  // cuBLASLt wants 16-byte aligned operands: with h and f multiples of 8 every tensor offset of
+  // the layer layout (and the qkv row stride 3h) is a multiple of 8 elements (GemmRunner's rule).
+  if (cfg.hidden % 8 != 0 || cfg.ffn_hidden % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: hidden ", cfg.hidden, " and ffn_hidden ", cfg.ffn_hidden,
+                     " must be multiples of 8 on a CUDA device (16-byte aligned GEMM operands)"));
+  }
+  if (count <= 0 || first_layer < 0 || first_layer + count > cfg.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", first_layer, ", ",
+                                                   first_layer + count, ") must lie in [0, ",
+                                                   cfg.layers, ") and be non-empty"));
+  }
+  if (microbatch_size <= 0) {
+    return absl::InvalidArgumentError("microbatch_size: must be > 0");
+  }
+  if (params == nullptr || grads == nullptr) {
+    return absl::InvalidArgumentError("params/grads: must not be null");
+  }
+  if (reinterpret_cast<uintptr_t>(params) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(grads) % 16 != 0) {
+    return absl::InvalidArgumentError("params/grads: must be 16-byte aligned device pointers");
+  }
+  if (absl::Status s = ValidateChunkBounds(chunk_bounds, cfg.seq_len); !s.ok()) return s;
+  if (ctx.gemm == nullptr || ctx.alloc == nullptr) {
+    return absl::InvalidArgumentError("ctx: gemm and alloc must not be null");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = cfg;
+  impl->first = first_layer;
+  impl->count = count;
+  impl->batch = microbatch_size;
+  impl->layer_params = LayerParamCount(cfg);
+  impl->bounds = std::move(chunk_bounds);
+  impl->ctx = ctx;
+  for (int i = 0; i < count; ++i) {
+    const size_t offset = static_cast<size_t>(i) * impl->layer_params;
+    impl->layers.emplace_back(cfg, microbatch_size, params + offset, grads + offset);
+  }
+  return std::make_unique<DeviceLayerStack<T>>(std::move(impl));
+}
+
+template <typename T>
+DeviceLayerStack<T>::DeviceLayerStack(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+// Every pass ended with Finish, so no kernel still reads the buffers released here.
+template <typename T>
+DeviceLayerStack<T>::~DeviceLayerStack() = default;
+
+template <typename T>
+int DeviceLayerStack<T>::first_layer() const {
+  return impl_->first;
+}
+
+template <typename T>
+int DeviceLayerStack<T>::count() const {
+  return impl_->count;
+}
+
+template <typename T>
+int DeviceLayerStack<T>::num_chunks() const {
+  return impl_->num_chunks();
+}
+
+template <typename T>
+SeqChunk DeviceLayerStack<T>::chunk(int q) const {
+  return impl_->chunk(q);
+}
+
+template <typename T>
+int DeviceLayerStack<T>::live_slots() const {
+  return static_cast<int>(impl_->slots.size());
+}
+
+// A call rejected by an order check enqueues nothing and returns at once.
+template <typename T>
+absl::Status DeviceLayerStack<T>::Forward(SlotKey slot, const T* x, T* out) {
+  VP_LS_RETURN_IF_ERROR(impl_->CheckForward(slot));
+  return impl_->Finished(impl_->RunForward(slot, x, out));
+}
+
+template <typename T>
+absl::Status DeviceLayerStack<T>::BackwardInput(SlotKey slot, const T* dout, T* dx) {
+  VP_LS_RETURN_IF_ERROR(impl_->CheckBackwardInput(slot));
+  return impl_->Finished(impl_->RunBackwardInput(slot, dout, dx));
+}
+
+template <typename T>
+absl::Status DeviceLayerStack<T>::BackwardWeight(SlotKey slot) {
+  VP_LS_RETURN_IF_ERROR(impl_->CheckBackwardWeight(slot));
+  return impl_->Finished(impl_->RunBackwardWeight(slot));
+}
+
+// One Finish for both halves: W's kernels queue behind B's on the same stream.
+template <typename T>
+absl::Status DeviceLayerStack<T>::Backward(SlotKey slot, const T* dout, T* dx) {
+  VP_LS_RETURN_IF_ERROR(impl_->CheckBackwardInput(slot));
+  absl::Status s = impl_->RunBackwardInput(slot, dout, dx);
+  if (s.ok()) s = impl_->RunBackwardWeight(slot);
+  return impl_->Finished(std::move(s));
+}
+
+template class DeviceLayerStack<float>;
+template class DeviceLayerStack<bf16>;
+
+}  // namespace vp::engine::cuda
+
+#undef VP_LS_RETURN_IF_ERROR

@@ -1,0 +1,211 @@
+#include "worker/runtime/cuda/cuda_engine.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/model/cuda/model_kernels.h"
+#include "worker/engine/optimizer.h"
+#include "worker/engine/vocab/partition.h"
+
+namespace vp::runtime {
+
+using engine::MemoryCategory;
+using engine::cuda::DeviceArray;
+using engine::cuda::Finish;
+
+template <typename T>
+absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
+    const TrainerOptions& options, const engine::RankLayout& layout,
+    const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm, int device) {
+  const int count = engine::cuda::DeviceCount();
+  if (count == 0) return absl::FailedPreconditionError("no CUDA device");
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: cuda:", device, " does not exist (", count, " devices)"));
+  }
+  std::unique_ptr<CudaStageEngine> e(new CudaStageEngine());
+  e->opt_ = options;
+  e->device_ = device;
+  if (auto st = e->EnterThread(); !st.ok()) return st;
+  e->tracker_ = std::make_unique<engine::MemoryTracker>();
+  e->alloc_ = std::make_unique<engine::cuda::CachingAllocator>(
+      engine::cuda::MakeCudaMemoryBackend(), e->tracker_.get(),
+      engine::cuda::CachingAllocator::Reuse::kAfterSync);
+  auto cs = engine::cuda::CudaStream::Create(engine::cuda::CudaStream::Priority::kNormal);
+  if (!cs.ok()) return cs.status();
+  e->compute_stream_ = std::move(*cs);
+  // The vocabulary barriers' kernels go ahead of queued transformer work.
+  auto vs = engine::cuda::CudaStream::Create(engine::cuda::CudaStream::Priority::kHigh);
+  if (!vs.ok()) return vs.status();
+  e->comm_stream_ = std::move(*vs);
+  auto g1 = engine::cuda::GemmRunner::Create();
+  if (!g1.ok()) return g1.status();
+  e->compute_gemm_ = std::move(*g1);
+  auto g2 = engine::cuda::GemmRunner::Create();
+  if (!g2.ok()) return g2.status();
+  e->comm_gemm_ = std::move(*g2);
+  e->compute_ = {e->compute_stream_.get(), e->compute_gemm_.get(), e->alloc_.get()};
+  e->comm_ = {e->comm_stream_.get(), e->comm_gemm_.get(), e->alloc_.get()};
+  auto model = Model::Create(options.model, layout, options.microbatch_size, seq_bounds, algorithm,
+                             options.adamw, e->compute_, e->comm_);
+  if (!model.ok()) return model.status();
+  e->model_ = std::move(*model);
+  // The same initialisation as the CPU engine (slice-independent), then to the device.
+  e->model_->host().Init(options.seed);
+  if (auto st = e->model_->Upload(); !st.ok()) return st;
+  return e;
+}
+
+template <typename T>
+CudaStageEngine<T>::~CudaStageEngine() {
+  if (alloc_ != nullptr) {
+    cudaSetDevice(device_);
+    cudaDeviceSynchronize();  // nothing may still read a block the allocator frees
+  }
+}
+
+template <typename T>
+absl::Status CudaStageEngine<T>::EnterThread() {
+  VP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<typename CudaStageEngine<T>::Buffer> CudaStageEngine<T>::Act(size_t n, bool zero,
+                                                                             Thread thread) {
+  return Buffer::Create(ctx(thread), MemoryCategory::kActivations, n, zero);
+}
+
+template <typename T>
+absl::Status CudaStageEngine<T>::EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len,
+                                            int h, int start) {
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedChunkForward<T>(
+      x.data(), in.output(), model_->wpe(), b, s, len, h, start, compute_.stream));
+  return Finish(compute_);
+}
+
+template <typename T>
+absl::Status CudaStageEngine<T>::EmbedChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s,
+                                                    int len, int h, int start) {
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::PositionEmbeddingBackward<T>(
+      model_->wpe_grad(), dx.data(), b, len, h, start, compute_.stream));
+  // dx (b, len, h) into rows [start, start+len) of every sequence of dembed (b, s, h).
+  const size_t row = sizeof(T) * static_cast<size_t>(h);
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dembed.data() + static_cast<size_t>(start) * h,
+                                            row * s, dx.data(), row * len, row * len, b,
+                                            cudaMemcpyDeviceToDevice, compute_.stream));
+  return Finish(compute_);
+}
+
+template <typename T>
+absl::Status CudaStageEngine<T>::FinalNormForward(XState& xs, Buffer out, int n) {
+  const int h = opt_.model.hidden;
+  auto x = Buffer::Create(compute_, MemoryCategory::kActivations, static_cast<size_t>(n) * h,
+                          false);
+  if (!x.ok()) return x.status();
+  auto mean = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, n, false);
+  if (!mean.ok()) return mean.status();
+  auto rstd = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, n, false);
+  if (!rstd.ok()) return rstd.status();
+  xs.x = std::move(*x);
+  xs.mean = std::move(*mean);
+  xs.rstd = std::move(*rstd);
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormForward<T>(
+      xs.x.data(), xs.mean.data(), xs.rstd.data(), out.data(), model_->lnf_weight(),
+      model_->lnf_bias(), n, h, compute_.stream));
+  xs.x_last = std::move(out);
+  return Finish(compute_);
+}
+
+template <typename T>
+absl::Status CudaStageEngine<T>::FinalNormBackward(Buffer& dout, const float* grad_input,
+                                                   XState& xs, int n) {
+  const int h = opt_.model.hidden;
+  const size_t nh = static_cast<size_t>(n) * h;
+  // ∇X is fp32 (identical on every rank after the barrier); the layer norm reads it as T.
+  const T* g = nullptr;
+  Buffer converted;
+  if constexpr (std::is_same_v<T, float>) {
+    g = grad_input;
+  } else {
+    auto c = Buffer::Create(compute_, MemoryCategory::kActivations, nh, false);
+    if (!c.ok()) return c.status();
+    converted = std::move(*c);
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::FloatToBf16(converted.data(), grad_input,
+                                                      static_cast<long>(nh), compute_.stream));
+    g = converted.data();
+  }
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardInput<T>(
+      dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n,
+      h, compute_.stream));
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardWeight<T>(
+      model_->lnf_weight_grad(), model_->lnf_bias_grad(), g, xs.x_last.data(), xs.mean.data(),
+      xs.rstd.data(), n, h, compute_.stream));
+  xs.x_last.Reset();
+  xs.mean.Reset();
+  xs.rstd.Reset();
+  converted.Reset();
+  return Finish(compute_);
+}
+
+template <typename T>
+absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm,
+                                               bool tied_copy_sync, float lr, float grad_clip,
+                                               double* grad_norm) {
+  const engine::RankModel& host = model_->host();
+  const engine::ParamTensor* copy = tied_copy_sync ? host.tied_output_copy() : nullptr;
+  if (tied_copy_sync) {
+    // Both copies end with ∇wte = ∇(input use) + ∇(output use); the other ranks add zeros.
+    const size_t count =
+        static_cast<size_t>(engine::vocab::PaddedVocab(opt_.model.vocab, 1)) * opt_.model.hidden;
+    auto sum = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, count, true);
+    if (!sum.ok()) return sum.status();
+    const engine::ParamTensor* in = host.Find("transformer.wte.weight");
+    for (const engine::ParamTensor* t : {in, copy}) {
+      if (t == nullptr) continue;
+      VP_CUDA_RETURN_IF_ERROR(engine::cuda::ResidualForward<float>(
+          sum->data(), sum->data(), model_->grads() + t->offset, static_cast<long>(count),
+          compute_.stream));
+    }
+    if (auto st = Finish(compute_); !st.ok()) return st;
+    if (auto st = comm.AllReduce(sum->data(), count, comm::ReduceOp::kSum); !st.ok()) return st;
+    for (const engine::ParamTensor* t : {in, copy}) {
+      if (t == nullptr) continue;
+      VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(model_->grads() + t->offset, sum->data(),
+                                              sizeof(float) * count, cudaMemcpyDeviceToDevice,
+                                              compute_.stream));
+    }
+    if (auto st = Finish(compute_); !st.ok()) return st;
+  }
+  // Σ g² over this rank's parameters, the tied output copy counted once (by its twin).
+  auto sq = model_->SquaredNorm(0, model_->param_count());
+  if (!sq.ok()) return sq.status();
+  double local = *sq;
+  if (copy != nullptr) {
+    auto c = model_->SquaredNorm(copy->offset, copy->count());
+    if (!c.ok()) return c.status();
+    local -= *c;
+  }
+  // fp32 all-reduce of the partial sums (the norm only scales clipping), through the device:
+  // the communicator takes device pointers.
+  auto scalar = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, 1, false);
+  if (!scalar.ok()) return scalar.status();
+  float value = static_cast<float>(local);
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scalar->data(), &value, sizeof(float),
+                                          cudaMemcpyHostToDevice, compute_.stream));
+  if (auto st = Finish(compute_); !st.ok()) return st;
+  if (auto st = comm.AllReduce(scalar->data(), 1, comm::ReduceOp::kSum); !st.ok()) return st;
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&value, scalar->data(), sizeof(float),
+                                          cudaMemcpyDeviceToHost, compute_.stream));
+  if (auto st = Finish(compute_); !st.ok()) return st;
+  *grad_norm = std::sqrt(static_cast<double>(value));
+  return model_->OptimizerStep(lr, engine::ClipScale(static_cast<double>(value), grad_clip));
+}
+
+template class CudaStageEngine<float>;
+template class CudaStageEngine<engine::cuda::bf16>;
+
+}  // namespace vp::runtime
