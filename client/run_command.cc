@@ -117,7 +117,7 @@ void PrintSummary(const runtime::RunSummary& s, bool per_rank, std::ostream& out
 int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std::ostream& out,
               std::ostream& err) {
   absl::StatusOr<runtime::RunSummary> summary;
-  if (spec.parallel().pipeline() == 1) {
+  if (spec.parallel().pipeline() == 1 && spec.device() == "cpu") {
     runtime::RunOptions options;
     options.resume = f.resume;
     options.interactive = interactive;

@@ -502,6 +502,24 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     add("device",
         absl::StrCat("must be cpu, cuda or cuda:N (got \"", absl::CHexEscape(s.device()), "\")"));
   }
+  const bool cuda = s.device().rfind("cuda", 0) == 0;
+  if (s.precision() != "fp32" && s.precision() != "bf16") {
+    add("precision",
+        absl::StrCat("must be fp32 or bf16 (got \"", absl::CHexEscape(s.precision()), "\")"));
+  } else if (s.precision() == "bf16" && !cuda) {
+    add("precision", "bf16 needs device cuda (the CPU engine computes in fp32)");
+  }
+  if (cuda) {
+    // cuBLASLt needs 16-byte aligned rows: bf16 rows of h and f elements.
+    if (s.model().hidden() % 8 != 0) {
+      add("model.hidden",
+          absl::StrCat("must be a multiple of 8 on cuda (got ", s.model().hidden(), ")"));
+    }
+    if (s.model().ffn_hidden() % 8 != 0) {
+      add("model.ffn_hidden",
+          absl::StrCat("must be a multiple of 8 on cuda (got ", s.model().ffn_hidden(), ")"));
+    }
+  }
   return errors;
 }
 
@@ -626,6 +644,9 @@ void EmitMessage(YAML::Emitter& out, const pb::Message& msg) {
 void ApplyDefaults(JobSpec* spec) {
   if (!spec->has_name()) spec->set_name("job");
   if (!spec->has_device()) spec->set_device("cpu");
+  if (!spec->has_precision()) {
+    spec->set_precision(spec->device().rfind("cuda", 0) == 0 ? "bf16" : "fp32");
+  }
 
   auto* m = spec->mutable_model();
   if (!m->has_tie_embeddings()) m->set_tie_embeddings(false);

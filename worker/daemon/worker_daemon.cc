@@ -21,6 +21,7 @@
 #include "vocabpipe/v1/service.grpc.pb.h"
 #include "worker/daemon/profile.h"
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
 
@@ -97,7 +98,12 @@ class Daemon {
   }
 
   void Loop(const std::atomic<bool>* stop) {
-    if (options_.measure_peak) peak_flops_ = MeasurePeakFlops();
+    if (options_.measure_peak) {
+      // A GPU daemon reports its device's dense bf16 peak (0 when not in the table).
+      peak_flops_ = options_.device.rfind("cuda:", 0) == 0
+                        ? launch::CudaPeakFlops(std::stoi(options_.device.substr(5)))
+                        : MeasurePeakFlops();
+    }
     absl::Time next_beat = absl::InfinitePast();
     bool warned = false;
     while (!stop->load()) {
@@ -268,6 +274,10 @@ class Daemon {
                                      options_.coordinator,
                                      "--hostname",
                                      options_.address};
+    if (options_.device.rfind("cuda:", 0) == 0) {  // this daemon's GPU
+      args.push_back("--cuda-device");
+      args.push_back(options_.device.substr(5));
+    }
     if (resume_step >= 0) {
       args.push_back("--resume-step");
       args.push_back(std::to_string(resume_step));

@@ -25,6 +25,7 @@
 #include "worker/data/token_file.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/transformer.h"
+#include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/launch/step_recorder.h"
@@ -139,8 +140,13 @@ void SignalAndWait(std::vector<Worker>& workers, int sig, Clock::duration grace)
 
 absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec) {
   if (spec.device() != "cpu") {
-    return absl::UnimplementedError(
-        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
+    // Not runnable here (no CUDA in the build, or no GPU on this host): Unimplemented, which
+    // the CLI reports as invalid input (exit 2) before anything starts.
+    if (auto device = RankCudaDevice(spec, 0, -1); !device.ok()) {
+      return absl::IsInvalidArgument(device.status())
+                 ? device.status()
+                 : absl::UnimplementedError(device.status().message());
+    }
   }
   return data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
 }
@@ -247,9 +253,15 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   for (int r = 0; r < p; ++r) fs::remove(RankMetricsPath(dir, r), ec);
   if (auto st = WriteRunFiles(dir, spec, plan); !st.ok()) return st;
 
-  // MFU is against the peak of one rank's BLAS threads, measured before the workers start.
-  engine::cpu::SetBlasThreads(WorkerThreads(spec));
-  const double peak_flops = runtime::MeasureCpuPeakFlops();
+  // MFU is against the peak of one rank's BLAS threads, measured before the workers start, or
+  // against the GPU's dense bf16 peak (0, no MFU, for a GPU missing from the table).
+  double peak_flops = 0;
+  if (spec.device() == "cpu") {
+    engine::cpu::SetBlasThreads(WorkerThreads(spec));
+    peak_flops = runtime::MeasureCpuPeakFlops();
+  } else if (auto device = RankCudaDevice(spec, 0, -1); device.ok()) {
+    peak_flops = CudaPeakFlops(*device);
+  }
   const auto& cfg = topt->model;
   const double tokens_per_step =
       static_cast<double>(topt->microbatches) * topt->microbatch_size * cfg.seq_len;

@@ -29,8 +29,9 @@ struct LaunchOptions {
   absl::Duration timeout = absl::Seconds(60);
 };
 
-// What a run on this host needs beyond a valid spec and plan: `device: cpu` (Unimplemented
-// otherwise) and a token file whose every id is below model.vocab_size (InvalidArgument).
+// What a run on this host needs beyond a valid spec and plan: a device it has (cuda:
+// Unimplemented in a build without CUDA or on a host without a GPU; InvalidArgument for a cuda:N
+// it lacks) and a token file whose every id is below model.vocab_size (InvalidArgument).
 absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec);
 
 // Starts `argv` with stdin from /dev/null and stdout + stderr to log_path (truncated).

@@ -11,6 +11,7 @@
 #include "gloo/rendezvous/store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/runtime/run_job.h"
@@ -104,19 +105,16 @@ absl::Status RunWorker(const WorkerOptions& options) {
     if (!file_store.ok()) return file_store.status();
     store = *file_store;
   }
-  // The communicator must outlive the PipelineRank (its communication thread uses it).
-  auto gloo = comm::ConnectGloo({.rank = options.rank,
-                                 .size = p,
-                                 .store = store,
-                                 .prefix = absl::StrCat("vocabpipe/", options.attempt, "/pipeline"),
-                                 .hostname = options.hostname,
-                                 .timeout = options.timeout});
-  if (!gloo.ok()) {
-    return absl::Status(gloo.status().code(), absl::StrCat("connect: ", gloo.status().message()));
-  }
-  auto pr = runtime::PipelineRank::Create(plan, options.rank, *topt, gloo->get());
-  if (!pr.ok()) return pr.status();
-  runtime::PipelineRank& rank = **pr;
+  // The rank on the spec's device, with the communicators it needs (job_rank.h).
+  auto job_rank = ConnectJobRank(spec, plan, *topt, options, store);
+  if (!job_rank.ok()) return job_rank.status();
+  runtime::PipelineRank& rank = *(*job_rank)->rank;
+  // A device rank keeps parameters and optimizer state on the device: checkpoints go through
+  // the host view.
+  auto save = [&](int64_t step) -> absl::Status {
+    if (auto st = rank.PullState(); !st.ok()) return st;
+    return SaveRankShard(dir, step, options.rank, p, rank.model(), rank.optimizer());
+  };
   auto fatal = [&](absl::Status st) {
     if (options.on_fatal) options.on_fatal(st);
     return st;
@@ -129,6 +127,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
         !st.ok()) {
       return fatal(st);
     }
+    if (auto st = rank.PushState(); !st.ok()) return fatal(st);
     first_step = options.resume_step;
   }
   const std::string metrics_path = RankMetricsPath(dir, options.rank);
@@ -138,8 +137,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
   const int64_t steps = spec.train().steps();
   const int every = spec.checkpoint().every();
   if (steps == 0) {  // steps: 0 saves the initial model and stops (like a standalone run)
-    if (auto st = SaveRankShard(dir, 0, options.rank, p, rank.model(), rank.optimizer());
-        !st.ok()) {
+    if (auto st = save(0); !st.ok()) {
       return fatal(st);
     }
     if (auto st = PublishShard(*store, options, p, 0, topt->model); !st.ok()) return fatal(st);
@@ -155,8 +153,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
     const int64_t done = step + 1;
     int64_t checkpoint_step = -1;
     if ((every > 0 && done % every == 0) || done == steps) {
-      if (auto st = SaveRankShard(dir, done, options.rank, p, rank.model(), rank.optimizer());
-          !st.ok()) {
+      if (auto st = save(done); !st.ok()) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }

@@ -35,6 +35,9 @@ struct WorkerOptions {
   std::shared_ptr<gloo::rendezvous::Store> store;
   // IP this rank's Gloo transport binds to and publishes.
   std::string hostname = "127.0.0.1";
+  // CUDA jobs: the device index this rank uses (a daemon's --device cuda:N); -1 = from the
+  // spec (cuda:N), else rank % devices on this host.
+  int cuda_device = -1;
   // Called with an error raised once the PipelineRank exists, before anything is torn down.
   // The process entry point reports and _Exits there: after a transport error the executor's
   // communication thread may still sit in a Gloo call until its timeout, and destroying the

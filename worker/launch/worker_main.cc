@@ -34,6 +34,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address IP]\n"
     "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] "
+    "[--cuda-device N] "
     "[--resume-step N] [--store HOST:PORT] [--hostname IP]\n";
 
 int Usage(const std::string& why) {
@@ -136,6 +137,10 @@ int main(int argc, char** argv) {
       store_address = v;
     } else if (a == "--hostname") {
       options.hostname = v;
+    } else if (a == "--cuda-device") {
+      if (!absl::SimpleAtoi(v, &options.cuda_device) || options.cuda_device < 0) {
+        return Usage("--cuda-device: need an integer >= 0");
+      }
     } else {
       return Usage("unknown flag " + a);
     }

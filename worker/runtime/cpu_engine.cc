@@ -16,8 +16,8 @@ absl::StatusOr<std::unique_ptr<CpuStageEngine>> CpuStageEngine::Create(
   std::unique_ptr<CpuStageEngine> e(new CpuStageEngine());
   e->opt_ = options;
   e->tracker_ = std::make_unique<engine::MemoryTracker>();
-  auto model = engine::RankModel::Create(options.model, layout, options.microbatch_size,
-                                         seq_bounds, algorithm, e->tracker_.get());
+  auto model = engine::RankModel::Create(options.model, layout, options.microbatch_size, seq_bounds,
+                                         algorithm, e->tracker_.get());
   if (!model.ok()) return model.status();
   e->model_ = std::move(*model);
   e->model_->Init(options.seed);
@@ -36,8 +36,7 @@ absl::Status CpuStageEngine::EmbedChunk(Buffer& x, const InputState& in, int b, 
                                         int h, int start) {
   for (int r = 0; r < b; ++r) {  // rows [start, start + len) of each sample
     std::memcpy(x.data() + static_cast<size_t>(r) * len * h,
-                in.output() + (static_cast<size_t>(r) * s + start) * h,
-                sizeof(float) * len * h);
+                in.output() + (static_cast<size_t>(r) * s + start) * h, sizeof(float) * len * h);
   }
   engine::cpu::PositionEmbeddingForward(x.data(), model_->wpe(), b, len, h, start);
   return absl::OkStatus();
@@ -70,17 +69,16 @@ absl::Status CpuStageEngine::FinalNormBackward(Buffer& dout, const float* grad_i
   engine::cpu::LayerNormBackwardInput(dout.data(), grad_input, xs.x_last.data(),
                                       model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n, h);
   engine::cpu::LayerNormBackwardWeight(model_->lnf_weight_grad(), model_->lnf_bias_grad(),
-                                       grad_input, xs.x_last.data(), xs.mean.data(),
-                                       xs.rstd.data(), n, h);
+                                       grad_input, xs.x_last.data(), xs.mean.data(), xs.rstd.data(),
+                                       n, h);
   xs.x_last = Buffer();
   xs.mean = Buffer();
   xs.rstd = Buffer();
   return absl::OkStatus();
 }
 
-absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm,
-                                           bool tied_copy_sync, float lr, float grad_clip,
-                                           double* grad_norm) {
+absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm, bool tied_copy_sync,
+                                           float lr, float grad_clip, double* grad_norm) {
   const int h = opt_.model.hidden;
   if (tied_copy_sync) {
     // Both copies end with ∇wte = ∇(input use) + ∇(output use); the others add zeros.

@@ -45,8 +45,7 @@ class CpuStageEngine {
   absl::StatusOr<Buffer> Act(size_t n, bool zero, Thread thread);
   // x (b, len, h) = rows [start, start+len) of each sequence of the embedding output
   // in.output() (b, s, h), plus wpe rows [start, start+len).
-  absl::Status EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len, int h,
-                          int start);
+  absl::Status EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len, int h, int start);
   // wpe grad += Σ_b dx; dx (b, len, h) copied into rows [start, start+len) of dembed (b, s, h).
   absl::Status EmbedChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s, int len, int h,
                                   int start);
@@ -56,8 +55,8 @@ class CpuStageEngine {
   // the statistics.
   absl::Status FinalNormBackward(Buffer& dout, const float* grad_input, XState& xs, int n);
   // Tied copies summed, global gradient norm (all-reduced over `comm`), clipping, AdamW.
-  absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, bool tied_copy_sync,
-                             float lr, float grad_clip, double* grad_norm);
+  absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, bool tied_copy_sync, float lr,
+                             float grad_clip, double* grad_norm);
   absl::Status ZeroGrads() {
     model_->ZeroGrads();
     return absl::OkStatus();

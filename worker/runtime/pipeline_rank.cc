@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/runtime/cpu_engine.h"
@@ -149,8 +149,7 @@ absl::StatusOr<std::unique_ptr<PipelineRank>> PipelineRank::Create(const planner
                                                                    comm::Communicator* comm) {
   auto setup = internal::BuildRankSetup(plan, rank, options, comm);
   if (!setup.ok()) return setup.status();
-  auto engine =
-      CpuStageEngine::Create(options, setup->layout, plan.seq_bounds, setup->algorithm);
+  auto engine = CpuStageEngine::Create(options, setup->layout, plan.seq_bounds, setup->algorithm);
   if (!engine.ok()) return engine.status();
   return std::make_unique<CpuPipelineRank>(std::make_unique<internal::RankExecutor<CpuStageEngine>>(
       plan, rank, options, std::move(*setup), std::move(*engine), comm, comm));

@@ -29,10 +29,10 @@
 //   ZeroGrads(), tracker(), model()
 #pragma once
 
-#include <chrono>
-#include <cmath>
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -125,9 +125,8 @@ class RankExecutor {
 
   // p2p and coll: this rank's communicators over all plan.pipeline ranks (may be the same
   // object); they must outlive the executor.
-  RankExecutor(const planner::Plan& plan, int rank, const TrainerOptions& options,
-               RankSetup setup, std::unique_ptr<E> engine, comm::Communicator* p2p,
-               comm::Communicator* coll)
+  RankExecutor(const planner::Plan& plan, int rank, const TrainerOptions& options, RankSetup setup,
+               std::unique_ptr<E> engine, comm::Communicator* p2p, comm::Communicator* coll)
       : plan_(plan),
         rank_(rank),
         opt_(options),
@@ -235,8 +234,7 @@ class RankExecutor {
       x = std::move(*xb);
       if (auto st = eng_->EmbedChunk(x, *in, b(), s(), len, h(), qb(q)); !st.ok()) return st;
       if (q == s_.k - 1) in->ReleaseOutput();
-    } else if (auto it = s_.local_chunk_of_group.find(g - 1);
-               it != s_.local_chunk_of_group.end()) {
+    } else if (auto it = s_.local_chunk_of_group.find(g - 1); it != s_.local_chunk_of_group.end()) {
       const Mcq src{a.mb, it->second, q};
       if (auto st = Wait({KeyKind::kActOut, a.mb, it->second, q}, waited); !st.ok()) return st;
       Buffer* in = Get(act_out_, src);
@@ -353,8 +351,7 @@ class RankExecutor {
         if (x->x.empty()) xs_.erase(Mq{a.mb, q});  // T already ran
       }
       MaybeReleaseOut(Mq{a.mb, q});
-    } else if (auto it = s_.local_chunk_of_group.find(g + 1);
-               it != s_.local_chunk_of_group.end()) {
+    } else if (auto it = s_.local_chunk_of_group.find(g + 1); it != s_.local_chunk_of_group.end()) {
       const Mcq src{a.mb, it->second, q};
       if (auto st = Wait({KeyKind::kGradOut, a.mb, it->second, q}, waited); !st.ok()) return st;
       Buffer* in = Get(grad_out_, src);
@@ -406,8 +403,7 @@ class RankExecutor {
       if (auto st = Wait({KeyKind::kDEmbedReady, a.mb}, waited); !st.ok()) return st;
       Buffer* de = Get(dembed_, a.mb);
       if (de == nullptr) return Missing(a, "embedding gradient");
-      if (auto st =
-              eng_->model().input_layer().BackwardBroadcast(*in, *self_comm_, 0, de->data());
+      if (auto st = eng_->model().input_layer().BackwardBroadcast(*in, *self_comm_, 0, de->data());
           !st.ok()) {
         return st;
       }
@@ -664,8 +660,8 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
   }
   const auto o0 = Clock::now();
   r.lr = opt_.lr.At(step);
-  if (auto st = eng_->OptimizerStep(step, *coll_, s_.tied_copy_sync, r.lr, opt_.grad_clip,
-                                    &r.grad_norm);
+  if (auto st =
+          eng_->OptimizerStep(step, *coll_, s_.tied_copy_sync, r.lr, opt_.grad_clip, &r.grad_norm);
       !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("rank ", rank_, " OPT: ", st.message()));
   }

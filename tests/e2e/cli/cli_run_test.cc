@@ -88,7 +88,7 @@ checkpoint: {dir: run}
 
 TEST_F(CliRunTest, ZeroStepsSavesTheInitialModelInHuggingFaceLayout) {
   Synth(50, 5000);
-  // V = 50 is padded internally (to a multiple of 2p); the checkpoint has exactly 50 rows.
+  // V = 50 is padded internally (to a multiple of 8p); the checkpoint has exactly 50 rows.
   const std::string spec = WriteSpec("zero", R"(
 model: {layers: 3, hidden: 32, heads: 2, vocab_size: 50, seq_len: 16, tie_embeddings: true}
 train: {steps: 0}
@@ -140,6 +140,27 @@ TEST_F(CliRunTest, OutOfRangeTokensAreRejectedWithTheirOffset) {
   EXPECT_THAT(r.output, HasSubstr("data.bin: token"));
   EXPECT_THAT(r.output, HasSubstr("byte offset"));
   EXPECT_THAT(r.output, HasSubstr("not < vocab size 64"));
+}
+
+TEST_F(CliRunTest, CudaJobOnAHostWithoutAGpuIsRejectedBeforeStarting) {
+  Synth(64, 2000);
+  const std::string spec = WriteSpec("gpu", R"(
+model: {layers: 2, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}
+parallel: {pipeline: 2, microbatches: 2}
+train: {steps: 1}
+data: {path: data.bin}
+checkpoint: {dir: gpu}
+device: cuda
+)");
+  for (const char* mode : {"", " --direct"}) {
+    Result r = Vocabpipe("run " + spec + mode);
+    // This machine and CI have no GPU (a CUDA build says "no CUDA device on this host", a build
+    // without CUDA "built without CUDA"); with one, the job would run.
+    if (r.code == 0) GTEST_SKIP() << "a CUDA device is present";
+    EXPECT_EQ(r.code, 2) << mode << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr("device: cuda")) << mode;
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "gpu/rank_0.jsonl")) << mode;
+  }
 }
 
 TEST_F(CliRunTest, PipelineRunsTrainWithWorkerProcesses) {

@@ -22,8 +22,13 @@ planner::PlannerInput Input(int p, planner::Schedule schedule, planner::VocabMet
   in.schedule = schedule;
   in.vocab = vocab;
   in.costs = {.f = 1, .b = 1, .w = 1, .s = 0.5, .t = 0.5, .input_f = 0.1, .input_b = 0.1};
-  in.model = {.hidden = 64, .heads = 4, .seq_len = 32, .vocab = 1000, .ffn = 256,
-              .microbatch_size = 1, .tie_embeddings = true};
+  in.model = {.hidden = 64,
+              .heads = 4,
+              .seq_len = 32,
+              .vocab = 1000,
+              .ffn = 256,
+              .microbatch_size = 1,
+              .tie_embeddings = true};
   return in;
 }
 
@@ -45,8 +50,7 @@ TEST(P2POrder, EveryGeneratedPlanMatchesInIssueOrder) {
 }
 
 TEST(P2POrder, SwappedReceivesAreRejected) {
-  auto plan = planner::BuildPlan(
-      Input(2, planner::Schedule::k1F1B, planner::VocabMethod::kVocab1));
+  auto plan = planner::BuildPlan(Input(2, planner::Schedule::k1F1B, planner::VocabMethod::kVocab1));
   ASSERT_TRUE(plan.ok()) << plan.status();
   // Swap the first two activation receives of rank 1.
   auto& actions = plan->ranks[1].actions;

@@ -572,3 +572,36 @@ TEST(Examples, EveryExampleLoads) {
 
 }  // namespace
 }  // namespace vp::spec
+
+namespace vp::spec {
+namespace {
+
+TEST(ParseJobSpec, PrecisionDefaultsPerDeviceAndIsChecked) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase, "/base");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->precision(), "fp32");  // cpu
+  spec = ParseJobSpec(Edit("device: cpu", "device: cuda"), "/base");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->precision(), "bf16");
+  spec = ParseJobSpec(Edit("device: cpu", "device: cuda:0\nprecision: fp32"), "/base");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->precision(), "fp32");
+
+  spec = ParseJobSpec(Edit("device: cpu", "device: cpu\nprecision: bf16"), "/base");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("precision: bf16 needs device cuda"));
+  spec = ParseJobSpec(Edit("device: cpu", "device: cuda\nprecision: fp16"), "/base");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("precision: must be fp32 or bf16"));
+  // cuBLASLt alignment on cuda: hidden 60 (heads 4 divides it) is rejected there, not on cpu.
+  spec = ParseJobSpec(Edit("  hidden: 64", "  hidden: 60"), "/base");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec = ParseJobSpec(Edit("device: cpu", "device: cuda", Edit("  hidden: 64", "  hidden: 60")),
+                      "/base");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("model.hidden: must be a multiple of 8 on cuda (got 60)"));
+}
+
+}  // namespace
+}  // namespace vp::spec

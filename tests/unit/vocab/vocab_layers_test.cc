@@ -280,9 +280,9 @@ TEST(VocabPartition, PaddingRule) {
   EXPECT_EQ(PaddedVocab(5, 8), 64);
   auto last = MakeVocabPartition(50257, 4, 3);
   ASSERT_TRUE(last.ok());
-  EXPECT_EQ(last->rows, 12566);
-  EXPECT_EQ(last->begin, 37698);
-  EXPECT_EQ(last->valid_rows, 50257 - 37698);
+  EXPECT_EQ(last->rows, 12568);
+  EXPECT_EQ(last->begin, 37704);
+  EXPECT_EQ(last->valid_rows, 50257 - 37704);
   EXPECT_TRUE(last->Owns(50256));
   EXPECT_FALSE(last->Owns(50257));  // padding is never a token
   auto empty = MakeVocabPartition(5, 8, 5);

@@ -75,15 +75,15 @@ absl::Status CudaStageEngine<T>::EnterThread() {
 
 template <typename T>
 absl::StatusOr<typename CudaStageEngine<T>::Buffer> CudaStageEngine<T>::Act(size_t n, bool zero,
-                                                                             Thread thread) {
+                                                                            Thread thread) {
   return Buffer::Create(ctx(thread), MemoryCategory::kActivations, n, zero);
 }
 
 template <typename T>
 absl::Status CudaStageEngine<T>::EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len,
                                             int h, int start) {
-  VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedChunkForward<T>(
-      x.data(), in.output(), model_->wpe(), b, s, len, h, start, compute_.stream));
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedChunkForward<T>(x.data(), in.output(), model_->wpe(),
+                                                             b, s, len, h, start, compute_.stream));
   return Finish(compute_);
 }
 
@@ -94,8 +94,8 @@ absl::Status CudaStageEngine<T>::EmbedChunkBackward(Buffer& dembed, const Buffer
       model_->wpe_grad(), dx.data(), b, len, h, start, compute_.stream));
   // dx (b, len, h) into rows [start, start+len) of every sequence of dembed (b, s, h).
   const size_t row = sizeof(T) * static_cast<size_t>(h);
-  VP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dembed.data() + static_cast<size_t>(start) * h,
-                                            row * s, dx.data(), row * len, row * len, b,
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dembed.data() + static_cast<size_t>(start) * h, row * s,
+                                            dx.data(), row * len, row * len, b,
                                             cudaMemcpyDeviceToDevice, compute_.stream));
   return Finish(compute_);
 }
@@ -103,8 +103,8 @@ absl::Status CudaStageEngine<T>::EmbedChunkBackward(Buffer& dembed, const Buffer
 template <typename T>
 absl::Status CudaStageEngine<T>::FinalNormForward(XState& xs, Buffer out, int n) {
   const int h = opt_.model.hidden;
-  auto x = Buffer::Create(compute_, MemoryCategory::kActivations, static_cast<size_t>(n) * h,
-                          false);
+  auto x =
+      Buffer::Create(compute_, MemoryCategory::kActivations, static_cast<size_t>(n) * h, false);
   if (!x.ok()) return x.status();
   auto mean = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, n, false);
   if (!mean.ok()) return mean.status();
@@ -139,8 +139,8 @@ absl::Status CudaStageEngine<T>::FinalNormBackward(Buffer& dout, const float* gr
     g = converted.data();
   }
   VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardInput<T>(
-      dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n,
-      h, compute_.stream));
+      dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n, h,
+      compute_.stream));
   VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardWeight<T>(
       model_->lnf_weight_grad(), model_->lnf_bias_grad(), g, xs.x_last.data(), xs.mean.data(),
       xs.rstd.data(), n, h, compute_.stream));

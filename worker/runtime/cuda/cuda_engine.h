@@ -53,14 +53,13 @@ class CudaStageEngine {
   int device() const { return device_; }
 
   absl::StatusOr<Buffer> Act(size_t n, bool zero, Thread thread);
-  absl::Status EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len, int h,
-                          int start);
+  absl::Status EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len, int h, int start);
   absl::Status EmbedChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s, int len, int h,
                                   int start);
   absl::Status FinalNormForward(XState& xs, Buffer out, int n);
   absl::Status FinalNormBackward(Buffer& dout, const float* grad_input, XState& xs, int n);
-  absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, bool tied_copy_sync,
-                             float lr, float grad_clip, double* grad_norm);
+  absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, bool tied_copy_sync, float lr,
+                             float grad_clip, double* grad_norm);
   absl::Status ZeroGrads() { return model_->ZeroGrads(); }
   absl::Status EnterThread();
   void ActionDone(Thread) { alloc_->ReleasePending(); }

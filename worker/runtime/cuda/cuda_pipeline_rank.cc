@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan, 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
-    const planner::Plan& plan, int rank, const TrainerOptions& options,
-    const CudaRankOptions& cuda, comm::Communicator* p2p, comm::Communicator* coll) {
+    const planner::Plan& plan, int rank, const TrainerOptions& options, const CudaRankOptions& cuda,
+    comm::Communicator* p2p, comm::Communicator* coll) {
   if (coll == nullptr || (p2p != nullptr && p2p->size() != coll->size())) {
     return absl::InvalidArgumentError("cuda rank: both communicators must span the pipeline");
   }
@@ -66,8 +66,7 @@ absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
   if (cuda.precision == DevicePrecision::kFp32) {
     return Create<float>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll);
   }
-  return Create<engine::cuda::bf16>(plan, rank, options, std::move(*setup), cuda.device, p2p,
-                                    coll);
+  return Create<engine::cuda::bf16>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll);
 }
 
 }  // namespace vp::runtime

@@ -24,7 +24,7 @@ struct CudaRankOptions {
 // p2p: stage-to-stage transfers; coll: the vocabulary barriers and the optimizer's all-reduces.
 // Both take device pointers (NCCL, or comm::StagedCommunicator); they may be the same object.
 absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
-    const planner::Plan& plan, int rank, const TrainerOptions& options,
-    const CudaRankOptions& cuda, comm::Communicator* p2p, comm::Communicator* coll);
+    const planner::Plan& plan, int rank, const TrainerOptions& options, const CudaRankOptions& cuda,
+    comm::Communicator* p2p, comm::Communicator* coll);
 
 }  // namespace vp::runtime

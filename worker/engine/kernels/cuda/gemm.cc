@@ -74,10 +74,9 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
     // The heuristic otherwise assumes 256-byte aligned pointers; tensors of a flat parameter
     // buffer and shard rows are only guaranteed 16 bytes (offsets multiples of 8 elements).
     const uint32_t align = 16;
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
     }
     cublasLtMatmulHeuristicResult_t result{};

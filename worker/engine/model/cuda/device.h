@@ -24,7 +24,7 @@ namespace vp::engine::cuda {
 
 struct DeviceContext {
   cudaStream_t stream = nullptr;
-  GemmRunner* gemm = nullptr;        // used only on this context's thread
+  GemmRunner* gemm = nullptr;         // used only on this context's thread
   CachingAllocator* alloc = nullptr;  // shared by the rank's threads (thread-safe)
 };
 

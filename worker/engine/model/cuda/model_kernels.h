@@ -14,7 +14,7 @@ namespace vp::engine::cuda {
 // the fp32 embedding output (summed over the vocabulary shards) plus its position embeddings,
 // rounded once to T.
 template <typename T>
-cudaError_t EmbedChunkForward(T* x,             // (batch, len, h)
+cudaError_t EmbedChunkForward(T* x,              // (batch, len, h)
                               const float* emb,  // (batch, s, h)
                               const T* wpe,      // (>= start + len, h)
                               int batch, int s, int len, int h, int start, cudaStream_t stream);
@@ -22,8 +22,8 @@ cudaError_t EmbedChunkForward(T* x,             // (batch, len, h)
 // Σ g² of `count` fp32 values in fp64: `blocks` partial sums written to partial[0..blocks)
 // (summed on the host in a fixed order, so the norm is deterministic).
 inline constexpr int kSquaredNormBlocks = 256;
-cudaError_t SquaredNormPartials(double* partial,   // (kSquaredNormBlocks)
-                                const float* g,    // (count)
+cudaError_t SquaredNormPartials(double* partial,  // (kSquaredNormBlocks)
+                                const float* g,   // (count)
                                 size_t count, cudaStream_t stream);
 
 }  // namespace vp::engine::cuda

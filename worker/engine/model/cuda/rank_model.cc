@@ -75,13 +75,13 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     for (const DecayRange& r : h.DecayRanges()) {
       if (r.weight_decay) std::fill_n(mask.begin() + r.offset, r.count, uint8_t{1});
     }
-    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m->decay_.data(), mask.data(), n,
-                                            cudaMemcpyHostToDevice, compute.stream));
+    VP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(m->decay_.data(), mask.data(), n, cudaMemcpyHostToDevice, compute.stream));
     // The mask's host memory goes away at scope exit.
     if (auto st = Finish(compute); !st.ok()) return st;
   }
-  auto partials = DeviceArray<double>::Create(compute, MemoryCategory::kOptimizer,
-                                              kSquaredNormBlocks);
+  auto partials =
+      DeviceArray<double>::Create(compute, MemoryCategory::kOptimizer, kSquaredNormBlocks);
   if (!partials.ok()) return partials.status();
   m->norm_partials_ = std::move(*partials);
 
@@ -90,9 +90,9 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
   for (const RankLayout::Chunk& c : layout.chunks) {
     const ParamTensor* t = h.Find(LayerTensorName(c.first_layer, first_tensor));
     if (t == nullptr) return absl::InternalError("device model: layer tensor missing");
-    auto stack = DeviceLayerStack<T>::Create(cfg, c.first_layer, c.count, microbatch_size,
-                                             chunk_bounds, m->Params() + t->offset,
-                                             m->grads_.data() + t->offset, compute);
+    auto stack =
+        DeviceLayerStack<T>::Create(cfg, c.first_layer, c.count, microbatch_size, chunk_bounds,
+                                    m->Params() + t->offset, m->grads_.data() + t->offset, compute);
     if (!stack.ok()) return stack.status();
     m->stacks_.push_back(std::move(*stack));
   }
@@ -158,8 +158,8 @@ absl::StatusOr<double> DeviceRankModel<T>::SquaredNorm(size_t offset, size_t cou
       SquaredNormPartials(norm_partials_.data(), grads_.data() + offset, count, compute_.stream));
   std::vector<double> partial(kSquaredNormBlocks);
   VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(partial.data(), norm_partials_.data(),
-                                          sizeof(double) * partial.size(),
-                                          cudaMemcpyDeviceToHost, compute_.stream));
+                                          sizeof(double) * partial.size(), cudaMemcpyDeviceToHost,
+                                          compute_.stream));
   if (auto st = Finish(compute_); !st.ok()) return st;
   double sum = 0;
   for (double p : partial) sum += p;

@@ -54,10 +54,10 @@ class DeviceRankModel {
   DeviceInputLayerShard<T>& input_layer() { return *input_; }
   DeviceOutputLayerShard<T>& output_layer() { return *output_; }
   size_t param_count() const { return count_; }
-  float* grads() const { return grads_.data(); }                    // (param_count) fp32
-  const T* wpe() const { return Params() + wpe_offset_; }           // (s, h)
-  float* wpe_grad() const { return grads_.data() + wpe_offset_; }   // (s, h)
-  const T* lnf_weight() const { return Params() + lnf_offset_; }    // (h)
+  float* grads() const { return grads_.data(); }                   // (param_count) fp32
+  const T* wpe() const { return Params() + wpe_offset_; }          // (s, h)
+  float* wpe_grad() const { return grads_.data() + wpe_offset_; }  // (s, h)
+  const T* lnf_weight() const { return Params() + lnf_offset_; }   // (h)
   const T* lnf_bias() const { return Params() + lnf_offset_ + cfg_.hidden; }
   float* lnf_weight_grad() const { return grads_.data() + lnf_offset_; }
   float* lnf_bias_grad() const { return grads_.data() + lnf_offset_ + cfg_.hidden; }

@@ -75,8 +75,7 @@ class DeviceOutputLayerShard {
   // partition.rows must be a multiple of 8 and h too (cuBLASLt alignment).
   static absl::StatusOr<std::unique_ptr<DeviceOutputLayerShard>> Create(
       const vocab::VocabPartition& partition, int hidden, OutputAlgorithm algorithm,
-      const E* weight, float* weight_grad, const DeviceContext& compute,
-      const DeviceContext& comm);
+      const E* weight, float* weight_grad, const DeviceContext& compute, const DeviceContext& comm);
 
   absl::StatusOr<DeviceOutputLayerState<E>> S(const E* x, const int32_t* labels, int n,
                                               float d) const;
@@ -122,9 +121,9 @@ class DeviceInputLayerState {
  private:
   friend class DeviceInputLayerShard<E>;
   int n_ = 0;
-  DeviceArray<int32_t> tokens_;       // (n) global ids
-  DeviceArray<float> output_;         // (n, h)
-  DeviceArray<E> output_grad_;        // (n, h) after BackwardBroadcast (a byte-exact copy)
+  DeviceArray<int32_t> tokens_;  // (n) global ids
+  DeviceArray<float> output_;    // (n, h)
+  DeviceArray<E> output_grad_;   // (n, h) after BackwardBroadcast (a byte-exact copy)
 };
 
 template <typename E>
@@ -141,8 +140,8 @@ class DeviceInputLayerShard {
   absl::Status ForwardReduce(DeviceInputLayerState<E>& state, comm::Communicator& comm) const;
   // IB_BCAST: root's root_grad (n, h) on the device (read on the root only; may be null
   // elsewhere) reaches every rank's state. Sent as bytes (E = bf16: n·h/2 "floats").
-  absl::Status BackwardBroadcast(DeviceInputLayerState<E>& state, comm::Communicator& comm, int root,
-                                 const E* root_grad) const;
+  absl::Status BackwardBroadcast(DeviceInputLayerState<E>& state, comm::Communicator& comm,
+                                 int root, const E* root_grad) const;
   // IB, local part: weight_grad[row of token] += grad for tokens in this shard.
   absl::Status Backward(DeviceInputLayerState<E>& state) const;
 

@@ -1,0 +1,170 @@
+#include "worker/launch/job_rank.h"
+
+#include <unistd.h>
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gloo/rendezvous/store.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+
+#ifdef VP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/comm/nccl/staged_communicator.h"
+#include "worker/engine/kernels/cuda/runtime.h"
+#include "worker/runtime/cuda/cuda_pipeline_rank.h"
+#endif
+
+namespace vp::launch {
+namespace {
+
+bool IsCuda(const vocabpipe::v1::JobSpec& spec) { return spec.device().rfind("cuda", 0) == 0; }
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> Gloo(
+    const WorkerOptions& options, int size, std::shared_ptr<gloo::rendezvous::Store> store,
+    const std::string& prefix) {
+  auto gloo = comm::ConnectGloo({.rank = options.rank,
+                                 .size = size,
+                                 .store = std::move(store),
+                                 .prefix = prefix,
+                                 .hostname = options.hostname,
+                                 .timeout = options.timeout});
+  if (!gloo.ok()) {
+    return absl::Status(gloo.status().code(), absl::StrCat("connect: ", gloo.status().message()));
+  }
+  return std::unique_ptr<comm::Communicator>(std::move(*gloo));
+}
+
+}  // namespace
+
+absl::StatusOr<int> RankCudaDevice(const vocabpipe::v1::JobSpec& spec, int rank,
+                                   int requested_device) {
+#ifdef VP_HAVE_CUDA
+  const int count = engine::cuda::DeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device: ", spec.device(), ": no CUDA device on this host"));
+  }
+  int device = requested_device;
+  if (device < 0 && spec.device().rfind("cuda:", 0) == 0) {
+    if (!absl::SimpleAtoi(spec.device().substr(5), &device)) device = -1;
+  }
+  if (device < 0) device = rank % count;
+  if (device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("device: cuda:", device, " does not exist (",
+                                                   count, " CUDA devices on this host)"));
+  }
+  return device;
+#else
+  (void)rank;
+  (void)requested_device;
+  return absl::UnimplementedError(absl::StrCat(
+      "device: \"", spec.device(), "\" is not available in this build (built without CUDA)"));
+#endif
+}
+
+double CudaPeakFlops(int device) {
+#ifdef VP_HAVE_CUDA
+  auto name = engine::cuda::DeviceName(device);
+  if (!name.ok()) return 0;
+  const std::optional<double> tflops = engine::cuda::PeakBf16Tflops(*name);
+  return tflops.has_value() ? *tflops * 1e12 : 0;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
+    const vocabpipe::v1::JobSpec& spec, const planner::Plan& plan,
+    const runtime::TrainerOptions& trainer, const WorkerOptions& options,
+    std::shared_ptr<gloo::rendezvous::Store> store) {
+  const int p = plan.pipeline;
+  const std::string prefix = absl::StrCat("vocabpipe/", options.attempt, "/pipeline");
+  auto out = std::make_unique<JobRank>();
+  if (!IsCuda(spec)) {
+    auto gloo = Gloo(options, p, store, prefix);
+    if (!gloo.ok()) return gloo.status();
+    out->comms.push_back(std::move(*gloo));
+    out->transport = "gloo";
+    auto rank = runtime::PipelineRank::Create(plan, options.rank, trainer, out->comms.back().get());
+    if (!rank.ok()) return rank.status();
+    out->rank = std::move(*rank);
+    return out;
+  }
+#ifdef VP_HAVE_CUDA
+  auto device = RankCudaDevice(spec, options.rank, options.cuda_device);
+  if (!device.ok()) return device.status();
+  out->cuda_device = *device;
+  // Which physical GPU this is, host-wide: the transport depends on whether two ranks share one.
+  char bus[64] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), *device) != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cuda:", *device, ": cannot read its PCI bus id"));
+  }
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string id = absl::StrCat(host, "/", bus);
+  std::set<std::string> ids;
+  try {
+    store->set(absl::StrCat(prefix, "/gpu/", options.rank),
+               std::vector<char>(id.begin(), id.end()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < p; ++r) keys.push_back(absl::StrCat(prefix, "/gpu/", r));
+    store->wait(keys, absl::ToChronoMilliseconds(options.timeout));
+    for (const std::string& k : keys) {
+      const std::vector<char> v = store->get(k);
+      ids.insert(std::string(v.begin(), v.end()));
+    }
+  } catch (const std::exception& e) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("connect: waiting for every rank's GPU id: ", e.what()));
+  }
+  runtime::CudaRankOptions cuda;
+  cuda.device = *device;
+  cuda.precision = spec.precision() == "fp32" ? runtime::DevicePrecision::kFp32
+                                              : runtime::DevicePrecision::kBf16;
+  comm::Communicator* p2p = nullptr;
+  comm::Communicator* coll = nullptr;
+  if (static_cast<int>(ids.size()) == p) {
+    out->transport = "nccl";
+    cuda.untagged_p2p = true;
+    for (bool vocab : {false, true}) {
+      auto nccl = comm::ConnectNccl({.rank = options.rank,
+                                     .size = p,
+                                     .device = *device,
+                                     .store = store,
+                                     .prefix = absl::StrCat(prefix, vocab ? "/vocab" : "/pp"),
+                                     .high_priority_stream = vocab,
+                                     .timeout = options.timeout});
+      if (!nccl.ok()) {
+        return absl::Status(nccl.status().code(),
+                            absl::StrCat("connect (NCCL): ", nccl.status().message()));
+      }
+      out->comms.push_back(std::move(*nccl));
+    }
+    p2p = out->comms[0].get();
+    coll = out->comms[1].get();
+  } else {
+    out->transport = "gloo-staged";
+    cuda.untagged_p2p = false;
+    auto gloo = Gloo(options, p, store, prefix);
+    if (!gloo.ok()) return gloo.status();
+    out->comms.push_back(std::move(*gloo));
+    out->comms.push_back(std::make_unique<comm::StagedCommunicator>(out->comms[0].get()));
+    p2p = coll = out->comms[1].get();
+  }
+  auto rank = runtime::CreateCudaPipelineRank(plan, options.rank, trainer, cuda, p2p, coll);
+  if (!rank.ok()) return rank.status();
+  out->rank = std::move(*rank);
+  return out;
+#else
+  (void)trainer;
+  return RankCudaDevice(spec, options.rank, options.cuda_device).status();
+#endif
+}
+
+}  // namespace vp::launch

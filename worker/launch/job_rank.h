@@ -1,0 +1,51 @@
+// One rank of a job on the device its spec names, with the communicators it runs over:
+//   cpu:          Gloo (one communicator; the executor runs transfers and barriers on one thread)
+//   cuda, cuda:N: NCCL — one communicator for stage-to-stage transfers, one for the vocabulary
+//                 barriers on a high-priority stream — when every rank of the job has a GPU of
+//                 its own; otherwise (several ranks on one GPU, which NCCL refuses) Gloo with
+//                 device buffers staged through host memory (comm::StagedCommunicator).
+// The ranks agree on the transport through the rendezvous store: each publishes its host and
+// the PCI bus id of its device, and all read every rank's before choosing.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/planner/plan.h"
+#include "vocabpipe/v1/job.pb.h"
+#include "worker/comm/communicator.h"
+#include "worker/launch/worker.h"
+#include "worker/runtime/pipeline_rank.h"
+#include "worker/runtime/trainer.h"
+
+namespace vp::launch {
+
+struct JobRank {
+  std::vector<std::unique_ptr<comm::Communicator>> comms;  // outlive the rank (declared first)
+  std::unique_ptr<runtime::PipelineRank> rank;
+  std::string transport;  // "gloo", "nccl" or "gloo-staged"
+  int cuda_device = -1;   // the CUDA device used, -1 on cpu
+
+  ~JobRank() { rank.reset(); }  // the executor's threads use the communicators
+};
+
+// The CUDA device a rank uses: options.cuda_device when >= 0, else N of "cuda:N", else
+// rank % (devices on this host). InvalidArgument for an out-of-range index; FailedPrecondition
+// "no CUDA device" when there is none; Unimplemented in a build without CUDA.
+absl::StatusOr<int> RankCudaDevice(const vocabpipe::v1::JobSpec& spec, int rank,
+                                   int requested_device);
+
+// Connects this rank to the others (bounded by options.timeout) and builds its PipelineRank.
+absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
+    const vocabpipe::v1::JobSpec& spec, const planner::Plan& plan,
+    const runtime::TrainerOptions& trainer, const WorkerOptions& options,
+    std::shared_ptr<gloo::rendezvous::Store> store);
+
+// Dense peak FLOP/s one rank of this job can reach, for MFU: the CUDA device's bf16 (or fp32:
+// half of it is not a datasheet number, so fp32 jobs report against the bf16 peak as well)
+// tensor-core peak from engine::cuda::PeakBf16Tflops; 0 when the device is unknown. Not for cpu.
+double CudaPeakFlops(int device);
+
+}  // namespace vp::launch
