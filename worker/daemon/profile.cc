@@ -11,6 +11,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/runtime/pipeline_rank.h"
 
@@ -65,7 +66,7 @@ absl::Status ProfileCommunication(size_t count, double* collective, double* p2p)
 
 }  // namespace
 
-absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::JobSpec& job) {
+absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::JobSpec& job, int cuda_device) {
   const int p = std::max(1, job.parallel().pipeline());
   const int layers = job.model().layers();
   const int stage_layers = std::max(1, (layers + p - 1) / p);
@@ -89,7 +90,7 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::JobSpec& job) {
   if (!topt.ok()) return topt.status();
   engine::cpu::SetBlasThreads(launch::WorkerThreads(job));  // the share one rank of the job gets
   std::unique_ptr<comm::Communicator> self = comm::MakeSelfCommunicator();
-  auto rank = runtime::PipelineRank::Create(plan, 0, *topt, self.get());
+  auto rank = launch::CreateLocalRank(spec, plan, *topt, self.get(), cuda_device);
   if (!rank.ok()) return rank.status();
 
   const int64_t tokens =

@@ -19,6 +19,8 @@
 
 namespace vp::daemon {
 
-absl::StatusOr<vocabpipe::v1::PassCosts> ProfilePasses(const vocabpipe::v1::JobSpec& spec);
+// cuda_device: a GPU daemon's device (cuda jobs are timed on it); -1 otherwise.
+absl::StatusOr<vocabpipe::v1::PassCosts> ProfilePasses(const vocabpipe::v1::JobSpec& spec,
+                                                       int cuda_device = -1);
 
 }  // namespace vp::daemon

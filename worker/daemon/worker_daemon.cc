@@ -209,8 +209,10 @@ class Daemon {
   void Profile(const v1::ProfileTask& task) {
     if (profiler_.joinable()) profiler_.join();
     // Off the heartbeat thread: profiling takes a few seconds and heartbeats must go on.
-    profiler_ = std::thread([this, task, id = worker_id_] {
-      auto costs = ProfilePasses(task.spec());
+    const int device =
+        options_.device.rfind("cuda:", 0) == 0 ? std::stoi(options_.device.substr(5)) : -1;
+    profiler_ = std::thread([this, task, device, id = worker_id_] {
+      auto costs = ProfilePasses(task.spec(), device);
       v1::ReportTaskRequest req;
       req.set_worker_id(id);
       req.set_job_id(task.job_id());

@@ -79,6 +79,25 @@ double CudaPeakFlops(int device) {
 #endif
 }
 
+absl::StatusOr<std::unique_ptr<runtime::PipelineRank>> CreateLocalRank(
+    const vocabpipe::v1::JobSpec& spec, const planner::Plan& plan,
+    const runtime::TrainerOptions& trainer, comm::Communicator* self, int cuda_device) {
+  if (!IsCuda(spec)) return runtime::PipelineRank::Create(plan, 0, trainer, self);
+  auto device = RankCudaDevice(spec, 0, cuda_device);
+  if (!device.ok()) return device.status();
+#ifdef VP_HAVE_CUDA
+  runtime::CudaRankOptions cuda;
+  cuda.device = *device;
+  cuda.precision = spec.precision() == "fp32" ? runtime::DevicePrecision::kFp32
+                                              : runtime::DevicePrecision::kBf16;
+  cuda.untagged_p2p = false;  // one rank: no transfers
+  return runtime::CreateCudaPipelineRank(plan, 0, trainer, cuda, self, self);
+#else
+  (void)trainer;
+  return absl::InternalError("unreachable: RankCudaDevice fails without CUDA");
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     const vocabpipe::v1::JobSpec& spec, const planner::Plan& plan,
     const runtime::TrainerOptions& trainer, const WorkerOptions& options,

@@ -43,6 +43,12 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     const runtime::TrainerOptions& trainer, const WorkerOptions& options,
     std::shared_ptr<gloo::rendezvous::Store> store);
 
+// A one-rank job's rank in this process over `self` (a 1-rank communicator; its identity
+// collectives take device pointers too): the pass profiler's rank, on the spec's device.
+absl::StatusOr<std::unique_ptr<runtime::PipelineRank>> CreateLocalRank(
+    const vocabpipe::v1::JobSpec& spec, const planner::Plan& plan,
+    const runtime::TrainerOptions& trainer, comm::Communicator* self, int cuda_device);
+
 // Dense peak FLOP/s one rank of this job can reach, for MFU: the CUDA device's bf16 (or fp32:
 // half of it is not a datasheet number, so fp32 jobs report against the bf16 peak as well)
 // tensor-core peak from engine::cuda::PeakBf16Tflops; 0 when the device is unknown. Not for cpu.
