@@ -90,6 +90,35 @@ TEST(CachingAllocator, ChargesCategoriesAndReusesBlocks) {
   EXPECT_EQ(alloc.stats().reserved_peak, 0);
 }
 
+// Reuse after sync: a block freed on one thread is not handed out (to any thread) until the
+// freeing thread says its stream is idle; accounting drops at the free.
+TEST(CachingAllocator, ReuseAfterSyncParksFreedBlocksPerThread) {
+  MemoryTracker tracker;
+  CachingAllocator alloc(MakeHostMemoryBackend(), &tracker,
+                         CachingAllocator::Reuse::kAfterSync);
+  void* first = nullptr;
+  {
+    auto a = alloc.Allocate(MemoryCategory::kActivations, 4096);
+    ASSERT_TRUE(a.ok());
+    first = a->data();
+  }  // freed on this thread: pending, not cached
+  EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
+  EXPECT_EQ(alloc.pending_bytes(), 4096);
+  // Another thread releasing its own (empty) pending list does not free ours.
+  std::thread([&] { alloc.ReleasePending(); }).join();
+  EXPECT_EQ(alloc.pending_bytes(), 4096);
+  auto b = alloc.Allocate(MemoryCategory::kActivations, 4096);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(b->data(), first);  // a fresh block: the parked one may still be in use
+  EXPECT_EQ(alloc.stats().cache_hits, 0);
+  alloc.ReleasePending();  // this thread's stream is idle now
+  EXPECT_EQ(alloc.pending_bytes(), 0);
+  auto c = alloc.Allocate(MemoryCategory::kActivations, 4000);  // same 4096 class
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->data(), first);
+  EXPECT_EQ(alloc.stats().cache_hits, 1);
+}
+
 TEST(CachingAllocator, MoveTransfersOwnership) {
   MemoryTracker tracker;
   CachingAllocator alloc(MakeHostMemoryBackend(), &tracker);
