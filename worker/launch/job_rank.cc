@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <set>
 #include <utility>
 
@@ -151,7 +152,12 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   if (static_cast<int>(ids.size()) == p) {
     out->transport = "nccl";
     cuda.untagged_p2p = true;
-    for (bool vocab : {false, true}) {
+    // NCCL does not promise that kernels of two communicators progress concurrently; if a
+    // cluster shows hangs with the split, VOCABPIPE_NCCL_ONE_COMM=1 puts transfers and barriers
+    // on one communicator (one communication thread, the plan's order).
+    const char* one = std::getenv("VOCABPIPE_NCCL_ONE_COMM");
+    const bool split = one == nullptr || std::string(one) != "1";
+    for (bool vocab : split ? std::vector<bool>{false, true} : std::vector<bool>{true}) {
       auto nccl = comm::ConnectNccl({.rank = options.rank,
                                      .size = p,
                                      .device = *device,
@@ -165,8 +171,8 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
       }
       out->comms.push_back(std::move(*nccl));
     }
-    p2p = out->comms[0].get();
-    coll = out->comms[1].get();
+    p2p = out->comms.front().get();
+    coll = out->comms.back().get();
   } else {
     out->transport = "gloo-staged";
     cuda.untagged_p2p = false;
