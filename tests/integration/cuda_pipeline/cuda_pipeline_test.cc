@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
+#include "tests/integration/pipeline/training_fixtures.h"
 #include "tests/unit/comm/gloo_threads.h"
 #include "worker/comm/nccl/staged_communicator.h"
 #include "worker/engine/kernels/cuda/runtime.h"
@@ -22,6 +23,10 @@
 
 namespace vp::runtime {
 namespace {
+
+using fixtures::Batches;
+using fixtures::Gather;
+using fixtures::Weights;
 
 using planner::Schedule;
 using planner::VocabMethod;
@@ -54,23 +59,6 @@ TrainerOptions Options(const Case& c) {
   return o;
 }
 
-BatchFn Batches(const TrainerOptions& o) {
-  auto tokens = std::make_shared<std::vector<int32_t>>(2000);
-  std::mt19937 rng(5);
-  for (auto& t : *tokens) t = static_cast<int32_t>(rng() % o.model.vocab);
-  const int b = o.microbatch_size, m = o.microbatches, s = o.model.seq_len;
-  return [tokens, b, m, s](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    for (int t = 0; t < b; ++t) {
-      const int64_t k = (step * m + j) * b + t;
-      for (int i = 0; i < s; ++i) {
-        inputs[t * s + i] = (*tokens)[(k * s + i) % tokens->size()];
-        targets[t * s + i] = (*tokens)[(k * s + i + 1) % tokens->size()];
-      }
-    }
-    return absl::OkStatus();
-  };
-}
-
 absl::StatusOr<planner::Plan> Plan(const Case& c, const TrainerOptions& o) {
   planner::PlannerInput in;
   in.pipeline = c.p;
@@ -88,28 +76,6 @@ absl::StatusOr<planner::Plan> Plan(const Case& c, const TrainerOptions& o) {
               .microbatch_size = o.microbatch_size,
               .tie_embeddings = o.model.tie_embeddings};
   return planner::BuildPlan(in);
-}
-
-// Weights by HF name over the real (unpadded) vocabulary rows, gathered from every rank.
-using Weights = std::map<std::string, std::vector<float>>;
-
-void Gather(const engine::RankModel& model, Weights* out, std::mutex* mu) {
-  std::lock_guard<std::mutex> l(*mu);
-  const int h = model.config().hidden;
-  for (const engine::ParamTensor& t : model.tensors()) {
-    std::string name = t.name;
-    if (model.config().tie_embeddings && name == "lm_head.weight") name = "tied_copy.wte";
-    std::vector<float>& dst = (*out)[name];
-    if (t.vocab_shard) {
-      const size_t need = static_cast<size_t>(model.config().vocab) * h;
-      if (dst.size() < need) dst.resize(need);
-      std::copy(model.params() + t.offset,
-                model.params() + t.offset + static_cast<size_t>(t.valid_rows) * h,
-                dst.begin() + static_cast<size_t>(t.global_row_begin) * h);
-    } else {
-      dst.assign(model.params() + t.offset, model.params() + t.offset + t.count());
-    }
-  }
 }
 
 struct RunResult {

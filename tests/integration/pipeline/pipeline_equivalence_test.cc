@@ -13,12 +13,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
+#include "tests/integration/pipeline/training_fixtures.h"
 #include "tests/unit/comm/gloo_threads.h"
 #include "worker/runtime/pipeline_rank.h"
 #include "worker/runtime/trainer.h"
 
 namespace vp::runtime {
 namespace {
+
+using fixtures::Batches;
+using fixtures::Gather;
+using fixtures::Weights;
 
 using planner::Schedule;
 using planner::VocabMethod;
@@ -59,46 +64,6 @@ TrainerOptions Options(const Case& c) {
   o.grad_clip = 1.0f;
   o.seed = 11;
   return o;
-}
-
-BatchFn Batches(const TrainerOptions& o) {
-  auto tokens = std::make_shared<std::vector<int32_t>>(2000);
-  std::mt19937 rng(5);
-  for (auto& t : *tokens) t = static_cast<int32_t>(rng() % o.model.vocab);
-  const int b = o.microbatch_size, m = o.microbatches, s = o.model.seq_len;
-  return [tokens, b, m, s](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    for (int t = 0; t < b; ++t) {
-      const int64_t k = (step * m + j) * b + t;
-      for (int i = 0; i < s; ++i) {
-        inputs[t * s + i] = (*tokens)[(k * s + i) % tokens->size()];
-        targets[t * s + i] = (*tokens)[(k * s + i + 1) % tokens->size()];
-      }
-    }
-    return absl::OkStatus();
-  };
-}
-
-// Weights by (HF name, global row): the unpadded logical tensor, assembled from shards.
-using Weights = std::map<std::string, std::vector<float>>;
-
-void Gather(const engine::RankModel& model, Weights* out, std::mutex* mu) {
-  std::lock_guard<std::mutex> l(*mu);
-  const int h = model.config().hidden;
-  for (const engine::ParamTensor& t : model.tensors()) {
-    std::string name = t.name;
-    // A tied output copy on another rank equals wte after every step; compare it as wte.
-    if (model.config().tie_embeddings && name == "lm_head.weight") name = "tied_copy.wte";
-    std::vector<float>& dst = (*out)[name];
-    if (t.vocab_shard) {
-      const size_t need = static_cast<size_t>(model.config().vocab) * h;
-      if (dst.size() < need) dst.resize(need);
-      std::copy(model.params() + t.offset,
-                model.params() + t.offset + static_cast<size_t>(t.valid_rows) * h,
-                dst.begin() + static_cast<size_t>(t.global_row_begin) * h);
-    } else {
-      dst.assign(model.params() + t.offset, model.params() + t.offset + t.count());
-    }
-  }
 }
 
 class PipelineEquivalence : public testing::TestWithParam<Case> {};

@@ -1,0 +1,60 @@
+// Shared by the equivalence tests (CPU ranks vs the standalone trainer, CUDA ranks vs CPU
+// ranks): a deterministic batch stream and the gathering of a rank's weights by tensor name.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "worker/engine/model/rank_model.h"
+#include "worker/runtime/trainer.h"
+
+namespace vp::runtime::fixtures {
+
+// Inputs and next-token targets from one fixed random token stream (seed 5), microbatch j of
+// step `step` taking the j-th slice after the previous steps'.
+inline BatchFn Batches(const TrainerOptions& o) {
+  auto tokens = std::make_shared<std::vector<int32_t>>(2000);
+  std::mt19937 rng(5);
+  for (auto& t : *tokens) t = static_cast<int32_t>(rng() % o.model.vocab);
+  const int b = o.microbatch_size, m = o.microbatches, s = o.model.seq_len;
+  return [tokens, b, m, s](int64_t step, int j, int32_t* inputs, int32_t* targets) {
+    for (int t = 0; t < b; ++t) {
+      const int64_t k = (step * m + j) * b + t;
+      for (int i = 0; i < s; ++i) {
+        inputs[t * s + i] = (*tokens)[(k * s + i) % tokens->size()];
+        targets[t * s + i] = (*tokens)[(k * s + i + 1) % tokens->size()];
+      }
+    }
+    return absl::OkStatus();
+  };
+}
+
+// Weights by (HF name, global row): the unpadded logical tensor, assembled from shards.
+using Weights = std::map<std::string, std::vector<float>>;
+
+inline void Gather(const engine::RankModel& model, Weights* out, std::mutex* mu) {
+  std::lock_guard<std::mutex> l(*mu);
+  const int h = model.config().hidden;
+  for (const engine::ParamTensor& t : model.tensors()) {
+    std::string name = t.name;
+    // A tied output copy on another rank equals wte after every step; compare it as wte.
+    if (model.config().tie_embeddings && name == "lm_head.weight") name = "tied_copy.wte";
+    std::vector<float>& dst = (*out)[name];
+    if (t.vocab_shard) {
+      const size_t need = static_cast<size_t>(model.config().vocab) * h;
+      if (dst.size() < need) dst.resize(need);
+      std::copy(model.params() + t.offset,
+                model.params() + t.offset + static_cast<size_t>(t.valid_rows) * h,
+                dst.begin() + static_cast<size_t>(t.global_row_begin) * h);
+    } else {
+      dst.assign(model.params() + t.offset, model.params() + t.offset + t.count());
+    }
+  }
+}
+
+}  // namespace vp::runtime::fixtures
