@@ -29,6 +29,10 @@ absl::Status NcclError(ncclResult_t r, const std::string& what) {
     case ncclRemoteError:
     case ncclSystemError:
       return absl::UnavailableError(text);  // a peer or the network is gone
+    case ncclInProgress:
+      // Only seen here when Settle gave up at the deadline: the header's contract is that a
+      // call past the timeout returns DeadlineExceeded (as Wait does), not Internal.
+      return absl::DeadlineExceededError(text);
     default:
       return absl::InternalError(text);
   }

@@ -37,6 +37,16 @@ template <typename E>
 class DeviceArray {
  public:
   DeviceArray() = default;
+  // A moved-from array is empty (count 0), like a moved-from DeviceBuffer.
+  DeviceArray(DeviceArray&& other) noexcept
+      : buf_(std::move(other.buf_)), count_(std::exchange(other.count_, 0)) {}
+  DeviceArray& operator=(DeviceArray&& other) noexcept {
+    if (this != &other) {
+      buf_ = std::move(other.buf_);
+      count_ = std::exchange(other.count_, 0);
+    }
+    return *this;
+  }
   // Zero-filled on ctx.stream when `zero` (cudaMemsetAsync), else contents are arbitrary.
   static absl::StatusOr<DeviceArray> Create(const DeviceContext& ctx, MemoryCategory category,
                                             size_t count, bool zero = true);
