@@ -11,8 +11,8 @@
 namespace vp::planner {
 namespace {
 
-constexpr std::array<absl::string_view, 7> kScheduleNames = {
-    "1f1b", "interleaved", "vhalf", "zbh1", "zbv", "seq1f1b", "seq1f1b-interleaved"};
+constexpr std::array<absl::string_view, 8> kScheduleNames = {
+    "1f1b", "interleaved", "vhalf", "zbh1", "zbv", "seq1f1b", "seq1f1b-interleaved", "vmin"};
 constexpr std::array<absl::string_view, 5> kVocabNames = {"baseline", "redis", "interlaced",
                                                           "vocab1", "vocab2"};
 
@@ -26,7 +26,7 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view name) {
     if (kScheduleNames[i] == name) return static_cast<Schedule>(i);
   return absl::InvalidArgumentError(absl::StrCat(
       "parallel.schedule: unknown schedule '", name,
-      "' (expected 1f1b|interleaved|vhalf|zbh1|zbv|seq1f1b|seq1f1b-interleaved|auto)"));
+      "' (expected 1f1b|interleaved|vhalf|vmin|zbh1|zbv|seq1f1b|seq1f1b-interleaved|auto)"));
 }
 
 absl::StatusOr<VocabMethod> ParseVocab(absl::string_view name) {

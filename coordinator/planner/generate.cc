@@ -1,9 +1,11 @@
 // Generators: placement, compute orders per schedule, vocabulary passes, lowering into
 // compute + communication (docs/planner.md).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <queue>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,7 +31,9 @@ struct Ctx {
   bool split_w = false;
 };
 
-bool VShape(Schedule s) { return s == Schedule::kVHalf || s == Schedule::kZBV; }
+bool VShape(Schedule s) {
+  return s == Schedule::kVHalf || s == Schedule::kVMin || s == Schedule::kZBV;
+}
 bool Interleaved(Schedule s) {
   return s == Schedule::kInterleaved || s == Schedule::kSeq1F1BInterleaved;
 }
@@ -80,8 +84,8 @@ absl::StatusOr<Ctx> MakeContext(const PlannerInput& in) {
     return Invalid("model.layers", absl::StrCat(in.layers, " layers cannot fill ", groups,
                                                 " layer groups (pipeline ", p, " x ", c.v,
                                                 " chunks per rank); every group needs >= 1 layer"));
-  c.split_w = in.schedule == Schedule::kVHalf || in.schedule == Schedule::kZBH1 ||
-              in.schedule == Schedule::kZBV;
+  c.split_w = in.schedule == Schedule::kVHalf || in.schedule == Schedule::kVMin ||
+              in.schedule == Schedule::kZBH1 || in.schedule == Schedule::kZBV;
   l.p = p;
   l.m = m;
   l.k = in.seq_chunks;
@@ -341,6 +345,252 @@ std::vector<Action> WarmupThenAlternate(const std::vector<Action>& fwd,
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// V-Half and V-Min by the building-block method (controllable-memory zero-bubble paper).
+//
+// Legend: p stages (ranks), m microbatches, s a stage, i a microbatch, d vocabulary barrier
+// intervals, M the activation cap in chunk units (one chunk's activations for one
+// microbatch = 1). Pass letters on one stage: F chunk-0 forward, f chunk-1 forward,
+// B chunk-1 backward (it runs first: chunk 1 holds the last layer group), b chunk-0 backward,
+// W a weight pass.
+//
+// Every microbatch repeats one block: on stage s its F, f, B, b sit at fixed offsets, and
+// microbatch i adds 6i (one block holds F f B b and the two W). The offsets set the memory:
+// a microbatch's chunks live from F to W, so peak ≈ lifespan / 6 blocks (V-Half (p+2)/2
+// microbatches, V-Min (p+4)/3). Repeating the block leaves idle slots in the warm-up and the
+// cool-down; squeezing moves each of those passes to the earliest free slot its dependencies
+// allow, as long as the stage never holds more than M. The steady state keeps the block.
+// All slots are unit time; the real costs are applied afterwards by the list scheduler that
+// runs the per-stage slot orders.
+
+enum class Pass : uint8_t { kF, kf, kB, kb, kW0, kW1 };  // kW0: W of chunk 0, kW1: of chunk 1
+
+struct SlotGrid {
+  int p = 1, m = 1, d = 0;
+  // slot[s][pass][i] for pass in F f B b W0 W1.
+  std::vector<std::array<std::vector<int64_t>, 6>> slot;
+  std::vector<std::vector<char>> used;  // [s][slot]
+  std::vector<std::vector<int>> mem;    // [s][slot]: chunks held after the slot's pass
+
+  void Take(int s, int64_t t) {
+    if (t >= static_cast<int64_t>(used[s].size())) used[s].resize(t + 64, 0);
+    used[s][t] = 1;
+  }
+  void Free(int s, int64_t t) { used[s][t] = 0; }
+  bool IsFree(int s, int64_t t) const {
+    return t >= static_cast<int64_t>(used[s].size()) || !used[s][t];
+  }
+  int64_t NextFree(int s, int64_t t) const {
+    while (!IsFree(s, t)) ++t;
+    return t;
+  }
+};
+
+// Block offsets of stage s (F, f, B, b). The extra gap keeps the four passes of different
+// microbatches off each other's slots modulo 6 (p even for V-Half, p divisible by 3 for
+// V-Min); every barrier interval moves the backward passes one block later.
+std::array<int64_t, 4> BlockOffsets(Schedule sched, int p, int s, int d) {
+  if (sched == Schedule::kVMin) {
+    const int gap = (p % 3 == 0 ? 2 : 0) + 6 * d;
+    return {s, 2 * p - 1 - s, 2 * p + gap + s, 4 * p + gap - 1 - s};
+  }
+  const int gap = (p % 2 == 0 ? 3 : 0) + 6 * d;
+  return {2 * s, 3 * p - 2 - s, 3 * p - 1 + 2 * s + gap, 6 * p - 2 - s + gap};
+}
+
+// W passes into the first free slots after their backward, oldest first. Only the W passes
+// now later than `after` move (all of them for after = -1); their slots must be free.
+void PlaceWeightPasses(SlotGrid& g, int s, int64_t after = -1) {
+  auto& sl = g.slot[s];
+  struct Done {
+    int64_t t;
+    int pass;
+    int i;
+  };
+  std::vector<Done> backs;
+  for (int i = 0; i < g.m; ++i) {
+    if (sl[5].empty() || sl[5][i] > after) backs.push_back({sl[2][i], 5, i});  // B -> W1
+    if (sl[4].empty() || sl[4][i] > after) backs.push_back({sl[3][i], 4, i});  // b -> W0
+  }
+  std::sort(backs.begin(), backs.end(), [](const Done& a, const Done& b) { return a.t < b.t; });
+  sl[4].resize(g.m, 0);
+  sl[5].resize(g.m, 0);
+  int64_t t = 0;
+  for (const Done& x : backs) {
+    t = g.NextFree(s, std::max(t, x.t + 1));
+    sl[x.pass][x.i] = t;
+    g.Take(s, t);
+  }
+}
+
+// Chunks held after each slot (F and f add one, W0 and W1 free one).
+void ComputeMemory(SlotGrid& g, int s) {
+  std::vector<int>& mem = g.mem[s];
+  mem.assign(g.used[s].size() + 1, 0);
+  for (int pass : {0, 1, 4, 5})
+    for (int64_t t : g.slot[s][pass]) mem[t] += pass < 2 ? 1 : -1;
+  for (size_t t = 1; t < mem.size(); ++t) mem[t] += mem[t - 1];
+}
+
+// Per-stage pass order: the passes sorted by slot.
+std::vector<std::vector<Action>> SlotOrders(const SlotGrid& g) {
+  const int p = g.p, m = g.m;
+  std::vector<std::vector<Action>> orders(p);
+  for (int s = 0; s < p; ++s) {
+    std::vector<std::pair<int64_t, Action>> timed;
+    for (int i = 0; i < m; ++i) {
+      timed.push_back({g.slot[s][0][i], Make(ActionKind::kF, i, 0)});
+      timed.push_back({g.slot[s][1][i], Make(ActionKind::kF, i, 1)});
+      timed.push_back({g.slot[s][2][i], Make(ActionKind::kB, i, 1)});
+      timed.push_back({g.slot[s][3][i], Make(ActionKind::kB, i, 0)});
+      timed.push_back({g.slot[s][4][i], Make(ActionKind::kW, i, 0)});
+      timed.push_back({g.slot[s][5][i], Make(ActionKind::kW, i, 1)});
+    }
+    std::sort(timed.begin(), timed.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& x : timed) orders[s].push_back(x.second);
+  }
+  return orders;
+}
+
+std::vector<std::vector<std::vector<Action>>> BuildingBlockOrders(const Ctx& c) {
+  const int p = c.l.p, m = c.l.m, d = c.d;
+  const Schedule sched = c.in.schedule;
+  SlotGrid g;
+  g.p = p;
+  g.m = m;
+  g.d = d;
+  g.slot.resize(p);
+  g.used.resize(p);
+  g.mem.resize(p);
+  for (int s = 0; s < p; ++s) {
+    const std::array<int64_t, 4> off = BlockOffsets(sched, p, s, d);
+    for (int pass = 0; pass < 4; ++pass)
+      for (int i = 0; i < m; ++i) {
+        const int64_t t = g.NextFree(s, off[pass] + 6LL * i);
+        g.slot[s][pass].push_back(t);
+        g.Take(s, t);
+      }
+    PlaceWeightPasses(g, s);
+    ComputeMemory(g, s);
+  }
+  int cap = 0;
+  for (int s = 0; s < p; ++s)
+    cap = std::max(cap, *std::max_element(g.mem[s].begin(), g.mem[s].end()));
+
+  // Squeeze, in global slot order so that every dependency is already final. Warm-up: before
+  // stage 0 finishes microbatch 0 (its b); cool-down: after stage 0 starts the last F.
+  const int64_t warm_end = g.slot[0][3][0];
+  const int64_t cool_begin = g.slot[0][0][m - 1];
+  struct Item {
+    int64_t t;
+    int s, pass, i;
+  };
+  std::vector<Item> items;
+  for (int s = 0; s < p; ++s)
+    for (int pass = 0; pass < 6; ++pass)
+      for (int i = 0; i < m; ++i) items.push_back({g.slot[s][pass][i], s, pass, i});
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.t, a.s, a.pass, a.i) < std::tie(b.t, b.s, b.pass, b.i);
+  });
+  for (const Item& it : items) {
+    if (it.t >= warm_end && it.t <= cool_begin) continue;
+    auto& sl = g.slot[it.s];
+    const int s = it.s, i = it.i;
+    int64_t dep = -1;  // the pass must start after this slot
+    switch (it.pass) {
+      case 0:
+        if (s > 0) dep = g.slot[s - 1][0][i];
+        break;
+      case 1:
+        dep = s + 1 < p ? g.slot[s + 1][1][i] : sl[0][i];
+        break;
+      case 2:  // the loss (and d barrier blocks) sits between f and B on stage 0
+        dep = s > 0 ? g.slot[s - 1][2][i] : sl[1][i] + 6LL * d;
+        break;
+      case 3:
+        dep = s + 1 < p ? g.slot[s + 1][3][i] : sl[2][i];
+        dep = std::max(dep, sl[2][i]);
+        break;
+      case 4:
+        dep = sl[3][i];
+        break;
+      case 5:
+        dep = sl[2][i];
+        break;
+    }
+    if (i > 0) dep = std::max(dep, sl[it.pass][i - 1]);
+    const int64_t now = sl[it.pass][i];
+    const bool adds = it.pass < 2;
+    int64_t best = now;
+    int running_max = 0;  // max memory over [t, now) while scanning t downwards
+    // Scan downwards to know the memory maximum of every candidate range, keep the earliest.
+    for (int64_t t = now - 1; t > dep; --t) {
+      running_max = std::max(running_max, g.mem[s][t]);
+      if (adds && running_max + 1 > cap) break;
+      if (g.IsFree(s, t)) best = t;
+    }
+    if (best == now) continue;
+    g.Free(s, now);
+    g.Take(s, best);
+    sl[it.pass][i] = best;
+    const int delta = adds ? 1 : (it.pass >= 4 ? -1 : 0);
+    if (delta != 0)
+      for (int64_t t = best; t < now; ++t) g.mem[s][t] += delta;
+  }
+
+  // Second squeeze of the cool-down with W passes lifted out: there the backward passes are
+  // on the critical path and W can wait, so B and b may take the slots W held; the lifted W
+  // passes are then placed again. Two variants (lift the cool-down's W, or every W), kept
+  // when no stage rises above the cap; the caller times every candidate and keeps the best.
+  std::vector<SlotGrid> candidates = {g};
+  for (int64_t lift_after : {cool_begin, int64_t{-1}}) {
+    SlotGrid h = g;
+    for (int s = 0; s < p; ++s)
+      for (int pass : {4, 5})
+        for (int64_t t : h.slot[s][pass])
+          if (t > lift_after) h.Free(s, t);
+    std::vector<Item> backs;
+    for (int s = 0; s < p; ++s)
+      for (int pass : {2, 3})
+        for (int i = 0; i < m; ++i)
+          if (h.slot[s][pass][i] > cool_begin) backs.push_back({h.slot[s][pass][i], s, pass, i});
+    std::sort(backs.begin(), backs.end(), [](const Item& a, const Item& b) {
+      return std::tie(a.t, a.s, a.pass, a.i) < std::tie(b.t, b.s, b.pass, b.i);
+    });
+    for (const Item& it : backs) {
+      auto& sl = h.slot[it.s];
+      const int s = it.s, i = it.i;
+      int64_t dep;
+      if (it.pass == 2) {
+        dep = s > 0 ? h.slot[s - 1][2][i] : sl[1][i] + 6LL * d;
+      } else {
+        dep = std::max(s + 1 < p ? h.slot[s + 1][3][i] : sl[2][i], sl[2][i]);
+      }
+      if (i > 0) dep = std::max(dep, sl[it.pass][i - 1]);
+      const int64_t now = sl[it.pass][i];
+      int64_t best = now;
+      for (int64_t t = now - 1; t > dep; --t)
+        if (h.IsFree(s, t)) best = t;
+      if (best == now) continue;
+      h.Free(s, now);
+      h.Take(s, best);
+      sl[it.pass][i] = best;
+    }
+    bool fits = true;
+    for (int s = 0; s < p && fits; ++s) {
+      PlaceWeightPasses(h, s, lift_after);
+      ComputeMemory(h, s);
+      fits = *std::max_element(h.mem[s].begin(), h.mem[s].end()) <= cap;
+    }
+    if (fits) candidates.push_back(std::move(h));
+  }
+
+  std::vector<std::vector<std::vector<Action>>> result;
+  for (const SlotGrid& cand : candidates) result.push_back(SlotOrders(cand));
+  return result;
+}
+
 absl::StatusOr<std::vector<std::vector<Timed>>> TransformerSchedule(const Ctx& c,
                                                                     int extra_warmup) {
   const Layout& l = c.l;
@@ -365,58 +615,44 @@ absl::StatusOr<std::vector<std::vector<Timed>>> TransformerSchedule(const Ctx& c
       int w = (v - 1) * b0 * k + (v > 1 ? 2 : 1) * (p - r - 1) + k - 1 + d + extra_warmup;
       gens[r].streams.push_back({WarmupThenAlternate(fwd, bwd, w), 0, false});
     }
-  } else if (s == Schedule::kVHalf) {
-    // Building block of V-Half on a 6-slot interval (schedules.md §5); backward slots move
-    // by one interval per vocabulary barrier. Orders do not depend on costs.
-    const int delta = (p % 2 == 0 ? 3 : 0) + 6 * d;
-    for (int r = 0; r < p; ++r) {
-      std::vector<std::pair<int64_t, Action>> slots;
-      std::vector<char> used;
-      auto take = [&](int64_t slot) {
-        if (slot >= static_cast<int64_t>(used.size())) used.resize(slot + 64, 0);
-        used[slot] = 1;
-      };
-      std::vector<std::pair<int64_t, Action>> backs;
-      for (int mb = 0; mb < m; ++mb) {
-        const int64_t base = 6LL * mb;
-        slots.push_back({base + 2 * r, Make(ActionKind::kF, mb, 0)});
-        slots.push_back({base + 3 * p - 2 - r, Make(ActionKind::kF, mb, 1)});
-        backs.push_back({base + 3 * p - 1 + 2 * r + delta, Make(ActionKind::kB, mb, 1)});
-        backs.push_back({base + 6 * p - 2 - r + delta, Make(ActionKind::kB, mb, 0)});
+  } else if (s == Schedule::kVHalf || s == Schedule::kVMin) {
+    // Time every squeezed candidate with the real costs; keep the shortest.
+    absl::StatusOr<std::vector<std::vector<Timed>>> best;
+    double best_span = kInf;
+    for (std::vector<std::vector<Action>>& orders : BuildingBlockOrders(c)) {
+      std::vector<RankGen> one(p);
+      for (int r = 0; r < p; ++r) one[r].streams.push_back({std::move(orders[r]), 0, false});
+      Engine engine(c);
+      absl::StatusOr<std::vector<std::vector<Timed>>> run = engine.Run(std::move(one));
+      if (!run.ok()) return run.status();
+      double span = 0;
+      for (const auto& rank : *run)
+        if (!rank.empty()) span = std::max(span, rank.back().end);
+      if (span < best_span) {
+        best_span = span;
+        best = std::move(run);
       }
-      for (auto& x : slots) take(x.first);
-      for (auto& x : backs) take(x.first);
-      std::sort(backs.begin(), backs.end(), [](auto& a, auto& b) { return a.first < b.first; });
-      for (auto& [slot, a] : backs) {
-        slots.push_back({slot, a});
-        int64_t ws = slot + 1;
-        while (ws < static_cast<int64_t>(used.size()) && used[ws]) ++ws;
-        take(ws);
-        Action w = a;
-        w.kind = ActionKind::kW;
-        slots.push_back({ws, w});
-      }
-      std::stable_sort(slots.begin(), slots.end(),
-                       [](auto& a, auto& b) { return a.first < b.first; });
-      Stream st;
-      for (auto& x : slots) st.acts.push_back(x.second);
-      gens[r].streams.push_back(std::move(st));
     }
+    return best;
   } else if (s == Schedule::kZBH1) {
-    // Greedy zero-bubble: 1F1B's forward/backward order, W deferred into idle time or
-    // forced by a cap of p (+ barriers) microbatches of activations.
+    // ZB-H1 (zero-bubble paper, handcrafted): 1F1B's F/B order, and rank r runs W(i) right
+    // after B(i + r). Deferring r weight passes fills the cool-down bubble that 1F1B leaves
+    // on early ranks, while the activations held stay at p (+ barriers): rank r holds
+    // p - r (+ d) forwards like 1F1B plus the r whose W waits.
     for (int r = 0; r < p; ++r) {
-      RankGen& g = gens[r];
-      g.greedy = true;
-      g.cap = (p + d) * std::max(1e-9, internal::ActivationUnits(l, r, Make(ActionKind::kF, 0)));
-      Stream b, f;
-      f.forward = true;
+      std::vector<Action> fwd, bwd;
       for (int mb = 0; mb < m; ++mb) {
-        f.acts.push_back(Make(ActionKind::kF, mb));
-        b.acts.push_back(Make(ActionKind::kB, mb));
+        fwd.push_back(Make(ActionKind::kF, mb));
+        bwd.push_back(Make(ActionKind::kB, mb));
       }
-      g.streams.push_back(std::move(b));
-      g.streams.push_back(std::move(f));
+      Stream st;
+      for (const Action& a : WarmupThenAlternate(fwd, bwd, p - r - 1 + d)) {
+        st.acts.push_back(a);
+        if (a.kind == ActionKind::kB && a.mb - r >= 0)
+          st.acts.push_back(Make(ActionKind::kW, a.mb - r));
+      }
+      for (int mb = std::max(0, m - r); mb < m; ++mb) st.acts.push_back(Make(ActionKind::kW, mb));
+      gens[r].streams.push_back(std::move(st));
     }
   } else {  // ZB-V
     for (int r = 0; r < p; ++r) {

@@ -13,10 +13,20 @@
 
 namespace vp::planner {
 
-enum class Schedule { k1F1B, kInterleaved, kVHalf, kZBH1, kZBV, kSeq1F1B, kSeq1F1BInterleaved };
+enum class Schedule {
+  k1F1B,
+  kInterleaved,
+  kVHalf,
+  kZBH1,
+  kZBV,
+  kSeq1F1B,
+  kSeq1F1BInterleaved,
+  kVMin,
+};
 enum class VocabMethod { kBaseline, kRedis, kInterlaced, kVocab1, kVocab2 };
 
-absl::string_view ScheduleName(Schedule s);  // 1f1b, interleaved, vhalf, zbh1, zbv, seq1f1b, ...
+absl::string_view ScheduleName(
+    Schedule s);  // 1f1b, interleaved, vhalf, zbh1, zbv, seq1f1b, ..., vmin
 absl::string_view VocabName(VocabMethod v);  // baseline, redis, interlaced, vocab1, vocab2
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view name);
 absl::StatusOr<VocabMethod> ParseVocab(absl::string_view name);
