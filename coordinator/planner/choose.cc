@@ -122,12 +122,11 @@ absl::StatusOr<AutoChoice> ChoosePlan(const PlannerInput& in, bool schedule_auto
         cand.vocab = v;
         cand.seq_chunks = k;
         Candidate c{s, v, k, false, ""};
-        absl::StatusOr<Plan> plan = BuildPlan(cand);
-        absl::StatusOr<SimResult> sim =
-            plan.ok() ? Simulate(*plan, cand) : absl::StatusOr<SimResult>(plan.status());
-        if (!sim.ok()) {
-          c.error = std::string(sim.status().message());
+        absl::StatusOr<SimulatedPlan> built = BuildAndSimulate(cand);
+        if (!built.ok()) {
+          c.error = std::string(built.status().message());
         } else {
+          const SimResult* sim = &built->sim;
           c.ok = true;
           c.step_time = sim->step_time;
           c.bubble_ratio = sim->bubble_ratio;

@@ -194,6 +194,7 @@ class Engine {
   absl::StatusOr<std::vector<std::vector<Timed>>> Run(std::vector<RankGen> gens);
 
  private:
+  absl::StatusOr<std::vector<std::vector<Timed>>> RunFixed(std::vector<RankGen> gens);
   size_t Idx(int g, int mb, int q) const { return (static_cast<size_t>(g) * l_.m + mb) * l_.k + q; }
   double Comm(int r, int g) const { return l_.owner_rank[g] != r ? c_.in.costs.comm : 0; }
   double Ready(int r, const Action& a) const {
@@ -233,8 +234,64 @@ class Engine {
   std::vector<double> fend_, bend_;
 };
 
+// Fixed orders (one stream per rank, nothing greedy): a pass starts at max(rank free, inputs
+// ready), whatever order the ranks are visited in, so a worklist that wakes the ranks waiting
+// on a finished pass gives the same times as the global scan below in O(passes).
+absl::StatusOr<std::vector<std::vector<Timed>>> Engine::RunFixed(std::vector<RankGen> gens) {
+  const int p = l_.p;
+  std::vector<std::vector<Timed>> out(p);
+  std::vector<double> free(p, 0);
+  std::vector<int> work;
+  std::vector<char> queued(p, 1);
+  for (int r = p - 1; r >= 0; --r) work.push_back(r);
+  auto wake = [&](int r) {
+    if (!queued[r]) {
+      queued[r] = 1;
+      work.push_back(r);
+    }
+  };
+  while (!work.empty()) {
+    const int r = work.back();
+    work.pop_back();
+    queued[r] = 0;
+    Stream& st = gens[r].streams[0];
+    while (st.next < st.acts.size()) {
+      const Action& a = st.acts[st.next];
+      const double ready = Ready(r, a);
+      if (ready == kInf) break;
+      const double start = std::max(free[r], ready);
+      const double end = start + internal::ActionCost(l_, c_.in.costs, r, a);
+      free[r] = end;
+      const int g = l_.group_of[r][a.chunk];
+      if (a.kind == ActionKind::kF) {
+        fend_[Idx(g, a.mb, a.seq)] = end;
+        if (g + 1 < l_.groups) wake(l_.owner_rank[g + 1]);
+      } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
+        bend_[Idx(g, a.mb, a.seq)] = end;
+        if (g > 0) wake(l_.owner_rank[g - 1]);
+      }
+      out[r].push_back({a, start, end});
+      ++st.next;
+    }
+  }
+  std::vector<std::string> heads;
+  for (int r = 0; r < p; ++r) {
+    const Stream& st = gens[r].streams[0];
+    if (st.next < st.acts.size())
+      heads.push_back(absl::StrCat("rank ", r, " ", ToString(st.acts[st.next])));
+  }
+  if (!heads.empty())
+    return absl::InternalError(
+        absl::StrCat("schedule generator ", ScheduleName(c_.in.schedule),
+                     " produced an order that cannot run; waiting: ", absl::StrJoin(heads, ", ")));
+  return out;
+}
+
 absl::StatusOr<std::vector<std::vector<Timed>>> Engine::Run(std::vector<RankGen> gens) {
   const int p = l_.p;
+  bool fixed = true;
+  for (const RankGen& g : gens) fixed = fixed && !g.greedy && g.streams.size() == 1;
+  if (fixed) return RunFixed(std::move(gens));
   std::vector<std::vector<Timed>> out(p);
   std::vector<double> free(p, 0);
   const Costs& costs = c_.in.costs;
@@ -432,23 +489,19 @@ void ComputeMemory(SlotGrid& g, int s) {
   for (size_t t = 1; t < mem.size(); ++t) mem[t] += mem[t - 1];
 }
 
-// Per-stage pass order: the passes sorted by slot.
+// Per-stage pass order: the passes by slot (slots are distinct on a stage).
 std::vector<std::vector<Action>> SlotOrders(const SlotGrid& g) {
-  const int p = g.p, m = g.m;
-  std::vector<std::vector<Action>> orders(p);
-  for (int s = 0; s < p; ++s) {
-    std::vector<std::pair<int64_t, Action>> timed;
-    for (int i = 0; i < m; ++i) {
-      timed.push_back({g.slot[s][0][i], Make(ActionKind::kF, i, 0)});
-      timed.push_back({g.slot[s][1][i], Make(ActionKind::kF, i, 1)});
-      timed.push_back({g.slot[s][2][i], Make(ActionKind::kB, i, 1)});
-      timed.push_back({g.slot[s][3][i], Make(ActionKind::kB, i, 0)});
-      timed.push_back({g.slot[s][4][i], Make(ActionKind::kW, i, 0)});
-      timed.push_back({g.slot[s][5][i], Make(ActionKind::kW, i, 1)});
-    }
-    std::sort(timed.begin(), timed.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& x : timed) orders[s].push_back(x.second);
+  std::vector<std::vector<Action>> orders(g.p);
+  constexpr ActionKind kKind[6] = {ActionKind::kF, ActionKind::kF, ActionKind::kB,
+                                   ActionKind::kB, ActionKind::kW, ActionKind::kW};
+  constexpr int kChunk[6] = {0, 1, 1, 0, 0, 1};
+  for (int s = 0; s < g.p; ++s) {
+    std::vector<int> at(g.used[s].size(), -1);  // pass * m + i at each slot
+    for (int pass = 0; pass < 6; ++pass)
+      for (int i = 0; i < g.m; ++i) at[g.slot[s][pass][i]] = pass * g.m + i;
+    orders[s].reserve(6 * g.m);
+    for (int x : at)
+      if (x >= 0) orders[s].push_back(Make(kKind[x / g.m], x % g.m, kChunk[x / g.m]));
   }
   return orders;
 }
@@ -487,14 +540,16 @@ std::vector<std::vector<std::vector<Action>>> BuildingBlockOrders(const Ctx& c) 
     int s, pass, i;
   };
   std::vector<Item> items;
+  // Only warm-up and cool-down passes move (the steady state is most of a long plan).
   for (int s = 0; s < p; ++s)
     for (int pass = 0; pass < 6; ++pass)
-      for (int i = 0; i < m; ++i) items.push_back({g.slot[s][pass][i], s, pass, i});
+      for (int i = 0; i < m; ++i)
+        if (const int64_t t = g.slot[s][pass][i]; t < warm_end || t > cool_begin)
+          items.push_back({t, s, pass, i});
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return std::tie(a.t, a.s, a.pass, a.i) < std::tie(b.t, b.s, b.pass, b.i);
   });
   for (const Item& it : items) {
-    if (it.t >= warm_end && it.t <= cool_begin) continue;
     auto& sl = g.slot[it.s];
     const int s = it.s, i = it.i;
     int64_t dep = -1;  // the pass must start after this slot
@@ -927,7 +982,11 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
 
 }  // namespace
 
-absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
+namespace {
+
+// Builds and lowers; the caller validates (BuildPlan) or validates while timing
+// (BuildAndSimulate), so that a plan runs through the abstract machine once.
+absl::StatusOr<Plan> BuildUnvalidated(const PlannerInput& in) {
   absl::StatusOr<Ctx> c = MakeContext(in);
   if (!c.ok()) return c.status();
   absl::StatusOr<std::vector<std::vector<Timed>>> base = TransformerSchedule(*c, 0);
@@ -965,9 +1024,27 @@ absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
   for (int r = 0; r < in.pipeline; ++r)
     for (int g : c->l.group_of[r])
       plan.ranks[r].chunks.push_back({g, first_of[g], c->l.group_layers[g]});
-  if (absl::Status s = ValidatePlan(plan); !s.ok())
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
+  absl::StatusOr<Plan> plan = BuildUnvalidated(in);
+  if (!plan.ok()) return plan.status();
+  if (absl::Status s = ValidatePlan(*plan); !s.ok())
     return absl::InternalError(absl::StrCat("generated plan failed validation: ", s.message()));
   return plan;
+}
+
+absl::StatusOr<SimulatedPlan> BuildAndSimulate(const PlannerInput& in) {
+  absl::StatusOr<Plan> plan = BuildUnvalidated(in);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<SimResult> sim = Simulate(*plan, in);
+  if (!sim.ok())
+    return absl::InternalError(
+        absl::StrCat("generated plan failed validation: ", sim.status().message()));
+  return SimulatedPlan{std::move(*plan), std::move(*sim)};
 }
 
 }  // namespace vp::planner

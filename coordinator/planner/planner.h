@@ -128,6 +128,13 @@ absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& shape, int 
 // Forward FLOPs of tokens [begin, end) of one sequence (causal attention to all keys < end).
 double ChunkForwardFlops(const ModelShape& shape, int layers, int64_t begin, int64_t end);
 
+// BuildPlan + Simulate with one run of the abstract machine (it validates while it times).
+struct SimulatedPlan {
+  Plan plan;
+  SimResult sim;
+};
+absl::StatusOr<SimulatedPlan> BuildAndSimulate(const PlannerInput& in);
+
 // Automatic choice: every (schedule, vocab, k) candidate ranked by predicted step time.
 struct Candidate {
   Schedule schedule;

@@ -141,6 +141,7 @@ class Machine {
     pc_.assign(l.p, 0);
     lane_.assign(l.p, 0);
     stuck_.assign(l.p, "");
+    waits_for_.assign(l.p, -1);
     if (costs_ != nullptr) {
       times_.resize(l.p);
       for (int r = 0; r < l.p; ++r) times_[r].resize(plan.ranks[r].actions.size());
@@ -183,6 +184,7 @@ class Machine {
   std::vector<double> lane_;
   double coll_free_ = 0;
   std::vector<std::string> stuck_;
+  std::vector<int> waits_for_;  // peer a blocked P2P head waits on, -1 none
   std::vector<std::vector<TimedAction>> times_;
 };
 
@@ -301,20 +303,33 @@ std::string Machine::FireCompute(int r, const Action& a) {
       return "";
     case ActionKind::kOpt: {
       // Everything this rank computes must be done: weight gradients of every chunk, T and IB.
+      // (Messages are built only on failure: this loop runs m·v·k times per rank.)
       for (size_t c = 0; c < l_.group_of[r].size(); ++c)
         for (int i = 0; i < l_.m; ++i)
           for (int s = 0; s < l_.k; ++s)
-            if (!need(ChunkT(r, kWDone, c, i, s),
-                      absl::StrCat("W/BW of mb ", i, " chunk ", c, " seq ", s, " before OPT")))
+            if (const double t = ChunkT(r, kWDone, c, i, s); t != kAbsent) {
+              ready = std::max(ready, t);
+            } else {
+              need(t, absl::StrCat("W/BW of mb ", i, " chunk ", c, " seq ", s, " before OPT"));
               return stuck_[r];
+            }
       for (int i = 0; i < l_.m; ++i) {
-        if (l_.sharded || l_.owner_rank[0] == r)
-          if (!need(VocabT(r, kIbDone, i, 0), absl::StrCat("IB(", i, ") before OPT")))
+        if (l_.sharded || l_.owner_rank[0] == r) {
+          if (const double t = VocabT(r, kIbDone, i, 0); t != kAbsent) {
+            ready = std::max(ready, t);
+          } else {
+            need(t, absl::StrCat("IB(", i, ") before OPT"));
             return stuck_[r];
+          }
+        }
         if (l_.sharded || l_.x_owner() == r)
           for (int s = 0; s < l_.k; ++s)
-            if (!need(VocabT(r, kTDone, i, s), absl::StrCat("T(", i, ") before OPT")))
+            if (const double t = VocabT(r, kTDone, i, s); t != kAbsent) {
+              ready = std::max(ready, t);
+            } else {
+              need(t, absl::StrCat("T(", i, ") before OPT"));
               return stuck_[r];
+            }
       }
       double dummy;
       fire(dummy);
@@ -469,8 +484,9 @@ absl::Status Machine::Run() {
                                    : (act ? ActionKind::kSendAct : ActionKind::kSendGrad);
       if (other == nullptr || other->kind != want || other->peer != r || other->mb != a->mb ||
           other->seq != a->seq) {
-        stuck_[r] = absl::StrCat("waits for rank ", a->peer, " to post the matching ",
-                                 ActionKindName(want));
+        // The reason is spelled out only if the plan ends stuck (this wait is common).
+        waits_for_[r] = a->peer;
+        stuck_[r].clear();
         break;
       }
       const int gs = l_.group_of[s][sa->chunk], gd = l_.group_of[d][ra->chunk];
@@ -491,6 +507,7 @@ absl::Status Machine::Run() {
       }
       stuck_[r].clear();
       stuck_[a->peer].clear();
+      waits_for_[r] = waits_for_[a->peer] = -1;
       ++pc_[r];
       ++pc_[a->peer];
       push(a->peer);
@@ -500,7 +517,11 @@ absl::Status Machine::Run() {
   for (int r = 0; r < l_.p; ++r) {
     if (const Action* a = Head(r))
       errors.push_back(absl::StrCat("rank ", r, " action ", pc_[r], " ", ToString(*a), ": ",
-                                    stuck_[r].empty() ? "blocked" : stuck_[r]));
+                                    !stuck_[r].empty() ? stuck_[r]
+                                    : waits_for_[r] >= 0
+                                        ? absl::StrCat("waits for rank ", waits_for_[r],
+                                                       " to post the matching receive or send")
+                                        : "blocked"));
   }
   if (!errors.empty())
     return absl::FailedPreconditionError(
