@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "coordinator/planner/planner.h"
 
 namespace vp::planner::internal {

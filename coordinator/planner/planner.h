@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 
 namespace vp::planner {
 

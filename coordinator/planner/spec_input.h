@@ -4,7 +4,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "coordinator/planner/planner.h"
 #include "vocabpipe/v1/job.pb.h"
 
