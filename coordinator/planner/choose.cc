@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/flops.h"
 
 namespace vp::planner {
 namespace {
@@ -97,10 +98,11 @@ Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m,
                             double flops_per_second) {
   const double b = m.microbatch_size, s = m.seq_len, h = m.hidden;
   const double ffn = m.ffn > 0 ? m.ffn : 4 * h;
-  const double layer_fwd = 2 * b * s * (4 * h * h + 2 * h * ffn) + 4 * b * s * s * h;
+  const double layer_fwd = flops::TransformerLayerForward(b, s, h, ffn);
   Costs c;
   c.f = c.b = c.w = layer_fwd * layers / pipeline / flops_per_second;
-  c.s = 2 * b * s * h * static_cast<double>(m.vocab) / pipeline / flops_per_second;
+  // S is the logits forward, a third of the output layer's 6bshV; T the other two thirds.
+  c.s = flops::OutputLayer(b, s, h, static_cast<double>(m.vocab)) / 3 / pipeline / flops_per_second;
   c.t = 2 * c.s;
   c.input_f = c.input_b = c.comm = c.collective = c.opt = 0;
   return c;

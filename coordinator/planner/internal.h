@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "proto/plan/plan.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/plan.h"
 
 namespace vp::planner::internal {
 

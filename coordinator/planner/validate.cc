@@ -12,10 +12,12 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/internal.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/flops.h"
 
 namespace vp::planner {
 namespace internal {
@@ -149,6 +151,7 @@ class Machine {
   }
 
   absl::Status Run();
+  std::string StallGrid() const;
   std::vector<std::vector<TimedAction>>& times() { return times_; }
 
  private:
@@ -322,14 +325,16 @@ std::string Machine::FireCompute(int r, const Action& a) {
             return stuck_[r];
           }
         }
-        if (l_.sharded || l_.x_owner() == r)
-          for (int s = 0; s < l_.k; ++s)
+        if (l_.sharded || l_.x_owner() == r) {
+          for (int s = 0; s < l_.k; ++s) {
             if (const double t = VocabT(r, kTDone, i, s); t != kAbsent) {
               ready = std::max(ready, t);
             } else {
               need(t, absl::StrCat("T(", i, ") before OPT"));
               return stuck_[r];
             }
+          }
+        }
       }
       double dummy;
       fire(dummy);
@@ -400,6 +405,34 @@ std::string Machine::FireCollective(const Action& a) {
     Record(r, ready, end);
   }
   return "";
+}
+
+// Rank-by-step grid around a stall: each rank's actions from a few steps before its program
+// counter to a few after; the action it is blocked at in [brackets], done ones plain, the
+// ones not reached in lower case. Reading down a column shows who waits for whom.
+std::string Machine::StallGrid() const {
+  constexpr size_t kBefore = 4, kAfter = 3, kWidth = 18;
+  std::string out = "  rank-by-step grid ([blocked], lower case: not reached):\n";
+  for (int r = 0; r < l_.p; ++r) {
+    const auto& acts = plan_.ranks[r].actions;
+    const size_t pc = pc_[r];
+    const size_t from = pc > kBefore ? pc - kBefore : 0;
+    const size_t to = std::min(acts.size(), pc + kAfter + 1);
+    absl::StrAppend(&out, "  rank ", r, " step ", from, ":");
+    for (size_t i = from; i < to; ++i) {
+      std::string cell = ToString(acts[i]);
+      if (i == pc) {
+        cell = absl::StrCat("[", cell, "]");
+      } else if (i > pc) {
+        absl::AsciiStrToLower(&cell);
+      }
+      cell.resize(std::max(cell.size() + 1, kWidth), ' ');
+      absl::StrAppend(&out, " ", cell);
+    }
+    if (pc >= acts.size()) absl::StrAppend(&out, " (done)");
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
 }
 
 absl::Status Machine::Run() {
@@ -524,8 +557,8 @@ absl::Status Machine::Run() {
                                         : "blocked"));
   }
   if (!errors.empty())
-    return absl::FailedPreconditionError(
-        absl::StrCat("plan cannot run to the end:\n  ", absl::StrJoin(errors, "\n  ")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan cannot run to the end:\n  ", absl::StrJoin(errors, "\n  "), "\n", StallGrid()));
   // Coverage: every pass of every (mb, seq) exactly once on the rank holding it.
   for (int r = 0; r < l_.p; ++r) {
     for (size_t c = 0; c < l_.group_of[r].size(); ++c)
@@ -625,8 +658,8 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   res.bubble_ratio = res.makespan > 0 ? 1 - busy_total / (l->p * res.makespan) : 0;
   res.step_time = res.makespan;
   if (h > 0) {
-    const double layer_flops = 6 * b * s * (4 * h * h + 2 * h * ffn) + 12 * b * s * s * h;
-    res.model_flops = l->m * (l->layers * layer_flops + 6 * b * s * h * vocab_rows + 3 * b * s * h);
+    res.model_flops = l->m * (l->layers * flops::TransformerLayer(b, s, h, ffn) +
+                              flops::OutputLayer(b, s, h, vocab_rows) + flops::InputLayer(b, s, h));
   }
   if (ms.peak_flops > 0 && res.step_time > 0)
     res.mfu = res.model_flops / (res.step_time * l->p * ms.peak_flops);

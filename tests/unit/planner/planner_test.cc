@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace vp::planner {
@@ -217,6 +218,9 @@ TEST(Validator, RejectsBrokenPlans) {
     absl::Status st = ValidatePlan(bad);
     EXPECT_FALSE(st.ok());
     EXPECT_NE(st.message().find("rank 3"), std::string::npos) << st;
+    // The grid marks the action rank 3 is stuck at: the B that now comes first.
+    EXPECT_NE(st.message().find("rank-by-step grid"), std::string::npos) << st;
+    EXPECT_NE(st.message().find(absl::StrCat("[", ToString(*f), "]")), std::string::npos) << st;
   }
   {  // A receive removed: the send is never matched.
     Plan bad = *good;
