@@ -11,7 +11,8 @@ using namespace vp::planner;
 #include <fstream>
 #include <string>
 
-// --svg DIR: writes the docs/img pictures (the renderer behind `vocabpipe plan --format svg`).
+// --svg DIR: writes some docs/img pictures (the renderer behind `vocabpipe plan --format svg`);
+// vhalf-vocab1 and vmin-vocab2 are made by the CLI itself (docs/planner.md, "Pictures").
 static int WriteSvgs(const std::string& dir) {
   struct Pic {
     const char* name;
@@ -21,7 +22,6 @@ static int WriteSvgs(const std::string& dir) {
   };
   for (Pic pic : {Pic{"1f1b-vocab2", Schedule::k1F1B, VocabMethod::kVocab2, 1},
                   Pic{"1f1b-baseline", Schedule::k1F1B, VocabMethod::kBaseline, 1},
-                  Pic{"vhalf-vocab1", Schedule::kVHalf, VocabMethod::kVocab1, 1},
                   Pic{"zbv-vocab2", Schedule::kZBV, VocabMethod::kVocab2, 1},
                   Pic{"seq1f1b-vocab2", Schedule::kSeq1F1B, VocabMethod::kVocab2, 2}}) {
     PlannerInput in;
