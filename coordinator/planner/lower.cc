@@ -23,12 +23,16 @@ namespace vp::planner::internal {
 // list is a projection of one global sequence: no deadlock under blocking sends, and one
 // collective sequence for all ranks.
 
+namespace {
+
 // What a lowering event does when it comes up in the global order.
 enum class EventKind : uint8_t {
   kCompute,     // a rank's next compute action runs
   kTransfer,    // a SEND/RECV pair is appended to both ranks
   kCollective,  // a collective is appended to every rank
 };
+
+}  // namespace
 
 absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
                                             const std::vector<std::vector<Action>>& orders) {

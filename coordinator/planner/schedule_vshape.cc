@@ -1,7 +1,7 @@
 // V-Half and V-Min by the building-block method (controllable-memory zero-bubble paper).
 //
 // Legend: p stages (ranks), m microbatches, s a stage, i a microbatch, d vocabulary barrier
-// intervals, M the activation cap in chunk units (one chunk's activations for one
+// intervals, M (`cap`) the activation cap in chunk units (one chunk's activations for one
 // microbatch = 1). Pass letters on one stage: F chunk-0 forward, f chunk-1 forward,
 // B chunk-1 backward (it runs first: chunk 1 holds the last layer group), b chunk-0 backward,
 // W a weight pass.
@@ -25,6 +25,7 @@
 #include "coordinator/planner/generator.h"
 
 namespace vp::planner::internal {
+namespace {
 
 // Index of a pass in SlotGrid::slot[s]: F (kF0), f (kF1), B (kB1), b (kB0), then the W of
 // chunk 0 and of chunk 1. Plain enum: it indexes arrays.
@@ -253,6 +254,8 @@ std::vector<std::vector<std::vector<Action>>> BuildingBlockOrders(const Ctx& c) 
   for (const SlotGrid& cand : candidates) result.push_back(SlotOrders(cand));
   return result;
 }
+
+}  // namespace
 
 absl::StatusOr<Timeline> VShapeBuildingBlockSchedule(const Ctx& c) {
   const int p = c.l.p;

@@ -18,7 +18,9 @@ namespace vp::planner::internal {
 
 // Tie-break between vocabulary passes due at the same point: input forward first, then the
 // output layer's S/T, then the input backward.
+namespace {
 enum class PassFamily : uint8_t { kInputForward, kOutput, kInputBackward };
+}  // namespace
 
 std::vector<std::vector<Action>> AddVocabularyPasses(const Ctx& c, const Timeline& base) {
   const Layout& l = c.l;
