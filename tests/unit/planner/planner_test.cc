@@ -107,6 +107,28 @@ TEST(Planner, VMinMatchesTheBuildingBlockGenerator) {
   }
 }
 
+// The same generator at B = 2F (F=1, B=2, W=1 per chunk), makespans in stage-pass units; and
+// at odd p and m < p, where the block is squeezed hardest.
+TEST(Planner, VShapesMatchTheGeneratorAtOtherCostsAndShapes) {
+  struct Ref {
+    Schedule s;
+    int p, m;
+    double b, makespan;
+  };
+  for (const Ref& ref :
+       {Ref{Schedule::kVHalf, 4, 8, 2, 41}, Ref{Schedule::kVHalf, 8, 8, 2, 54},
+        Ref{Schedule::kVHalf, 8, 32, 2, 160}, Ref{Schedule::kVMin, 8, 32, 2, 209.5},
+        Ref{Schedule::kVHalf, 5, 3, 1, 15.5}, Ref{Schedule::kVHalf, 3, 24, 2, 112},
+        Ref{Schedule::kVMin, 5, 3, 1, 16.5}, Ref{Schedule::kVMin, 3, 24, 2, 145.5},
+        Ref{Schedule::kVMin, 6, 10, 1, 38.5}}) {
+    PlannerInput in = Input(ref.p, ref.m, ref.s, VocabMethod::kBaseline);
+    in.layers = 2 * ref.p;
+    in.costs.b = ref.b;
+    EXPECT_LE(Sim(in).makespan, ref.makespan + 1e-9)
+        << ScheduleName(ref.s) << " p=" << ref.p << " m=" << ref.m << " B=" << ref.b;
+  }
+}
+
 TEST(Planner, VMinHoldsLessThanVHalf) {
   for (int p : {4, 6, 8, 16}) {
     SimResult half = Sim(Input(p, 2 * p, Schedule::kVHalf, VocabMethod::kVocab1));
