@@ -144,16 +144,13 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
     in = choice->chosen;
     explanation = planner::CandidatesTable(*choice);
   }
-  absl::StatusOr<planner::Plan> plan = planner::BuildPlan(in);
-  if (!plan.ok()) {
-    err << "vocabpipe plan: " << plan.status().message() << "\n";
-    return plan.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  absl::StatusOr<planner::SimulatedPlan> built = planner::BuildAndSimulate(in);
+  if (!built.ok()) {
+    err << "vocabpipe plan: " << built.status().message() << "\n";
+    return built.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  absl::StatusOr<planner::SimResult> sim = planner::Simulate(*plan, in);
-  if (!sim.ok()) {
-    err << "vocabpipe plan: " << sim.status().message() << "\n";
-    return 1;
-  }
+  const planner::Plan* plan = &built->plan;
+  const planner::SimResult* sim = &built->sim;
   if (format == "json") {
     out << planner::RenderJson(*plan, *sim);
   } else if (format == "text") {

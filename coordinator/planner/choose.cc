@@ -7,12 +7,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/flops.h"
 
 namespace vp::planner {
 namespace {
 
-constexpr std::array<absl::string_view, 7> kScheduleNames = {
-    "1f1b", "interleaved", "vhalf", "zbh1", "zbv", "seq1f1b", "seq1f1b-interleaved"};
+constexpr std::array<absl::string_view, 8> kScheduleNames = {
+    "1f1b", "interleaved", "vhalf", "zbh1", "zbv", "seq1f1b", "seq1f1b-interleaved", "vmin"};
 constexpr std::array<absl::string_view, 5> kVocabNames = {"baseline", "redis", "interlaced",
                                                           "vocab1", "vocab2"};
 
@@ -26,7 +27,7 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view name) {
     if (kScheduleNames[i] == name) return static_cast<Schedule>(i);
   return absl::InvalidArgumentError(absl::StrCat(
       "parallel.schedule: unknown schedule '", name,
-      "' (expected 1f1b|interleaved|vhalf|zbh1|zbv|seq1f1b|seq1f1b-interleaved|auto)"));
+      "' (expected 1f1b|interleaved|vhalf|vmin|zbh1|zbv|seq1f1b|seq1f1b-interleaved|auto)"));
 }
 
 absl::StatusOr<VocabMethod> ParseVocab(absl::string_view name) {
@@ -97,10 +98,11 @@ Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m,
                             double flops_per_second) {
   const double b = m.microbatch_size, s = m.seq_len, h = m.hidden;
   const double ffn = m.ffn > 0 ? m.ffn : 4 * h;
-  const double layer_fwd = 2 * b * s * (4 * h * h + 2 * h * ffn) + 4 * b * s * s * h;
+  const double layer_fwd = flops::TransformerLayerForward(b, s, h, ffn);
   Costs c;
   c.f = c.b = c.w = layer_fwd * layers / pipeline / flops_per_second;
-  c.s = 2 * b * s * h * static_cast<double>(m.vocab) / pipeline / flops_per_second;
+  // S is the logits forward, a third of the output layer's 6bshV; T the other two thirds.
+  c.s = flops::OutputLayer(b, s, h, static_cast<double>(m.vocab)) / 3 / pipeline / flops_per_second;
   c.t = 2 * c.s;
   c.input_f = c.input_b = c.comm = c.collective = c.opt = 0;
   return c;
@@ -122,12 +124,11 @@ absl::StatusOr<AutoChoice> ChoosePlan(const PlannerInput& in, bool schedule_auto
         cand.vocab = v;
         cand.seq_chunks = k;
         Candidate c{s, v, k, false, ""};
-        absl::StatusOr<Plan> plan = BuildPlan(cand);
-        absl::StatusOr<SimResult> sim =
-            plan.ok() ? Simulate(*plan, cand) : absl::StatusOr<SimResult>(plan.status());
-        if (!sim.ok()) {
-          c.error = std::string(sim.status().message());
+        absl::StatusOr<SimulatedPlan> built = BuildAndSimulate(cand);
+        if (!built.ok()) {
+          c.error = std::string(built.status().message());
         } else {
+          const SimResult* sim = &built->sim;
           c.ok = true;
           c.step_time = sim->step_time;
           c.bubble_ratio = sim->bubble_ratio;

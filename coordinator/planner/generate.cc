@@ -1,40 +1,27 @@
-// Generators: placement, compute orders per schedule, vocabulary passes, lowering into
-// compute + communication (docs/planner.md).
+// BuildPlan: context and placement, the dispatch to one schedule family's generator, the
+// vocabulary passes, lowering and validation (docs/planner.md). Each stage is its own file;
+// generator.h lists them.
+//
+// Letters used across the planner: p pipeline ranks (r one rank), m microbatches (i or mb one
+// microbatch), k sequence chunks (q one chunk), v model chunks per rank, G layer groups
+// (g one group; G = p·v), d vocabulary barrier intervals between the last group's F and B,
+// u = mb·k + q a (microbatch, sequence chunk) unit.
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <queue>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/planner/generator.h"
 #include "coordinator/planner/internal.h"
 #include "coordinator/planner/planner.h"
 
 namespace vp::planner {
+namespace internal {
 namespace {
-
-using internal::Layout;
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 absl::Status Invalid(absl::string_view field, absl::string_view rule) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", rule));
-}
-
-struct Ctx {
-  PlannerInput in;
-  Layout l;
-  int v = 1;         // chunks per rank
-  int d = 0;         // barrier intervals inserted between the last group's F and B
-  double delay = 0;  // the same in time, for timed generators
-  bool split_w = false;
-};
-
-bool VShape(Schedule s) { return s == Schedule::kVHalf || s == Schedule::kZBV; }
-bool Interleaved(Schedule s) {
-  return s == Schedule::kInterleaved || s == Schedule::kSeq1F1BInterleaved;
-}
-bool SeqSchedule(Schedule s) {
-  return s == Schedule::kSeq1F1B || s == Schedule::kSeq1F1BInterleaved;
 }
 
 // Redis: layers per rank minimising the slowest stage (input layer on the owner of group 0,
@@ -54,6 +41,8 @@ std::vector<int> RedisLayers(const PlannerInput& in, int v) {
   }
   return n;
 }
+
+}  // namespace
 
 absl::StatusOr<Ctx> MakeContext(const PlannerInput& in) {
   Ctx c;
@@ -80,8 +69,8 @@ absl::StatusOr<Ctx> MakeContext(const PlannerInput& in) {
     return Invalid("model.layers", absl::StrCat(in.layers, " layers cannot fill ", groups,
                                                 " layer groups (pipeline ", p, " x ", c.v,
                                                 " chunks per rank); every group needs >= 1 layer"));
-  c.split_w = in.schedule == Schedule::kVHalf || in.schedule == Schedule::kZBH1 ||
-              in.schedule == Schedule::kZBV;
+  c.split_w = in.schedule == Schedule::kVHalf || in.schedule == Schedule::kVMin ||
+              in.schedule == Schedule::kZBH1 || in.schedule == Schedule::kZBV;
   l.p = p;
   l.m = m;
   l.k = in.seq_chunks;
@@ -149,562 +138,57 @@ absl::StatusOr<Ctx> MakeContext(const PlannerInput& in) {
   return c;
 }
 
-Action Make(ActionKind kind, int mb, int chunk = 0, int seq = 0) {
-  Action a;
-  a.kind = kind;
-  a.mb = mb;
-  a.chunk = static_cast<int16_t>(chunk);
-  a.seq = static_cast<int16_t>(seq);
-  return a;
-}
+namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Timed engine: list-schedules per-rank streams of transformer passes. Static schedules give
-// each rank one fixed stream; greedy ones (ZB-H1, ZB-V) give several streams in priority order
-// plus a FIFO of deferred W passes that fills idle time or frees memory.
-
-struct Stream {
-  std::vector<Action> acts;
-  size_t next = 0;
-  bool forward = false;
-};
-struct RankGen {
-  std::vector<Stream> streams;
-  std::deque<Action> wq;
-  bool greedy = false;
-  double cap = kInf;  // activation cap (microbatch units), greedy only
-  double mem = 0;
-};
-struct Timed {
-  Action a;
-  double start = 0, end = 0;
-};
-
-class Engine {
- public:
-  explicit Engine(const Ctx& c) : c_(c), l_(c.l) {
-    const size_t n = static_cast<size_t>(l_.groups) * l_.m * l_.k;
-    fend_.assign(n, kInf);
-    bend_.assign(n, kInf);
+// The transformer timeline of the requested schedule.
+absl::StatusOr<Timeline> TransformerSchedule(const Ctx& c, int extra_warmup) {
+  std::vector<RankGen> gens;
+  switch (c.in.schedule) {
+    case Schedule::k1F1B:
+    case Schedule::kInterleaved:
+    case Schedule::kSeq1F1B:
+    case Schedule::kSeq1F1BInterleaved:
+      gens = OneFOneBFamilyOrders(c, extra_warmup);
+      break;
+    case Schedule::kVHalf:
+    case Schedule::kVMin:
+      return VShapeBuildingBlockSchedule(c);
+    case Schedule::kZBH1:
+      gens = ZBH1Orders(c);
+      break;
+    case Schedule::kZBV:
+      gens = ZBVOrders(c);
+      break;
   }
-  absl::StatusOr<std::vector<std::vector<Timed>>> Run(std::vector<RankGen> gens);
-
- private:
-  size_t Idx(int g, int mb, int q) const { return (static_cast<size_t>(g) * l_.m + mb) * l_.k + q; }
-  double Comm(int r, int g) const { return l_.owner_rank[g] != r ? c_.in.costs.comm : 0; }
-  double Ready(int r, const Action& a) const {
-    const int g = l_.group_of[r][a.chunk];
-    double t = 0;
-    if (a.kind == ActionKind::kF) {
-      if (g > 0) t = fend_[Idx(g - 1, a.mb, a.seq)] + Comm(r, g - 1);
-      if (a.seq > 0) t = std::max(t, fend_[Idx(g, a.mb, a.seq - 1)]);
-    } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
-      t = fend_[Idx(g, a.mb, a.seq)];
-      if (g == l_.groups - 1) {
-        t += c_.delay;
-      } else {
-        t = std::max(t, bend_[Idx(g + 1, a.mb, a.seq)] + Comm(r, g + 1));
-      }
-      if (a.seq + 1 < l_.k) t = std::max(t, bend_[Idx(g, a.mb, a.seq + 1)]);
-    } else {
-      t = bend_[Idx(g, a.mb, a.seq)];
-    }
-    return t;
-  }
-  // Memory charge of a pass in the greedy generators. ZB-V reserves a whole microbatch at the
-  // chunk-0 forward so that its chunk-1 forward can always run (no memory deadlock).
-  double Charge(int r, const Action& a) const {
-    const double u = internal::ActivationUnits(l_, r, a);
-    if (VShape(c_.in.schedule) && a.kind == ActionKind::kF) {
-      if (a.chunk == 1) return 0;
-      Action other = a;
-      other.chunk = 1;
-      return u + internal::ActivationUnits(l_, r, other);
-    }
-    return u;
-  }
-
-  const Ctx& c_;
-  const Layout& l_;
-  std::vector<double> fend_, bend_;
-};
-
-absl::StatusOr<std::vector<std::vector<Timed>>> Engine::Run(std::vector<RankGen> gens) {
-  const int p = l_.p;
-  std::vector<std::vector<Timed>> out(p);
-  std::vector<double> free(p, 0);
-  const Costs& costs = c_.in.costs;
-  for (;;) {
-    int best_r = -1;
-    double best_t = kInf;
-    Action best_a;
-    int best_stream = -1;  // -1 = W queue
-    bool any_left = false;
-    for (int r = 0; r < p; ++r) {
-      RankGen& rg = gens[r];
-      double t0 = free[r];
-      int pick = -2;
-      double pick_t = kInf;
-      double early_t = kInf;
-      int early = -2;
-      bool mem_blocked = false;
-      bool left = !rg.wq.empty();
-      for (size_t s = 0; s < rg.streams.size(); ++s) {
-        const Stream& st = rg.streams[s];
-        if (st.next >= st.acts.size()) continue;
-        left = true;
-        const Action& x = st.acts[st.next];
-        if (rg.greedy && st.forward && rg.mem + Charge(r, x) > rg.cap + 1e-9) {
-          mem_blocked = true;
-          continue;
-        }
-        const double rx = Ready(r, x);
-        if (rx <= t0) {
-          pick = static_cast<int>(s);
-          pick_t = t0;
-          break;
-        }
-        if (rx < early_t) {
-          early_t = rx;
-          early = static_cast<int>(s);
-        }
-      }
-      if (!left) continue;
-      any_left = true;
-      if (pick == -2) {
-        if (!rg.wq.empty() && (rg.greedy || mem_blocked)) {
-          pick = -1;
-          pick_t = t0;
-        } else if (early >= 0) {
-          pick = early;
-          pick_t = early_t;
-        } else if (!rg.wq.empty()) {
-          pick = -1;
-          pick_t = t0;
-        }
-      }
-      if (pick == -2) continue;
-      if (pick_t < best_t) {
-        best_t = pick_t;
-        best_r = r;
-        best_stream = pick;
-        best_a = pick == -1 ? rg.wq.front() : rg.streams[pick].acts[rg.streams[pick].next];
-      }
-    }
-    if (!any_left) break;
-    if (best_r < 0) {
-      std::vector<std::string> heads;
-      for (int r = 0; r < p; ++r)
-        for (const Stream& st : gens[r].streams)
-          if (st.next < st.acts.size())
-            heads.push_back(absl::StrCat("rank ", r, " ", ToString(st.acts[st.next])));
-      return absl::InternalError(absl::StrCat(
-          "schedule generator ", ScheduleName(c_.in.schedule),
-          " produced an order that cannot run; waiting: ", absl::StrJoin(heads, ", ")));
-    }
-    RankGen& rg = gens[best_r];
-    if (best_stream == -1) {
-      rg.wq.pop_front();
-    } else {
-      ++rg.streams[best_stream].next;
-    }
-    const double end = best_t + internal::ActionCost(l_, costs, best_r, best_a);
-    free[best_r] = end;
-    const int g = l_.group_of[best_r][best_a.chunk];
-    if (best_a.kind == ActionKind::kF) fend_[Idx(g, best_a.mb, best_a.seq)] = end;
-    if (best_a.kind == ActionKind::kB || best_a.kind == ActionKind::kBW)
-      bend_[Idx(g, best_a.mb, best_a.seq)] = end;
-    if (best_a.kind == ActionKind::kB && rg.greedy) {
-      Action w = best_a;
-      w.kind = ActionKind::kW;
-      rg.wq.push_back(w);
-    }
-    rg.mem += Charge(best_r, best_a);
-    out[best_r].push_back({best_a, best_t, end});
-  }
-  return out;
-}
-
-// Warm-up forwards, then one forward and one backward alternately, then the remaining
-// backwards (1F1B, interleaved, Seq1F1B, Seq1F1B-I).
-std::vector<Action> WarmupThenAlternate(const std::vector<Action>& fwd,
-                                        const std::vector<Action>& bwd, int warmup) {
-  std::vector<Action> out;
-  const size_t w = std::min<size_t>(std::max(warmup, 0), fwd.size());
-  size_t i = 0, j = 0;
-  while (i < w) out.push_back(fwd[i++]);
-  while (i < fwd.size()) {
-    out.push_back(fwd[i++]);
-    if (j < bwd.size()) out.push_back(bwd[j++]);
-  }
-  while (j < bwd.size()) out.push_back(bwd[j++]);
-  return out;
-}
-
-absl::StatusOr<std::vector<std::vector<Timed>>> TransformerSchedule(const Ctx& c,
-                                                                    int extra_warmup) {
-  const Layout& l = c.l;
-  const int p = l.p, m = l.m, k = l.k, v = c.v, d = c.d;
-  std::vector<RankGen> gens(p);
-  const Schedule s = c.in.schedule;
-  if (s == Schedule::k1F1B || s == Schedule::kSeq1F1B || Interleaved(s)) {
-    for (int r = 0; r < p; ++r) {
-      std::vector<Action> fwd, bwd;
-      for (int start = 0; start < m; start += p) {  // blocks of p microbatches
-        const int end = std::min(m, start + p);
-        for (int ch = 0; ch < v; ++ch)
-          for (int mb = start; mb < end; ++mb)
-            for (int q = 0; q < k; ++q) fwd.push_back(Make(ActionKind::kF, mb, ch, q));
-        for (int ch = v - 1; ch >= 0; --ch)
-          for (int mb = start; mb < end; ++mb)
-            for (int q = k - 1; q >= 0; --q) bwd.push_back(Make(ActionKind::kBW, mb, ch, q));
-      }
-      // Seq1F1B warm-up p-r-2+k (0-based r) is 1F1B's p-r-1 for k = 1; interleaving adds
-      // (v-1) blocks of chunk-0 units and one more forward per rank of distance.
-      const int b0 = std::min(p, m);
-      int w = (v - 1) * b0 * k + (v > 1 ? 2 : 1) * (p - r - 1) + k - 1 + d + extra_warmup;
-      gens[r].streams.push_back({WarmupThenAlternate(fwd, bwd, w), 0, false});
-    }
-  } else if (s == Schedule::kVHalf) {
-    // Building block of V-Half on a 6-slot interval (schedules.md §5); backward slots move
-    // by one interval per vocabulary barrier. Orders do not depend on costs.
-    const int delta = (p % 2 == 0 ? 3 : 0) + 6 * d;
-    for (int r = 0; r < p; ++r) {
-      std::vector<std::pair<int64_t, Action>> slots;
-      std::vector<char> used;
-      auto take = [&](int64_t slot) {
-        if (slot >= static_cast<int64_t>(used.size())) used.resize(slot + 64, 0);
-        used[slot] = 1;
-      };
-      std::vector<std::pair<int64_t, Action>> backs;
-      for (int mb = 0; mb < m; ++mb) {
-        const int64_t base = 6LL * mb;
-        slots.push_back({base + 2 * r, Make(ActionKind::kF, mb, 0)});
-        slots.push_back({base + 3 * p - 2 - r, Make(ActionKind::kF, mb, 1)});
-        backs.push_back({base + 3 * p - 1 + 2 * r + delta, Make(ActionKind::kB, mb, 1)});
-        backs.push_back({base + 6 * p - 2 - r + delta, Make(ActionKind::kB, mb, 0)});
-      }
-      for (auto& x : slots) take(x.first);
-      for (auto& x : backs) take(x.first);
-      std::sort(backs.begin(), backs.end(), [](auto& a, auto& b) { return a.first < b.first; });
-      for (auto& [slot, a] : backs) {
-        slots.push_back({slot, a});
-        int64_t ws = slot + 1;
-        while (ws < static_cast<int64_t>(used.size()) && used[ws]) ++ws;
-        take(ws);
-        Action w = a;
-        w.kind = ActionKind::kW;
-        slots.push_back({ws, w});
-      }
-      std::stable_sort(slots.begin(), slots.end(),
-                       [](auto& a, auto& b) { return a.first < b.first; });
-      Stream st;
-      for (auto& x : slots) st.acts.push_back(x.second);
-      gens[r].streams.push_back(std::move(st));
-    }
-  } else if (s == Schedule::kZBH1) {
-    // Greedy zero-bubble: 1F1B's forward/backward order, W deferred into idle time or
-    // forced by a cap of p (+ barriers) microbatches of activations.
-    for (int r = 0; r < p; ++r) {
-      RankGen& g = gens[r];
-      g.greedy = true;
-      g.cap = (p + d) * std::max(1e-9, internal::ActivationUnits(l, r, Make(ActionKind::kF, 0)));
-      Stream b, f;
-      f.forward = true;
-      for (int mb = 0; mb < m; ++mb) {
-        f.acts.push_back(Make(ActionKind::kF, mb));
-        b.acts.push_back(Make(ActionKind::kB, mb));
-      }
-      g.streams.push_back(std::move(b));
-      g.streams.push_back(std::move(f));
-    }
-  } else {  // ZB-V
-    for (int r = 0; r < p; ++r) {
-      RankGen& g = gens[r];
-      g.greedy = true;
-      g.cap =
-          (p + d) * std::max(1e-9, internal::ActivationUnits(l, r, Make(ActionKind::kF, 0)) +
-                                       internal::ActivationUnits(l, r, Make(ActionKind::kF, 0, 1)));
-      Stream b1, b0, f1, f0;
-      f1.forward = f0.forward = true;
-      for (int mb = 0; mb < m; ++mb) {
-        b1.acts.push_back(Make(ActionKind::kB, mb, 1));
-        b0.acts.push_back(Make(ActionKind::kB, mb, 0));
-        f1.acts.push_back(Make(ActionKind::kF, mb, 1));
-        f0.acts.push_back(Make(ActionKind::kF, mb, 0));
-      }
-      g.streams = {std::move(b1), std::move(b0), std::move(f1), std::move(f0)};
-    }
-  }
-  Engine engine(c);
-  return engine.Run(std::move(gens));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Vocabulary passes: S, T, IF, IB placed by the base timeline; OPT last.
-
-std::vector<std::vector<Action>> AddVocabularyPasses(const Ctx& c,
-                                                     const std::vector<std::vector<Timed>>& base) {
-  const Layout& l = c.l;
-  const int p = l.p, m = l.m, k = l.k, units = m * k;
-  const int G = l.groups;
-  std::vector<const Timed*> fl(units), bl(units), ff(m), bf(m);
-  for (int r = 0; r < p; ++r)
-    for (const Timed& t : base[r]) {
-      const int g = l.group_of[r][t.a.chunk];
-      const int u = t.a.mb * k + t.a.seq;
-      if (g == G - 1 && t.a.kind == ActionKind::kF) fl[u] = &t;
-      if (g == G - 1 && (t.a.kind == ActionKind::kB || t.a.kind == ActionKind::kBW)) bl[u] = &t;
-      if (g == 0 && t.a.kind == ActionKind::kF && t.a.seq == 0) ff[t.a.mb] = &t;
-      if (g == 0 && (t.a.kind == ActionKind::kB || t.a.kind == ActionKind::kBW) && t.a.seq == 0)
-        bf[t.a.mb] = &t;
-    }
-  struct Extra {
-    double target;
-    int family;
-    int64_t key;
-    Action a;
-  };
-  std::vector<Extra> extras;  // the same for every rank (sharded) or for one rank
-  const bool interlaced = c.in.vocab == VocabMethod::kInterlaced;
-  const int mp = c.in.max_pending_t;
-  for (int u = 0; u < units; ++u) {
-    const int mb = u / k, q = u % k;
-    const double s_t = fl[u]->end;
-    extras.push_back({s_t, 1, 2LL * u + 1, Make(ActionKind::kS, mb, 0, q)});
-    double t_t;
-    int64_t t_key;
-    if (!l.sharded || interlaced) {
-      t_t = s_t;
-      t_key = 2LL * u + 2;
-    } else {
-      t_t = u + mp < units ? fl[u + mp]->end : kInf;
-      t_key = 2LL * (u + mp);
-      if (l.barrier == 2) t_t = std::min(t_t, bl[u]->start);
-    }
-    extras.push_back({t_t, 1, t_key, Make(ActionKind::kT, mb, 0, q)});
-  }
-  std::vector<Extra> input;
-  for (int mb = 0; mb < m; ++mb) {
-    input.push_back({ff[std::max(mb - 1, 0)]->start, 0, mb, Make(ActionKind::kIF, mb)});
-    input.push_back({bf[mb]->end, 2, mb, Make(ActionKind::kIB, mb)});
-  }
-  std::vector<std::vector<Action>> out(p);
-  for (int r = 0; r < p; ++r) {
-    std::vector<std::pair<size_t, const Extra*>> mine;
-    auto add = [&](const std::vector<Extra>& xs) {
-      for (const Extra& e : xs) {
-        auto it = std::lower_bound(base[r].begin(), base[r].end(), e.target,
-                                   [](const Timed& t, double v) { return t.start < v; });
-        mine.push_back({static_cast<size_t>(it - base[r].begin()), &e});
-      }
-    };
-    if (l.sharded || r == l.x_owner()) add(extras);
-    if (l.sharded || r == l.owner_rank[0]) add(input);
-    std::stable_sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) {
-      if (a.first != b.first) return a.first < b.first;
-      if (a.second->target != b.second->target) return a.second->target < b.second->target;
-      if (a.second->family != b.second->family) return a.second->family < b.second->family;
-      return a.second->key < b.second->key;
-    });
-    size_t e = 0;
-    for (size_t i = 0; i <= base[r].size(); ++i) {
-      while (e < mine.size() && mine[e].first == i) out[r].push_back(mine[e++].second->a);
-      if (i < base[r].size()) out[r].push_back(base[r][i].a);
-    }
-    out[r].push_back(Make(ActionKind::kOpt, -1));
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Lowering: an event simulation of the compute orders places every transfer and collective.
-// Events are emitted in one global order (time, then creation); each transfer or collective
-// is appended to all participants' lists at the same point of that order, so every rank's
-// list is a projection of one global sequence: no deadlock under blocking sends, and one
-// collective sequence for all ranks.
-
-absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
-                                            const std::vector<std::vector<Action>>& orders) {
-  const Layout& l = c.l;
-  const Costs& costs = c.in.costs;
-  const int p = l.p, m = l.m, k = l.k, G = l.groups;
-  const size_t n = static_cast<size_t>(G) * m * k, units = static_cast<size_t>(m) * k;
-  auto idx = [&](int g, int mb, int q) { return (static_cast<size_t>(g) * m + mb) * k + q; };
-  std::vector<double> act_in(n, kInf), grad_in(n, kInf);
-  std::vector<double> bcast(units, kInf), c1(units, kInf), c2(units, kInf), ifr(m, kInf),
-      ibb(m, kInf);
-  std::vector<int> cnt_s(units, 0), cnt_t(units, 0), cnt_if(m, 0), cnt_b0(m, 0);
-  std::vector<double> max_s(units, 0), max_t(units, 0), max_if(m, 0);
-  std::vector<RankPlan> out(p);
-  std::vector<size_t> next(p, 0);
-  std::vector<double> lane(p, 0);
-  std::vector<char> pending(p, 0);
-  double coll_free = 0;
-
-  struct Ev {
-    double t;
-    int64_t seq;
-    int type;  // 0 compute, 1 transfer, 2 collective
-    int r;     // compute rank / sender
-    Action a;  // compute action / sender's SEND / collective
-    int peer;
-    Action recv;
-    bool operator>(const Ev& o) const { return t != o.t ? t > o.t : seq > o.seq; }
-  };
-  std::priority_queue<Ev, std::vector<Ev>, std::greater<Ev>> q;
-  int64_t seq = 0;
-
-  auto ready_time = [&](int r, const Action& a) -> double {
-    double t = lane[r];
-    const int u = a.mb * k + a.seq;
-    switch (a.kind) {
-      case ActionKind::kF: {
-        const int g = l.group_of[r][a.chunk];
-        if (g == 0 && l.sharded) t = std::max(t, ifr[a.mb]);
-        if (g > 0 && l.owner_rank[g - 1] != r) t = std::max(t, act_in[idx(g, a.mb, a.seq)]);
-        break;
-      }
-      case ActionKind::kB:
-      case ActionKind::kBW: {
-        const int g = l.group_of[r][a.chunk];
-        if (g == G - 1 && l.barrier == 1) t = std::max(t, c1[u]);
-        if (g == G - 1 && l.barrier == 2) t = std::max(t, c2[u]);
-        if (g < G - 1 && l.owner_rank[g + 1] != r) t = std::max(t, grad_in[idx(g, a.mb, a.seq)]);
-        break;
-      }
-      case ActionKind::kS:
-        if (l.sharded && r != l.x_owner()) t = std::max(t, bcast[u]);
-        break;
-      case ActionKind::kT:
-        if (l.sharded) t = std::max(t, c1[u]);
-        break;
-      case ActionKind::kIB:
-        if (l.sharded) t = std::max(t, ibb[a.mb]);
-        break;
-      default:
-        break;
-    }
-    return t;
-  };
-  auto try_rank = [&](int r) {
-    if (pending[r] || next[r] >= orders[r].size()) return;
-    const Action& a = orders[r][next[r]];
-    const double t = ready_time(r, a);
-    if (t == kInf) return;
-    pending[r] = 1;
-    q.push({t, seq++, 0, r, a, -1, {}});
-  };
-  auto collective = [&](double t, ActionKind kind, int mb, int qq) {
-    q.push({t, seq++, 2, -1, Make(kind, mb, 0, qq), -1, {}});
-  };
-  for (int r = 0; r < p; ++r) try_rank(r);
-  while (!q.empty()) {
-    Ev ev = q.top();
-    q.pop();
-    if (ev.type == 0) {
-      const int r = ev.r;
-      const Action& a = ev.a;
-      const double end = ev.t + internal::ActionCost(l, costs, r, a);
-      lane[r] = end;
-      out[r].actions.push_back(a);
-      ++next[r];
-      pending[r] = 0;
-      const int u = a.mb * k + a.seq;
-      if (a.kind == ActionKind::kF) {
-        const int g = l.group_of[r][a.chunk];
-        if (g + 1 < G && l.owner_rank[g + 1] != r) {
-          Action s = Make(ActionKind::kSendAct, a.mb, a.chunk, a.seq);
-          s.peer = static_cast<int16_t>(l.owner_rank[g + 1]);
-          Action rv = Make(ActionKind::kRecvAct, a.mb, l.owner_chunk[g + 1], a.seq);
-          rv.peer = static_cast<int16_t>(r);
-          q.push({end, seq++, 1, r, s, l.owner_rank[g + 1], rv});
-        }
-        if (g == G - 1 && l.sharded) collective(end, ActionKind::kBcastX, a.mb, a.seq);
-      } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
-        const int g = l.group_of[r][a.chunk];
-        if (g > 0 && l.owner_rank[g - 1] != r) {
-          Action s = Make(ActionKind::kSendGrad, a.mb, a.chunk, a.seq);
-          s.peer = static_cast<int16_t>(l.owner_rank[g - 1]);
-          Action rv = Make(ActionKind::kRecvGrad, a.mb, l.owner_chunk[g - 1], a.seq);
-          rv.peer = static_cast<int16_t>(r);
-          q.push({end, seq++, 1, r, s, l.owner_rank[g - 1], rv});
-        }
-        if (g == 0 && l.sharded && ++cnt_b0[a.mb] == k)
-          collective(end, ActionKind::kIbBcast, a.mb, 0);
-      } else if (l.sharded && a.kind == ActionKind::kS) {
-        max_s[u] = std::max(max_s[u], end);
-        if (++cnt_s[u] == p) collective(max_s[u], ActionKind::kC1, a.mb, a.seq);
-      } else if (l.sharded && a.kind == ActionKind::kT && l.barrier == 2) {
-        max_t[u] = std::max(max_t[u], end);
-        if (++cnt_t[u] == p) collective(max_t[u], ActionKind::kC2, a.mb, a.seq);
-      } else if (l.sharded && a.kind == ActionKind::kIF) {
-        max_if[a.mb] = std::max(max_if[a.mb], end);
-        if (++cnt_if[a.mb] == p) collective(max_if[a.mb], ActionKind::kIfReduce, a.mb, 0);
-      }
-      try_rank(r);
-    } else if (ev.type == 1) {
-      out[ev.r].actions.push_back(ev.a);
-      out[ev.peer].actions.push_back(ev.recv);
-      const int g = l.group_of[ev.peer][ev.recv.chunk];
-      (ev.a.kind == ActionKind::kSendAct ? act_in : grad_in)[idx(g, ev.a.mb, ev.a.seq)] =
-          ev.t + costs.comm;
-      try_rank(ev.peer);
-    } else {
-      const double start = std::max(ev.t, coll_free);
-      const double end = start + costs.collective;
-      coll_free = end;
-      const int u = ev.a.mb * k + ev.a.seq;
-      switch (ev.a.kind) {
-        case ActionKind::kBcastX:
-          bcast[u] = end;
-          break;
-        case ActionKind::kC1:
-          c1[u] = end;
-          break;
-        case ActionKind::kC2:
-          c2[u] = end;
-          break;
-        case ActionKind::kIfReduce:
-          ifr[ev.a.mb] = end;
-          break;
-        default:
-          ibb[ev.a.mb] = end;
-          break;
-      }
-      for (int r = 0; r < p; ++r) {
-        out[r].actions.push_back(ev.a);
-        try_rank(r);
-      }
-    }
-  }
-  std::vector<std::string> stuck;
-  for (int r = 0; r < p; ++r)
-    if (next[r] < orders[r].size())
-      stuck.push_back(absl::StrCat("rank ", r, " at ", ToString(orders[r][next[r]])));
-  if (!stuck.empty())
-    return absl::InternalError(
-        absl::StrCat("lowering: compute orders are inconsistent (", ScheduleName(c.in.schedule),
-                     " x ", VocabName(c.in.vocab), "); stuck: ", absl::StrJoin(stuck, ", ")));
-  return out;
+  ListScheduler scheduler(c);
+  return scheduler.Run(std::move(gens));
 }
 
 }  // namespace
+}  // namespace internal
 
-absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
-  absl::StatusOr<Ctx> c = MakeContext(in);
+namespace {
+
+using internal::Ctx;
+using internal::Interleaved;
+using internal::Timeline;
+
+// Builds and lowers; the caller validates (BuildPlan) or validates while timing
+// (BuildAndSimulate), so that a plan runs through the abstract machine once.
+absl::StatusOr<Plan> BuildUnvalidated(const PlannerInput& in) {
+  absl::StatusOr<Ctx> c = internal::MakeContext(in);
   if (!c.ok()) return c.status();
-  absl::StatusOr<std::vector<std::vector<Timed>>> base = TransformerSchedule(*c, 0);
+  absl::StatusOr<Timeline> base = internal::TransformerSchedule(*c, 0);
   // Interleaved orders with a partial last block of microbatches (m % p != 0) may need more
   // warm-up forwards than Megatron's formula (which assumes full blocks): take the smallest
   // extra warm-up that gives a runnable order.
   for (int extra = 1;
        !base.ok() && Interleaved(in.schedule) && extra <= in.microbatches * c->v * in.seq_chunks;
        ++extra)
-    base = TransformerSchedule(*c, extra);
+    base = internal::TransformerSchedule(*c, extra);
   if (!base.ok()) return base.status();
-  std::vector<std::vector<Action>> orders = AddVocabularyPasses(*c, *base);
-  absl::StatusOr<std::vector<RankPlan>> ranks = Lower(*c, orders);
+  std::vector<std::vector<Action>> orders = internal::AddVocabularyPasses(*c, *base);
+  absl::StatusOr<std::vector<RankPlan>> ranks = internal::Lower(*c, orders);
   if (!ranks.ok()) return ranks.status();
   Plan plan;
   plan.schedule = std::string(ScheduleName(in.schedule));
@@ -729,9 +213,27 @@ absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
   for (int r = 0; r < in.pipeline; ++r)
     for (int g : c->l.group_of[r])
       plan.ranks[r].chunks.push_back({g, first_of[g], c->l.group_layers[g]});
-  if (absl::Status s = ValidatePlan(plan); !s.ok())
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
+  absl::StatusOr<Plan> plan = BuildUnvalidated(in);
+  if (!plan.ok()) return plan.status();
+  if (absl::Status s = ValidatePlan(*plan); !s.ok())
     return absl::InternalError(absl::StrCat("generated plan failed validation: ", s.message()));
   return plan;
+}
+
+absl::StatusOr<SimulatedPlan> BuildAndSimulate(const PlannerInput& in) {
+  absl::StatusOr<Plan> plan = BuildUnvalidated(in);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<SimResult> sim = Simulate(*plan, in);
+  if (!sim.ok())
+    return absl::InternalError(
+        absl::StrCat("generated plan failed validation: ", sim.status().message()));
+  return SimulatedPlan{std::move(*plan), std::move(*sim)};
 }
 
 }  // namespace vp::planner

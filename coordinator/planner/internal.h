@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "coordinator/planner/plan.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/plan.h"
 
 namespace vp::planner::internal {
 

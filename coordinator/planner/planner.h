@@ -9,14 +9,24 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 
 namespace vp::planner {
 
-enum class Schedule { k1F1B, kInterleaved, kVHalf, kZBH1, kZBV, kSeq1F1B, kSeq1F1BInterleaved };
+enum class Schedule {
+  k1F1B,
+  kInterleaved,
+  kVHalf,
+  kZBH1,
+  kZBV,
+  kSeq1F1B,
+  kSeq1F1BInterleaved,
+  kVMin,
+};
 enum class VocabMethod { kBaseline, kRedis, kInterlaced, kVocab1, kVocab2 };
 
-absl::string_view ScheduleName(Schedule s);  // 1f1b, interleaved, vhalf, zbh1, zbv, seq1f1b, ...
+absl::string_view ScheduleName(
+    Schedule s);  // 1f1b, interleaved, vhalf, zbh1, zbv, seq1f1b, ..., vmin
 absl::string_view VocabName(VocabMethod v);  // baseline, redis, interlaced, vocab1, vocab2
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view name);
 absl::StatusOr<VocabMethod> ParseVocab(absl::string_view name);
@@ -117,6 +127,13 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in);
 absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& shape, int layers, int k);
 // Forward FLOPs of tokens [begin, end) of one sequence (causal attention to all keys < end).
 double ChunkForwardFlops(const ModelShape& shape, int layers, int64_t begin, int64_t end);
+
+// BuildPlan + Simulate with one run of the abstract machine (it validates while it times).
+struct SimulatedPlan {
+  Plan plan;
+  SimResult sim;
+};
+absl::StatusOr<SimulatedPlan> BuildAndSimulate(const PlannerInput& in);
 
 // Automatic choice: every (schedule, vocab, k) candidate ranked by predicted step time.
 struct Candidate {

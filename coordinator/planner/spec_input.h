@@ -4,8 +4,8 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/plan.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/plan.h"
 #include "vocabpipe/v1/job.pb.h"
 
 namespace vp::planner {

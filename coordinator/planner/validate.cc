@@ -12,10 +12,12 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/internal.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/flops.h"
 
 namespace vp::planner {
 namespace internal {
@@ -141,6 +143,7 @@ class Machine {
     pc_.assign(l.p, 0);
     lane_.assign(l.p, 0);
     stuck_.assign(l.p, "");
+    waits_for_.assign(l.p, -1);
     if (costs_ != nullptr) {
       times_.resize(l.p);
       for (int r = 0; r < l.p; ++r) times_[r].resize(plan.ranks[r].actions.size());
@@ -148,6 +151,7 @@ class Machine {
   }
 
   absl::Status Run();
+  std::string StallGrid() const;
   std::vector<std::vector<TimedAction>>& times() { return times_; }
 
  private:
@@ -183,6 +187,7 @@ class Machine {
   std::vector<double> lane_;
   double coll_free_ = 0;
   std::vector<std::string> stuck_;
+  std::vector<int> waits_for_;  // peer a blocked P2P head waits on, -1 none
   std::vector<std::vector<TimedAction>> times_;
 };
 
@@ -301,20 +306,35 @@ std::string Machine::FireCompute(int r, const Action& a) {
       return "";
     case ActionKind::kOpt: {
       // Everything this rank computes must be done: weight gradients of every chunk, T and IB.
+      // (Messages are built only on failure: this loop runs m·v·k times per rank.)
       for (size_t c = 0; c < l_.group_of[r].size(); ++c)
         for (int i = 0; i < l_.m; ++i)
           for (int s = 0; s < l_.k; ++s)
-            if (!need(ChunkT(r, kWDone, c, i, s),
-                      absl::StrCat("W/BW of mb ", i, " chunk ", c, " seq ", s, " before OPT")))
+            if (const double t = ChunkT(r, kWDone, c, i, s); t != kAbsent) {
+              ready = std::max(ready, t);
+            } else {
+              need(t, absl::StrCat("W/BW of mb ", i, " chunk ", c, " seq ", s, " before OPT"));
               return stuck_[r];
+            }
       for (int i = 0; i < l_.m; ++i) {
-        if (l_.sharded || l_.owner_rank[0] == r)
-          if (!need(VocabT(r, kIbDone, i, 0), absl::StrCat("IB(", i, ") before OPT")))
+        if (l_.sharded || l_.owner_rank[0] == r) {
+          if (const double t = VocabT(r, kIbDone, i, 0); t != kAbsent) {
+            ready = std::max(ready, t);
+          } else {
+            need(t, absl::StrCat("IB(", i, ") before OPT"));
             return stuck_[r];
-        if (l_.sharded || l_.x_owner() == r)
-          for (int s = 0; s < l_.k; ++s)
-            if (!need(VocabT(r, kTDone, i, s), absl::StrCat("T(", i, ") before OPT")))
+          }
+        }
+        if (l_.sharded || l_.x_owner() == r) {
+          for (int s = 0; s < l_.k; ++s) {
+            if (const double t = VocabT(r, kTDone, i, s); t != kAbsent) {
+              ready = std::max(ready, t);
+            } else {
+              need(t, absl::StrCat("T(", i, ") before OPT"));
               return stuck_[r];
+            }
+          }
+        }
       }
       double dummy;
       fire(dummy);
@@ -385,6 +405,34 @@ std::string Machine::FireCollective(const Action& a) {
     Record(r, ready, end);
   }
   return "";
+}
+
+// Rank-by-step grid around a stall: each rank's actions from a few steps before its program
+// counter to a few after; the action it is blocked at in [brackets], done ones plain, the
+// ones not reached in lower case. Reading down a column shows who waits for whom.
+std::string Machine::StallGrid() const {
+  constexpr size_t kBefore = 4, kAfter = 3, kWidth = 18;
+  std::string out = "  rank-by-step grid ([blocked], lower case: not reached):\n";
+  for (int r = 0; r < l_.p; ++r) {
+    const auto& acts = plan_.ranks[r].actions;
+    const size_t pc = pc_[r];
+    const size_t from = pc > kBefore ? pc - kBefore : 0;
+    const size_t to = std::min(acts.size(), pc + kAfter + 1);
+    absl::StrAppend(&out, "  rank ", r, " step ", from, ":");
+    for (size_t i = from; i < to; ++i) {
+      std::string cell = ToString(acts[i]);
+      if (i == pc) {
+        cell = absl::StrCat("[", cell, "]");
+      } else if (i > pc) {
+        absl::AsciiStrToLower(&cell);
+      }
+      cell.resize(std::max(cell.size() + 1, kWidth), ' ');
+      absl::StrAppend(&out, " ", cell);
+    }
+    if (pc >= acts.size()) absl::StrAppend(&out, " (done)");
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
 }
 
 absl::Status Machine::Run() {
@@ -469,8 +517,9 @@ absl::Status Machine::Run() {
                                    : (act ? ActionKind::kSendAct : ActionKind::kSendGrad);
       if (other == nullptr || other->kind != want || other->peer != r || other->mb != a->mb ||
           other->seq != a->seq) {
-        stuck_[r] = absl::StrCat("waits for rank ", a->peer, " to post the matching ",
-                                 ActionKindName(want));
+        // The reason is spelled out only if the plan ends stuck (this wait is common).
+        waits_for_[r] = a->peer;
+        stuck_[r].clear();
         break;
       }
       const int gs = l_.group_of[s][sa->chunk], gd = l_.group_of[d][ra->chunk];
@@ -491,6 +540,7 @@ absl::Status Machine::Run() {
       }
       stuck_[r].clear();
       stuck_[a->peer].clear();
+      waits_for_[r] = waits_for_[a->peer] = -1;
       ++pc_[r];
       ++pc_[a->peer];
       push(a->peer);
@@ -500,11 +550,15 @@ absl::Status Machine::Run() {
   for (int r = 0; r < l_.p; ++r) {
     if (const Action* a = Head(r))
       errors.push_back(absl::StrCat("rank ", r, " action ", pc_[r], " ", ToString(*a), ": ",
-                                    stuck_[r].empty() ? "blocked" : stuck_[r]));
+                                    !stuck_[r].empty() ? stuck_[r]
+                                    : waits_for_[r] >= 0
+                                        ? absl::StrCat("waits for rank ", waits_for_[r],
+                                                       " to post the matching receive or send")
+                                        : "blocked"));
   }
   if (!errors.empty())
-    return absl::FailedPreconditionError(
-        absl::StrCat("plan cannot run to the end:\n  ", absl::StrJoin(errors, "\n  ")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan cannot run to the end:\n  ", absl::StrJoin(errors, "\n  "), "\n", StallGrid()));
   // Coverage: every pass of every (mb, seq) exactly once on the rank holding it.
   for (int r = 0; r < l_.p; ++r) {
     for (size_t c = 0; c < l_.group_of[r].size(); ++c)
@@ -604,8 +658,8 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   res.bubble_ratio = res.makespan > 0 ? 1 - busy_total / (l->p * res.makespan) : 0;
   res.step_time = res.makespan;
   if (h > 0) {
-    const double layer_flops = 6 * b * s * (4 * h * h + 2 * h * ffn) + 12 * b * s * s * h;
-    res.model_flops = l->m * (l->layers * layer_flops + 6 * b * s * h * vocab_rows + 3 * b * s * h);
+    res.model_flops = l->m * (l->layers * flops::TransformerLayer(b, s, h, ffn) +
+                              flops::OutputLayer(b, s, h, vocab_rows) + flops::InputLayer(b, s, h));
   }
   if (ms.peak_flops > 0 && res.step_time > 0)
     res.mfu = res.model_flops / (res.step_time * l->p * ms.peak_flops);

@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "coordinator/server/job_plan.h"
 #include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"

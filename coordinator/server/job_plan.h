@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "coordinator/planner/planner.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "vocabpipe/v1/service.pb.h"

@@ -372,8 +372,9 @@ class YamlToProto {
 // ---------------------------------------------------------------------------------------------
 // Validation.
 
-constexpr const char* kSchedules[] = {"1f1b",    "interleaved",         "vhalf", "zbh1", "zbv",
-                                      "seq1f1b", "seq1f1b-interleaved", "auto"};
+constexpr const char* kSchedules[] = {"1f1b", "interleaved", "vhalf",   "vmin",
+                                      "zbh1", "zbv",         "seq1f1b", "seq1f1b-interleaved",
+                                      "auto"};
 constexpr const char* kVocabMethods[] = {"baseline", "redis",  "interlaced",
                                          "vocab1",   "vocab2", "auto"};
 constexpr const char* kLrSchedules[] = {"constant", "cosine"};

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 #include "worker/daemon/profile.h"
 #include "worker/engine/kernels/cpu/blas.h"

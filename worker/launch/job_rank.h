@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/launch/worker.h"

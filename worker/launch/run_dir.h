@@ -22,7 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "coordinator/planner/spec_input.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "worker/runtime/trainer.h"

@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "worker/runtime/pipeline_rank.h"
 
 namespace gloo::rendezvous {

@@ -3,22 +3,23 @@
 #include <algorithm>
 #include <chrono>
 
+#include "proto/plan/flops.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/memory.h"
 
 namespace vp::runtime {
 
+// The formulas are proto/plan/flops.h, shared with the planner's predicted MFU.
 double TransformerLayerFlops(const engine::ModelConfig& c, int b) {
-  const double bs = static_cast<double>(b) * c.seq_len, h = c.hidden, f = c.ffn_hidden;
-  return 6.0 * bs * (4.0 * h * h + 2.0 * h * f) + 12.0 * bs * c.seq_len * h;
+  return flops::TransformerLayer(b, c.seq_len, c.hidden, c.ffn_hidden);
 }
 
 double OutputLayerFlops(const engine::ModelConfig& c, int b) {
-  return 6.0 * b * c.seq_len * static_cast<double>(c.hidden) * c.vocab;
+  return flops::OutputLayer(b, c.seq_len, c.hidden, static_cast<double>(c.vocab));
 }
 
 double InputLayerFlops(const engine::ModelConfig& c, int b) {
-  return 3.0 * b * c.seq_len * static_cast<double>(c.hidden);
+  return flops::InputLayer(b, c.seq_len, c.hidden);
 }
 
 double ModelFlopsPerMicrobatch(const engine::ModelConfig& c, int b) {

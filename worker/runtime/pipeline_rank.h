@@ -1,4 +1,4 @@
-// One pipeline rank executing a pass plan (coordinator/planner's Plan IR) against its model
+// One pipeline rank executing a pass plan (the plan IR of proto/plan) against its model
 // shard: transformer chunks, vocabulary shards, sequence chunks, optimizer step.
 //
 // Compute actions (F, B, W, BW, IF, IB, S, T, OPT) run on the calling thread in plan order.
@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/model/rank_model.h"
 #include "worker/runtime/trainer.h"

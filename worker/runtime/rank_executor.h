@@ -46,7 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/model/rank_model.h"
 #include "worker/runtime/pipeline_rank.h"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace vp::planner {
@@ -66,6 +67,93 @@ TEST(Planner, VHalfPeakIsHalfAndEqual) {
   }
 }
 
+// Reference: the zero-bubble repository's building-block generator
+// (megatron/core/pipeline_parallel/zerobubble/scheduler/zbv_greedy.py, run at F=B=W=1 per
+// chunk, c=0), converted to our units (a stage pass = both chunks = 2 of its units).
+// Bubble = 1 - busy / (p * makespan). V-Half peak (p+2)/2 microbatches on every rank.
+struct Reference {
+  int p, m;
+  double bubble;
+};
+constexpr Reference kVHalfReference[] = {
+    {4, 8, 0.0943}, {4, 32, 0.0254}, {8, 8, 0.2615}, {8, 32, 0.0813}};
+constexpr Reference kVMinReference[] = {
+    {4, 8, 0.1864}, {4, 32, 0.0542}, {8, 8, 0.3600}, {8, 32, 0.1233}};
+
+TEST(Planner, VHalfMatchesTheBuildingBlockGenerator) {
+  for (const Reference& ref : kVHalfReference) {
+    SimResult sim = Sim(Input(ref.p, ref.m, Schedule::kVHalf, VocabMethod::kBaseline));
+    EXPECT_LE(sim.bubble_ratio, ref.bubble + 1e-4) << ref.p << " " << ref.m;
+    // Never above (p+2)/2 on any rank, reached on the fullest. (At p = m = 8 rank 0 peaks at
+    // 4.5, as in the generator: its last chunk-0 forward is squeezed behind a W.)
+    double peak = 0;
+    for (const RankStats& r : sim.ranks) {
+      EXPECT_LE(r.peak_activation_microbatches, (ref.p + 2) / 2) << r.rank;
+      peak = std::max(peak, r.peak_activation_microbatches);
+    }
+    EXPECT_DOUBLE_EQ(peak, (ref.p + 2) / 2);
+  }
+}
+
+TEST(Planner, VMinMatchesTheBuildingBlockGenerator) {
+  for (const Reference& ref : kVMinReference) {
+    SimResult sim = Sim(Input(ref.p, ref.m, Schedule::kVMin, VocabMethod::kBaseline));
+    EXPECT_LE(sim.bubble_ratio, ref.bubble + 1e-4) << ref.p << " " << ref.m;
+    double peak = 0;
+    for (const RankStats& r : sim.ranks) peak = std::max(peak, r.peak_activation_microbatches);
+    // (p+4)/3 from the paper's block; the generator reaches 2 at p=4 and 4 at p=8.
+    EXPECT_LE(peak, (ref.p + 4) / 3.0 + 1e-9) << ref.p;
+    EXPECT_GE(peak, (ref.p + 4) / 3.0 - 1) << ref.p;
+  }
+}
+
+// The same generator at B = 2F (F=1, B=2, W=1 per chunk), makespans in stage-pass units; and
+// at odd p and m < p, where the block is squeezed hardest.
+TEST(Planner, VShapesMatchTheGeneratorAtOtherCostsAndShapes) {
+  struct Ref {
+    Schedule s;
+    int p, m;
+    double b, makespan;
+  };
+  for (const Ref& ref :
+       {Ref{Schedule::kVHalf, 4, 8, 2, 41}, Ref{Schedule::kVHalf, 8, 8, 2, 54},
+        Ref{Schedule::kVHalf, 8, 32, 2, 160}, Ref{Schedule::kVMin, 8, 32, 2, 209.5},
+        Ref{Schedule::kVHalf, 5, 3, 1, 15.5}, Ref{Schedule::kVHalf, 3, 24, 2, 112},
+        Ref{Schedule::kVMin, 5, 3, 1, 16.5}, Ref{Schedule::kVMin, 3, 24, 2, 145.5},
+        Ref{Schedule::kVMin, 6, 10, 1, 38.5}}) {
+    PlannerInput in = Input(ref.p, ref.m, ref.s, VocabMethod::kBaseline);
+    in.layers = 2 * ref.p;
+    in.costs.b = ref.b;
+    EXPECT_LE(Sim(in).makespan, ref.makespan + 1e-9)
+        << ScheduleName(ref.s) << " p=" << ref.p << " m=" << ref.m << " B=" << ref.b;
+  }
+}
+
+TEST(Planner, VMinHoldsLessThanVHalf) {
+  for (int p : {4, 6, 8, 16}) {
+    SimResult half = Sim(Input(p, 2 * p, Schedule::kVHalf, VocabMethod::kVocab1));
+    SimResult min = Sim(Input(p, 2 * p, Schedule::kVMin, VocabMethod::kVocab1));
+    for (int r = 0; r < p; ++r)
+      EXPECT_LT(min.ranks[r].peak_activation_microbatches,
+                half.ranks[r].peak_activation_microbatches)
+          << p << " " << r;
+  }
+}
+
+// ZB-H1 (zero-bubble paper): m(F+B+W) + (p-1)(F+B-W) when m >= p.
+TEST(Planner, ZBH1ReachesThePaperMakespan) {
+  for (int p : {2, 4, 8})
+    for (int m : {p, 2 * p, 4 * p + 1})
+      for (double b : {1.0, 2.0}) {
+        PlannerInput in = Input(p, m, Schedule::kZBH1, VocabMethod::kBaseline);
+        in.costs.b = b;
+        SimResult sim = Sim(in);
+        EXPECT_DOUBLE_EQ(sim.makespan, m * (1 + b + 1) + (p - 1) * (1 + b - 1))
+            << p << " " << m << " " << b;
+        for (const RankStats& r : sim.ranks) EXPECT_LE(r.peak_activation_microbatches, p);
+      }
+}
+
 TEST(Planner, Seq1F1BMakespan) {
   for (int p : {2, 4})
     for (int k : {2, 4}) {
@@ -102,7 +190,7 @@ TEST(Planner, ZeroBubbleSchedulesBeat1F1BWithinTheirMemoryCap) {
 }
 
 // Every schedule x every vocabulary method, p in {1..8, 16, 32}, every m from 1 to 4p,
-// passes the validator (BuildPlan validates); for p <= 8 the text and proto round trips too.
+// passes the validator (BuildPlan validates); for p <= 8 the text form round-trips too.
 class EveryCombination : public testing::TestWithParam<int> {};
 
 TEST_P(EveryCombination, Validates) {
@@ -129,9 +217,6 @@ TEST_P(EveryCombination, Validates) {
             absl::StatusOr<Plan> back = PlanFromText(PlanToText(*plan));
             ASSERT_TRUE(back.ok()) << back.status();
             EXPECT_EQ(*back, *plan);
-            absl::StatusOr<Plan> from_proto = PlanFromProto(PlanToProto(*plan));
-            ASSERT_TRUE(from_proto.ok());
-            EXPECT_EQ(*from_proto, *plan);
           }
         }
   }
@@ -155,6 +240,9 @@ TEST(Validator, RejectsBrokenPlans) {
     absl::Status st = ValidatePlan(bad);
     EXPECT_FALSE(st.ok());
     EXPECT_NE(st.message().find("rank 3"), std::string::npos) << st;
+    // The grid marks the action rank 3 is stuck at: the B that now comes first.
+    EXPECT_NE(st.message().find("rank-by-step grid"), std::string::npos) << st;
+    EXPECT_NE(st.message().find(absl::StrCat("[", ToString(*f), "]")), std::string::npos) << st;
   }
   {  // A receive removed: the send is never matched.
     Plan bad = *good;

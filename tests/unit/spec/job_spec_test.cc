@@ -404,7 +404,7 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"  microbatches: 2", "  microbatches: 2\n  chunks_per_rank: 0",
                  "parallel.chunks_per_rank: must be >= 1 (got 0)"},
         RuleCase{"  schedule: 1f1b", "  schedule: gpipe",
-                 "parallel.schedule: must be one of 1f1b, interleaved, vhalf, zbh1, zbv, "
+                 "parallel.schedule: must be one of 1f1b, interleaved, vhalf, vmin, zbh1, zbv, "
                  "seq1f1b, seq1f1b-interleaved, auto (got \"gpipe\")"},
         RuleCase{"  vocab: vocab2", "  vocab: vocab3",
                  "parallel.vocab: must be one of baseline, redis, interlaced, vocab1, vocab2, "

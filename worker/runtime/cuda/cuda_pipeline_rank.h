@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 #include "worker/comm/communicator.h"
 #include "worker/runtime/pipeline_rank.h"
 #include "worker/runtime/trainer.h"

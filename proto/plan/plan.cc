@@ -1,4 +1,4 @@
-#include "coordinator/planner/plan.h"
+#include "proto/plan/plan.h"
 
 #include <array>
 #include <charconv>
@@ -189,80 +189,6 @@ absl::StatusOr<Plan> PlanFromText(absl::string_view text) {
     }
   }
   if (!have_pipeline) return Bad("header", "missing 'pipeline'");
-  return plan;
-}
-
-vocabpipe::v1::Plan PlanToProto(const Plan& plan) {
-  vocabpipe::v1::Plan p;
-  p.set_schedule(plan.schedule);
-  p.set_vocab(plan.vocab);
-  p.set_pipeline(plan.pipeline);
-  p.set_microbatches(plan.microbatches);
-  p.set_seq_chunks(plan.seq_chunks);
-  p.set_layers(plan.layers);
-  for (int b : plan.seq_bounds) p.add_seq_bounds(b);
-  p.set_x_owner(plan.x_owner);
-  p.set_vocab_sharded(plan.vocab_sharded);
-  p.set_barrier(plan.barrier);
-  for (size_t r = 0; r < plan.ranks.size(); ++r) {
-    vocabpipe::v1::RankPlan* rp = p.add_ranks();
-    rp->set_rank(static_cast<int>(r));
-    for (size_t c = 0; c < plan.ranks[r].chunks.size(); ++c) {
-      const ModelChunk& mc = plan.ranks[r].chunks[c];
-      vocabpipe::v1::ModelChunk* pc = rp->add_chunks();
-      pc->set_chunk(static_cast<int>(c));
-      pc->set_group(mc.group);
-      pc->set_first_layer(mc.first_layer);
-      pc->set_num_layers(mc.num_layers);
-    }
-    rp->mutable_actions()->Reserve(static_cast<int>(plan.ranks[r].actions.size()));
-    for (const Action& a : plan.ranks[r].actions) {
-      vocabpipe::v1::PlanAction* pa = rp->add_actions();
-      pa->set_kind(static_cast<vocabpipe::v1::ActionKind>(static_cast<int>(a.kind) + 1));
-      pa->set_microbatch(a.mb);
-      pa->set_chunk(a.chunk);
-      pa->set_seq(a.seq);
-      pa->set_peer(a.peer);
-    }
-  }
-  return p;
-}
-
-absl::StatusOr<Plan> PlanFromProto(const vocabpipe::v1::Plan& p) {
-  Plan plan;
-  plan.schedule = p.schedule();
-  plan.vocab = p.vocab();
-  plan.pipeline = p.pipeline();
-  plan.microbatches = p.microbatches();
-  plan.seq_chunks = p.seq_chunks();
-  plan.layers = p.layers();
-  plan.seq_bounds.assign(p.seq_bounds().begin(), p.seq_bounds().end());
-  plan.x_owner = p.x_owner();
-  plan.vocab_sharded = p.vocab_sharded();
-  plan.barrier = p.barrier();
-  if (p.pipeline() < 1 || p.ranks_size() != p.pipeline())
-    return absl::InvalidArgumentError("plan.ranks: need exactly `pipeline` rank plans");
-  plan.ranks.resize(p.pipeline());
-  for (const vocabpipe::v1::RankPlan& rp : p.ranks()) {
-    if (rp.rank() < 0 || rp.rank() >= p.pipeline())
-      return absl::InvalidArgumentError("plan.ranks.rank: out of range");
-    RankPlan& out = plan.ranks[rp.rank()];
-    for (const vocabpipe::v1::ModelChunk& c : rp.chunks())
-      out.chunks.push_back({c.group(), c.first_layer(), c.num_layers()});
-    out.actions.reserve(rp.actions_size());
-    for (const vocabpipe::v1::PlanAction& pa : rp.actions()) {
-      int k = static_cast<int>(pa.kind()) - 1;
-      if (k < 0 || k >= kNumActionKinds)
-        return absl::InvalidArgumentError("plan.ranks.actions.kind: unspecified or unknown");
-      Action a;
-      a.kind = static_cast<ActionKind>(k);
-      a.mb = pa.microbatch();
-      a.chunk = static_cast<int16_t>(pa.chunk());
-      a.seq = static_cast<int16_t>(pa.seq());
-      a.peer = static_cast<int16_t>(pa.peer());
-      out.actions.push_back(a);
-    }
-  }
   return plan;
 }
 

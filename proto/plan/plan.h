@@ -1,4 +1,9 @@
-// Plan IR: per rank, an ordered list of compute and communication actions (design.md §3).
+// Plan IR: per rank, an ordered list of compute and communication actions.
+//
+// Library vp_plan (ground floor, beside proto/spec and proto/runlog): the planner writes it,
+// the coordinator ships it, the worker runtime executes it; none of them depends on another
+// for it. The text form below is the one wire form (RunTask.plan_text and friends carry it;
+// there is no typed protobuf twin to keep in step).
 //
 // The plan is the contract with the worker runtime. It carries everything a worker needs:
 // which global layers each local model chunk holds, which rank owns the last layer group
@@ -30,7 +35,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "vocabpipe/v1/plan.pb.h"
 
 namespace vp::planner {
 
@@ -107,7 +111,5 @@ struct Plan {
 
 std::string PlanToText(const Plan& plan);
 absl::StatusOr<Plan> PlanFromText(absl::string_view text);
-vocabpipe::v1::Plan PlanToProto(const Plan& plan);
-absl::StatusOr<Plan> PlanFromProto(const vocabpipe::v1::Plan& proto);
 
 }  // namespace vp::planner
