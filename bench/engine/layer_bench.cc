@@ -2,7 +2,7 @@
 //
 //   engine_layer_bench [--threads=N] [--iters=N]
 //
-// Layer FLOPs per microbatch use design.md §5: b·s·h·(72h + 12s) for forward + backward of one
+// Layer FLOPs per microbatch use docs/engine.md ("FLOPs and memory"): b·s·h·(72h + 12s) for forward + backward of one
 // GPT-2 layer (FFN 4h). The sgemm reference is the layer's largest GEMM, (b·s) x h times
 // h x 4h, timed on the same thread count; the ratio is layer GFLOP/s over sgemm GFLOP/s.
 #include <algorithm>

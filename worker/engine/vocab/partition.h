@@ -1,4 +1,4 @@
-// How the vocabulary is split across the p ranks of the pipeline (design.md §4).
+// How the vocabulary is split across the p ranks of the pipeline (docs/vocab-parallel-math.md §1).
 //
 // V is padded up to Vp, the next multiple of 8p (the paper pads to a multiple of 2p so shards
 // stay even under V-shape placements; 8p also keeps every shard's row count a multiple of 8,

@@ -1,7 +1,7 @@
 // CUDA kernels of the transformer layer and the vocabulary layers, mirroring
 // worker/engine/kernels/cpu/kernels.h and the vocab passes (llm.c style forward/backward pairs).
 //
-// Precision (llmc-lessons §6): T is float (fp32 path, matches the CPU engine to 1e-5) or bf16
+// Precision (docs/cuda.md, "Precision"): T is float (fp32 path, matches the CPU engine to 1e-5) or bf16
 // (parameters and activations). Statistics — LayerNorm mean/rstd, softmax max/sum, losses — are
 // fp32 in both paths, and so are every *weight* gradient (accumulated over many microbatches,
 // where bf16 would lose the small updates) and the AdamW master weights and moments.
