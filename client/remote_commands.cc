@@ -16,7 +16,7 @@
 #include "client/control_client.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
-#include "worker/launch/launcher.h"
+#include "client/launcher.h"
 
 extern char** environ;
 
