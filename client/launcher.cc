@@ -24,7 +24,7 @@
 #include "proto/runlog/step_lines.h"
 #include "worker/data/token_file.h"
 #include "worker/engine/kernels/cpu/blas.h"
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/planner_inputs.h"
 #include "worker/launch/run_dir.h"
@@ -184,7 +184,7 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
     const fs::path self = fs::read_symlink("/proc/self/exe", ec);
     if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
     candidates.push_back(self.parent_path() / "vocabpipe-worker");
-    candidates.push_back(self.parent_path().parent_path() / "worker" / "launch" /
+    candidates.push_back(self.parent_path().parent_path() / "worker" / "main" /
                          "vocabpipe-worker");
   }
   for (const fs::path& c : candidates) {
@@ -366,9 +366,10 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       return WIFSIGNALED(a->wait_status) && !WIFSIGNALED(b->wait_status);
     });
     const Worker& first = *failed.front();
-    std::string message = absl::StrCat(
-        "rank ", first.rank, " failed: ", FailureReason(first, launch::RankLogPath(dir, first.rank)),
-        " (log: ", launch::RankLogPath(dir, first.rank), ")");
+    std::string message =
+        absl::StrCat("rank ", first.rank,
+                     " failed: ", FailureReason(first, launch::RankLogPath(dir, first.rank)),
+                     " (log: ", launch::RankLogPath(dir, first.rank), ")");
     for (size_t i = 1; i < failed.size(); ++i) {
       absl::StrAppend(&message, "; then rank ", failed[i]->rank, ": ",
                       FailureReason(*failed[i], launch::RankLogPath(dir, failed[i]->rank)));

@@ -25,11 +25,11 @@
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "client/control_client.h"
+#include "client/launcher.h"
 #include "coordinator/planner/spec_input.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
 #include "proto/spec/job_spec.h"
-#include "client/launcher.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/step_recorder.h"
 #include "worker/runtime/run_job.h"
@@ -177,8 +177,7 @@ class LocalWorkers {
   }
   absl::Status Start(const std::string& binary, const std::string& address,
                      const std::string& log) {
-    auto pid =
-        SpawnLogged({binary, "--coordinator", address, "--exit-with-parent", "1"}, log);
+    auto pid = SpawnLogged({binary, "--coordinator", address, "--exit-with-parent", "1"}, log);
     if (!pid.ok()) return pid.status();
     pids_.push_back(*pid);
     return absl::OkStatus();

@@ -25,8 +25,8 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
-#include "worker/launch/grpc_store.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/launch/grpc_store.h"
 #include "worker/launch/worker.h"
 
 namespace {

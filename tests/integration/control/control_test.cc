@@ -397,7 +397,8 @@ TEST_F(ControlRunTest, AKilledWorkerFailsTheJobNamingItsRank) {
   for (const auto& p : workers_) {
     if (p->pid() == rank1_pid) rank1 = p.get();
   }
-  ASSERT_NE(rank1, nullptr) << "rank 1 is on pid " << rank1_pid << ", not a worker this test started";
+  ASSERT_NE(rank1, nullptr) << "rank 1 is on pid " << rank1_pid
+                            << ", not a worker this test started";
   const auto killed = std::chrono::steady_clock::now();
   rank1->Kill(SIGKILL);  // its rank process dies with it (PR_SET_PDEATHSIG)
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_FAILED; },
