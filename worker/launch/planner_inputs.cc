@@ -1,6 +1,6 @@
 #include "worker/launch/planner_inputs.h"
 
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 
 namespace vp::launch {
 
