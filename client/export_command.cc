@@ -8,6 +8,7 @@
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/runtime/checkpoint.h"
+#include "worker/runtime/job_options.h"
 
 namespace vp::cli {
 namespace {
@@ -60,7 +61,7 @@ int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err) {
     }
     step = *latest;
   }
-  auto topt = launch::PipelineTrainerOptions(files->spec, files->plan);
+  auto topt = runtime::TrainerOptionsFromSpec(files->spec, &files->plan);
   if (!topt.ok()) {
     err << "vocabpipe export: " << topt.status().message() << "\n";
     return 2;

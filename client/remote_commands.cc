@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/control_client.h"
+#include "client/launcher.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
-#include "worker/launch/launcher.h"
 
 extern char** environ;
 

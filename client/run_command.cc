@@ -11,7 +11,7 @@
 //   --coordinator HOST:PORT  submit to a running coordinator instead and watch the job.
 //   --direct                 no control plane: p = 1 trains in this process
 //                            (runtime::RunStandaloneJob), p > 1 starts the rank processes
-//                            itself (launch::RunPipelineJob). Same files, same numbers.
+//                            itself (RunPipelineJob). Same files, same numbers.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,11 +25,11 @@
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "client/control_client.h"
+#include "client/launcher.h"
 #include "coordinator/planner/spec_input.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
 #include "proto/spec/job_spec.h"
-#include "worker/launch/launcher.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/step_recorder.h"
 #include "worker/runtime/run_job.h"
@@ -123,12 +123,12 @@ int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std:
     options.interactive = interactive;
     summary = runtime::RunStandaloneJob(spec, options, out);
   } else {
-    launch::LaunchOptions launch;
+    LaunchOptions launch;
     launch.resume = f.resume;
     launch.interactive = interactive;
     launch.timeout = absl::Seconds(f.timeout_seconds);
     launch.worker_binary = f.worker_binary;
-    summary = launch::RunPipelineJob(spec, launch, out);
+    summary = RunPipelineJob(spec, launch, out);
   }
   if (!summary.ok()) {
     err << "vocabpipe run: " << summary.status().message() << "\n";
@@ -177,8 +177,7 @@ class LocalWorkers {
   }
   absl::Status Start(const std::string& binary, const std::string& address,
                      const std::string& log) {
-    auto pid =
-        launch::SpawnLogged({binary, "--coordinator", address, "--exit-with-parent", "1"}, log);
+    auto pid = SpawnLogged({binary, "--coordinator", address, "--exit-with-parent", "1"}, log);
     if (!pid.ok()) return pid.status();
     pids_.push_back(*pid);
     return absl::OkStatus();
@@ -201,7 +200,7 @@ absl::Status RecordStep(const v1::StepMetrics& m, launch::StepRecorder& recorder
 // (exit code 2) rather than as a failed job: the plan, the device, the data file.
 absl::Status CheckRunnable(const v1::JobSpec& spec) {
   if (auto plan = planner::BuildPlanFromSpec(spec); !plan.ok()) return plan.status();
-  return launch::CheckJobRunsHere(spec);
+  return CheckJobRunsHere(spec);
 }
 
 int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool interactive,
@@ -223,7 +222,7 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
     err << "vocabpipe run: " << st.message() << "\n";
     return kExitFailed;
   }
-  auto binary = launch::FindWorkerBinary(f.worker_binary);
+  auto binary = FindWorkerBinary(f.worker_binary);
   if (!binary.ok()) {
     err << "vocabpipe run: " << binary.status().message() << "\n";
     return kExitFailed;

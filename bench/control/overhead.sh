@@ -64,7 +64,7 @@ pairs=${3:-5}
 build=$(cd "$build" && pwd)
 vp=$build/client/vocabpipe
 coordinator=$build/coordinator/server/vocabpipe-coordinator
-worker=$build/worker/launch/vocabpipe-worker
+worker=$build/worker/main/vocabpipe-worker
 for b in "$vp" "$coordinator" "$worker"; do
   [[ -x $b ]] || { echo "overhead.sh: $b is not built" >&2; exit 2; }
 done

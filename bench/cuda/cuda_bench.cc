@@ -50,14 +50,14 @@
 #include "worker/engine/config.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
 #include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/engine/memory.h"
-#include "worker/engine/model/cuda/device.h"
-#include "worker/engine/model/cuda/layer_stack.h"
-#include "worker/engine/model/cuda/vocab_shards.h"
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/cuda/transformer.h"
+#include "worker/engine/transformer/transformer.h"
+#include "worker/engine/vocab/cuda/vocab_shards.h"
 #include "worker/engine/vocab/partition.h"
 
 namespace vp::engine::cuda {

@@ -2,9 +2,10 @@
 //
 //   engine_layer_bench [--threads=N] [--iters=N]
 //
-// Layer FLOPs per microbatch use design.md §5: b·s·h·(72h + 12s) for forward + backward of one
-// GPT-2 layer (FFN 4h). The sgemm reference is the layer's largest GEMM, (b·s) x h times
-// h x 4h, timed on the same thread count; the ratio is layer GFLOP/s over sgemm GFLOP/s.
+// Layer FLOPs per microbatch as docs/engine.md ("FLOPs and memory") counts them: b·s·h·(72h + 12s)
+// for the forward and backward of one GPT-2 layer (FFN 4h). The sgemm reference is the layer's
+// largest GEMM, (b·s) x h times h x 4h, timed on the same thread count; the ratio is layer
+// GFLOP/s over sgemm GFLOP/s.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,7 +16,7 @@
 
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/memory.h"
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 
 namespace {
 

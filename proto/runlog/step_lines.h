@@ -1,6 +1,6 @@
 // The per-step lines of a pipeline run (docs/formats.md, "metrics.jsonl").
 //
-// Every rank appends one *rank line* per step to rank_<R>.jsonl (launch/worker.h writes it):
+// Every rank appends one *rank line* per step to rank_<R>.jsonl (worker/launch/worker.h writes it):
 //   {"step": 0-based, "rank", "seconds", "busy_seconds", "busy": {pass: s}, "comm": {kind: s},
 //    "compute_wait_seconds", "comm_seconds", "memory": {category: bytes, "total"}, "lr",
 //    "grad_norm", "has_loss", "loss" (on the rank that holds the loss),

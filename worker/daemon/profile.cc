@@ -12,7 +12,8 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
-#include "worker/launch/run_dir.h"
+#include "worker/launch/planner_inputs.h"
+#include "worker/runtime/job_options.h"
 #include "worker/runtime/pipeline_rank.h"
 
 namespace vp::daemon {
@@ -86,9 +87,9 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::JobSpec& job, int cuda_dev
   if (!sp.ok())
     return absl::Status(sp.status().code(), absl::StrCat("profile plan: ", sp.status().message()));
   const planner::Plan& plan = sp->plan;
-  auto topt = launch::PipelineTrainerOptions(spec, plan);
+  auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
-  engine::cpu::SetBlasThreads(launch::WorkerThreads(job));  // the share one rank of the job gets
+  engine::cpu::SetBlasThreads(runtime::WorkerThreads(job));  // the share one rank of the job gets
   std::unique_ptr<comm::Communicator> self = comm::MakeSelfCommunicator();
   auto rank = launch::CreateLocalRank(spec, plan, *topt, self.get(), cuda_device);
   if (!rank.ok()) return rank.status();

@@ -1,5 +1,6 @@
 // Memory accounting for one rank: every engine buffer is charged to a category, so a worker can
-// report parameters + gradients + optimizer state + peak activations as design.md §5 asks.
+// report parameters + gradients + optimizer state + peak activations as docs/engine.md
+// ("FLOPs and memory") describes.
 #pragma once
 
 #include <array>

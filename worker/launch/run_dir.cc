@@ -5,13 +5,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "proto/spec/job_spec.h"
-#include "worker/engine/transformer.h"
 #include "worker/runtime/checkpoint.h"
-#include "worker/runtime/run_job.h"
 
 namespace vp::launch {
 namespace fs = std::filesystem;
@@ -74,47 +71,6 @@ absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir) {
                                                    spec->parallel().pipeline()));
   }
   return RunFiles{std::move(*spec), std::move(*plan)};
-}
-
-absl::StatusOr<runtime::TrainerOptions> PipelineTrainerOptions(const vocabpipe::v1::JobSpec& spec,
-                                                               const planner::Plan& plan) {
-  vocabpipe::v1::JobSpec one = spec;
-  one.mutable_parallel()->set_pipeline(1);
-  auto o = runtime::TrainerOptionsFromSpec(one);
-  if (!o.ok()) return o.status();
-  if (plan.microbatches != o->microbatches) {
-    return absl::InvalidArgumentError(absl::StrCat("plan microbatches ", plan.microbatches,
-                                                   " differ from parallel.microbatches ",
-                                                   o->microbatches));
-  }
-  if (plan.layers != o->model.layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan layers ", plan.layers, " differ from model.layers ", o->model.layers));
-  }
-  o->algorithm = plan.barrier == 2 ? engine::vocab::OutputAlgorithm::kAlgorithm1
-                                   : engine::vocab::OutputAlgorithm::kAlgorithm2;
-  return o;
-}
-
-int WorkerThreads(const vocabpipe::v1::JobSpec& spec) {
-  if (spec.train().threads() > 0) return spec.train().threads();
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, spec.parallel().pipeline()));
-}
-
-absl::StatusOr<planner::LayerActivationBytes> MeasureJobLayerActivations(
-    const vocabpipe::v1::JobSpec& spec) {
-  const engine::ModelConfig shape{.layers = spec.model().layers(),
-                                  .hidden = spec.model().hidden(),
-                                  .heads = spec.model().heads(),
-                                  .vocab = spec.model().vocab_size(),
-                                  .seq_len = spec.model().seq_len(),
-                                  .ffn_hidden = spec.model().ffn_hidden(),
-                                  .tie_embeddings = spec.model().tie_embeddings()};
-  auto bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
-  if (!bytes.ok()) return bytes.status();
-  return planner::LayerActivationBytes{.kept = bytes->kept,
-                                       .backward_transient = bytes->backward_transient};
 }
 
 absl::Status KeepMetricsBefore(const std::string& path, int64_t first_step) {

@@ -23,9 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/plan/plan.h"
-#include "coordinator/planner/spec_input.h"
 #include "vocabpipe/v1/job.pb.h"
-#include "worker/runtime/trainer.h"
 
 namespace vp::launch {
 
@@ -53,20 +51,5 @@ absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir);
 // Keeps the lines of metrics.jsonl whose step is below first_step (a resumed run writes the
 // rest again). A missing file is an empty one.
 absl::Status KeepMetricsBefore(const std::string& path, int64_t first_step);
-
-// The trainer options of one pipeline rank: runtime::TrainerOptionsFromSpec on the spec's
-// model/train sections (it accepts pipeline = 1 only, so it is given a copy with p = 1), with
-// m and L checked against the plan and the output-layer algorithm taken from the plan's
-// barrier (2 = Algorithm 1, C1 + C2; otherwise Algorithm 2).
-absl::StatusOr<runtime::TrainerOptions> PipelineTrainerOptions(const vocabpipe::v1::JobSpec& spec,
-                                                               const planner::Plan& plan);
-
-// The engine's measured activation bytes of one transformer layer for one microbatch at the
-// job's shapes: the planner's memory model input (launcher and profiling both pass it on).
-absl::StatusOr<planner::LayerActivationBytes> MeasureJobLayerActivations(
-    const vocabpipe::v1::JobSpec& spec);
-
-// BLAS threads per worker: train.threads, or an even share of the cores when it is 0.
-int WorkerThreads(const vocabpipe::v1::JobSpec& spec);
 
 }  // namespace vp::launch

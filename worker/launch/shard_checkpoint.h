@@ -1,6 +1,6 @@
 // Checkpoints of pipeline runs: every rank saves its own shard (the resume state), and the
 // shards of a step are merged into the Hugging Face layout a standalone run writes
-// (runtime/checkpoint.h), so users load a pipeline run exactly like a standalone one.
+// (worker/runtime/checkpoint.h), so users load a pipeline run exactly like a standalone one.
 //
 // Shard files (<dir>/step_<N>/rank_<R>/):
 //   model.safetensors      the rank's tensors under their GPT-2 names; vocabulary shards

@@ -45,7 +45,7 @@ absl::Status StepRecorder::Record(const nlohmann::json& line) {
   summary_.steps_run += 1;
   summary_.peak_memory_bytes =
       std::max(summary_.peak_memory_bytes, line.value("peak_memory_bytes", int64_t{0}));
-  // Rank 0 merged the shards before the ranks reported the step (launch/worker.h).
+  // Rank 0 merged the shards before the ranks reported the step (worker/launch/worker.h).
   if (line.contains("checkpoint_step")) {
     summary_.last_checkpoint = runtime::CheckpointDir(dir_, line["checkpoint_step"].get<int64_t>());
   }

@@ -14,6 +14,7 @@
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
+#include "worker/runtime/job_options.h"
 #include "worker/runtime/run_job.h"
 
 namespace vp::launch {
@@ -87,11 +88,11 @@ absl::Status RunWorker(const WorkerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank: ", options.rank, " is not in [0, ", p, ")"));
   }
-  auto topt = PipelineTrainerOptions(spec, plan);
+  auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   // For operators and tests: which process is this rank (the launcher and daemons start it).
   std::ofstream(RankPidPath(dir, options.rank)) << getpid() << "\n";
-  engine::cpu::SetBlasThreads(WorkerThreads(spec));
+  engine::cpu::SetBlasThreads(runtime::WorkerThreads(spec));
 
   // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
   // shards need the targets), so each rank opens the token file itself.

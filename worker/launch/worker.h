@@ -31,7 +31,7 @@ struct WorkerOptions {
   std::string attempt = "0";
   int64_t resume_step = -1;  // >= 0: load the rank's shard of this step and continue after it
   // Rendezvous store. Null: a FileStore in DIR/store (ranks on one host, `vocabpipe run`);
-  // worker daemons pass the coordinator's (daemon/grpc_store.h).
+  // worker daemons pass the coordinator's (grpc_store.h).
   std::shared_ptr<gloo::rendezvous::Store> store;
   // IP this rank's Gloo transport binds to and publishes.
   std::string hostname = "127.0.0.1";

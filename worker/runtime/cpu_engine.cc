@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "worker/engine/kernels/cpu/kernels.h"
+#include "worker/runtime/optimizer_step.h"
 
 namespace vp::runtime {
 
@@ -32,8 +33,8 @@ absl::StatusOr<Buffer> CpuStageEngine::Act(size_t n, bool, Thread) {
   return Buffer(tracker_.get(), MemoryCategory::kActivations, n);
 }
 
-absl::Status CpuStageEngine::EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len,
-                                        int h, int start) {
+absl::Status CpuStageEngine::EmbedSeqChunk(Buffer& x, const InputState& in, int b, int s, int len,
+                                           int h, int start) {
   for (int r = 0; r < b; ++r) {  // rows [start, start + len) of each sample
     std::memcpy(x.data() + static_cast<size_t>(r) * len * h,
                 in.output() + (static_cast<size_t>(r) * s + start) * h, sizeof(float) * len * h);
@@ -42,8 +43,8 @@ absl::Status CpuStageEngine::EmbedChunk(Buffer& x, const InputState& in, int b, 
   return absl::OkStatus();
 }
 
-absl::Status CpuStageEngine::EmbedChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s,
-                                                int len, int h, int start) {
+absl::Status CpuStageEngine::EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s,
+                                                   int len, int h, int start) {
   engine::cpu::PositionEmbeddingBackward(model_->wpe_grad(), dx.data(), b, len, h, start);
   for (int r = 0; r < b; ++r) {
     std::memcpy(dembed.data() + (static_cast<size_t>(r) * s + start) * h,
@@ -77,40 +78,58 @@ absl::Status CpuStageEngine::FinalNormBackward(Buffer& dout, const float* grad_i
   return absl::OkStatus();
 }
 
+namespace {
+
+// The optimizer step's arithmetic on host memory (optimizer_step.h).
+class CpuGradOps {
+ public:
+  using Scratch = Buffer;
+  CpuGradOps(engine::RankModel& model, engine::AdamW& adamw, engine::MemoryTracker* tracker)
+      : model_(model), adamw_(adamw), tracker_(tracker) {}
+
+  const engine::RankModel& host() const { return model_; }
+  absl::StatusOr<Scratch> ZeroScratch(size_t n) {
+    return Buffer(tracker_, MemoryCategory::kActivations, n);  // zero-filled
+  }
+  absl::Status AddGrads(Scratch& sum, size_t offset) {
+    const float* g = model_.grads() + offset;
+    for (size_t i = 0; i < sum.size(); ++i) sum.data()[i] += g[i];
+    return absl::OkStatus();
+  }
+  absl::Status SetGrads(size_t offset, const Scratch& sum) {
+    std::memcpy(model_.grads() + offset, sum.data(), sizeof(float) * sum.size());
+    return absl::OkStatus();
+  }
+  absl::Status Sync() { return absl::OkStatus(); }
+  absl::Status AllReduceSum(comm::Communicator& comm, Scratch& sum) {
+    return comm.AllReduce(sum.data(), sum.size(), comm::ReduceOp::kSum);
+  }
+  absl::StatusOr<double> SquaredNorm(size_t offset, size_t n) {
+    return engine::SquaredNorm(model_.grads() + offset, n);
+  }
+  absl::StatusOr<float> AllReduceScalar(comm::Communicator& comm, float value) {
+    float v[1] = {value};
+    if (absl::Status st = comm.AllReduce(v, 1, comm::ReduceOp::kSum); !st.ok()) return st;
+    return v[0];
+  }
+  absl::Status AdamW(float lr, float scale) {
+    adamw_.Step(model_.params(), model_.grads(), lr, scale);
+    return absl::OkStatus();
+  }
+
+ private:
+  engine::RankModel& model_;
+  engine::AdamW& adamw_;
+  engine::MemoryTracker* tracker_;
+};
+static_assert(GradOps<CpuGradOps>);
+
+}  // namespace
+
 absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm, bool tied_copy_sync,
                                            float lr, float grad_clip, double* grad_norm) {
-  const int h = opt_.model.hidden;
-  if (tied_copy_sync) {
-    // Both copies end with ∇wte = ∇(input use) + ∇(output use); the others add zeros.
-    const int64_t rows = engine::vocab::PaddedVocab(opt_.model.vocab, 1);
-    Buffer sum(tracker_.get(), MemoryCategory::kActivations, static_cast<size_t>(rows) * h);
-    const engine::ParamTensor* in = model_->Find("transformer.wte.weight");
-    const engine::ParamTensor* out = model_->tied_output_copy();
-    for (const engine::ParamTensor* t : {in, out}) {
-      if (t == nullptr) continue;
-      for (size_t i = 0; i < sum.size(); ++i) sum.data()[i] += model_->grads()[t->offset + i];
-    }
-    if (auto st = comm.AllReduce(sum.data(), sum.size(), comm::ReduceOp::kSum); !st.ok()) {
-      return st;
-    }
-    for (const engine::ParamTensor* t : {in, out}) {
-      if (t != nullptr) {
-        std::memcpy(model_->grads() + t->offset, sum.data(), sizeof(float) * sum.size());
-      }
-    }
-  }
-  // Σ g² over this rank's parameters, the tied output copy counted once (by its twin).
-  double sq = engine::SquaredNorm(model_->grads(), model_->param_count());
-  if (const engine::ParamTensor* copy = tied_copy_sync ? model_->tied_output_copy() : nullptr) {
-    sq -= engine::SquaredNorm(model_->grads() + copy->offset, copy->count());
-  }
-  float sqf[1] = {static_cast<float>(sq)};
-  // fp32 all-reduce of the partial sums: the norm only scales clipping.
-  if (auto st = comm.AllReduce(sqf, 1, comm::ReduceOp::kSum); !st.ok()) return st;
-  *grad_norm = std::sqrt(static_cast<double>(sqf[0]));
-  optimizer_->Step(model_->params(), model_->grads(), lr,
-                   engine::ClipScale(static_cast<double>(sqf[0]), grad_clip));
-  return absl::OkStatus();
+  CpuGradOps ops(*model_, *optimizer_, tracker_.get());
+  return RunOptimizerStep(ops, comm, tied_copy_sync, lr, grad_clip, grad_norm);
 }
 
 }  // namespace vp::runtime

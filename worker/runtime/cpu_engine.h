@@ -1,4 +1,4 @@
-// The CPU engine of the plan executor (rank_executor.h lists what an engine provides): host
+// The CPU engine of the plan executor (a StageEngine, stage_engine.h): host
 // buffers charged to the rank's MemoryTracker, the CPU RankModel and AdamW, OpenBLAS kernels.
 #pragma once
 
@@ -45,10 +45,11 @@ class CpuStageEngine {
   absl::StatusOr<Buffer> Act(size_t n, bool zero, Thread thread);
   // x (b, len, h) = rows [start, start+len) of each sequence of the embedding output
   // in.output() (b, s, h), plus wpe rows [start, start+len).
-  absl::Status EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len, int h, int start);
+  absl::Status EmbedSeqChunk(Buffer& x, const InputState& in, int b, int s, int len, int h,
+                             int start);
   // wpe grad += Σ_b dx; dx (b, len, h) copied into rows [start, start+len) of dembed (b, s, h).
-  absl::Status EmbedChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s, int len, int h,
-                                  int start);
+  absl::Status EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s, int len, int h,
+                                     int start);
   // ln_f on `out` (n, h): fills x, mean, rstd and keeps out as x_last.
   absl::Status FinalNormForward(XState& xs, Buffer out, int n);
   // dout (n, h, zeroed) += ln_f's input gradient; ln_f's weight gradients; frees x_last and

@@ -1,4 +1,5 @@
-// Model FLOPs (the paper's Table 4, design.md §5) and the CPU's measured peak, for MFU.
+// Model FLOPs (the paper's Table 4; docs/engine.md, "FLOPs and memory") and the CPU's measured
+// peak, for MFU.
 #pragma once
 
 #include <cstdint>

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/runtime/cpu_engine.h"
-#include "worker/runtime/rank_executor.h"
+#include "worker/runtime/rank_executor_actions.h"
 
 namespace vp::runtime {
 

@@ -13,50 +13,10 @@
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/flops.h"
+#include "worker/runtime/job_options.h"
 
 namespace vp::runtime {
 namespace fs = std::filesystem;
-
-absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSpec& spec) {
-  if (spec.parallel().pipeline() != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.pipeline: ", spec.parallel().pipeline(),
-        " ranks need the multi-process pipeline runtime, which this build does not have yet; "
-        "use pipeline: 1 or `vocabpipe plan` to inspect the pipeline plan"));
-  }
-  if (spec.device() != "cpu") {
-    return absl::UnimplementedError(
-        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
-  }
-  TrainerOptions o;
-  const auto& m = spec.model();
-  o.model = {.layers = m.layers(),
-             .hidden = m.hidden(),
-             .heads = m.heads(),
-             .vocab = m.vocab_size(),
-             .seq_len = m.seq_len(),
-             .ffn_hidden = m.ffn_hidden(),
-             .tie_embeddings = m.tie_embeddings()};
-  o.microbatch_size = spec.parallel().microbatch_size();
-  o.microbatches = spec.parallel().microbatches();
-  // At p = 1 every vocabulary method computes the same thing; vocab1 selects Algorithm 1 so
-  // it can be exercised standalone, everything else Algorithm 2.
-  o.algorithm = spec.parallel().vocab() == "vocab1" ? engine::vocab::OutputAlgorithm::kAlgorithm1
-                                                    : engine::vocab::OutputAlgorithm::kAlgorithm2;
-  const auto& t = spec.train();
-  o.adamw = {.beta1 = static_cast<float>(t.beta1()),
-             .beta2 = static_cast<float>(t.beta2()),
-             .eps = static_cast<float>(t.eps()),
-             .weight_decay = static_cast<float>(t.weight_decay())};
-  o.lr = {.lr = static_cast<float>(t.lr()),
-          .min_lr = static_cast<float>(t.min_lr()),
-          .warmup_steps = t.warmup_steps(),
-          .total_steps = t.steps(),
-          .cosine = t.lr_schedule() == "cosine"};
-  o.grad_clip = static_cast<float>(t.grad_clip());
-  o.seed = t.seed();
-  return o;
-}
 
 absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
   auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());

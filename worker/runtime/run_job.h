@@ -34,9 +34,6 @@ struct RunSummary {
 // ranks read the same microbatches (inputs for IF, targets for S/T).
 absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec);
 
-// Maps a validated JobSpec onto the trainer's options (pipeline must be 1).
-absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSpec& spec);
-
 // Trains the job in this process. `progress` gets the progress line and a closing summary.
 absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
                                             const RunOptions& options, std::ostream& progress);

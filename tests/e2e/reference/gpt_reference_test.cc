@@ -95,7 +95,7 @@ TEST_P(GptReferenceTest, MatchesPyTorch) {
 
   const std::string out = (dir / "ref.safetensors").string();
   const std::string cmd = absl::StrCat(
-      "/usr/bin/python3 ", VP_SOURCE_DIR, "/tests/reference/gpt2_reference.py --checkpoint ",
+      "/usr/bin/python3 ", VP_SOURCE_DIR, "/tests/e2e/reference/gpt2_reference.py --checkpoint ",
       CheckpointDir(dir.string(), 0), " --data ", data, " --out ", out, " --steps ", kSteps,
       " --microbatch-size ", b, " --microbatches ", m, " --lr 1e-3 --weight-decay 0.1",
       " --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip ", c.grad_clip);

@@ -50,8 +50,8 @@ TEST_F(ControlCliTest, SubmitWatchStatusWorkersCancel) {
   std::vector<std::unique_ptr<Process>> workers;
   for (int i = 0; i < 2; ++i) {
     workers.push_back(std::make_unique<Process>(
-        std::vector<std::string>{Bin("worker/launch/vocabpipe-worker"), "--coordinator",
-                                 c.address(), "--exit-with-parent", "1"},
+        std::vector<std::string>{Bin("worker/main/vocabpipe-worker"), "--coordinator", c.address(),
+                                 "--exit-with-parent", "1"},
         dir_ / absl::StrCat("w", i, ".log")));
   }
   ASSERT_TRUE(WaitFor(

@@ -11,7 +11,7 @@
 #include "coordinator/server/job_store.h"
 #include "gloo/common/error.h"
 #include "tests/integration/control/control_harness.h"
-#include "worker/daemon/grpc_store.h"
+#include "worker/launch/grpc_store.h"
 
 namespace {
 
@@ -58,7 +58,7 @@ class ControlTest : public ::testing::Test {
   void StartWorkers(CoordinatorProcess& c, int n) {
     for (int i = 0; i < n; ++i) {
       workers_.push_back(std::make_unique<Process>(
-          std::vector<std::string>{Bin("worker/launch/vocabpipe-worker"), "--coordinator",
+          std::vector<std::string>{Bin("worker/main/vocabpipe-worker"), "--coordinator",
                                    c.address(), "--exit-with-parent", "1"},
           dir_ / absl::StrCat("worker_", workers_.size(), ".log")));
     }
@@ -70,6 +70,18 @@ class ControlTest : public ::testing::Test {
     v1::ListWorkersResponse resp;
     c.workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &resp).ok();
     return resp;
+  }
+
+  // Every one of the n registered workers is free: the RPC succeeds and lists them all, so an
+  // empty or failed answer cannot pass for "free".
+  void ExpectWorkersFree(CoordinatorProcess& c, int n) {
+    v1::ListWorkersResponse resp;
+    const grpc::Status st = c.workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_EQ(resp.workers_size(), n);
+    for (const auto& w : resp.workers()) {
+      EXPECT_TRUE(w.job_id().empty()) << w.worker_id() << " still holds " << w.job_id();
+    }
   }
 
   v1::Job GetJob(CoordinatorProcess& c, const std::string& id) {
@@ -253,10 +265,10 @@ TEST_F(ControlTest, JobsAndEventsSurviveACoordinatorRestart) {
 TEST_F(ControlTest, StoreServiceBacksAGlooStore) {
   CoordinatorProcess c(dir_, db_);
   ASSERT_TRUE(c.up()) << c.process().Log();
-  vp::daemon::GrpcStore store(c.address(), std::chrono::milliseconds(300));
+  vp::launch::GrpcStore store(c.address(), std::chrono::milliseconds(300));
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    vp::daemon::GrpcStore other(c.address(), std::chrono::milliseconds(300));
+    vp::launch::GrpcStore other(c.address(), std::chrono::milliseconds(300));
     other.set("k2", {'b'});
   });
   store.set("k1", {'a', '\0', 'c'});
@@ -341,8 +353,7 @@ TEST_F(ControlRunTest, SubmitWatchToSucceededWithMetricsForEveryStep) {
   EXPECT_TRUE(fs::exists(dir_ / "run" / "step_3" / "rank_0"));
   EXPECT_TRUE(fs::exists(dir_ / "run" / "step_3" / "rank_1"));
   // The workers are free again.
-  const v1::ListWorkersResponse free_workers = ListWorkers(c);
-  for (const auto& w : free_workers.workers()) EXPECT_TRUE(w.job_id().empty());
+  ExpectWorkersFree(c, 2);
 }
 
 TEST_F(ControlRunTest, CancelMidRunFreesTheWorkers) {
@@ -358,8 +369,7 @@ TEST_F(ControlRunTest, CancelMidRunFreesTheWorkers) {
   v1::Job job;
   ASSERT_TRUE(c.jobs->CancelJob(Ctx().get(), cancel, &job).ok());
   EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
-  const v1::ListWorkersResponse free_workers = ListWorkers(c);
-  for (const auto& w : free_workers.workers()) EXPECT_TRUE(w.job_id().empty());
+  ExpectWorkersFree(c, 2);
   // Free for real: the next job runs on the same two workers.
   const std::string next = Submit(c, TinyJob("next", 2, 1));
   auto events = Watch(c, next);
@@ -375,15 +385,22 @@ TEST_F(ControlRunTest, AKilledWorkerFailsTheJobNamingItsRank) {
   StartWorkers(c, 2);
   const std::string id = Submit(c, TinyJob("doomed", 2, 100000));
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 1; }, std::chrono::seconds(30)));
-  // Which worker runs rank 1?
-  std::string rank1;
+  // Which worker process runs rank 1? The coordinator names workers in registration order,
+  // which need not be start order, so find it by its pid.
+  int64_t rank1_pid = -1;
   const v1::ListWorkersResponse busy = ListWorkers(c);
   for (const auto& w : busy.workers()) {
-    if (w.rank() == 1) rank1 = w.worker_id();
+    if (w.job_id() == id && w.rank() == 1) rank1_pid = w.pid();
   }
-  ASSERT_EQ(rank1, "worker-2");
+  ASSERT_GT(rank1_pid, 0) << "no worker reports rank 1 of " << id;
+  Process* rank1 = nullptr;
+  for (const auto& p : workers_) {
+    if (p->pid() == rank1_pid) rank1 = p.get();
+  }
+  ASSERT_NE(rank1, nullptr) << "rank 1 is on pid " << rank1_pid
+                            << ", not a worker this test started";
   const auto killed = std::chrono::steady_clock::now();
-  workers_[1]->Kill(SIGKILL);  // its rank process dies with it (PR_SET_PDEATHSIG)
+  rank1->Kill(SIGKILL);  // its rank process dies with it (PR_SET_PDEATHSIG)
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_FAILED; },
                       std::chrono::seconds(10)));
   const double seconds =
@@ -452,8 +469,12 @@ TEST_F(ControlRestartTest, MetricHistorySurvivesAKillMidRun) {
   ASSERT_TRUE(WaitFor(
       [&] {
         v1::ListWorkersResponse list;
-        workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &list).ok();
-        return list.workers_size() == 2;
+        if (!workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &list).ok()) return false;
+        if (list.workers_size() != 2) return false;
+        for (const auto& w : list.workers()) {
+          if (!w.job_id().empty()) return false;
+        }
+        return true;
       },
       std::chrono::seconds(30)));  // bounded; generous for a loaded CI machine
 }

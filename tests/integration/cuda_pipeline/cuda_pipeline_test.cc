@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
-#include "tests/integration/pipeline/training_fixtures.h"
-#include "tests/unit/comm/gloo_threads.h"
+#include "tests/support/gloo_threads.h"
+#include "tests/support/training_fixtures.h"
 #include "worker/comm/nccl/staged_communicator.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/runtime/cuda/cuda_pipeline_rank.h"

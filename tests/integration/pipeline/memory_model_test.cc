@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
-#include "tests/unit/comm/gloo_threads.h"
+#include "tests/support/gloo_threads.h"
 #include "worker/runtime/pipeline_rank.h"
 
 namespace vp::runtime {

@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
-#include "tests/integration/pipeline/training_fixtures.h"
-#include "tests/unit/comm/gloo_threads.h"
+#include "tests/support/gloo_threads.h"
+#include "tests/support/training_fixtures.h"
 #include "worker/runtime/pipeline_rank.h"
 #include "worker/runtime/trainer.h"
 

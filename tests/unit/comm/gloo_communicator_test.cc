@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/unit/comm/gloo_threads.h"
+#include "tests/support/gloo_threads.h"
 
 namespace vp::comm {
 namespace {

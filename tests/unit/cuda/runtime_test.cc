@@ -42,7 +42,20 @@ TEST(StatusMapping, CodesAndLocation) {
   EXPECT_TRUE(absl::IsResourceExhausted(CublasStatus(CUBLAS_STATUS_ALLOC_FAILED, "x", "f", 1)));
 }
 
-TEST(DeviceCount, NeverFails) { EXPECT_GE(DeviceCount(), 0); }
+// The count agrees with the devices that answer: each one below it has a name, the one at the
+// count has none (without a device: 0, and device 0 has no name), and asking again gives the
+// same count.
+TEST(DeviceCount, AgreesWithDeviceNames) {
+  const int count = DeviceCount();
+  ASSERT_GE(count, 0);
+  for (int d = 0; d < count; ++d) {
+    const absl::StatusOr<std::string> name = DeviceName(d);
+    ASSERT_TRUE(name.ok()) << name.status();
+    EXPECT_FALSE(name->empty());
+  }
+  EXPECT_FALSE(DeviceName(count).ok());
+  EXPECT_EQ(DeviceCount(), count);
+}
 
 TEST(CachingAllocator, RoundsToSizeClasses) {
   EXPECT_EQ(CachingAllocator::RoundUp(1), 512u);

@@ -7,8 +7,6 @@
 // cross-chunk dK/dV accumulators rounded to 8 mantissa bits, ≈ 4e-3 per rounding): outputs and
 // input gradients within 3e-2 relative + 3e-2·max|reference|; each parameter-gradient tensor
 // within 5e-2 relative L2 error (fp32 accumulation of bf16 products).
-#include "worker/engine/model/cuda/layer_stack.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -22,12 +20,13 @@
 #include <vector>
 
 #include "worker/engine/kernels/cuda/caching_allocator.h"
+#include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/engine/memory.h"
-#include "worker/engine/model/cuda/device.h"
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/cuda/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 
 namespace vp::engine::cuda {
 namespace {
@@ -87,11 +86,11 @@ void ExpectCreateRejectsBadArguments() {
   ExpectStatus(create(good, 0, 2, 0, kBounds, params, grads), absl::StatusCode::kInvalidArgument,
                "microbatch_size");
   ExpectStatus(create(good, 0, 2, kBatch, {0, 8, 8, 16}, params, grads),
-               absl::StatusCode::kInvalidArgument, "chunk_bounds: must be strictly increasing");
+               absl::StatusCode::kInvalidArgument, "seq_bounds: must be strictly increasing");
   ExpectStatus(create(good, 0, 2, kBatch, {0, 8}, params, grads),
-               absl::StatusCode::kInvalidArgument, "chunk_bounds: must start at 0 and end at");
+               absl::StatusCode::kInvalidArgument, "seq_bounds: must start at 0 and end at");
   ExpectStatus(create(good, 0, 2, kBatch, {0}, params, grads), absl::StatusCode::kInvalidArgument,
-               "chunk_bounds");
+               "seq_bounds");
   ExpectStatus(create(good, 0, 2, kBatch, kBounds, nullptr, grads),
                absl::StatusCode::kInvalidArgument, "params");
   ExpectStatus(create(good, 0, 2, kBatch, kBounds, params, nullptr),
@@ -191,7 +190,7 @@ Results RunCpu(const ModelConfig& cfg, const Inputs& in) {
   EXPECT_TRUE(stack.ok()) << stack.status();
   if (!stack.ok()) return r;
   for (const Step& step : kSchedule) {
-    const SeqChunk c = stack->chunk(step.slot.chunk);
+    const SeqChunk c = stack->seq_chunk(step.slot.seq);
     const int mb = step.slot.microbatch;
     const size_t nh = static_cast<size_t>(kBatch) * c.len() * cfg.hidden;
     if (step.pass == Pass::kF) {
@@ -291,7 +290,7 @@ class DeviceLayerStackTest : public ::testing::Test {
     if (!stack.ok()) return r;
     DeviceLayerStack<T>& st = **stack;
     for (const Step& step : kSchedule) {
-      const SeqChunk c = st.chunk(step.slot.chunk);
+      const SeqChunk c = st.seq_chunk(step.slot.seq);
       const int mb = step.slot.microbatch;
       const size_t nh = static_cast<size_t>(kBatch) * c.len() * cfg.hidden;
       if (step.pass == Pass::kF) {
@@ -394,12 +393,12 @@ TEST_F(DeviceLayerStackTest, Fp32MatchesCpu) {
   ASSERT_EQ(got.dx.size(), want.dx.size());
   for (const auto& [slot, w] : want.out) {
     const std::string name =
-        "out mb " + std::to_string(slot.microbatch) + " chunk " + std::to_string(slot.chunk);
+        "out mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq);
     ExpectClose(got.out.at(slot), w, 1e-4, 1e-5, name);
   }
   for (const auto& [slot, w] : want.dx) {
     const std::string name =
-        "dx mb " + std::to_string(slot.microbatch) + " chunk " + std::to_string(slot.chunk);
+        "dx mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq);
     ExpectClose(got.dx.at(slot), w, 1e-4, 1e-5, name);
   }
   CompareGrads(cfg, got.grads, want.grads,
@@ -416,12 +415,12 @@ TEST_F(DeviceLayerStackTest, Bf16WithinTolerance) {
   ASSERT_EQ(got.dx.size(), want.dx.size());
   for (const auto& [slot, w] : want.out) {
     const std::string name =
-        "out mb " + std::to_string(slot.microbatch) + " chunk " + std::to_string(slot.chunk);
+        "out mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq);
     ExpectClose(got.out.at(slot), w, 3e-2, 3e-2, name);
   }
   for (const auto& [slot, w] : want.dx) {
     const std::string name =
-        "dx mb " + std::to_string(slot.microbatch) + " chunk " + std::to_string(slot.chunk);
+        "dx mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq);
     ExpectClose(got.dx.at(slot), w, 3e-2, 3e-2, name);
   }
   CompareGrads(cfg, got.grads, want.grads,
@@ -438,18 +437,18 @@ TEST_F(DeviceLayerStackTest, OutOfOrderCallsAreRejected) {
                                                grads.data(), ctx_);
   ASSERT_TRUE(stack.ok()) << stack.status();
   DeviceLayerStack<float>& st = **stack;
-  EXPECT_EQ(st.num_chunks(), 2);
-  EXPECT_EQ(st.chunk(1).begin, 8);
-  EXPECT_EQ(st.chunk(1).end, 16);
+  EXPECT_EQ(st.num_seq_chunks(), 2);
+  EXPECT_EQ(st.seq_chunk(1).begin, 8);
+  EXPECT_EQ(st.seq_chunk(1).end, 16);
   const size_t nh = static_cast<size_t>(kBatch) * 8 * cfg.hidden;  // both chunks have 8 rows
   DeviceArray<float> x = ToDevice<float>(Random(nh, 5));
   DeviceArray<float> y = ToDevice<float>(std::vector<float>(nh, 0.0f));
   DeviceArray<float> g = ToDevice<float>(Random(nh, 6));
 
   ExpectStatus(st.Forward({0, 2}, x.data(), y.data()), absl::StatusCode::kInvalidArgument,
-               "slot.chunk");
+               "slot.seq");
   ExpectStatus(st.Forward({0, 1}, x.data(), y.data()), absl::StatusCode::kFailedPrecondition,
-               "expected chunk 0");
+               "expected seq 0");
   ExpectStatus(st.BackwardInput({0, 0}, g.data(), y.data()), absl::StatusCode::kFailedPrecondition,
                "not forwarded");
   ExpectStatus(st.BackwardWeight({0, 0}), absl::StatusCode::kFailedPrecondition, "needs B");
@@ -461,11 +460,11 @@ TEST_F(DeviceLayerStackTest, OutOfOrderCallsAreRejected) {
                "already forwarded");
   // B needs every chunk of the microbatch forwarded.
   ExpectStatus(st.BackwardInput({0, 0}, g.data(), y.data()), absl::StatusCode::kFailedPrecondition,
-               "expected chunk 1");
+               "expected seq 1");
   ASSERT_TRUE(st.Forward({0, 1}, x.data(), y.data()).ok());
   // Chunks go backward in reverse order.
   ExpectStatus(st.BackwardInput({0, 0}, g.data(), y.data()), absl::StatusCode::kFailedPrecondition,
-               "reverse order; expected chunk 1");
+               "reverse order; expected seq 1");
   ExpectStatus(st.BackwardWeight({0, 1}), absl::StatusCode::kFailedPrecondition, "needs B");
   ASSERT_TRUE(st.BackwardInput({0, 1}, g.data(), y.data()).ok());
   ExpectStatus(st.BackwardInput({0, 1}, g.data(), y.data()), absl::StatusCode::kFailedPrecondition,
@@ -478,7 +477,7 @@ TEST_F(DeviceLayerStackTest, OutOfOrderCallsAreRejected) {
   EXPECT_EQ(tracker_.current(MemoryCategory::kActivations), 0);
   // The microbatch is finished: its id starts afresh at chunk 0.
   ExpectStatus(st.Forward({0, 1}, x.data(), y.data()), absl::StatusCode::kFailedPrecondition,
-               "expected chunk 0");
+               "expected seq 0");
   ASSERT_TRUE(st.Forward({0, 0}, x.data(), y.data()).ok());
   ASSERT_TRUE(st.Forward({0, 1}, x.data(), y.data()).ok());
   ASSERT_TRUE(st.Backward({0, 1}, g.data(), y.data()).ok());

@@ -1,11 +1,11 @@
-// The device vocabulary shards (worker/engine/model/cuda/vocab_shards.h) against the CPU shards
+// The device vocabulary shards (worker/engine/vocab/cuda/vocab_shards.h) against the CPU shards
 // (worker/engine/vocab/): output layer S/C1/T/C2 under both algorithms, input layer
 // IF/IF_REDUCE/IB_BCAST/IB. Several vocabulary shards are emulated as threads on one GPU, each
 // with a StagedCommunicator around a Gloo communicator (NCCL refuses two ranks on one device).
 //
 // Argument validation and pass-order checks run before the device is touched and are tested
 // everywhere; the rest skips with "no CUDA device" without a GPU.
-#include "worker/engine/model/cuda/vocab_shards.h"
+#include "worker/engine/vocab/cuda/vocab_shards.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>

@@ -3,7 +3,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -122,13 +121,13 @@ TEST(Synth, EmpiricalConditionalEntropyMatchesRate) {
   for (int32_t i = 0; i < v; ++i) EXPECT_NEAR(first[i] / (n - 1), st.pi[i], 0.003);
 }
 
-TEST(Synth, LargeVocabularyIsFast) {
-  const auto start = std::chrono::steady_clock::now();
+// A 256k-token vocabulary (the paper's largest) still gives a converged stationary distribution
+// and an entropy rate inside (0.5, log K). How long it takes is measured by bench/data
+// (data_synth_bench), not asserted here.
+TEST(Synth, LargeVocabularyConverges) {
   absl::StatusOr<MarkovChain> chain = MakeRandomMarkovChain(262144, 8, 1);
   ASSERT_TRUE(chain.ok());
   const Stationary st = StationaryDistribution(*chain);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(st.residual, 1e-13);
   double sum = 0;
   for (double p : st.pi) sum += p;
@@ -137,8 +136,6 @@ TEST(Synth, LargeVocabularyIsFast) {
   EXPECT_GT(rate, 0.5);
   EXPECT_LT(rate, std::log(8.0));
   RecordProperty("stationary_iterations", st.iterations);
-  std::printf("V=262144 K=8: chain + stationary in %.2f s, %d iterations, rate %.4f\n", seconds,
-              st.iterations, rate);
 }
 
 }  // namespace

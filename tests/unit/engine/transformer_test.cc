@@ -1,4 +1,4 @@
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 
 #include <gtest/gtest.h>
 
@@ -162,7 +162,7 @@ StackRun RunStack(const ModelConfig& cfg, const std::vector<float>& params, int 
   auto stack =
       LayerStack::Create(cfg, 0, cfg.layers, batch, bounds, p.data(), r.grads.data(), tracker);
   EXPECT_TRUE(stack.ok()) << stack.status();
-  const int k = stack->num_chunks();
+  const int k = stack->num_seq_chunks();
   // Gathers/scatters a chunk (b, len, h) out of a whole sequence tensor (b, s, h).
   auto gather = [&](const std::vector<float>& src, int mb, SeqChunk c) {
     std::vector<float> o(static_cast<size_t>(batch) * c.len() * row);
@@ -181,13 +181,13 @@ StackRun RunStack(const ModelConfig& cfg, const std::vector<float>& params, int 
               v[(b * c.len() + t) * row + j];
   };
   auto forward = [&](int mb, int q) {
-    const SeqChunk c = stack->chunk(q);
+    const SeqChunk c = stack->seq_chunk(q);
     std::vector<float> in = gather(x, mb, c), o(in.size());
     ASSERT_TRUE(stack->Forward({mb, q}, in.data(), o.data()).ok());
     scatter(r.out, mb, c, o);
   };
   auto backward_input = [&](int mb, int q) {
-    const SeqChunk c = stack->chunk(q);
+    const SeqChunk c = stack->seq_chunk(q);
     std::vector<float> g = gather(dy, mb, c), d(g.size());
     ASSERT_TRUE(stack->BackwardInput({mb, q}, g.data(), d.data()).ok());
     scatter(r.dx, mb, c, d);
@@ -212,7 +212,7 @@ TEST(LayerStack, ChunkedSequenceEqualsWholeSequence) {
   MemoryTracker tracker;
   const StackRun whole = RunStack(cfg, params, 2, {0, 7}, &tracker);
   for (const std::vector<int>& bounds : std::vector<std::vector<int>>{
-           {0, 4, 7}, {0, 2, 4, 7}, {0, 1, 6, 7}, {0, 5, 6, 7}, EqualChunkBounds(7, 3)}) {
+           {0, 4, 7}, {0, 2, 4, 7}, {0, 1, 6, 7}, {0, 5, 6, 7}, EqualSeqBounds(7, 3)}) {
     SCOPED_TRACE(::testing::Message() << "chunks ending at " << bounds[1] << "," << bounds[2]);
     const StackRun chunked = RunStack(cfg, params, 2, bounds, &tracker);
     ExpectAllNear("out", chunked.out.data(), whole.out.data(), whole.out.size(), 5e-5, 1e-4);

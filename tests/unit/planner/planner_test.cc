@@ -367,14 +367,39 @@ TEST(Planner, AutoPicksTheFastestThatFits) {
     if (c.ok) {
       EXPECT_GE(c.step_time, all->candidates[0].step_time);
     }
-  // A budget below the best candidate's peak moves the choice to one that fits.
-  const int64_t budget = all->candidates[0].peak_bytes - 1;
-  absl::StatusOr<AutoChoice> tight = ChoosePlan(in, true, true, budget);
-  if (tight.ok()) {
-    EXPECT_LE(tight->candidates[0].peak_bytes, budget);
-  } else {
-    EXPECT_NE(tight.status().message().find("memory_budget_bytes"), std::string::npos);
+  // Here the fastest candidate is also the leanest, so a budget below its peak fits nothing:
+  // an error naming the field.
+  int64_t least_peak = all->candidates[0].peak_bytes;
+  for (const Candidate& c : all->candidates) {
+    if (c.ok) least_peak = std::min(least_peak, c.peak_bytes);
   }
+  ASSERT_EQ(least_peak, all->candidates[0].peak_bytes) << CandidatesTable(*all);
+  absl::StatusOr<AutoChoice> none = ChoosePlan(in, true, true, least_peak - 1);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("memory_budget_bytes"), std::string::npos);
+  // With Vocab-1 fixed, the fastest schedule (Seq1F1B-I) needs more memory than plain Seq1F1B:
+  // a budget just below its peak moves the choice to the fastest candidate that fits.
+  in.vocab = VocabMethod::kVocab1;
+  absl::StatusOr<AutoChoice> v1 = ChoosePlan(in, true, false, 0);
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  const Candidate& best = v1->candidates[0];
+  const int64_t budget = best.peak_bytes - 1;
+  const Candidate* expected = nullptr;
+  for (const Candidate& c : v1->candidates) {  // sorted by step time
+    if (c.ok && c.peak_bytes <= budget) {
+      expected = &c;
+      break;
+    }
+  }
+  ASSERT_NE(expected, nullptr) << CandidatesTable(*v1);
+  absl::StatusOr<AutoChoice> tight = ChoosePlan(in, true, false, budget);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_LE(tight->candidates[0].peak_bytes, budget);
+  EXPECT_GT(tight->candidates[0].step_time, best.step_time);
+  EXPECT_EQ(tight->chosen.schedule, expected->schedule);
+  EXPECT_EQ(tight->chosen.seq_chunks, expected->seq_chunks);
+  EXPECT_EQ(tight->chosen.vocab, VocabMethod::kVocab1);
+  EXPECT_FALSE(tight->chosen.schedule == best.schedule && tight->chosen.seq_chunks == best.seq_chunks);
   EXPECT_NE(CandidatesTable(*all).find("chosen"), std::string::npos);
 }
 

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/unit/comm/gloo_threads.h"
+#include "tests/support/gloo_threads.h"
 #include "worker/engine/memory.h"
 #include "worker/engine/vocab/input_layer.h"
 #include "worker/engine/vocab/output_layer.h"

@@ -23,7 +23,7 @@ size_t ParamTensor::count() const {
 
 absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
-    std::vector<int> chunk_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker) {
+    std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker) {
   if (cfg.layers < 1 || cfg.hidden < 1 || cfg.heads < 1 || cfg.hidden % cfg.heads != 0 ||
       cfg.vocab < 2 || cfg.seq_len < 1 || cfg.ffn_hidden < 1) {
     return absl::InvalidArgumentError(absl::StrCat("model config: invalid shape (layers ",
@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
 
   for (size_t c = 0; c < layout.chunks.size(); ++c) {
     auto stack = LayerStack::Create(
-        cfg, layout.chunks[c].first_layer, layout.chunks[c].count, microbatch_size, chunk_bounds,
+        cfg, layout.chunks[c].first_layer, layout.chunks[c].count, microbatch_size, seq_bounds,
         m->params_.data() + stack_offsets[c], m->grads_.data() + stack_offsets[c], tracker);
     if (!stack.ok()) return stack.status();
     m->stacks_.push_back(std::make_unique<LayerStack>(std::move(*stack)));

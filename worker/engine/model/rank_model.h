@@ -19,7 +19,7 @@
 #include "worker/engine/config.h"
 #include "worker/engine/memory.h"
 #include "worker/engine/optimizer.h"
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 #include "worker/engine/vocab/input_layer.h"
 #include "worker/engine/vocab/output_layer.h"
 #include "worker/engine/vocab/partition.h"
@@ -68,11 +68,11 @@ struct ParamTensor {
 
 class RankModel {
  public:
-  // microbatch_size and chunk_bounds (sequence chunk boundaries {0, ..., seq_len}) size the
+  // microbatch_size and seq_bounds (sequence chunk boundaries {0, ..., seq_len}) size the
   // layer stacks' activation slots. tracker may be null.
   static absl::StatusOr<std::unique_ptr<RankModel>> Create(
       const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
-      std::vector<int> chunk_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker);
+      std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker);
 
   // GPT-2 initialisation of every tensor this rank holds (padding rows stay zero).
   void Init(uint64_t seed);

@@ -1,4 +1,4 @@
-// The input embedding on one rank's vocabulary shard (design.md §4, "Input layer").
+// The input embedding on one rank's vocabulary shard (docs/vocab-parallel-math.md §3).
 //
 //   IF local   : out (n, h) = rows of E_r for tokens in this shard, zero rows elsewhere
 //   IF_REDUCE  : sum all-reduce of out; exactly one rank contributes each token's row, so the

@@ -1,11 +1,11 @@
-// How the vocabulary is split across the p ranks of the pipeline (design.md §4).
+// How the vocabulary is split across the p ranks of the pipeline (docs/vocab-parallel-math.md §1).
 //
 // V is padded up to Vp, the next multiple of 8p (the paper pads to a multiple of 2p so shards
 // stay even under V-shape placements; 8p also keeps every shard's row count a multiple of 8,
-// which cuBLASLt's 16-byte alignment needs for bf16 rows on a GPU); rank r owns rows [r·Vp/p, (r+1)·Vp/p) of both the input
-// embedding and the output weight. Rows >= V are padding: they hold zero weights, never enter
-// the softmax (not in the max, not in the sum) and keep zero gradients. With a small V and a
-// large p a whole shard can be padding.
+// which cuBLASLt's 16-byte alignment needs for bf16 rows on a GPU); rank r owns rows [r·Vp/p,
+// (r+1)·Vp/p) of both the input embedding and the output weight. Rows >= V are padding: they hold
+// zero weights, never enter the softmax (not in the max, not in the sum) and keep zero gradients.
+// With a small V and a large p a whole shard can be padding.
 #pragma once
 
 #include <cstdint>

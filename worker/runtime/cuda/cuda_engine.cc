@@ -9,6 +9,7 @@
 #include "worker/engine/model/cuda/model_kernels.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/vocab/partition.h"
+#include "worker/runtime/optimizer_step.h"
 
 namespace vp::runtime {
 
@@ -80,16 +81,16 @@ absl::StatusOr<typename CudaStageEngine<T>::Buffer> CudaStageEngine<T>::Act(size
 }
 
 template <typename T>
-absl::Status CudaStageEngine<T>::EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len,
-                                            int h, int start) {
-  VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedChunkForward<T>(x.data(), in.output(), model_->wpe(),
-                                                             b, s, len, h, start, compute_.stream));
+absl::Status CudaStageEngine<T>::EmbedSeqChunk(Buffer& x, const InputState& in, int b, int s,
+                                               int len, int h, int start) {
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedSeqChunkForward<T>(
+      x.data(), in.output(), model_->wpe(), b, s, len, h, start, compute_.stream));
   return Finish(compute_);
 }
 
 template <typename T>
-absl::Status CudaStageEngine<T>::EmbedChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s,
-                                                    int len, int h, int start) {
+absl::Status CudaStageEngine<T>::EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b,
+                                                       int s, int len, int h, int start) {
   VP_CUDA_RETURN_IF_ERROR(engine::cuda::PositionEmbeddingBackward<T>(
       model_->wpe_grad(), dx.data(), b, len, h, start, compute_.stream));
   // dx (b, len, h) into rows [start, start+len) of every sequence of dembed (b, s, h).
@@ -151,58 +152,68 @@ absl::Status CudaStageEngine<T>::FinalNormBackward(Buffer& dout, const float* gr
   return Finish(compute_);
 }
 
+namespace {
+
+// The optimizer step's arithmetic on device memory (optimizer_step.h). The communicators take
+// device pointers, so the scalar all-reduce goes through a one-element device array.
+template <typename T>
+class CudaGradOps {
+ public:
+  using Scratch = DeviceArray<float>;
+  CudaGradOps(engine::cuda::DeviceRankModel<T>& model, const engine::cuda::DeviceContext& ctx)
+      : model_(model), ctx_(ctx) {}
+
+  const engine::RankModel& host() const { return model_.host(); }
+  absl::StatusOr<Scratch> ZeroScratch(size_t n) {
+    return Scratch::Create(ctx_, MemoryCategory::kActivations, n, /*zero=*/true);
+  }
+  absl::Status AddGrads(Scratch& sum, size_t offset) {
+    VP_CUDA_RETURN_IF_ERROR(
+        engine::cuda::ResidualForward<float>(sum.data(), sum.data(), model_.grads() + offset,
+                                             static_cast<long>(sum.size()), ctx_.stream));
+    return absl::OkStatus();
+  }
+  absl::Status SetGrads(size_t offset, const Scratch& sum) {
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(model_.grads() + offset, sum.data(), sum.bytes(),
+                                            cudaMemcpyDeviceToDevice, ctx_.stream));
+    return absl::OkStatus();
+  }
+  absl::Status Sync() { return Finish(ctx_); }
+  absl::Status AllReduceSum(comm::Communicator& comm, Scratch& sum) {
+    return comm.AllReduce(sum.data(), sum.size(), comm::ReduceOp::kSum);
+  }
+  absl::StatusOr<double> SquaredNorm(size_t offset, size_t n) {
+    return model_.SquaredNorm(offset, n);
+  }
+  absl::StatusOr<float> AllReduceScalar(comm::Communicator& comm, float value) {
+    auto scalar = Scratch::Create(ctx_, MemoryCategory::kActivations, 1, /*zero=*/false);
+    if (!scalar.ok()) return scalar.status();
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scalar->data(), &value, sizeof(float),
+                                            cudaMemcpyHostToDevice, ctx_.stream));
+    if (auto st = Finish(ctx_); !st.ok()) return st;
+    if (auto st = comm.AllReduce(scalar->data(), 1, comm::ReduceOp::kSum); !st.ok()) return st;
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&value, scalar->data(), sizeof(float),
+                                            cudaMemcpyDeviceToHost, ctx_.stream));
+    if (auto st = Finish(ctx_); !st.ok()) return st;
+    return value;
+  }
+  absl::Status AdamW(float lr, float scale) { return model_.OptimizerStep(lr, scale); }
+
+ private:
+  engine::cuda::DeviceRankModel<T>& model_;
+  const engine::cuda::DeviceContext& ctx_;
+};
+static_assert(GradOps<CudaGradOps<float>>);
+static_assert(GradOps<CudaGradOps<engine::cuda::bf16>>);
+
+}  // namespace
+
 template <typename T>
 absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm,
                                                bool tied_copy_sync, float lr, float grad_clip,
                                                double* grad_norm) {
-  const engine::RankModel& host = model_->host();
-  const engine::ParamTensor* copy = tied_copy_sync ? host.tied_output_copy() : nullptr;
-  if (tied_copy_sync) {
-    // Both copies end with ∇wte = ∇(input use) + ∇(output use); the other ranks add zeros.
-    const size_t count =
-        static_cast<size_t>(engine::vocab::PaddedVocab(opt_.model.vocab, 1)) * opt_.model.hidden;
-    auto sum = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, count, true);
-    if (!sum.ok()) return sum.status();
-    const engine::ParamTensor* in = host.Find("transformer.wte.weight");
-    for (const engine::ParamTensor* t : {in, copy}) {
-      if (t == nullptr) continue;
-      VP_CUDA_RETURN_IF_ERROR(engine::cuda::ResidualForward<float>(
-          sum->data(), sum->data(), model_->grads() + t->offset, static_cast<long>(count),
-          compute_.stream));
-    }
-    if (auto st = Finish(compute_); !st.ok()) return st;
-    if (auto st = comm.AllReduce(sum->data(), count, comm::ReduceOp::kSum); !st.ok()) return st;
-    for (const engine::ParamTensor* t : {in, copy}) {
-      if (t == nullptr) continue;
-      VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(model_->grads() + t->offset, sum->data(),
-                                              sizeof(float) * count, cudaMemcpyDeviceToDevice,
-                                              compute_.stream));
-    }
-    if (auto st = Finish(compute_); !st.ok()) return st;
-  }
-  // Σ g² over this rank's parameters, the tied output copy counted once (by its twin).
-  auto sq = model_->SquaredNorm(0, model_->param_count());
-  if (!sq.ok()) return sq.status();
-  double local = *sq;
-  if (copy != nullptr) {
-    auto c = model_->SquaredNorm(copy->offset, copy->count());
-    if (!c.ok()) return c.status();
-    local -= *c;
-  }
-  // fp32 all-reduce of the partial sums (the norm only scales clipping), through the device:
-  // the communicator takes device pointers.
-  auto scalar = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, 1, false);
-  if (!scalar.ok()) return scalar.status();
-  float value = static_cast<float>(local);
-  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scalar->data(), &value, sizeof(float),
-                                          cudaMemcpyHostToDevice, compute_.stream));
-  if (auto st = Finish(compute_); !st.ok()) return st;
-  if (auto st = comm.AllReduce(scalar->data(), 1, comm::ReduceOp::kSum); !st.ok()) return st;
-  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&value, scalar->data(), sizeof(float),
-                                          cudaMemcpyDeviceToHost, compute_.stream));
-  if (auto st = Finish(compute_); !st.ok()) return st;
-  *grad_norm = std::sqrt(static_cast<double>(value));
-  return model_->OptimizerStep(lr, engine::ClipScale(static_cast<double>(value), grad_clip));
+  CudaGradOps<T> ops(*model_, compute_);
+  return RunOptimizerStep(ops, comm, tied_copy_sync, lr, grad_clip, grad_norm);
 }
 
 template class CudaStageEngine<float>;

@@ -1,5 +1,5 @@
-// The CUDA engine of the plan executor (worker/runtime/rank_executor.h lists what an engine
-// provides; CpuStageEngine is the reference): one device per rank, a compute stream and a
+// The CUDA engine of the plan executor (a StageEngine, worker/runtime/stage_engine.h;
+// CpuStageEngine is the reference): one device per rank, a compute stream and a
 // high-priority stream for the vocabulary barriers, one caching allocator shared by the rank's
 // threads (reuse after sync), T = float or bf16 activations and parameters.
 //
@@ -15,10 +15,10 @@
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
+#include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/engine/memory.h"
-#include "worker/engine/model/cuda/device.h"
 #include "worker/engine/model/cuda/rank_model.h"
 #include "worker/runtime/trainer.h"
 
@@ -53,9 +53,10 @@ class CudaStageEngine {
   int device() const { return device_; }
 
   absl::StatusOr<Buffer> Act(size_t n, bool zero, Thread thread);
-  absl::Status EmbedChunk(Buffer& x, const InputState& in, int b, int s, int len, int h, int start);
-  absl::Status EmbedChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s, int len, int h,
-                                  int start);
+  absl::Status EmbedSeqChunk(Buffer& x, const InputState& in, int b, int s, int len, int h,
+                             int start);
+  absl::Status EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s, int len, int h,
+                                     int start);
   absl::Status FinalNormForward(XState& xs, Buffer out, int n);
   absl::Status FinalNormBackward(Buffer& dout, const float* grad_input, XState& xs, int n);
   absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, bool tied_copy_sync, float lr,

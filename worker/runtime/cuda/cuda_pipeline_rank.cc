@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/runtime/cuda/cuda_engine.h"
-#include "worker/runtime/rank_executor.h"
+#include "worker/runtime/rank_executor_actions.h"
 
 namespace vp::runtime {
 namespace {

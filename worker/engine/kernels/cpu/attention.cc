@@ -1,7 +1,8 @@
 // Causal attention for a query chunk [q_begin, q_end) against keys/values [0, q_end).
 // One sgemm per (batch, head) for Q·Kᵀ and one for P·V; the softmax and its backward are
 // row loops in between. The full q_len x q_end score block is computed and the part above the
-// causal diagonal is zeroed, matching the bsh·12s FLOP count of design.md §5.
+// causal diagonal is zeroed, matching the bsh·12s FLOP count of docs/engine.md
+// ("FLOPs and memory").
 #include <cmath>
 #include <limits>
 

@@ -1,9 +1,9 @@
 // CUDA kernels of the transformer layer and the vocabulary layers, mirroring
 // worker/engine/kernels/cpu/kernels.h and the vocab passes (llm.c style forward/backward pairs).
 //
-// Precision (llmc-lessons §6): T is float (fp32 path, matches the CPU engine to 1e-5) or bf16
-// (parameters and activations). Statistics — LayerNorm mean/rstd, softmax max/sum, losses — are
-// fp32 in both paths, and so are every *weight* gradient (accumulated over many microbatches,
+// Precision (docs/cuda.md, "Precision"): T is float (fp32 path, matches the CPU engine to 1e-5) or
+// bf16 (parameters and activations). Statistics — LayerNorm mean/rstd, softmax max/sum, losses —
+// are fp32 in both paths, and so are every *weight* gradient (accumulated over many microbatches,
 // where bf16 would lose the small updates) and the AdamW master weights and moments.
 //
 // Every wrapper enqueues on `stream` and returns cudaGetLastError() (launch errors only; a
@@ -32,6 +32,17 @@ cudaError_t EmbeddingForward(T* out,                 // (n, h)
                              const T* weight,        // (>= valid_rows, h)
                              const int32_t* tokens,  // (n) global token ids
                              int n, int h, int64_t begin, int64_t valid_rows, cudaStream_t stream);
+
+// IF, local part, into an fp32 output: out[i, :] = float(weight[tokens[i] − begin, :]) for
+// tokens in [begin, begin + valid_rows), 0 for every other token. Overwrites out. fp32 (not T)
+// so that IF_REDUCE sums in fp32 — exactly one shard contributes each token's row, so the sum is
+// the exact lookup whatever T is.
+template <typename T>
+cudaError_t EmbeddingForwardToFloat(float* out,             // (n, h)
+                                    const T* weight,        // (>= valid_rows, h)
+                                    const int32_t* tokens,  // (n) global token ids
+                                    int n, int h, int64_t begin, int64_t valid_rows,
+                                    cudaStream_t stream);
 
 // dweight[tokens[i] − begin, :] += dout[i, :] for tokens in the shard (scatter-add; a repeated
 // token adds once per occurrence). fp32 atomics.

@@ -7,7 +7,7 @@ namespace vp::engine::cuda {
 namespace {
 
 template <typename T>
-__global__ void EmbedChunkForwardKernel(T* x, const float* emb, const T* wpe, int batch, int s,
+__global__ void EmbedSeqChunkForwardKernel(T* x, const float* emb, const T* wpe, int batch, int s,
                                         int len, int h, int start) {
   const long total = static_cast<long>(batch) * len * h;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
@@ -41,13 +41,13 @@ __global__ void SquaredNormKernel(double* partial, const float* g, size_t count)
 }  // namespace
 
 template <typename T>
-cudaError_t EmbedChunkForward(T* x, const float* emb, const T* wpe, int batch, int s, int len,
+cudaError_t EmbedSeqChunkForward(T* x, const float* emb, const T* wpe, int batch, int s, int len,
                               int h, int start, cudaStream_t stream) {
   const long total = static_cast<long>(batch) * len * h;
   if (total == 0) return cudaSuccess;
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<long>((total + threads - 1) / threads, 4096));
-  EmbedChunkForwardKernel<T><<<blocks, threads, 0, stream>>>(x, emb, wpe, batch, s, len, h, start);
+  EmbedSeqChunkForwardKernel<T><<<blocks, threads, 0, stream>>>(x, emb, wpe, batch, s, len, h, start);
   return cudaGetLastError();
 }
 
@@ -57,9 +57,9 @@ cudaError_t SquaredNormPartials(double* partial, const float* g, size_t count,
   return cudaGetLastError();
 }
 
-template cudaError_t EmbedChunkForward<float>(float*, const float*, const float*, int, int, int,
+template cudaError_t EmbedSeqChunkForward<float>(float*, const float*, const float*, int, int, int,
                                               int, int, cudaStream_t);
-template cudaError_t EmbedChunkForward<bf16>(bf16*, const float*, const bf16*, int, int, int, int,
+template cudaError_t EmbedSeqChunkForward<bf16>(bf16*, const float*, const bf16*, int, int, int, int,
                                              int, cudaStream_t);
 
 }  // namespace vp::engine::cuda

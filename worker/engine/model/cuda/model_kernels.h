@@ -14,10 +14,10 @@ namespace vp::engine::cuda {
 // the fp32 embedding output (summed over the vocabulary shards) plus its position embeddings,
 // rounded once to T.
 template <typename T>
-cudaError_t EmbedChunkForward(T* x,              // (batch, len, h)
-                              const float* emb,  // (batch, s, h)
-                              const T* wpe,      // (>= start + len, h)
-                              int batch, int s, int len, int h, int start, cudaStream_t stream);
+cudaError_t EmbedSeqChunkForward(T* x,              // (batch, len, h)
+                                 const float* emb,  // (batch, s, h)
+                                 const T* wpe,      // (>= start + len, h)
+                                 int batch, int s, int len, int h, int start, cudaStream_t stream);
 
 // Σ g² of `count` fp32 values in fp64: `blocks` partial sums written to partial[0..blocks)
 // (summed on the host in a fixed order, so the norm is deterministic).

@@ -7,7 +7,7 @@
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/model/cuda/model_kernels.h"
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 
 namespace vp::engine::cuda {
 
@@ -23,7 +23,7 @@ T* DeviceRankModel<T>::Params() const {
 template <typename T>
 absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
-    std::vector<int> chunk_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
+    std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
     const DeviceContext& compute, const DeviceContext& comm) {
   if (cfg.hidden % 8 != 0 || cfg.ffn_hidden % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
   m->compute_ = compute;
   // The host mirror: layout, tensor table, initialisation; null tracker (host memory is not
   // what this rank reports).
-  auto host = RankModel::Create(cfg, layout, microbatch_size, chunk_bounds, algorithm, nullptr);
+  auto host = RankModel::Create(cfg, layout, microbatch_size, seq_bounds, algorithm, nullptr);
   if (!host.ok()) return host.status();
   m->host_ = std::move(*host);
   auto opt = AdamW::Create(nullptr, m->host_->param_count(), adamw, m->host_->DecayRanges());
@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     const ParamTensor* t = h.Find(LayerTensorName(c.first_layer, first_tensor));
     if (t == nullptr) return absl::InternalError("device model: layer tensor missing");
     auto stack =
-        DeviceLayerStack<T>::Create(cfg, c.first_layer, c.count, microbatch_size, chunk_bounds,
+        DeviceLayerStack<T>::Create(cfg, c.first_layer, c.count, microbatch_size, seq_bounds,
                                     m->Params() + t->offset, m->grads_.data() + t->offset, compute);
     if (!stack.ok()) return stack.status();
     m->stacks_.push_back(std::move(*stack));

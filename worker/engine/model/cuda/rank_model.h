@@ -19,11 +19,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/engine/config.h"
-#include "worker/engine/model/cuda/device.h"
-#include "worker/engine/model/cuda/layer_stack.h"
-#include "worker/engine/model/cuda/vocab_shards.h"
+#include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/model/rank_model.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/transformer/cuda/transformer.h"
+#include "worker/engine/vocab/cuda/vocab_shards.h"
 
 namespace vp::engine::cuda {
 
@@ -34,7 +34,7 @@ class DeviceRankModel {
   // communication thread's (vocabulary barriers). hidden and ffn_hidden must be multiples of 8.
   static absl::StatusOr<std::unique_ptr<DeviceRankModel>> Create(
       const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
-      std::vector<int> chunk_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
+      std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
       const DeviceContext& compute, const DeviceContext& comm);
 
   // Host view: tensor table, Init, checkpoints. Valid after Download(); Upload() after changing.

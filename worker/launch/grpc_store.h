@@ -17,7 +17,7 @@ namespace grpc {
 class Channel;
 }  // namespace grpc
 
-namespace vp::daemon {
+namespace vp::launch {
 
 class GrpcStore final : public gloo::rendezvous::Store {
  public:
@@ -37,4 +37,4 @@ class GrpcStore final : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace vp::daemon
+}  // namespace vp::launch

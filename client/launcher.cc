@@ -1,4 +1,4 @@
-#include "worker/launch/launcher.h"
+#include "client/launcher.h"
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -24,17 +24,19 @@
 #include "proto/runlog/step_lines.h"
 #include "worker/data/token_file.h"
 #include "worker/engine/kernels/cpu/blas.h"
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 #include "worker/launch/job_rank.h"
+#include "worker/launch/planner_inputs.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/launch/step_recorder.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/flops.h"
+#include "worker/runtime/job_options.h"
 
 extern char** environ;
 
-namespace vp::launch {
+namespace vp::cli {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -142,7 +144,7 @@ absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec) {
   if (spec.device() != "cpu") {
     // Not runnable here (no CUDA in the build, or no GPU on this host): Unimplemented, which
     // the CLI reports as invalid input (exit 2) before anything starts.
-    if (auto device = RankCudaDevice(spec, 0, -1); !device.ok()) {
+    if (auto device = launch::RankCudaDevice(spec, 0, -1); !device.ok()) {
       return absl::IsInvalidArgument(device.status())
                  ? device.status()
                  : absl::UnimplementedError(device.status().message());
@@ -182,7 +184,7 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
     const fs::path self = fs::read_symlink("/proc/self/exe", ec);
     if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
     candidates.push_back(self.parent_path() / "vocabpipe-worker");
-    candidates.push_back(self.parent_path().parent_path() / "worker" / "launch" /
+    candidates.push_back(self.parent_path().parent_path() / "worker" / "main" /
                          "vocabpipe-worker");
   }
   for (const fs::path& c : candidates) {
@@ -203,7 +205,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   // InvalidArgument (exit code 2) and not a worker failure.
   if (auto st = CheckJobRunsHere(spec); !st.ok()) return st;
   // The planner's memory model takes the engine's real per-layer activation size.
-  auto layer_bytes = MeasureJobLayerActivations(spec);
+  auto layer_bytes = launch::MeasureJobLayerActivations(spec);
   if (!layer_bytes.ok()) return layer_bytes.status();
   planner::SpecPlanOptions plan_options;
   plan_options.activations = *layer_bytes;
@@ -216,7 +218,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       predicted[r] = sim->ranks[r].state_bytes + sim->ranks[r].peak_activation_bytes;
     }
   }
-  auto topt = PipelineTrainerOptions(spec, plan);
+  auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   auto binary = FindWorkerBinary(options.worker_binary);
   if (!binary.ok()) return binary.status();
@@ -230,7 +232,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   }
   int64_t first_step = 0;
   if (options.resume) {
-    auto latest = LatestShardedStep(dir, p);
+    auto latest = launch::LatestShardedStep(dir, p);
     if (latest.ok()) {
       first_step = *latest;
     } else if (!absl::IsNotFound(latest.status())) {
@@ -238,7 +240,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     }
   }
   const int64_t steps = spec.train().steps();
-  StepRecorder recorder(dir, steps, first_step > 0, options.interactive, progress);
+  launch::StepRecorder recorder(dir, steps, first_step > 0, options.interactive, progress);
   if (auto st = recorder.Start(); !st.ok()) return st;
   if (first_step >= steps && steps > 0) {  // nothing left to train
     runtime::RunSummary summary = recorder.Finish(0);
@@ -247,20 +249,20 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   }
 
   // A fresh store per launch (the attempt id in the key prefix guards against leftovers too).
-  fs::remove_all(StoreDir(dir), ec);
-  fs::create_directories(StoreDir(dir), ec);
-  if (ec) return absl::InternalError(absl::StrCat(StoreDir(dir), ": ", ec.message()));
-  for (int r = 0; r < p; ++r) fs::remove(RankMetricsPath(dir, r), ec);
-  if (auto st = WriteRunFiles(dir, spec, plan); !st.ok()) return st;
+  fs::remove_all(launch::StoreDir(dir), ec);
+  fs::create_directories(launch::StoreDir(dir), ec);
+  if (ec) return absl::InternalError(absl::StrCat(launch::StoreDir(dir), ": ", ec.message()));
+  for (int r = 0; r < p; ++r) fs::remove(launch::RankMetricsPath(dir, r), ec);
+  if (auto st = launch::WriteRunFiles(dir, spec, plan); !st.ok()) return st;
 
   // MFU is against the peak of one rank's BLAS threads, measured before the workers start, or
   // against the GPU's dense bf16 peak (0, no MFU, for a GPU missing from the table).
   double peak_flops = 0;
   if (spec.device() == "cpu") {
-    engine::cpu::SetBlasThreads(WorkerThreads(spec));
+    engine::cpu::SetBlasThreads(runtime::WorkerThreads(spec));
     peak_flops = runtime::MeasureCpuPeakFlops();
-  } else if (auto device = RankCudaDevice(spec, 0, -1); device.ok()) {
-    peak_flops = CudaPeakFlops(*device);
+  } else if (auto device = launch::RankCudaDevice(spec, 0, -1); device.ok()) {
+    peak_flops = launch::CudaPeakFlops(*device);
   }
   const auto& cfg = topt->model;
   const double tokens_per_step =
@@ -277,7 +279,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   for (int r = 0; r < p; ++r) {
     Worker& w = workers[r];
     w.rank = r;
-    w.jsonl = RankMetricsPath(dir, r);
+    w.jsonl = launch::RankMetricsPath(dir, r);
     std::vector<std::string> argv = {*binary,
                                      "--run-dir",
                                      dir,
@@ -291,7 +293,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       argv.push_back("--resume-step");
       argv.push_back(absl::StrCat(first_step));
     }
-    auto pid = SpawnLogged(argv, RankLogPath(dir, r));
+    auto pid = SpawnLogged(argv, launch::RankLogPath(dir, r));
     if (!pid.ok()) {
       SignalAndWait(workers, SIGKILL, kTermGrace);
       return pid.status();
@@ -364,12 +366,13 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       return WIFSIGNALED(a->wait_status) && !WIFSIGNALED(b->wait_status);
     });
     const Worker& first = *failed.front();
-    std::string message = absl::StrCat(
-        "rank ", first.rank, " failed: ", FailureReason(first, RankLogPath(dir, first.rank)),
-        " (log: ", RankLogPath(dir, first.rank), ")");
+    std::string message =
+        absl::StrCat("rank ", first.rank,
+                     " failed: ", FailureReason(first, launch::RankLogPath(dir, first.rank)),
+                     " (log: ", launch::RankLogPath(dir, first.rank), ")");
     for (size_t i = 1; i < failed.size(); ++i) {
       absl::StrAppend(&message, "; then rank ", failed[i]->rank, ": ",
-                      FailureReason(*failed[i], RankLogPath(dir, failed[i]->rank)));
+                      FailureReason(*failed[i], launch::RankLogPath(dir, failed[i]->rank)));
     }
     return absl::AbortedError(message);
   }
@@ -382,4 +385,4 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   return recorder.Finish(peak_flops);
 }
 
-}  // namespace vp::launch
+}  // namespace vp::cli

@@ -1,4 +1,4 @@
-#include "worker/engine/model/cuda/device.h"
+#include "worker/engine/kernels/cuda/device.h"
 
 #include <cstdint>
 

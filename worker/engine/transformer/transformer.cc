@@ -1,4 +1,4 @@
-#include "worker/engine/transformer.h"
+#include "worker/engine/transformer/transformer.h"
 
 #include <cmath>
 #include <cstring>
@@ -55,19 +55,6 @@ std::string LayerTensorName(int layer, std::string_view suffix) {
   return absl::StrCat("transformer.h.", layer, ".", std::string(suffix));
 }
 
-LayerParams BindLayerParams(float* base, const ModelConfig& cfg) {
-  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
-  float* LayerParams::*const fields[] = {
-      &LayerParams::ln1_w,  &LayerParams::ln1_b,       &LayerParams::attn_w,
-      &LayerParams::attn_b, &LayerParams::attn_proj_w, &LayerParams::attn_proj_b,
-      &LayerParams::ln2_w,  &LayerParams::ln2_b,       &LayerParams::fc_w,
-      &LayerParams::fc_b,   &LayerParams::proj_w,      &LayerParams::proj_b,
-  };
-  LayerParams p;
-  for (size_t i = 0; i < specs.size(); ++i) p.*fields[i] = base + specs[i].offset;
-  return p;
-}
-
 void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed) {
   const float std_w = 0.02f;
   // GPT-2: the projections that write into the residual stream are scaled so the stream's
@@ -120,12 +107,12 @@ void CopyRows(float* cache, float* chunk, int b, int t, int s, int h, int ld, in
 
 }  // namespace
 
-void TransformerLayer::Forward(SeqChunk chunk, const float* x, float* out, LayerKvState& kv,
+void TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
                                LayerActivations& acts) const {
-  const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
   const int n = b * t;
   const long nh = static_cast<long>(n) * h;
-  acts.chunk = chunk;
+  acts.seq = seq;
   acts.batch = b;
   acts.inp = x;
   if (kv.k.empty()) {
@@ -141,10 +128,10 @@ void TransformerLayer::Forward(SeqChunk chunk, const float* x, float* out, Layer
   acts.qkv = pool_->Acquire(3 * nh);
   cpu::LinearForward(acts.qkv.data(), acts.ln1.data(), p_.attn_w, p_.attn_b, n, h, 3 * h);
   // Append this chunk's keys and values to the cache so later chunks can attend to them.
-  CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, true);
-  CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, chunk.begin, true);
-  const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
-  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * chunk.end);
+  CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true);
+  CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, true);
+  const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
+  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * seq.end);
   acts.atty = pool_->Acquire(nh);
   cpu::AttentionForward(acts.atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
                         kv.v.data(), shape);
@@ -168,8 +155,8 @@ void TransformerLayer::Forward(SeqChunk chunk, const float* x, float* out, Layer
 
 void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState& kv,
                                      LayerActivations& acts) const {
-  const SeqChunk chunk = acts.chunk;
-  const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
+  const SeqChunk seq = acts.seq;
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
   const int n = b * t;
   const long nh = static_cast<long>(n) * h;
   // MLP sub-block. The layer output gradient is both the skip-path gradient of res1 and the
@@ -196,8 +183,8 @@ void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState&
   }
   acts.d_qkv = pool_->Acquire(3 * nh);
   {
-    PooledBuffer scratch = pool_->Acquire(static_cast<size_t>(t) * chunk.end);
-    const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
+    PooledBuffer scratch = pool_->Acquire(static_cast<size_t>(t) * seq.end);
+    const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
     cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
                            d_atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
                            kv.v.data(), shape);
@@ -205,8 +192,8 @@ void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState&
   // Later chunks (already run backward) and this chunk have now added everything they owe to
   // the keys/values at this chunk's positions; earlier chunks never see them. So the
   // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
-  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, false);
-  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, chunk.begin, false);
+  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, seq.begin, false);
+  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, false);
   acts.att.Reset();
   acts.qkv.Reset();
   acts.d_ln1 = pool_->Acquire(nh);
@@ -214,12 +201,12 @@ void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState&
   std::memcpy(dx, acts.d_res1.data(), sizeof(float) * nh);
   cpu::LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w, acts.ln1_mean.data(),
                               acts.ln1_rstd.data(), n, h);
-  if (chunk.begin == 0) kv = LayerKvState();  // the microbatch's last backward
+  if (seq.begin == 0) kv = LayerKvState();  // the microbatch's last backward
   acts.backward_input_done = true;
 }
 
 void TransformerLayer::BackwardWeight(LayerActivations& acts) const {
-  const int n = batch_ * acts.chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+  const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
   cpu::LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
                                acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h);
   cpu::LinearBackwardWeight(g_.attn_w, g_.attn_b, acts.d_qkv.data(), acts.ln1.data(), n, h, 3 * h);
@@ -235,75 +222,36 @@ void TransformerLayer::BackwardWeight(LayerActivations& acts) const {
 // ---------------------------------------------------------------------------------------------
 // LayerStack.
 
-absl::Status ValidateChunkBounds(const std::vector<int>& chunk_bounds, int seq_len) {
-  if (chunk_bounds.size() < 2) {
-    return absl::InvalidArgumentError("chunk_bounds: needs at least 2 entries {0, ..., seq_len}");
-  }
-  if (chunk_bounds.front() != 0 || chunk_bounds.back() != seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk_bounds: must start at 0 and end at seq_len ", seq_len));
-  }
-  for (size_t i = 1; i < chunk_bounds.size(); ++i) {
-    if (chunk_bounds[i] <= chunk_bounds[i - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk_bounds: must be strictly increasing (entry ", i, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<int> EqualChunkBounds(int seq_len, int k) {
-  std::vector<int> bounds(k + 1);
-  for (int q = 0; q <= k; ++q) bounds[q] = static_cast<int>(static_cast<long>(seq_len) * q / k);
-  return bounds;
-}
-
 absl::StatusOr<LayerStack> LayerStack::Create(const ModelConfig& cfg, int first_layer, int count,
-                                              int microbatch_size, std::vector<int> chunk_bounds,
+                                              int microbatch_size, std::vector<int> seq_bounds,
                                               float* params, float* grads, MemoryTracker* tracker) {
-  if (cfg.hidden <= 0 || cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) {
-    return absl::InvalidArgumentError("model: hidden and heads must be > 0, hidden % heads == 0");
+  if (absl::Status st = ValidateLayerStackArgs(cfg, first_layer, count, microbatch_size, params,
+                                               grads, seq_bounds);
+      !st.ok()) {
+    return st;
   }
-  if (cfg.ffn_hidden <= 0 || cfg.seq_len <= 0 || cfg.layers <= 0) {
-    return absl::InvalidArgumentError("model: ffn_hidden, seq_len and layers must be > 0");
-  }
-  if (count <= 0 || first_layer < 0 || first_layer + count > cfg.layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", first_layer, ", ",
-                                                   first_layer + count, ") must lie in [0, ",
-                                                   cfg.layers, ") and be non-empty"));
-  }
-  if (microbatch_size <= 0) {
-    return absl::InvalidArgumentError("microbatch_size: must be > 0");
-  }
-  if (params == nullptr || grads == nullptr) {
-    return absl::InvalidArgumentError("params/grads: must not be null");
-  }
-  if (absl::Status s = ValidateChunkBounds(chunk_bounds, cfg.seq_len); !s.ok()) return s;
   LayerStack stack;
-  stack.cfg_ = cfg;
-  stack.first_ = first_layer;
-  stack.count_ = count;
-  stack.batch_ = microbatch_size;
-  stack.layer_params_ = LayerParamCount(cfg);
-  stack.bounds_ = std::move(chunk_bounds);
+  stack.order_ = SlotOrder(static_cast<int>(seq_bounds.size()) - 1);
+  stack.shape_ = {
+      cfg, first_layer, count, microbatch_size, LayerParamCount(cfg), std::move(seq_bounds)};
   stack.params_ = params;
   stack.grads_ = grads;
   stack.pool_ = std::make_unique<ActivationPool>(tracker);
   for (int i = 0; i < count; ++i) {
-    stack.layers_.emplace_back(cfg, microbatch_size, params + i * stack.layer_params_,
-                               grads + i * stack.layer_params_, stack.pool_.get());
+    stack.layers_.emplace_back(cfg, microbatch_size, params + i * stack.shape_.layer_params,
+                               grads + i * stack.shape_.layer_params, stack.pool_.get());
   }
   return stack;
 }
 
 std::vector<TensorSpec> LayerStack::TensorSpecs() const {
   std::vector<TensorSpec> out;
-  const std::vector<TensorSpec> layer = LayerTensorSpecs(cfg_);
-  for (int i = 0; i < count_; ++i) {
+  const std::vector<TensorSpec> layer = LayerTensorSpecs(shape_.cfg);
+  for (int i = 0; i < shape_.count; ++i) {
     for (const TensorSpec& s : layer) {
       TensorSpec t = s;
-      t.name = LayerTensorName(first_ + i, s.name);
-      t.offset += static_cast<size_t>(i) * layer_params_;
+      t.name = LayerTensorName(shape_.first + i, s.name);
+      t.offset += static_cast<size_t>(i) * shape_.layer_params;
       out.push_back(std::move(t));
     }
   }
@@ -311,90 +259,59 @@ std::vector<TensorSpec> LayerStack::TensorSpecs() const {
 }
 
 void LayerStack::InitParams(uint64_t seed) {
-  for (int i = 0; i < count_; ++i) {
-    InitLayerParams(params_ + i * layer_params_, cfg_, first_ + i, seed);
+  for (int i = 0; i < shape_.count; ++i) {
+    InitLayerParams(params_ + i * shape_.layer_params, shape_.cfg, shape_.first + i, seed);
   }
 }
 
 absl::Status LayerStack::Forward(SlotKey slot, const float* x, float* out) {
-  if (slot.chunk < 0 || slot.chunk >= num_chunks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot.chunk: ", slot.chunk, " not in [0, ", num_chunks(), ")"));
-  }
-  if (slots_.contains(slot)) {
-    return absl::FailedPreconditionError(absl::StrCat("F(mb ", slot.microbatch, ", chunk ",
-                                                      slot.chunk, "): slot already forwarded"));
-  }
-  MicrobatchState& mb = microbatches_[slot.microbatch];
-  if (mb.kv.empty()) mb.kv.resize(count_);
-  if (mb.next_forward != slot.chunk) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("F(mb ", slot.microbatch, ", chunk ", slot.chunk,
-                     "): chunks must be forwarded in order; expected chunk ", mb.next_forward));
-  }
-  const SeqChunk c = chunk(slot.chunk);
-  const size_t nh = static_cast<size_t>(batch_) * c.len() * cfg_.hidden;
+  if (absl::Status st = order_.CheckForward(slot); !st.ok()) return st;
+  std::vector<LayerKvState>& kv = kv_[slot.microbatch];
+  if (kv.empty()) kv.resize(shape_.count);
+  const SeqChunk seq = seq_chunk(slot.seq);
+  const size_t nh = static_cast<size_t>(shape_.batch) * seq.len() * shape_.cfg.hidden;
   Slot& st = slots_[slot];
-  st.acts.resize(count_);
-  st.inputs.reserve(count_);
-  for (int i = 0; i < count_; ++i) st.inputs.push_back(pool_->Acquire(nh));
+  st.acts.resize(shape_.count);
+  st.inputs.reserve(shape_.count);
+  for (int i = 0; i < shape_.count; ++i) st.inputs.push_back(pool_->Acquire(nh));
   std::memcpy(st.inputs[0].data(), x, sizeof(float) * nh);
-  for (int i = 0; i < count_; ++i) {
-    float* y = i + 1 < count_ ? st.inputs[i + 1].data() : out;
-    layers_[i].Forward(c, st.inputs[i].data(), y, mb.kv[i], st.acts[i]);
+  for (int i = 0; i < shape_.count; ++i) {
+    float* y = i + 1 < shape_.count ? st.inputs[i + 1].data() : out;
+    layers_[i].Forward(seq, st.inputs[i].data(), y, kv[i], st.acts[i]);
   }
-  if (++mb.next_forward == num_chunks()) mb.next_backward = num_chunks() - 1;
+  order_.ForwardDone(slot);
   return absl::OkStatus();
 }
 
 absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* dx) {
-  auto it = slots_.find(slot);
-  if (it == slots_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("B(mb ", slot.microbatch, ", chunk ",
-                                                      slot.chunk, "): slot was not forwarded"));
-  }
-  Slot& st = it->second;
-  if (st.acts[0].backward_input_done) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("B(mb ", slot.microbatch, ", chunk ", slot.chunk, "): backward already ran"));
-  }
-  MicrobatchState& mb = microbatches_.at(slot.microbatch);
-  if (mb.next_forward != num_chunks() || mb.next_backward != slot.chunk) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("B(mb ", slot.microbatch, ", chunk ", slot.chunk,
-                     "): needs all chunks forwarded and chunks in reverse order; expected chunk ",
-                     mb.next_forward != num_chunks() ? num_chunks() - 1 : mb.next_backward));
-  }
-  const SeqChunk c = chunk(slot.chunk);
-  const size_t nh = static_cast<size_t>(batch_) * c.len() * cfg_.hidden;
+  if (absl::Status st = order_.CheckBackwardInput(slot); !st.ok()) return st;
+  Slot& st = slots_.at(slot);
+  std::vector<LayerKvState>& kv = kv_.at(slot.microbatch);
+  const SeqChunk seq = seq_chunk(slot.seq);
+  const size_t nh = static_cast<size_t>(shape_.batch) * seq.len() * shape_.cfg.hidden;
   // Ping-pong gradients between layers; the first layer writes straight into dx.
   PooledBuffer grad[2];
-  if (count_ > 1) {
+  if (shape_.count > 1) {
     grad[0] = pool_->Acquire(nh);
     grad[1] = pool_->Acquire(nh);
   }
   const float* g_in = dout;
-  for (int i = count_ - 1; i >= 0; --i) {
+  for (int i = shape_.count - 1; i >= 0; --i) {
     float* g_out = i == 0 ? dx : grad[i % 2].data();
-    layers_[i].BackwardInput(g_in, g_out, mb.kv[i], st.acts[i]);
+    layers_[i].BackwardInput(g_in, g_out, kv[i], st.acts[i]);
     g_in = g_out;
   }
-  if (slot.chunk == 0) {
-    microbatches_.erase(slot.microbatch);  // K/V caches were released by the layers
-  } else {
-    --mb.next_backward;
-  }
+  // The K/V caches were released by the layers at the microbatch's last B.
+  if (order_.BackwardInputDone(slot)) kv_.erase(slot.microbatch);
   return absl::OkStatus();
 }
 
 absl::Status LayerStack::BackwardWeight(SlotKey slot) {
+  if (absl::Status st = order_.CheckBackwardWeight(slot); !st.ok()) return st;
   auto it = slots_.find(slot);
-  if (it == slots_.end() || !it->second.acts[0].backward_input_done) {
-    return absl::FailedPreconditionError(absl::StrCat("W(mb ", slot.microbatch, ", chunk ",
-                                                      slot.chunk, "): needs B of the slot first"));
-  }
-  for (int i = count_ - 1; i >= 0; --i) layers_[i].BackwardWeight(it->second.acts[i]);
+  for (int i = shape_.count - 1; i >= 0; --i) layers_[i].BackwardWeight(it->second.acts[i]);
   slots_.erase(it);
+  order_.BackwardWeightDone(slot);
   return absl::OkStatus();
 }
 

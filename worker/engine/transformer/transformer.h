@@ -21,6 +21,7 @@
 #include "worker/engine/activation_pool.h"
 #include "worker/engine/config.h"
 #include "worker/engine/memory.h"
+#include "worker/engine/transformer/slot_order.h"
 
 namespace vp::engine {
 
@@ -39,21 +40,25 @@ struct TensorSpec {
   size_t count() const;
 };
 
-// Named pointers into one layer's block (of parameters or of gradients).
-struct LayerParams {
-  float* ln1_w = nullptr;        // ln_1.weight        (h)
-  float* ln1_b = nullptr;        // ln_1.bias          (h)
-  float* attn_w = nullptr;       // attn.c_attn.weight (h, 3h)
-  float* attn_b = nullptr;       // attn.c_attn.bias   (3h)
-  float* attn_proj_w = nullptr;  // attn.c_proj.weight (h, h)
-  float* attn_proj_b = nullptr;  // attn.c_proj.bias   (h)
-  float* ln2_w = nullptr;        // ln_2.weight        (h)
-  float* ln2_b = nullptr;        // ln_2.bias          (h)
-  float* fc_w = nullptr;         // mlp.c_fc.weight    (h, f)
-  float* fc_b = nullptr;         // mlp.c_fc.bias      (f)
-  float* proj_w = nullptr;       // mlp.c_proj.weight  (f, h)
-  float* proj_b = nullptr;       // mlp.c_proj.bias    (h)
+// Named pointers into one layer's block of E: parameters or gradients, float on the CPU; the
+// device stack (cuda/transformer.h) binds its T parameters and fp32 gradients with the same
+// struct, so both backends read one layout.
+template <typename E>
+struct LayerTensors {
+  E* ln1_w = nullptr;        // ln_1.weight        (h)
+  E* ln1_b = nullptr;        // ln_1.bias          (h)
+  E* attn_w = nullptr;       // attn.c_attn.weight (h, 3h)
+  E* attn_b = nullptr;       // attn.c_attn.bias   (3h)
+  E* attn_proj_w = nullptr;  // attn.c_proj.weight (h, h)
+  E* attn_proj_b = nullptr;  // attn.c_proj.bias   (h)
+  E* ln2_w = nullptr;        // ln_2.weight        (h)
+  E* ln2_b = nullptr;        // ln_2.bias          (h)
+  E* fc_w = nullptr;         // mlp.c_fc.weight    (h, f)
+  E* fc_b = nullptr;         // mlp.c_fc.bias      (f)
+  E* proj_w = nullptr;       // mlp.c_proj.weight  (f, h)
+  E* proj_b = nullptr;       // mlp.c_proj.bias    (h)
 };
+using LayerParams = LayerTensors<float>;
 
 // Floats per layer: 4h (two LayerNorms) + h·3h + 3h + h·h + h + h·f + f + f·h + h.
 size_t LayerParamCount(const ModelConfig& cfg);
@@ -61,8 +66,24 @@ size_t LayerParamCount(const ModelConfig& cfg);
 std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg);
 // "transformer.h.<layer>.<suffix>".
 std::string LayerTensorName(int layer, std::string_view suffix);
-// Binds the named pointers to the block starting at `base` (params or grads).
-LayerParams BindLayerParams(float* base, const ModelConfig& cfg);
+// Binds the named pointers to the block starting at `base` (params or grads), at the offsets
+// of LayerTensorSpecs.
+template <typename E>
+LayerTensors<E> BindLayerTensors(E* base, const ModelConfig& cfg) {
+  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
+  E* LayerTensors<E>::*const fields[] = {
+      &LayerTensors<E>::ln1_w,  &LayerTensors<E>::ln1_b,       &LayerTensors<E>::attn_w,
+      &LayerTensors<E>::attn_b, &LayerTensors<E>::attn_proj_w, &LayerTensors<E>::attn_proj_b,
+      &LayerTensors<E>::ln2_w,  &LayerTensors<E>::ln2_b,       &LayerTensors<E>::fc_w,
+      &LayerTensors<E>::fc_b,   &LayerTensors<E>::proj_w,      &LayerTensors<E>::proj_b,
+  };
+  LayerTensors<E> p;
+  for (size_t i = 0; i < specs.size(); ++i) p.*fields[i] = base + specs[i].offset;
+  return p;
+}
+inline LayerParams BindLayerParams(float* base, const ModelConfig& cfg) {
+  return BindLayerTensors(base, cfg);
+}
 
 // GPT-2 init of layer `layer` (its global index, which names its tensors): weights
 // N(0, 0.02) drawn with InitNormal(tensor_id = TensorId(full HF name)), the residual output
@@ -80,6 +101,21 @@ struct SeqChunk {
   int len() const { return end - begin; }
 };
 
+// Where a layer stack sits and what it runs on, the same for the CPU stack and its CUDA twin:
+// layers [first, first+count) of the model, microbatches of `batch` sequences split at
+// `bounds` = {0, e_1, ..., s} into sequence chunks.
+struct LayerStackShape {
+  ModelConfig cfg;
+  int first = 0;
+  int count = 0;
+  int batch = 0;
+  size_t layer_params = 0;  // LayerParamCount(cfg)
+  std::vector<int> bounds;
+
+  int num_seq_chunks() const { return static_cast<int>(bounds.size()) - 1; }
+  SeqChunk seq_chunk(int q) const { return {bounds[q], bounds[q + 1]}; }
+};
+
 // Per (layer, microbatch) state spanning the sequence chunks: the key/value cache filled by
 // the forwards of chunks 0, 1, ... in order, and the key/value gradient accumulator filled by
 // the backwards of chunks k-1, ..., 0. Released by the backward of the chunk starting at 0.
@@ -95,7 +131,7 @@ struct LayerKvState {
 // frees what only it needed and stashes the output gradients the W pass needs; BackwardWeight
 // consumes and frees the rest.
 struct LayerActivations {
-  SeqChunk chunk;
+  SeqChunk seq;
   int batch = 0;
   const float* inp = nullptr;  // (b, t, h) the layer input; caller keeps it alive until W
   // Forward.
@@ -129,12 +165,12 @@ class TransformerLayer {
                    ActivationPool* pool);
 
   // F: out = layer(x) for chunk positions; appends the chunk's K/V to kv.
-  void Forward(SeqChunk chunk,
-               const float* x,  // (b, chunk.len, h), kept alive by the caller until W
-               float* out,      // (b, chunk.len, h)
+  void Forward(SeqChunk seq,
+               const float* x,  // (b, seq.len, h), kept alive by the caller until W
+               float* out,      // (b, seq.len, h)
                LayerKvState& kv, LayerActivations& acts) const;
   // B: dx = dL/dx for the chunk (overwritten); adds this chunk's dK/dV of positions
-  // [0, chunk.end) into kv and uses the accumulated values for the chunk's own positions.
+  // [0, seq.end) into kv and uses the accumulated values for the chunk's own positions.
   void BackwardInput(const float* dout,  // (b, t, h)
                      float* dx,          // (b, t, h)
                      LayerKvState& kv, LayerActivations& acts) const;
@@ -153,31 +189,20 @@ class TransformerLayer {
 // ---------------------------------------------------------------------------------------------
 // A pipeline stage's layers [first, first+count), driven per (microbatch, sequence chunk) slot.
 
-struct SlotKey {
-  int microbatch = 0;
-  int chunk = 0;
-  auto operator<=>(const SlotKey&) const = default;
-};
-
-// chunk_bounds = {0, e_1, ..., s}: k+1 strictly increasing positions ending at seq_len.
-absl::Status ValidateChunkBounds(const std::vector<int>& chunk_bounds, int seq_len);
-// k chunks with (nearly) equal numbers of positions.
-std::vector<int> EqualChunkBounds(int seq_len, int k);
-
 class LayerStack {
  public:
   // params/grads: count·LayerParamCount(cfg) floats, layer-major, owned by the caller.
   static absl::StatusOr<LayerStack> Create(const ModelConfig& cfg, int first_layer, int count,
-                                           int microbatch_size, std::vector<int> chunk_bounds,
+                                           int microbatch_size, std::vector<int> seq_bounds,
                                            float* params, float* grads, MemoryTracker* tracker);
 
-  size_t param_count() const { return static_cast<size_t>(count_) * layer_params_; }
-  int first_layer() const { return first_; }
-  int count() const { return count_; }
-  int num_chunks() const { return static_cast<int>(bounds_.size()) - 1; }
-  SeqChunk chunk(int q) const { return {bounds_[q], bounds_[q + 1]}; }
+  size_t param_count() const { return static_cast<size_t>(shape_.count) * shape_.layer_params; }
+  int first_layer() const { return shape_.first; }
+  int count() const { return shape_.count; }
+  int num_seq_chunks() const { return shape_.num_seq_chunks(); }
+  SeqChunk seq_chunk(int q) const { return shape_.seq_chunk(q); }
   // Slots forwarded and not yet released by W.
-  int live_slots() const { return static_cast<int>(slots_.size()); }
+  int live_slots() const { return order_.live_slots(); }
   // The stack's activation pool (live bytes are charged to the tracker's kActivations).
   ActivationPool& pool() { return *pool_; }
 
@@ -186,9 +211,10 @@ class LayerStack {
   // GPT-2 init of every layer of the stack (global indices name the tensors).
   void InitParams(uint64_t seed);
 
-  // F of a slot: x and out are (b, chunk_len, h). Chunks of a microbatch go in order 0..k-1.
+  // The passes keep the order of slot_order.h (F in sequence order, B in reverse, W after B).
+  // F of a slot: x and out are (b, len, h), len the sequence chunk's length.
   absl::Status Forward(SlotKey slot, const float* x, float* out);
-  // B of a slot: dout, dx (b, chunk_len, h). Needs all k chunks forwarded; chunks in reverse.
+  // B of a slot: dout, dx (b, len, h).
   absl::Status BackwardInput(SlotKey slot, const float* dout, float* dx);
   // W of a slot, after its B: accumulates parameter gradients, frees the slot.
   absl::Status BackwardWeight(SlotKey slot);
@@ -200,27 +226,17 @@ class LayerStack {
     std::vector<PooledBuffer> inputs;  // inputs[i]: the input of layer i (b, t, h)
     std::vector<LayerActivations> acts;
   };
-  struct MicrobatchState {
-    int next_forward = 0;          // next chunk to forward
-    int next_backward = 0;         // next chunk to run B on (counts down from k-1)
-    std::vector<LayerKvState> kv;  // per layer
-  };
+  LayerStack() : order_(1) {}
 
-  LayerStack() = default;
-
-  ModelConfig cfg_;
-  int first_ = 0;
-  int count_ = 0;
-  int batch_ = 0;
-  size_t layer_params_ = 0;
-  std::vector<int> bounds_;
+  LayerStackShape shape_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   // Declared before the slots so that it is destroyed after every buffer it lent.
   std::unique_ptr<ActivationPool> pool_;
   std::vector<TransformerLayer> layers_;
+  SlotOrder order_;
   std::map<SlotKey, Slot> slots_;
-  std::map<int, MicrobatchState> microbatches_;
+  std::map<int, std::vector<LayerKvState>> kv_;  // per microbatch in flight, per layer
 };
 
 // The activation footprint of one layer for one microbatch of b whole sequences, measured by

@@ -16,13 +16,13 @@
 #include "vocabpipe/v1/job.pb.h"
 #include "worker/runtime/run_job.h"
 
-namespace vp::launch {
+namespace vp::cli {
 
 struct LaunchOptions {
   bool resume = false;       // continue from the latest step all ranks saved
   bool interactive = false;  // redraw one progress line with '\r'
   // The worker executable. Empty: $VOCABPIPE_WORKER, else `vocabpipe-worker` beside the
-  // running executable, else ../worker/launch/vocabpipe-worker from it (the build tree).
+  // running executable, else ../worker/main/vocabpipe-worker from it (the build tree).
   std::string worker_binary;
   // Gloo timeout of the workers, and how long the launcher waits for the other workers to
   // stop on their own after one failed before it terminates them.
@@ -48,4 +48,4 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
                                                    const LaunchOptions& options,
                                                    std::ostream& progress);
 
-}  // namespace vp::launch
+}  // namespace vp::cli

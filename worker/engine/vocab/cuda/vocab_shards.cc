@@ -1,4 +1,4 @@
-#include "worker/engine/model/cuda/vocab_shards.h"
+#include "worker/engine/vocab/cuda/vocab_shards.h"
 
 #include <climits>
 #include <cmath>
@@ -9,7 +9,6 @@
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
-#include "worker/engine/model/cuda/vocab_kernels.h"
 
 namespace vp::engine::cuda {
 namespace {
@@ -33,7 +32,7 @@ const char* PhaseName(Phase p) {
   return "?";
 }
 
-// The CPU shard's phase rule and message (output_layer.cc), so both engines report the same.
+// The CPU shard's phase rule and message (../output_layer.cc), so both engines report the same.
 absl::Status ExpectPhase(Phase have, Phase want, const char* pass) {
   if (have == want) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("output layer ", pass, " needs a state after ",

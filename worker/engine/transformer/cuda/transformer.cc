@@ -1,4 +1,4 @@
-// The device twin of the CPU LayerStack/TransformerLayer (worker/engine/transformer.cc): the same
+// The device twin of the CPU LayerStack/TransformerLayer (../transformer.cc): the same
 // math in the same order, the same F / B / W split and B-pass stash, the same per-(layer,
 // microbatch) K/V cache over Seq1F1B chunks and the same order checks and messages. Differences:
 //   - attention is flash-style: F keeps lse (b, heads, t) instead of the (t × end)
@@ -14,7 +14,7 @@
 // row's gradient is rounded to bf16 up to k times (once per chunk that attends to it). That is
 // the one place where chunking changes bf16 rounding; with one chunk it matches the unchunked
 // backward.
-#include "worker/engine/model/cuda/layer_stack.h"
+#include "worker/engine/transformer/cuda/transformer.h"
 
 #include <cstdint>
 #include <utility>
@@ -34,41 +34,6 @@
 
 namespace vp::engine::cuda {
 namespace {
-
-// Named pointers into one layer's block, the CPU LayerParams layout (BindLayerParams offsets)
-// over elements of E: T for parameters, float for gradients.
-template <typename E>
-struct DeviceLayerParams {
-  E* ln1_w = nullptr;        // ln_1.weight        (h)
-  E* ln1_b = nullptr;        // ln_1.bias          (h)
-  E* attn_w = nullptr;       // attn.c_attn.weight (h, 3h)
-  E* attn_b = nullptr;       // attn.c_attn.bias   (3h)
-  E* attn_proj_w = nullptr;  // attn.c_proj.weight (h, h)
-  E* attn_proj_b = nullptr;  // attn.c_proj.bias   (h)
-  E* ln2_w = nullptr;        // ln_2.weight        (h)
-  E* ln2_b = nullptr;        // ln_2.bias          (h)
-  E* fc_w = nullptr;         // mlp.c_fc.weight    (h, f)
-  E* fc_b = nullptr;         // mlp.c_fc.bias      (f)
-  E* proj_w = nullptr;       // mlp.c_proj.weight  (f, h)
-  E* proj_b = nullptr;       // mlp.c_proj.bias    (h)
-};
-
-// Same offsets as BindLayerParams: taken from LayerTensorSpecs so the two layouts cannot drift.
-template <typename E>
-DeviceLayerParams<E> BindDeviceLayerParams(E* base, const ModelConfig& cfg) {
-  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
-  E* DeviceLayerParams<E>::*const fields[] = {
-      &DeviceLayerParams<E>::ln1_w,       &DeviceLayerParams<E>::ln1_b,
-      &DeviceLayerParams<E>::attn_w,      &DeviceLayerParams<E>::attn_b,
-      &DeviceLayerParams<E>::attn_proj_w, &DeviceLayerParams<E>::attn_proj_b,
-      &DeviceLayerParams<E>::ln2_w,       &DeviceLayerParams<E>::ln2_b,
-      &DeviceLayerParams<E>::fc_w,        &DeviceLayerParams<E>::fc_b,
-      &DeviceLayerParams<E>::proj_w,      &DeviceLayerParams<E>::proj_b,
-  };
-  DeviceLayerParams<E> p;
-  for (size_t i = 0; i < specs.size(); ++i) p.*fields[i] = base + specs[i].offset;
-  return p;
-}
 
 // A device array of `count` E charged to kActivations; zero-filled only when the pass relies on
 // zeros (accumulators), since a memset is a kernel launch.
@@ -122,7 +87,7 @@ struct DeviceKvState {
 // the attention probabilities).
 template <typename T>
 struct DeviceLayerActivations {
-  SeqChunk chunk;
+  SeqChunk seq;
   const T* inp = nullptr;  // (b, t, h) the layer input; the stack keeps it alive until W
   // Forward.
   DeviceArray<T> ln1;                     // (b, t, h)
@@ -154,21 +119,21 @@ class DeviceLayer {
   DeviceLayer(const ModelConfig& cfg, int batch, const T* params, float* grads)
       : cfg_(cfg),
         batch_(batch),
-        p_(BindDeviceLayerParams(params, cfg)),
-        g_(BindDeviceLayerParams(grads, cfg)) {}
+        p_(BindLayerTensors(params, cfg)),
+        g_(BindLayerTensors(grads, cfg)) {}
 
   // F: out = layer(x) for the chunk's positions; appends the chunk's K/V to kv.
-  absl::Status Forward(const DeviceContext& ctx, SeqChunk chunk,
+  absl::Status Forward(const DeviceContext& ctx, SeqChunk seq,
                        const T* x,  // (b, t, h) kept alive by the stack until W
                        T* out,      // (b, t, h)
                        DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
-    const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
               heads = cfg_.heads;
     const int n = b * t;
     const long nh = static_cast<long>(n) * h;
     cudaStream_t st = ctx.stream;
     GemmRunner& gemm = *ctx.gemm;
-    acts.chunk = chunk;
+    acts.seq = seq;
     acts.inp = x;
     if (kv.k.empty()) {  // the microbatch's first chunk: the cache spans the whole sequence
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.k));
@@ -186,10 +151,10 @@ class DeviceLayer {
                                         p_.attn_b, n, h, 3 * h, st));
     // Append this chunk's keys and values to the cache so later chunks can attend to them.
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, true, st));
+        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true, st));
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, chunk.begin, true, st));
-    const AttentionShape shape{b, heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
+        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, true, st));
+    const AttentionShape shape{b, heads, cfg_.head_dim(), seq.begin, seq.end, s};
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.atty));
     VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(),
@@ -219,13 +184,13 @@ class DeviceLayer {
   }
 
   // B: dx = dL/dx for the chunk (overwritten); adds this chunk's dK/dV of positions
-  // [0, chunk.end) into kv and uses the accumulated values for the chunk's own positions.
+  // [0, seq.end) into kv and uses the accumulated values for the chunk's own positions.
   absl::Status BackwardInput(const DeviceContext& ctx,
                              const T* dout,  // (b, t, h)
                              T* dx,          // (b, t, h)
                              DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
-    const SeqChunk chunk = acts.chunk;
-    const int b = batch_, t = chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
+    const SeqChunk seq = acts.seq;
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
               heads = cfg_.heads;
     const int n = b * t;
     const long nh = static_cast<long>(n) * h;
@@ -266,7 +231,7 @@ class DeviceLayer {
     {
       DeviceArray<float> delta;  // (b, heads, t) scratch: Σ_d dout·out per query row
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, delta));
-      const AttentionShape shape{b, heads, cfg_.head_dim(), chunk.begin, chunk.end, s};
+      const AttentionShape shape{b, heads, cfg_.head_dim(), seq.begin, seq.end, s};
       VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
                                                 delta.data(), d_atty.data(), acts.atty.data(),
                                                 acts.lse.data(), acts.qkv.data(), 3 * h,
@@ -276,9 +241,9 @@ class DeviceLayer {
     // the keys/values at this chunk's positions; earlier chunks never see them. So the
     // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, chunk.begin, false, st));
-    VP_CUDA_RETURN_IF_ERROR(CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h,
-                                     chunk.begin, false, st));
+        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, seq.begin, false, st));
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, false, st));
     // Freed blocks stay unusable by other threads until Finish (ReuseAfterSync), and this
     // stream's later work is ordered after the kernels above, so releasing here is safe.
     acts.lse.Reset();
@@ -291,7 +256,7 @@ class DeviceLayer {
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w,
                                                    acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h,
                                                    st));
-    if (chunk.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
+    if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
     acts.backward_input_done = true;
     return absl::OkStatus();
   }
@@ -299,7 +264,7 @@ class DeviceLayer {
   // W: accumulates every parameter gradient of the chunk into the fp32 gradient block, then
   // frees the activations.
   absl::Status BackwardWeight(const DeviceContext& ctx, DeviceLayerActivations<T>& acts) const {
-    const int n = batch_ * acts.chunk.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+    const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
     cudaStream_t st = ctx.stream;
     GemmRunner& gemm = *ctx.gemm;
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
@@ -323,38 +288,25 @@ class DeviceLayer {
  private:
   ModelConfig cfg_;
   int batch_;
-  DeviceLayerParams<const T> p_;
-  DeviceLayerParams<float> g_;
+  LayerTensors<const T> p_;
+  LayerTensors<float> g_;
 };
 
 }  // namespace
 
 template <typename T>
-struct DeviceLayerStack<T>::Impl {
+struct DeviceLayerStack<T>::Impl : LayerStackShape {
   struct Slot {
     std::vector<DeviceArray<T>> inputs;  // inputs[i]: the input of layer i (b, t, h)
     std::vector<DeviceLayerActivations<T>> acts;
   };
-  struct MicrobatchState {
-    int next_forward = 0;              // next chunk to forward
-    int next_backward = 0;             // next chunk to run B on (counts down from k-1)
-    std::vector<DeviceKvState<T>> kv;  // per layer
-  };
 
-  ModelConfig cfg;
-  int first = 0;
-  int count = 0;
-  int batch = 0;
-  size_t layer_params = 0;
-  std::vector<int> bounds;
   DeviceContext ctx;
   std::vector<DeviceLayer<T>> layers;
+  SlotOrder order{1};
   // Device buffers in the maps go back to ctx.alloc, which outlives the stack.
   std::map<SlotKey, Slot> slots;
-  std::map<int, MicrobatchState> microbatches;
-
-  int num_chunks() const { return static_cast<int>(bounds.size()) - 1; }
-  SeqChunk chunk(int q) const { return {bounds[q], bounds[q + 1]}; }
+  std::map<int, std::vector<DeviceKvState<T>>> kv;  // per microbatch in flight, per layer
 
   // The public passes: `s` is the pass's status; the stream is drained either way (so nothing
   // this pass enqueued is still running when the caller sees an error), the first error wins.
@@ -363,61 +315,13 @@ struct DeviceLayerStack<T>::Impl {
     return s.ok() ? f : s;
   }
 
-  // Order checks (no device work; messages as in the CPU LayerStack).
-  absl::Status CheckForward(SlotKey slot) {
-    if (slot.chunk < 0 || slot.chunk >= num_chunks()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slot.chunk: ", slot.chunk, " not in [0, ", num_chunks(), ")"));
-    }
-    if (slots.contains(slot)) {
-      return absl::FailedPreconditionError(absl::StrCat("F(mb ", slot.microbatch, ", chunk ",
-                                                        slot.chunk, "): slot already forwarded"));
-    }
-    const auto it = microbatches.find(slot.microbatch);
-    const int next = it == microbatches.end() ? 0 : it->second.next_forward;
-    if (next != slot.chunk) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("F(mb ", slot.microbatch, ", chunk ", slot.chunk,
-                       "): chunks must be forwarded in order; expected chunk ", next));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status CheckBackwardInput(SlotKey slot) const {
-    const auto it = slots.find(slot);
-    if (it == slots.end()) {
-      return absl::FailedPreconditionError(absl::StrCat("B(mb ", slot.microbatch, ", chunk ",
-                                                        slot.chunk, "): slot was not forwarded"));
-    }
-    if (it->second.acts[0].backward_input_done) {
-      return absl::FailedPreconditionError(absl::StrCat("B(mb ", slot.microbatch, ", chunk ",
-                                                        slot.chunk, "): backward already ran"));
-    }
-    const MicrobatchState& mb = microbatches.at(slot.microbatch);
-    if (mb.next_forward != num_chunks() || mb.next_backward != slot.chunk) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("B(mb ", slot.microbatch, ", chunk ", slot.chunk,
-                       "): needs all chunks forwarded and chunks in reverse order; expected chunk ",
-                       mb.next_forward != num_chunks() ? num_chunks() - 1 : mb.next_backward));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status CheckBackwardWeight(SlotKey slot) const {
-    const auto it = slots.find(slot);
-    if (it == slots.end() || !it->second.acts[0].backward_input_done) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "W(mb ", slot.microbatch, ", chunk ", slot.chunk, "): needs B of the slot first"));
-    }
-    return absl::OkStatus();
-  }
-
-  // F after CheckForward. On an error the slot is dropped (the chunk may be forwarded again: its
-  // K/V rows are simply rewritten); a sticky device error leaves the context unusable anyway.
+  // F after order.CheckForward. On an error the slot is dropped (the sequence chunk may be
+  // forwarded again: its K/V rows are simply rewritten); a sticky device error leaves the context
+  // unusable anyway.
   absl::Status RunForward(SlotKey slot, const T* x, T* out) {
-    MicrobatchState& mb = microbatches[slot.microbatch];
-    if (mb.kv.empty()) mb.kv.resize(count);
-    const SeqChunk c = chunk(slot.chunk);
+    std::vector<DeviceKvState<T>>& mb_kv = kv[slot.microbatch];
+    if (mb_kv.empty()) mb_kv.resize(count);
+    const SeqChunk c = seq_chunk(slot.seq);
     const size_t nh = static_cast<size_t>(batch) * c.len() * cfg.hidden;
     Slot& st = slots[slot];
     st.acts.resize(count);
@@ -429,7 +333,7 @@ struct DeviceLayerStack<T>::Impl {
       for (int i = 0; i < count; ++i) {
         T* y = i + 1 < count ? st.inputs[i + 1].data() : out;
         VP_LS_RETURN_IF_ERROR(
-            layers[i].Forward(ctx, c, st.inputs[i].data(), y, mb.kv[i], st.acts[i]));
+            layers[i].Forward(ctx, c, st.inputs[i].data(), y, mb_kv[i], st.acts[i]));
       }
       return absl::OkStatus();
     }();
@@ -437,16 +341,16 @@ struct DeviceLayerStack<T>::Impl {
       slots.erase(slot);
       return status;
     }
-    if (++mb.next_forward == num_chunks()) mb.next_backward = num_chunks() - 1;
+    order.ForwardDone(slot);
     return absl::OkStatus();
   }
 
-  // B after CheckBackwardInput. A device error part-way leaves the slot's layers in mixed states;
-  // the caller must stop (as after any device error).
+  // B after order.CheckBackwardInput. A device error part-way leaves the slot's layers in mixed
+  // states; the caller must stop (as after any device error).
   absl::Status RunBackwardInput(SlotKey slot, const T* dout, T* dx) {
     Slot& st = slots.at(slot);
-    MicrobatchState& mb = microbatches.at(slot.microbatch);
-    const SeqChunk c = chunk(slot.chunk);
+    std::vector<DeviceKvState<T>>& mb_kv = kv.at(slot.microbatch);
+    const SeqChunk c = seq_chunk(slot.seq);
     const size_t nh = static_cast<size_t>(batch) * c.len() * cfg.hidden;
     // Ping-pong gradients between layers; the first layer writes straight into dx.
     DeviceArray<T> grad[2];  // (b, t, h) each
@@ -457,24 +361,22 @@ struct DeviceLayerStack<T>::Impl {
     const T* g_in = dout;
     for (int i = count - 1; i >= 0; --i) {
       T* g_out = i == 0 ? dx : grad[i % 2].data();
-      VP_LS_RETURN_IF_ERROR(layers[i].BackwardInput(ctx, g_in, g_out, mb.kv[i], st.acts[i]));
+      VP_LS_RETURN_IF_ERROR(layers[i].BackwardInput(ctx, g_in, g_out, mb_kv[i], st.acts[i]));
       g_in = g_out;
     }
-    if (slot.chunk == 0) {
-      microbatches.erase(slot.microbatch);  // K/V caches were released by the layers
-    } else {
-      --mb.next_backward;
-    }
+    // The K/V caches were released by the layers at the microbatch's last B.
+    if (order.BackwardInputDone(slot)) kv.erase(slot.microbatch);
     return absl::OkStatus();
   }
 
-  // W after CheckBackwardWeight.
+  // W after order.CheckBackwardWeight.
   absl::Status RunBackwardWeight(SlotKey slot) {
     auto it = slots.find(slot);
     for (int i = count - 1; i >= 0; --i) {
       VP_LS_RETURN_IF_ERROR(layers[i].BackwardWeight(ctx, it->second.acts[i]));
     }
     slots.erase(it);
+    order.BackwardWeightDone(slot);
     return absl::OkStatus();
   }
 };
@@ -482,14 +384,14 @@ struct DeviceLayerStack<T>::Impl {
 template <typename T>
 absl::StatusOr<std::unique_ptr<DeviceLayerStack<T>>> DeviceLayerStack<T>::Create(
     const ModelConfig& cfg, int first_layer, int count, int microbatch_size,
-    std::vector<int> chunk_bounds, const T* params, float* grads, const DeviceContext& ctx) {
+    std::vector<int> seq_bounds, const T* params, float* grads, const DeviceContext& ctx) {
   // Everything is checked before the device is touched (Create itself enqueues nothing:
-  // buffers are taken per pass), so these checks run on machines without a GPU.
-  if (cfg.hidden <= 0 || cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) {
-    return absl::InvalidArgumentError("model: hidden and heads must be > 0, hidden % heads == 0");
-  }
-  if (cfg.ffn_hidden <= 0 || cfg.seq_len <= 0 || cfg.layers <= 0) {
-    return absl::InvalidArgumentError("model: ffn_hidden, seq_len and layers must be > 0");
+  // buffers are taken per pass), so these checks run on machines without a GPU. First the rules
+  // every stack keeps (slot_order.h), then the device's own.
+  if (absl::Status s = ValidateLayerStackArgs(cfg, first_layer, count, microbatch_size, params,
+                                              grads, seq_bounds);
+      !s.ok()) {
+    return s;
   }
   // cuBLASLt wants 16-byte aligned operands: with h and f multiples of 8 every tensor offset of
   // the layer layout (and the qkv row stride 3h) is a multiple of 8 elements (GemmRunner's rule).
@@ -498,32 +400,17 @@ absl::StatusOr<std::unique_ptr<DeviceLayerStack<T>>> DeviceLayerStack<T>::Create
         absl::StrCat("model: hidden ", cfg.hidden, " and ffn_hidden ", cfg.ffn_hidden,
                      " must be multiples of 8 on a CUDA device (16-byte aligned GEMM operands)"));
   }
-  if (count <= 0 || first_layer < 0 || first_layer + count > cfg.layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", first_layer, ", ",
-                                                   first_layer + count, ") must lie in [0, ",
-                                                   cfg.layers, ") and be non-empty"));
-  }
-  if (microbatch_size <= 0) {
-    return absl::InvalidArgumentError("microbatch_size: must be > 0");
-  }
-  if (params == nullptr || grads == nullptr) {
-    return absl::InvalidArgumentError("params/grads: must not be null");
-  }
   if (reinterpret_cast<uintptr_t>(params) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(grads) % 16 != 0) {
     return absl::InvalidArgumentError("params/grads: must be 16-byte aligned device pointers");
   }
-  if (absl::Status s = ValidateChunkBounds(chunk_bounds, cfg.seq_len); !s.ok()) return s;
   if (ctx.gemm == nullptr || ctx.alloc == nullptr) {
     return absl::InvalidArgumentError("ctx: gemm and alloc must not be null");
   }
   auto impl = std::make_unique<Impl>();
-  impl->cfg = cfg;
-  impl->first = first_layer;
-  impl->count = count;
-  impl->batch = microbatch_size;
-  impl->layer_params = LayerParamCount(cfg);
-  impl->bounds = std::move(chunk_bounds);
+  impl->order = SlotOrder(static_cast<int>(seq_bounds.size()) - 1);
+  static_cast<LayerStackShape&>(*impl) = {
+      cfg, first_layer, count, microbatch_size, LayerParamCount(cfg), std::move(seq_bounds)};
   impl->ctx = ctx;
   for (int i = 0; i < count; ++i) {
     const size_t offset = static_cast<size_t>(i) * impl->layer_params;
@@ -550,43 +437,43 @@ int DeviceLayerStack<T>::count() const {
 }
 
 template <typename T>
-int DeviceLayerStack<T>::num_chunks() const {
-  return impl_->num_chunks();
+int DeviceLayerStack<T>::num_seq_chunks() const {
+  return impl_->num_seq_chunks();
 }
 
 template <typename T>
-SeqChunk DeviceLayerStack<T>::chunk(int q) const {
-  return impl_->chunk(q);
+SeqChunk DeviceLayerStack<T>::seq_chunk(int q) const {
+  return impl_->seq_chunk(q);
 }
 
 template <typename T>
 int DeviceLayerStack<T>::live_slots() const {
-  return static_cast<int>(impl_->slots.size());
+  return impl_->order.live_slots();
 }
 
 // A call rejected by an order check enqueues nothing and returns at once.
 template <typename T>
 absl::Status DeviceLayerStack<T>::Forward(SlotKey slot, const T* x, T* out) {
-  VP_LS_RETURN_IF_ERROR(impl_->CheckForward(slot));
+  VP_LS_RETURN_IF_ERROR(impl_->order.CheckForward(slot));
   return impl_->Finished(impl_->RunForward(slot, x, out));
 }
 
 template <typename T>
 absl::Status DeviceLayerStack<T>::BackwardInput(SlotKey slot, const T* dout, T* dx) {
-  VP_LS_RETURN_IF_ERROR(impl_->CheckBackwardInput(slot));
+  VP_LS_RETURN_IF_ERROR(impl_->order.CheckBackwardInput(slot));
   return impl_->Finished(impl_->RunBackwardInput(slot, dout, dx));
 }
 
 template <typename T>
 absl::Status DeviceLayerStack<T>::BackwardWeight(SlotKey slot) {
-  VP_LS_RETURN_IF_ERROR(impl_->CheckBackwardWeight(slot));
+  VP_LS_RETURN_IF_ERROR(impl_->order.CheckBackwardWeight(slot));
   return impl_->Finished(impl_->RunBackwardWeight(slot));
 }
 
 // One Finish for both halves: W's kernels queue behind B's on the same stream.
 template <typename T>
 absl::Status DeviceLayerStack<T>::Backward(SlotKey slot, const T* dout, T* dx) {
-  VP_LS_RETURN_IF_ERROR(impl_->CheckBackwardInput(slot));
+  VP_LS_RETURN_IF_ERROR(impl_->order.CheckBackwardInput(slot));
   absl::Status s = impl_->RunBackwardInput(slot, dout, dx);
   if (s.ok()) s = impl_->RunBackwardWeight(slot);
   return impl_->Finished(std::move(s));

@@ -8,7 +8,7 @@
 //
 //   vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID]
 //       [--resume-step N] [--store HOST:PORT] [--hostname IP]
-//       One pipeline rank; started by `vocabpipe run` (worker/launch/launcher.h) or by a worker
+//       One pipeline rank; started by `vocabpipe run` (client/launcher.h) or by a worker
 //       daemon (then --store names the coordinator whose StoreService holds the rendezvous).
 //       Exit code 0 when the job's steps are done, 1 on any error (the message goes to
 //       stderr, the rank's log), 2 on bad usage.
@@ -25,8 +25,8 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
-#include "worker/daemon/grpc_store.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/launch/grpc_store.h"
 #include "worker/launch/worker.h"
 
 namespace {
@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   if (!have_dir || !have_rank) return Usage("--run-dir and --rank are required");
   if (!store_address.empty()) {
     // The store's waits are bounded by the rank's timeout, like every Gloo operation.
-    options.store = std::make_shared<vp::daemon::GrpcStore>(
+    options.store = std::make_shared<vp::launch::GrpcStore>(
         store_address, absl::ToChronoMilliseconds(options.timeout));
   }
   const int rank = options.rank;

@@ -1,4 +1,4 @@
-#include "worker/daemon/grpc_store.h"
+#include "worker/launch/grpc_store.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -6,7 +6,7 @@
 #include "gloo/common/error.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 
-namespace vp::daemon {
+namespace vp::launch {
 namespace v1 = vocabpipe::v1;
 namespace {
 
@@ -67,4 +67,4 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
   }
 }
 
-}  // namespace vp::daemon
+}  // namespace vp::launch

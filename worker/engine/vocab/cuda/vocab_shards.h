@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/model/cuda/device.h"
+#include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/vocab/output_layer.h"
 #include "worker/engine/vocab/partition.h"
 

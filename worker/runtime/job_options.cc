@@ -1,0 +1,69 @@
+#include "worker/runtime/job_options.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace vp::runtime {
+
+absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSpec& spec,
+                                                      const planner::Plan* plan) {
+  if (plan == nullptr && spec.parallel().pipeline() != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "parallel.pipeline: ", spec.parallel().pipeline(),
+        " ranks need the multi-process pipeline runtime, which this build does not have yet; "
+        "use pipeline: 1 or `vocabpipe plan` to inspect the pipeline plan"));
+  }
+  if (plan == nullptr && spec.device() != "cpu") {
+    return absl::UnimplementedError(
+        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
+  }
+  TrainerOptions o;
+  const auto& m = spec.model();
+  o.model = {.layers = m.layers(),
+             .hidden = m.hidden(),
+             .heads = m.heads(),
+             .vocab = m.vocab_size(),
+             .seq_len = m.seq_len(),
+             .ffn_hidden = m.ffn_hidden(),
+             .tie_embeddings = m.tie_embeddings()};
+  o.microbatch_size = spec.parallel().microbatch_size();
+  o.microbatches = spec.parallel().microbatches();
+  const bool algorithm1 =
+      plan == nullptr ? spec.parallel().vocab() == "vocab1" : plan->barrier == 2;
+  o.algorithm = algorithm1 ? engine::vocab::OutputAlgorithm::kAlgorithm1
+                           : engine::vocab::OutputAlgorithm::kAlgorithm2;
+  const auto& t = spec.train();
+  o.adamw = {.beta1 = static_cast<float>(t.beta1()),
+             .beta2 = static_cast<float>(t.beta2()),
+             .eps = static_cast<float>(t.eps()),
+             .weight_decay = static_cast<float>(t.weight_decay())};
+  o.lr = {.lr = static_cast<float>(t.lr()),
+          .min_lr = static_cast<float>(t.min_lr()),
+          .warmup_steps = t.warmup_steps(),
+          .total_steps = t.steps(),
+          .cosine = t.lr_schedule() == "cosine"};
+  o.grad_clip = static_cast<float>(t.grad_clip());
+  o.seed = t.seed();
+  if (plan != nullptr) {
+    if (plan->microbatches != o.microbatches) {
+      return absl::InvalidArgumentError(absl::StrCat("plan microbatches ", plan->microbatches,
+                                                     " differ from parallel.microbatches ",
+                                                     o.microbatches));
+    }
+    if (plan->layers != o.model.layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan layers ", plan->layers, " differ from model.layers ", o.model.layers));
+    }
+  }
+  return o;
+}
+
+int WorkerThreads(const vocabpipe::v1::JobSpec& spec) {
+  if (spec.train().threads() > 0) return spec.train().threads();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, spec.parallel().pipeline()));
+}
+
+}  // namespace vp::runtime

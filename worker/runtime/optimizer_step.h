@@ -1,0 +1,89 @@
+// The optimizer step of one rank (the plan's OPT), one protocol for every backend: the CPU and
+// CUDA stage engines supply the arithmetic on their own memory (a GradOps), this file the order
+// and the collectives, so both backends sum tied copies, measure the norm and clip alike.
+//
+//   1. Tied embeddings split across ranks (tied_copy_sync): both copies of wte, the input
+//      layer's and the output layer's, must end with ∇wte = ∇(input use) + ∇(output use). Each
+//      rank sums the copies it holds into a (V_pad, h) fp32 buffer, the buffers are all-reduced
+//      (every rank takes part; one that holds neither copy adds zeros) and both copies are
+//      overwritten with the sum.
+//   2. The global gradient norm: Σ g² over this rank's parameters with the tied output copy
+//      counted once (by its twin), all-reduced in fp32 — the norm only scales clipping.
+//   3. Clipping scale min(1, clip / (‖g‖ + 1e-6)) (1 when clip ≤ 0, engine::ClipScale), then
+//      AdamW with that scale on the gradients.
+#pragma once
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <initializer_list>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/model/rank_model.h"
+#include "worker/engine/optimizer.h"
+#include "worker/engine/vocab/partition.h"
+
+namespace vp::runtime {
+
+// What a backend provides to the protocol. Offsets and counts are in elements of the rank's
+// flat fp32 gradient block (the tensor table of host()).
+template <typename G>
+concept GradOps = requires(G& g, const G& cg, typename G::Scratch& scratch, size_t offset, size_t n,
+                           comm::Communicator& comm, float lr, float scale) {
+  typename G::Scratch;  // an fp32 buffer in the backend's memory
+  { cg.host() } -> std::same_as<const engine::RankModel&>;  // tensor table, param_count()
+  { g.ZeroScratch(n) } -> std::same_as<absl::StatusOr<typename G::Scratch>>;
+  // scratch (n) += grads[offset, offset + n)
+  { g.AddGrads(scratch, offset) } -> std::same_as<absl::Status>;
+  // grads[offset, offset + n) = scratch (n)
+  { g.SetGrads(offset, scratch) } -> std::same_as<absl::Status>;
+  // Work queued by the calls above is done (a device backend drains its stream).
+  { g.Sync() } -> std::same_as<absl::Status>;
+  { g.AllReduceSum(comm, scratch) } -> std::same_as<absl::Status>;
+  // Σ g² of grads[offset, offset + n), in double.
+  { g.SquaredNorm(offset, n) } -> std::same_as<absl::StatusOr<double>>;
+  // One fp32 value summed over the ranks (through the memory the communicator takes).
+  { g.AllReduceScalar(comm, scale) } -> std::same_as<absl::StatusOr<float>>;
+  { g.AdamW(lr, scale) } -> std::same_as<absl::Status>;
+};
+
+template <GradOps G>
+absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, bool tied_copy_sync, float lr,
+                              float grad_clip, double* grad_norm) {
+  const engine::RankModel& host = ops.host();
+  const engine::ParamTensor* copy = tied_copy_sync ? host.tied_output_copy() : nullptr;
+  if (tied_copy_sync) {
+    const engine::ParamTensor* wte = host.Find("transformer.wte.weight");
+    const size_t count = static_cast<size_t>(engine::vocab::PaddedVocab(host.config().vocab, 1)) *
+                         host.config().hidden;
+    auto sum = ops.ZeroScratch(count);  // (V_pad, h)
+    if (!sum.ok()) return sum.status();
+    for (const engine::ParamTensor* t : {wte, copy}) {
+      if (t == nullptr) continue;
+      if (absl::Status st = ops.AddGrads(*sum, t->offset); !st.ok()) return st;
+    }
+    if (absl::Status st = ops.Sync(); !st.ok()) return st;
+    if (absl::Status st = ops.AllReduceSum(comm, *sum); !st.ok()) return st;
+    for (const engine::ParamTensor* t : {wte, copy}) {
+      if (t == nullptr) continue;
+      if (absl::Status st = ops.SetGrads(t->offset, *sum); !st.ok()) return st;
+    }
+    if (absl::Status st = ops.Sync(); !st.ok()) return st;
+  }
+  auto sq = ops.SquaredNorm(0, host.param_count());
+  if (!sq.ok()) return sq.status();
+  double local = *sq;
+  if (copy != nullptr) {
+    auto twin = ops.SquaredNorm(copy->offset, copy->count());
+    if (!twin.ok()) return twin.status();
+    local -= *twin;
+  }
+  auto global = ops.AllReduceScalar(comm, static_cast<float>(local));
+  if (!global.ok()) return global.status();
+  *grad_norm = std::sqrt(static_cast<double>(*global));
+  return ops.AdamW(lr, engine::ClipScale(static_cast<double>(*global), grad_clip));
+}
+
+}  // namespace vp::runtime
