@@ -50,7 +50,8 @@ std::vector<VocabMethod> AllVocabMethods() {
 }
 
 // Causal forward FLOPs (docs/planner.md, "Sequence partition"): per layer causal QK^T/AV +
-// softmax over the keys < end, QKV/O projections, the two FFN GEMMs; plus embedding + output 4·H·V per token.
+// softmax over the keys < end, QKV/O projections, the two FFN GEMMs; plus embedding + output
+// 4·H·V per token.
 double ChunkForwardFlops(const ModelShape& m, int layers, int64_t begin, int64_t end) {
   const double s = static_cast<double>(end - begin), e = static_cast<double>(end);
   const double h = m.hidden, a = m.heads > 0 ? m.heads : 1, d = h / a;
