@@ -102,8 +102,7 @@ TEST(CachingAllocator, ChargesCategoriesAndReusesBlocks) {
 // freeing thread says its stream is idle; accounting drops at the free.
 TEST(CachingAllocator, ReuseAfterSyncParksFreedBlocksPerThread) {
   MemoryTracker tracker;
-  CachingAllocator alloc(MakeHostMemoryBackend(), &tracker,
-                         CachingAllocator::Reuse::kAfterSync);
+  CachingAllocator alloc(MakeHostMemoryBackend(), &tracker, CachingAllocator::Reuse::kAfterSync);
   void* first = nullptr;
   {
     auto a = alloc.Allocate(MemoryCategory::kActivations, 4096);
@@ -297,15 +296,15 @@ TEST(StreamQuery, NotReadyIsNotReportedByTheNextLaunch) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   // A host function that sleeps keeps the stream busy for a known time.
   ASSERT_EQ(cudaLaunchHostFunc(
-                stream,
-                [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+                stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
                 nullptr),
             cudaSuccess);
   EXPECT_EQ(comm::QueryStream(stream), cudaErrorNotReady);
   EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
   // The next launch on this thread reports success.
-  float* x = nullptr;
-  ASSERT_EQ(cudaMalloc(&x, 256 * sizeof(float)), cudaSuccess);
+  void* mem = nullptr;
+  ASSERT_EQ(cudaMalloc(&mem, 256 * sizeof(float)), cudaSuccess);
+  float* x = static_cast<float*>(mem);
   EXPECT_EQ(GeluForward<float>(x, x, 256, stream), cudaSuccess);
   cudaError_t q = cudaErrorNotReady;
   for (int i = 0; i < 1000 && q == cudaErrorNotReady; ++i) {
@@ -314,7 +313,7 @@ TEST(StreamQuery, NotReadyIsNotReportedByTheNextLaunch) {
   }
   EXPECT_EQ(q, cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  cudaFree(x);
+  cudaFree(mem);
   cudaStreamDestroy(stream);
 }
 

@@ -134,12 +134,12 @@ absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(MemoryCategory category,
     }
   }
   if (!got.ok()) {
-    return absl::Status(got.status().code(),
-                        absl::StrCat("caching allocator: ", bytes, " bytes for ",
-                                     std::string(MemoryCategoryName(category)), " (",
-                                     stats_.allocated, " allocated, ", stats_.reserved,
-                                     " reserved, ", pending_bytes_, " pending): ",
-                                     std::string(got.status().message())));
+    return absl::Status(
+        got.status().code(),
+        absl::StrCat("caching allocator: ", bytes, " bytes for ",
+                     std::string(MemoryCategoryName(category)), " (", stats_.allocated,
+                     " allocated, ", stats_.reserved, " reserved, ", pending_bytes_,
+                     " pending): ", std::string(got.status().message())));
   }
   stats_.allocated += static_cast<int64_t>(block);
   if (stats_.allocated > stats_.allocated_peak) stats_.allocated_peak = stats_.allocated;
