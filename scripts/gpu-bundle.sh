@@ -111,8 +111,8 @@ chmod +x "$stage/run.sh"
   echo "built:   $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(ldd --version | head -1)"
   echo "source:  $(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo unknown)$(
     git -C "$ROOT" diff --quiet HEAD 2> /dev/null || echo ' (with uncommitted changes)')"
-  echo "nvcc:    $(grep -o 'CMAKE_CUDA_COMPILER_VERSION:[A-Z]*=.*' "$BUILD_DIR/CMakeCache.txt" \
-                     2> /dev/null | cut -d= -f2 || true)"
+  nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+  echo "nvcc:    $("$nvcc" --version 2> /dev/null | grep -o 'release [0-9.]*, V[0-9.]*' || true)"
   echo "archs:   $(grep -o 'CMAKE_CUDA_ARCHITECTURES:[A-Z]*=.*' "$BUILD_DIR/CMakeCache.txt" \
                      | cut -d= -f2)"
   echo "host libraries (found by run.sh on the GPU host): $(tr '\n' ' ' < "$stage/host-libs.txt")"

@@ -34,7 +34,6 @@ SUMMARY="$LOGDIR/summary.txt"
 : > "$SUMMARY"
 FAILS=0
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vocabpipe-gpu-work.XXXXXX")  # run dirs (checkpoints stay here)
-VP="$HERE/bin/vocabpipe"
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 result() {  # PASS|FAIL|SKIP|INFO NAME [DETAIL]
@@ -143,12 +142,15 @@ if [[ -n "$missing" ]]; then
 else
   result PASS host-libraries "$(tr '\n' ' ' < "$HERE/host-libs.txt")"
 fi
-export LD_LIBRARY_PATH="$LIBPATH"
-say "     LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+# Only our executables (and the processes they start) get the path: host tools such as python3
+# must keep loading the host's own libssl, libz, libstdc++.
+VPENV=(env "LD_LIBRARY_PATH=$LIBPATH")
+VP=("${VPENV[@]}" "$HERE/bin/vocabpipe")
+say "     LD_LIBRARY_PATH=$LIBPATH (for the bundle's executables)"
 : > "$LOGDIR/ldd.txt"
 for exe in "$HERE"/bin/* "$HERE"/tests/* "$HERE"/bench/*; do
   echo "== $exe" >> "$LOGDIR/ldd.txt"
-  ldd "$exe" >> "$LOGDIR/ldd.txt" 2>&1
+  "${VPENV[@]}" ldd "$exe" >> "$LOGDIR/ldd.txt" 2>&1
 done
 if grep -q "not found" "$LOGDIR/ldd.txt"; then
   result FAIL ldd "$(grep 'not found' "$LOGDIR/ldd.txt" | sort -u | tr -s ' \t\n' ' ')"
@@ -159,7 +161,7 @@ fi
 # ---- 3. the corpus, the specs, and the CPU reference jobs (background: they need only CPUs)
 CPU_STEPS=${VP_CPU_STEPS:-$( ((DRY)) && echo 3 || echo 20)}
 CPU_THREADS=${VP_CPU_THREADS:-4}
-synth=$("$VP" data synth --vocab 4096 --tokens 1000000 --out "$WORK/gpu-data.bin" --seed 7 2>&1)
+synth=$("${VP[@]}" data synth --vocab 4096 --tokens 1000000 --out "$WORK/gpu-data.bin" --seed 7 2>&1)
 echo "$synth" > "$LOGDIR/synth.txt"
 FLOOR=$(sed -n 's/.*entropy rate \([0-9.]*\).*/\1/p' <<< "$synth" | head -1)
 cp "$HERE"/examples/gpu-*.yaml "$WORK/"
@@ -173,7 +175,7 @@ for n in "${CPU_REFS[@]}"; do cpu_spec "$n"; done
 (
   for n in "${CPU_REFS[@]}"; do
     start=$SECONDS
-    capped 300 "$VP" run "$WORK/$n-cpu.yaml" --steps "$CPU_STEPS" > "$LOGDIR/e2e-$n-cpu.log" 2>&1
+    capped 300 "${VP[@]}" run "$WORK/$n-cpu.yaml" --steps "$CPU_STEPS" > "$LOGDIR/e2e-$n-cpu.log" 2>&1
     echo "$n-cpu exit $? after $((SECONDS - start)) s" >> "$LOGDIR/cpu-refs.txt"
   done
 ) &
@@ -186,7 +188,7 @@ run_test() {  # NAME CAP
     result FAIL "$name" "not in the bundle"
     return
   fi
-  capped "$cap" "$HERE/tests/$name" --gtest_output="xml:$LOGDIR/$name.xml" \
+  capped "$cap" "${VPENV[@]}" "$HERE/tests/$name" --gtest_output="xml:$LOGDIR/$name.xml" \
     > "$LOGDIR/$name.log" 2>&1
   rc=$?
   passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$LOGDIR/$name.log" | tail -1)
@@ -224,7 +226,7 @@ keep_run() {  # NAME: metrics and logs of runs/NAME into LOGDIR/runs/NAME
 }
 say "== end-to-end (vocabpipe run, device: cuda)"
 if ((DRY)); then
-  capped 60 "$VP" run "$WORK/gpu-p1-fp32.yaml" > "$LOGDIR/e2e-gpu-p1-fp32.log" 2>&1
+  capped 60 "${VP[@]}" run "$WORK/gpu-p1-fp32.yaml" > "$LOGDIR/e2e-gpu-p1-fp32.log" 2>&1
   rc=$?
   if ((rc == 2)) && grep -q "device: cuda" "$LOGDIR/e2e-gpu-p1-fp32.log"; then
     result PASS e2e-refused-without-gpu "$(tail -1 "$LOGDIR/e2e-gpu-p1-fp32.log")"
@@ -234,7 +236,7 @@ if ((DRY)); then
 else
   for n in gpu-p1-fp32 gpu-p1-bf16 gpu-p2-vocab1 gpu-p2-vocab2; do
     t0=$SECONDS
-    capped 150 "$VP" run "$WORK/$n.yaml" > "$LOGDIR/e2e-$n.log" 2>&1
+    capped 150 "${VP[@]}" run "$WORK/$n.yaml" > "$LOGDIR/e2e-$n.log" 2>&1
     rc=$?
     keep_run "$n"
     if ((rc == 0)); then
@@ -244,7 +246,7 @@ else
       # Without the control plane (rank processes started directly): separates a device
       # failure from a control-plane one.
       sed -e "s#runs/$n,#runs/$n-direct,#" "$WORK/$n.yaml" > "$WORK/$n-direct.yaml"
-      capped 120 "$VP" run --direct "$WORK/$n-direct.yaml" > "$LOGDIR/e2e-$n-direct.log" 2>&1
+      capped 120 "${VP[@]}" run --direct "$WORK/$n-direct.yaml" > "$LOGDIR/e2e-$n-direct.log" 2>&1
       rc=$?
       keep_run "$n-direct"
       result INFO "e2e-$n --direct" "exit $rc: $(tail -1 "$LOGDIR/e2e-$n-direct.log")"
@@ -254,7 +256,7 @@ fi
 
 # ---- 6. the benchmark
 say "== cuda_bench"
-capped 120 "$HERE/bench/cuda_bench" > "$LOGDIR/cuda_bench.txt" 2>&1
+capped 120 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGDIR/cuda_bench.txt" 2>&1
 rc=$?
 if ((rc == 0)); then
   result "$( ((DRY)) && echo SKIP || echo PASS)" cuda_bench \
