@@ -130,6 +130,11 @@ while read -r soname; do
       break
     fi
   done
+  if [[ -z "$found" ]]; then  # last resort: anywhere on this host (bounded)
+    hit=$(timeout 30 find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$soname" \
+      -print 2> /dev/null | head -1)
+    [[ -n "$hit" ]] && found=$(cd "$(dirname "$hit")" && pwd -P)
+  fi
   if [[ -n "$found" ]]; then
     say "     $soname: $found"
     [[ ":$LIBPATH:" == *":$found:"* ]] || LIBPATH="$LIBPATH:$found"
