@@ -129,7 +129,12 @@ cat > "$BUNDLE_DIR/run.sh" << 'EOF'
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dest=$(mktemp -d "${TMPDIR:-/tmp}/vocabpipe-gpu.XXXXXX")
-tar -C "$dest" -xJf "$here/vocabpipe-gpu.tar.xz"
+if command -v xz > /dev/null; then
+  tar -C "$dest" -xJf "$here/vocabpipe-gpu.tar.xz"
+else  # no xz-utils on the host: Python's tarfile reads xz (lzma) itself
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$here/vocabpipe-gpu.tar.xz" "$dest"
+fi
 exec bash "$dest/vocabpipe-gpu/run.sh" "$@"
 EOF
 chmod +x "$BUNDLE_DIR/run.sh"

@@ -263,7 +263,9 @@ fi
 say "== cuda_bench"
 capped 120 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGDIR/cuda_bench.txt" 2>&1
 rc=$?
-if ((rc == 0)); then
+if ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGDIR/cuda_bench.txt"; then
+  result FAIL cuda_bench "CUDA sees no device although nvidia-smi does"
+elif ((rc == 0)); then
   result "$( ((DRY)) && echo SKIP || echo PASS)" cuda_bench \
     "$(grep -c . "$LOGDIR/cuda_bench.txt") lines in cuda_bench.txt ($(head -1 "$LOGDIR/cuda_bench.txt"))"
 else
