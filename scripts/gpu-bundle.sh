@@ -45,7 +45,9 @@ BENCHES=(bench/cuda/cuda_bench)
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   launcher=()
-  if command -v ccache > /dev/null; then
+  # ccache only for a fresh build folder: changing the launcher of a configured one would
+  # recompile everything.
+  if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]] && command -v ccache > /dev/null; then
     launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVOCABPIPE_CUDA=ON \
