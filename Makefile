@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 
-.PHONY: deps configure build test demo format clean
+.PHONY: deps configure build test demo gpu-bundle format clean
 
 deps:
 	bash scripts/setup.sh
@@ -19,6 +19,11 @@ test: build
 
 demo: build
 	bash scripts/demo.sh $(BUILD_DIR)
+
+# The CUDA checks for a GPU host in gpu-bundle/ (< 64 MiB); there: bash gpu-bundle/run.sh LOGDIR
+# (docs/cuda.md, "Running the checks on a GPU").
+gpu-bundle: deps
+	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) bash scripts/gpu-bundle.sh
 
 format:
 	find proto coordinator worker client tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i

@@ -5,6 +5,7 @@
 
 #include "client/commands.h"
 #include "client/version.h"
+#include "worker/launch/cuda_environment.h"
 
 namespace {
 
@@ -44,6 +45,10 @@ exit codes: 0 ok, 1 the command failed while running, 2 bad usage or invalid inp
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything can initialise CUDA; rank processes inherit it (cuda_environment.h).
+  if (const std::string note = vp::launch::PrepareCudaEnvironment(); !note.empty()) {
+    std::cerr << "vocabpipe: " << note << "\n";
+  }
   if (argc < 2) {
     std::cerr << kUsage;
     return 2;

@@ -3,7 +3,7 @@
 #   VP_HAVE_CUDA            TRUE when the CUDA language, cuBLAS/cuBLASLt and NCCL are usable
 #   VP_NCCL_LIBRARY         path of libnccl
 #   VP_NCCL_INCLUDE_DIR     folder holding nccl.h
-#   target vp_cuda_toolkit  INTERFACE: cudart, cuBLAS, cuBLASLt, NCCL and VP_HAVE_CUDA=1
+#   target vp_cuda_toolkit  INTERFACE: cudart (static), cuBLAS, cuBLASLt, NCCL, VP_HAVE_CUDA=1
 # VOCABPIPE_CUDA: AUTO builds the backend when nvcc is found, ON requires it, OFF skips it.
 # Every CUDA folder guards its contents with if(VP_HAVE_CUDA), so a machine without nvcc builds.
 include_guard(GLOBAL)
@@ -29,6 +29,10 @@ if(NOT _vp_cuda_mode STREQUAL "OFF")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
       set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures" FORCE)
     endif()
+    # The CUDA runtime is linked statically (here and for nvcc's own links): a binary then needs
+    # only the driver, cuBLAS/cuBLASLt and NCCL from the host it runs on, never a libcudart of
+    # the same version (scripts/gpu-bundle.sh ships binaries to hosts whose toolkit differs).
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static CACHE STRING "CUDA runtime library: Static")
     enable_language(CUDA)
     # Kernels use C++17 only; nvcc 11+ supports it with every host compiler we build with.
     set(CMAKE_CUDA_STANDARD 17)
@@ -64,8 +68,8 @@ endif()
 
 if(VP_HAVE_CUDA)
   add_library(vp_cuda_toolkit INTERFACE)
-  target_link_libraries(vp_cuda_toolkit INTERFACE CUDA::cudart CUDA::cublas CUDA::cublasLt
-                        ${VP_NCCL_LIBRARY})
+  target_link_libraries(vp_cuda_toolkit INTERFACE CUDA::cudart_static CUDA::cublas
+                        CUDA::cublasLt ${VP_NCCL_LIBRARY})
   target_include_directories(vp_cuda_toolkit INTERFACE ${VP_NCCL_INCLUDE_DIR})
   target_compile_definitions(vp_cuda_toolkit INTERFACE VP_HAVE_CUDA=1)
   message(STATUS "CUDA backend on: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "

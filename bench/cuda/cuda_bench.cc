@@ -59,6 +59,7 @@
 #include "worker/engine/transformer/transformer.h"
 #include "worker/engine/vocab/cuda/vocab_shards.h"
 #include "worker/engine/vocab/partition.h"
+#include "worker/launch/cuda_environment.h"
 
 namespace vp::engine::cuda {
 namespace {
@@ -604,4 +605,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace vp::engine::cuda
 
-int main(int argc, char** argv) { return vp::engine::cuda::Main(argc, argv); }
+int main(int argc, char** argv) {
+  if (const std::string note = vp::launch::PrepareCudaEnvironment(); !note.empty()) {
+    std::fprintf(stderr, "cuda_bench: %s\n", note.c_str());
+  }
+  return vp::engine::cuda::Main(argc, argv);
+}

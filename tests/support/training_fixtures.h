@@ -37,7 +37,10 @@ inline BatchFn Batches(const TrainerOptions& o) {
 // Weights by (HF name, global row): the unpadded logical tensor, assembled from shards.
 using Weights = std::map<std::string, std::vector<float>>;
 
-inline void Gather(const engine::RankModel& model, Weights* out, std::mutex* mu) {
+// Any flat buffer laid out like the model's parameters (the parameters, AdamW's m or v), each
+// element multiplied by `scale`, by tensor name.
+inline void GatherBuffer(const engine::RankModel& model, const float* flat, float scale,
+                         Weights* out, std::mutex* mu) {
   std::lock_guard<std::mutex> l(*mu);
   const int h = model.config().hidden;
   for (const engine::ParamTensor& t : model.tensors()) {
@@ -45,16 +48,22 @@ inline void Gather(const engine::RankModel& model, Weights* out, std::mutex* mu)
     // A tied output copy on another rank equals wte after every step; compare it as wte.
     if (model.config().tie_embeddings && name == "lm_head.weight") name = "tied_copy.wte";
     std::vector<float>& dst = (*out)[name];
+    const float* src = flat + t.offset;
+    size_t n = t.count(), at = 0;
     if (t.vocab_shard) {
       const size_t need = static_cast<size_t>(model.config().vocab) * h;
       if (dst.size() < need) dst.resize(need);
-      std::copy(model.params() + t.offset,
-                model.params() + t.offset + static_cast<size_t>(t.valid_rows) * h,
-                dst.begin() + static_cast<size_t>(t.global_row_begin) * h);
+      n = static_cast<size_t>(t.valid_rows) * h;
+      at = static_cast<size_t>(t.global_row_begin) * h;
     } else {
-      dst.assign(model.params() + t.offset, model.params() + t.offset + t.count());
+      dst.resize(n);
     }
+    std::transform(src, src + n, dst.begin() + at, [scale](float v) { return v * scale; });
   }
+}
+
+inline void Gather(const engine::RankModel& model, Weights* out, std::mutex* mu) {
+  GatherBuffer(model, model.params(), 1.0f, out, mu);
 }
 
 }  // namespace vp::runtime::fixtures

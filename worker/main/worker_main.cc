@@ -26,6 +26,7 @@
 
 #include "absl/strings/numbers.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/launch/cuda_environment.h"
 #include "worker/launch/grpc_store.h"
 #include "worker/launch/worker.h"
 
@@ -99,6 +100,10 @@ int DaemonMain(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything can initialise CUDA (cuda_environment.h).
+  if (const std::string note = vp::launch::PrepareCudaEnvironment(); !note.empty()) {
+    std::cerr << "vocabpipe-worker: " << note << "\n";
+  }
   if (IsDaemonMode(argc, argv)) return DaemonMain(argc, argv);
 
   // Die with the launcher (or daemon): a rank must never outlive whoever started it.

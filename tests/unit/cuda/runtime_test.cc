@@ -4,12 +4,20 @@
 #include <gloo/rendezvous/hash_store.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/comm/nccl/stream_query.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
 #include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/launch/cuda_environment.h"
 
 namespace vp::engine::cuda {
 namespace {
@@ -107,8 +115,7 @@ TEST(CachingAllocator, ChargesCategoriesAndReusesBlocks) {
 // freeing thread says its stream is idle; accounting drops at the free.
 TEST(CachingAllocator, ReuseAfterSyncParksFreedBlocksPerThread) {
   MemoryTracker tracker;
-  CachingAllocator alloc(MakeHostMemoryBackend(), &tracker,
-                         CachingAllocator::Reuse::kAfterSync);
+  CachingAllocator alloc(MakeHostMemoryBackend(), &tracker, CachingAllocator::Reuse::kAfterSync);
   void* first = nullptr;
   {
     auto a = alloc.Allocate(MemoryCategory::kActivations, 4096);
@@ -180,6 +187,147 @@ TEST(CachingAllocator, OutOfMemoryEmptiesCacheAndRetries) {
   auto c = alloc.Allocate(MemoryCategory::kActivations, size_t{4} << 20);
   EXPECT_TRUE(absl::IsResourceExhausted(c.status()));
   EXPECT_NE(c.status().message().find("activations"), absl::string_view::npos) << c.status();
+}
+
+// Records what the allocator asks of its backend; Allocate fails past a byte budget, and the
+// stream synchronisation can be made to fail.
+class RecordingBackend final : public DeviceMemoryBackend {
+ public:
+  RecordingBackend(size_t budget, std::vector<std::string>* log) : left_(budget), log_(log) {}
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes > left_) {
+      log_->push_back("alloc-fail " + std::to_string(bytes));
+      return absl::ResourceExhaustedError("budget");
+    }
+    left_ -= bytes;
+    log_->push_back("alloc " + std::to_string(bytes));
+    blocks_.emplace_back(bytes);
+    sizes_[blocks_.back().data()] = bytes;
+    return static_cast<void*>(blocks_.back().data());
+  }
+  void Free(void* p) override {
+    left_ += sizes_.at(p);
+    log_->push_back("free " + std::to_string(sizes_.at(p)));
+  }
+  void ClearError() override { log_->push_back("clear-error"); }
+  absl::Status SynchronizeStream(StreamHandle stream) override {
+    log_->push_back(stream == nullptr ? "sync null" : "sync");
+    return sync_status_;
+  }
+  absl::Status sync_status_ = absl::OkStatus();
+
+ private:
+  size_t left_;
+  std::vector<std::string>* log_;
+  std::vector<std::vector<char>> blocks_;
+  std::map<void*, size_t> sizes_;
+};
+
+// A stand-in stream handle: the recording backend never dereferences it.
+StreamHandle FakeStream() { return reinterpret_cast<StreamHandle>(uintptr_t{0x5157}); }
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// Out of memory in reuse-after-sync mode: the error is cleared first, the caller's stream is
+// synchronised, the blocks this thread released (pending) are moved to the cache and returned
+// to the backend, and only then is the request retried.
+TEST(CachingAllocator, OutOfMemoryClearsErrorSyncsStreamAndReleasesPendingFirst) {
+  std::vector<std::string> log;
+  CachingAllocator alloc(std::make_unique<RecordingBackend>(4 * kMiB, &log), nullptr,
+                         CachingAllocator::Reuse::kAfterSync);
+  {
+    auto a = alloc.Allocate(MemoryCategory::kActivations, 4 * kMiB, FakeStream());
+    ASSERT_TRUE(a.ok()) << a.status();
+  }  // released on this thread: pending, the whole budget is parked
+  ASSERT_EQ(alloc.pending_bytes(), static_cast<int64_t>(4 * kMiB));
+  auto b = alloc.Allocate(MemoryCategory::kActivations, 2 * kMiB, FakeStream());
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::vector<std::string> want = {"alloc 4194304", "alloc-fail 2097152", "clear-error",
+                                         "sync",          "free 4194304",       "alloc 2097152"};
+  EXPECT_EQ(log, want);
+  EXPECT_EQ(alloc.pending_bytes(), 0);
+  EXPECT_EQ(alloc.stats().reserved, static_cast<int64_t>(2 * kMiB));
+  EXPECT_EQ(alloc.stats().allocated, static_cast<int64_t>(2 * kMiB));
+
+  // A request that cannot fit even after the recovery: the retry's error is cleared as well.
+  log.clear();
+  auto c = alloc.Allocate(MemoryCategory::kGradients, 4 * kMiB, FakeStream());
+  EXPECT_TRUE(absl::IsResourceExhausted(c.status())) << c.status();
+  EXPECT_NE(c.status().message().find("gradients"), absl::string_view::npos) << c.status();
+  const std::vector<std::string> want_fail = {"alloc-fail 4194304", "clear-error", "sync",
+                                              "alloc-fail 4194304", "clear-error"};
+  EXPECT_EQ(log, want_fail);
+}
+
+// Without the caller's stream the allocator cannot know that the released blocks are idle:
+// they stay pending (only the cache is emptied), and the failure names the pending bytes.
+TEST(CachingAllocator, OutOfMemoryWithoutAStreamKeepsPendingBlocks) {
+  std::vector<std::string> log;
+  CachingAllocator alloc(std::make_unique<RecordingBackend>(4 * kMiB, &log), nullptr,
+                         CachingAllocator::Reuse::kAfterSync);
+  { ASSERT_TRUE(alloc.Allocate(MemoryCategory::kActivations, 4 * kMiB).ok()); }
+  auto b = alloc.Allocate(MemoryCategory::kActivations, 2 * kMiB);
+  EXPECT_TRUE(absl::IsResourceExhausted(b.status())) << b.status();
+  EXPECT_NE(b.status().message().find("4194304 pending"), absl::string_view::npos) << b.status();
+  EXPECT_EQ(alloc.pending_bytes(), static_cast<int64_t>(4 * kMiB));
+  const std::vector<std::string> want = {"alloc 4194304", "alloc-fail 2097152", "clear-error",
+                                         "alloc-fail 2097152", "clear-error"};
+  EXPECT_EQ(log, want);
+}
+
+// A stream that fails to synchronise (a sticky device error) is reported, not retried past.
+TEST(CachingAllocator, OutOfMemoryReportsAFailedStreamSync) {
+  std::vector<std::string> log;
+  auto backend = std::make_unique<RecordingBackend>(kMiB, &log);
+  backend->sync_status_ = absl::InternalError("illegal address");
+  CachingAllocator alloc(std::move(backend), nullptr, CachingAllocator::Reuse::kAfterSync);
+  auto a = alloc.Allocate(MemoryCategory::kActivations, 2 * kMiB, FakeStream());
+  EXPECT_TRUE(absl::IsInternal(a.status())) << a.status();
+  EXPECT_NE(a.status().message().find("illegal address"), absl::string_view::npos);
+  const std::vector<std::string> want = {"alloc-fail 2097152", "clear-error", "sync"};
+  EXPECT_EQ(log, want);
+}
+
+TEST(CudaEnvironment, EagerModuleLoadingIsSetAtProcessStart) {
+  // The CUDA test main applies it before any test runs, as every vocabpipe main does.
+  const char* now = std::getenv("CUDA_MODULE_LOADING");
+  ASSERT_NE(now, nullptr);
+  EXPECT_STREQ(now, "EAGER");
+  EXPECT_EQ(launch::PrepareCudaEnvironment(), "");  // already EAGER: nothing to report
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  const std::string note = launch::PrepareCudaEnvironment();
+  EXPECT_NE(note.find("CUDA_MODULE_LOADING=LAZY replaced by EAGER"), std::string::npos) << note;
+  EXPECT_STREQ(std::getenv("CUDA_MODULE_LOADING"), "EAGER");
+}
+
+// A stream polled while busy must not leave cudaErrorNotReady as the thread's last error: the
+// next kernel wrapper returns cudaGetLastError() and would report it as a launch failure.
+TEST(StreamQuery, NotReadyIsNotReportedByTheNextLaunch) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  // A host function that sleeps keeps the stream busy for a known time.
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+                nullptr),
+            cudaSuccess);
+  EXPECT_EQ(comm::QueryStream(stream), cudaErrorNotReady);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  // The next launch on this thread reports success.
+  void* mem = nullptr;
+  ASSERT_EQ(cudaMalloc(&mem, 256 * sizeof(float)), cudaSuccess);
+  float* x = static_cast<float*>(mem);
+  EXPECT_EQ(GeluForward<float>(x, x, 256, stream), cudaSuccess);
+  cudaError_t q = cudaErrorNotReady;
+  for (int i = 0; i < 1000 && q == cudaErrorNotReady; ++i) {
+    q = comm::QueryStream(stream);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(q, cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaFree(mem);
+  cudaStreamDestroy(stream);
 }
 
 TEST(NcclIdExchange, RankZeroPublishesOthersWait) {

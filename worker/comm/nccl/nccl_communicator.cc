@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/comm/nccl/stream_query.h"
 
 namespace vp::comm {
 namespace {
@@ -150,7 +151,7 @@ absl::Status NcclCommunicator::Wait(const std::string& what) {
       absl::StrCat("nccl ", what, " on rank ", rank_, " of ", size_, " (communicator \"", prefix_,
                    "\", timeout ", absl::FormatDuration(timeout_), ")");
   while (true) {
-    const cudaError_t q = cudaStreamQuery(stream_);
+    const cudaError_t q = QueryStream(stream_);  // NotReady is not left as the last error
     if (q == cudaSuccess) return absl::OkStatus();
     if (q != cudaErrorNotReady) return Fail(CudaError(q, ctx));
     ncclResult_t state = ncclSuccess;

@@ -17,6 +17,11 @@ class CudaMemoryBackend final : public DeviceMemoryBackend {
     return p;
   }
   void Free(void* ptr) override { cudaFree(ptr); }
+  void ClearError() override { (void)cudaGetLastError(); }
+  absl::Status SynchronizeStream(StreamHandle stream) override {
+    VP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    return absl::OkStatus();
+  }
 };
 
 class HostMemoryBackend final : public DeviceMemoryBackend {
@@ -83,38 +88,63 @@ size_t CachingAllocator::RoundUp(size_t bytes) {
   return (bytes + g - 1) / g * g;
 }
 
-absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(MemoryCategory category, size_t bytes) {
-  if (bytes == 0) return DeviceBuffer();
-  const size_t block = RoundUp(bytes);
-  std::lock_guard<std::mutex> lock(mu_);
-  void* ptr = nullptr;
+absl::StatusOr<void*> CachingAllocator::TakeBlockLocked(size_t block) {
   if (auto it = free_.find(block); it != free_.end() && !it->second.empty()) {
-    ptr = it->second.back();
+    void* ptr = it->second.back();
     it->second.pop_back();
     ++stats_.cache_hits;
-  } else {
-    absl::StatusOr<void*> got = backend_->Allocate(block);
-    if (!got.ok() && absl::IsResourceExhausted(got.status())) {
-      // Cached blocks of other classes may be what keeps the device full.
-      EmptyCacheLocked();
-      got = backend_->Allocate(block);
+    return ptr;
+  }
+  absl::StatusOr<void*> got = backend_->Allocate(block);
+  if (!got.ok()) return got;
+  ++stats_.backend_allocs;
+  stats_.reserved += static_cast<int64_t>(block);
+  if (stats_.reserved > stats_.reserved_peak) stats_.reserved_peak = stats_.reserved;
+  return got;
+}
+
+absl::StatusOr<DeviceBuffer> CachingAllocator::Allocate(MemoryCategory category, size_t bytes,
+                                                        StreamHandle stream) {
+  if (bytes == 0) return DeviceBuffer();
+  const size_t block = RoundUp(bytes);
+  std::unique_lock<std::mutex> lock(mu_);
+  absl::StatusOr<void*> got = TakeBlockLocked(block);
+  if (!got.ok()) {
+    // The failed cudaMalloc left its error for this thread: clear it before anything else can
+    // launch a kernel and mistake it for a launch failure.
+    backend_->ClearError();
+    if (absl::IsResourceExhausted(got.status())) {
+      absl::Status synced = absl::OkStatus();
+      if (stream != nullptr) {
+        // Outside the lock: the stream may take a while, and the other threads keep allocating.
+        lock.unlock();
+        synced = backend_->SynchronizeStream(stream);
+        lock.lock();
+        // This thread's stream is idle, so the blocks it released are free to reuse.
+        if (synced.ok()) ReleasePendingLocked(std::this_thread::get_id());
+      }
+      if (synced.ok()) {
+        // Cached blocks of other classes may be what keeps the device full.
+        EmptyCacheLocked();
+        got = TakeBlockLocked(block);
+        if (!got.ok()) backend_->ClearError();
+      } else {
+        got = synced;
+      }
     }
-    if (!got.ok()) {
-      return absl::Status(got.status().code(),
-                          absl::StrCat("caching allocator: ", bytes, " bytes for ",
-                                       std::string(MemoryCategoryName(category)), " (",
-                                       stats_.allocated, " allocated, ", stats_.reserved,
-                                       " reserved): ", std::string(got.status().message())));
-    }
-    ptr = *got;
-    ++stats_.backend_allocs;
-    stats_.reserved += static_cast<int64_t>(block);
-    if (stats_.reserved > stats_.reserved_peak) stats_.reserved_peak = stats_.reserved;
+  }
+  if (!got.ok()) {
+    return absl::Status(
+        got.status().code(),
+        absl::StrCat("caching allocator: ", bytes, " bytes for ",
+                     std::string(MemoryCategoryName(category)), " (", stats_.allocated,
+                     " allocated, ", stats_.reserved, " reserved, ", pending_bytes_,
+                     " pending): ", std::string(got.status().message())));
   }
   stats_.allocated += static_cast<int64_t>(block);
   if (stats_.allocated > stats_.allocated_peak) stats_.allocated_peak = stats_.allocated;
   if (tracker_ != nullptr) tracker_->Add(category, static_cast<int64_t>(block));
-  return DeviceBuffer(this, ptr, bytes, block, category);
+  return DeviceBuffer(this, *got, bytes, block, category);
 }
 
 void CachingAllocator::Release(void* ptr, size_t block_bytes, MemoryCategory category) {
@@ -131,7 +161,11 @@ void CachingAllocator::Release(void* ptr, size_t block_bytes, MemoryCategory cat
 
 void CachingAllocator::ReleasePending() {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = pending_.find(std::this_thread::get_id());
+  ReleasePendingLocked(std::this_thread::get_id());
+}
+
+void CachingAllocator::ReleasePendingLocked(std::thread::id thread) {
+  auto it = pending_.find(thread);
   if (it == pending_.end()) return;
   for (auto& [block, ptr] : it->second) {
     free_[block].push_back(ptr);

@@ -5,8 +5,14 @@
 //   small requests (<= 1 MiB) are rounded up to a multiple of 512 bytes,
 //   large requests to a multiple of 2 MiB.
 // A request reuses only a cached block of exactly its class (no splitting, so no fragmentation
-// bookkeeping); when the backend reports out-of-memory the cache is emptied and the request
-// retried once.
+// bookkeeping).
+//
+// Out of memory: when the backend reports it, the allocator (1) clears the error the failed
+// cudaMalloc left for this thread (cudaGetLastError; otherwise the next kernel launch's check
+// would report a launch failure), (2) synchronises the caller's stream and moves the blocks this
+// thread released into the cache (they are idle now), (3) returns every cached block to the
+// backend and (4) retries once. A failure after the retry clears the error again and returns
+// ResourceExhausted.
 //
 // Accounting: every live block is charged, at its class size, to a MemoryCategory of a
 // MemoryTracker (the same tracker/metrics as the CPU engine). The allocator also reports
@@ -40,14 +46,23 @@
 #include "absl/status/statusor.h"
 #include "worker/engine/memory.h"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*; this header stays free of CUDA headers
+
 namespace vp::engine::cuda {
+
+using StreamHandle = CUstream_st*;
 
 class DeviceMemoryBackend {
  public:
   virtual ~DeviceMemoryBackend() = default;
-  // ResourceExhausted on out-of-memory (the allocator then empties its cache and retries).
+  // ResourceExhausted on out-of-memory (the allocator then recovers and retries once).
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
+  // Called after a failed Allocate: resets the error that failure recorded for the calling
+  // thread (CUDA: cudaGetLastError), so the next kernel launch's check does not report it.
+  virtual void ClearError() {}
+  // Waits until every operation queued on `stream` is done.
+  virtual absl::Status SynchronizeStream(StreamHandle stream) { return absl::OkStatus(); }
 };
 
 // cudaMalloc / cudaFree on the current device.
@@ -119,8 +134,11 @@ class CachingAllocator {
   // The class size a request of `bytes` is served with.
   static size_t RoundUp(size_t bytes);
 
-  // bytes 0 returns an empty buffer. Memory is not zeroed (use cudaMemsetAsync).
-  absl::StatusOr<DeviceBuffer> Allocate(MemoryCategory category, size_t bytes);
+  // bytes 0 returns an empty buffer. Memory is not zeroed (use cudaMemsetAsync). `stream` is the
+  // calling thread's stream: on out-of-memory it is synchronised so that the blocks this thread
+  // released can be reused before the retry (null: they stay pending).
+  absl::StatusOr<DeviceBuffer> Allocate(MemoryCategory category, size_t bytes,
+                                        StreamHandle stream = nullptr);
 
   // ReuseAfterSync: moves the blocks the calling thread released into the cache (call after that
   // thread's stream is idle). A no-op in Immediate mode.
@@ -138,6 +156,9 @@ class CachingAllocator {
   friend class DeviceBuffer;
   void Release(void* ptr, size_t block_bytes, MemoryCategory category);
   void EmptyCacheLocked();
+  void ReleasePendingLocked(std::thread::id thread);
+  // A cached block of class `block`, or a new one from the backend; counts reserved bytes.
+  absl::StatusOr<void*> TakeBlockLocked(size_t block);
 
   std::unique_ptr<DeviceMemoryBackend> backend_;
   MemoryTracker* tracker_;

@@ -18,7 +18,7 @@ absl::StatusOr<DeviceArray<E>> DeviceArray<E>::Create(const DeviceContext& ctx,
                                                       MemoryCategory category, size_t count,
                                                       bool zero) {
   if (count == 0) return DeviceArray();
-  absl::StatusOr<DeviceBuffer> buf = ctx.alloc->Allocate(category, count * sizeof(E));
+  absl::StatusOr<DeviceBuffer> buf = ctx.alloc->Allocate(category, count * sizeof(E), ctx.stream);
   if (!buf.ok()) return buf.status();
   if (zero) VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(buf->data(), 0, count * sizeof(E), ctx.stream));
   return DeviceArray(std::move(*buf), count);

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Acceptance of the end-to-end CUDA jobs (scripts/gpu-run.sh; packed as compare.py).
+
+usage: gpu_compare.py RUNS [--cpu-steps N] [--floor NATS] [--cpu-only]
+
+RUNS holds one folder per run with its metrics.jsonl: gpu-p1-fp32, gpu-p1-bf16, gpu-p2-vocab1,
+gpu-p2-vocab2 (device: cuda) and gpu-p1-fp32-cpu, gpu-p2-vocab1-cpu, gpu-p2-vocab2-cpu (the
+same jobs on the CPU for N steps). One line per check, starting PASS, FAIL, SKIP or INFO:
+
+  - fp32 on the GPU equals the CPU: every one of the first N steps' losses within 1e-4
+    (relative), for p = 1 and for p = 2 (vocab1, vocab2) ranks sharing one GPU; the gradient
+    norms (before clipping) within 1e-3;
+  - bf16 learns like fp32: after the 200 steps of gpu-p1-bf16 and gpu-p1-fp32 the final loss
+    (mean of the last 10 steps) within 3% of fp32's, and bf16 keeps >= 90% of fp32's loss drop;
+  - INFO: tokens/s and MFU of the GPU runs (median over the steps after the first).
+--cpu-only (a dry run without a GPU): only checks that the CPU runs exist and are finite.
+Exit status 1 when a check failed. Standard library only.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+LOSS_REL = 1e-4
+NORM_REL = 1e-3
+BF16_REL = 3e-2
+BF16_DROP = 0.9
+TAIL = 10
+
+
+def load(runs, name):
+    path = os.path.join(runs, name, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    lines = []
+    with open(path) as f:
+        for raw in f:
+            raw = raw.strip()
+            if raw:
+                lines.append(json.loads(raw))
+    lines.sort(key=lambda l: l["step"])
+    return lines
+
+
+class Report:
+    def __init__(self):
+        self.failed = 0
+
+    def line(self, verdict, name, detail):
+        if verdict == "FAIL":
+            self.failed += 1
+        print(f"{verdict} {name}: {detail}", flush=True)
+
+
+def worst_rel(got, want, key, steps):
+    worst, at = 0.0, -1
+    for i in range(steps):
+        a, b = got[i].get(key), want[i].get(key)
+        if a is None or b is None:
+            continue
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return math.inf, i
+        rel = abs(a - b) / max(abs(b), 1e-30)
+        if rel > worst:
+            worst, at = rel, i
+    return worst, at
+
+
+def where(lines, at):
+    return f" at step {lines[at]['step']}" if at >= 0 else ""
+
+
+def check_equal(rep, runs, name, steps):
+    gpu, cpu = load(runs, name), load(runs, name + "-cpu")
+    check = f"{name} cuda fp32 = cpu"
+    if gpu is None or cpu is None:
+        missing = name if gpu is None else name + "-cpu"
+        rep.line("FAIL", check, f"no metrics.jsonl for {missing}")
+        return
+    n = min(steps, len(cpu))
+    if n < steps or len(gpu) < n:
+        rep.line("FAIL", check, f"{len(gpu)} cuda and {len(cpu)} cpu steps, need {steps}")
+        return
+    loss, at = worst_rel(gpu, cpu, "loss", n)
+    verdict = "PASS" if loss <= LOSS_REL else "FAIL"
+    rep.line(verdict, check,
+             f"{n} steps, worst loss difference {loss:.2e} relative{where(cpu, at)} "
+             f"(limit {LOSS_REL:g}); loss {cpu[0]['loss']:.5f} -> {cpu[n - 1]['loss']:.5f}")
+    norm, at = worst_rel(gpu, cpu, "grad_norm", n)
+    verdict = "PASS" if norm <= NORM_REL else "FAIL"
+    rep.line(verdict, f"{name} grad_norm cuda = cpu",
+             f"worst {norm:.2e} relative{where(cpu, at)} (limit {NORM_REL:g})")
+
+
+def tail_mean(lines):
+    return statistics.fmean(l["loss"] for l in lines[-TAIL:])
+
+
+def check_bf16(rep, runs, floor):
+    bf16, fp32 = load(runs, "gpu-p1-bf16"), load(runs, "gpu-p1-fp32")
+    check = "gpu-p1-bf16 learns like fp32"
+    if bf16 is None or fp32 is None:
+        rep.line("FAIL", check, "no metrics.jsonl for " +
+                 ("gpu-p1-bf16" if bf16 is None else "gpu-p1-fp32"))
+        return
+    if len(bf16) != len(fp32) or len(fp32) < 2 * TAIL:
+        rep.line("FAIL", check, f"{len(bf16)} bf16 and {len(fp32)} fp32 steps")
+        return
+    b, f = tail_mean(bf16), tail_mean(fp32)
+    rel = abs(b - f) / f
+    drop_f, drop_b = fp32[0]["loss"] - f, bf16[0]["loss"] - b
+    ok = math.isfinite(b) and rel <= BF16_REL and drop_f > 0 and drop_b >= BF16_DROP * drop_f
+    floor_text = f"; entropy floor {floor:.4f}" if floor is not None else ""
+    rep.line("PASS" if ok else "FAIL", check,
+             f"{len(fp32)} steps: bf16 {bf16[0]['loss']:.4f} -> {b:.4f}, fp32 "
+             f"{fp32[0]['loss']:.4f} -> {f:.4f} (mean of the last {TAIL}); difference "
+             f"{100 * rel:.2f}% (limit {100 * BF16_REL:g}%), bf16 drop "
+             f"{drop_b / drop_f if drop_f > 0 else float('nan'):.3f} of fp32's "
+             f"(limit {BF16_DROP}){floor_text}")
+
+
+def info_speed(rep, runs, name):
+    lines = load(runs, name)
+    if not lines or len(lines) < 3:
+        return
+    timed = lines[1:]
+    tps = statistics.median(l.get("tokens_per_s", 0) for l in timed)
+    sec = statistics.median(l.get("step_seconds", 0) for l in timed)
+    mfu = statistics.median(l.get("mfu", 0) for l in timed)
+    rep.line("INFO", f"{name} speed",
+             f"median {tps:,.0f} tokens/s, {1e3 * sec:.1f} ms/step, MFU {100 * mfu:.2f}%")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs")
+    ap.add_argument("--cpu-steps", type=int, default=20)
+    ap.add_argument("--floor", type=float, default=None)
+    ap.add_argument("--cpu-only", action="store_true")
+    a = ap.parse_args()
+    rep = Report()
+    equal = ["gpu-p1-fp32", "gpu-p2-vocab1", "gpu-p2-vocab2"]
+    if a.cpu_only:
+        for name in equal:
+            cpu = load(a.runs, name + "-cpu")
+            if cpu is None:
+                rep.line("FAIL", f"{name}-cpu", "no metrics.jsonl")
+            elif len(cpu) != a.cpu_steps or not all(math.isfinite(l["loss"]) for l in cpu):
+                rep.line("FAIL", f"{name}-cpu", f"{len(cpu)} steps, want {a.cpu_steps} finite")
+            else:
+                rep.line("PASS", f"{name}-cpu", f"{len(cpu)} steps, loss {cpu[0]['loss']:.4f} "
+                         f"-> {cpu[-1]['loss']:.4f}")
+        rep.line("SKIP", "cuda = cpu comparisons", "no GPU (dry run)")
+        return 1 if rep.failed else 0
+    for name in equal:
+        check_equal(rep, a.runs, name, a.cpu_steps)
+    check_bf16(rep, a.runs, a.floor)
+    for name in ["gpu-p1-fp32", "gpu-p1-bf16", "gpu-p2-vocab1", "gpu-p2-vocab2"]:
+        info_speed(rep, a.runs, name)
+    return 1 if rep.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
