@@ -102,6 +102,10 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
   if (request.has_spec() == has_text) {
     return absl::InvalidArgumentError("spec, spec_text: give exactly one of them");
   }
+  if (request.base_dir().size() > spec::kMaxPathBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("base_dir: must be at most ", spec::kMaxPathBytes, " bytes"));
+  }
   v1::JobSpec spec;
   if (has_text) {
     auto parsed = spec::ParseJobSpec(request.spec_text(), request.base_dir());
@@ -120,6 +124,15 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
                              "checkpoint.dir");
       !st.ok()) {
     return st;
+  }
+  // The resolved paths obey the same bound as the written ones.
+  for (const auto& [field, path] :
+       {std::pair<const char*, const std::string*>{"data.path", &spec.data().path()},
+        {"checkpoint.dir", &spec.checkpoint().dir()}}) {
+    if (path->size() > spec::kMaxPathBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": must be at most ", spec::kMaxPathBytes, " bytes once resolved"));
+    }
   }
   return spec;
 }

@@ -225,6 +225,10 @@ TEST_F(SecurityTest, OversizedModelRefusedAtSubmitWithTheMemoryNeeded) {
   big.set_base_dir(std::string(5 << 20, 'x'));
   st = Submit(c, big, &id);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  big.set_base_dir("/" + std::string(5000, 'x'));  // within the message limit, not the path's
+  st = Submit(c, big, &id);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("base_dir: must be at most 4096 bytes"));
   EXPECT_EQ(ListJobs(c).jobs_size(), 0);
   // A job that fits is admitted.
   ASSERT_TRUE(Submit(c, TinyJob("small", dir_), &id).ok());
