@@ -189,6 +189,9 @@ absl::StatusOr<Plan> PlanFromText(absl::string_view text) {
     }
   }
   if (!have_pipeline) return Bad("header", "missing 'pipeline'");
+  // Without these the plan would print as text that does not parse back (fuzz/plan_text).
+  if (plan.schedule.empty()) return Bad("header", "missing 'schedule'");
+  if (plan.vocab.empty()) return Bad("header", "missing 'vocab'");
   return plan;
 }
 
