@@ -184,6 +184,37 @@ TEST_F(SecurityTest, ErrorsNeverEchoFileContents) {
   EXPECT_THAT(st.error_message(), Not(HasSubstr("/bin/bash")));
 }
 
+// `vocabpipe submit` handed a file that is not a job spec: the CLI shows no line of it, and a
+// large file is refused before it is read whole.
+TEST_F(SecurityTest, CliSubmitOfANonSpecFileShowsNoneOfIt) {
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto run = [&](const fs::path& file) {
+    const std::string cmd = absl::StrCat(Bin("client/vocabpipe"), " submit ", file.string(),
+                                         " --coordinator ", c.address(), " 2>&1");
+    std::string out;
+    if (FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+      EXPECT_NE(pclose(p), 0) << out;
+    }
+    return out;
+  };
+  std::ofstream(dir_ / "passwd") << "root:x:0:0:root:/root:/bin/bash\n"
+                                 << "carol:x:1001:1001:Carol:/home/carol:/bin/zsh\n";
+  std::string out = run(dir_ / "passwd");
+  EXPECT_THAT(out, HasSubstr("not a job spec"));
+  for (const char* piece : {"carol", "/bin/zsh", "root:x"}) {
+    EXPECT_THAT(out, Not(HasSubstr(piece))) << out;
+  }
+  std::ofstream(dir_ / "big.yaml") << "name: big\n# " << std::string(100000, 'z') << "\n";
+  out = run(dir_ / "big.yaml");
+  EXPECT_THAT(out, HasSubstr("larger than the job spec limit of 65536 bytes"));
+  EXPECT_THAT(out, Not(HasSubstr("zzzz")));
+  EXPECT_EQ(ListJobs(c).jobs_size(), 0);
+}
+
 // The model of the issue report: 48 layers of h = 8192 and a 256000-token vocabulary on one
 // rank is about 700 GiB of weights, gradients and Adam state. Refused at submit by the
 // planner's memory model, naming the rank and the largest worker; nothing is stored.
