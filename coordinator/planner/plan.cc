@@ -77,6 +77,8 @@ absl::StatusOr<Action> ParseAction(absl::string_view token) {
     if (p.empty()) return Bad(token, "empty field");
     int v = 0;
     if (!absl::SimpleAtoi(p.substr(1), &v) || v < 0) return Bad(token, "bad number");
+    // The fields are int16: a larger value would wrap (found by fuzz/plan_text).
+    if (v > 32767) return Bad(token, "number out of range (at most 32767)");
     switch (p[0]) {
       case 'c':
         a.chunk = static_cast<int16_t>(v);
