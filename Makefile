@@ -3,7 +3,15 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 
-.PHONY: deps configure build test demo gpu-bundle format clean
+# Fuzzing (docs/fuzzing.md): a clang-14 libFuzzer + AddressSanitizer build of fuzz/ in its own
+# folder. `make fuzz` runs every target FUZZ_SECONDS (default 600) on its seed corpus;
+# `make test` runs them FUZZ_SMOKE_SECONDS (default 5) each.
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_SMOKE_SECONDS ?= 5
+FUZZ_LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache,)
+
+.PHONY: deps configure build test demo gpu-bundle format clean fuzz fuzz-smoke fuzz-build
 
 deps:
 	bash scripts/setup.sh
@@ -19,6 +27,21 @@ build: configure
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) --timeout 600
+	$(MAKE) fuzz-smoke
+
+fuzz-build: deps
+	cmake -S fuzz -B $(FUZZ_DIR) -G Ninja -DCMAKE_C_COMPILER=clang-14 \
+	  -DCMAKE_CXX_COMPILER=clang++-14 $(FUZZ_LAUNCHER) -DFUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build $(FUZZ_DIR) -j $(JOBS)
+
+# Bounded runs of every fuzz target (part of `make test`).
+fuzz-smoke:
+	$(MAKE) fuzz-build FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS)
+	ctest --test-dir $(FUZZ_DIR) --output-on-failure -j $(JOBS)
+
+# Long runs: FUZZ_SECONDS per target (make fuzz FUZZ_SECONDS=60 for a shorter one).
+fuzz: fuzz-build
+	ctest --test-dir $(FUZZ_DIR) --output-on-failure -j $(JOBS)
 
 demo: build
 	bash scripts/demo.sh $(BUILD_DIR)
@@ -32,4 +55,4 @@ format:
 	find proto coordinator worker client tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(FUZZ_DIR)

@@ -49,7 +49,10 @@ bool ParseControlArgs(const std::string& cmd, const Args& args,
 
 Stubs Connect(const std::string& address) {
   Stubs s;
-  s.channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  // The coordinator's answers are at most 64 MiB (coordinator/server/service.h).
+  args.SetMaxReceiveMessageSize(64 << 20);
+  s.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   s.jobs = v1::JobService::NewStub(s.channel);
   s.workers = v1::WorkerService::NewStub(s.channel);
   return s;

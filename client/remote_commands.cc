@@ -17,6 +17,7 @@
 #include "client/launcher.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
+#include "proto/spec/job_spec.h"
 
 extern char** environ;
 
@@ -33,9 +34,16 @@ bool ReadSpecRequest(const std::string& cmd, const std::string& path, std::ostre
     err << "vocabpipe " << cmd << ": " << path << ": cannot read\n";
     return false;
   }
-  std::ostringstream text;
-  text << f.rdbuf();
-  req->set_spec_text(text.str());
+  // At most the spec limit (+1 to tell a longer file): never a whole large file in memory.
+  std::string text(spec::kMaxJobSpecBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  if (text.size() > spec::kMaxJobSpecBytes) {
+    err << "vocabpipe " << cmd << ": " << path << ": larger than the job spec limit of "
+        << spec::kMaxJobSpecBytes << " bytes\n";
+    return false;
+  }
+  req->set_spec_text(std::move(text));
   std::error_code ec;
   req->set_base_dir(fs::absolute(path, ec).parent_path().string());
   return true;

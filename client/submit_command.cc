@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "client/control_client.h"
+#include "proto/spec/job_spec.h"
 
 namespace vp::cli {
 namespace v1 = vocabpipe::v1;
@@ -36,10 +37,17 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe submit: " << path << ": cannot read\n";
     return kExitUsage;
   }
-  std::ostringstream text;
-  text << f.rdbuf();
+  // At most the spec limit (+1 to tell a longer file): never a whole large file in memory.
+  std::string text(spec::kMaxJobSpecBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  if (text.size() > spec::kMaxJobSpecBytes) {
+    err << "vocabpipe submit: " << path << ": larger than the job spec limit of "
+        << spec::kMaxJobSpecBytes << " bytes\n";
+    return kExitUsage;
+  }
   v1::SubmitJobRequest req;
-  req.set_spec_text(text.str());
+  req.set_spec_text(std::move(text));
   req.set_resume(resume);
   std::error_code ec;
   req.set_base_dir(std::filesystem::absolute(path, ec).parent_path().string());

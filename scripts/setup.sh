@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-numpy
   prometheus-cpp-dev prometheus
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

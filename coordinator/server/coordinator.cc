@@ -2,16 +2,19 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "proto/plan/plan.h"
 #include "coordinator/server/job_plan.h"
 #include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
+#include "proto/spec/storage_root.h"
 
 namespace vp::server {
 namespace v1 = vocabpipe::v1;
@@ -78,12 +81,30 @@ bool DeviceMatches(const std::string& job_device, const std::string& worker_devi
   return worker_device.rfind("cuda", 0) == 0;
 }
 
+std::string GiB(int64_t bytes) {
+  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+}
+
+// Per rank: what the planner's memory model predicts it holds at its peak (weights, gradients,
+// optimizer state, activations).
+std::vector<int64_t> PredictedRankBytes(const JobPlan& plan) {
+  std::vector<int64_t> out;
+  for (const planner::RankStats& r : plan.sim.ranks) {
+    out.push_back(r.state_bytes + r.peak_activation_bytes);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
   const bool has_text = !request.spec_text().empty();
   if (request.has_spec() == has_text) {
     return absl::InvalidArgumentError("spec, spec_text: give exactly one of them");
+  }
+  if (request.base_dir().size() > spec::kMaxPathBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("base_dir: must be at most ", spec::kMaxPathBytes, " bytes"));
   }
   v1::JobSpec spec;
   if (has_text) {
@@ -103,6 +124,15 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
                              "checkpoint.dir");
       !st.ok()) {
     return st;
+  }
+  // The resolved paths obey the same bound as the written ones.
+  for (const auto& [field, path] :
+       {std::pair<const char*, const std::string*>{"data.path", &spec.data().path()},
+        {"checkpoint.dir", &spec.checkpoint().dir()}}) {
+    if (path->size() > spec::kMaxPathBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": must be at most ", spec::kMaxPathBytes, " bytes once resolved"));
+    }
   }
   return spec;
 }
@@ -143,6 +173,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, std::unique_ptr<JobS
     : options_(options), store_(std::move(store)) {}
 
 Coordinator::~Coordinator() {
+  std::map<int64_t, std::thread> planners;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -150,6 +181,49 @@ Coordinator::~Coordinator() {
   stop_cv_.notify_all();
   events_cv_.notify_all();
   if (monitor_.joinable()) monitor_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    planners.swap(planners_);
+  }
+  // Each waits at most the planning deadline, then sees stopping_ and leaves.
+  for (auto& [n, t] : planners) t.join();
+}
+
+absl::StatusOr<JobPlan> Coordinator::PlanWithDeadline(const v1::JobSpec& spec,
+                                                      std::optional<v1::PassCosts> costs) {
+  std::shared_ptr<std::atomic<int>> running = running_plans_;
+  if (running->fetch_add(1) >= options_.max_concurrent_plans) {
+    running->fetch_sub(1);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("planner busy: ", options_.max_concurrent_plans,
+                     " plans are being computed; try again shortly"));
+  }
+  auto promise = std::make_shared<std::promise<absl::StatusOr<JobPlan>>>();
+  std::future<absl::StatusOr<JobPlan>> result = promise->get_future();
+  // The thread owns copies of everything it reads: after a timed-out wait it finishes alone.
+  std::thread([promise, running, spec, costs, flops = options_.flops_per_second] {
+    absl::StatusOr<JobPlan> plan = PlanForJob(spec, costs ? &*costs : nullptr, flops);
+    running->fetch_sub(1);
+    promise->set_value(std::move(plan));
+  }).detach();
+  if (result.wait_for(absl::ToChronoMilliseconds(options_.planning_deadline)) !=
+      std::future_status::ready) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("planning took longer than its deadline of ",
+                     absl::FormatDuration(options_.planning_deadline)));
+  }
+  return result.get();
+}
+
+void Coordinator::JoinFinishedPlanners() {
+  for (int64_t n : finished_planners_) {
+    auto it = planners_.find(n);
+    if (it == planners_.end()) continue;
+    // The thread has released mu_ for good when it lists itself here; the join is quick.
+    it->second.join();
+    planners_.erase(it);
+  }
+  finished_planners_.clear();
 }
 
 void Coordinator::MonitorLoop() {
@@ -158,6 +232,7 @@ void Coordinator::MonitorLoop() {
   while (!stopping_) {
     stop_cv_.wait_for(lock, absl::ToChronoMilliseconds(tick));
     if (stopping_) break;
+    JoinFinishedPlanners();
     ExpireWorkers();
     SettleFailures();
     Schedule();
@@ -228,7 +303,33 @@ void Coordinator::Finish(v1::Job& job, v1::JobState state, const std::string& re
 }
 
 absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume) {
+  // Confined storage: checked before anything is stored (the workers check again).
+  if (auto st = spec::CheckSpecPaths(spec, options_.storage_root); !st.ok()) return st;
+  // Memory admission: the planner's memory model, off the lock and under a deadline.
+  absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, std::nullopt);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(), absl::StrCat("planning: ", plan.status().message()));
+  }
+  const std::vector<int64_t> need = PredictedRankBytes(*plan);
   std::lock_guard<std::mutex> lock(mu_);
+  int64_t largest = 0;
+  for (const auto& [wid, w] : workers_) {
+    if (DeviceMatches(spec.device(), w.info.device())) {
+      largest = std::max(largest, w.info.memory_bytes());
+    }
+  }
+  // With no worker of the kind registered (or none that reports its memory) there is nothing
+  // to compare with: the job waits, and is checked against its own workers before it runs.
+  if (largest > 0 && !need.empty()) {
+    const auto worst = std::max_element(need.begin(), need.end());
+    if (*worst > largest) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "memory: needs ", GiB(*worst), " on rank ", worst - need.begin(),
+          ", the largest worker has ", GiB(largest),
+          " (the planner's prediction of weights, gradients, optimizer state and activations; "
+          "a longer pipeline or a smaller model needs less per rank)"));
+    }
+  }
   v1::Job job;
   job.set_id(absl::StrCat("job-", next_job_));
   *job.mutable_spec() = spec;
@@ -302,7 +403,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(const std::str
 }
 
 absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& spec) {
-  auto plan = PlanForJob(spec, nullptr, options_.flops_per_second);
+  auto plan = PlanWithDeadline(spec, std::nullopt);
   if (!plan.ok()) return plan.status();
   v1::PlanJobResponse out;
   *out.mutable_plan() = plan->summary;
@@ -404,20 +505,54 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
     Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
     return;
   }
-  auto plan = PlanForJob(job.spec(), profiled ? &costs : nullptr, options_.flops_per_second);
+  const std::string id = job.id(), attempt = a.attempt;
+  const int64_t n = next_planner_++;
+  planners_.emplace(
+      n, std::thread([this, n, id, attempt, spec = job.spec(),
+                      costs = profiled ? std::optional<v1::PassCosts>(costs) : std::nullopt] {
+        absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, costs);
+        std::lock_guard<std::mutex> lock(mu_);
+        finished_planners_.push_back(n);
+        if (!stopping_) FinishPlanning(id, attempt, std::move(plan));
+      }));
+}
+
+void Coordinator::FinishPlanning(const std::string& id, const std::string& attempt,
+                                 absl::StatusOr<JobPlan> plan) {
+  v1::Job* found = FindJob(id);
+  auto it = active_.find(id);
+  // Cancelled, failed or rescheduled while the plan was computed: nothing to do.
+  if (found == nullptr || it == active_.end() || it->second.attempt != attempt ||
+      found->state() != v1::JOB_STATE_PLANNING) {
+    return;
+  }
+  v1::Job& job = *found;
+  ActiveJob& a = it->second;
+  const int p = static_cast<int>(a.workers.size());
   if (!plan.ok()) {
     Finish(job, v1::JOB_STATE_FAILED, absl::StrCat("planning: ", plan.status().message()));
+    Schedule();
     return;
+  }
+  // Memory admission against the workers the job got (submit compared with the largest).
+  const std::vector<int64_t> need = PredictedRankBytes(*plan);
+  for (int r = 0; r < p && r < static_cast<int>(need.size()); ++r) {
+    auto w = workers_.find(a.workers[r]);
+    const int64_t has = w == workers_.end() ? 0 : w->second.info.memory_bytes();
+    if (has > 0 && need[r] > has) {
+      Finish(job, v1::JOB_STATE_FAILED,
+             absl::StrCat("memory: needs ", GiB(need[r]), " on rank ", r, ", its worker ",
+                          a.workers[r], " has ", GiB(has)));
+      Schedule();
+      return;
+    }
   }
   *job.mutable_plan() = plan->summary;
   job.clear_candidates();
   for (const auto& c : plan->candidates) *job.add_candidates() = c;
   job.set_plan_text(planner::PlanToText(plan->plan));
   a.model_flops_per_step = plan->summary.model_flops_per_step();
-  a.predicted_memory.clear();
-  for (const planner::RankStats& r : plan->sim.ranks) {
-    a.predicted_memory.push_back(r.state_bytes + r.peak_activation_bytes);
-  }
+  a.predicted_memory = need;
   if (!SetState(job, v1::JOB_STATE_RUNNING,
                 absl::StrCat(plan->summary.schedule(), " + ", plan->summary.vocab(), " on ",
                              absl::StrJoin(a.workers, ", ")))

@@ -16,6 +16,7 @@
 // rendezvous and metrics went with the old process.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/server/job_plan.h"
 #include "coordinator/server/job_store.h"
 #include "coordinator/server/kv_store.h"
 #include "vocabpipe/v1/service.pb.h"
@@ -59,6 +62,14 @@ struct CoordinatorOptions {
   // FLOP-proportional cost scale when no profile is available (FLOP/s per rank).
   double flops_per_second = 1e11;
   std::shared_ptr<CoordinatorObserver> observer;  // optional
+  // Planning (at submit for memory admission, before a run, for a dry run) runs on its own
+  // thread outside the coordinator's lock; a plan that takes longer fails with
+  // DeadlineExceeded. At most max_concurrent_plans run at once (beyond: ResourceExhausted).
+  absl::Duration planning_deadline = absl::Seconds(30);
+  int max_concurrent_plans = 4;
+  // Canonical storage root (spec::ResolveStorageRoot); when set, Submit refuses a spec whose
+  // data.path or checkpoint.dir resolves outside it. Empty: no confinement.
+  std::string storage_root;
 };
 
 bool IsTerminal(vocabpipe::v1::JobState state);
@@ -77,7 +88,10 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // Jobs.
-  // A validated spec. resume: the ranks continue from the latest step all of them saved in
+  // A validated spec, admitted when its paths are inside the storage root and the planner's
+  // memory model fits it on the largest registered worker of its device kind
+  // (ResourceExhausted "memory: needs X GiB on rank r, the largest worker has Y GiB").
+  // resume: the ranks continue from the latest step all of them saved in
   // checkpoint.dir (SubmitJobRequest.resume).
   absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec, bool resume = false);
   absl::StatusOr<vocabpipe::v1::Job> GetJob(const std::string& id);
@@ -152,7 +166,15 @@ class Coordinator {
   void Finish(vocabpipe::v1::Job& job, vocabpipe::v1::JobState state, const std::string& reason,
               const std::string& except_worker = "");
   void Schedule();
+  // Sets PLANNING and plans on a thread of its own (planners_), off the lock; the result is
+  // applied by FinishPlanning under the lock when the job is still in that attempt.
   void StartPlanning(vocabpipe::v1::Job& job, ActiveJob& active);
+  void FinishPlanning(const std::string& job_id, const std::string& attempt,
+                      absl::StatusOr<JobPlan> plan);
+  void JoinFinishedPlanners();
+  // PlanForJob with the deadline and concurrency cap of the options. Call WITHOUT mu_.
+  absl::StatusOr<JobPlan> PlanWithDeadline(const vocabpipe::v1::JobSpec& spec,
+                                           std::optional<vocabpipe::v1::PassCosts> costs);
   void ExpireWorkers();
   void SettleFailures();  // jobs whose held-back failure is due
   void NotifyWorkers();
@@ -169,6 +191,12 @@ class Coordinator {
   std::map<std::string, Worker> workers_;
   int64_t next_job_ = 1, next_worker_ = 1;
   bool stopping_ = false;
+  // Planning threads by number; finished ones are joined by the monitor loop.
+  std::map<int64_t, std::thread> planners_;
+  std::vector<int64_t> finished_planners_;
+  int64_t next_planner_ = 0;
+  // Plans running now (shared with the threads, which may outlive a timed-out wait).
+  std::shared_ptr<std::atomic<int>> running_plans_ = std::make_shared<std::atomic<int>>(0);
   std::condition_variable stop_cv_;
   std::thread monitor_;
 };

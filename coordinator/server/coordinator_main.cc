@@ -1,6 +1,7 @@
 // vocabpipe-coordinator --listen HOST:PORT --db FILE [--heartbeat-interval S]
 //     [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]
-//     [--metrics-listen HOST:PORT]
+//     [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]
+//     [--max-watchers N] [--metrics-keep-finished N]
 // The control plane daemon (docs/operations.md, "Control plane"). Prints
 // "vocabpipe-coordinator: listening on HOST:PORT" once it serves (port 0 picks one), and
 // stops cleanly on SIGINT/SIGTERM. Exit codes: 0 stopped by a signal, 1 could not start,
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
+#include "proto/spec/storage_root.h"
 #ifdef VP_HAVE_METRICS
 #include "coordinator/server/prometheus_observer.h"
 #endif
@@ -24,7 +26,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: vocabpipe-coordinator --listen HOST:PORT --db FILE [--heartbeat-interval S]\n"
     "         [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]\n"
-    "         [--metrics-listen HOST:PORT]\n";
+    "         [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]\n"
+    "         [--max-watchers N] [--metrics-keep-finished N]\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-coordinator: " << why << "\n" << kUsage;
@@ -36,6 +39,8 @@ int Usage(const std::string& why) {
 int main(int argc, char** argv) {
   vp::server::CoordinatorOptions options;
   std::string listen, metrics_listen;
+  vp::server::ServerOptions server_options;
+  int keep_finished = 100;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-profile") {
@@ -56,6 +61,10 @@ int main(int argc, char** argv) {
       if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);  // tests and wrappers: end with them
     } else if (a == "--metrics-listen") {
       metrics_listen = v;
+    } else if (a == "--storage-root") {
+      auto root = vp::spec::ResolveStorageRoot(v);
+      if (!root.ok()) return Usage(std::string(root.status().message()));
+      options.storage_root = *root;
     } else if (a == "--db") {
       options.db_path = v;
     } else if (a == "--heartbeat-interval") {
@@ -67,6 +76,17 @@ int main(int argc, char** argv) {
     } else if (a == "--rank-timeout") {
       if (!number) return Usage("--rank-timeout: need seconds > 0");
       options.rank_timeout = absl::Seconds(x);
+    } else if (a == "--max-watchers") {
+      if (!absl::SimpleAtoi(v, &server_options.max_watchers) || server_options.max_watchers < 1) {
+        return Usage("--max-watchers: need an integer >= 1");
+      }
+    } else if (a == "--metrics-keep-finished") {
+      if (!absl::SimpleAtoi(v, &keep_finished) || keep_finished < 0) {
+        return Usage("--metrics-keep-finished: need an integer >= 0");
+      }
+    } else if (a == "--planning-deadline") {
+      if (!number) return Usage("--planning-deadline: need seconds > 0");
+      options.planning_deadline = absl::Seconds(x);
     } else if (a == "--flops-per-second") {
       if (!number) return Usage("--flops-per-second: need a number > 0");
       options.flops_per_second = x;
@@ -92,7 +112,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::cout << "vocabpipe-coordinator: metrics on port " << (*exporter)->port() << std::endl;
-    options.observer = std::make_shared<vp::server::PrometheusObserver>(std::move(*exporter));
+    options.observer =
+        std::make_shared<vp::server::PrometheusObserver>(std::move(*exporter), keep_finished);
 #else
     return Usage("--metrics-listen: this build has no metrics library (coordinator/metrics)");
 #endif
@@ -102,7 +123,7 @@ int main(int argc, char** argv) {
     std::cerr << "vocabpipe-coordinator: " << coordinator.status().message() << std::endl;
     return 1;
   }
-  auto server = vp::server::CoordinatorServer::Start(coordinator->get(), listen);
+  auto server = vp::server::CoordinatorServer::Start(coordinator->get(), listen, server_options);
   if (!server.ok()) {
     std::cerr << "vocabpipe-coordinator: " << server.status().message() << std::endl;
     return 1;

@@ -1,6 +1,7 @@
 #include "coordinator/server/kv_store.h"
 
 #include <chrono>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 
@@ -23,9 +24,24 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (kv_.size() >= kMaxKeys && !kv_.count(key)) {
+    auto it = kv_.find(key);
+    if (kv_.size() >= kMaxKeys && it == kv_.end()) {
       return absl::ResourceExhaustedError(absl::StrCat("store holds ", kMaxKeys, " keys"));
     }
+    const std::string run = RunOf(key);
+    Usage& u = usage_[run];
+    const size_t old_bytes = it == kv_.end() ? 0 : key.size() + it->second.size();
+    const size_t keys = u.keys + (it == kv_.end() ? 1 : 0);
+    const size_t bytes = u.bytes - old_bytes + key.size() + value.size();
+    if (keys > kMaxKeysPerRun || bytes > kMaxBytesPerRun) {
+      if (u.keys == 0) usage_.erase(run);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("key: run \"", run, "\" would hold ", keys, " keys of ", bytes,
+                       " bytes; the limit per run is ", kMaxKeysPerRun, " keys and ",
+                       kMaxBytesPerRun, " bytes"));
+    }
+    u.keys = keys;
+    u.bytes = bytes;
     kv_[key] = std::move(value);
   }
   cv_.notify_all();
@@ -70,9 +86,26 @@ absl::Status KvStore::Wait(const std::vector<std::string>& keys, absl::Time dead
   }
 }
 
+std::string KvStore::RunOf(const std::string& key) {
+  constexpr std::string_view kRanks = "vocabpipe/";
+  size_t from = 0;
+  if (key.rfind(kRanks, 0) == 0) from = kRanks.size();
+  const size_t slash = key.find('/', from);
+  return slash == std::string::npos ? std::string(key.substr(0, from)) : key.substr(0, slash + 1);
+}
+
+void KvStore::Forget(const std::string& key, const std::string& value) {
+  auto u = usage_.find(RunOf(key));
+  if (u == usage_.end()) return;
+  u->second.keys -= 1;
+  u->second.bytes -= key.size() + value.size();
+  if (u->second.keys == 0) usage_.erase(u);
+}
+
 void KvStore::DropPrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) {
+    Forget(it->first, it->second);
     it = kv_.erase(it);
   }
 }

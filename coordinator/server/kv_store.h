@@ -21,6 +21,9 @@ class KvStore {
   static constexpr size_t kMaxKeyBytes = 1024;
   static constexpr size_t kMaxValueBytes = 1 << 20;
   static constexpr size_t kMaxKeys = 1 << 20;
+  // Per run (RunOf): a Gloo or NCCL rendezvous of p ranks sets a few keys per rank.
+  static constexpr size_t kMaxKeysPerRun = 4096;
+  static constexpr size_t kMaxBytesPerRun = 16 << 20;  // keys + values
 
   absl::Status Set(const std::string& key, std::string value);
   // Waits until `key` exists or the deadline passes (NotFound then).
@@ -31,10 +34,21 @@ class KvStore {
   void DropPrefix(const std::string& prefix);
   size_t size() const;
 
+  // The run a key belongs to: "vocabpipe/ATTEMPT/" for the ranks' rendezvous keys of one
+  // launch, else everything up to and including the key's first '/' ("" without one). Each
+  // run may hold at most kMaxKeysPerRun keys and kMaxBytesPerRun bytes (ResourceExhausted).
+  static std::string RunOf(const std::string& key);
+
  private:
+  struct Usage {
+    size_t keys = 0, bytes = 0;
+  };
+  void Forget(const std::string& key, const std::string& value);  // requires mu_
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> kv_;
+  std::map<std::string, Usage> usage_;  // per run
 };
 
 // Checks a key: non-empty, at most kMaxKeyBytes. InvalidArgument naming `field`.

@@ -1,5 +1,6 @@
 #include "coordinator/server/prometheus_observer.h"
 
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,15 @@ namespace vp::server {
 void PrometheusObserver::OnJobState(const vocabpipe::v1::Job& job) {
   if (auto st = exporter_->SetJobState(job.id(), JobStateName(job.state())); !st.ok()) {
     std::cerr << "vocabpipe-coordinator: metrics: " << st.message() << std::endl;
+  }
+  // Pruning: a finished job's series stay until keep_finished_ newer jobs have finished.
+  if (IsTerminal(job.state()) &&
+      std::find(finished_.begin(), finished_.end(), job.id()) == finished_.end()) {
+    finished_.push_back(job.id());
+    while (static_cast<int>(finished_.size()) > keep_finished_) {
+      exporter_->RemoveJob(finished_.front());
+      finished_.pop_front();
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
@@ -37,7 +38,7 @@ absl::StatusOr<absl::Time> StoreDeadline(int64_t timeout_ms, grpc::ServerContext
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
+  JobServiceImpl(Coordinator* c, int max_watchers) : c_(c), max_watchers_(max_watchers) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override {
@@ -68,6 +69,16 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     if (req->after_event() < 0) return Invalid("after_event: must be >= 0");
+    if (watchers_.fetch_add(1) >= max_watchers_) {
+      watchers_.fetch_sub(1);
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("watchers: ", max_watchers_,
+                                       " WatchJob streams are open, the limit; try again later"));
+    }
+    struct Release {
+      std::atomic<int>& n;
+      ~Release() { n.fetch_sub(1); }
+    } release{watchers_};
     int64_t after = req->after_event();
     while (!ctx->IsCancelled()) {
       bool terminal = false;
@@ -104,6 +115,8 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Coordinator* c_;
+  const int max_watchers_;
+  std::atomic<int> watchers_{0};
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -180,14 +193,18 @@ class StoreServiceImpl final : public v1::StoreService::Service {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    Coordinator* coordinator, const std::string& listen) {
+    Coordinator* coordinator, const std::string& listen, const ServerOptions& options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator);
+  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers);
   s->workers_ = std::make_unique<WorkerServiceImpl>(coordinator);
   s->store_ = std::make_unique<StoreServiceImpl>(coordinator);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Explicit message limits (docs/operations.md, "Security"): requests are small (a spec is
+  // at most 64 KiB); answers carry job records with their plan text.
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.SetMaxSendMessageSize(kMaxResponseBytes);
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->workers_.get());

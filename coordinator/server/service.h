@@ -16,11 +16,24 @@ class Service;
 
 namespace vp::server {
 
+// gRPC message size limits of the coordinator (docs/operations.md, "Security"): a request of
+// more than kMaxRequestBytes is refused with RESOURCE_EXHAUSTED before it is parsed; answers
+// (job records with their plan text) are at most kMaxResponseBytes. Clients set their receive
+// limit to kMaxResponseBytes.
+inline constexpr int kMaxRequestBytes = 4 << 20;
+inline constexpr int kMaxResponseBytes = 64 << 20;
+
+struct ServerOptions {
+  // Open WatchJob streams at most (each holds a server thread); more get RESOURCE_EXHAUSTED.
+  int max_watchers = 64;
+};
+
 class CoordinatorServer {
  public:
   // Listens on `listen` (HOST:PORT; port 0 picks a free one, see port()).
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(Coordinator* coordinator,
-                                                                  const std::string& listen);
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      Coordinator* coordinator, const std::string& listen,
+      const ServerOptions& options = ServerOptions());
   ~CoordinatorServer();  // Shutdown()
   int port() const { return port_; }
   // Stops accepting calls, ends open WatchJob streams and waits for running calls.

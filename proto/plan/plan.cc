@@ -77,6 +77,8 @@ absl::StatusOr<Action> ParseAction(absl::string_view token) {
     if (p.empty()) return Bad(token, "empty field");
     int v = 0;
     if (!absl::SimpleAtoi(p.substr(1), &v) || v < 0) return Bad(token, "bad number");
+    // The fields are int16: a larger value would wrap (found by fuzz/plan_text).
+    if (v > 32767) return Bad(token, "number out of range (at most 32767)");
     switch (p[0]) {
       case 'c':
         a.chunk = static_cast<int16_t>(v);
@@ -189,6 +191,9 @@ absl::StatusOr<Plan> PlanFromText(absl::string_view text) {
     }
   }
   if (!have_pipeline) return Bad("header", "missing 'pipeline'");
+  // Without these the plan would print as text that does not parse back (fuzz/plan_text).
+  if (plan.schedule.empty()) return Bad("header", "missing 'schedule'");
+  if (plan.vocab.empty()) return Bad("header", "missing 'vocab'");
   return plan;
 }
 

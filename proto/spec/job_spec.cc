@@ -64,6 +64,68 @@ std::string Child(const std::string& parent, std::string_view name) {
 
 bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
 
+// Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
+bool ValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(n) >= s.size()) return false;  // cut short
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+// The longest scalar or key an error message quotes back.
+constexpr size_t kMaxEchoBytes = 40;
+
+// What a node is, never what it holds (for documents that are not job specs at all).
+std::string Kind(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Null:
+      return "an empty document";
+    case YAML::NodeType::Scalar:
+      return absl::StrCat("a ", node.Scalar().size(), "-byte text");
+    default:
+      return "nothing";
+  }
+}
+
+// A key as an error's field path shows it: escaped, cut to kMaxEchoBytes.
+std::string ShownKey(const std::string& key) {
+  if (key.size() > kMaxEchoBytes) {
+    return absl::StrCat(absl::CHexEscape(key.substr(0, kMaxEchoBytes)), "...");
+  }
+  return absl::CHexEscape(key);
+}
+
 std::string Describe(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Map:
@@ -73,6 +135,11 @@ std::string Describe(const YAML::Node& node) {
     case YAML::NodeType::Null:
       return "null";
     case YAML::NodeType::Scalar:
+      // Short values are quoted back (`got "fast"`); longer ones only by size, so an error
+      // never echoes a line of whatever file was handed in as a spec.
+      if (node.Scalar().size() > kMaxEchoBytes || node.Scalar().find('\n') != std::string::npos) {
+        return absl::StrCat("a ", node.Scalar().size(), "-byte text");
+      }
       return absl::StrCat("\"", absl::CHexEscape(node.Scalar()), "\"");
     default:
       return "nothing";
@@ -187,15 +254,17 @@ class YamlToProto {
     const pb::Descriptor* desc = msg->GetDescriptor();
     std::set<std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key = it->first;
-      const YAML::Node& value = it->second;
+      // Copies: `it->` yields a temporary proxy, so references to its members would dangle
+      // (found by fuzz/job_spec_fuzzer.cc under AddressSanitizer). A Node is a handle.
+      const YAML::Node key = it->first;
+      const YAML::Node value = it->second;
       if (!key.IsScalar()) {
         Error(key, path, absl::StrCat("keys must be field names, got ", Describe(key)));
         continue;
       }
       const std::string& name = key.Scalar();
-      const std::string field_path = Child(path, name);
       const pb::FieldDescriptor* field = desc->FindFieldByName(name);
+      const std::string field_path = Child(path, field != nullptr ? name : ShownKey(name));
       if (field == nullptr) {
         std::vector<std::string> known;
         for (int i = 0; i < desc->field_count(); ++i) known.push_back(desc->field(i)->name());
@@ -352,6 +421,12 @@ class YamlToProto {
         return;
       }
       case FD::CPPTYPE_STRING:
+        // proto3 strings must be UTF-8: a record with other bytes would not parse back from
+        // the job store or off the wire (found by fuzz/job_spec_fuzzer.cc).
+        if (!ValidUtf8(text)) {
+          Error(value, path, "expected a UTF-8 string, got other bytes");
+          return;
+        }
         repeated ? refl->AddString(msg, field, text) : refl->SetString(msg, field, text);
         return;
       case FD::CPPTYPE_ENUM: {
@@ -416,6 +491,15 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   auto at_least = [&](const std::string& path, int64_t v, int64_t min) {
     if (v < min) add(path, absl::StrCat("must be >= ", min, " (got ", v, ")"));
   };
+  // Upper bounds (docs/formats.md, "Limits"): no single size may make a spec that the
+  // service cannot even plan; memory admission at submit handles what is within them.
+  auto in_range = [&](const std::string& path, int64_t v, int64_t min, int64_t max) {
+    if (v < min) {
+      add(path, absl::StrCat("must be >= ", min, " (got ", v, ")"));
+    } else if (v > max) {
+      add(path, absl::StrCat("must be <= ", max, " (got ", v, ")"));
+    }
+  };
 
   if (!ValidName(s.name())) {
     add("name",
@@ -423,23 +507,23 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   }
 
   const auto& m = s.model();
-  at_least("model.layers", m.layers(), 1);
-  at_least("model.hidden", m.hidden(), 1);
-  at_least("model.heads", m.heads(), 1);
+  in_range("model.layers", m.layers(), 1, kMaxLayers);
+  in_range("model.hidden", m.hidden(), 1, kMaxHidden);
+  in_range("model.heads", m.heads(), 1, kMaxHeads);
   if (m.hidden() >= 1 && m.heads() >= 1 && m.hidden() % m.heads() != 0) {
     add("model.heads",
         absl::StrCat("must divide model.hidden (", m.hidden(), " % ", m.heads(), " != 0)"));
   }
-  at_least("model.vocab_size", m.vocab_size(), 2);
-  at_least("model.seq_len", m.seq_len(), 1);
+  in_range("model.vocab_size", m.vocab_size(), 2, kMaxVocabSize);
+  in_range("model.seq_len", m.seq_len(), 1, kMaxSeqLen);
   // An unset ffn_hidden is derived from hidden; only report it when the user wrote it or when
   // hidden itself is valid (otherwise the hidden error already says it all).
   if (original.model().has_ffn_hidden() || m.hidden() >= 1) {
-    at_least("model.ffn_hidden", m.ffn_hidden(), 1);
+    in_range("model.ffn_hidden", m.ffn_hidden(), 1, kMaxFfnHidden);
   }
 
   const auto& p = s.parallel();
-  at_least("parallel.pipeline", p.pipeline(), 1);
+  in_range("parallel.pipeline", p.pipeline(), 1, kMaxPipeline);
   if (!OneOf(p.schedule(), kSchedules)) {
     add("parallel.schedule", absl::StrCat("must be one of ", JoinSet(kSchedules), " (got \"",
                                           absl::CHexEscape(p.schedule()), "\")"));
@@ -448,7 +532,7 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     add("parallel.vocab", absl::StrCat("must be one of ", JoinSet(kVocabMethods), " (got \"",
                                        absl::CHexEscape(p.vocab()), "\")"));
   }
-  at_least("parallel.seq_chunks", p.seq_chunks(), 1);
+  in_range("parallel.seq_chunks", p.seq_chunks(), 1, kMaxSeqChunks);
   if (p.seq_chunks() > 1 && m.seq_len() >= 1 && p.seq_chunks() > m.seq_len()) {
     add("parallel.seq_chunks",
         absl::StrCat("must be <= model.seq_len (", p.seq_chunks(), " > ", m.seq_len(), ")"));
@@ -459,20 +543,39 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
         absl::StrCat("> 1 requires schedule seq1f1b, seq1f1b-interleaved or auto (got schedule ",
                      p.schedule(), ")"));
   }
-  at_least("parallel.microbatch_size", p.microbatch_size(), 1);
-  at_least("parallel.microbatches", p.microbatches(), 1);
-  at_least("parallel.chunks_per_rank", p.chunks_per_rank(), 1);
+  in_range("parallel.microbatch_size", p.microbatch_size(), 1, kMaxMicrobatchSize);
+  in_range("parallel.microbatches", p.microbatches(), 1, kMaxMicrobatches);
+  in_range("parallel.chunks_per_rank", p.chunks_per_rank(), 1, kMaxChunksPerRank);
   at_least("parallel.memory_budget_bytes", p.memory_budget_bytes(), 0);
-  at_least("parallel.max_pending_t", p.max_pending_t(), 1);
+  in_range("parallel.max_pending_t", p.max_pending_t(), 1, kMaxPendingT);
+  // The plan has about pipeline x microbatches x seq_chunks x chunks passes of each kind per
+  // rank: bound its size, so planning stays quick whatever each size is.
+  if (p.pipeline() >= 1 && p.microbatches() >= 1 && p.seq_chunks() >= 1 &&
+      p.chunks_per_rank() >= 1) {
+    const int64_t passes = static_cast<int64_t>(p.pipeline()) * p.microbatches() * p.seq_chunks() *
+                           p.chunks_per_rank();
+    if (passes > kMaxPlanPasses) {
+      add("parallel",
+          absl::StrCat("pipeline x microbatches x seq_chunks x chunks_per_rank must be <= ",
+                       kMaxPlanPasses, " (got ", passes, "); the plan would be too large"));
+    }
+  }
+  if (m.seq_len() >= 1 && p.microbatch_size() >= 1 &&
+      static_cast<int64_t>(m.seq_len()) * p.microbatch_size() > kMaxMicrobatchTokens) {
+    add("parallel.microbatch_size",
+        absl::StrCat("microbatch_size x model.seq_len must be <= ", kMaxMicrobatchTokens,
+                     " tokens (got ", static_cast<int64_t>(m.seq_len()) * p.microbatch_size(),
+                     ")"));
+  }
 
   const auto& t = s.train();
-  at_least("train.steps", t.steps(), 0);
+  in_range("train.steps", t.steps(), 0, kMaxSteps);
   if (!(t.lr() > 0)) add("train.lr", absl::StrCat("must be > 0 (got ", Num(t.lr()), ")"));
   if (!OneOf(t.lr_schedule(), kLrSchedules)) {
     add("train.lr_schedule", absl::StrCat("must be one of ", JoinSet(kLrSchedules), " (got \"",
                                           absl::CHexEscape(t.lr_schedule()), "\")"));
   }
-  at_least("train.warmup_steps", t.warmup_steps(), 0);
+  in_range("train.warmup_steps", t.warmup_steps(), 0, kMaxSteps);
   if (!(t.min_lr() >= 0)) {
     add("train.min_lr", absl::StrCat("must be >= 0 (got ", Num(t.min_lr()), ")"));
   } else if (t.lr() > 0 && t.min_lr() > t.lr()) {
@@ -492,12 +595,20 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   if (!(t.grad_clip() >= 0)) {
     add("train.grad_clip", absl::StrCat("must be >= 0 (got ", Num(t.grad_clip()), ")"));
   }
-  at_least("train.threads", t.threads(), 0);
+  in_range("train.threads", t.threads(), 0, kMaxThreads);
 
   if (s.data().path().empty()) add("data.path", "required (must be a non-empty path)");
+  if (s.data().path().size() > kMaxPathBytes) {
+    add("data.path", absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ",
+                                  s.data().path().size(), ")"));
+  }
 
   if (s.checkpoint().dir().empty()) add("checkpoint.dir", "must be non-empty");
-  at_least("checkpoint.every", s.checkpoint().every(), 0);
+  if (s.checkpoint().dir().size() > kMaxPathBytes) {
+    add("checkpoint.dir", absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ",
+                                       s.checkpoint().dir().size(), ")"));
+  }
+  in_range("checkpoint.every", s.checkpoint().every(), 0, kMaxSteps);
 
   if (!ValidDevice(s.device())) {
     add("device",
@@ -696,18 +807,40 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 }
 
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view base_dir) {
+  if (text.size() > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("(root): the job spec has ", text.size(),
+                                                   " bytes, more than the limit of ",
+                                                   kMaxJobSpecBytes, " bytes"));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
   } catch (const YAML::Exception& e) {
+    // yaml-cpp's messages may end with a piece of the text ("unknown escape character: X");
+    // only the part before the first colon is shown.
+    std::string what = e.msg.substr(0, e.msg.find(':'));
     return absl::InvalidArgumentError(
         absl::StrFormat("(root): invalid YAML/JSON at line %d, column %d: %s", e.mark.line + 1,
-                        e.mark.column + 1, e.msg));
+                        e.mark.column + 1, what));
   }
   if (!root.IsMap()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("(root): expected a mapping of job spec fields, got ",
-                     root.IsNull() ? std::string("an empty document") : Describe(root)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "(root): expected a mapping of job spec fields, got ", Kind(root), " (not a job spec)"));
+  }
+  {
+    // A mapping none of whose keys is a JobSpec field is some other file (a config, a
+    // manifest): refuse it as a whole, without quoting its keys.
+    bool any_known = false;
+    for (auto it = root.begin(); it != root.end() && !any_known; ++it) {
+      any_known = it->first.IsScalar() &&
+                  JobSpec::descriptor()->FindFieldByName(it->first.Scalar()) != nullptr;
+    }
+    if (!any_known && root.size() > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("(root): not a job spec: none of its ", root.size(),
+                       " top-level keys is a job spec field (name, model, parallel, train, data, "
+                       "checkpoint, device, precision)"));
+    }
   }
 
   JobSpec spec;
@@ -764,12 +897,17 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
     std::error_code ec(errno, std::generic_category());
     return absl::NotFoundError(absl::StrCat(path, ": cannot open job spec: ", ec.message()));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  std::string text(kMaxJobSpecBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": (root): larger than the job spec limit of ", kMaxJobSpecBytes, " bytes"));
+  }
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = ".";
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(text.str(), dir.string());
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, dir.string());
   if (!spec.ok()) {
     // Every line starts with the file, like a compiler diagnostic.
     std::vector<std::string> lines = absl::StrSplit(spec.status().message(), '\n');

@@ -8,6 +8,8 @@
 // its type, default and rule.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -16,6 +18,30 @@
 #include "vocabpipe/v1/job.pb.h"
 
 namespace vp::spec {
+
+// The largest job spec text accepted (a spec is a few hundred bytes; docs/formats.md).
+inline constexpr size_t kMaxJobSpecBytes = 64 * 1024;
+
+// Upper bounds of the spec's sizes, checked by ValidateJobSpec (docs/formats.md, "Limits").
+// They bound what the service will try to plan; whether a job within them fits its workers is
+// memory admission's question (the coordinator, at submit).
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr int64_t kMaxHidden = 65536;
+inline constexpr int64_t kMaxHeads = 1024;
+inline constexpr int64_t kMaxVocabSize = 4 * 1024 * 1024;
+inline constexpr int64_t kMaxSeqLen = 131072;
+inline constexpr int64_t kMaxFfnHidden = 262144;
+inline constexpr int64_t kMaxPipeline = 256;
+inline constexpr int64_t kMaxSeqChunks = 64;
+inline constexpr int64_t kMaxMicrobatchSize = 4096;
+inline constexpr int64_t kMaxMicrobatches = 4096;
+inline constexpr int64_t kMaxChunksPerRank = 16;
+inline constexpr int64_t kMaxPendingT = 1024;
+inline constexpr int64_t kMaxPlanPasses = 262144;  // pipeline x microbatches x seq_chunks x chunks
+inline constexpr int64_t kMaxMicrobatchTokens = 1 << 20;  // microbatch_size x seq_len
+inline constexpr int64_t kMaxSteps = 100'000'000;  // train.steps, warmup_steps, checkpoint.every
+inline constexpr int64_t kMaxThreads = 1024;
+inline constexpr size_t kMaxPathBytes = 4096;  // data.path, checkpoint.dir
 
 // Parses YAML or JSON text into a JobSpec, applies defaults and validates it.
 // base_dir resolves relative data.path and checkpoint.dir (made absolute).

@@ -1,12 +1,28 @@
 #include "worker/daemon/profile.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "coordinator/planner/spec_input.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
@@ -154,6 +170,176 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::JobSpec& job, int cuda_dev
                                             " s, S ", costs.s(), " s, T ", costs.t(), " s)"));
   }
   return costs;
+}
+
+namespace {
+
+bool ReadFileTo(const std::string& path, std::string* out, size_t max_bytes) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  out->assign(max_bytes + 1, '\0');
+  f.read(out->data(), static_cast<std::streamsize>(out->size()));
+  out->resize(static_cast<size_t>(f.gcount()));
+  return !f.bad() && out->size() <= max_bytes;
+}
+
+// The last non-empty line of a file, at most 500 bytes of it.
+std::string LastLine(const std::string& path) {
+  std::ifstream f(path);
+  std::string line, last;
+  while (std::getline(f, line)) {
+    if (!line.empty()) last = line;
+  }
+  if (last.size() > 500) last = last.substr(last.size() - 500);
+  return last;
+}
+
+// A private temporary folder, removed with its files when this goes out of scope.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "vp-profile-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::JobSpec& spec,
+                                             const ProfileChildOptions& options,
+                                             const std::function<void(int)>& on_pid) {
+  TempDir tmp;
+  if (tmp.path().empty()) return absl::InternalError("profile: cannot create a temporary folder");
+  const std::string task_path = tmp.path() + "/spec.pb", out_path = tmp.path() + "/costs.pb",
+                    log_path = tmp.path() + "/stderr.log";
+  {
+    std::ofstream f(task_path, std::ios::binary);
+    if (!spec.SerializeToOstream(&f) || !f.flush()) {
+      return absl::InternalError("profile: cannot write the task file");
+    }
+  }
+  std::vector<std::string> args = {options.worker_binary, "--profile-task", task_path,
+                                   "--profile-out", out_path};
+  if (options.cuda_device >= 0) {
+    args.push_back("--cuda-device");
+    args.push_back(std::to_string(options.cuda_device));
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (log < 0) return absl::InternalError("profile: cannot create the child's log");
+  const rlim_t limit = static_cast<rlim_t>(options.memory_limit_bytes);
+  const pid_t pid = fork();
+  if (pid == 0) {                      // child: only async-signal-safe calls until exec
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives the daemon's profiling thread
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (limit > 0) {
+      const struct rlimit rl = {limit, limit};
+      setrlimit(RLIMIT_AS, &rl);
+    }
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(log);
+  if (pid < 0) return absl::InternalError("profile: fork failed");
+  if (on_pid) on_pid(pid);
+  int status = 0;
+  const absl::Time deadline = absl::Now() + options.timeout;
+  bool timed_out = false;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) break;
+    if (!timed_out && absl::Now() > deadline) {  // stuck (e.g. spinning on a failed allocation)
+      timed_out = true;
+      kill(pid, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (on_pid) on_pid(-1);
+  if (timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat("profiling process took longer than ",
+                                                    absl::FormatDuration(options.timeout),
+                                                    " and was killed"));
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    std::string why = absl::StrCat("profiling process killed by signal ", sig, " (",
+                                   sigabbrev_np(sig) != nullptr ? sigabbrev_np(sig) : "?", ")");
+    const std::string last = LastLine(log_path);
+    if (!last.empty()) absl::StrAppend(&why, ": ", last);
+    return absl::InternalError(why);
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string last = LastLine(log_path);
+    if (last.empty())
+      last = absl::StrCat("profiling process exited with code ", WEXITSTATUS(status));
+    return absl::InternalError(last);
+  }
+  std::string bytes;
+  v1::PassCosts costs;
+  if (!ReadFileTo(out_path, &bytes, 1 << 20) || !costs.ParseFromString(bytes)) {
+    return absl::InternalError("profile: the profiling process wrote no costs");
+  }
+  return costs;
+}
+
+int ProfileChildMain(int argc, char** argv) {
+  std::string task_path, out_path;
+  int cuda_device = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--profile-task") {
+      task_path = v;
+    } else if (a == "--profile-out") {
+      out_path = v;
+    } else if (a == "--cuda-device") {
+      if (!absl::SimpleAtoi(v, &cuda_device) || cuda_device < 0) return 2;
+    } else {
+      std::cerr << "vocabpipe-worker: unknown flag " << a << std::endl;
+      return 2;
+    }
+  }
+  if (task_path.empty() || out_path.empty()) {
+    std::cerr << "usage: vocabpipe-worker --profile-task FILE --profile-out FILE "
+                 "[--cuda-device N]"
+              << std::endl;
+    return 2;
+  }
+  std::string bytes;
+  v1::JobSpec spec;
+  if (!ReadFileTo(task_path, &bytes, 1 << 20) || !spec.ParseFromString(bytes)) {
+    std::cerr << "profile: cannot read the task file" << std::endl;
+    return 1;
+  }
+  absl::StatusOr<v1::PassCosts> costs = ProfilePasses(spec, cuda_device);
+  if (!costs.ok()) {
+    // One line: the daemon reports the child's last line.
+    std::string message(costs.status().message());
+    std::replace(message.begin(), message.end(), '\n', ';');
+    std::cerr << message << std::endl;
+    return 1;
+  }
+  std::ofstream f(out_path, std::ios::binary);
+  if (!costs->SerializeToOstream(&f) || !f.flush()) {
+    std::cerr << "profile: cannot write the costs" << std::endl;
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace vp::daemon

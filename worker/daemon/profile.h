@@ -11,9 +11,18 @@
 // number of such passes and scaled from ceil(L/p) to L/p layers, are the costs. For p > 1,
 // two Gloo ranks of this process on loopback time an all-reduce (the vocabulary collective
 // cost) and a send/recv (the P2P cost) of b·s·h floats.
+//
+// The daemon never profiles in its own process: ProfileInChild runs ProfilePasses in a child
+// (`vocabpipe-worker --profile-task FILE --profile-out FILE`), so a crash there (a failed
+// allocation, a kernel fault) fails the job with the reason while the daemon lives on.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <string>
+
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "vocabpipe/v1/service.pb.h"
 
@@ -22,5 +31,28 @@ namespace vp::daemon {
 // cuda_device: a GPU daemon's device (cuda jobs are timed on it); -1 otherwise.
 absl::StatusOr<vocabpipe::v1::PassCosts> ProfilePasses(const vocabpipe::v1::JobSpec& spec,
                                                        int cuda_device = -1);
+
+struct ProfileChildOptions {
+  std::string worker_binary;  // the vocabpipe-worker executable
+  int cuda_device = -1;
+  // Address-space limit of the child (RLIMIT_AS) in bytes; 0: none. A profile that needs more
+  // fails with std::bad_alloc in the child, not in the daemon.
+  int64_t memory_limit_bytes = 0;
+  // A child still running after this is killed (DeadlineExceeded).
+  absl::Duration timeout = absl::Minutes(10);
+};
+
+// ProfilePasses(spec) in a child process. A child that fails reports its error message; one
+// killed by a signal gives "profiling process killed by signal N (NAME)" and its last stderr
+// line (e.g. "terminate called after throwing an instance of 'std::bad_alloc'").
+// on_start (optional) gets the child's pid once it runs, and -1 when it has been reaped.
+absl::StatusOr<vocabpipe::v1::PassCosts> ProfileInChild(
+    const vocabpipe::v1::JobSpec& spec, const ProfileChildOptions& options,
+    const std::function<void(int)>& on_pid = nullptr);
+
+// The child's main: `--profile-task FILE --profile-out FILE [--cuda-device N]`; reads a
+// serialized JobSpec, writes the serialized PassCosts. Exit code 0 ok, 1 on an error (the
+// message is the last line on stderr), 2 bad usage.
+int ProfileChildMain(int argc, char** argv);
 
 }  // namespace vp::daemon

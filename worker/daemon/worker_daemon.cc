@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proto/plan/plan.h"
+#include "proto/spec/storage_root.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 #include "worker/daemon/profile.h"
 #include "worker/engine/kernels/cpu/blas.h"
@@ -82,6 +83,9 @@ std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A heartbeat answer carries whole RunTasks (spec and plan text): the coordinator's answers
+  // are at most 64 MiB (coordinator/server/service.h).
+  args.SetMaxReceiveMessageSize(64 << 20);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
@@ -94,6 +98,7 @@ class Daemon {
 
   ~Daemon() {
     KillAll();
+    if (const int pid = profile_pid_.load(); pid > 0) kill(pid, SIGKILL);
     if (profiler_.joinable()) profiler_.join();
   }
 
@@ -146,7 +151,11 @@ class Daemon {
   absl::Status Register() {
     v1::RegisterWorkerRequest req;
     req.set_device(options_.device);
-    req.set_memory_bytes(MemoryBytes());
+    // Usable memory: the GPU's for a GPU daemon, else the host's (the coordinator admits a
+    // job only when the planner's per-rank prediction fits it).
+    req.set_memory_bytes(options_.device.rfind("cuda:", 0) == 0
+                             ? launch::CudaMemoryBytes(std::stoi(options_.device.substr(5)))
+                             : MemoryBytes());
     req.set_address(options_.address);
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -211,8 +220,14 @@ class Daemon {
     // Off the heartbeat thread: profiling takes a few seconds and heartbeats must go on.
     const int device =
         options_.device.rfind("cuda:", 0) == 0 ? std::stoi(options_.device.substr(5)) : -1;
-    profiler_ = std::thread([this, task, device, id = worker_id_] {
-      auto costs = ProfilePasses(task.spec(), device);
+    ProfileChildOptions child{.worker_binary = options_.worker_binary,
+                              .cuda_device = device,
+                              .memory_limit_bytes = options_.profile_memory_limit};
+    profiler_ = std::thread([this, task, child, id = worker_id_] {
+      // In a child process: whatever happens there, the daemon goes on.
+      auto costs = ProfileInChild(task.spec(), child, [this](int pid) { profile_pid_ = pid; });
+      if (!costs.ok())
+        Log(absl::StrCat("profile of ", task.job_id(), ": ", costs.status().message()));
       v1::ReportTaskRequest req;
       req.set_worker_id(id);
       req.set_job_id(task.job_id());
@@ -238,6 +253,11 @@ class Daemon {
     }
     const std::string dir = run.spec().checkpoint().dir();
     auto fail = [&](const std::string& why) { ReportTask(run.job_id(), run.rank(), false, why); };
+    // This worker's own root, checked on its own view of the file system (the coordinator
+    // checked its root at submit).
+    if (auto st = spec::CheckSpecPaths(run.spec(), options_.storage_root); !st.ok()) {
+      return fail(absl::StrCat("worker storage root: ", st.message()));
+    }
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return fail(absl::StrCat("checkpoint.dir ", dir, ": ", ec.message()));
@@ -399,6 +419,7 @@ class Daemon {
   double peak_flops_ = 0;
   std::optional<Task> task_;
   std::thread profiler_;
+  std::atomic<int> profile_pid_{-1};  // the profiling child while it runs
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The worker daemon (`vocabpipe-worker --coordinator HOST:PORT`): registers with the
 // coordinator (device kind, memory, the address its Gloo transport binds to, measured peak
 // FLOP/s), heartbeats, and executes what the heartbeat answers carry:
-//   ProfileTask: times the passes at the job's shapes (profile.h) and reports the costs;
+//   ProfileTask: times the passes at the job's shapes (profile.h) in a child process, so a
+//                crash there fails the job and not the daemon, and reports the costs;
 //   RunTask:     writes the job's run files (job.yaml, plan.txt) into checkpoint.dir and starts
 //                one rank process (`vocabpipe-worker --run-dir DIR --rank R --store HOST:PORT`)
 //                whose Gloo rendezvous goes through the coordinator's StoreService; streams
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -27,6 +29,11 @@ struct DaemonOptions {
   std::string worker_binary;
   absl::Duration rpc_deadline = absl::Seconds(5);  // every unary call
   bool measure_peak = true;  // time one SGEMM at start for MFU (tests may skip it)
+  // Canonical storage root (spec::ResolveStorageRoot): a task whose data.path or
+  // checkpoint.dir resolves outside it is refused before anything is touched. Empty: none.
+  std::string storage_root;
+  // Address-space limit (bytes) of the profiling child process; 0: none (profile.h).
+  int64_t profile_memory_limit = 0;
 };
 
 // Runs until *stop becomes true. Errors: bad options only (a coordinator that is down is

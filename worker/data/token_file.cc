@@ -45,8 +45,9 @@ absl::StatusOr<TokenFileHeader> CheckHeader(const std::string& path, const int32
                                                      kVersionV7, ", uint32 tokens)"));
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad magic ", h[0], " (expected ",
-                                                   kMagicV1, " for uint16 tokens or ", kMagicV7,
+    // The file's own bytes are never shown: it may be any file the reader was pointed at.
+    return absl::InvalidArgumentError(absl::StrCat(path, ": bad magic (expected ", kMagicV1,
+                                                   " for uint16 tokens or ", kMagicV7,
                                                    " for uint32 tokens); not an llm.c token file"));
   }
   header.bytes_per_token = BytesPerToken(header.format);

@@ -80,6 +80,16 @@ double CudaPeakFlops(int device) {
 #endif
 }
 
+int64_t CudaMemoryBytes(int device) {
+#ifdef VP_HAVE_CUDA
+  auto bytes = engine::cuda::DeviceMemoryBytes(device);
+  return bytes.ok() ? *bytes : 0;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<runtime::PipelineRank>> CreateLocalRank(
     const vocabpipe::v1::JobSpec& spec, const planner::Plan& plan,
     const runtime::TrainerOptions& trainer, comm::Communicator* self, int cuda_device) {

@@ -53,5 +53,7 @@ absl::StatusOr<std::unique_ptr<runtime::PipelineRank>> CreateLocalRank(
 // half of it is not a datasheet number, so fp32 jobs report against the bf16 peak as well)
 // tensor-core peak from engine::cuda::PeakBf16Tflops; 0 when the device is unknown. Not for cpu.
 double CudaPeakFlops(int device);
+// The memory of CUDA device `device` in bytes; 0 when unknown or without CUDA.
+int64_t CudaMemoryBytes(int device);
 
 }  // namespace vp::launch

@@ -1,7 +1,7 @@
 // vocabpipe-worker, two modes:
 //
 //   vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address IP]
-//       [--exit-with-parent 1]
+//       [--storage-root DIR] [--profile-memory-limit BYTES] [--exit-with-parent 1]
 //       The worker daemon (worker/daemon/worker_daemon.h): registers with the coordinator,
 //       heartbeats and runs the ranks it is given until SIGINT/SIGTERM. The address may also
 //       come from $VOCABPIPE_COORDINATOR. Exit code 0 when stopped by a signal, 2 on bad usage.
@@ -25,6 +25,8 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "proto/spec/storage_root.h"
+#include "worker/daemon/profile.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/launch/cuda_environment.h"
 #include "worker/launch/grpc_store.h"
@@ -34,6 +36,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address IP]\n"
+    "         [--storage-root DIR] [--profile-memory-limit BYTES]\n"
     "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] "
     "[--cuda-device N] "
     "[--resume-step N] [--store HOST:PORT] [--hostname IP]\n";
@@ -66,6 +69,16 @@ int DaemonMain(int argc, char** argv) {
       options.device = v;
     } else if (a == "--address") {
       options.address = v;
+    } else if (a == "--profile-memory-limit") {
+      int64_t bytes = 0;
+      if (!absl::SimpleAtoi(v, &bytes) || bytes < 0) {
+        return Usage("--profile-memory-limit: need bytes >= 0");
+      }
+      options.profile_memory_limit = bytes;
+    } else if (a == "--storage-root") {
+      auto root = vp::spec::ResolveStorageRoot(v);
+      if (!root.ok()) return Usage(std::string(root.status().message()));
+      options.storage_root = *root;
     } else if (a == "--exit-with-parent") {
       // Started by `vocabpipe run --control-plane`: end with it.
       if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -103,6 +116,10 @@ int main(int argc, char** argv) {
   // Before anything can initialise CUDA (cuda_environment.h).
   if (const std::string note = vp::launch::PrepareCudaEnvironment(); !note.empty()) {
     std::cerr << "vocabpipe-worker: " << note << "\n";
+  }
+  // A worker daemon's profiling child (worker/daemon/profile.h).
+  if (argc > 1 && std::string(argv[1]) == "--profile-task") {
+    return vp::daemon::ProfileChildMain(argc, argv);
   }
   if (IsDaemonMode(argc, argv)) return DaemonMain(argc, argv);
 

@@ -115,41 +115,51 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   const uint64_t data_size = file_size - 8 - header_len;
   SafetensorsFile out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  int index = -1;
   for (auto& [name, entry] : header.items()) {
+    ++index;
     if (name == "__metadata__") {
       if (!entry.is_object()) {
         return absl::DataLossError(absl::StrCat(path, ": __metadata__ is not an object"));
       }
       for (auto& [k, v] : entry.items()) {
         if (!v.is_string()) {
-          return absl::DataLossError(absl::StrCat(path, ": __metadata__.", k, " is not a string"));
+          return absl::DataLossError(
+              absl::StrCat(path, ": __metadata__ holds a value that is not a string"));
         }
         out.metadata[k] = v.get<std::string>();
       }
       continue;
     }
-    const std::string where = absl::StrCat(path, ": tensor ", name);
+    // Entries are named by their place in the header: the file's own text is never echoed.
+    const std::string where = absl::StrCat(path, ": header entry #", index);
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
         !entry.contains("data_offsets")) {
       return absl::DataLossError(absl::StrCat(where, ": needs dtype, shape and data_offsets"));
     }
     if (entry["dtype"] != "F32") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": dtype ", entry["dtype"].dump(), " is not supported (F32 only)"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": dtype is not supported (F32 only)"));
     }
     Tensor t;
     uint64_t numel = 1;
+    if (!entry["shape"].is_array() || entry["shape"].size() > 8) {
+      return absl::DataLossError(absl::StrCat(where, ": shape must be a list of at most 8 sizes"));
+    }
     for (const json& d : entry["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        return absl::DataLossError(absl::StrCat(where, ": bad shape ", entry["shape"].dump()));
+        return absl::DataLossError(absl::StrCat(where, ": shape sizes must be integers >= 0"));
       }
       t.shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
+      if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel) ||
+          numel > data_size / sizeof(float)) {
+        return absl::DataLossError(absl::StrCat(where, ": shape holds more elements than the ",
+                                                data_size, "-byte data section"));
+      }
     }
     const json& offs = entry["data_offsets"];
     if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
         !offs[1].is_number_unsigned()) {
-      return absl::DataLossError(absl::StrCat(where, ": bad data_offsets ", offs.dump()));
+      return absl::DataLossError(absl::StrCat(where, ": data_offsets must be two integers >= 0"));
     }
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
     if (begin > end || end > data_size) {

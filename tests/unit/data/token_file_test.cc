@@ -14,6 +14,7 @@ namespace vp::data {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class TokenFileTest : public ::testing::Test {
  protected:
@@ -120,8 +121,25 @@ TEST_F(TokenFileTest, WrongMagic) {
   absl::StatusOr<TokenFile> file = TokenFile::Load(p, 10);
   ASSERT_FALSE(file.ok());
   EXPECT_THAT(file.status().message(),
-              HasSubstr(p + ": bad magic 12345 (expected 20240520 for uint16 tokens or "
+              HasSubstr(p + ": bad magic (expected 20240520 for uint16 tokens or "
                             "20240801 for uint32 tokens)"));
+  // The file's bytes are not echoed (any file could be handed in as data.path).
+  EXPECT_THAT(file.status().message(), Not(HasSubstr("12345")));
+}
+
+TEST_F(TokenFileTest, TextFileIsNotEchoed) {
+  const std::string p = Path("passwd");
+  {
+    std::ofstream f(p);
+    f << "root:x:0:0:root:/root:/bin/bash\n";
+    f << std::string(2000, 'z') << "\n";
+  }
+  absl::StatusOr<TokenFile> file = TokenFile::Load(p, 10);
+  ASSERT_FALSE(file.ok());
+  EXPECT_THAT(file.status().message(), HasSubstr("bad magic"));
+  // "root" read as a little-endian int32 is 1953460082.
+  EXPECT_THAT(file.status().message(), Not(HasSubstr("1953460082")));
+  EXPECT_THAT(file.status().message(), Not(HasSubstr("root:x")));
 }
 
 TEST_F(TokenFileTest, WrongVersion) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace vp::spec {
@@ -348,6 +349,76 @@ TEST(ParseJobSpec, SyntaxErrorsAndNonMappings) {
                                      "empty document"));
   EXPECT_THAT(ErrorOf("- a\n- b\n"), HasSubstr("(root): expected a mapping of job spec fields, "
                                                "got a sequence"));
+}
+
+// A file that is not a job spec is refused without quoting any of it (the coordinator's
+// answer goes back to whoever submitted it; the CLI prints it).
+TEST(ParseJobSpec, NonSpecFilesAreNotEchoed) {
+  const std::string passwd =
+      "root:x:0:0:root:/root:/bin/bash\n"
+      "daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
+      "secretuser:x:1000:1000:Secret User:/home/secretuser:/bin/bash\n";
+  std::string e = ErrorOf(passwd);
+  EXPECT_THAT(e, HasSubstr("(root): expected a mapping of job spec fields, got a "));
+  EXPECT_THAT(e, HasSubstr("(not a job spec)"));
+  for (const char* piece : {"root:", "daemon", "secretuser", "/bin/bash", "nologin"}) {
+    EXPECT_THAT(e, Not(HasSubstr(piece))) << piece;
+  }
+  // A YAML mapping with no job spec field at all (a manifest, a config file).
+  e = ErrorOf("apiVersion: v1\nkind: Secret\nstringData:\n  password: aHVudGVyMg==\n");
+  EXPECT_THAT(e, HasSubstr("(root): not a job spec: none of its 3 top-level keys is a job spec "
+                           "field"));
+  for (const char* piece : {"apiVersion", "Secret", "password", "aHVudGVyMg"}) {
+    EXPECT_THAT(e, Not(HasSubstr(piece))) << piece;
+  }
+  // Syntax errors name the place, not the text.
+  e = ErrorOf("model: \"\\qsecret\"\n");
+  EXPECT_THAT(e, HasSubstr("invalid YAML/JSON at line 1"));
+  EXPECT_THAT(e, Not(HasSubstr("secret")));
+  // Long values of a real spec are described by size only.
+  e = ErrorOf(Edit("lr: 0.001", absl::StrCat("lr: ", std::string(100, 'x'))));
+  EXPECT_THAT(e, HasSubstr("train.lr: expected a number, got a 100-byte text"));
+  EXPECT_THAT(e, Not(HasSubstr("xxxxxxxxxx")));
+}
+
+TEST(ParseJobSpec, StringsMustBeUtf8) {
+  EXPECT_THAT(ErrorOf(Edit("name: demo",
+                           "name: d\xff"
+                           "e")),
+              HasSubstr("name: expected a UTF-8 string, got other bytes"));
+  EXPECT_THAT(ErrorOf(Edit("name: demo", "name: \"\xc3\"")), HasSubstr("name: expected a UTF-8"));
+  // Real UTF-8 is fine where the field allows it (a path).
+  EXPECT_TRUE(ParseJobSpec(Edit("path: data.bin", "path: d\xc3\xa4ta.bin"), "/b").ok());
+}
+
+TEST(ParseJobSpec, OversizedTextRefused) {
+  const std::string big = absl::StrCat(kBase, "# ", std::string(kMaxJobSpecBytes, 'c'), "\n");
+  EXPECT_THAT(ErrorOf(big), HasSubstr("more than the limit of 65536 bytes"));
+}
+
+// Every size has a documented upper bound (docs/formats.md, "Limits").
+TEST(ParseJobSpec, UpperBounds) {
+  EXPECT_THAT(ErrorOf(Edit("  layers: 2", "  layers: 1025")),
+              HasSubstr("model.layers: must be <= 1024 (got 1025)"));
+  EXPECT_THAT(ErrorOf(Edit("  hidden: 64", "  hidden: 131072")),
+              HasSubstr("model.hidden: must be <= 65536 (got 131072)"));
+  EXPECT_THAT(ErrorOf(Edit("  vocab_size: 1000", "  vocab_size: 2000000000")),
+              HasSubstr("model.vocab_size: must be <= 4194304 (got 2000000000)"));
+  EXPECT_THAT(ErrorOf(Edit("  seq_len: 32", "  seq_len: 1000000")),
+              HasSubstr("model.seq_len: must be <= 131072"));
+  EXPECT_THAT(ErrorOf(Edit("  pipeline: 1", "  pipeline: 100000")),
+              HasSubstr("parallel.pipeline: must be <= 256"));
+  EXPECT_THAT(ErrorOf(Edit("  microbatches: 2", "  microbatches: 100000")),
+              HasSubstr("parallel.microbatches: must be <= 4096"));
+  EXPECT_THAT(ErrorOf(Edit("  pipeline: 1", "  pipeline: 256",
+                           Edit("  microbatches: 2", "  microbatches: 4096"))),
+              HasSubstr("parallel: pipeline x microbatches x seq_chunks x chunks_per_rank must "
+                        "be <= 262144 (got 2097152)"));
+  EXPECT_THAT(ErrorOf(Edit("  steps: 5", "  steps: 2000000000")),
+              HasSubstr("train.steps: must be <= 100000000"));
+  // The largest values that are allowed one by one still parse.
+  auto ok = ParseJobSpec(Edit("  layers: 2", "  layers: 1024"), "/base");
+  EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
 struct RuleCase {

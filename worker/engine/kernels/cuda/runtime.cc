@@ -66,6 +66,12 @@ absl::StatusOr<std::string> DeviceName(int device) {
   return std::string(prop.name);
 }
 
+absl::StatusOr<int64_t> DeviceMemoryBytes(int device) {
+  cudaDeviceProp prop{};
+  VP_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 absl::StatusOr<CudaStream> CudaStream::Create(Priority priority) {
   int least = 0, greatest = 0;  // numerically lower = higher priority
   VP_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));

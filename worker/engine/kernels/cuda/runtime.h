@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +19,9 @@ int DeviceCount();
 
 // cudaDeviceProp::name of `device`, e.g. "NVIDIA H100 80GB HBM3".
 absl::StatusOr<std::string> DeviceName(int device);
+
+// cudaDeviceProp::totalGlobalMem of `device` in bytes (what a worker reports as its memory).
+absl::StatusOr<int64_t> DeviceMemoryBytes(int device);
 
 // A CUDA stream owned for its lifetime (non-blocking with respect to the legacy default
 // stream). Move-only; a default-constructed CudaStream holds no stream.
