@@ -208,7 +208,8 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   auto layer_bytes = launch::MeasureJobLayerActivations(spec);
   if (!layer_bytes.ok()) return layer_bytes.status();
   planner::SpecPlanOptions plan_options;
-  plan_options.activations = *layer_bytes;
+  plan_options.activations = {.kept = layer_bytes->kept,
+                              .backward_transient = layer_bytes->backward_transient};
   auto built = planner::BuildPlanFromSpec(spec, plan_options);
   if (!built.ok()) return built.status();
   const planner::Plan& plan = built->plan;

@@ -1,5 +1,6 @@
 #include "coordinator/planner/spec_input.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,29 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
   absl::StatusOr<Plan> plan = BuildPlan(in);
   if (!plan.ok()) return plan.status();
   out.plan = std::move(*plan);
+  return out;
+}
+
+absl::StatusOr<ProfilingPlan> BuildProfilingPlan(const vocabpipe::v1::JobSpec& job) {
+  const int p = std::max(1, job.parallel().pipeline());
+  ProfilingPlan out;
+  vocabpipe::v1::JobSpec& spec = out.stage_spec;
+  spec = job;
+  spec.mutable_model()->set_layers(std::max(1, (job.model().layers() + p - 1) / p));
+  spec.mutable_model()->set_vocab_size(std::max(2, (job.model().vocab_size() + p - 1) / p));
+  vocabpipe::v1::ParallelSpec* par = spec.mutable_parallel();
+  par->set_pipeline(1);
+  par->set_schedule("zbh1");
+  par->set_vocab("vocab1");
+  par->set_seq_chunks(1);
+  par->set_microbatches(2);
+  par->set_memory_budget_bytes(0);
+  auto built = BuildPlanFromSpec(spec);
+  if (!built.ok()) {
+    return absl::Status(built.status().code(),
+                        absl::StrCat("profile plan: ", built.status().message()));
+  }
+  out.plan = std::move(built->plan);
   return out;
 }
 

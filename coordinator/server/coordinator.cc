@@ -463,10 +463,15 @@ void Coordinator::Schedule() {
         Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
         continue;
       }
+      // A 1-rank plan of 2 microbatches: small and quick to build whatever the job's size.
+      absl::StatusOr<v1::ProfileTask> task = MakeProfileTask(id, job.spec());
+      if (!task.ok()) {
+        Finish(job, v1::JOB_STATE_FAILED, std::string(task.status().message()));
+        continue;
+      }
       for (const std::string& wid : a.workers) {
         v1::WorkerCommand cmd;
-        cmd.mutable_profile()->set_job_id(id);
-        *cmd.mutable_profile()->mutable_spec() = job.spec();
+        *cmd.mutable_profile() = *task;
         workers_[wid].commands.push_back(std::move(cmd));
       }
     } else {

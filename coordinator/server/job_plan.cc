@@ -90,4 +90,16 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
   return out;
 }
 
+absl::StatusOr<v1::ProfileTask> MakeProfileTask(const std::string& job_id,
+                                                const v1::JobSpec& spec) {
+  auto profiling = planner::BuildProfilingPlan(spec);
+  if (!profiling.ok()) return profiling.status();
+  v1::ProfileTask task;
+  task.set_job_id(job_id);
+  *task.mutable_spec() = spec;
+  *task.mutable_stage_spec() = std::move(profiling->stage_spec);
+  task.set_plan_text(planner::PlanToText(profiling->plan));
+  return task;
+}
+
 }  // namespace vp::server

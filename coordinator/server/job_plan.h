@@ -32,4 +32,9 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                                    const vocabpipe::v1::PassCosts* profiled,
                                    double flops_per_second);
 
+// What a worker runs to time the job's passes: the job, its one-stage cut and the planner's
+// 1-rank plan of it (planner::BuildProfilingPlan), so workers never plan.
+absl::StatusOr<vocabpipe::v1::ProfileTask> MakeProfileTask(const std::string& job_id,
+                                                           const vocabpipe::v1::JobSpec& spec);
+
 }  // namespace vp::server

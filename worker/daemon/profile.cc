@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "coordinator/planner/spec_input.h"
+#include "proto/plan/plan.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
@@ -83,26 +83,29 @@ absl::Status ProfileCommunication(size_t count, double* collective, double* p2p)
 
 }  // namespace
 
-absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::JobSpec& job, int cuda_device) {
+absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cuda_device) {
+  const v1::JobSpec& job = task.spec();
+  const v1::JobSpec& spec = task.stage_spec();
   const int p = std::max(1, job.parallel().pipeline());
   const int layers = job.model().layers();
-  const int stage_layers = std::max(1, (layers + p - 1) / p);
-  const int shard_vocab = std::max(2, (job.model().vocab_size() + p - 1) / p);
-  v1::JobSpec spec = job;
-  spec.mutable_model()->set_layers(stage_layers);
-  spec.mutable_model()->set_vocab_size(shard_vocab);
-  v1::ParallelSpec* par = spec.mutable_parallel();
-  par->set_pipeline(1);
-  par->set_schedule("zbh1");
-  par->set_vocab("vocab1");
-  par->set_seq_chunks(1);
-  par->set_microbatches(2);
-  par->set_memory_budget_bytes(0);
-
-  auto sp = planner::BuildPlanFromSpec(spec);
-  if (!sp.ok())
-    return absl::Status(sp.status().code(), absl::StrCat("profile plan: ", sp.status().message()));
-  const planner::Plan& plan = sp->plan;
+  const int stage_layers = spec.model().layers();
+  const int shard_vocab = spec.model().vocab_size();
+  // The coordinator's planner cut the job to one stage and planned it; check that it did.
+  if (spec.parallel().pipeline() != 1 || stage_layers < 1 || stage_layers > layers ||
+      shard_vocab < 2 || shard_vocab > std::max(2, job.model().vocab_size())) {
+    return absl::InvalidArgumentError(
+        "profile task: stage_spec must be one rank with at most the job's layers and vocabulary");
+  }
+  auto parsed = planner::PlanFromText(task.plan_text());
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile task: plan_text: ", parsed.status().message()));
+  }
+  if (parsed->ranks.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile task: plan_text: the profiling plan must have 1 rank, not ", parsed->ranks.size()));
+  }
+  const planner::Plan& plan = *parsed;
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   engine::cpu::SetBlasThreads(runtime::WorkerThreads(job));  // the share one rank of the job gets
@@ -215,16 +218,16 @@ class TempDir {
 
 }  // namespace
 
-absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::JobSpec& spec,
+absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
                                              const ProfileChildOptions& options,
                                              const std::function<void(int)>& on_pid) {
   TempDir tmp;
   if (tmp.path().empty()) return absl::InternalError("profile: cannot create a temporary folder");
-  const std::string task_path = tmp.path() + "/spec.pb", out_path = tmp.path() + "/costs.pb",
+  const std::string task_path = tmp.path() + "/task.pb", out_path = tmp.path() + "/costs.pb",
                     log_path = tmp.path() + "/stderr.log";
   {
     std::ofstream f(task_path, std::ios::binary);
-    if (!spec.SerializeToOstream(&f) || !f.flush()) {
+    if (!task.SerializeToOstream(&f) || !f.flush()) {
       return absl::InternalError("profile: cannot write the task file");
     }
   }
@@ -321,12 +324,12 @@ int ProfileChildMain(int argc, char** argv) {
     return 2;
   }
   std::string bytes;
-  v1::JobSpec spec;
-  if (!ReadFileTo(task_path, &bytes, 1 << 20) || !spec.ParseFromString(bytes)) {
+  v1::ProfileTask task;
+  if (!ReadFileTo(task_path, &bytes, 8 << 20) || !task.ParseFromString(bytes)) {
     std::cerr << "profile: cannot read the task file" << std::endl;
     return 1;
   }
-  absl::StatusOr<v1::PassCosts> costs = ProfilePasses(spec, cuda_device);
+  absl::StatusOr<v1::PassCosts> costs = ProfilePasses(task, cuda_device);
   if (!costs.ok()) {
     // One line: the daemon reports the child's last line.
     std::string message(costs.status().message());

@@ -3,12 +3,13 @@
 // F, B, W = one pipeline stage's layers (L/p) over one whole microbatch; S, T = one rank's
 // vocabulary shard (V/p rows) for one microbatch; IF, IB = the input layer on that shard.
 //
-// How: a one-rank plan of a model cut to one stage's layers and one shard's vocabulary
-// (ceil(L/p) layers, ceil(V/p) tokens, same h, heads, s, b), scheduled with split backward
-// (zbh1: B and W are separate passes) and a vocabulary-parallel output layer (vocab1: S and T
-// passes), runs two steps on synthetic tokens through the real runtime (runtime::PipelineRank
-// on the 1-rank communicator); the second step's busy seconds per pass kind, divided by the
-// number of such passes and scaled from ceil(L/p) to L/p layers, are the costs. For p > 1,
+// How: the coordinator's one-rank plan (planner::BuildProfilingPlan, sent in the ProfileTask)
+// of a model cut to one stage's layers and one shard's vocabulary (ceil(L/p) layers, ceil(V/p)
+// tokens, same h, heads, s, b), scheduled with split backward (zbh1: B and W are separate
+// passes) and a vocabulary-parallel output layer (vocab1: S and T passes), runs a warm-up step
+// and three timed steps on synthetic tokens through the real runtime (runtime::PipelineRank on
+// the 1-rank communicator); each pass kind's fastest busy seconds, divided by the number of
+// such passes and scaled from ceil(L/p) to L/p layers, are the costs. For p > 1,
 // two Gloo ranks of this process on loopback time an all-reduce (the vocabulary collective
 // cost) and a send/recv (the P2P cost) of b·s·h floats.
 //
@@ -29,7 +30,10 @@
 namespace vp::daemon {
 
 // cuda_device: a GPU daemon's device (cuda jobs are timed on it); -1 otherwise.
-absl::StatusOr<vocabpipe::v1::PassCosts> ProfilePasses(const vocabpipe::v1::JobSpec& spec,
+// task: the job and the coordinator's one-stage spec and 1-rank plan
+// (planner::BuildProfilingPlan); a task whose plan is not a 1-rank plan of a cut of the job is
+// InvalidArgument naming the field.
+absl::StatusOr<vocabpipe::v1::PassCosts> ProfilePasses(const vocabpipe::v1::ProfileTask& task,
                                                        int cuda_device = -1);
 
 struct ProfileChildOptions {
@@ -42,16 +46,16 @@ struct ProfileChildOptions {
   absl::Duration timeout = absl::Minutes(10);
 };
 
-// ProfilePasses(spec) in a child process. A child that fails reports its error message; one
+// ProfilePasses(task) in a child process. A child that fails reports its error message; one
 // killed by a signal gives "profiling process killed by signal N (NAME)" and its last stderr
 // line (e.g. "terminate called after throwing an instance of 'std::bad_alloc'").
 // on_start (optional) gets the child's pid once it runs, and -1 when it has been reaped.
 absl::StatusOr<vocabpipe::v1::PassCosts> ProfileInChild(
-    const vocabpipe::v1::JobSpec& spec, const ProfileChildOptions& options,
+    const vocabpipe::v1::ProfileTask& task, const ProfileChildOptions& options,
     const std::function<void(int)>& on_pid = nullptr);
 
 // The child's main: `--profile-task FILE --profile-out FILE [--cuda-device N]`; reads a
-// serialized JobSpec, writes the serialized PassCosts. Exit code 0 ok, 1 on an error (the
+// serialized ProfileTask, writes the serialized PassCosts. Exit code 0 ok, 1 on an error (the
 // message is the last line on stderr), 2 bad usage.
 int ProfileChildMain(int argc, char** argv);
 

@@ -225,7 +225,7 @@ class Daemon {
                               .memory_limit_bytes = options_.profile_memory_limit};
     profiler_ = std::thread([this, task, child, id = worker_id_] {
       // In a child process: whatever happens there, the daemon goes on.
-      auto costs = ProfileInChild(task.spec(), child, [this](int pid) { profile_pid_ = pid; });
+      auto costs = ProfileInChild(task, child, [this](int pid) { profile_pid_ = pid; });
       if (!costs.ok())
         Log(absl::StrCat("profile of ", task.job_id(), ": ", costs.status().message()));
       v1::ReportTaskRequest req;

@@ -4,7 +4,7 @@
 
 namespace vp::launch {
 
-absl::StatusOr<planner::LayerActivationBytes> MeasureJobLayerActivations(
+absl::StatusOr<LayerActivationBytes> MeasureJobLayerActivations(
     const vocabpipe::v1::JobSpec& spec) {
   const engine::ModelConfig shape{.layers = spec.model().layers(),
                                   .hidden = spec.model().hidden(),
@@ -15,7 +15,7 @@ absl::StatusOr<planner::LayerActivationBytes> MeasureJobLayerActivations(
                                   .tie_embeddings = spec.model().tie_embeddings()};
   auto bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
   if (!bytes.ok()) return bytes.status();
-  return planner::LayerActivationBytes{.kept = bytes->kept,
+  return LayerActivationBytes{.kept = bytes->kept,
                                        .backward_transient = bytes->backward_transient};
 }
 

@@ -3,13 +3,21 @@
 // model. The `--direct` launcher and the daemon's profiling both pass it on.
 #pragma once
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
-#include "coordinator/planner/spec_input.h"
 #include "vocabpipe/v1/job.pb.h"
 
 namespace vp::launch {
 
-absl::StatusOr<planner::LayerActivationBytes> MeasureJobLayerActivations(
+// Bytes of one layer's activations for one microbatch: kept from F until B, and the extra
+// working set B needs while it runs (planner::LayerActivationBytes is the planner's copy).
+struct LayerActivationBytes {
+  int64_t kept = 0;
+  int64_t backward_transient = 0;
+};
+
+absl::StatusOr<LayerActivationBytes> MeasureJobLayerActivations(
     const vocabpipe::v1::JobSpec& spec);
 
 }  // namespace vp::launch

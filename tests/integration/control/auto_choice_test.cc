@@ -25,6 +25,13 @@ v1::JobSpec Spec(int vocab) {
   return *spec;
 }
 
+// The task the coordinator sends: the job and the planner's 1-rank profiling plan.
+v1::ProfileTask Task(const v1::JobSpec& spec) {
+  auto task = vp::server::MakeProfileTask("job-1", spec);
+  EXPECT_TRUE(task.ok()) << task.status();
+  return *task;
+}
+
 std::string Chosen(const vp::server::JobPlan& plan) {
   int chosen = 0;
   for (const auto& c : plan.candidates) chosen += c.chosen();
@@ -34,15 +41,15 @@ std::string Chosen(const vp::server::JobPlan& plan) {
 
 TEST(AutoChoiceTest, ProfiledCostsPickVocabParallelOnlyForALargeVocabulary) {
   const v1::JobSpec large = Spec(32000), tiny = Spec(64);
-  auto large_costs = vp::daemon::ProfilePasses(large);
+  auto large_costs = vp::daemon::ProfilePasses(Task(large));
   ASSERT_TRUE(large_costs.ok()) << large_costs.status();
   // S and T do the same work (one GEMM over the shard each), so a T several times S means the
   // timed passes were preempted on this shared host (ctest runs tests side by side): profile
   // again, as an operator would, rather than judge the choice on costs that are noise.
-  auto tiny_costs = vp::daemon::ProfilePasses(tiny);
+  auto tiny_costs = vp::daemon::ProfilePasses(Task(tiny));
   ASSERT_TRUE(tiny_costs.ok()) << tiny_costs.status();
   for (int retry = 0; retry < 3 && tiny_costs->t() > 4 * tiny_costs->s(); ++retry) {
-    tiny_costs = vp::daemon::ProfilePasses(tiny);
+    tiny_costs = vp::daemon::ProfilePasses(Task(tiny));
     ASSERT_TRUE(tiny_costs.ok()) << tiny_costs.status();
   }
   // Every pass was timed, and the output layer's passes scale with the vocabulary.
@@ -69,6 +76,26 @@ TEST(AutoChoiceTest, ProfiledCostsPickVocabParallelOnlyForALargeVocabulary) {
   EXPECT_TRUE(tiny_vocab == "baseline" || tiny_vocab == "redis")
       << tiny_vocab << "\n" << tiny_costs->DebugString() << tiny_table;
   EXPECT_EQ(large_plan->summary.schedule(), "1f1b");
+}
+
+// The worker runs the coordinator's plan and checks it is one: a task whose plan text does not
+// parse, or plans more than one rank, is refused naming the field, before anything is timed.
+TEST(ProfileTaskTest, AMalformedPlanIsRefusedNamingTheField) {
+  v1::ProfileTask garbled = Task(Spec(64));
+  garbled.set_plan_text("not a plan");
+  auto r = vp::daemon::ProfilePasses(garbled);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("plan_text"), std::string::npos) << r.status();
+
+  v1::ProfileTask two_ranks = Task(Spec(64));
+  auto full = vp::server::PlanForJob(Spec(64), nullptr, 1e11);
+  ASSERT_TRUE(full.ok()) << full.status();
+  two_ranks.set_plan_text(vp::planner::PlanToText(full->plan));
+  r = vp::daemon::ProfilePasses(two_ranks);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("1 rank"), std::string::npos) << r.status();
 }
 
 }  // namespace
