@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 
-.PHONY: deps configure build test demo format clean
+.PHONY: deps configure build test test-deploy demo format clean
 
 deps:
 	bash scripts/setup.sh
@@ -25,3 +25,8 @@ format:
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# The deployment tests (tests/deploy: network namespaces, a local Slurm, the k8s validator);
+# `make test` runs them too. They need root and skip without it.
+test-deploy: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -L deploy --timeout 900
