@@ -163,12 +163,16 @@ class Daemon {
     req.set_pid(getpid());
     req.set_threads(static_cast<int>(std::thread::hardware_concurrency()));
     req.set_peak_flops(peak_flops_);
+    if (options_.rank_hint >= 0) req.set_rank_hint(options_.rank_hint);
     v1::RegisterWorkerResponse resp;
     grpc::Status st = Unary(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
     if (!st.ok()) return absl::UnavailableError(st.error_message());
     worker_id_ = resp.worker_id();
     interval_ = absl::Milliseconds(std::max<int64_t>(10, resp.heartbeat_interval_ms()));
-    Log(absl::StrCat("registered as ", worker_id_, " with ", options_.coordinator));
+    Log(absl::StrCat(
+        "registered as ", worker_id_, " with ", options_.coordinator, ", address ",
+        options_.address,
+        options_.rank_hint >= 0 ? absl::StrCat(", rank hint ", options_.rank_hint) : ""));
     return absl::OkStatus();
   }
 
@@ -311,7 +315,7 @@ class Daemon {
     if (log < 0) return fail(absl::StrCat(t.log_path, ": cannot open"));
     const pid_t pid = fork();
     if (pid == 0) {   // child: only async-signal-safe calls until exec
-      sigset_t none;  // the daemon blocks SIGINT/SIGTERM (sigwait); the rank must not
+      sigset_t none;  // whatever the forking thread blocks, the rank must not
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
       dup2(log, STDOUT_FILENO);
