@@ -28,7 +28,7 @@ pids+=($!)
 for _ in $(seq 1 100); do grep -q "listening on 127.0.0.1:" "$dir/coordinator.log" && break; sleep 0.1; done
 coord="127.0.0.1:$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$dir/coordinator.log" | head -n 1)"
 for i in 0 1; do
-  "$build/worker/launch/vocabpipe-worker" --coordinator "$coord" --rank-hint "$i" > "$dir/w$i.log" 2>&1 &
+  "$build/worker/main/vocabpipe-worker" --coordinator "$coord" --rank-hint "$i" > "$dir/w$i.log" 2>&1 &
   pids+=($!)
 done
 

@@ -13,7 +13,7 @@
 set -euo pipefail
 build="$(cd "${1:?usage: multihost_netns_test.sh BUILD_DIR}" && pwd)"
 vp="$build/client/vocabpipe"
-worker="$build/worker/launch/vocabpipe-worker"
+worker="$build/worker/main/vocabpipe-worker"
 coordinator_bin="$build/coordinator/server/vocabpipe-coordinator"
 
 if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then

@@ -126,7 +126,7 @@ echo "ok: slurmctld and slurmd node1 ($net.2), node2 ($net.3) idle"
 
 # The binaries in one folder (VOCABPIPE_BIN), data and a p=2 spec on the shared file system.
 mkdir -p "$dir/bin"
-ln -s "$build/client/vocabpipe" "$build/worker/launch/vocabpipe-worker" \
+ln -s "$build/client/vocabpipe" "$build/worker/main/vocabpipe-worker" \
   "$build/coordinator/server/vocabpipe-coordinator" "$dir/bin/"
 "$dir/bin/vocabpipe" data synth --vocab 64 --tokens 20000 --seed 5 --out "$dir/data.bin" >/dev/null
 cat > "$dir/job.yaml" <<YAML

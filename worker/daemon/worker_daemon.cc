@@ -20,6 +20,7 @@
 #include "proto/plan/plan.h"
 #include "proto/spec/storage_root.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
+#include "worker/daemon/log_tail.h"
 #include "worker/daemon/profile.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
@@ -53,16 +54,6 @@ double MeasurePeakFlops() {
 int64_t MemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
-std::string LastLogLine(const std::string& path) {
-  std::ifstream f(path);
-  std::string line, last;
-  while (std::getline(f, line)) {
-    if (!line.empty()) last = line;
-  }
-  if (last.size() > 1000) last = last.substr(last.size() - 1000);
-  return last;
 }
 
 // One rank process started for a RunTask.
@@ -348,7 +339,7 @@ class Daemon {
     } else {
       std::string why = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
                                             : absl::StrCat("exit code ", WEXITSTATUS(status));
-      const std::string last = LastLogLine(t.log_path);
+      const std::string last = LastLogLine(t.log_path, 1000);
       if (!last.empty()) absl::StrAppend(&why, ": ", last);
       ReportTask(t.job_id, t.rank, false, why, nullptr, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     }
