@@ -241,7 +241,7 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (limit > 0) {
       const struct rlimit rl = {limit, limit};
-      setrlimit(RLIMIT_AS, &rl);
+      setrlimit(RLIMIT_DATA, &rl);
     }
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);

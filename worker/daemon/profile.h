@@ -39,8 +39,10 @@ absl::StatusOr<vocabpipe::v1::PassCosts> ProfilePasses(const vocabpipe::v1::Prof
 struct ProfileChildOptions {
   std::string worker_binary;  // the vocabpipe-worker executable
   int cuda_device = -1;
-  // Address-space limit of the child (RLIMIT_AS) in bytes; 0: none. A profile that needs more
-  // fails with std::bad_alloc in the child, not in the daemon.
+  // Data limit of the child (RLIMIT_DATA: its heap and private writable mappings) in bytes;
+  // 0: none. A profile that needs more fails with std::bad_alloc in the child, not in the
+  // daemon. Not RLIMIT_AS: a CUDA build maps hundreds of MiB of shared libraries (NCCL,
+  // cuBLASLt) and the CUDA runtime reserves virtual address space it never touches.
   int64_t memory_limit_bytes = 0;
   // A child still running after this is killed (DeadlineExceeded).
   absl::Duration timeout = absl::Minutes(10);

@@ -33,7 +33,7 @@ struct DaemonOptions {
   // Canonical storage root (spec::ResolveStorageRoot): a task whose data.path or
   // checkpoint.dir resolves outside it is refused before anything is touched. Empty: none.
   std::string storage_root;
-  // Address-space limit (bytes) of the profiling child process; 0: none (profile.h).
+  // Data limit (bytes, RLIMIT_DATA) of the profiling child process; 0: none (profile.h).
   int64_t profile_memory_limit = 0;
 };
 

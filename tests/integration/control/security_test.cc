@@ -17,10 +17,10 @@ using namespace vp::testing;  // NOLINT
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// The profiling child's address-space limit in DaemonSurvivesAProfilingCrash: enough to load
-// the worker binary and profile a tiny model, not enough for a 60000 x 512 vocabulary with its
+// The profiling child's data limit (RLIMIT_DATA) in DaemonSurvivesAProfilingCrash: enough to
+// profile a tiny model, not enough for a 60000 x 512 vocabulary with its
 // gradients and Adam state.
-// OPENBLAS_NUM_THREADS=1 keeps the child's address space independent of the machine's cores.
+// OPENBLAS_NUM_THREADS=1 keeps the child's data size independent of the machine's cores.
 constexpr int64_t kProfileLimit = 768ll << 20;
 
 class SecurityTest : public ::testing::Test {
@@ -266,7 +266,7 @@ TEST_F(SecurityTest, OversizedModelRefusedAtSubmitWithTheMemoryNeeded) {
   EXPECT_EQ(ListJobs(c).jobs_size(), 1);
 }
 
-// Profiling runs in a child process with an address-space limit: a profile that needs more
+// Profiling runs in a child process with a data limit: a profile that needs more
 // memory dies of std::bad_alloc there. The job fails with that reason, the daemon lives on and
 // runs the next job.
 TEST_F(SecurityTest, DaemonSurvivesAProfilingCrash) {
