@@ -1,5 +1,6 @@
 #include "worker/data/tokenizer.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -169,6 +170,25 @@ absl::StatusOr<std::string> Tokenizer::Decode(std::span<const uint32_t> ids) con
     return absl::InternalError(absl::StrCat(name_, ": decoding failed: ", error));
   }
   return text;
+}
+
+absl::Status CheckDataTokenizer(const std::string& data_path, int64_t model_vocab_size) {
+  const std::filesystem::path model =
+      std::filesystem::path(data_path).parent_path() / "tokenizer.model";
+  std::error_code ec;
+  if (!std::filesystem::exists(model, ec)) return absl::OkStatus();
+  absl::StatusOr<Tokenizer> tok = Tokenizer::Load(model.string());
+  if (!tok.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.path: the tokenizer beside the data is unusable: ", tok.status().message()));
+  }
+  if (tok->vocab_size() != model_vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.vocab_size: ", model_vocab_size,
+                     " does not match the tokenizer beside the data (", model.string(), " has ",
+                     tok->vocab_size(), " tokens); set model.vocab_size: ", tok->vocab_size()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace vp::data

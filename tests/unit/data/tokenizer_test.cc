@@ -270,5 +270,29 @@ TEST(TokenizeFiles, BadInputNamesTheFile) {
   EXPECT_THAT(s.status().message(), HasSubstr("--val-fraction"));
 }
 
+TEST(CheckDataTokenizer, NamesTheFieldAndBothSizes) {
+  const fs::path dir = TempDir("vp_check");
+  WriteFile(dir / "data.bin", "");
+  const std::string data = (dir / "data.bin").string();
+  EXPECT_TRUE(CheckDataTokenizer(data, 123).ok()) << "no tokenizer.model: nothing to check";
+  TokenizerTrainOptions topt;
+  topt.vocab_size = 400;
+  const std::string corpus = Corpus();
+  absl::StatusOr<std::string> model = Tokenizer::Train(SplitDocuments(corpus), topt);
+  ASSERT_TRUE(model.ok());
+  WriteFile(dir / "tokenizer.model", *model);
+  EXPECT_TRUE(CheckDataTokenizer(data, 400).ok());
+  for (int64_t v : {399, 401, 50304}) {
+    const absl::Status st = CheckDataTokenizer(data, v);
+    ASSERT_FALSE(st.ok()) << v;
+    EXPECT_THAT(st.message(), HasSubstr("model.vocab_size: " + std::to_string(v)));
+    EXPECT_THAT(st.message(), HasSubstr("tokenizer.model has 400 tokens"));
+  }
+  WriteFile(dir / "tokenizer.model", "garbage");
+  const absl::Status st = CheckDataTokenizer(data, 400);
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("tokenizer.model: not a SentencePiece model"));
+}
+
 }  // namespace
 }  // namespace vp::data
