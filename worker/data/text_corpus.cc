@@ -119,18 +119,27 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const std::vector<std::string>& fi
         "--shard-tokens: must be in [1, 2147483647] (got ", options.shard_tokens, ")"));
   }
   TokenizeSummary summary;
-  // Check every file before writing anything; sizes feed the progress bar.
-  int64_t total_bytes = 0;
+  // Check every file (readable, non-empty, UTF-8) before writing anything, one file in memory
+  // at a time; the sizes feed the progress bar.
+  int64_t total_bytes = 0, total_docs = 0;
   for (const std::string& f : files) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(f, ec);
-    if (ec) {
-      return absl::NotFoundError(absl::StrCat(f, ": cannot read: ", ec.message()));
-    }
-    if (size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(f, ": empty file (no text to use)"));
-    }
-    total_bytes += static_cast<int64_t>(size);
+    absl::StatusOr<std::string> text = ReadTextFile(f);
+    if (!text.ok()) return text.status();
+    total_bytes += static_cast<int64_t>(text->size());
+    total_docs += static_cast<int64_t>(SplitDocuments(*text).size());
+  }
+  int64_t val_docs = 0;
+  for (int64_t i = 0; i < total_docs; ++i) {
+    val_docs += IsValidationDocument(i, options.val_fraction) ? 1 : 0;
+  }
+  if (options.val_fraction > 0 && val_docs == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--val-fraction: ", options.val_fraction, " of ", total_docs,
+        " documents is no document; give more text (documents are separated by blank lines) or "
+        "--val-fraction 0"));
+  }
+  if (val_docs == total_docs) {
+    return absl::InvalidArgumentError("no document left for training (too few documents)");
   }
   std::error_code ec;
   std::filesystem::create_directories(options.out_dir, ec);
@@ -193,15 +202,6 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const std::vector<std::string>& fi
     ++summary.files;
   }
   summary.documents = doc_index;
-  if (summary.train_documents == 0) {
-    return absl::InvalidArgumentError("no document left for training (too few documents)");
-  }
-  if (options.val_fraction > 0 && summary.val_documents == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--val-fraction: ", options.val_fraction, " of ", summary.documents,
-        " documents is no document; give more text (documents are separated by blank lines) or "
-        "--val-fraction 0"));
-  }
   if (absl::Status s = val.Flush(); !s.ok()) return s;
   if (absl::Status s = train.Flush(); !s.ok()) return s;
   summary.shards = val.written();

@@ -263,11 +263,19 @@ TEST(TokenizeFiles, BadInputNamesTheFile) {
                     opt);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), HasSubstr("binary.txt: not UTF-8 text"));
+  // Nothing was written for the good file that came first, even with tiny shards.
+  opt.shard_tokens = 10;
+  s = TokenizeFiles({(dir / "good.txt").string(), (dir / "binary.txt").string()}, *tok, *model,
+                    opt);
+  ASSERT_FALSE(s.ok());
+  EXPECT_FALSE(fs::exists(dir / "out")) << "bad input must not leave shards behind";
+  opt.shard_tokens = 100000000;
   // One document cannot be split: a validation fraction with no validation document.
   WriteFile(dir / "one.txt", "a single paragraph");
   s = TokenizeFiles({(dir / "one.txt").string()}, *tok, *model, opt);
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), HasSubstr("--val-fraction"));
+  EXPECT_FALSE(fs::exists(dir / "out")) << "refused before writing anything";
 }
 
 TEST(CheckDataTokenizer, NamesTheFieldAndBothSizes) {
