@@ -61,7 +61,7 @@ class SecurityTest : public ::testing::Test {
   }
 
   void StartWorker(CoordinatorProcess& c, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {Bin("worker/launch/vocabpipe-worker"), "--coordinator",
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
                                      c.address(), "--exit-with-parent", "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     const size_t n = workers_.size();
