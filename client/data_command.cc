@@ -2,14 +2,26 @@
 //   vocabpipe data synth --vocab V --tokens N --out F [--seed S] [--branching K]
 //                        [--format auto|v1|v7]
 //   vocabpipe data inspect F [--vocab V]
+//   vocabpipe data train-tokenizer TEXT... --vocab-size N --out F [--model-type bpe|unigram]
+//                                  [--threads T]
+//   vocabpipe data tokenize --tokenizer F TEXT... --out DIR [--name NAME] [--val-fraction X]
+//                           [--threads T] [--shard-tokens N]
 // Exit codes (commands.h): 0 ok, 1 runtime failure (cannot write), 2 usage or invalid input.
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,7 +30,9 @@
 #include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "worker/data/synth.h"
+#include "worker/data/text_corpus.h"
 #include "worker/data/token_file.h"
+#include "worker/data/tokenizer.h"
 
 namespace vp::cli {
 namespace {
@@ -202,21 +216,217 @@ int RunInspect(const Args& args, std::ostream& out, std::ostream& err) {
   return kOk;
 }
 
+// The positional TEXT files; at least one.
+absl::Status NeedTextFiles(const Parsed& p) {
+  if (p.positional.empty()) return absl::InvalidArgumentError("missing the TEXT file arguments");
+  return absl::OkStatus();
+}
+
+int DefaultThreads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+int RunTrainTokenizer(const Args& args, std::ostream& out, std::ostream& err) {
+  const std::string cmd = "train-tokenizer";
+  absl::StatusOr<Parsed> p = ParseArgs(args, 1, {"vocab-size", "out", "model-type", "threads"});
+  if (!p.ok()) return Usage(err, cmd, p.status());
+  if (absl::Status s = NeedTextFiles(*p); !s.ok()) return Usage(err, cmd, s);
+  absl::StatusOr<int64_t> vocab =
+      IntFlag(*p, "vocab-size", std::nullopt, data::kMinTokenizerVocab, 4194304);
+  if (!vocab.ok()) return Usage(err, cmd, vocab.status());
+  absl::StatusOr<int64_t> threads = IntFlag(*p, "threads", DefaultThreads(), 1, 1024);
+  if (!threads.ok()) return Usage(err, cmd, threads.status());
+  const auto out_it = p->flags.find("out");
+  if (out_it == p->flags.end() || out_it->second.empty()) {
+    return Usage(err, cmd, absl::InvalidArgumentError("--out: required"));
+  }
+  data::TokenizerTrainOptions opt;
+  opt.vocab_size = static_cast<int>(*vocab);
+  opt.threads = static_cast<int>(*threads);
+  if (const auto it = p->flags.find("model-type"); it != p->flags.end())
+    opt.model_type = it->second;
+
+  std::vector<std::string> texts;
+  std::vector<std::string_view> docs;
+  int64_t bytes = 0;
+  texts.reserve(p->positional.size());
+  for (const std::string& path : p->positional) {
+    absl::StatusOr<std::string> text = data::ReadTextFile(path);
+    if (!text.ok()) {
+      err << "vocabpipe data " << cmd << ": " << text.status().message() << "\n";
+      return kUsage;
+    }
+    texts.push_back(*std::move(text));
+    bytes += static_cast<int64_t>(texts.back().size());
+  }
+  for (const std::string& t : texts) {
+    for (std::string_view d : data::SplitDocuments(t)) docs.push_back(d);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::string> model = data::Tokenizer::Train(docs, opt);
+  if (!model.ok()) {
+    err << "vocabpipe data " << cmd << ": " << model.status().message() << "\n";
+    return kUsage;
+  }
+  // Check what was trained before writing it.
+  absl::StatusOr<data::Tokenizer> tok = data::Tokenizer::FromModel(*model, out_it->second);
+  if (!tok.ok()) {
+    err << "vocabpipe data " << cmd << ": " << tok.status().message() << "\n";
+    return kFailure;
+  }
+  {
+    std::ofstream f(out_it->second, std::ios::binary | std::ios::trunc);
+    f.write(model->data(), static_cast<std::streamsize>(model->size()));
+    if (!f) {
+      err << "vocabpipe data " << cmd << ": " << out_it->second << ": cannot write\n";
+      return kFailure;
+    }
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out << absl::StrFormat(
+      "wrote %s: %s tokenizer, %d tokens (EOT <|endoftext|> = %d), trained on %d files, %d "
+      "documents, %d bytes in %.1f s\n",
+      out_it->second, opt.model_type, tok->vocab_size(), tok->eot_id(), texts.size(), docs.size(),
+      bytes, secs);
+  return kOk;
+}
+
+// A progress bar on stderr, redrawn in place; only when stderr is a terminal.
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::ostream& err)
+      : err_(err), tty_(::isatty(2) != 0 && &err == &std::cerr) {}
+  void Update(int64_t done, int64_t total) {
+    if (!tty_ || total <= 0) return;
+    constexpr int kWidth = 40;
+    const int fill = static_cast<int>(kWidth * done / total);
+    err_ << "\r[" << std::string(static_cast<size_t>(fill), '#')
+         << std::string(static_cast<size_t>(kWidth - fill), ' ')
+         << absl::StrFormat("] %5.1f%% %.1f/%.1f MB", 100.0 * static_cast<double>(done) / total,
+                            done / 1e6, total / 1e6)
+         << std::flush;
+    drawn_ = true;
+  }
+  ~ProgressBar() {
+    if (drawn_) err_ << "\n";
+  }
+
+ private:
+  std::ostream& err_;
+  bool tty_;
+  bool drawn_ = false;
+};
+
+int RunTokenize(const Args& args, std::ostream& out, std::ostream& err) {
+  const std::string cmd = "tokenize";
+  absl::StatusOr<Parsed> p =
+      ParseArgs(args, 1, {"tokenizer", "out", "name", "val-fraction", "threads", "shard-tokens"});
+  if (!p.ok()) return Usage(err, cmd, p.status());
+  if (absl::Status s = NeedTextFiles(*p); !s.ok()) return Usage(err, cmd, s);
+  const auto tok_it = p->flags.find("tokenizer");
+  if (tok_it == p->flags.end() || tok_it->second.empty()) {
+    return Usage(err, cmd, absl::InvalidArgumentError("--tokenizer: required"));
+  }
+  const auto out_it = p->flags.find("out");
+  if (out_it == p->flags.end() || out_it->second.empty()) {
+    return Usage(err, cmd, absl::InvalidArgumentError("--out: required"));
+  }
+  data::TokenizeOptions opt;
+  opt.out_dir = out_it->second;
+  if (const auto it = p->flags.find("name"); it != p->flags.end()) {
+    opt.name = it->second;
+  } else {
+    opt.name = std::filesystem::path(out_it->second).lexically_normal().filename().string();
+    if (opt.name.empty() || opt.name == "." || opt.name == "..") {
+      opt.name = std::filesystem::path(out_it->second)
+                     .lexically_normal()
+                     .parent_path()
+                     .filename()
+                     .string();
+    }
+  }
+  if (opt.name.empty() || opt.name.find('/') != std::string::npos) {
+    return Usage(err, cmd, absl::InvalidArgumentError("--name: must be a non-empty file name"));
+  }
+  if (const auto it = p->flags.find("val-fraction"); it != p->flags.end()) {
+    double v = 0;
+    auto [ptr, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+    if (ec != std::errc() || ptr != it->second.data() + it->second.size() || !(v >= 0) || v > 0.5) {
+      return Usage(err, cmd,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       "--val-fraction: expected a number in [0, 0.5], got \"", it->second, "\"")));
+    }
+    opt.val_fraction = v;
+  }
+  absl::StatusOr<int64_t> threads = IntFlag(*p, "threads", DefaultThreads(), 1, 1024);
+  if (!threads.ok()) return Usage(err, cmd, threads.status());
+  opt.threads = static_cast<int>(*threads);
+  absl::StatusOr<int64_t> shard =
+      IntFlag(*p, "shard-tokens", 100000000, 1, std::numeric_limits<int32_t>::max());
+  if (!shard.ok()) return Usage(err, cmd, shard.status());
+  opt.shard_tokens = *shard;
+
+  std::string model;
+  {
+    std::ifstream f(tok_it->second, std::ios::binary);
+    if (!f) {
+      err << "vocabpipe data " << cmd << ": --tokenizer: " << tok_it->second << ": cannot open\n";
+      return kUsage;
+    }
+    model.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  absl::StatusOr<data::Tokenizer> tok = data::Tokenizer::FromModel(model, tok_it->second);
+  if (!tok.ok()) {
+    err << "vocabpipe data " << cmd << ": " << tok.status().message() << "\n";
+    return kUsage;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<data::TokenizeSummary> s;
+  {
+    ProgressBar bar(err);
+    opt.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
+    s = data::TokenizeFiles(p->positional, *tok, model, opt);
+  }
+  if (!s.ok()) {
+    err << "vocabpipe data " << cmd << ": " << s.status().message() << "\n";
+    return s.status().code() == absl::StatusCode::kInvalidArgument ||
+                   s.status().code() == absl::StatusCode::kNotFound
+               ? kUsage
+               : kFailure;
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t tokens = s->train_tokens + s->val_tokens;
+  for (const std::string& shard_path : s->shards) out << "wrote " << shard_path << "\n";
+  out << absl::StrFormat(
+      "%d files, %d documents (%d train, %d val), %d bytes -> %d tokens (%d train, %d val), "
+      "%.2f bytes/token, %s tokens, vocabulary %d, %.1f s on %d threads\n",
+      s->files, s->documents, s->train_documents, s->val_documents, s->bytes, tokens,
+      s->train_tokens, s->val_tokens,
+      static_cast<double>(s->bytes) / static_cast<double>(std::max<int64_t>(1, tokens)),
+      s->bytes_per_token_on_disk == 2 ? "uint16" : "uint32", tok->vocab_size(), secs, opt.threads);
+  return kOk;
+}
+
 }  // namespace
 
 int RunDataCommand(const Args& args, std::ostream& out, std::ostream& err) {
   if (args.empty()) {
-    err << "vocabpipe data: missing subcommand (synth or inspect)\n" << kUsageText;
+    err << "vocabpipe data: missing subcommand (synth, inspect, train-tokenizer or tokenize)\n"
+        << kUsageText;
     return kUsage;
   }
   const std::string& sub = args[0];
   if (sub == "synth") return RunSynth(args, out, err);
   if (sub == "inspect") return RunInspect(args, out, err);
+  if (sub == "train-tokenizer") return RunTrainTokenizer(args, out, err);
+  if (sub == "tokenize") return RunTokenize(args, out, err);
   if (sub == "help" || sub == "--help" || sub == "-h") {
     out << kUsageText;
     return kOk;
   }
-  err << "vocabpipe data: unknown subcommand \"" << sub << "\" (synth or inspect)\n" << kUsageText;
+  err << "vocabpipe data: unknown subcommand \"" << sub
+      << "\" (synth, inspect, train-tokenizer or tokenize)\n"
+      << kUsageText;
   return kUsage;
 }
 

@@ -23,6 +23,7 @@
 #include "coordinator/planner/spec_input.h"
 #include "proto/runlog/step_lines.h"
 #include "worker/data/token_file.h"
+#include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/transformer/transformer.h"
 #include "worker/launch/job_rank.h"
@@ -149,6 +150,10 @@ absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec) {
                  ? device.status()
                  : absl::UnimplementedError(device.status().message());
     }
+  }
+  if (absl::Status st = data::CheckDataTokenizer(spec.data().path(), spec.model().vocab_size());
+      !st.ok()) {
+    return st;
   }
   return data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
 }

@@ -8,6 +8,7 @@
 
 #include "client/control_client.h"
 #include "proto/spec/job_spec.h"
+#include "worker/data/tokenizer.h"
 
 namespace vp::cli {
 namespace v1 = vocabpipe::v1;
@@ -51,6 +52,17 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
   req.set_resume(resume);
   std::error_code ec;
   req.set_base_dir(std::filesystem::absolute(path, ec).parent_path().string());
+  // The coordinator validates the spec; the data may live on the workers only. When the spec
+  // parses here and its data folder is visible here with a tokenizer.model in it, a model
+  // vocabulary that does not match the tokenizer is refused before submitting (the worker
+  // checks again when it opens the data).
+  if (auto spec = spec::ParseJobSpec(req.spec_text(), req.base_dir()); spec.ok()) {
+    if (absl::Status st = data::CheckDataTokenizer(spec->data().path(), spec->model().vocab_size());
+        !st.ok()) {
+      err << "vocabpipe submit: " << path << ": " << st.message() << "\n";
+      return kExitUsage;
+    }
+  }
   Stubs s = Connect(a.coordinator);
   v1::SubmitJobResponse resp;
   grpc::Status st = s.jobs->SubmitJob(CallContext().get(), req, &resp);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "worker/data/sample_reader.h"
 #include "worker/data/token_file.h"
+#include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/flops.h"
@@ -19,6 +20,10 @@ namespace vp::runtime {
 namespace fs = std::filesystem;
 
 absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
+  if (absl::Status st = data::CheckDataTokenizer(spec.data().path(), spec.model().vocab_size());
+      !st.ok()) {
+    return st;
+  }
   auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
   if (!file.ok()) return file.status();
   auto reader = data::SampleReader::Create(std::make_shared<data::TokenFile>(std::move(*file)),

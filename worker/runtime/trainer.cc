@@ -89,6 +89,61 @@ absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const i
   return model.input_layer().Backward(*in_state);
 }
 
+absl::Status StandaloneTrainer::ForwardOnly(int j, const int32_t* inputs, const int32_t* targets,
+                                            float d, double* loss) {
+  const engine::ModelConfig& cfg = options_.model;
+  const int b = options_.microbatch_size, s = cfg.seq_len, h = cfg.hidden;
+  const int n = b * s;
+  engine::RankModel& model = *model_;
+  engine::MemoryTracker* mem = tracker_.get();
+
+  // The forward passes of Microbatch(), in the same order and arithmetic.
+  auto in_state = model.input_layer().Forward(inputs, n);
+  if (!in_state.ok()) return in_state.status();
+  if (auto st = model.input_layer().ForwardReduce(*in_state, *comm_); !st.ok()) return st;
+  float* x0 = in_state->mutable_output();
+  engine::cpu::PositionEmbeddingForward(x0, model.wpe(), b, s, h, 0);
+  Buffer x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+  const engine::SlotKey slot{j, 0};
+  absl::Status st = model.stack(0).Forward(slot, x0, x_last.data());
+  model.stack(0).DiscardMicrobatch(j);  // no backward follows
+  if (!st.ok()) return st;
+  in_state->ReleaseOutput();
+  Buffer lnf_out(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+  Buffer lnf_mean(mem, MemoryCategory::kActivations, n);
+  Buffer lnf_rstd(mem, MemoryCategory::kActivations, n);
+  engine::cpu::LayerNormForward(lnf_out.data(), lnf_mean.data(), lnf_rstd.data(), x_last.data(),
+                                model.lnf_weight(), model.lnf_bias(), n, h);
+  // S and C1 give every token's loss; T (the weight gradients) is skipped.
+  engine::vocab::OutputLayerShard& out = model.output_layer();
+  auto out_state = out.S(lnf_out.data(), targets, n, d);
+  if (!out_state.ok()) return out_state.status();
+  if (auto c1 = out.C1(*out_state, *comm_); !c1.ok()) return c1;
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += out_state->losses()[i];
+  *loss += sum * d;
+  out_state->Release();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> StandaloneTrainer::Evaluate(int64_t step, int num_batches,
+                                                   const BatchFn& batches) {
+  if (num_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation needs at least 1 batch (got ", num_batches, ")"));
+  }
+  const int b = options_.microbatch_size, s = options_.model.seq_len;
+  const float d = 1.0f / (static_cast<float>(num_batches) * b * s);
+  std::vector<int32_t> inputs(static_cast<size_t>(b) * s), targets(inputs.size());
+  double loss = 0;
+  for (int j = 0; j < num_batches; ++j) {
+    if (auto st = batches(step, j, inputs.data(), targets.data()); !st.ok()) return st;
+    if (auto st = ForwardOnly(j, inputs.data(), targets.data(), d, &loss); !st.ok()) return st;
+  }
+  model_->output_layer().ReleaseWorkspace();
+  return loss;
+}
+
 absl::StatusOr<double> StandaloneTrainer::ComputeGradients(int64_t step, const BatchFn& batches) {
   const int b = options_.microbatch_size, s = options_.model.seq_len;
   const int m = options_.microbatches;

@@ -50,6 +50,12 @@ class StandaloneTrainer {
   // gradients in model().grads() and returns the mean loss.
   absl::StatusOr<double> ComputeGradients(int64_t step, const BatchFn& batches);
 
+  // Forward-only evaluation: the mean cross-entropy over `num_batches` microbatches of b·s
+  // tokens, batches(step, j, ...) filling microbatch j. Runs the same forward passes as a
+  // training step (input layer, layer stack, final LayerNorm, output layer S and C1) and no
+  // backward: parameters, gradients and optimizer state are left as they are.
+  absl::StatusOr<double> Evaluate(int64_t step, int num_batches, const BatchFn& batches);
+
   engine::RankModel& model() { return *model_; }
   engine::AdamW& optimizer() { return *optimizer_; }
   engine::MemoryTracker& memory() { return *tracker_; }
@@ -64,6 +70,9 @@ class StandaloneTrainer {
   explicit StandaloneTrainer(PassKey) {}
 
  private:
+  // Forward of one microbatch up to the per-token losses; adds their sum times d to *loss.
+  absl::Status ForwardOnly(int j, const int32_t* inputs, const int32_t* targets, float d,
+                           double* loss);
   // Forward and backward of one microbatch; adds its loss share to *loss.
   absl::Status Microbatch(int j, const int32_t* inputs, const int32_t* targets, float d,
                           double* loss);

@@ -142,6 +142,45 @@ TEST_F(CliRunTest, OutOfRangeTokensAreRejectedWithTheirOffset) {
   EXPECT_THAT(r.output, HasSubstr("not < vocab size 64"));
 }
 
+// From text: train a tokenizer, tokenize, train on the shards. A model whose vocab_size is not
+// the tokenizer's (tokenizer.model beside the shards) is refused, naming both sizes.
+TEST_F(CliRunTest, TrainsOnTokenizedTextAndRefusesAMismatchedVocabulary) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    text += absl::StrCat("Verse ", i, ": and the evening and the morning were the day.\n");
+    if (i % 4 == 3) text += "\n";
+  }
+  std::ofstream(dir_ / "corpus.txt") << text;
+  const std::string corpus = (dir_ / "corpus.txt").string();
+  const std::string tok = (dir_ / "tok.model").string();
+  Result t = Vocabpipe("data train-tokenizer " + corpus + " --vocab-size 320 --out " + tok);
+  ASSERT_EQ(t.code, 0) << t.output;
+  Result k = Vocabpipe("data tokenize --tokenizer " + tok + " " + corpus + " --out " +
+                       (dir_ / "verses").string() + " --val-fraction 0.1");
+  ASSERT_EQ(k.code, 0) << k.output;
+  EXPECT_THAT(k.output, HasSubstr("50 documents (45 train, 5 val)"));
+  const std::string body = R"(
+parallel: {microbatch_size: 2, microbatches: 1}
+train: {steps: 2}
+data: {path: verses/verses_train_000000.bin}
+)";
+  const std::string bad =
+      WriteSpec("bad", "model: {layers: 1, hidden: 32, heads: 2, vocab_size: 400, seq_len: 16}" +
+                           body + "checkpoint: {dir: bad}\n");
+  for (const char* mode : {"", " --direct"}) {
+    Result r = Vocabpipe("run " + bad + mode);
+    EXPECT_EQ(r.code, 2) << mode << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr("model.vocab_size: 400 does not match the tokenizer"));
+    EXPECT_THAT(r.output, HasSubstr("tokenizer.model has 320 tokens"));
+  }
+  const std::string good =
+      WriteSpec("good", "model: {layers: 1, hidden: 32, heads: 2, vocab_size: 320, seq_len: 16}" +
+                            body + "checkpoint: {dir: good}\n");
+  Result r = Vocabpipe("run " + good + " --direct");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir_ / "good" / "metrics.jsonl")) << r.output;
+}
+
 TEST_F(CliRunTest, CudaJobOnAHostWithoutAGpuIsRejectedBeforeStarting) {
   Synth(64, 2000);
   const std::string spec = WriteSpec("gpu", R"(

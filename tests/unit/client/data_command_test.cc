@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "client/commands.h"
@@ -122,6 +123,62 @@ TEST_F(DataCommandTest, InspectPrintsHeaderAndValidatesIds) {
   EXPECT_THAT(err_.str(), HasSubstr("missing the token file"));
   EXPECT_EQ(Run({"inspect", Path("none.bin")}), 2);
   EXPECT_THAT(err_.str(), HasSubstr("none.bin"));
+}
+
+// A small English text with blank-line-separated paragraphs and non-ASCII characters.
+std::string SampleText() {
+  std::string text;
+  for (int i = 0; i < 40; ++i) {
+    text += "Paragraph " + std::to_string(i) +
+            ": the quick brown fox jumps over the lazy dog. Caf\xC3\xA9  and  tea.\n";
+    if (i % 2 == 1) text += "\n";
+  }
+  return text;
+}
+
+void WriteText(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TEST_F(DataCommandTest, TrainTokenizerThenTokenizeWritesShardsAndSummary) {
+  const std::string text = Path("corpus.txt");
+  WriteText(text, SampleText());
+  const std::string model = Path("tok.model");
+  ASSERT_EQ(Run({"train-tokenizer", text, "--vocab-size", "320", "--out", model}), 0) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("bpe tokenizer, 320 tokens (EOT <|endoftext|> = 1)"));
+  EXPECT_THAT(out_.str(), HasSubstr("20 documents"));
+
+  const std::string dir = Path("shards");
+  ASSERT_EQ(Run({"tokenize", "--tokenizer", model, text, "--out", dir, "--val-fraction", "0.1",
+                 "--threads", "2"}),
+            0)
+      << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("20 documents (18 train, 2 val)"));
+  EXPECT_THAT(out_.str(), HasSubstr("bytes/token, uint16 tokens, vocabulary 320"));
+  for (const std::string name : {"shards_train_000000.bin", "shards_val_000000.bin"}) {
+    absl::StatusOr<data::TokenFile> f = data::TokenFile::Load(dir + "/" + name, 320);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->tokens()[0], 1u) << "every document starts with EOT";
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir + "/tokenizer.model"));
+}
+
+TEST_F(DataCommandTest, TextCommandsNameBadInput) {
+  const std::string empty = Path("empty.txt");
+  WriteText(empty, "");
+  EXPECT_EQ(Run({"train-tokenizer", empty, "--vocab-size", "320", "--out", Path("t.model")}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("empty.txt: empty file"));
+  const std::string latin1 = Path("latin1.txt");
+  WriteText(latin1, "na\xEFve");
+  EXPECT_EQ(Run({"train-tokenizer", latin1, "--vocab-size", "320", "--out", Path("t.model")}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("latin1.txt: not UTF-8 text: invalid byte sequence at byte "
+                                    "offset 2"));
+  EXPECT_EQ(Run({"train-tokenizer", latin1, "--vocab-size", "10", "--out", Path("t.model")}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--vocab-size: expected an integer in [300"));
+  EXPECT_EQ(Run({"tokenize", "--tokenizer", latin1, latin1, "--out", Path("o")}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("latin1.txt: not a SentencePiece model"));
+  EXPECT_EQ(Run({"tokenize", latin1, "--out", Path("o")}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--tokenizer: required"));
 }
 
 }  // namespace

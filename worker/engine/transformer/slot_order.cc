@@ -73,6 +73,11 @@ absl::Status SlotOrder::CheckForward(SlotKey slot) const {
   return absl::OkStatus();
 }
 
+void SlotOrder::Discard(int microbatch) {
+  std::erase_if(slots_, [microbatch](const auto& e) { return e.first.microbatch == microbatch; });
+  microbatches_.erase(microbatch);
+}
+
 void SlotOrder::ForwardDone(SlotKey slot) {
   slots_[slot] = false;
   Microbatch& mb = microbatches_[slot.microbatch];

@@ -56,6 +56,8 @@ class SlotOrder {
   bool BackwardInputDone(SlotKey slot);
   absl::Status CheckBackwardWeight(SlotKey slot) const;
   void BackwardWeightDone(SlotKey slot);
+  // Forgets every slot of a microbatch (forward-only evaluation: no B or W will follow).
+  void Discard(int microbatch);
 
  private:
   struct Microbatch {

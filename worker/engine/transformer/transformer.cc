@@ -315,6 +315,12 @@ absl::Status LayerStack::BackwardWeight(SlotKey slot) {
   return absl::OkStatus();
 }
 
+void LayerStack::DiscardMicrobatch(int microbatch) {
+  std::erase_if(slots_, [microbatch](const auto& e) { return e.first.microbatch == microbatch; });
+  kv_.erase(microbatch);
+  order_.Discard(microbatch);
+}
+
 absl::Status LayerStack::Backward(SlotKey slot, const float* dout, float* dx) {
   if (absl::Status s = BackwardInput(slot, dout, dx); !s.ok()) return s;
   return BackwardWeight(slot);

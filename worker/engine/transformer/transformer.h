@@ -220,6 +220,9 @@ class LayerStack {
   absl::Status BackwardWeight(SlotKey slot);
   // B followed by W (schedules that do not split the backward).
   absl::Status Backward(SlotKey slot, const float* dout, float* dx);
+  // Forward-only evaluation: frees every forwarded slot of `microbatch` and its K/V state
+  // without running B or W (no gradient is touched).
+  void DiscardMicrobatch(int microbatch);
 
  private:
   struct Slot {
