@@ -51,7 +51,7 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
   req.set_resume(resume);
   std::error_code ec;
   req.set_base_dir(std::filesystem::absolute(path, ec).parent_path().string());
-  Stubs s = Connect(a.coordinator);
+  Stubs s = Connect(a);
   v1::SubmitJobResponse resp;
   grpc::Status st = s.jobs->SubmitJob(CallContext().get(), req, &resp);
   if (!st.ok()) return ReportRpcError("submit", st, a.coordinator, err);

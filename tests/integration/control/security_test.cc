@@ -61,8 +61,12 @@ class SecurityTest : public ::testing::Test {
   }
 
   void StartWorker(CoordinatorProcess& c, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {Bin("worker/launch/vocabpipe-worker"), "--coordinator",
-                                     c.address(), "--exit-with-parent", "1"};
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"),
+                                     "--coordinator",
+                                     c.address(),
+                                     "--insecure",
+                                     "--exit-with-parent",
+                                     "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     const size_t n = workers_.size();
     workers_.push_back(std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", n, ".log")));
@@ -191,7 +195,7 @@ TEST_F(SecurityTest, CliSubmitOfANonSpecFileShowsNoneOfIt) {
   ASSERT_TRUE(c.up()) << c.process().Log();
   auto run = [&](const fs::path& file) {
     const std::string cmd = absl::StrCat(Bin("client/vocabpipe"), " submit ", file.string(),
-                                         " --coordinator ", c.address(), " 2>&1");
+                                         " --coordinator ", c.address(), " --insecure 2>&1");
     std::string out;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
