@@ -11,7 +11,7 @@ FUZZ_SECONDS ?= 600
 FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache,)
 
-.PHONY: deps configure build test demo gpu-bundle format clean fuzz fuzz-smoke fuzz-build
+.PHONY: deps configure build test test-deploy demo gpu-bundle format clean fuzz fuzz-smoke fuzz-build
 
 deps:
 	bash scripts/setup.sh
@@ -56,3 +56,8 @@ format:
 
 clean:
 	rm -rf $(BUILD_DIR) $(FUZZ_DIR)
+
+# The deployment tests (tests/deploy: network namespaces, a local Slurm, the k8s validator);
+# `make test` runs them too. They need root and skip without it.
+test-deploy: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -L deploy --timeout 900

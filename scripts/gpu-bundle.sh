@@ -32,7 +32,7 @@ BUNDLE_DIR=${BUNDLE_DIR:-gpu-bundle}
 JOBS=${JOBS:-$(nproc)}
 MAX_BYTES=$((64 * 1024 * 1024))
 
-PROGRAMS=(client/vocabpipe worker/launch/vocabpipe-worker
+PROGRAMS=(client/vocabpipe worker/main/vocabpipe-worker
           coordinator/server/vocabpipe-coordinator)
 CUDA_TESTS=(tests/unit/cuda/cuda_runtime_test tests/unit/cuda/cuda_kernels_test
             tests/unit/cuda_layers/cuda_layer_stack_test

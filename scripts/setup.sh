@@ -11,7 +11,11 @@ PACKAGES=(
   python3-torch python3-numpy
   prometheus-cpp-dev prometheus
   clang-14 libclang-rt-14-dev
+  # deploy tests (tests/deploy): network namespaces, a local Slurm, the k8s validator
+  iproute2 util-linux slurm-wlm munge nodejs
 )
+# npm: Debian's package, unless a nodejs that bundles npm is installed already.
+command -v npm >/dev/null || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -20,7 +24,19 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# The k8s manifest validator's npm packages (versions pinned in package-lock.json).
+install_k8s_validator() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/deploy/k8s"
+  if [ -f "$dir/package-lock.json" ] && [ ! -d "$dir/node_modules/kubernetes-models" ] &&
+    command -v npm >/dev/null; then
+    echo "setup: npm ci in $dir"
+    npm ci --prefix "$dir" --no-audit --no-fund --silent
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  install_k8s_validator
   exit 0
 fi
 
@@ -30,3 +46,4 @@ echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_k8s_validator

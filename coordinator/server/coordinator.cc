@@ -5,6 +5,7 @@
 #include <future>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,10 @@ absl::Status MakeAbsolute(std::string* path, const std::string& base_dir,
   }
   *path = (fs::path(base_dir) / *path).lexically_normal().string();
   return absl::OkStatus();
+}
+
+bool IsLoopbackAddress(const std::string& a) {
+  return a == "localhost" || a == "::1" || a.rfind("127.", 0) == 0;
 }
 
 bool DeviceMatches(const std::string& job_device, const std::string& worker_device) {
@@ -437,12 +442,35 @@ void Coordinator::Schedule() {
       if (w.info.job_id().empty() && DeviceMatches(job.spec().device(), w.info.device())) {
         int64_t n = 0;
         (void)absl::SimpleAtoi(wid.substr(wid.find('-') + 1), &n);
-        free.push_back({n, &w});
+        // Ranked by hint (the platform's worker index), then by registration order.
+        const int64_t hint = w.info.rank_hint() >= 0 ? w.info.rank_hint() : (int64_t{1} << 31);
+        free.push_back({(hint << 32) + n, &w});
       }
     }
     if (static_cast<int>(free.size()) < p) continue;
     std::sort(free.begin(), free.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
+    // Ranks on different hosts connect to each other's advertised address: loopback there
+    // would reach the rank's own host, and the job would only time out.
+    std::set<std::string> hosts;
+    for (int r = 0; r < p; ++r) hosts.insert(free[r].second->info.hostname());
+    if (hosts.size() > 1) {
+      std::string loopback;
+      for (int r = 0; r < p && loopback.empty(); ++r) {
+        const v1::WorkerInfo& w = free[r].second->info;
+        if (IsLoopbackAddress(w.address())) {
+          loopback = absl::StrCat("rank ", r, " (", w.worker_id(), " on ", w.hostname(),
+                                  ") advertises loopback address ", w.address());
+        }
+      }
+      if (!loopback.empty()) {
+        Finish(job, v1::JOB_STATE_FAILED,
+               absl::StrCat("address: ", loopback, " but the job spans ", hosts.size(), " hosts (",
+                            absl::StrJoin(hosts, ", "),
+                            "); start its workers with --address auto or a routable IP"));
+        continue;
+      }
+    }
     ActiveJob& a = active_[id];
     a = ActiveJob{};
     a.attempt = absl::StrCat(id, ".", NowMs());
@@ -654,6 +682,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
       req.address().find_first_of(" \t\n/") != std::string::npos) {
     return absl::InvalidArgumentError("address: must be a host name or IP address");
   }
+  if (req.has_rank_hint() && req.rank_hint() < 0) {
+    return absl::InvalidArgumentError("rank_hint: must be >= 0");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Worker w;
   w.info.set_worker_id(absl::StrCat("worker-", next_worker_++));
@@ -663,6 +694,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   w.info.set_hostname(req.hostname());
   w.info.set_pid(req.pid());
   w.info.set_rank(-1);
+  w.info.set_rank_hint(req.has_rank_hint() ? req.rank_hint() : -1);
   w.info.set_peak_flops(req.peak_flops());
   w.last_heartbeat = absl::Now();
   w.info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));

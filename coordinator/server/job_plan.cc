@@ -91,11 +91,11 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
   return out;
 }
 
-absl::StatusOr<v1::ProfileTask> MakeProfileTask(const std::string& job_id,
-                                                const v1::JobSpec& spec) {
+absl::StatusOr<vocabpipe::v1::ProfileTask> MakeProfileTask(const std::string& job_id,
+                                                           const vocabpipe::v1::JobSpec& spec) {
   auto profiling = planner::BuildProfilingPlan(spec);
   if (!profiling.ok()) return profiling.status();
-  v1::ProfileTask task;
+  vocabpipe::v1::ProfileTask task;
   task.set_job_id(job_id);
   *task.mutable_spec() = spec;
   *task.mutable_stage_spec() = std::move(profiling->stage_spec);

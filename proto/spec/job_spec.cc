@@ -102,22 +102,6 @@ bool ValidUtf8(std::string_view s) {
 // The longest scalar or key an error message quotes back.
 constexpr size_t kMaxEchoBytes = 40;
 
-// What a node is, never what it holds (for documents that are not job specs at all).
-std::string Kind(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Sequence:
-      return "a sequence";
-    case YAML::NodeType::Null:
-      return "an empty document";
-    case YAML::NodeType::Scalar:
-      return absl::StrCat("a ", node.Scalar().size(), "-byte text");
-    default:
-      return "nothing";
-  }
-}
-
 // A key as an error's field path shows it: escaped, cut to kMaxEchoBytes.
 std::string ShownKey(const std::string& key) {
   if (key.size() > kMaxEchoBytes) {
@@ -144,6 +128,15 @@ std::string Describe(const YAML::Node& node) {
     default:
       return "nothing";
   }
+}
+
+// What a whole document is, never what it holds (for documents that are not job specs at all).
+std::string RootKind(const YAML::Node& root) {
+  if (root.Type() == YAML::NodeType::Null) return "an empty document";
+  if (root.Type() == YAML::NodeType::Scalar) {
+    return absl::StrCat("a ", root.Scalar().size(), "-byte text");
+  }
+  return Describe(root);
 }
 
 std::string_view StripPlus(std::string_view s) {
@@ -825,7 +818,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
   }
   if (!root.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "(root): expected a mapping of job spec fields, got ", Kind(root), " (not a job spec)"));
+        "(root): expected a mapping of job spec fields, got ", RootKind(root), " (not a job spec)"));
   }
   {
     // A mapping none of whose keys is a JobSpec field is some other file (a config, a

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/plan/plan.h"
+#include "worker/daemon/log_tail.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
@@ -186,17 +187,6 @@ bool ReadFileTo(const std::string& path, std::string* out, size_t max_bytes) {
   return !f.bad() && out->size() <= max_bytes;
 }
 
-// The last non-empty line of a file, at most 500 bytes of it.
-std::string LastLine(const std::string& path) {
-  std::ifstream f(path);
-  std::string line, last;
-  while (std::getline(f, line)) {
-    if (!line.empty()) last = line;
-  }
-  if (last.size() > 500) last = last.substr(last.size() - 500);
-  return last;
-}
-
 // A private temporary folder, removed with its files when this goes out of scope.
 class TempDir {
  public:
@@ -283,12 +273,12 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
     const int sig = WTERMSIG(status);
     std::string why = absl::StrCat("profiling process killed by signal ", sig, " (",
                                    sigabbrev_np(sig) != nullptr ? sigabbrev_np(sig) : "?", ")");
-    const std::string last = LastLine(log_path);
+    const std::string last = LastLogLine(log_path, 500);
     if (!last.empty()) absl::StrAppend(&why, ": ", last);
     return absl::InternalError(why);
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::string last = LastLine(log_path);
+    std::string last = LastLogLine(log_path, 500);
     if (last.empty())
       last = absl::StrCat("profiling process exited with code ", WEXITSTATUS(status));
     return absl::InternalError(last);

@@ -20,6 +20,7 @@
 #include "proto/plan/plan.h"
 #include "proto/spec/storage_root.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
+#include "worker/daemon/log_tail.h"
 #include "worker/daemon/profile.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
@@ -55,16 +56,6 @@ double MeasurePeakFlops() {
 int64_t MemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
-std::string LastLogLine(const std::string& path) {
-  std::ifstream f(path);
-  std::string line, last;
-  while (std::getline(f, line)) {
-    if (!line.empty()) last = line;
-  }
-  if (last.size() > 1000) last = last.substr(last.size() - 1000);
-  return last;
 }
 
 // One rank process started for a RunTask.
@@ -166,12 +157,16 @@ class Daemon {
     req.set_pid(getpid());
     req.set_threads(static_cast<int>(std::thread::hardware_concurrency()));
     req.set_peak_flops(peak_flops_);
+    if (options_.rank_hint >= 0) req.set_rank_hint(options_.rank_hint);
     v1::RegisterWorkerResponse resp;
     grpc::Status st = Unary(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
     if (!st.ok()) return absl::UnavailableError(st.error_message());
     worker_id_ = resp.worker_id();
     interval_ = absl::Milliseconds(std::max<int64_t>(10, resp.heartbeat_interval_ms()));
-    Log(absl::StrCat("registered as ", worker_id_, " with ", options_.coordinator));
+    Log(absl::StrCat(
+        "registered as ", worker_id_, " with ", options_.coordinator, ", address ",
+        options_.address,
+        options_.rank_hint >= 0 ? absl::StrCat(", rank hint ", options_.rank_hint) : ""));
     return absl::OkStatus();
   }
 
@@ -337,7 +332,7 @@ class Daemon {
     if (log < 0) return fail(absl::StrCat(t.log_path, ": cannot open"));
     const pid_t pid = fork();
     if (pid == 0) {   // child: only async-signal-safe calls until exec
-      sigset_t none;  // the daemon blocks SIGINT/SIGTERM (sigwait); the rank must not
+      sigset_t none;  // whatever the forking thread blocks, the rank must not
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
       dup2(log, STDOUT_FILENO);
@@ -370,7 +365,7 @@ class Daemon {
     } else {
       std::string why = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
                                             : absl::StrCat("exit code ", WEXITSTATUS(status));
-      const std::string last = LastLogLine(t.log_path);
+      const std::string last = LastLogLine(t.log_path, 1000);
       if (!last.empty()) absl::StrAppend(&why, ": ", last);
       ReportTask(t.job_id, t.rank, false, why, nullptr, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     }

@@ -25,7 +25,8 @@ namespace vp::daemon {
 struct DaemonOptions {
   std::string coordinator;            // HOST:PORT
   std::string device = "cpu";         // cpu | cuda:N
-  std::string address = "127.0.0.1";  // IP the rank's Gloo transport binds to
+  std::string address = "127.0.0.1";  // IP the rank's Gloo transport binds to (address.h)
+  int rank_hint = -1;                 // the rank this worker asks for (-1: none)
   // The executable started for a rank (vocabpipe-worker; the daemon passes /proc/self/exe).
   std::string worker_binary;
   absl::Duration rpc_deadline = absl::Seconds(5);  // every unary call

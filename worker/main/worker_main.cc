@@ -1,20 +1,23 @@
 // vocabpipe-worker, two modes:
 //
-//   vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address IP]
-//       (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
+//   vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address auto|IP]
+//       [--rank-hint N] (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
 //       [--storage-root DIR] [--profile-memory-limit BYTES] [--exit-with-parent 1]
 //       The worker daemon (worker/daemon/worker_daemon.h): registers with the coordinator,
 //       heartbeats and runs the ranks it is given until SIGINT/SIGTERM. The address may also
-//       come from $VOCABPIPE_COORDINATOR. Exit code 0 when stopped by a signal, 2 on bad usage.
+//       come from $VOCABPIPE_COORDINATOR. The IP it advertises (and its ranks bind to) is
+//       --address, else $POD_IP, else (auto) the source address of the route to the
+//       coordinator (worker/daemon/address.h). --rank-hint: the rank to take (the platform's
+//       worker index). Exit code 0 when stopped by a signal, 2 on bad usage.
 //
 //   vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID]
 //       [--resume-step N] [--store HOST:PORT [--tls-ca F --tls-cert F --tls-key F | --insecure]]
 //       [--hostname IP]
-//       One pipeline rank; with --store its run's rendezvous secret comes from
-//       $VOCABPIPE_STORE_SECRET (set by the daemon). started by `vocabpipe run` (client/launcher.h)
-//       or by a worker daemon (then --store names the coordinator whose StoreService holds the
-//       rendezvous). Exit code 0 when the job's steps are done, 1 on any error (the message goes to
-//       stderr, the rank's log), 2 on bad usage.
+//       One pipeline rank; started by `vocabpipe run` (client/launcher.h) or by a worker daemon
+//       (then --store names the coordinator whose StoreService holds the rendezvous, and the
+//       run's rendezvous secret comes from $VOCABPIPE_STORE_SECRET, set by the daemon). Exit
+//       code 0 when the job's steps are done, 1 on any error (the message goes to stderr, the
+//       rank's log), 2 on bad usage.
 #include <grpcpp/security/credentials.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -31,6 +34,7 @@
 #include "absl/strings/numbers.h"
 #include "proto/grpc/auth.h"
 #include "proto/spec/storage_root.h"
+#include "worker/daemon/address.h"
 #include "worker/daemon/profile.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/launch/cuda_environment.h"
@@ -40,7 +44,8 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address IP]\n"
+    "usage: vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address auto|IP] "
+    "[--rank-hint N]\n"
     "         (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)\n"
     "         [--storage-root DIR] [--profile-memory-limit BYTES]\n"
     "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] "
@@ -62,8 +67,16 @@ bool IsDaemonMode(int argc, char** argv) {
   return env != nullptr && *env != '\0';
 }
 
+// Set by SIGINT/SIGTERM. A handler, not a sigwait thread: OpenBLAS starts its threads before
+// main with the signals unblocked, and a signal delivered to one of them would kill the daemon
+// (exit 143) instead of stopping it. The only global: a signal handler can reach nothing else.
+std::atomic<bool> g_stop{false};
+
+void OnStopSignal(int) { g_stop.store(true); }
+
 int DaemonMain(int argc, char** argv) {
   vp::daemon::DaemonOptions options;
+  std::string address_flag;
   if (const char* env = std::getenv("VOCABPIPE_COORDINATOR")) options.coordinator = env;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -84,7 +97,11 @@ int DaemonMain(int argc, char** argv) {
     } else if (a == "--device") {
       options.device = v;
     } else if (a == "--address") {
-      options.address = v;
+      address_flag = v;
+    } else if (a == "--rank-hint") {
+      if (!absl::SimpleAtoi(v, &options.rank_hint) || options.rank_hint < 0) {
+        return Usage("--rank-hint: need an integer >= 0");
+      }
     } else if (a == "--profile-memory-limit") {
       int64_t bytes = 0;
       if (!absl::SimpleAtoi(v, &bytes) || bytes < 0) {
@@ -107,20 +124,21 @@ int DaemonMain(int argc, char** argv) {
   if (const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1); n > 0) {
     options.worker_binary.assign(self, n);
   }
-  // Signals go to a sigwait thread that asks the daemon loop to stop.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::atomic<bool> stop{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    stop = true;
-  });
-  waiter.detach();
-  if (absl::Status st = vp::daemon::RunDaemon(options, &stop); !st.ok()) {
+  if (options.coordinator.empty()) return Usage("--coordinator: HOST:PORT required");
+  const char* pod_ip = std::getenv("POD_IP");
+  auto address = vp::daemon::ChooseAddress(address_flag, pod_ip ? pod_ip : "", options.coordinator);
+  if (!address.ok()) return Usage(std::string(address.status().message()));
+  options.address = *address;
+  // NCCL's bootstrap picks its own interface: point it at the one holding the address.
+  if (const std::string ifname = vp::daemon::InterfaceOf(options.address); !ifname.empty()) {
+    setenv("NCCL_SOCKET_IFNAME", ifname.c_str(), /*overwrite=*/0);
+  }
+  struct sigaction on_stop = {};
+  on_stop.sa_handler = OnStopSignal;
+  sigemptyset(&on_stop.sa_mask);
+  sigaction(SIGINT, &on_stop, nullptr);
+  sigaction(SIGTERM, &on_stop, nullptr);
+  if (absl::Status st = vp::daemon::RunDaemon(options, &g_stop); !st.ok()) {
     return Usage(std::string(st.message()));
   }
   return 0;
