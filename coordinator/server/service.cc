@@ -67,12 +67,10 @@ class Guard {
     if (!secure_) return absl::OkStatus();
     std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
     if (auth != nullptr && auth->IsPeerAuthenticated()) {
-      for (const grpc::string_ref& subject : auth->FindPropertyValues("x509_subject")) {
-        for (absl::string_view part :
-             absl::StrSplit(absl::string_view(subject.data(), subject.size()), ',')) {
-          if (absl::StripAsciiWhitespace(part) == absl::StrCat("OU=", auth::kWorkerUnit)) {
-            return absl::OkStatus();
-          }
+      // The peer's certificate, verified against --tls-ca in the handshake.
+      for (const grpc::string_ref& pem : auth->FindPropertyValues("x509_pem_cert")) {
+        if (auth::IsWorkerCertificate(std::string_view(pem.data(), pem.size()))) {
+          return absl::OkStatus();
         }
       }
     }
@@ -254,7 +252,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                            v1::ListWorkersResponse* resp) override {
     // Users (`vocabpipe workers`) and workers alike.
-    if (guard_->Worker(ctx).ok() == false) {
+    if (!guard_->Worker(ctx).ok()) {
       if (auto user = guard_->User(ctx); !user.ok()) return ToGrpc(user.status());
     }
     for (auto& w : c_->ListWorkers()) *resp->add_workers() = std::move(w);

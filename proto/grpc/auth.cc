@@ -3,9 +3,13 @@
 #include <fcntl.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+#include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/objects.h>
+#include <openssl/pem.h>
 #include <openssl/rand.h>
+#include <openssl/x509.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,6 +128,24 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   ssl.pem_root_certs = *ca;
   ssl.pem_key_cert_pairs.push_back({*key, *cert});
   return grpc::SslServerCredentials(ssl);
+}
+
+bool IsWorkerCertificate(std::string_view pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  if (bio == nullptr) return false;
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (cert == nullptr) return false;
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  for (int i = X509_NAME_get_index_by_NID(name, NID_organizationalUnitName, -1); i >= 0;
+       i = X509_NAME_get_index_by_NID(name, NID_organizationalUnitName, i)) {
+    const ASN1_STRING* value = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, i));
+    const std::string_view unit(reinterpret_cast<const char*>(ASN1_STRING_get0_data(value)),
+                                static_cast<size_t>(ASN1_STRING_length(value)));
+    if (unit == kWorkerUnit) return true;
+  }
+  return false;
 }
 
 std::string Sha256Hex(std::string_view data) {

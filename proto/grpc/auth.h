@@ -53,6 +53,11 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
 // files.ca (a client without one may still connect: the CLI, which carries a token).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files);
 
+// Whether a (verified) PEM certificate's subject has an organizational unit equal to
+// kWorkerUnit, read with OpenSSL's X509 API (not by parsing the subject's text form, where an
+// escaped ',' in another field could pass for one).
+bool IsWorkerCertificate(std::string_view pem);
+
 // Hex SHA-256 of `data` (OpenSSL EVP).
 std::string Sha256Hex(std::string_view data);
 // `bytes` random bytes from OpenSSL's CSPRNG, hex encoded.
