@@ -18,7 +18,7 @@ int RunCancelCommand(const Args& args, std::ostream& out, std::ostream& err) {
   v1::CancelJobRequest req;
   req.set_job_id(a.positional[0]);
   if (auto it = a.values.find("--reason"); it != a.values.end()) req.set_reason(it->second);
-  Stubs s = Connect(a.coordinator);
+  Stubs s = Connect(a);
   v1::Job job;
   grpc::Status st = s.jobs->CancelJob(CallContext().get(), req, &job);
   if (!st.ok()) return ReportRpcError("cancel", st, a.coordinator, err);

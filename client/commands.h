@@ -19,6 +19,9 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err);
 // in-process coordinator and local worker daemons (default), a running coordinator, or
 // without a control plane (run_command.cc)
 int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe certs init DIR [--hosts H,...] | certs token USER --tokens FILE [--role R]:
+// a CA and TLS certificates, bearer tokens (certs_command.cc)
+int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe export RUN_DIR [--step N]: merges per-rank checkpoint shards into model.safetensors
 int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err);
 

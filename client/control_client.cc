@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/grpc/auth.h"
 
 namespace vp::cli {
 namespace v1 = vocabpipe::v1;
@@ -19,14 +20,20 @@ bool ParseControlArgs(const std::string& cmd, const Args& args,
   std::string output = "text";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if (a == "--insecure") {
+      out->insecure = true;
+      continue;
+    }
     if (a.size() > 1 && a[0] == '-') {
-      const bool is_known = a == "--coordinator" || a == "--output" ||
+      const bool is_known = a == "--coordinator" || a == "--output" || a == "--tls-ca" ||
                             std::find(known.begin(), known.end(), a) != known.end();
       if (!is_known) return fail("unknown flag " + a);
       if (i + 1 >= args.size()) return fail(a + " needs a value");
       const std::string& v = args[++i];
       if (a == "--coordinator") {
         out->coordinator = v;
+      } else if (a == "--tls-ca") {
+        out->tls_ca = v;
       } else if (a == "--output") {
         output = v;
       } else {
@@ -44,15 +51,52 @@ bool ParseControlArgs(const std::string& cmd, const Args& args,
   if (out->coordinator.empty()) {
     return fail("no coordinator: pass --coordinator HOST:PORT or set VOCABPIPE_COORDINATOR");
   }
+  std::string why;
+  if (!ResolveSecurity(out, &why)) return fail(why);
   return true;
 }
 
-Stubs Connect(const std::string& address) {
+bool ResolveSecurity(ControlArgs* a, std::string* why) {
+  if (a->tls_ca.empty() && !a->insecure) {
+    if (const char* env = std::getenv("VOCABPIPE_TLS_CA")) a->tls_ca = env;
+  }
+  a->security_flags.clear();
+  if (a->insecure) {
+    if (auto st =
+            auth::CheckInsecure(auth::TlsFiles{.ca = a->tls_ca}, a->coordinator, "--coordinator");
+        !st.ok()) {
+      *why = std::string(st.message());
+      return false;
+    }
+    a->credentials = grpc::InsecureChannelCredentials();
+    a->security_flags = {"--insecure"};
+    return true;
+  }
+  if (a->tls_ca.empty()) {
+    *why =
+        "TLS required: --tls-ca FILE (or VOCABPIPE_TLS_CA) with VOCABPIPE_TOKEN set, or "
+        "--insecure for a loopback coordinator";
+    return false;
+  }
+  const char* token = std::getenv("VOCABPIPE_TOKEN");
+  auto creds = auth::ClientCredentials(auth::TlsFiles{.ca = a->tls_ca}, token ? token : "");
+  if (!creds.ok()) {
+    *why = std::string(creds.status().message());
+    return false;
+  }
+  a->credentials = *creds;
+  a->security_flags = {"--tls-ca", a->tls_ca};
+  return true;
+}
+
+Stubs Connect(const ControlArgs& args) { return Connect(args.coordinator, args.credentials); }
+
+Stubs Connect(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   Stubs s;
   grpc::ChannelArguments args;
   // The coordinator's answers are at most 64 MiB (coordinator/server/service.h).
   args.SetMaxReceiveMessageSize(64 << 20);
-  s.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  s.channel = grpc::CreateCustomChannel(address, credentials, args);
   s.jobs = v1::JobService::NewStub(s.channel);
   s.workers = v1::WorkerService::NewStub(s.channel);
   return s;
@@ -70,6 +114,12 @@ int ReportRpcError(const std::string& cmd, const grpc::Status& st, const std::st
     case grpc::StatusCode::INVALID_ARGUMENT:
       err << "vocabpipe " << cmd << ": invalid: " << st.error_message() << "\n";
       return kExitUsage;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      err << "vocabpipe " << cmd << ": unauthenticated: " << st.error_message() << "\n";
+      return kExitFailed;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      err << "vocabpipe " << cmd << ": permission denied: " << st.error_message() << "\n";
+      return kExitFailed;
     case grpc::StatusCode::NOT_FOUND:
       err << "vocabpipe " << cmd << ": " << st.error_message() << "\n";
       return kExitNotFound;

@@ -33,9 +33,16 @@ struct ControlArgs {
   std::map<std::string, std::string> values;
   std::string coordinator;  // resolved address
   bool json = false;        // --output json
+  // Channel security (docs/operations.md, "Security"): --tls-ca FILE (else
+  // $VOCABPIPE_TLS_CA) with the bearer token of $VOCABPIPE_TOKEN, or --insecure (loopback
+  // coordinators only). `security_flags` repeats the flags for a command run from this one.
+  std::string tls_ca;
+  bool insecure = false;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::vector<std::string> security_flags;
 };
 // Parses args; on error writes "vocabpipe <cmd>: why" + usage to err and returns false.
-// Every command knows --coordinator and --output (text|json).
+// Every command knows --coordinator, --output (text|json), --tls-ca FILE and --insecure.
 bool ParseControlArgs(const std::string& cmd, const Args& args,
                       const std::vector<std::string>& known, const std::string& usage,
                       std::ostream& err, ControlArgs* out);
@@ -45,7 +52,11 @@ struct Stubs {
   std::unique_ptr<vocabpipe::v1::JobService::Stub> jobs;
   std::unique_ptr<vocabpipe::v1::WorkerService::Stub> workers;
 };
-Stubs Connect(const std::string& address);
+Stubs Connect(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials);
+Stubs Connect(const ControlArgs& args);
+// Fills args->credentials from args->tls_ca / insecure / $VOCABPIPE_TLS_CA / $VOCABPIPE_TOKEN
+// (TLS unless --insecure, which needs a loopback coordinator). False with why on error.
+bool ResolveSecurity(ControlArgs* args, std::string* why);
 
 // A context whose deadline is `seconds` from now (every unary call has one).
 std::unique_ptr<grpc::ClientContext> CallContext(int seconds = 15);

@@ -32,7 +32,13 @@ commands:
   cancel JOB [--reason TEXT]            stop a job; its workers are free again
   workers                               the registered worker daemons
                                         (these five take --coordinator HOST:PORT, default
-                                        $VOCABPIPE_COORDINATOR, and --output text|json)
+                                        $VOCABPIPE_COORDINATOR, --output text|json, and
+                                        --tls-ca FILE with $VOCABPIPE_TOKEN, or --insecure
+                                        for a loopback coordinator)
+  certs init DIR [--hosts H1,H2]        a CA, the coordinator's and the workers' TLS
+                                        certificates (OpenSSL), keys 0600
+  certs token USER --tokens FILE [--role user|admin]
+                                        a bearer token for USER; its hash goes to FILE
   data synth --vocab V --tokens N --out FILE [--seed S] [--branching K]
                                         write a synthetic Markov-chain corpus
   data inspect FILE [--vocab V]         show and validate a token file
@@ -61,6 +67,7 @@ int main(int argc, char** argv) {
   if (cmd == "run") return vp::cli::RunRunCommand(args, std::cout, std::cerr);
   if (cmd == "plan") return vp::cli::RunPlanCommand(args, std::cout, std::cerr);
   if (cmd == "data") return vp::cli::RunDataCommand(args, std::cout, std::cerr);
+  if (cmd == "certs") return vp::cli::RunCertsCommand(args, std::cout, std::cerr);
   if (cmd == "export") return vp::cli::RunExportCommand(args, std::cout, std::cerr);
   if (cmd == "submit") return vp::cli::RunSubmitCommand(args, std::cout, std::cerr);
   if (cmd == "status") return vp::cli::RunStatusCommand(args, std::cout, std::cerr);

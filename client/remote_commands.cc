@@ -62,7 +62,7 @@ int RunRemotePlanCommand(const Args& args, std::ostream& out, std::ostream& err)
   }
   v1::SubmitJobRequest req;
   if (!ReadSpecRequest("plan", a.positional[0], err, &req)) return kExitUsage;
-  Stubs s = Connect(a.coordinator);
+  Stubs s = Connect(a);
   v1::PlanJobResponse resp;
   grpc::Status st = s.jobs->PlanJob(CallContext().get(), req, &resp);
   if (!st.ok()) return ReportRpcError("plan", st, a.coordinator, err);

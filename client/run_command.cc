@@ -1,5 +1,6 @@
 // vocabpipe run JOB.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]
 //                        [--output text|json] [--coordinator HOST:PORT | --direct]
+//                        [--tls-ca FILE | --insecure]
 //
 // Default: the job goes through the control plane on this host, exactly as a submitted job
 // does on a cluster: an in-process coordinator (gRPC on a loopback port, its SQLite file in
@@ -8,7 +9,9 @@
 // processes. This command submits the job, follows its event stream and writes
 // checkpoint.dir/metrics.jsonl from the step events (each carries its merged line,
 // proto/runlog), with one progress line per step and a summary at the end.
-//   --coordinator HOST:PORT  submit to a running coordinator instead and watch the job.
+//   --coordinator HOST:PORT  submit to a running coordinator instead and watch the job (TLS
+//                            with --tls-ca and $VOCABPIPE_TOKEN, or --insecure on loopback).
+// The in-process coordinator serves plaintext on 127.0.0.1 only (its daemons get --insecure).
 //   --direct                 no control plane: p = 1 trains in this process
 //                            (runtime::RunStandaloneJob), p > 1 starts the rank processes
 //                            itself (RunPipelineJob). Same files, same numbers.
@@ -42,7 +45,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: vocabpipe run JOB.yaml [--resume] [--steps N] [--timeout SECONDS] [--worker PATH]\n"
-    "                              [--output text|json] [--coordinator HOST:PORT | --direct]\n";
+    "                              [--output text|json] [--coordinator HOST:PORT | --direct]\n"
+    "                              [--tls-ca FILE | --insecure]\n";
 
 struct RunFlags {
   std::string spec_path;
@@ -51,6 +55,8 @@ struct RunFlags {
   double timeout_seconds = 60;
   std::string worker_binary;
   std::string coordinator;  // non-empty: a running coordinator
+  std::string tls_ca;       // its CA (--coordinator only)
+  bool insecure = false;
   bool direct = false;
   bool json = false;
 };
@@ -68,6 +74,11 @@ bool ParseRunFlags(const Args& args, std::ostream& err, RunFlags* f) {
       f->resume = true;
     } else if (a == "--direct") {
       f->direct = true;
+    } else if (a == "--insecure") {
+      f->insecure = true;
+    } else if (a == "--tls-ca") {
+      if (!has_value) return fail("--tls-ca needs a file");
+      f->tls_ca = args[++i];
     } else if (a == "--control-plane") {
       // The default since the control plane runs every job; kept for old scripts.
     } else if (a == "--steps") {
@@ -102,6 +113,9 @@ bool ParseRunFlags(const Args& args, std::ostream& err, RunFlags* f) {
   }
   if (f->spec_path.empty()) return fail("give a job spec");
   if (f->direct && !f->coordinator.empty()) return fail("--direct and --coordinator exclude");
+  if (f->coordinator.empty() && (f->insecure || !f->tls_ca.empty())) {
+    return fail("--tls-ca, --insecure: only with --coordinator (a local run is on loopback)");
+  }
   return true;
 }
 
@@ -151,12 +165,21 @@ v1::SubmitJobRequest SubmitRequest(const v1::JobSpec& spec, const RunFlags& f) {
 
 int SubmitAndWatch(const v1::JobSpec& spec, const RunFlags& f, std::ostream& out,
                    std::ostream& err) {
-  Stubs s = Connect(f.coordinator);
+  ControlArgs a;
+  a.coordinator = f.coordinator;
+  a.tls_ca = f.tls_ca;
+  a.insecure = f.insecure;
+  if (std::string why; !ResolveSecurity(&a, &why)) {
+    err << "vocabpipe run: " << why << "\n" << kUsage;
+    return kExitUsage;
+  }
+  Stubs s = Connect(a);
   v1::SubmitJobResponse resp;
   grpc::Status st = s.jobs->SubmitJob(CallContext().get(), SubmitRequest(spec, f), &resp);
   if (!st.ok()) return ReportRpcError("run", st, f.coordinator, err);
   if (!f.json) out << "submitted " << resp.job_id() << " to " << f.coordinator << "\n";
   Args watch = {resp.job_id(), "--coordinator", f.coordinator};
+  watch.insert(watch.end(), a.security_flags.begin(), a.security_flags.end());
   if (f.json) {
     watch.push_back("--output");
     watch.push_back("json");
@@ -177,7 +200,8 @@ class LocalWorkers {
   }
   absl::Status Start(const std::string& binary, const std::string& address,
                      const std::string& log) {
-    auto pid = SpawnLogged({binary, "--coordinator", address, "--exit-with-parent", "1"}, log);
+    auto pid = SpawnLogged(
+        {binary, "--coordinator", address, "--insecure", "--exit-with-parent", "1"}, log);
     if (!pid.ok()) return pid.status();
     pids_.push_back(*pid);
     return absl::OkStatus();
@@ -253,7 +277,7 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   }
 
   // From here on, the same gRPC calls as `vocabpipe submit` + `vocabpipe watch`.
-  Stubs s = Connect(address);
+  Stubs s = Connect(address, grpc::InsecureChannelCredentials());  // loopback, this process
   v1::SubmitJobResponse submitted;
   grpc::Status st = s.jobs->SubmitJob(CallContext().get(), SubmitRequest(spec, f), &submitted);
   if (!st.ok()) return ReportRpcError("run", st, address, err);

@@ -64,7 +64,7 @@ int RunStatusCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe status: at most one job id\n" << usage;
     return kExitUsage;
   }
-  Stubs s = Connect(a.coordinator);
+  Stubs s = Connect(a);
   if (a.positional.size() == 1) {
     v1::GetJobRequest req;
     req.set_job_id(a.positional[0]);

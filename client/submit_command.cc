@@ -63,7 +63,7 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
       return kExitUsage;
     }
   }
-  Stubs s = Connect(a.coordinator);
+  Stubs s = Connect(a);
   v1::SubmitJobResponse resp;
   grpc::Status st = s.jobs->SubmitJob(CallContext().get(), req, &resp);
   if (!st.ok()) return ReportRpcError("submit", st, a.coordinator, err);

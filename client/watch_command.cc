@@ -75,7 +75,7 @@ int RunWatchCommand(const Args& args, std::ostream& out, std::ostream& err) {
       return kExitUsage;
     }
   }
-  Stubs s = Connect(a.coordinator);
+  Stubs s = Connect(a);
   v1::GetJobRequest get;
   get.set_job_id(a.positional[0]);
   v1::Job job;

@@ -16,7 +16,7 @@ int RunWorkersCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe workers: takes no arguments\n" << usage;
     return kExitUsage;
   }
-  Stubs s = Connect(a.coordinator);
+  Stubs s = Connect(a);
   v1::ListWorkersResponse resp;
   grpc::Status st = s.workers->ListWorkers(CallContext().get(), v1::ListWorkersRequest(), &resp);
   if (!st.ok()) return ReportRpcError("workers", st, a.coordinator, err);

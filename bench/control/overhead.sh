@@ -85,16 +85,16 @@ if [[ $run_usage == *--direct* ]]; then direct=1; else direct=0; fi
 
 "$vp" data synth --vocab 8192 --tokens 200000 --out data.bin > /dev/null
 
-"$coordinator" --listen 127.0.0.1:0 --db c.db --no-profile > coord.log 2>&1 &
+"$coordinator" --listen 127.0.0.1:0 --db c.db --no-profile --insecure > coord.log 2>&1 &
 pids+=($!)
 coord_pid=$!
 for _ in $(seq 100); do grep -q listening coord.log && break; sleep 0.1; done
 addr=$(grep -o '127.0.0.1:[0-9]*' coord.log | head -1)
 [[ -n $addr ]] || { echo "overhead.sh: coordinator did not start:" >&2; cat coord.log >&2; exit 1; }
-"$worker" --coordinator "$addr" > w0.log 2>&1 &
+"$worker" --coordinator "$addr" --insecure > w0.log 2>&1 &
 pids+=($!)
 w0_pid=$!
-"$worker" --coordinator "$addr" > w1.log 2>&1 &
+"$worker" --coordinator "$addr" --insecure > w1.log 2>&1 &
 pids+=($!)
 w1_pid=$!
 
@@ -202,12 +202,12 @@ def run_b(i):
     write_spec(name)
     wait_reaped()
     s0, c0, t0 = sample(), children_cpu(), time.monotonic()
-    job = subprocess.run([vp, "submit", f"{name}.yaml", "--coordinator", addr],
+    job = subprocess.run([vp, "submit", f"{name}.yaml", "--coordinator", addr, "--insecure"],
                          capture_output=True, text=True, check=True).stdout.strip()
     # Follow the event stream; sample at the first and at every later step event, so the
     # steady-state cost (first to last step, no submit/plan/start/exit) is separable.
     events, first, last = [], None, None
-    with subprocess.Popen([vp, "watch", job, "--coordinator", addr, "--output", "json"],
+    with subprocess.Popen([vp, "watch", job, "--coordinator", addr, "--insecure", "--output", "json"],
                           stdout=subprocess.PIPE, text=True) as watch:
         for line in watch.stdout:
             if line.strip():

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/grpc/auth.h"
 #include "proto/plan/plan.h"
 #include "coordinator/server/job_plan.h"
 #include "proto/runlog/step_lines.h"
@@ -307,7 +308,8 @@ void Coordinator::Finish(v1::Job& job, v1::JobState state, const std::string& re
   active_.erase(it);
 }
 
-absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume) {
+absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume,
+                                                const std::string& owner) {
   // Confined storage: checked before anything is stored (the workers check again).
   if (auto st = spec::CheckSpecPaths(spec, options_.storage_root); !st.ok()) return st;
   // Memory admission: the planner's memory model, off the lock and under a deadline.
@@ -339,6 +341,7 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   job.set_id(absl::StrCat("job-", next_job_));
   *job.mutable_spec() = spec;
   job.set_resume(resume);
+  job.set_owner(owner);
   job.set_total_steps(spec.train().steps());
   job.set_created_unix_ms(NowMs());
   if (auto st = SetState(job, v1::JOB_STATE_PENDING,
@@ -593,9 +596,19 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
     return;
   }
+  // The attempt's rendezvous secret: only its ranks (given it with the task) use its keys.
+  absl::StatusOr<std::string> secret = auth::RandomHex(32);
+  if (!secret.ok()) {
+    Finish(job, v1::JOB_STATE_FAILED,
+           absl::StrCat("rendezvous secret: ", secret.status().message()));
+    Schedule();
+    return;
+  }
+  kv_.SetRunSecret(absl::StrCat("vocabpipe/", a.attempt, "/"), *secret);
   for (int r = 0; r < p; ++r) {
     v1::WorkerCommand cmd;
     v1::RunTask* run = cmd.mutable_run();
+    run->set_store_secret(*secret);
     run->set_job_id(job.id());
     run->set_rank(r);
     run->set_attempt(a.attempt);

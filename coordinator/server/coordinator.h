@@ -93,7 +93,9 @@ class Coordinator {
   // (ResourceExhausted "memory: needs X GiB on rank r, the largest worker has Y GiB").
   // resume: the ranks continue from the latest step all of them saved in
   // checkpoint.dir (SubmitJobRequest.resume).
-  absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec, bool resume = false);
+  // owner: the submitting user, recorded on the job (Job.owner).
+  absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec, bool resume = false,
+                                     const std::string& owner = "local");
   absl::StatusOr<vocabpipe::v1::Job> GetJob(const std::string& id);
   std::vector<vocabpipe::v1::Job> ListJobs(int limit);  // newest first
   absl::StatusOr<vocabpipe::v1::Job> Cancel(const std::string& id, const std::string& reason);

@@ -1,5 +1,7 @@
-// vocabpipe-coordinator --listen HOST:PORT --db FILE [--heartbeat-interval S]
-//     [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]
+// vocabpipe-coordinator [--listen HOST:PORT] --db FILE
+//     (--tls-cert FILE --tls-key FILE --tls-ca FILE --tokens FILE | --insecure)
+//     [--heartbeat-interval S] [--heartbeat-timeout S] [--rank-timeout S] [--no-profile]
+//     [--flops-per-second X]
 //     [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]
 //     [--max-watchers N] [--metrics-keep-finished N]
 // The control plane daemon (docs/operations.md, "Control plane"). Prints
@@ -24,7 +26,9 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: vocabpipe-coordinator --listen HOST:PORT --db FILE [--heartbeat-interval S]\n"
+    "usage: vocabpipe-coordinator [--listen HOST:PORT] --db FILE\n"
+    "         (--tls-cert FILE --tls-key FILE --tls-ca FILE --tokens FILE | --insecure)\n"
+    "         [--heartbeat-interval S]\n"
     "         [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]\n"
     "         [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]\n"
     "         [--max-watchers N] [--metrics-keep-finished N]\n";
@@ -38,13 +42,18 @@ int Usage(const std::string& why) {
 
 int main(int argc, char** argv) {
   vp::server::CoordinatorOptions options;
-  std::string listen, metrics_listen;
+  std::string listen = "127.0.0.1:50051", metrics_listen, tokens_path;
+  bool insecure = false;
   vp::server::ServerOptions server_options;
   int keep_finished = 100;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-profile") {
       options.profile = false;
+      continue;
+    }
+    if (a == "--insecure") {
+      insecure = true;
       continue;
     }
     if (a == "--help" || a == "-h") {
@@ -57,6 +66,14 @@ int main(int argc, char** argv) {
     const bool number = absl::SimpleAtod(v, &x) && x > 0;
     if (a == "--listen") {
       listen = v;
+    } else if (a == "--tls-cert") {
+      server_options.tls.cert = v;
+    } else if (a == "--tls-key") {
+      server_options.tls.key = v;
+    } else if (a == "--tls-ca") {
+      server_options.tls.ca = v;
+    } else if (a == "--tokens") {
+      tokens_path = v;
     } else if (a == "--exit-with-parent") {
       if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);  // tests and wrappers: end with them
     } else if (a == "--metrics-listen") {
@@ -95,6 +112,26 @@ int main(int argc, char** argv) {
     }
   }
   if (listen.empty() || options.db_path.empty()) return Usage("--listen and --db are required");
+  // Plaintext only when asked for, and only on loopback (docs/operations.md, "Security").
+  if (insecure) {
+    if (auto st = vp::auth::CheckInsecure(server_options.tls, listen, "--listen"); !st.ok()) {
+      return Usage(std::string(st.message()));
+    }
+    if (!tokens_path.empty()) {
+      return Usage("--tokens: needs TLS (bearer tokens are never accepted in plaintext)");
+    }
+  } else {
+    if (!server_options.tls.any()) {
+      return Usage(
+          "TLS required: --tls-cert, --tls-key and --tls-ca (vocabpipe certs init DIR), or "
+          "--insecure on a loopback --listen");
+    }
+    if (tokens_path.empty())
+      return Usage("--tokens FILE: required with TLS (vocabpipe certs token)");
+    auto tokens = vp::auth::TokenTable::Load(tokens_path);
+    if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
+    server_options.tokens = std::make_shared<const vp::auth::TokenTable>(std::move(*tokens));
+  }
 
   // Signals are taken by a dedicated thread (sigwait), never by an async handler.
   sigset_t signals;
@@ -126,7 +163,7 @@ int main(int argc, char** argv) {
   auto server = vp::server::CoordinatorServer::Start(coordinator->get(), listen, server_options);
   if (!server.ok()) {
     std::cerr << "vocabpipe-coordinator: " << server.status().message() << std::endl;
-    return 1;
+    return absl::IsInvalidArgument(server.status()) ? 2 : 1;
   }
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::cout << "vocabpipe-coordinator: listening on " << host << ":" << (*server)->port()

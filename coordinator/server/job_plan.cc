@@ -4,6 +4,7 @@
 #include "coordinator/planner/spec_input.h"
 
 namespace vp::server {
+namespace v1 = vocabpipe::v1;
 namespace {
 
 vocabpipe::v1::PlanCandidate CandidateRow(const planner::Candidate& c) {

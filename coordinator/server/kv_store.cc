@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "proto/grpc/auth.h"
 
 namespace vp::server {
 
@@ -104,10 +105,38 @@ void KvStore::Forget(const std::string& key, const std::string& value) {
 
 void KvStore::DropPrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(mu_);
+  secrets_.erase(prefix);
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;) {
     Forget(it->first, it->second);
     it = kv_.erase(it);
   }
+}
+
+void KvStore::SetRunSecret(const std::string& run, std::string secret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  secrets_[run] = std::move(secret);
+}
+
+absl::Status KvStore::CheckRunSecret(const std::string& key, const std::string& secret,
+                                     const std::string& field) const {
+  if (key.rfind("vocabpipe/", 0) != 0) return absl::OkStatus();
+  const std::string run = RunOf(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = secrets_.find(run);
+  if (it == secrets_.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": run \"", run, "\" is not an active run; its keys are for its ranks only"));
+  }
+  if (secret.empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, ": run \"", run, "\" needs its rendezvous secret (metadata ",
+                     auth::kRunSecretMetadata, ", given to its ranks with the task)"));
+  }
+  if (!auth::SecretEquals(secret, it->second)) {
+    return absl::PermissionDeniedError(absl::StrCat(field, ": wrong rendezvous secret for run \"",
+                                                    run, "\"; its keys are for its ranks only"));
+  }
+  return absl::OkStatus();
 }
 
 size_t KvStore::size() const {

@@ -30,8 +30,16 @@ class KvStore {
   absl::StatusOr<std::string> Get(const std::string& key, absl::Time deadline);
   // Waits until every key exists (NotFound naming a missing one at the deadline).
   absl::Status Wait(const std::vector<std::string>& keys, absl::Time deadline);
-  // Drops every key starting with prefix (a finished launch's rendezvous).
+  // Drops every key starting with prefix (a finished launch's rendezvous), and the run secret
+  // registered for exactly that prefix.
   void DropPrefix(const std::string& prefix);
+  // The rendezvous secret of a run ("vocabpipe/ATTEMPT/", RunOf): from now on its keys are
+  // readable and writable only with it.
+  void SetRunSecret(const std::string& run, std::string secret);
+  // PermissionDenied unless `key` is outside the ranks' namespace ("vocabpipe/...") or its run
+  // has a secret equal to `secret` (compared in constant time). `field` names the key.
+  absl::Status CheckRunSecret(const std::string& key, const std::string& secret,
+                              const std::string& field) const;
   size_t size() const;
 
   // The run a key belongs to: "vocabpipe/ATTEMPT/" for the ranks' rendezvous keys of one
@@ -49,6 +57,7 @@ class KvStore {
   std::condition_variable cv_;
   std::map<std::string, std::string> kv_;
   std::map<std::string, Usage> usage_;  // per run
+  std::map<std::string, std::string> secrets_;  // per run
 };
 
 // Checks a key: non-empty, at most kMaxKeyBytes. InvalidArgument naming `field`.

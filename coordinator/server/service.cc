@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <atomic>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/server/kv_store.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 
 namespace vp::server {
@@ -27,6 +30,70 @@ grpc::Status Invalid(const std::string& message) {
 // Gloo rendezvous never waits longer).
 constexpr int64_t kMaxStoreWaitMs = 10 * 60 * 1000;
 
+}  // namespace
+
+// Who may call what (ServerOptions): a secure server knows JobService users by their bearer
+// token and workers by their verified certificate; an insecure one (loopback only) trusts
+// every caller as the admin "local".
+class Guard {
+ public:
+  Guard(bool secure, std::shared_ptr<const auth::TokenTable> tokens)
+      : secure_(secure), tokens_(std::move(tokens)) {}
+
+  absl::StatusOr<auth::User> User(grpc::ServerContext* ctx) const {
+    if (!secure_) return auth::User{"local", true};
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    if (it == md.end()) {
+      return absl::UnauthenticatedError(
+          "authorization: this call needs a bearer token (set VOCABPIPE_TOKEN; an admin makes "
+          "one with `vocabpipe certs token USER`)");
+    }
+    const std::string value(it->second.data(), it->second.size());
+    constexpr std::string_view kBearer = "Bearer ";
+    if (value.rfind(kBearer, 0) != 0) {
+      return absl::UnauthenticatedError("authorization: not a bearer token (\"Bearer TOKEN\")");
+    }
+    std::optional<auth::User> user =
+        tokens_ ? tokens_->Find(std::string_view(value).substr(kBearer.size())) : std::nullopt;
+    if (!user) {
+      return absl::UnauthenticatedError("authorization: unknown bearer token");
+    }
+    return *user;
+  }
+
+  // A verified client certificate whose subject has OU=worker.
+  absl::Status Worker(grpc::ServerContext* ctx) const {
+    if (!secure_) return absl::OkStatus();
+    std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+    if (auth != nullptr && auth->IsPeerAuthenticated()) {
+      // The peer's certificate, verified against --tls-ca in the handshake.
+      for (const grpc::string_ref& pem : auth->FindPropertyValues("x509_pem_cert")) {
+        if (auth::IsWorkerCertificate(std::string_view(pem.data(), pem.size()))) {
+          return absl::OkStatus();
+        }
+      }
+    }
+    return absl::UnauthenticatedError(
+        "worker certificate required: WorkerService and StoreService accept only clients with "
+        "a worker certificate (OU=worker) of the cluster CA (vocabpipe certs init)");
+  }
+
+  // The job's owner or an admin.
+  static absl::Status MayUse(const auth::User& user, const v1::Job& job) {
+    if (user.admin || user.name == job.owner()) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrCat("job ", job.id(), " belongs to ", job.owner(), "; user ", user.name,
+                     " may not read, watch or cancel it (only its owner or an admin)"));
+  }
+
+ private:
+  const bool secure_;
+  std::shared_ptr<const auth::TokenTable> tokens_;
+};
+
+namespace {
+
 absl::StatusOr<absl::Time> StoreDeadline(int64_t timeout_ms, grpc::ServerContext* ctx) {
   if (timeout_ms < 0 || timeout_ms > kMaxStoreWaitMs) {
     return absl::InvalidArgumentError(
@@ -38,30 +105,41 @@ absl::StatusOr<absl::Time> StoreDeadline(int64_t timeout_ms, grpc::ServerContext
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Coordinator* c, int max_watchers) : c_(c), max_watchers_(max_watchers) {}
+  JobServiceImpl(Coordinator* c, int max_watchers, const Guard* guard)
+      : c_(c), max_watchers_(max_watchers), guard_(guard) {}
 
-  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+  grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override {
+    auto user = guard_->User(ctx);
+    if (!user.ok()) return ToGrpc(user.status());
     auto spec = SpecFromRequest(*req);
     if (!spec.ok()) return ToGrpc(spec.status());
-    auto id = c_->Submit(*spec, req->resume());
+    auto id = c_->Submit(*spec, req->resume(), user->name);
     if (!id.ok()) return ToGrpc(id.status());
     resp->set_job_id(*id);
     return grpc::Status::OK;
   }
 
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::Job* resp) override {
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                      v1::Job* resp) override {
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
-    auto job = c_->GetJob(req->job_id());
+    auto job = OwnedJob(ctx, req->job_id());
     if (!job.ok()) return ToGrpc(job.status());
     *resp = std::move(*job);
     return grpc::Status::OK;
   }
 
-  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                         v1::ListJobsResponse* resp) override {
+    auto user = guard_->User(ctx);
+    if (!user.ok()) return ToGrpc(user.status());
     if (req->limit() < 0) return Invalid("limit: must be >= 0");
-    for (auto& job : c_->ListJobs(req->limit())) *resp->add_jobs() = std::move(job);
+    // A user sees their own jobs, an admin every job.
+    for (auto& job : c_->ListJobs(0)) {
+      if (!Guard::MayUse(*user, job).ok()) continue;
+      if (req->limit() > 0 && resp->jobs_size() >= req->limit()) break;
+      *resp->add_jobs() = std::move(job);
+    }
     return grpc::Status::OK;
   }
 
@@ -69,6 +147,7 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     if (req->after_event() < 0) return Invalid("after_event: must be >= 0");
+    if (auto job = OwnedJob(ctx, req->job_id()); !job.ok()) return ToGrpc(job.status());
     if (watchers_.fetch_add(1) >= max_watchers_) {
       watchers_.fetch_sub(1);
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -93,18 +172,21 @@ class JobServiceImpl final : public v1::JobService::Service {
     return grpc::Status(grpc::StatusCode::CANCELLED, "client left");
   }
 
-  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                          v1::Job* resp) override {
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     if (req->reason().size() > 1024) return Invalid("reason: longer than 1024 bytes");
+    // The owner never changes: checked here, the cancel below cannot meet another owner.
+    if (auto owned = OwnedJob(ctx, req->job_id()); !owned.ok()) return ToGrpc(owned.status());
     auto job = c_->Cancel(req->job_id(), req->reason());
     if (!job.ok()) return ToGrpc(job.status());
     *resp = std::move(*job);
     return grpc::Status::OK;
   }
 
-  grpc::Status PlanJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+  grpc::Status PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                        v1::PlanJobResponse* resp) override {
+    if (auto user = guard_->User(ctx); !user.ok()) return ToGrpc(user.status());
     auto spec = SpecFromRequest(*req);
     if (!spec.ok()) return ToGrpc(spec.status());
     auto plan = c_->PlanDryRun(*spec);
@@ -114,63 +196,88 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
  private:
+  // The job, when the caller is authenticated and owns it (or is an admin). An unknown job is
+  // NOT_FOUND for everyone.
+  absl::StatusOr<v1::Job> OwnedJob(grpc::ServerContext* ctx, const std::string& id) {
+    auto user = guard_->User(ctx);
+    if (!user.ok()) return user.status();
+    auto job = c_->GetJob(id);
+    if (!job.ok()) return job.status();
+    if (auto st = Guard::MayUse(*user, *job); !st.ok()) return st;
+    return job;
+  }
+
   Coordinator* c_;
   const int max_watchers_;
+  const Guard* guard_;
   std::atomic<int> watchers_{0};
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(Coordinator* c) : c_(c) {}
+  WorkerServiceImpl(Coordinator* c, const Guard* guard) : c_(c), guard_(guard) {}
 
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* req,
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override {
+    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
     auto r = c_->RegisterWorker(*req);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
+    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
     if (req->worker_id().empty()) return Invalid("worker_id: must not be empty");
     auto r = c_->Heartbeat(*req);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
-  grpc::Status ReportMetrics(grpc::ServerContext*, const v1::ReportMetricsRequest* req,
+  grpc::Status ReportMetrics(grpc::ServerContext* ctx, const v1::ReportMetricsRequest* req,
                              v1::ReportMetricsResponse*) override {
+    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
     if (req->worker_id().empty()) return Invalid("worker_id: must not be empty");
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     return ToGrpc(c_->ReportMetrics(*req));
   }
-  grpc::Status ReportTask(grpc::ServerContext*, const v1::ReportTaskRequest* req,
+  grpc::Status ReportTask(grpc::ServerContext* ctx, const v1::ReportTaskRequest* req,
                           v1::ReportTaskResponse*) override {
+    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
     if (req->worker_id().empty()) return Invalid("worker_id: must not be empty");
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     if (req->rank() < -1) return Invalid("rank: must be >= 0 (or -1 for a profile)");
     return ToGrpc(c_->ReportTask(*req));
   }
-  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                            v1::ListWorkersResponse* resp) override {
+    // Users (`vocabpipe workers`) and workers alike.
+    if (!guard_->Worker(ctx).ok()) {
+      if (auto user = guard_->User(ctx); !user.ok()) return ToGrpc(user.status());
+    }
     for (auto& w : c_->ListWorkers()) *resp->add_workers() = std::move(w);
     return grpc::Status::OK;
   }
 
  private:
   Coordinator* c_;
+  const Guard* guard_;
 };
 
+// Every call needs a worker certificate (on a secure server); keys of a run
+// ("vocabpipe/ATTEMPT/...") need that run's secret as well (KvStore::CheckRunSecret).
 class StoreServiceImpl final : public v1::StoreService::Service {
  public:
-  explicit StoreServiceImpl(Coordinator* c) : c_(c) {}
+  StoreServiceImpl(Coordinator* c, const Guard* guard) : c_(c), guard_(guard) {}
 
-  grpc::Status Set(grpc::ServerContext*, const v1::StoreSetRequest* req,
+  grpc::Status Set(grpc::ServerContext* ctx, const v1::StoreSetRequest* req,
                    v1::StoreSetResponse*) override {
+    if (auto st = Allowed(ctx, req->key(), "key"); !st.ok()) return ToGrpc(st);
     return ToGrpc(c_->kv().Set(req->key(), req->value()));
   }
   grpc::Status Get(grpc::ServerContext* ctx, const v1::StoreGetRequest* req,
                    v1::StoreGetResponse* resp) override {
+    if (auto st = Allowed(ctx, req->key(), "key"); !st.ok()) return ToGrpc(st);
     auto deadline = StoreDeadline(req->timeout_ms(), ctx);
     if (!deadline.ok()) return ToGrpc(deadline.status());
     auto v = c_->kv().Get(req->key(), *deadline);
@@ -183,11 +290,28 @@ class StoreServiceImpl final : public v1::StoreService::Service {
     auto deadline = StoreDeadline(req->timeout_ms(), ctx);
     if (!deadline.ok()) return ToGrpc(deadline.status());
     if (req->keys_size() == 0) return Invalid("keys: must not be empty");
+    for (int i = 0; i < req->keys_size(); ++i) {
+      if (auto st = Allowed(ctx, req->keys(i), absl::StrCat("keys[", i, "]")); !st.ok()) {
+        return ToGrpc(st);
+      }
+    }
     return ToGrpc(c_->kv().Wait({req->keys().begin(), req->keys().end()}, *deadline));
   }
 
  private:
+  absl::Status Allowed(grpc::ServerContext* ctx, const std::string& key,
+                       const std::string& field) const {
+    if (auto st = guard_->Worker(ctx); !st.ok()) return st;
+    if (auto st = ValidateKey(key, field); !st.ok()) return st;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find(auth::kRunSecretMetadata);
+    const std::string secret =
+        it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+    return c_->kv().CheckRunSecret(key, secret, field);
+  }
+
   Coordinator* c_;
+  const Guard* guard_;
 };
 
 }  // namespace
@@ -195,9 +319,23 @@ class StoreServiceImpl final : public v1::StoreService::Service {
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     Coordinator* coordinator, const std::string& listen, const ServerOptions& options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers);
-  s->workers_ = std::make_unique<WorkerServiceImpl>(coordinator);
-  s->store_ = std::make_unique<StoreServiceImpl>(coordinator);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  const bool secure = options.tls.any();
+  if (secure) {
+    auto tls = auth::ServerCredentials(options.tls);
+    if (!tls.ok()) return tls.status();
+    credentials = *tls;
+    if (options.tokens == nullptr) {
+      return absl::InvalidArgumentError("--tokens: required with TLS (vocabpipe certs token)");
+    }
+  } else if (!auth::IsLoopbackAddress(listen)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen ", listen, ": without TLS (--tls-cert/--tls-key/--tls-ca) only loopback"));
+  }
+  s->guard_ = std::make_unique<Guard>(secure, options.tokens);
+  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers, s->guard_.get());
+  s->workers_ = std::make_unique<WorkerServiceImpl>(coordinator, s->guard_.get());
+  s->store_ = std::make_unique<StoreServiceImpl>(coordinator, s->guard_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -205,7 +343,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // at most 64 KiB); answers carry job records with their plan text.
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(listen, credentials, &s->port_);
   builder.RegisterService(s->jobs_.get());
   builder.RegisterService(s->workers_.get());
   builder.RegisterService(s->store_.get());

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/server/coordinator.h"
+#include "proto/grpc/auth.h"
 
 namespace grpc {
 class Server;
@@ -26,7 +27,17 @@ inline constexpr int kMaxResponseBytes = 64 << 20;
 struct ServerOptions {
   // Open WatchJob streams at most (each holds a server thread); more get RESOURCE_EXHAUSTED.
   int max_watchers = 64;
+  // TLS (docs/operations.md, "Security"): cert + key + ca. With them, WorkerService's worker
+  // calls and StoreService need a client certificate of the CA with OU=worker
+  // (UNAUTHENTICATED "worker certificate required") and JobService a bearer token of `tokens`
+  // (UNAUTHENTICATED); a job is readable, watchable and cancellable by its owner and admins
+  // only (PERMISSION_DENIED). Without them the server is plaintext, allowed only on a loopback
+  // address, and every caller is the admin "local".
+  auth::TlsFiles tls;
+  std::shared_ptr<const auth::TokenTable> tokens;
 };
+
+class Guard;
 
 class CoordinatorServer {
  public:
@@ -43,6 +54,7 @@ class CoordinatorServer {
 
  private:
   CoordinatorServer() = default;
+  std::unique_ptr<Guard> guard_;
   std::unique_ptr<grpc::Service> jobs_, workers_, store_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

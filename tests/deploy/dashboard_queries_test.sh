@@ -22,13 +22,13 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 vp="$build/client/vocabpipe"
 mport="$(free_port)"
-"$build/coordinator/server/vocabpipe-coordinator" --listen 127.0.0.1:0 --db "$dir/c.db" \
+"$build/coordinator/server/vocabpipe-coordinator" --listen 127.0.0.1:0 --db "$dir/c.db" --insecure \
   --metrics-listen "127.0.0.1:$mport" --heartbeat-interval 0.2 > "$dir/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do grep -q "listening on 127.0.0.1:" "$dir/coordinator.log" && break; sleep 0.1; done
 coord="127.0.0.1:$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$dir/coordinator.log" | head -n 1)"
 for i in 0 1; do
-  "$build/worker/main/vocabpipe-worker" --coordinator "$coord" --rank-hint "$i" > "$dir/w$i.log" 2>&1 &
+  "$build/worker/main/vocabpipe-worker" --coordinator "$coord" --insecure --rank-hint "$i" > "$dir/w$i.log" 2>&1 &
   pids+=($!)
 done
 
@@ -52,8 +52,8 @@ train: {steps: 400, lr: 0.003, threads: 1}
 data: {path: $dir/data.bin}
 checkpoint: {dir: $dir/ckpt, every: 0}
 YAML
-job="$("$vp" submit "$dir/job.yaml" --coordinator "$coord")"
-"$vp" watch "$job" --coordinator "$coord" > "$dir/watch.log" 2>&1 || fail "job $job did not succeed"
+job="$("$vp" submit "$dir/job.yaml" --coordinator "$coord" --insecure)"
+"$vp" watch "$job" --coordinator "$coord" --insecure > "$dir/watch.log" 2>&1 || fail "job $job did not succeed"
 sleep 3  # a last scrape after the end
 
 python3 - "$src/deploy/grafana/dashboards/vocabpipe.json" "$pport" <<'PY' || fail "dashboard queries"

@@ -65,7 +65,13 @@ data: {path: $dir/data.bin}
 checkpoint: {dir: $dir/ckpt, every: 3}
 YAML
 
+# TLS (the hub's address is not loopback): certificates with the hub's IP, an admin token.
+"$vp" certs init "$dir/certs" --hosts 10.213.7.1 > /dev/null || fail "certs init"
+export VOCABPIPE_TOKEN="$("$vp" certs token test --role admin --tokens "$dir/tokens")"
+export VOCABPIPE_TLS_CA="$dir/certs/ca.pem"
 ip netns exec "$ns_hub" "$coordinator_bin" --listen 10.213.7.1:0 --db "$dir/c.db" --no-profile \
+  --tls-cert "$dir/certs/server.pem" --tls-key "$dir/certs/server-key.pem" \
+  --tls-ca "$dir/certs/ca.pem" --tokens "$dir/tokens" \
   --heartbeat-interval 0.2 --heartbeat-timeout 3 --rank-timeout 30 > "$dir/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
@@ -82,7 +88,9 @@ start_worker() {
   local ns="$1" host="$2" log="$3"
   shift 3
   ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$host" \
-    "$worker" --coordinator "$coord" "$@" > "$dir/$log" 2>&1 &
+    "$worker" --coordinator "$coord" --tls-ca "$dir/certs/ca.pem" \
+    --tls-cert "$dir/certs/worker.pem" --tls-key "$dir/certs/worker-key.pem" "$@" \
+    > "$dir/$log" 2>&1 &
   pids+=($!)
 }
 wait_workers() {  # wait_workers N: until N workers are registered

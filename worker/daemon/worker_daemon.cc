@@ -27,6 +27,8 @@
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
 
+extern char** environ;
+
 namespace vp::daemon {
 namespace v1 = vocabpipe::v1;
 namespace fs = std::filesystem;
@@ -69,7 +71,8 @@ struct Task {
 // A channel to the coordinator that reconnects within a second after the coordinator comes
 // back: gRPC's default reconnect backoff grows to minutes, which would keep a worker away from
 // a restarted coordinator long after it is serving again.
-std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> CoordinatorChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
@@ -77,14 +80,14 @@ std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address) {
   // A heartbeat answer carries whole RunTasks (spec and plan text): the coordinator's answers
   // are at most 64 MiB (coordinator/server/service.h).
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 class Daemon {
  public:
-  Daemon(const DaemonOptions& options)
+  Daemon(const DaemonOptions& options, std::shared_ptr<grpc::ChannelCredentials> credentials)
       : options_(options),
-        channel_(CoordinatorChannel(options.coordinator)),
+        channel_(CoordinatorChannel(options.coordinator, std::move(credentials))),
         stub_(v1::WorkerService::NewStub(channel_)) {}
 
   ~Daemon() {
@@ -291,6 +294,18 @@ class Daemon {
                                      options_.coordinator,
                                      "--hostname",
                                      options_.address};
+    // The store over the same channel security as the daemon's own calls.
+    if (options_.insecure) {
+      args.push_back("--insecure");
+    } else {
+      for (const auto& [flag, file] :
+           {std::pair<const char*, const std::string*>{"--tls-ca", &options_.tls.ca},
+            {"--tls-cert", &options_.tls.cert},
+            {"--tls-key", &options_.tls.key}}) {
+        args.push_back(flag);
+        args.push_back(*file);
+      }
+    }
     if (options_.device.rfind("cuda:", 0) == 0) {  // this daemon's GPU
       args.push_back("--cuda-device");
       args.push_back(options_.device.substr(5));
@@ -302,6 +317,17 @@ class Daemon {
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
+    // The run's rendezvous secret goes in the environment (a command line is readable by every
+    // user of the host); built before the fork, which may only call async-signal-safe functions.
+    const std::string secret_var = absl::StrCat(auth::kRunSecretEnv, "=", run.store_secret());
+    std::vector<char*> envp;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::string_view(*e).rfind(absl::StrCat(auth::kRunSecretEnv, "="), 0) != 0) {
+        envp.push_back(*e);
+      }
+    }
+    envp.push_back(const_cast<char*>(secret_var.c_str()));
+    envp.push_back(nullptr);
     const int log = open(t.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log < 0) return fail(absl::StrCat(t.log_path, ": cannot open"));
     const pid_t pid = fork();
@@ -311,7 +337,7 @@ class Daemon {
       sigprocmask(SIG_SETMASK, &none, nullptr);
       dup2(log, STDOUT_FILENO);
       dup2(log, STDERR_FILENO);
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     close(log);
@@ -430,7 +456,28 @@ absl::Status RunDaemon(const DaemonOptions& options, const std::atomic<bool>* st
   if (d != "cpu" && d.rfind("cuda", 0) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--device: \"", d, "\" is not cpu or cuda:N"));
   }
-  Daemon daemon(options);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.insecure) {
+    if (auto st = auth::CheckInsecure(options.tls, options.coordinator, "--coordinator");
+        !st.ok()) {
+      return st;
+    }
+    credentials = grpc::InsecureChannelCredentials();
+  } else {
+    if (!options.tls.any()) {
+      return absl::InvalidArgumentError(
+          "TLS required: --tls-ca, --tls-cert and --tls-key (a worker certificate from "
+          "vocabpipe certs init), or --insecure with a loopback --coordinator");
+    }
+    if (options.tls.cert.empty() || options.tls.key.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-cert, --tls-key: a worker needs its certificate and key (vocabpipe certs init)");
+    }
+    auto tls = auth::ClientCredentials(options.tls);
+    if (!tls.ok()) return tls.status();
+    credentials = *tls;
+  }
+  Daemon daemon(options, std::move(credentials));
   daemon.Loop(stop);
   return absl::OkStatus();
 }

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "proto/grpc/auth.h"
 
 namespace vp::daemon {
 
@@ -35,10 +36,16 @@ struct DaemonOptions {
   std::string storage_root;
   // Data limit (bytes, RLIMIT_DATA) of the profiling child process; 0: none (profile.h).
   int64_t profile_memory_limit = 0;
+  // TLS to the coordinator: its CA, and this worker's certificate (OU=worker) and key; the
+  // rank processes get the same files for the store. Or `insecure` (loopback only).
+  auth::TlsFiles tls;
+  bool insecure = false;
 };
 
-// Runs until *stop becomes true. Errors: bad options only (a coordinator that is down is
-// retried: the daemon registers once it is up, and again after a coordinator restart).
+// Runs until *stop becomes true. Errors: bad options only (InvalidArgument naming the flag:
+// neither TLS nor --insecure, --insecure off loopback, unreadable certificate files) (a coordinator
+// that is down is retried: the daemon registers once it is up, and again after a coordinator
+// restart).
 absl::Status RunDaemon(const DaemonOptions& options, const std::atomic<bool>* stop);
 
 }  // namespace vp::daemon

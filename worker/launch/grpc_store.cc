@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gloo/common/error.h"
+#include "proto/grpc/auth.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 
 namespace vp::launch {
@@ -19,9 +20,15 @@ constexpr std::chrono::seconds kSlack{5};
 
 }  // namespace
 
-GrpcStore::GrpcStore(const std::string& address, std::chrono::milliseconds timeout)
-    : channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+GrpcStore::GrpcStore(const std::string& address, std::chrono::milliseconds timeout,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials, std::string run_secret)
+    : channel_(grpc::CreateChannel(address, std::move(credentials))),
+      run_secret_(std::move(run_secret)),
       timeout_(timeout) {}
+
+void GrpcStore::Prepare(grpc::ClientContext& ctx) const {
+  if (!run_secret_.empty()) ctx.AddMetadata(auth::kRunSecretMetadata, run_secret_);
+}
 
 GrpcStore::~GrpcStore() = default;
 
@@ -30,6 +37,7 @@ void GrpcStore::set(const std::string& key, const std::vector<char>& data) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   ctx.set_wait_for_ready(true);
+  Prepare(ctx);
   v1::StoreSetRequest req;
   req.set_key(key);
   req.set_value(std::string(data.begin(), data.end()));
@@ -42,6 +50,7 @@ std::vector<char> GrpcStore::get(const std::string& key) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout_ + kSlack);
   ctx.set_wait_for_ready(true);
+  Prepare(ctx);
   v1::StoreGetRequest req;
   req.set_key(key);
   req.set_timeout_ms(timeout_.count());
@@ -58,6 +67,7 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout + kSlack);
   ctx.set_wait_for_ready(true);
+  Prepare(ctx);
   v1::StoreWaitRequest req;
   for (const std::string& k : keys) req.add_keys(k);
   req.set_timeout_ms(timeout.count());

@@ -15,15 +15,20 @@
 
 namespace grpc {
 class Channel;
+class ChannelCredentials;
+class ClientContext;
 }  // namespace grpc
 
 namespace vp::launch {
 
 class GrpcStore final : public gloo::rendezvous::Store {
  public:
-  // `address`: the coordinator's HOST:PORT. `timeout` bounds get() and wait() (Gloo's
-  // rendezvous timeout); set() has a fixed 10 s deadline.
-  GrpcStore(const std::string& address, std::chrono::milliseconds timeout);
+  // `address`: the coordinator's HOST:PORT, reached with `credentials` (TLS with the worker's
+  // certificate, auth/auth.h; insecure only on loopback). `timeout` bounds get() and wait()
+  // (Gloo's rendezvous timeout); set() has a fixed 10 s deadline. `run_secret` (the RunTask's
+  // store_secret) goes with every call: the store refuses the run's keys without it.
+  GrpcStore(const std::string& address, std::chrono::milliseconds timeout,
+            std::shared_ptr<grpc::ChannelCredentials> credentials, std::string run_secret);
   ~GrpcStore() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -33,7 +38,10 @@ class GrpcStore final : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
+  void Prepare(grpc::ClientContext& ctx) const;  // the run secret
+
   std::shared_ptr<grpc::Channel> channel_;
+  std::string run_secret_;
   std::chrono::milliseconds timeout_;
 };
 

@@ -1,8 +1,8 @@
 // vocabpipe-worker, two modes:
 //
 //   vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address auto|IP]
-//       [--rank-hint N] [--storage-root DIR] [--profile-memory-limit BYTES]
-//       [--exit-with-parent 1]
+//       [--rank-hint N] (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
+//       [--storage-root DIR] [--profile-memory-limit BYTES] [--exit-with-parent 1]
 //       The worker daemon (worker/daemon/worker_daemon.h): registers with the coordinator,
 //       heartbeats and runs the ranks it is given until SIGINT/SIGTERM. The address may also
 //       come from $VOCABPIPE_COORDINATOR. The IP it advertises (and its ranks bind to) is
@@ -11,11 +11,14 @@
 //       worker index). Exit code 0 when stopped by a signal, 2 on bad usage.
 //
 //   vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID]
-//       [--resume-step N] [--store HOST:PORT] [--hostname IP]
-//       One pipeline rank; started by `vocabpipe run` (client/launcher.h) or by a worker
-//       daemon (then --store names the coordinator whose StoreService holds the rendezvous).
-//       Exit code 0 when the job's steps are done, 1 on any error (the message goes to
-//       stderr, the rank's log), 2 on bad usage.
+//       [--resume-step N] [--store HOST:PORT [--tls-ca F --tls-cert F --tls-key F | --insecure]]
+//       [--hostname IP]
+//       One pipeline rank; started by `vocabpipe run` (client/launcher.h) or by a worker daemon
+//       (then --store names the coordinator whose StoreService holds the rendezvous, and the
+//       run's rendezvous secret comes from $VOCABPIPE_STORE_SECRET, set by the daemon). Exit
+//       code 0 when the job's steps are done, 1 on any error (the message goes to stderr, the
+//       rank's log), 2 on bad usage.
+#include <grpcpp/security/credentials.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -29,6 +32,7 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "proto/grpc/auth.h"
 #include "proto/spec/storage_root.h"
 #include "worker/daemon/address.h"
 #include "worker/daemon/profile.h"
@@ -42,10 +46,11 @@ namespace {
 constexpr char kUsage[] =
     "usage: vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address auto|IP] "
     "[--rank-hint N]\n"
+    "         (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)\n"
     "         [--storage-root DIR] [--profile-memory-limit BYTES]\n"
     "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] "
     "[--cuda-device N] "
-    "[--resume-step N] [--store HOST:PORT] [--hostname IP]\n";
+    "[--resume-step N] [--store HOST:PORT (TLS flags | --insecure)] [--hostname IP]\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-worker: " << why << "\n" << kUsage;
@@ -75,10 +80,20 @@ int DaemonMain(int argc, char** argv) {
   if (const char* env = std::getenv("VOCABPIPE_COORDINATOR")) options.coordinator = env;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--insecure") {
+      options.insecure = true;
+      continue;
+    }
     if (i + 1 >= argc) return Usage(a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--coordinator") {
       options.coordinator = v;
+    } else if (a == "--tls-ca") {
+      options.tls.ca = v;
+    } else if (a == "--tls-cert") {
+      options.tls.cert = v;
+    } else if (a == "--tls-key") {
+      options.tls.key = v;
     } else if (a == "--device") {
       options.device = v;
     } else if (a == "--address") {
@@ -150,8 +165,14 @@ int main(int argc, char** argv) {
   vp::launch::WorkerOptions options;
   bool have_dir = false, have_rank = false;
   std::string store_address;
+  vp::auth::TlsFiles tls;
+  bool insecure = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--insecure") {
+      insecure = true;
+      continue;
+    }
     if (i + 1 >= argc) return Usage(a + " needs a value");
     const std::string v = argv[++i];
     double seconds = 0;
@@ -176,6 +197,12 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--store") {
       store_address = v;
+    } else if (a == "--tls-ca") {
+      tls.ca = v;
+    } else if (a == "--tls-cert") {
+      tls.cert = v;
+    } else if (a == "--tls-key") {
+      tls.key = v;
     } else if (a == "--hostname") {
       options.hostname = v;
     } else if (a == "--cuda-device") {
@@ -188,9 +215,28 @@ int main(int argc, char** argv) {
   }
   if (!have_dir || !have_rank) return Usage("--run-dir and --rank are required");
   if (!store_address.empty()) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    if (insecure) {
+      if (auto st = vp::auth::CheckInsecure(tls, store_address, "--store"); !st.ok()) {
+        return Usage(std::string(st.message()));
+      }
+      credentials = grpc::InsecureChannelCredentials();
+    } else {
+      if (tls.cert.empty() || tls.key.empty()) {
+        return Usage(
+            "--store: needs --tls-ca, --tls-cert and --tls-key (or --insecure on loopback)");
+      }
+      auto c = vp::auth::ClientCredentials(tls);
+      if (!c.ok()) return Usage(std::string(c.status().message()));
+      credentials = *c;
+    }
+    std::string secret;
+    if (const char* env = std::getenv(vp::auth::kRunSecretEnv)) secret = env;
+    unsetenv(vp::auth::kRunSecretEnv);  // not for whatever this rank starts
     // The store's waits are bounded by the rank's timeout, like every Gloo operation.
     options.store = std::make_shared<vp::launch::GrpcStore>(
-        store_address, absl::ToChronoMilliseconds(options.timeout));
+        store_address, absl::ToChronoMilliseconds(options.timeout), std::move(credentials),
+        std::move(secret));
   }
   const int rank = options.rank;
   // Leave without destructors: after a transport error the executor's communication thread

@@ -46,12 +46,12 @@ class ControlCliTest : public ::testing::Test {
 TEST_F(ControlCliTest, SubmitWatchStatusWorkersCancel) {
   CoordinatorProcess c(dir_, dir_ / "c.db", {"--no-profile"});
   ASSERT_TRUE(c.up());
-  const std::string flag = " --coordinator " + c.address();
+  const std::string flag = " --coordinator " + c.address() + " --insecure";
   std::vector<std::unique_ptr<Process>> workers;
   for (int i = 0; i < 2; ++i) {
     workers.push_back(std::make_unique<Process>(
         std::vector<std::string>{Bin("worker/main/vocabpipe-worker"), "--coordinator", c.address(),
-                                 "--exit-with-parent", "1"},
+                                 "--insecure", "--exit-with-parent", "1"},
         dir_ / absl::StrCat("w", i, ".log")));
   }
   ASSERT_TRUE(WaitFor(
@@ -67,7 +67,7 @@ TEST_F(ControlCliTest, SubmitWatchStatusWorkersCancel) {
   // The address from the environment instead of the flag.
   const std::string env = "VOCABPIPE_COORDINATOR=" + c.address() + " ";
   const std::string bin = Bin("client/vocabpipe");
-  FILE* p = popen((env + bin + " watch job-1 2>&1").c_str(), "r");
+  FILE* p = popen((env + bin + " watch job-1 --insecure 2>&1").c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string watched;
   char buf[4096];
@@ -120,7 +120,7 @@ TEST_F(ControlCliTest, SubmitWatchStatusWorkersCancel) {
 TEST_F(ControlCliTest, ExitCodes) {
   CoordinatorProcess c(dir_, dir_ / "c.db", {"--no-profile"});
   ASSERT_TRUE(c.up());
-  const std::string flag = " --coordinator " + c.address();
+  const std::string flag = " --coordinator " + c.address() + " --insecure";
   CliResult bad = Vocabpipe("submit " + WriteSpec("bad", 1, ", lr: -1") + flag);
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_THAT(bad.output, HasSubstr("train.lr"));
@@ -131,7 +131,7 @@ TEST_F(ControlCliTest, ExitCodes) {
   CliResult nowhere = Vocabpipe("workers");  // no flag, no variable
   EXPECT_EQ(nowhere.code, 2);
   EXPECT_THAT(nowhere.output, HasSubstr("VOCABPIPE_COORDINATOR"));
-  CliResult down = Vocabpipe("workers --coordinator 127.0.0.1:1");
+  CliResult down = Vocabpipe("workers --insecure --coordinator 127.0.0.1:1");
   EXPECT_EQ(down.code, 4) << down.output;
   EXPECT_THAT(down.output, HasSubstr("unreachable"));
 }
@@ -180,14 +180,15 @@ TEST_F(ControlCliRunTest, RunThroughAnInProcessControlPlane) {
 TEST_F(ControlCliRunTest, PlanOnTheCoordinator) {
   CoordinatorProcess c(dir_, dir_ / "c.db");
   ASSERT_TRUE(c.up());
-  CliResult plan =
-      Vocabpipe("plan " + WriteSpec("p", 1) + " --coordinator " + c.address() + " --output json");
+  CliResult plan = Vocabpipe("plan " + WriteSpec("p", 1) + " --coordinator " + c.address() +
+                             " --insecure --output json");
   ASSERT_EQ(plan.code, 0) << plan.output;
   const auto j = nlohmann::json::parse(plan.output);
   EXPECT_EQ(j["plan"]["schedule"], "1f1b");
   EXPECT_EQ(j["plan"]["pipeline"], 2);
   EXPECT_EQ(j["candidates"].size(), 1u);
-  CliResult text = Vocabpipe("plan " + WriteSpec("p", 1) + " --coordinator " + c.address());
+  CliResult text =
+      Vocabpipe("plan " + WriteSpec("p", 1) + " --coordinator " + c.address() + " --insecure");
   EXPECT_EQ(text.code, 0);
   EXPECT_THAT(text.output, HasSubstr("plan: 1f1b + vocab2"));
 }

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -83,10 +84,12 @@ bool WaitFor(Pred pred, std::chrono::milliseconds timeout) {
   return pred();
 }
 
-// A coordinator process on 127.0.0.1 (a free port) with fast heartbeats.
+// A coordinator process on 127.0.0.1 (a free port) with fast heartbeats. Plaintext
+// (--insecure) unless `extra` has --tls-cert; the stubs use `credentials` (default: plaintext).
 class CoordinatorProcess {
  public:
-  CoordinatorProcess(const fs::path& dir, const fs::path& db, std::vector<std::string> extra = {}) {
+  CoordinatorProcess(const fs::path& dir, const fs::path& db, std::vector<std::string> extra = {},
+                     std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr) {
     std::vector<std::string> args = {Bin("coordinator/server/vocabpipe-coordinator"),
                                      "--listen",
                                      "127.0.0.1:0",
@@ -101,6 +104,9 @@ class CoordinatorProcess {
                                      "--exit-with-parent",
                                      "1"};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (std::find(extra.begin(), extra.end(), "--tls-cert") == extra.end()) {
+      args.push_back("--insecure");
+    }
     const fs::path log = dir / absl::StrCat("coordinator_", ++count_, ".log");
     process_ = std::make_unique<Process>(args, log);
     const std::string marker = "listening on 127.0.0.1:";
@@ -112,7 +118,8 @@ class CoordinatorProcess {
       port_ = std::stoi(out.substr(at + marker.size()));
       address_ = absl::StrCat("127.0.0.1:", port_);
     }
-    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    channel_ = grpc::CreateChannel(address_,
+                                   credentials ? credentials : grpc::InsecureChannelCredentials());
     jobs = v1::JobService::NewStub(channel_);
     workers = v1::WorkerService::NewStub(channel_);
     store = v1::StoreService::NewStub(channel_);

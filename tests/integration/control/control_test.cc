@@ -59,7 +59,7 @@ class ControlTest : public ::testing::Test {
     for (int i = 0; i < n; ++i) {
       workers_.push_back(std::make_unique<Process>(
           std::vector<std::string>{Bin("worker/main/vocabpipe-worker"), "--coordinator",
-                                   c.address(), "--exit-with-parent", "1"},
+                                   c.address(), "--insecure", "--exit-with-parent", "1"},
           dir_ / absl::StrCat("worker_", workers_.size(), ".log")));
     }
     ASSERT_TRUE(
@@ -265,10 +265,12 @@ TEST_F(ControlTest, JobsAndEventsSurviveACoordinatorRestart) {
 TEST_F(ControlTest, StoreServiceBacksAGlooStore) {
   CoordinatorProcess c(dir_, db_);
   ASSERT_TRUE(c.up()) << c.process().Log();
-  vp::launch::GrpcStore store(c.address(), std::chrono::milliseconds(300));
+  vp::launch::GrpcStore store(c.address(), std::chrono::milliseconds(300),
+                              grpc::InsecureChannelCredentials(), "");
   std::thread late([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    vp::launch::GrpcStore other(c.address(), std::chrono::milliseconds(300));
+    vp::launch::GrpcStore other(c.address(), std::chrono::milliseconds(300),
+                                grpc::InsecureChannelCredentials(), "");
     other.set("k2", {'b'});
   });
   store.set("k1", {'a', '\0', 'c'});
@@ -436,7 +438,7 @@ TEST_F(ControlRestartTest, MetricHistorySurvivesAKillMidRun) {
   // Same port, so the running worker daemons find it again.
   Process restarted({Bin("coordinator/server/vocabpipe-coordinator"), "--listen", old_address,
                      "--db", db_.string(), "--heartbeat-interval", "0.1", "--heartbeat-timeout",
-                     "1.5", "--no-profile", "--exit-with-parent", "1"},
+                     "1.5", "--no-profile", "--insecure", "--exit-with-parent", "1"},
                     dir_ / "restarted.log");
   ASSERT_TRUE(WaitFor([&] { return restarted.Log().find("listening") != std::string::npos; },
                       std::chrono::seconds(10)))

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/server/kv_store.h"
+#include "proto/grpc/auth.h"
 #include "tests/integration/control/control_harness.h"
 #ifdef VP_HAVE_METRICS
 #include "coordinator/server/prometheus_observer.h"
@@ -61,8 +62,12 @@ class SecurityTest : public ::testing::Test {
   }
 
   void StartWorker(CoordinatorProcess& c, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
-                                     c.address(), "--exit-with-parent", "1"};
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"),
+                                     "--coordinator",
+                                     c.address(),
+                                     "--insecure",
+                                     "--exit-with-parent",
+                                     "1"};
     args.insert(args.end(), extra.begin(), extra.end());
     const size_t n = workers_.size();
     workers_.push_back(std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", n, ".log")));
@@ -191,7 +196,7 @@ TEST_F(SecurityTest, CliSubmitOfANonSpecFileShowsNoneOfIt) {
   ASSERT_TRUE(c.up()) << c.process().Log();
   auto run = [&](const fs::path& file) {
     const std::string cmd = absl::StrCat(Bin("client/vocabpipe"), " submit ", file.string(),
-                                         " --coordinator ", c.address(), " 2>&1");
+                                         " --coordinator ", c.address(), " --insecure 2>&1");
     std::string out;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -390,5 +395,59 @@ TEST(MetricsPruning, OldFinishedJobsLeaveTheExposition) {
   EXPECT_THAT(text, HasSubstr("training_job=\"job-5\""));
 }
 #endif
+
+}  // namespace
+
+namespace {
+
+// The rendezvous secret of a run (docs/operations.md, "Security"): keys of a run need its
+// secret, keys of no active run are refused, other keys need none; dropping the run drops it.
+TEST(RunSecrets, KeysOfARunNeedItsSecret) {
+  vp::server::KvStore kv;
+  kv.SetRunSecret("vocabpipe/job-1.5/", "s1");
+  kv.SetRunSecret("vocabpipe/job-2.7/", "s2");
+  EXPECT_TRUE(kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "s1", "key").ok());
+  absl::Status st = kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "s2", "key");
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(st.message(),
+              HasSubstr("key: wrong rendezvous secret for run \"vocabpipe/job-1.5/\""));
+  st = kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "", "keys[1]");
+  EXPECT_THAT(st.message(), HasSubstr("keys[1]: run \"vocabpipe/job-1.5/\" needs its rendezvous"));
+  EXPECT_EQ(kv.CheckRunSecret("vocabpipe/job-9.1/x", "s1", "key").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(kv.CheckRunSecret("other/key", "", "key").ok());
+  kv.DropPrefix("vocabpipe/job-1.5/");
+  EXPECT_THAT(kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "s1", "key").message(),
+              HasSubstr("is not an active run"));
+  EXPECT_TRUE(kv.CheckRunSecret("vocabpipe/job-2.7/gloo/0", "s2", "key").ok());
+}
+
+// The tokens file: hashes only, checked line by line with the line named.
+TEST(Tokens, FileIsCheckedAndLookedUpByHash) {
+  const fs::path file = fs::temp_directory_path() / absl::StrCat("vp_tokens_", getpid());
+  fs::remove(file);
+  auto token = vp::auth::AddToken(file.string(), "alice", "admin");
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(ReadWholeFile(file).find(*token), std::string::npos);
+  EXPECT_EQ(fs::status(file).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  auto table = vp::auth::TokenTable::Load(file.string());
+  ASSERT_TRUE(table.ok());
+  auto user = table->Find(*token);
+  ASSERT_TRUE(user.has_value());
+  EXPECT_EQ(user->name, "alice");
+  EXPECT_TRUE(user->admin);
+  EXPECT_FALSE(table->Find(*token + "x").has_value());
+  EXPECT_FALSE(table->Find("").has_value());
+  EXPECT_EQ(vp::auth::AddToken(file.string(), "bad name", "user").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(vp::auth::AddToken(file.string(), "bob", "root").status().message(),
+            "--role: user or admin");
+  std::ofstream(file, std::ios::app) << "bob superuser " << std::string(64, 'a') << "\n";
+  auto bad = vp::auth::TokenTable::Load(file.string());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("line 2: role: user or admin"));
+  fs::remove(file);
+}
 
 }  // namespace

@@ -1,0 +1,228 @@
+#include "proto/grpc/auth.h"
+
+#include <fcntl.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/objects.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/x509.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace vp::auth {
+namespace {
+
+std::string Hex(const unsigned char* p, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(kDigits[p[i] >> 4]);
+    out.push_back(kDigits[p[i] & 15]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& flag) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read \"", path, "\""));
+  std::ostringstream s;
+  s << f.rdbuf();
+  std::string text = s.str();
+  // Never echo the file: only whether it looks like PEM.
+  if (text.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": \"", path, "\" is not a PEM file (no -----BEGIN line)"));
+  }
+  return text;
+}
+
+bool ValidUserName(const std::string& user) {
+  if (user.empty() || user.size() > 64) return false;
+  for (char c : user) {
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+          c == '@')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool IsLoopbackAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+absl::Status CheckInsecure(const TlsFiles& files, const std::string& address,
+                           const std::string& what) {
+  if (files.any()) {
+    return absl::InvalidArgumentError("--insecure: excludes --tls-cert, --tls-key and --tls-ca");
+  }
+  if (!IsLoopbackAddress(address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--insecure: only on loopback, but ", what, " is \"", address,
+        "\" (use 127.0.0.1, ::1 or localhost, or TLS: --tls-cert/--tls-key/--tls-ca)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
+    const TlsFiles& files, const std::string& bearer_token) {
+  if (files.ca.empty()) return absl::InvalidArgumentError("--tls-ca: required for TLS");
+  if (files.cert.empty() != files.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert, --tls-key: give both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  auto ca = ReadPem(files.ca, "--tls-ca");
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = *ca;
+  if (!files.cert.empty()) {
+    auto cert = ReadPem(files.cert, "--tls-cert");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(files.key, "--tls-key");
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
+  if (!bearer_token.empty()) {
+    creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(bearer_token));
+  }
+  return creds;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files) {
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string*>{"--tls-cert", &files.cert},
+        {"--tls-key", &files.key},
+        {"--tls-ca", &files.ca}}) {
+    if (value->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": required with TLS (--tls-cert, --tls-key and --tls-ca together)"));
+    }
+  }
+  auto cert = ReadPem(files.cert, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem(files.key, "--tls-key");
+  if (!key.ok()) return key.status();
+  auto ca = ReadPem(files.ca, "--tls-ca");
+  if (!ca.ok()) return ca.status();
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = *ca;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+bool IsWorkerCertificate(std::string_view pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  if (bio == nullptr) return false;
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (cert == nullptr) return false;
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  for (int i = X509_NAME_get_index_by_NID(name, NID_organizationalUnitName, -1); i >= 0;
+       i = X509_NAME_get_index_by_NID(name, NID_organizationalUnitName, i)) {
+    const ASN1_STRING* value = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, i));
+    const std::string_view unit(reinterpret_cast<const char*>(ASN1_STRING_get0_data(value)),
+                                static_cast<size_t>(ASN1_STRING_length(value)));
+    if (unit == kWorkerUnit) return true;
+  }
+  return false;
+}
+
+std::string Sha256Hex(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_Digest(data.data(), data.size(), md, &n, EVP_sha256(), nullptr);
+  return Hex(md, n);
+}
+
+absl::StatusOr<std::string> RandomHex(int bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (RAND_bytes(buf.data(), bytes) != 1) {
+    return absl::InternalError("RAND_bytes: OpenSSL's random generator failed");
+  }
+  return Hex(buf.data(), buf.size());
+}
+
+bool SecretEquals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat("--tokens: cannot read \"", path, "\""));
+  TokenTable table;
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    line = std::string(absl::StripAsciiWhitespace(line.substr(0, line.find('#'))));
+    if (line.empty()) continue;
+    std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    const std::string where = absl::StrCat("--tokens: ", path, " line ", n);
+    if (parts.size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": need \"USER ROLE SHA256HEX\""));
+    }
+    if (!ValidUserName(parts[0])) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": user: letters, digits, -_.@ only"));
+    }
+    if (parts[1] != "user" && parts[1] != "admin") {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": role: user or admin"));
+    }
+    if (parts[2].size() != 64 ||
+        parts[2].find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": hash: 64 lower-case hex digits (SHA-256)"));
+    }
+    table.entries_.push_back({User{parts[0], parts[1] == "admin"}, parts[2]});
+  }
+  return table;
+}
+
+std::optional<User> TokenTable::Find(std::string_view token) const {
+  const std::string hash = Sha256Hex(token);
+  std::optional<User> found;
+  for (const Entry& e : entries_) {  // every entry, so the time does not tell which matched
+    if (SecretEquals(hash, e.hash) && !found) found = e.user;
+  }
+  return found;
+}
+
+absl::StatusOr<std::string> AddToken(const std::string& path, const std::string& user,
+                                     const std::string& role) {
+  if (!ValidUserName(user)) {
+    return absl::InvalidArgumentError("USER: 1..64 letters, digits, '-', '_', '.', '@'");
+  }
+  if (role != "user" && role != "admin") return absl::InvalidArgumentError("--role: user or admin");
+  auto token = RandomHex(32);
+  if (!token.ok()) return token.status();
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return absl::InvalidArgumentError(absl::StrCat("--tokens: cannot write \"", path, "\""));
+  const std::string line = absl::StrCat(user, " ", role, " ", Sha256Hex(*token), "\n");
+  const bool ok = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  close(fd);
+  if (!ok) return absl::InternalError(absl::StrCat("--tokens: writing \"", path, "\" failed"));
+  return *token;
+}
+
+}  // namespace vp::auth

@@ -1,0 +1,95 @@
+// Transport security and identities of the control plane (docs/operations.md, "Security"):
+// gRPC SSL credentials from the --tls-cert/--tls-key/--tls-ca flags, the loopback rule of
+// --insecure, bearer tokens (a tokens file of SHA-256 hashes -> user and role) and the
+// per-run rendezvous secret. The crypto is OpenSSL's (SHA-256, RAND_bytes, CRYPTO_memcmp).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace grpc {
+class ChannelCredentials;
+class ServerCredentials;
+}  // namespace grpc
+
+namespace vp::auth {
+
+// Worker certificates carry this organizational unit in their subject (vocabpipe certs init):
+// only their holders may use WorkerService's worker calls and StoreService.
+inline constexpr char kWorkerUnit[] = "worker";
+// Call metadata of the rendezvous secret of a run (RunTask.store_secret), sent by a rank's
+// GrpcStore with every store call.
+inline constexpr char kRunSecretMetadata[] = "x-vocabpipe-run-secret";
+// The rank process reads its run's secret from this variable (never from its command line,
+// which every user of the host can read).
+inline constexpr char kRunSecretEnv[] = "VOCABPIPE_STORE_SECRET";
+
+// PEM files of one end of a channel. A server needs cert + key + ca (ca verifies client
+// certificates); a worker needs all three; the CLI needs ca only.
+struct TlsFiles {
+  std::string cert, key, ca;
+  bool any() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+
+// "HOST:PORT" whose host is 127.0.0.0/8, ::1 or localhost.
+bool IsLoopbackAddress(const std::string& address);
+// The rule of --insecure: no TLS flags with it, and only on a loopback address.
+// `what` names the address's flag ("--listen", "--coordinator").
+absl::Status CheckInsecure(const TlsFiles& files, const std::string& address,
+                           const std::string& what);
+
+// Client credentials: TLS verifying the server against files.ca, presenting files.cert/key
+// when given (workers), with `bearer_token` as "authorization: Bearer ..." metadata when not
+// empty (the CLI). InvalidArgument naming the flag when a file is missing or unreadable.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
+    const TlsFiles& files, const std::string& bearer_token = "");
+// Server credentials: files.cert/key, client certificates requested and verified against
+// files.ca (a client without one may still connect: the CLI, which carries a token).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files);
+
+// Whether a (verified) PEM certificate's subject has an organizational unit equal to
+// kWorkerUnit, read with OpenSSL's X509 API (not by parsing the subject's text form, where an
+// escaped ',' in another field could pass for one).
+bool IsWorkerCertificate(std::string_view pem);
+
+// Hex SHA-256 of `data` (OpenSSL EVP).
+std::string Sha256Hex(std::string_view data);
+// `bytes` random bytes from OpenSSL's CSPRNG, hex encoded.
+absl::StatusOr<std::string> RandomHex(int bytes);
+// Constant-time equality (CRYPTO_memcmp) of two strings of the same length; false otherwise.
+bool SecretEquals(std::string_view a, std::string_view b);
+
+struct User {
+  std::string name;
+  bool admin = false;
+};
+
+// The tokens file: one line per token, "USER ROLE SHA256HEX" (role user|admin); '#' starts a
+// comment. Only hashes are stored: the file does not let its reader call the coordinator.
+class TokenTable {
+ public:
+  static absl::StatusOr<TokenTable> Load(const std::string& path);
+  // The token's user: its hash compared with every entry in constant time.
+  std::optional<User> Find(std::string_view token) const;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    User user;
+    std::string hash;
+  };
+  std::vector<Entry> entries_;
+};
+
+// Makes a random token for `user` with `role`, appends its hash to the tokens file (created
+// 0600) and returns the token. InvalidArgument naming the argument for a bad user or role.
+absl::StatusOr<std::string> AddToken(const std::string& path, const std::string& user,
+                                     const std::string& role);
+
+}  // namespace vp::auth

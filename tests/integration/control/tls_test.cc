@@ -1,0 +1,498 @@
+// TLS, users and rendezvous secrets with real daemons (docs/operations.md, "Security"): the
+// certificates come from `vocabpipe certs init`, the tokens from `vocabpipe certs token`; a
+// vocabpipe-coordinator serves over TLS with client certificates requested and verified, and
+// vocabpipe-worker daemons connect with the worker certificate. Every refusal is checked for
+// its status and message, and for leaving what is stored as it was.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <regex>
+
+#include "tests/integration/control/control_harness.h"
+
+namespace {
+
+using namespace vp::testing;  // NOLINT
+using ::testing::HasSubstr;
+
+struct CliResult {
+  int code = -1;
+  std::string output;
+};
+
+// Runs `vocabpipe ARGS` with the given environment assignments; stdout and stderr together.
+CliResult Vocabpipe(const std::string& env, const std::string& args) {
+  const std::string cmd = absl::StrCat(env, " ", Bin("client/vocabpipe"), " ", args, " 2>&1");
+  CliResult r;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  return r;
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat("vp_tls_", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                        "_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    certs_ = dir_ / "certs";
+    tokens_ = dir_ / "tokens";
+    CliResult init = Vocabpipe("", "certs init " + certs_.string());
+    ASSERT_EQ(init.code, 0) << init.output;
+    alice_ = Token("alice", "user");
+    bob_ = Token("bob", "user");
+    admin_ = Token("root", "admin");
+  }
+  void TearDown() override {
+    workers_.clear();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  std::string Token(const std::string& user, const std::string& role) {
+    CliResult r = Vocabpipe(
+        "", absl::StrCat("certs token ", user, " --role ", role, " --tokens ", tokens_.string()));
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::string token = r.output;
+    while (!token.empty() && token.back() == '\n') token.pop_back();
+    EXPECT_EQ(token.size(), 64u) << token;
+    return token;
+  }
+
+  std::string Pem(const std::string& name) { return ReadWholeFile(certs_ / name); }
+  std::string Path(const std::string& name) { return (certs_ / name).string(); }
+
+  std::vector<std::string> ServerFlags() {
+    return {"--tls-cert", Path("server.pem"), "--tls-key", Path("server-key.pem"),
+            "--tls-ca",   Path("ca.pem"),     "--tokens",  tokens_.string()};
+  }
+  std::vector<std::string> WorkerFlags() {
+    return {"--tls-ca",         Path("ca.pem"), "--tls-cert",
+            Path("worker.pem"), "--tls-key",    Path("worker-key.pem")};
+  }
+
+  // TLS verifying the server; with the worker certificate or a bearer token when asked.
+  std::shared_ptr<grpc::ChannelCredentials> Credentials(bool worker_cert,
+                                                        const std::string& token = "") {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = Pem("ca.pem");
+    if (worker_cert) {
+      ssl.pem_cert_chain = Pem("worker.pem");
+      ssl.pem_private_key = Pem("worker-key.pem");
+    }
+    auto creds = grpc::SslCredentials(ssl);
+    if (!token.empty()) {
+      creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(token));
+    }
+    return creds;
+  }
+
+  std::unique_ptr<CoordinatorProcess> StartCoordinator() {
+    auto c = std::make_unique<CoordinatorProcess>(dir_, dir_ / "coordinator.db", ServerFlags(),
+                                                  Credentials(true, admin_));
+    EXPECT_TRUE(c->up()) << c->process().Log();
+    return c;
+  }
+
+  std::unique_ptr<v1::JobService::Stub> Jobs(CoordinatorProcess& c, const std::string& token) {
+    return v1::JobService::NewStub(grpc::CreateChannel(c.address(), Credentials(false, token)));
+  }
+
+  void StartWorker(CoordinatorProcess& c, int expect) {
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
+                                     c.address(), "--exit-with-parent", "1"};
+    for (const std::string& f : WorkerFlags()) args.push_back(f);
+    workers_.push_back(
+        std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", workers_.size(), ".log")));
+    ASSERT_TRUE(
+        WaitFor([&] { return ListWorkers(c).workers_size() >= expect; }, std::chrono::seconds(30)))
+        << workers_.back()->Log();
+  }
+
+  v1::ListWorkersResponse ListWorkers(CoordinatorProcess& c) {
+    v1::ListWorkersResponse resp;
+    c.workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &resp).ok();
+    return resp;
+  }
+
+  void MakeData() {
+    CliResult r = Vocabpipe("", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
+                                             (dir_ / "data.bin").string()));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+
+  v1::SubmitJobRequest TinyJob(const std::string& name, int pipeline = 1, int steps = 3) {
+    v1::SubmitJobRequest req;
+    req.set_spec_text(absl::StrCat(
+        "name: ", name, "\nmodel: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
+        "parallel: {pipeline: ", pipeline, ", microbatch_size: 2, microbatches: 2}\n",
+        "train: {steps: ", steps, ", lr: 0.003, threads: 1}\n",
+        "data: {path: data.bin}\ncheckpoint: {dir: runs/", name, "}\n"));
+    req.set_base_dir(dir_.string());
+    return req;
+  }
+
+  v1::Job GetJob(v1::JobService::Stub& jobs, const std::string& id, grpc::Status* st = nullptr) {
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    v1::Job job;
+    grpc::Status s = jobs.GetJob(Ctx().get(), get, &job);
+    if (st != nullptr) *st = s;
+    return job;
+  }
+
+  fs::path dir_, certs_, tokens_;
+  std::string alice_, bob_, admin_;
+  std::vector<std::unique_ptr<Process>> workers_;
+};
+
+TEST_F(TlsTest, CertsInitWritesPrivateKeysAndNeverOverwrites) {
+  for (const char* key : {"ca-key.pem", "server-key.pem", "worker-key.pem"}) {
+    struct stat st {};
+    ASSERT_EQ(stat((certs_ / key).c_str(), &st), 0) << key;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << key;
+  }
+  const std::string ca = Pem("ca.pem");
+  CliResult again = Vocabpipe("", "certs init " + certs_.string());
+  EXPECT_EQ(again.code, 2);
+  EXPECT_THAT(again.output, HasSubstr("ca.pem: exists; certs init never overwrites"));
+  EXPECT_EQ(Pem("ca.pem"), ca);
+  CliResult bad = Vocabpipe("", "certs init " + (dir_ / "c2").string() + " --hosts 'a b'");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("--hosts: \"a b\" is neither an IP address nor a DNS name"));
+  EXPECT_FALSE(fs::exists(dir_ / "c2" / "ca.pem"));
+  // The tokens file holds hashes only.
+  const std::string tokens = ReadWholeFile(tokens_);
+  EXPECT_THAT(tokens, HasSubstr("alice user "));
+  EXPECT_THAT(tokens, HasSubstr("root admin "));
+  EXPECT_EQ(tokens.find(alice_), std::string::npos);
+}
+
+TEST_F(TlsTest, InsecureOnlyByFlagAndOnlyOnLoopback) {
+  auto run = [&](const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {Bin("coordinator/server/vocabpipe-coordinator"), "--db",
+                                     (dir_ / "x.db").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    Process p(args, dir_ / "refused.log");
+    int status = 0;
+    waitpid(p.pid(), &status, 0);
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, p.Log());
+  };
+  auto [code, log] = run({});
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(log, HasSubstr("TLS required: --tls-cert, --tls-key and --tls-ca"));
+  std::tie(code, log) = run({"--insecure", "--listen", "0.0.0.0:0"});
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(log, HasSubstr("--insecure: only on loopback, but --listen is \"0.0.0.0:0\""));
+  std::tie(code, log) = run({"--tls-cert", Path("server.pem"), "--tls-key", Path("server-key.pem"),
+                             "--tls-ca", Path("ca.pem")});
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(log, HasSubstr("--tokens FILE: required with TLS"));
+  // The CLI and the workers: no plaintext without the flag, none off loopback.
+  CliResult cli = Vocabpipe("VOCABPIPE_TLS_CA=", "status --coordinator 127.0.0.1:1");
+  EXPECT_EQ(cli.code, 2);
+  EXPECT_THAT(cli.output, HasSubstr("TLS required: --tls-ca FILE"));
+  cli = Vocabpipe("", "status --coordinator 10.1.2.3:50051 --insecure");
+  EXPECT_EQ(cli.code, 2);
+  EXPECT_THAT(cli.output, HasSubstr("--insecure: only on loopback, but --coordinator is"));
+  Process worker(
+      {Bin("worker/main/vocabpipe-worker"), "--coordinator", "10.1.2.3:50051", "--insecure"},
+      dir_ / "worker_refused.log");
+  int status = 0;
+  waitpid(worker.pid(), &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(worker.Log(), HasSubstr("--insecure: only on loopback"));
+}
+
+TEST_F(TlsTest, UnauthenticatedCallsAreRefusedAndChangeNothing) {
+  auto c = StartCoordinator();
+  std::string id;
+  {
+    v1::SubmitJobResponse resp;
+    ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), TinyJob("a"), &resp).ok());
+    id = resp.job_id();
+  }
+  const v1::Job before = GetJob(*Jobs(*c, admin_), id);
+  ASSERT_EQ(before.owner(), "alice");
+
+  for (const std::string& token : {std::string(), std::string(64, 'f')}) {
+    auto jobs = Jobs(*c, token);
+    v1::SubmitJobResponse submitted;
+    grpc::Status st = jobs->SubmitJob(Ctx().get(), TinyJob("b"), &submitted);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(st.error_message(),
+                HasSubstr(token.empty() ? "needs a bearer token" : "unknown bearer token"));
+    GetJob(*jobs, id, &st);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(id);
+    v1::Job ignored;
+    EXPECT_EQ(jobs->CancelJob(Ctx().get(), cancel, &ignored).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ListJobsResponse list;
+    EXPECT_EQ(jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // A plaintext client does not even get a handshake.
+  auto plain = v1::JobService::NewStub(
+      grpc::CreateChannel(c->address(), grpc::InsecureChannelCredentials()));
+  grpc::Status st;
+  v1::ListJobsResponse list;
+  EXPECT_EQ(plain->ListJobs(Ctx(3).get(), v1::ListJobsRequest(), &list).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // The CLI says so too.
+  const std::string flags =
+      absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
+  CliResult cli = Vocabpipe("VOCABPIPE_TOKEN=", "status" + flags);
+  EXPECT_EQ(cli.code, 1);
+  EXPECT_THAT(cli.output, HasSubstr("vocabpipe status: unauthenticated: authorization: "));
+
+  // Nothing stored changed: one job, as it was.
+  ASSERT_TRUE(Jobs(*c, admin_)->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).SerializeAsString(), before.SerializeAsString());
+}
+
+TEST_F(TlsTest, OnlyTheOwnerOrAnAdminReadsWatchesOrCancelsAJob) {
+  auto c = StartCoordinator();
+  auto alice = Jobs(*c, alice_), bob = Jobs(*c, bob_), admin = Jobs(*c, admin_);
+  v1::SubmitJobResponse a, b;
+  ASSERT_TRUE(alice->SubmitJob(Ctx().get(), TinyJob("a"), &a).ok());
+  ASSERT_TRUE(bob->SubmitJob(Ctx().get(), TinyJob("b"), &b).ok());
+  const v1::Job before = GetJob(*admin, a.job_id());
+
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(a.job_id());
+  v1::Job out;
+  grpc::Status st = bob->CancelJob(Ctx().get(), cancel, &out);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("job " + a.job_id() + " belongs to alice"));
+  GetJob(*bob, a.job_id(), &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  {
+    v1::WatchJobRequest watch;
+    watch.set_job_id(a.job_id());
+    grpc::ClientContext ctx;
+    auto reader = bob->WatchJob(&ctx, watch);
+    v1::JobEvent e;
+    EXPECT_FALSE(reader->Read(&e));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // Bob lists his own job only; the admin sees both.
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(bob->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), b.job_id());
+  list.Clear();
+  ASSERT_TRUE(admin->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 2);
+  // The CLI: exit 1 with the reason.
+  CliResult cli = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", bob_),
+                            absl::StrCat("cancel ", a.job_id(), " --coordinator ", c->address(),
+                                         " --tls-ca ", Path("ca.pem")));
+  EXPECT_EQ(cli.code, 1);
+  EXPECT_THAT(cli.output, HasSubstr("permission denied: job " + a.job_id() + " belongs to alice"));
+
+  // Nothing changed; then the owner and an admin may.
+  EXPECT_EQ(GetJob(*admin, a.job_id()).SerializeAsString(), before.SerializeAsString());
+  EXPECT_EQ(GetJob(*alice, a.job_id()).state(), v1::JOB_STATE_PENDING);
+  ASSERT_TRUE(admin->CancelJob(Ctx().get(), cancel, &out).ok());
+  EXPECT_EQ(out.state(), v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(TlsTest, OnlyWorkerCertificatesRegisterHeartbeatOrUseTheStore) {
+  auto c = StartCoordinator();
+  // TLS without a client certificate, with and without a user's token.
+  for (const std::string& token : {std::string(), alice_}) {
+    auto channel = grpc::CreateChannel(c->address(), Credentials(false, token));
+    auto workers = v1::WorkerService::NewStub(channel);
+    auto store = v1::StoreService::NewStub(channel);
+    v1::RegisterWorkerRequest reg;
+    reg.set_device("cpu");
+    reg.set_address("127.0.0.1");
+    v1::RegisterWorkerResponse regr;
+    grpc::Status st = workers->RegisterWorker(Ctx().get(), reg, &regr);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(st.error_message(), HasSubstr("worker certificate required"));
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id("worker-1");
+    v1::HeartbeatResponse hbr;
+    EXPECT_EQ(workers->Heartbeat(Ctx().get(), hb, &hbr).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::StoreSetRequest set;
+    set.set_key("other/key");
+    set.set_value("x");
+    v1::StoreSetResponse setr;
+    st = store->Set(Ctx().get(), set, &setr);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_THAT(st.error_message(), HasSubstr("worker certificate required"));
+  }
+  // A worker daemon without its certificate does not start.
+  Process nocert({Bin("worker/main/vocabpipe-worker"), "--coordinator", c->address(), "--tls-ca",
+                  Path("ca.pem")},
+                 dir_ / "nocert.log");
+  int status = 0;
+  waitpid(nocert.pid(), &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(nocert.Log(), HasSubstr("--tls-cert, --tls-key: a worker needs its certificate"));
+  // The server's certificate is not a client certificate: the handshake fails.
+  Process server_cert({Bin("worker/main/vocabpipe-worker"), "--coordinator", c->address(),
+                       "--tls-ca", Path("ca.pem"), "--tls-cert", Path("server.pem"), "--tls-key",
+                       Path("server-key.pem"), "--exit-with-parent", "1"},
+                      dir_ / "server_cert.log");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  EXPECT_EQ(ListWorkers(*c).workers_size(), 0);  // nothing registered
+  server_cert.Kill(SIGTERM);
+  // The worker certificate registers.
+  StartWorker(*c, 1);
+  EXPECT_EQ(ListWorkers(*c).workers_size(), 1);
+}
+
+// Two long jobs run at once; each rank process got its run's secret (its environment, from the
+// daemon). A worker-certificate holder with run B's secret cannot read or write run A's keys.
+TEST_F(TlsTest, StoreKeysOfARunNeedThatRunsSecret) {
+  MakeData();
+  auto c = StartCoordinator();
+  StartWorker(*c, 1);
+  StartWorker(*c, 2);
+  auto alice = Jobs(*c, alice_);
+  v1::SubmitJobResponse a, b;
+  ASSERT_TRUE(alice->SubmitJob(Ctx().get(), TinyJob("a", 1, 100000), &a).ok());
+  ASSERT_TRUE(alice->SubmitJob(Ctx().get(), TinyJob("b", 1, 100000), &b).ok());
+  // Each daemon logs "running job-N rank 0 (pid P, ...)"; the rank's attempt is on its command
+  // line, its secret in its environment.
+  struct Run {
+    std::string attempt, secret;
+  };
+  std::map<std::string, Run> runs;
+  const std::regex running(R"(running (job-\d+) rank \d+ \(pid (\d+))");
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (auto& w : workers_) {
+          std::smatch m;
+          const std::string log = w->Log();
+          if (!std::regex_search(log, m, running) || runs.count(m[1])) continue;
+          const std::string proc = absl::StrCat("/proc/", m[2].str());
+          std::string cmdline = ReadWholeFile(proc + "/cmdline"),
+                      environ = ReadWholeFile(proc + "/environ");
+          Run r;
+          std::vector<std::string> args;
+          for (size_t at = 0; at < cmdline.size();) {
+            const size_t end = cmdline.find('\0', at);
+            args.push_back(cmdline.substr(at, end - at));
+            at = end == std::string::npos ? cmdline.size() : end + 1;
+          }
+          for (size_t i = 0; i + 1 < args.size(); ++i) {
+            if (args[i] == "--attempt") r.attempt = args[i + 1];
+          }
+          const std::string var = "VOCABPIPE_STORE_SECRET=";
+          if (const size_t at = environ.find(var); at != std::string::npos) {
+            r.secret = environ.substr(at + var.size(), 64);
+          }
+          if (!r.attempt.empty() && r.secret.size() == 64) runs[m[1]] = r;
+        }
+        return runs.size() == 2;
+      },
+      std::chrono::seconds(60)))
+      << workers_[0]->Log() << workers_[1]->Log();
+  const Run& ra = runs[a.job_id()];
+  const Run& rb = runs[b.job_id()];
+  ASSERT_NE(ra.secret, rb.secret);
+  // The rank processes' command lines never carry the secret.
+  for (auto& w : workers_) EXPECT_EQ(w->Log().find(ra.secret), std::string::npos);
+
+  auto store = v1::StoreService::NewStub(grpc::CreateChannel(c->address(), Credentials(true)));
+  auto set = [&](const std::string& key, const std::string& value, const std::string& secret) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!secret.empty()) ctx.AddMetadata("x-vocabpipe-run-secret", secret);
+    v1::StoreSetRequest req;
+    req.set_key(key);
+    req.set_value(value);
+    v1::StoreSetResponse resp;
+    return store->Set(&ctx, req, &resp);
+  };
+  auto get = [&](const std::string& key, const std::string& secret, std::string* value) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!secret.empty()) ctx.AddMetadata("x-vocabpipe-run-secret", secret);
+    v1::StoreGetRequest req;
+    req.set_key(key);
+    v1::StoreGetResponse resp;
+    grpc::Status st = store->Get(&ctx, req, &resp);
+    *value = resp.value();
+    return st;
+  };
+  const std::string key = absl::StrCat("vocabpipe/", ra.attempt, "/probe");
+  // Run A's own secret writes and reads its keys.
+  ASSERT_TRUE(set(key, "mine", ra.secret).ok());
+  std::string value;
+  ASSERT_TRUE(get(key, ra.secret, &value).ok());
+  EXPECT_EQ(value, "mine");
+  // Run B's secret, no secret, and an unknown run are refused.
+  grpc::Status st = set(key, "theirs", rb.secret);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("key: wrong rendezvous secret for run \"vocabpipe/" + ra.attempt + "/\""));
+  st = get(key, rb.secret, &value);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  st = set(key, "theirs", "");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("needs its rendezvous secret"));
+  st = set("vocabpipe/job-99.1/x", "v", rb.secret);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("is not an active run"));
+  // Nothing stored changed.
+  ASSERT_TRUE(get(key, ra.secret, &value).ok());
+  EXPECT_EQ(value, "mine");
+  // Both jobs still run.
+  auto admin = Jobs(*c, admin_);
+  EXPECT_EQ(GetJob(*admin, a.job_id()).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(GetJob(*admin, b.job_id()).state(), v1::JOB_STATE_RUNNING);
+  for (const std::string& id : {a.job_id(), b.job_id()}) {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(id);
+    v1::Job out;
+    EXPECT_TRUE(alice->CancelJob(Ctx().get(), cancel, &out).ok());
+  }
+  // A finished run's secret is gone with its keys.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return get(key, ra.secret, &value).error_code() == grpc::StatusCode::PERMISSION_DENIED;
+      },
+      std::chrono::seconds(5)));
+}
+
+// A two-rank job end to end over TLS: daemons and ranks (their Gloo rendezvous through the
+// StoreService with the worker certificate and the run's secret), and the CLI with a token.
+TEST_F(TlsTest, TwoRankJobRunsOverTls) {
+  MakeData();
+  auto c = StartCoordinator();
+  StartWorker(*c, 1);
+  StartWorker(*c, 2);
+  std::ofstream(dir_ / "job.yaml") << TinyJob("two", 2, 3).spec_text();
+  const std::string flags =
+      absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
+  CliResult run = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
+                            absl::StrCat("run ", (dir_ / "job.yaml").string(), flags));
+  EXPECT_EQ(run.code, 0) << run.output << workers_[0]->Log() << workers_[1]->Log();
+  EXPECT_THAT(run.output, HasSubstr("SUCCEEDED"));
+  const v1::Job job = GetJob(*Jobs(*c, admin_), "job-1");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.owner(), "alice");
+  EXPECT_EQ(job.step(), 3);
+  // Bob does not see it.
+  CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", bob_), "status job-1" + flags);
+  EXPECT_EQ(status.code, 1);
+  EXPECT_THAT(status.output, HasSubstr("belongs to alice"));
+}
+
+}  // namespace
