@@ -51,10 +51,10 @@ fi
 for want in "does not match the template's labels" "exceeds limits.memory" "must be in limits"; do
   grep -q "$want" "$tmp/broken.log" || { echo "FAIL: not reported: $want"; cat "$tmp/broken.log"; exit 1; }
 done
-# A schema error: a gRPC probe's port must be a number.
+# A schema error: a Service port must be a number.
 sed 's/port: 50051$/port: grpc-name/' "$k8s/coordinator.yaml" > "$tmp/schema.yaml"
 if node "$validate" "$tmp/schema.yaml" > "$tmp/schema.log"; then
   echo "FAIL: the validator accepted a schema error"; exit 1
 fi
-grep -q "grpc/port must be integer" "$tmp/schema.log" || { cat "$tmp/schema.log"; exit 1; }
+grep -q "spec/ports/0/port must be integer" "$tmp/schema.log" || { cat "$tmp/schema.log"; exit 1; }
 echo PASS
