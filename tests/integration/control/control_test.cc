@@ -478,7 +478,14 @@ TEST_F(ControlRestartTest, MetricHistorySurvivesAKillMidRun) {
         }
         return true;
       },
-      std::chrono::seconds(30)));  // bounded; generous for a loaded CI machine
+      // Bounded; generous for a loaded CI machine (ctest -j2 beside the pipeline tests, where
+      // a rank of the failed job can take its Gloo timeout to notice its peer is gone).
+      std::chrono::seconds(90)))
+      << [&] {
+           v1::ListWorkersResponse list;
+           grpc::Status st = workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &list);
+           return absl::StrCat(st.error_message(), "\n", list.DebugString(), restarted.Log());
+         }();
 }
 
 TEST_F(ControlRestartTest, PlanJobIsADryRun) {
