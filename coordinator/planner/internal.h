@@ -25,4 +25,31 @@ absl::StatusOr<Layout> LayoutFromPlan(const Plan& plan);
 double ActionCost(const Layout& l, const Costs& c, int rank, const Action& a);
 double ActivationUnits(const Layout& l, int rank, const Action& a);
 
+// The ranks a list machine must look at again, each queued at most once; it starts with every
+// rank and hands out the most recently woken first (the validator's abstract machine and the
+// list scheduler both advance one rank until it blocks, then wake the ranks it unblocked).
+class RankWorklist {
+ public:
+  explicit RankWorklist(int p) : queued_(p, 1) {
+    for (int r = p - 1; r >= 0; --r) work_.push_back(r);
+  }
+  bool empty() const { return work_.empty(); }
+  int Pop() {
+    const int r = work_.back();
+    work_.pop_back();
+    queued_[r] = 0;
+    return r;
+  }
+  void Wake(int r) {
+    if (!queued_[r]) {
+      queued_[r] = 1;
+      work_.push_back(r);
+    }
+  }
+
+ private:
+  std::vector<int> work_;
+  std::vector<char> queued_;
+};
+
 }  // namespace vp::planner::internal

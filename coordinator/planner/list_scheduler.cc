@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/generator.h"
+#include "coordinator/planner/internal.h"
 
 namespace vp::planner::internal {
 namespace {
@@ -30,19 +31,9 @@ absl::StatusOr<Timeline> ListScheduler::RunFixed(std::vector<RankGen> gens) {
   const int p = l_.p;
   Timeline out(p);
   std::vector<double> free(p, 0);
-  std::vector<int> work;
-  std::vector<char> queued(p, 1);
-  for (int r = p - 1; r >= 0; --r) work.push_back(r);
-  auto wake = [&](int r) {
-    if (!queued[r]) {
-      queued[r] = 1;
-      work.push_back(r);
-    }
-  };
+  RankWorklist work(p);
   while (!work.empty()) {
-    const int r = work.back();
-    work.pop_back();
-    queued[r] = 0;
+    const int r = work.Pop();
     Stream& st = gens[r].streams[0];
     while (st.next < st.acts.size()) {
       const Action& a = st.acts[st.next];
@@ -54,10 +45,10 @@ absl::StatusOr<Timeline> ListScheduler::RunFixed(std::vector<RankGen> gens) {
       const int g = l_.group_of[r][a.chunk];
       if (a.kind == ActionKind::kF) {
         fend_[Idx(g, a.mb, a.seq)] = end;
-        if (g + 1 < l_.groups) wake(l_.owner_rank[g + 1]);
+        if (g + 1 < l_.groups) work.Wake(l_.owner_rank[g + 1]);
       } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
         bend_[Idx(g, a.mb, a.seq)] = end;
-        if (g > 0) wake(l_.owner_rank[g - 1]);
+        if (g > 0) work.Wake(l_.owner_rank[g - 1]);
       }
       out[r].push_back({a, start, end});
       ++st.next;

@@ -460,21 +460,11 @@ absl::Status Machine::Run() {
     }
   std::fill(pc_.begin(), pc_.end(), 0);
 
-  std::vector<int> work;
-  std::vector<char> queued(l_.p, 1);
-  for (int r = l_.p - 1; r >= 0; --r) work.push_back(r);
+  internal::RankWorklist work(l_.p);
   int arrived = 0;
   std::vector<char> at_coll(l_.p, 0);
-  auto push = [&](int r) {
-    if (!queued[r]) {
-      queued[r] = 1;
-      work.push_back(r);
-    }
-  };
   while (!work.empty()) {
-    const int r = work.back();
-    work.pop_back();
-    queued[r] = 0;
+    const int r = work.Pop();
     while (const Action* a = Head(r)) {
       if (IsCompute(a->kind)) {
         std::string why = FireCompute(r, *a);
@@ -502,7 +492,7 @@ absl::Status Machine::Run() {
           at_coll[i] = 0;
           stuck_[i].clear();
           ++pc_[i];
-          if (i != r) push(i);
+          if (i != r) work.Wake(i);
         }
         continue;
       }
@@ -543,7 +533,7 @@ absl::Status Machine::Run() {
       waits_for_[r] = waits_for_[a->peer] = -1;
       ++pc_[r];
       ++pc_[a->peer];
-      push(a->peer);
+      work.Wake(a->peer);
     }
   }
   std::vector<std::string> errors;

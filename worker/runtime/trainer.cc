@@ -32,8 +32,16 @@ absl::StatusOr<std::unique_ptr<StandaloneTrainer>> StandaloneTrainer::Create(
   return t;
 }
 
-absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const int32_t* targets,
-                                           float d, double* loss) {
+struct StandaloneTrainer::Forwarded {
+  engine::vocab::InputLayerState in;
+  Buffer x_last;                       // (n, h) output of the layer stack
+  Buffer lnf_out, lnf_mean, lnf_rstd;  // (n, h), (n), (n)
+  engine::vocab::OutputLayerState out;
+};
+
+absl::StatusOr<StandaloneTrainer::Forwarded> StandaloneTrainer::Forward(
+    int j, const int32_t* inputs, const int32_t* targets, float d, bool keep_for_backward,
+    double* loss) {
   const engine::ModelConfig& cfg = options_.model;
   const int b = options_.microbatch_size, s = cfg.seq_len, h = cfg.hidden;
   const int n = b * s;
@@ -50,7 +58,9 @@ absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const i
   // F of the layer stack, then the final LayerNorm.
   Buffer x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);  // (n, h)
   const engine::SlotKey slot{j, 0};
-  if (auto st = model.stack(0).Forward(slot, x0, x_last.data()); !st.ok()) return st;
+  absl::Status st = model.stack(0).Forward(slot, x0, x_last.data());
+  if (!keep_for_backward) model.stack(0).DiscardMicrobatch(j);
+  if (!st.ok()) return st;
   in_state->ReleaseOutput();  // the stack keeps its own copy of its input
   Buffer lnf_out(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);  // (n, h)
   Buffer lnf_mean(mem, MemoryCategory::kActivations, n);                          // (n)
@@ -58,63 +68,7 @@ absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const i
   engine::cpu::LayerNormForward(lnf_out.data(), lnf_mean.data(), lnf_rstd.data(), x_last.data(),
                                 model.lnf_weight(), model.lnf_bias(), n, h);
 
-  // Output layer: S, barrier C1, T (and C2 for Algorithm 1).
-  engine::vocab::OutputLayerShard& out = model.output_layer();
-  auto out_state = out.S(lnf_out.data(), targets, n, d);
-  if (!out_state.ok()) return out_state.status();
-  if (auto st = out.C1(*out_state, *comm_); !st.ok()) return st;
-  if (auto st = out.T(*out_state, lnf_out.data()); !st.ok()) return st;
-  if (options_.algorithm == engine::vocab::OutputAlgorithm::kAlgorithm1) {
-    if (auto st = out.C2(*out_state, *comm_); !st.ok()) return st;
-  }
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += out_state->losses()[i];
-  *loss += sum * d;
-
-  // Backward: final LayerNorm (B then W), the layer stack, position embeddings, IB.
-  const float* d_lnf_out = out_state->grad_input();  // (n, h), d already applied
-  Buffer d_x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
-  engine::cpu::LayerNormBackwardInput(d_x_last.data(), d_lnf_out, x_last.data(), model.lnf_weight(),
-                                      lnf_mean.data(), lnf_rstd.data(), n, h);
-  engine::cpu::LayerNormBackwardWeight(model.lnf_weight_grad(), model.lnf_bias_grad(), d_lnf_out,
-                                       x_last.data(), lnf_mean.data(), lnf_rstd.data(), n, h);
-  out_state->Release();
-  Buffer d_x0(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
-  if (auto st = model.stack(0).Backward(slot, d_x_last.data(), d_x0.data()); !st.ok()) return st;
-  engine::cpu::PositionEmbeddingBackward(model.wpe_grad(), d_x0.data(), b, s, h, 0);
-  if (auto st = model.input_layer().BackwardBroadcast(*in_state, *comm_, 0, d_x0.data());
-      !st.ok()) {
-    return st;
-  }
-  return model.input_layer().Backward(*in_state);
-}
-
-absl::Status StandaloneTrainer::ForwardOnly(int j, const int32_t* inputs, const int32_t* targets,
-                                            float d, double* loss) {
-  const engine::ModelConfig& cfg = options_.model;
-  const int b = options_.microbatch_size, s = cfg.seq_len, h = cfg.hidden;
-  const int n = b * s;
-  engine::RankModel& model = *model_;
-  engine::MemoryTracker* mem = tracker_.get();
-
-  // The forward passes of Microbatch(), in the same order and arithmetic.
-  auto in_state = model.input_layer().Forward(inputs, n);
-  if (!in_state.ok()) return in_state.status();
-  if (auto st = model.input_layer().ForwardReduce(*in_state, *comm_); !st.ok()) return st;
-  float* x0 = in_state->mutable_output();
-  engine::cpu::PositionEmbeddingForward(x0, model.wpe(), b, s, h, 0);
-  Buffer x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
-  const engine::SlotKey slot{j, 0};
-  absl::Status st = model.stack(0).Forward(slot, x0, x_last.data());
-  model.stack(0).DiscardMicrobatch(j);  // no backward follows
-  if (!st.ok()) return st;
-  in_state->ReleaseOutput();
-  Buffer lnf_out(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
-  Buffer lnf_mean(mem, MemoryCategory::kActivations, n);
-  Buffer lnf_rstd(mem, MemoryCategory::kActivations, n);
-  engine::cpu::LayerNormForward(lnf_out.data(), lnf_mean.data(), lnf_rstd.data(), x_last.data(),
-                                model.lnf_weight(), model.lnf_bias(), n, h);
-  // S and C1 give every token's loss; T (the weight gradients) is skipped.
+  // Output layer: S and barrier C1 give every token's loss.
   engine::vocab::OutputLayerShard& out = model.output_layer();
   auto out_state = out.S(lnf_out.data(), targets, n, d);
   if (!out_state.ok()) return out_state.status();
@@ -122,7 +76,57 @@ absl::Status StandaloneTrainer::ForwardOnly(int j, const int32_t* inputs, const 
   double sum = 0;
   for (int i = 0; i < n; ++i) sum += out_state->losses()[i];
   *loss += sum * d;
-  out_state->Release();
+  return Forwarded{.in = std::move(*in_state),
+                   .x_last = std::move(x_last),
+                   .lnf_out = std::move(lnf_out),
+                   .lnf_mean = std::move(lnf_mean),
+                   .lnf_rstd = std::move(lnf_rstd),
+                   .out = std::move(*out_state)};
+}
+
+absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const int32_t* targets,
+                                           float d, double* loss) {
+  const engine::ModelConfig& cfg = options_.model;
+  const int b = options_.microbatch_size, s = cfg.seq_len, h = cfg.hidden;
+  const int n = b * s;
+  engine::RankModel& model = *model_;
+  engine::MemoryTracker* mem = tracker_.get();
+
+  auto f = Forward(j, inputs, targets, d, /*keep_for_backward=*/true, loss);
+  if (!f.ok()) return f.status();
+  // T (and C2 for Algorithm 1) finish the output layer.
+  engine::vocab::OutputLayerShard& out = model.output_layer();
+  if (auto st = out.T(f->out, f->lnf_out.data()); !st.ok()) return st;
+  if (options_.algorithm == engine::vocab::OutputAlgorithm::kAlgorithm1) {
+    if (auto st = out.C2(f->out, *comm_); !st.ok()) return st;
+  }
+
+  // Backward: final LayerNorm (B then W), the layer stack, position embeddings, IB.
+  const float* d_lnf_out = f->out.grad_input();  // (n, h), d already applied
+  Buffer d_x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+  engine::cpu::LayerNormBackwardInput(d_x_last.data(), d_lnf_out, f->x_last.data(),
+                                      model.lnf_weight(), f->lnf_mean.data(), f->lnf_rstd.data(), n,
+                                      h);
+  engine::cpu::LayerNormBackwardWeight(model.lnf_weight_grad(), model.lnf_bias_grad(), d_lnf_out,
+                                       f->x_last.data(), f->lnf_mean.data(), f->lnf_rstd.data(), n,
+                                       h);
+  f->out.Release();
+  Buffer d_x0(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+  const engine::SlotKey slot{j, 0};
+  if (auto st = model.stack(0).Backward(slot, d_x_last.data(), d_x0.data()); !st.ok()) return st;
+  engine::cpu::PositionEmbeddingBackward(model.wpe_grad(), d_x0.data(), b, s, h, 0);
+  if (auto st = model.input_layer().BackwardBroadcast(f->in, *comm_, 0, d_x0.data()); !st.ok()) {
+    return st;
+  }
+  return model.input_layer().Backward(f->in);
+}
+
+absl::Status StandaloneTrainer::ForwardOnly(int j, const int32_t* inputs, const int32_t* targets,
+                                            float d, double* loss) {
+  // T (the weight gradients) and the backward are skipped.
+  auto f = Forward(j, inputs, targets, d, /*keep_for_backward=*/false, loss);
+  if (!f.ok()) return f.status();
+  f->out.Release();
   return absl::OkStatus();
 }
 

@@ -70,6 +70,15 @@ class StandaloneTrainer {
   explicit StandaloneTrainer(PassKey) {}
 
  private:
+  // What the forward of one microbatch leaves for its backward: the input layer's state, the
+  // last layer's output, the final LayerNorm's output and statistics, the output layer's state
+  // after S and C1 (defined in trainer.cc).
+  struct Forwarded;
+  // The forward passes of one microbatch up to the per-token losses (IF + reduce, position
+  // embeddings, the layer stack, ln_f, S, C1); adds their sum times d to *loss. Without
+  // keep_for_backward the stack drops its saved activations as soon as its forward is done.
+  absl::StatusOr<Forwarded> Forward(int j, const int32_t* inputs, const int32_t* targets, float d,
+                                    bool keep_for_backward, double* loss);
   // Forward of one microbatch up to the per-token losses; adds their sum times d to *loss.
   absl::Status ForwardOnly(int j, const int32_t* inputs, const int32_t* targets, float d,
                            double* loss);
