@@ -143,6 +143,10 @@ namespace {
 // The transformer timeline of the requested schedule.
 absl::StatusOr<Timeline> TransformerSchedule(const Ctx& c, int extra_warmup) {
   std::vector<RankGen> gens;
+  if (AlignedInterlaced(c)) {
+    ListScheduler scheduler(c);
+    return scheduler.Run(InterlacedOrders(c));
+  }
   switch (c.in.schedule) {
     case Schedule::k1F1B:
     case Schedule::kInterleaved:

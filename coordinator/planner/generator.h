@@ -84,6 +84,10 @@ class ListScheduler {
     fend_.assign(n, kInf);
     bend_.assign(n, kInf);
   }
+  // Fixed orders may hold the sharded output layer's S and T themselves (the aligned
+  // interlaced block); they are timed with its collectives: S after X's broadcast, T after C1
+  // (every rank's S), the last group's B after C2 (every rank's T) instead of the fixed
+  // barrier delay.
   absl::StatusOr<Timeline> Run(std::vector<RankGen> gens);
 
  private:
@@ -91,6 +95,11 @@ class ListScheduler {
   size_t Idx(int g, int mb, int q) const { return (static_cast<size_t>(g) * l_.m + mb) * l_.k + q; }
   double Comm(int r, int g) const { return l_.owner_rank[g] != r ? c_.in.costs.comm : 0; }
   double Ready(int r, const Action& a) const {
+    if (a.kind == ActionKind::kS) {
+      const double x = fend_[Idx(l_.groups - 1, a.mb, a.seq)];
+      return r == l_.x_owner() ? x : x + c_.in.costs.collective;
+    }
+    if (a.kind == ActionKind::kT) return Barrier(s_, a);
     const int g = l_.group_of[r][a.chunk];
     double t = 0;
     if (a.kind == ActionKind::kF) {
@@ -99,7 +108,7 @@ class ListScheduler {
     } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
       t = fend_[Idx(g, a.mb, a.seq)];
       if (g == l_.groups - 1) {
-        t += c_.delay;
+        t = output_ ? std::max(t, Barrier(t_, a)) : t + c_.delay;
       } else {
         t = std::max(t, bend_[Idx(g + 1, a.mb, a.seq)] + Comm(r, g + 1));
       }
@@ -122,9 +131,27 @@ class ListScheduler {
     return u;
   }
 
+  // S or T of one unit on every rank: how many ran, the last end.
+  struct Done {
+    std::vector<int> count;
+    std::vector<double> last;
+  };
+  // When the collective after every rank's pass of `a`'s unit has ended (inf until all ran).
+  double Barrier(const Done& d, const Action& a) const {
+    const size_t u = static_cast<size_t>(a.mb) * l_.k + a.seq;
+    return d.count[u] == l_.p ? d.last[u] + c_.in.costs.collective : kInf;
+  }
+  // Records an output-layer pass; true when it was the unit's last one (its barrier is up).
+  static bool Count(Done& d, size_t u, double end, int p) {
+    d.last[u] = std::max(d.last[u], end);
+    return ++d.count[u] == p;
+  }
+
   const Ctx& c_;
   const Layout& l_;
   std::vector<double> fend_, bend_;
+  bool output_ = false;  // the orders hold S and T
+  Done s_, t_;
 };
 
 // Warm-up forwards, then one forward and one backward alternately, then the remaining
@@ -138,8 +165,14 @@ std::vector<RankGen> OneFOneBFamilyOrders(const Ctx& c,
 absl::StatusOr<Timeline> VShapeBuildingBlockSchedule(const Ctx& c);  // V-Half, V-Min
 std::vector<RankGen> ZBH1Orders(const Ctx& c);
 std::vector<RankGen> ZBVOrders(const Ctx& c);
+// Interlaced 1F1B, the aligned block: S and T are in the orders (schedule_interlaced.cc).
+std::vector<RankGen> InterlacedOrders(const Ctx& c);
+inline bool AlignedInterlaced(const Ctx& c) {
+  return c.in.vocab == VocabMethod::kInterlaced && c.in.schedule == Schedule::k1F1B;
+}
 
-// S, T, IF, IB placed by the transformer timeline; OPT last (vocab_passes.cc).
+// S, T (unless the timeline has them already), IF, IB placed by the transformer timeline; OPT
+// last (vocab_passes.cc).
 std::vector<std::vector<Action>> AddVocabularyPasses(const Ctx& c, const Timeline& base);
 
 // Compute orders -> per-rank plans with every transfer and collective (lower.cc).

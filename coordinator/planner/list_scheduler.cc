@@ -31,7 +31,16 @@ absl::StatusOr<Timeline> ListScheduler::RunFixed(std::vector<RankGen> gens) {
   const int p = l_.p;
   Timeline out(p);
   std::vector<double> free(p, 0);
+  for (const RankGen& g : gens)
+    for (const Action& a : g.streams[0].acts) output_ = output_ || a.kind == ActionKind::kS;
+  if (output_) {
+    const size_t units = static_cast<size_t>(l_.m) * l_.k;
+    s_ = t_ = Done{std::vector<int>(units, 0), std::vector<double>(units, 0)};
+  }
   RankWorklist work(p);
+  auto wake_all = [&] {
+    for (int q = 0; q < p; ++q) work.Wake(q);
+  };
   while (!work.empty()) {
     const int r = work.Pop();
     Stream& st = gens[r].streams[0];
@@ -43,9 +52,15 @@ absl::StatusOr<Timeline> ListScheduler::RunFixed(std::vector<RankGen> gens) {
       const double end = start + internal::ActionCost(l_, c_.in.costs, r, a);
       free[r] = end;
       const int g = l_.group_of[r][a.chunk];
-      if (a.kind == ActionKind::kF) {
+      const size_t u = static_cast<size_t>(a.mb) * l_.k + a.seq;
+      if (a.kind == ActionKind::kS) {
+        if (Count(s_, u, end, p)) wake_all();
+      } else if (a.kind == ActionKind::kT) {
+        if (Count(t_, u, end, p)) work.Wake(l_.x_owner());
+      } else if (a.kind == ActionKind::kF) {
         fend_[Idx(g, a.mb, a.seq)] = end;
         if (g + 1 < l_.groups) work.Wake(l_.owner_rank[g + 1]);
+        if (g + 1 == l_.groups && output_) wake_all();
       } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
         bend_[Idx(g, a.mb, a.seq)] = end;
         if (g > 0) work.Wake(l_.owner_rank[g - 1]);

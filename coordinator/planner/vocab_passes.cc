@@ -46,7 +46,8 @@ std::vector<std::vector<Action>> AddVocabularyPasses(const Ctx& c, const Timelin
   std::vector<Extra> extras;  // the same for every rank (sharded) or for one rank
   const bool interlaced = c.in.vocab == VocabMethod::kInterlaced;
   const int mp = c.in.max_pending_t;
-  for (int u = 0; u < units; ++u) {
+  // The aligned interlaced block has S and T in its order already.
+  for (int u = 0; u < units && !AlignedInterlaced(c); ++u) {
     const int mb = u / k, q = u % k;
     const double s_t = fl[u]->end;
     extras.push_back({s_t, PassFamily::kOutput, 2LL * u + 1, MakeAction(ActionKind::kS, mb, 0, q)});

@@ -30,6 +30,7 @@ constexpr Golden kGolden[] = {
     {"zbh1-baseline-p3-m4.txt", Schedule::kZBH1, VocabMethod::kBaseline, 3, 4},
     {"vhalf-vocab1-p2-m3.txt", Schedule::kVHalf, VocabMethod::kVocab1, 2, 3},
     {"vmin-vocab2-p3-m3.txt", Schedule::kVMin, VocabMethod::kVocab2, 3, 3},
+    {"1f1b-interlaced-p2-m5.txt", Schedule::k1F1B, VocabMethod::kInterlaced, 2, 5},
 };
 
 std::string GoldenPath(const char* file) {
