@@ -52,18 +52,20 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
   std::vector<char> pending(p, 0);
   double coll_free = 0;
 
+  // 32 bytes (the queue moves about a million of them for p = 64, m = 1024): a transfer keeps
+  // only the sender's SEND; the receiver and its RECV follow from the layout.
   struct Ev {
     double t;
-    int64_t seq;
+    uint32_t seq;
+    int16_t r;  // compute rank / sender
     EventKind type;
-    int r;     // compute rank / sender
     Action a;  // compute action / sender's SEND / collective
-    int peer;
-    Action recv;
     bool operator>(const Ev& o) const { return t != o.t ? t > o.t : seq > o.seq; }
   };
+  static_assert(sizeof(Ev) <= 32);
   std::priority_queue<Ev, std::vector<Ev>, std::greater<Ev>> q;
-  int64_t seq = 0;
+  uint32_t seq = 0;
+  for (int r = 0; r < p; ++r) out[r].actions.reserve(2 * orders[r].size());
 
   auto ready_time = [&](int r, const Action& a) -> double {
     double t = lane[r];
@@ -103,10 +105,10 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
     const double t = ready_time(r, a);
     if (t == kInf) return;
     pending[r] = 1;
-    q.push({t, seq++, EventKind::kCompute, r, a, -1, {}});
+    q.push({t, seq++, static_cast<int16_t>(r), EventKind::kCompute, a});
   };
   auto collective = [&](double t, ActionKind kind, int mb, int qq) {
-    q.push({t, seq++, EventKind::kCollective, -1, MakeAction(kind, mb, 0, qq), -1, {}});
+    q.push({t, seq++, -1, EventKind::kCollective, MakeAction(kind, mb, 0, qq)});
   };
   for (int r = 0; r < p; ++r) try_rank(r);
   while (!q.empty()) {
@@ -126,9 +128,7 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
         if (g + 1 < G && l.owner_rank[g + 1] != r) {
           Action s = MakeAction(ActionKind::kSendAct, a.mb, a.chunk, a.seq);
           s.peer = static_cast<int16_t>(l.owner_rank[g + 1]);
-          Action rv = MakeAction(ActionKind::kRecvAct, a.mb, l.owner_chunk[g + 1], a.seq);
-          rv.peer = static_cast<int16_t>(r);
-          q.push({end, seq++, EventKind::kTransfer, r, s, l.owner_rank[g + 1], rv});
+          q.push({end, seq++, static_cast<int16_t>(r), EventKind::kTransfer, s});
         }
         if (g == G - 1 && l.sharded) collective(end, ActionKind::kBcastX, a.mb, a.seq);
       } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
@@ -136,9 +136,7 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
         if (g > 0 && l.owner_rank[g - 1] != r) {
           Action s = MakeAction(ActionKind::kSendGrad, a.mb, a.chunk, a.seq);
           s.peer = static_cast<int16_t>(l.owner_rank[g - 1]);
-          Action rv = MakeAction(ActionKind::kRecvGrad, a.mb, l.owner_chunk[g - 1], a.seq);
-          rv.peer = static_cast<int16_t>(r);
-          q.push({end, seq++, EventKind::kTransfer, r, s, l.owner_rank[g - 1], rv});
+          q.push({end, seq++, static_cast<int16_t>(r), EventKind::kTransfer, s});
         }
         if (g == 0 && l.sharded && ++cnt_b0[a.mb] == k)
           collective(end, ActionKind::kIbBcast, a.mb, 0);
@@ -154,12 +152,15 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
       }
       try_rank(r);
     } else if (ev.type == EventKind::kTransfer) {
+      const bool act = ev.a.kind == ActionKind::kSendAct;
+      const int g = l.group_of[ev.r][ev.a.chunk] + (act ? 1 : -1);  // the receiver's group
+      Action recv = MakeAction(act ? ActionKind::kRecvAct : ActionKind::kRecvGrad, ev.a.mb,
+                               l.owner_chunk[g], ev.a.seq);
+      recv.peer = ev.r;
       out[ev.r].actions.push_back(ev.a);
-      out[ev.peer].actions.push_back(ev.recv);
-      const int g = l.group_of[ev.peer][ev.recv.chunk];
-      (ev.a.kind == ActionKind::kSendAct ? act_in : grad_in)[idx(g, ev.a.mb, ev.a.seq)] =
-          ev.t + costs.comm;
-      try_rank(ev.peer);
+      out[ev.a.peer].actions.push_back(recv);
+      (act ? act_in : grad_in)[idx(g, ev.a.mb, ev.a.seq)] = ev.t + costs.comm;
+      try_rank(ev.a.peer);
     } else {
       const double start = std::max(ev.t, coll_free);
       const double end = start + costs.collective;

@@ -65,12 +65,12 @@ bool IsCompute(ActionKind kind);
 bool IsP2P(ActionKind kind);
 bool IsCollective(ActionKind kind);
 
-struct Action {
+struct Action {  // 12 bytes: plans of p = 64, m = 1024 hold over a million of them
   ActionKind kind = ActionKind::kF;
-  int32_t mb = 0;     // microbatch, -1 for OPT
   int16_t chunk = 0;  // local model chunk
   int16_t seq = 0;    // sequence chunk
   int16_t peer = -1;  // P2P peer rank
+  int32_t mb = 0;     // microbatch, -1 for OPT
 
   bool operator==(const Action&) const = default;
 };

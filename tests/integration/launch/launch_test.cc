@@ -92,20 +92,22 @@ class LaunchTest : public testing::TestWithParam<std::string> {
   // summation order — which differs between p ranks and one — becomes an lr-sized step.
   // The losses are compared at the default eps in TwoRanksDefaultEpsLossesMatch.
   std::string Spec(const std::string& name, int pipeline, int layers, const std::string& vocab,
-                   bool tied, int steps = 5, int every = 0, double eps = 1e-5) {
+                   bool tied, int steps = 5, int every = 0, double eps = 1e-5,
+                   const std::string& schedule = "1f1b") {
     const fs::path path = dir_ / (name + ".yaml");
     std::ofstream(path) << absl::StrCat(
         "model: {layers: ", layers, ", hidden: 32, heads: 2, vocab_size: 64, seq_len: 16",
         tied ? ", tie_embeddings: true" : "", "}\n", "parallel: {pipeline: ", pipeline,
-        ", microbatch_size: 2, microbatches: 4, vocab: ", vocab, "}\n", "train: {steps: ", steps,
-        ", lr: 0.003, eps: ", eps, ", threads: 1}\n",
+        ", microbatch_size: 2, microbatches: 4, vocab: ", vocab, ", schedule: ", schedule, "}\n",
+        "train: {steps: ", steps, ", lr: 0.003, eps: ", eps, ", threads: 1}\n",
         "data: {path: data.bin}\ncheckpoint: {dir: ", name, ", every: ", every, "}\n");
     return path.string();
   }
 
   // Runs the spec at p and at 1 and compares per-step losses and the final weights.
-  void ExpectMatchesStandalone(int pipeline, int layers, const std::string& vocab, bool tied) {
-    const std::string p = Spec("pipe", pipeline, layers, vocab, tied);
+  void ExpectMatchesStandalone(int pipeline, int layers, const std::string& vocab, bool tied,
+                               const std::string& schedule = "1f1b") {
+    const std::string p = Spec("pipe", pipeline, layers, vocab, tied, 5, 0, 1e-5, schedule);
     const std::string one = Spec("one", 1, layers, vocab, tied);
     Result rp = Vocabpipe(Run() + p + " --timeout 10");
     ASSERT_EQ(rp.code, 0) << rp.output;
@@ -162,6 +164,21 @@ TEST_P(LaunchTest, TwoRanksVocab2MatchStandalone) {
 
 TEST_P(LaunchTest, FourRanksVocab1TiedMatchStandalone) {
   ExpectMatchesStandalone(4, 4, "vocab1", true);
+}
+
+// The schedules of issue 14 on real worker processes: V-Half and V-Min (building blocks) and
+// the aligned interlaced 1F1B block; the planner's predicted memory per rank is checked
+// against the allocator's peak as in every ExpectMatchesStandalone.
+TEST_P(LaunchTest, TwoRanksVHalfVocab1MatchStandalone) {
+  ExpectMatchesStandalone(2, 4, "vocab1", false, "vhalf");
+}
+
+TEST_P(LaunchTest, TwoRanksVMinVocab2MatchStandalone) {
+  ExpectMatchesStandalone(2, 4, "vocab2", false, "vmin");
+}
+
+TEST_P(LaunchTest, TwoRanksInterlacedMatchStandalone) {
+  ExpectMatchesStandalone(2, 2, "interlaced", false);
 }
 
 TEST_P(LaunchTest, TwoRanksBaselineTiedMatchStandalone) {
