@@ -17,25 +17,6 @@ namespace {
 using namespace vp::testing;  // NOLINT
 using ::testing::HasSubstr;
 
-struct CliResult {
-  int code = -1;
-  std::string output;
-};
-
-// Runs `vocabpipe ARGS` with the given environment assignments; stdout and stderr together.
-CliResult Vocabpipe(const std::string& env, const std::string& args) {
-  const std::string cmd = absl::StrCat(env, " ", Bin("client/vocabpipe"), " ", args, " 2>&1");
-  CliResult r;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  return r;
-}
-
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
