@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/server/job_plan.h"
 #include "proto/grpc/auth.h"
 #include "proto/plan/plan.h"
-#include "coordinator/server/job_plan.h"
 #include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
 #include "proto/spec/storage_root.h"
@@ -613,7 +613,8 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     run->set_rank(r);
     run->set_attempt(a.attempt);
     *run->mutable_spec() = job.spec();
-    run->set_plan_text(job.plan_text());
+    // Only this rank's slice: the layout and its own actions (docs/operations.md, "Security").
+    run->set_plan_text(planner::PlanToText(planner::RankSlice(plan->plan, r)));
     run->set_timeout_ms(absl::ToInt64Milliseconds(options_.rank_timeout));
     run->set_resume(job.resume());
     workers_[a.workers[r]].commands.push_back(std::move(cmd));

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <regex>
 
+#include "absl/strings/str_split.h"
 #include "tests/integration/control/control_harness.h"
 
 namespace {
@@ -470,6 +471,31 @@ TEST_F(TlsTest, TwoRankJobRunsOverTls) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(job.owner(), "alice");
   EXPECT_EQ(job.step(), 3);
+  // Each daemon got only its rank's slice of the plan (written to plan_rank_R.txt in the run
+  // folder, which the ranks share): every chunk line of the job's plan, its own rank's actions
+  // and none of the other rank's.
+  auto lines = [](const std::string& text, const std::string& prefix) {
+    std::vector<std::string> out;
+    for (const std::string& l : std::vector<std::string>(absl::StrSplit(text, '\n'))) {
+      if (l.rfind(prefix, 0) == 0) out.push_back(l);
+    }
+    return out;
+  };
+  const std::vector<std::string> full_ranks = lines(job.plan_text(), "rank ");
+  ASSERT_EQ(full_ranks.size(), 2u) << job.plan_text();
+  for (int r = 0; r < 2; ++r) {
+    const fs::path slice_path = dir_ / "runs" / "two" / absl::StrCat("plan_rank_", r, ".txt");
+    const std::string slice = ReadWholeFile(slice_path);
+    ASSERT_FALSE(slice.empty()) << slice_path;
+    EXPECT_EQ(lines(slice, "chunk "), lines(job.plan_text(), "chunk "));
+    const std::vector<std::string> ranks = lines(slice, "rank ");
+    ASSERT_EQ(ranks.size(), 2u) << slice;
+    EXPECT_EQ(ranks[r], full_ranks[r]);
+    EXPECT_GT(ranks[r].size(), absl::StrCat("rank ", r, ":").size());
+    EXPECT_EQ(ranks[1 - r], absl::StrCat("rank ", 1 - r, ":")) << "rank " << r << " was sent "
+                                                               << "rank " << 1 - r << "'s actions";
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "two" / "plan.txt"));
   // Bob does not see it.
   CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", bob_), "status job-1" + flags);
   EXPECT_EQ(status.code, 1);
