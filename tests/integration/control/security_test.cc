@@ -447,6 +447,11 @@ TEST(RunSecrets, KeysOfARunNeedItsSecret) {
   EXPECT_EQ(kv.CheckRunSecret("vocabpipe/job-9.1/x", "s1", "key").code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(kv.CheckRunSecret("other/key", "", "key").ok());
+  // A secure coordinator's store: keys outside the runs are refused, run keys as before.
+  st = kv.CheckRunSecret("other/key", "s1", "keys[0]", /*runs_only=*/true);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(st.message(), HasSubstr("keys[0]: outside every run's namespace"));
+  EXPECT_TRUE(kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "s1", "key", true).ok());
   kv.DropPrefix("vocabpipe/job-1.5/");
   EXPECT_THAT(kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "s1", "key").message(),
               HasSubstr("is not an active run"));
@@ -478,6 +483,23 @@ TEST(Tokens, FileIsCheckedAndLookedUpByHash) {
   auto bad = vp::auth::TokenTable::Load(file.string());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("line 2: role: user or admin"));
+  // An expiry: the fourth field, RFC 3339; the user carries it.
+  fs::remove(file);
+  const absl::Time when = absl::FromUnixSeconds(absl::ToUnixSeconds(absl::Now()) + 3600);
+  auto expiring = vp::auth::AddToken(file.string(), "erin", "user", when);
+  ASSERT_TRUE(expiring.ok()) << expiring.status();
+  EXPECT_THAT(ReadWholeFile(file), HasSubstr(" " + vp::auth::FormatExpiry(when) + "\n"));
+  table = vp::auth::TokenTable::Load(file.string());
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_TRUE(table->Find(*expiring).has_value());
+  EXPECT_EQ(table->Find(*expiring)->expires, when);
+  EXPECT_EQ(vp::auth::AddToken(file.string(), "erin", "user", absl::Now() - absl::Seconds(1))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::ofstream(file, std::ios::app) << "bob user " << std::string(64, 'a') << " tomorrow\n";
+  bad = vp::auth::TokenTable::Load(file.string());
+  EXPECT_THAT(bad.status().message(), HasSubstr("line 2: expires: an RFC 3339 time"));
   fs::remove(file);
 }
 
