@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/vocabpipe_cli.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 
 extern char** environ;
@@ -144,10 +145,6 @@ class CoordinatorProcess {
 
 // Runs `vocabpipe ARGS` (build tree binary) with the environment assignments `env` in front;
 // its exit code and stdout + stderr together.
-struct CliResult {
-  int code = -1;
-  std::string output;
-};
 inline CliResult Vocabpipe(const std::string& env, const std::string& args) {
   const std::string cmd = absl::StrCat(env, " ", Bin("client/vocabpipe"), " ", args, " 2>&1");
   CliResult r;
