@@ -679,8 +679,8 @@ TEST_F(TlsTest, TokensReloadWithoutRestartAndExpire) {
   const std::string dave = Token("dave", "user");
   EXPECT_TRUE(WaitFor([&] { return list(dave).ok(); }, std::chrono::seconds(5)))
       << c->process().Log();
-  // A token with an expiry a few seconds ahead: accepted, then refused once it passed.
-  const absl::Time expires = absl::Now() + absl::Seconds(3);
+  // A token with an expiry seconds ahead: accepted, then refused once it passed.
+  const absl::Time expires = absl::Now() + absl::Seconds(5);
   const std::string expiry = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", expires, absl::UTCTimeZone());
   CliResult made = Vocabpipe(
       "", absl::StrCat("certs token erin --tokens ", tokens_.string(), " --expires ", expiry));
