@@ -503,4 +503,27 @@ TEST(Tokens, FileIsCheckedAndLookedUpByHash) {
   fs::remove(file);
 }
 
+// The revocation list: serials or fingerprints, any case, ':' separators, comments; a bad line
+// is named and nothing of the file is echoed.
+TEST(Revocation, ListMatchesSerialsAndFingerprints) {
+  const fs::path file = fs::temp_directory_path() / absl::StrCat("vp_revoked_", getpid());
+  const std::string fp(64, 'e');
+  std::ofstream(file) << "# revoked\n"
+                      << "  00:AB:CD:01  # node1, by serial (a DER leading zero is dropped)\n"
+                      << "\n"
+                      << fp << "\n";
+  auto list = vp::auth::RevocationList::Load(file.string());
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->size(), 2u);
+  EXPECT_TRUE(list->Revoked({.name = "node1", .serial = "abcd01", .fingerprint = "f0"}));
+  EXPECT_TRUE(list->Revoked({.name = "node2", .serial = "99", .fingerprint = fp}));
+  EXPECT_FALSE(list->Revoked({.name = "node3", .serial = "abcd02", .fingerprint = "f1"}));
+  std::ofstream(file, std::ios::app) << "secret-password\n";
+  auto bad = vp::auth::RevocationList::Load(file.string());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("line 5: need a certificate serial number"));
+  EXPECT_THAT(bad.status().message(), Not(HasSubstr("password")));
+  fs::remove(file);
+}
+
 }  // namespace
