@@ -311,6 +311,10 @@ TEST_F(TlsTest, OnlyTheOwnerOrAnAdminReadsWatchesOrCancelsAJob) {
 
 TEST_F(TlsTest, OnlyWorkerCertificatesRegisterHeartbeatOrUseTheStore) {
   auto c = StartCoordinator();
+  auto admin = Jobs(*c, admin_);
+  v1::SubmitJobResponse submitted;  // stored before: it must come through unchanged
+  ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), TinyJob("a"), &submitted).ok());
+  const v1::Job before = GetJob(*admin, submitted.job_id());
   // TLS without a client certificate, with and without a user's token.
   for (const std::string& token : {std::string(), alice_}) {
     auto channel = grpc::CreateChannel(c->address(), Credentials(false, token));
@@ -352,6 +356,19 @@ TEST_F(TlsTest, OnlyWorkerCertificatesRegisterHeartbeatOrUseTheStore) {
   std::this_thread::sleep_for(std::chrono::seconds(2));
   EXPECT_EQ(ListWorkers(*c).workers_size(), 0);  // nothing registered
   server_cert.Kill(SIGTERM);
+  // Nothing stored changed: the job as it was; the store holds no keys outside runs at all.
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(admin->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).SerializeAsString(), before.SerializeAsString());
+  {
+    v1::StoreGetRequest get;
+    get.set_key("other/key");
+    v1::StoreGetResponse got;
+    grpc::Status st = c->store->Get(Ctx().get(), get, &got);  // the worker certificate
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_TRUE(got.value().empty());
+  }
   // The worker certificate registers.
   StartWorker(*c, 1);
   EXPECT_EQ(ListWorkers(*c).workers_size(), 1);
