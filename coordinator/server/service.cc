@@ -201,6 +201,9 @@ class JobServiceImpl final : public v1::JobService::Service {
     } release{watchers_};
     int64_t after = req->after_event();
     while (!ctx->IsCancelled()) {
+      // The token is checked again at every poll: a token removed from the file (or expired)
+      // ends the stream within half a second.
+      if (auto user = guard_->User(ctx); !user.ok()) return ToGrpc(user.status());
       bool terminal = false;
       auto events = c_->WaitEvents(req->job_id(), after, absl::Milliseconds(500), &terminal);
       if (!events.ok()) return ToGrpc(events.status());

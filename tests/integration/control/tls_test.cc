@@ -722,7 +722,18 @@ TEST_F(TlsTest, TokensReloadWithoutRestartAndExpire) {
                                               " --expires 2020-01-01T00:00:00Z"));
   EXPECT_EQ(past.code, 2);
   EXPECT_THAT(past.output, HasSubstr("--expires: 2020-01-01T00:00:00Z is not in the future"));
-  // Removing dave (rewriting the file) and SIGHUP: refused.
+  // Dave watches a job of his; removing dave (rewriting the file) and SIGHUP: refused, and
+  // the open stream ends.
+  v1::SubmitJobResponse daves;
+  ASSERT_TRUE(Jobs(*c, dave)->SubmitJob(Ctx().get(), TinyJob("d"), &daves).ok());
+  auto dave_jobs = Jobs(*c, dave);
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchJobRequest watch;
+  watch.set_job_id(daves.job_id());
+  auto reader = dave_jobs->WatchJob(&watch_ctx, watch);
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));  // PENDING: the stream is open
   std::string kept;
   for (const std::string& line :
        std::vector<std::string>(absl::StrSplit(ReadWholeFile(tokens_), '\n'))) {
@@ -733,6 +744,11 @@ TEST_F(TlsTest, TokensReloadWithoutRestartAndExpire) {
   EXPECT_TRUE(WaitFor([&] { return list(dave).error_code() == grpc::StatusCode::UNAUTHENTICATED; },
                       std::chrono::seconds(5)));
   EXPECT_THAT(list(dave).error_message(), HasSubstr("unknown bearer token"));
+  while (reader->Read(&event)) {
+  }
+  const grpc::Status ended = reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(ended.error_message(), HasSubstr("unknown bearer token"));
   // A broken file leaves the tokens loaded before in force.
   std::ofstream(tokens_, std::ios::app) << "mallory superuser xyz\n";
   kill(c->process().pid(), SIGHUP);
