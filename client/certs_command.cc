@@ -6,9 +6,15 @@
 //       worker.pem worker-key.pem   the workers (and their ranks): a client certificate whose
 //                                   subject has OU=worker, the mark the coordinator checks
 //     Keys are written 0600, certificates 0644; an existing file is never overwritten.
-// vocabpipe certs token USER --tokens FILE [--role user|admin]
-//     A random 256-bit bearer token (RAND_bytes) for USER: its SHA-256 hash is appended to the
-//     tokens file (the coordinator's --tokens), the token is printed once.
+// vocabpipe certs worker NAME DIR [--days N]
+//     A worker certificate of its own for worker NAME, signed by DIR's CA (ca.pem, ca-key.pem):
+//     DIR/NAME.pem and DIR/NAME-key.pem, subject CN=NAME, OU=worker. The coordinator binds a
+//     registered worker to the name its certificate carries, and a revocation list (--revoked)
+//     names it by the serial number or fingerprint printed here.
+// vocabpipe certs token USER --tokens FILE [--role user|admin] [--days N | --expires TIME]
+//     A random 256-bit bearer token (RAND_bytes) for USER: its SHA-256 hash (and its expiry,
+//     when given: N days from now, or an RFC 3339 TIME) is appended to the tokens file (the
+//     coordinator's --tokens), the token is printed once.
 // docs/operations.md, "Security".
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -23,7 +29,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "client/commands.h"
 #include "proto/grpc/auth.h"
 
@@ -42,7 +51,9 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: vocabpipe certs init DIR [--hosts H1,H2,...] [--days N]\n"
-    "       vocabpipe certs token USER --tokens FILE [--role user|admin]\n";
+    "       vocabpipe certs worker NAME DIR [--days N]\n"
+    "       vocabpipe certs token USER --tokens FILE [--role user|admin]\n"
+    "                             [--days N | --expires 2027-01-31T00:00:00Z]\n";
 
 struct FreeKey {
   void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
@@ -240,6 +251,65 @@ absl::Status InitCerts(const fs::path& dir, const std::vector<std::string>& host
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadFile(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": cannot read"));
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A worker certificate for `name`, signed by the CA of `dir`; returns its identity.
+absl::StatusOr<auth::WorkerCertificate> WorkerCert(const fs::path& dir, const std::string& name,
+                                                   int days) {
+  const bool ok_name =
+      !name.empty() && name.size() <= 64 &&
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") ==
+          std::string::npos &&
+      name[0] != '.';
+  if (!ok_name) {
+    return absl::InvalidArgumentError(
+        "NAME: 1..64 letters, digits, '-', '_', '.' (not starting with '.')");
+  }
+  for (const std::string f : {name + ".pem", name + "-key.pem"}) {
+    if (fs::exists(dir / f)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat((dir / f).string(), ": exists; certs never overwrites"));
+    }
+  }
+  auto ca_pem = ReadFile(dir / "ca.pem");
+  if (!ca_pem.ok()) return ca_pem.status();
+  auto ca_key_pem = ReadFile(dir / "ca-key.pem");
+  if (!ca_key_pem.ok()) return ca_key_pem.status();
+  std::unique_ptr<BIO, FreeBio> cb(
+      BIO_new_mem_buf(ca_pem->data(), static_cast<int>(ca_pem->size())));
+  Cert ca(cb ? PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr) : nullptr);
+  std::unique_ptr<BIO, FreeBio> kb(
+      BIO_new_mem_buf(ca_key_pem->data(), static_cast<int>(ca_key_pem->size())));
+  Key ca_key(kb ? PEM_read_bio_PrivateKey(kb.get(), nullptr, nullptr, nullptr) : nullptr);
+  if (ca == nullptr || ca_key == nullptr || X509_check_private_key(ca.get(), ca_key.get()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir.string(), ": ca.pem and ca-key.pem are not a CA certificate and its key"));
+  }
+  auto key = NewKey();
+  if (!key.ok()) return key.status();
+  auto cert = MakeCert({.common_name = name,
+                        .unit = auth::kWorkerUnit,
+                        .extended_usage = "clientAuth",
+                        .days = days},
+                       key->get(), ca.get(), ca_key.get());
+  if (!cert.ok()) return cert.status();
+  auto cert_pem = ToPem(cert->get(), nullptr);
+  if (!cert_pem.ok()) return cert_pem.status();
+  auto key_pem = ToPem(nullptr, key->get());
+  if (!key_pem.ok()) return key_pem.status();
+  auto id = auth::ParseWorkerCertificate(*cert_pem);
+  if (!id) return OpenSslError("reading back the worker certificate");
+  if (auto st = WriteNew(dir / (name + "-key.pem"), *key_pem, 0600); !st.ok()) return st;
+  if (auto st = WriteNew(dir / (name + ".pem"), *cert_pem, 0644); !st.ok()) return st;
+  return *id;
+}
+
 int Fail(std::ostream& err, const std::string& why, int code = 2) {
   err << "vocabpipe certs: " << why << "\n" << (code == 2 ? kUsage : "");
   return code;
@@ -248,10 +318,12 @@ int Fail(std::ostream& err, const std::string& why, int code = 2) {
 }  // namespace
 
 int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err) {
-  if (args.empty()) return Fail(err, "give a subcommand: init or token");
+  if (args.empty()) return Fail(err, "give a subcommand: init, worker or token");
   std::vector<std::string> positional;
   std::string hosts, tokens, role = "user";
   int days = 365;
+  bool days_given = false;
+  absl::Time expires = absl::InfiniteFuture();
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.size() > 1 && a[0] == '-') {
@@ -259,9 +331,15 @@ int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err) {
       const std::string& v = args[++i];
       if (a == "--hosts" && args[0] == "init") {
         hosts = v;
-      } else if (a == "--days" && args[0] == "init") {
+      } else if (a == "--days") {  // init, worker: validity; token: expiry
         if (!absl::SimpleAtoi(v, &days) || days < 1 || days > 3650) {
           return Fail(err, "--days: need an integer in [1, 3650]");
+        }
+        days_given = true;
+      } else if (a == "--expires" && args[0] == "token") {
+        std::string why;
+        if (!absl::ParseTime(absl::RFC3339_full, v, &expires, &why)) {
+          return Fail(err, "--expires: need an RFC 3339 time such as 2027-01-31T00:00:00Z");
         }
       } else if (a == "--tokens" && args[0] == "token") {
         tokens = v;
@@ -291,10 +369,28 @@ int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err) {
         << "CLI:         --tls-ca ca.pem (or VOCABPIPE_TLS_CA) and VOCABPIPE_TOKEN\n";
     return 0;
   }
+  if (args[0] == "worker") {
+    if (positional.size() != 2) return Fail(err, "worker: give NAME and DIR");
+    auto id = WorkerCert(positional[1], positional[0], days);
+    if (!id.ok()) {
+      return Fail(
+          err, std::string(id.status().message()),
+          absl::IsInvalidArgument(id.status()) || absl::IsAlreadyExists(id.status()) ? 2 : 1);
+    }
+    out << "wrote " << positional[1] << "/" << positional[0] << ".pem and " << positional[0]
+        << "-key.pem (key 0600): worker " << id->name << "\n"
+        << "serial " << id->serial << "\n"
+        << "sha256 " << id->fingerprint << "\n";
+    return 0;
+  }
   if (args[0] == "token") {
     if (positional.size() != 1) return Fail(err, "token: give exactly one USER");
     if (tokens.empty()) return Fail(err, "--tokens FILE: required (the coordinator's --tokens)");
-    auto token = auth::AddToken(tokens, positional[0], role);
+    if (days_given && expires != absl::InfiniteFuture()) {
+      return Fail(err, "--days, --expires: give one of them");
+    }
+    if (days_given) expires = absl::Now() + absl::Hours(24) * days;
+    auto token = auth::AddToken(tokens, positional[0], role, expires);
     if (!token.ok()) {
       return Fail(err, std::string(token.status().message()),
                   absl::IsInvalidArgument(token.status()) ? 2 : 1);
@@ -302,7 +398,7 @@ int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err) {
     out << *token << "\n";
     return 0;
   }
-  return Fail(err, "unknown subcommand " + args[0] + " (init or token)");
+  return Fail(err, "unknown subcommand " + args[0] + " (init, worker or token)");
 }
 
 }  // namespace vp::cli

@@ -37,8 +37,11 @@ commands:
                                         for a loopback coordinator)
   certs init DIR [--hosts H1,H2]        a CA, the coordinator's and the workers' TLS
                                         certificates (OpenSSL), keys 0600
-  certs token USER --tokens FILE [--role user|admin]
-                                        a bearer token for USER; its hash goes to FILE
+  certs worker NAME DIR                 a worker certificate of its own (CN=NAME) from
+                                        DIR's CA; prints its serial and fingerprint
+  certs token USER --tokens FILE [--role user|admin] [--days N | --expires TIME]
+                                        a bearer token for USER; its hash (and expiry)
+                                        goes to FILE
   data synth --vocab V --tokens N --out FILE [--seed S] [--branching K]
                                         write a synthetic Markov-chain corpus
   data inspect FILE [--vocab V]         show and validate a token file

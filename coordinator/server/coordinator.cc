@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/server/job_plan.h"
 #include "proto/grpc/auth.h"
 #include "proto/plan/plan.h"
-#include "coordinator/server/job_plan.h"
 #include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
 #include "proto/spec/storage_root.h"
@@ -319,6 +319,18 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   }
   const std::vector<int64_t> need = PredictedRankBytes(*plan);
   std::lock_guard<std::mutex> lock(mu_);
+  if (options_.max_queued_per_user > 0) {
+    int queued = 0;
+    for (const auto& [id, j] : jobs_) {
+      queued += j.owner() == owner && j.state() == v1::JOB_STATE_PENDING;
+    }
+    if (queued >= options_.max_queued_per_user) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("queue: user ", owner, " has ", queued,
+                       " queued (PENDING) jobs, the limit of ", options_.max_queued_per_user,
+                       " per user (--max-queued-per-user); cancel one or wait until one starts"));
+    }
+  }
   int64_t largest = 0;
   for (const auto& [wid, w] : workers_) {
     if (DeviceMatches(spec.device(), w.info.device())) {
@@ -613,7 +625,8 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     run->set_rank(r);
     run->set_attempt(a.attempt);
     *run->mutable_spec() = job.spec();
-    run->set_plan_text(job.plan_text());
+    // Only this rank's slice: the layout and its own actions (docs/operations.md, "Security").
+    run->set_plan_text(planner::PlanToText(planner::RankSlice(plan->plan, r)));
     run->set_timeout_ms(absl::ToInt64Milliseconds(options_.rank_timeout));
     run->set_resume(job.resume());
     workers_[a.workers[r]].commands.push_back(std::move(cmd));
@@ -667,7 +680,7 @@ void Coordinator::SettleFailures() {
 // Workers.
 
 absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
-    const v1::RegisterWorkerRequest& req) {
+    const v1::RegisterWorkerRequest& req, const std::string& identity) {
   const std::string& d = req.device();
   int n = 0;
   if (!(d == "cpu" || d == "cuda" ||
@@ -687,6 +700,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   }
   std::lock_guard<std::mutex> lock(mu_);
   Worker w;
+  w.identity = identity;
   w.info.set_worker_id(absl::StrCat("worker-", next_worker_++));
   w.info.set_device(d);
   w.info.set_memory_bytes(req.memory_bytes());
@@ -705,6 +719,22 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   workers_[w.info.worker_id()] = std::move(w);
   Schedule();
   return out;
+}
+
+absl::Status Coordinator::CheckWorkerIdentity(const std::string& worker_id,
+                                              const std::string& identity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker_id: unknown worker \"", worker_id, "\" (register again)"));
+  }
+  if (it->second.identity != identity) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker_id: ", worker_id, " registered with the certificate of \"", it->second.identity,
+        "\"; a certificate of \"", identity, "\" may not act for it"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& req) {

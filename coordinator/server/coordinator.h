@@ -70,6 +70,8 @@ struct CoordinatorOptions {
   // Canonical storage root (spec::ResolveStorageRoot); when set, Submit refuses a spec whose
   // data.path or checkpoint.dir resolves outside it. Empty: no confinement.
   std::string storage_root;
+  // A user's PENDING jobs at most (ResourceExhausted "queue: ..." beyond); 0: no limit.
+  int max_queued_per_user = 16;
 };
 
 bool IsTerminal(vocabpipe::v1::JobState state);
@@ -110,8 +112,13 @@ class Coordinator {
   absl::StatusOr<vocabpipe::v1::PlanJobResponse> PlanDryRun(const vocabpipe::v1::JobSpec& spec);
 
   // Workers.
+  // identity: the name in the caller's worker certificate ("" without TLS); the worker's later
+  // calls must come with the same one (CheckWorkerIdentity).
   absl::StatusOr<vocabpipe::v1::RegisterWorkerResponse> RegisterWorker(
-      const vocabpipe::v1::RegisterWorkerRequest& request);
+      const vocabpipe::v1::RegisterWorkerRequest& request, const std::string& identity = "");
+  // PermissionDenied when worker_id registered with another certificate name than `identity`;
+  // NotFound for an unknown worker.
+  absl::Status CheckWorkerIdentity(const std::string& worker_id, const std::string& identity);
   absl::StatusOr<vocabpipe::v1::HeartbeatResponse> Heartbeat(
       const vocabpipe::v1::HeartbeatRequest& request);
   absl::Status ReportMetrics(const vocabpipe::v1::ReportMetricsRequest& request);
@@ -124,6 +131,7 @@ class Coordinator {
  private:
   struct Worker {
     vocabpipe::v1::WorkerInfo info;
+    std::string identity;  // its certificate's name (RegisterWorker)
     absl::Time last_heartbeat;
     std::deque<vocabpipe::v1::WorkerCommand> commands;
   };

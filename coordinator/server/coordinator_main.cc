@@ -3,10 +3,11 @@
 //     [--heartbeat-interval S] [--heartbeat-timeout S] [--rank-timeout S] [--no-profile]
 //     [--flops-per-second X]
 //     [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]
-//     [--max-watchers N] [--metrics-keep-finished N]
+//     [--max-watchers N] [--metrics-keep-finished N] [--max-queued-per-user N] [--revoked FILE]
 // The control plane daemon (docs/operations.md, "Control plane"). Prints
 // "vocabpipe-coordinator: listening on HOST:PORT" once it serves (port 0 picks one), and
-// stops cleanly on SIGINT/SIGTERM. Exit codes: 0 stopped by a signal, 1 could not start,
+// stops cleanly on SIGINT/SIGTERM; SIGHUP reloads --tokens and --revoked (which are also
+// reloaded when they change). Exit codes: 0 stopped by a signal, 1 could not start,
 // 2 bad usage.
 #include <sys/prctl.h>
 
@@ -31,7 +32,8 @@ constexpr char kUsage[] =
     "         [--heartbeat-interval S]\n"
     "         [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]\n"
     "         [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]\n"
-    "         [--max-watchers N] [--metrics-keep-finished N]\n";
+    "         [--max-watchers N] [--metrics-keep-finished N] [--max-queued-per-user N]\n"
+    "         [--revoked FILE]\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-coordinator: " << why << "\n" << kUsage;
@@ -42,7 +44,7 @@ int Usage(const std::string& why) {
 
 int main(int argc, char** argv) {
   vp::server::CoordinatorOptions options;
-  std::string listen = "127.0.0.1:50051", metrics_listen, tokens_path;
+  std::string listen = "127.0.0.1:50051", metrics_listen, tokens_path, revoked_path;
   bool insecure = false;
   vp::server::ServerOptions server_options;
   int keep_finished = 100;
@@ -74,6 +76,12 @@ int main(int argc, char** argv) {
       server_options.tls.ca = v;
     } else if (a == "--tokens") {
       tokens_path = v;
+    } else if (a == "--revoked") {
+      revoked_path = v;
+    } else if (a == "--max-queued-per-user") {
+      if (!absl::SimpleAtoi(v, &options.max_queued_per_user) || options.max_queued_per_user < 0) {
+        return Usage("--max-queued-per-user: need an integer >= 0 (0: no limit)");
+      }
     } else if (a == "--exit-with-parent") {
       if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);  // tests and wrappers: end with them
     } else if (a == "--metrics-listen") {
@@ -120,6 +128,7 @@ int main(int argc, char** argv) {
     if (!tokens_path.empty()) {
       return Usage("--tokens: needs TLS (bearer tokens are never accepted in plaintext)");
     }
+    if (!revoked_path.empty()) return Usage("--revoked: needs TLS (worker certificates)");
   } else {
     if (!server_options.tls.any()) {
       return Usage(
@@ -131,6 +140,14 @@ int main(int argc, char** argv) {
     auto tokens = vp::auth::TokenTable::Load(tokens_path);
     if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
     server_options.tokens = std::make_shared<const vp::auth::TokenTable>(std::move(*tokens));
+    server_options.tokens_path = tokens_path;
+    if (!revoked_path.empty()) {
+      auto revoked = vp::auth::RevocationList::Load(revoked_path);
+      if (!revoked.ok()) return Usage(std::string(revoked.status().message()));
+      server_options.revoked =
+          std::make_shared<const vp::auth::RevocationList>(std::move(*revoked));
+      server_options.revoked_path = revoked_path;
+    }
   }
 
   // Signals are taken by a dedicated thread (sigwait), never by an async handler.
@@ -138,6 +155,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (!metrics_listen.empty()) {
@@ -170,7 +188,10 @@ int main(int argc, char** argv) {
             << std::endl;
   std::thread stopper([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+      std::cerr << "vocabpipe-coordinator: SIGHUP: reloading --tokens and --revoked" << std::endl;
+      (*server)->Reload().IgnoreError();  // logged; the previous files stay in force
+    }
     std::cerr << "vocabpipe-coordinator: signal " << sig << ", stopping" << std::endl;
     (*server)->Shutdown();
   });

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/plan/plan.h"
 #include "coordinator/planner/planner.h"
+#include "proto/plan/plan.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "vocabpipe/v1/service.pb.h"
 

@@ -118,8 +118,14 @@ void KvStore::SetRunSecret(const std::string& run, std::string secret) {
 }
 
 absl::Status KvStore::CheckRunSecret(const std::string& key, const std::string& secret,
-                                     const std::string& field) const {
-  if (key.rfind("vocabpipe/", 0) != 0) return absl::OkStatus();
+                                     const std::string& field, bool runs_only) const {
+  if (key.rfind("vocabpipe/", 0) != 0) {
+    if (!runs_only) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrCat(field,
+                     ": outside every run's namespace (vocabpipe/ATTEMPT/...); this "
+                     "store holds the rendezvous keys of running jobs' ranks only"));
+  }
   const std::string run = RunOf(key);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = secrets_.find(run);

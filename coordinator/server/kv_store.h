@@ -38,8 +38,10 @@ class KvStore {
   void SetRunSecret(const std::string& run, std::string secret);
   // PermissionDenied unless `key` is outside the ranks' namespace ("vocabpipe/...") or its run
   // has a secret equal to `secret` (compared in constant time). `field` names the key.
+  // runs_only: keys outside the ranks' namespace are refused too (a secure coordinator: the
+  // store serves running jobs' ranks only).
   absl::Status CheckRunSecret(const std::string& key, const std::string& secret,
-                              const std::string& field) const;
+                              const std::string& field, bool runs_only = false) const;
   size_t size() const;
 
   // The run a key belongs to: "vocabpipe/ATTEMPT/" for the ranks' rendezvous keys of one
@@ -56,7 +58,7 @@ class KvStore {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> kv_;
-  std::map<std::string, Usage> usage_;  // per run
+  std::map<std::string, Usage> usage_;          // per run
   std::map<std::string, std::string> secrets_;  // per run
 };
 

@@ -3,9 +3,12 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
+#include <iostream>
+#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -34,11 +37,24 @@ constexpr int64_t kMaxStoreWaitMs = 10 * 60 * 1000;
 
 // Who may call what (ServerOptions): a secure server knows JobService users by their bearer
 // token and workers by their verified certificate; an insecure one (loopback only) trusts
-// every caller as the admin "local".
+// every caller as the admin "local". The tokens and the revocation list can be replaced while
+// the server runs (CoordinatorServer::Reload).
 class Guard {
  public:
-  Guard(bool secure, std::shared_ptr<const auth::TokenTable> tokens)
-      : secure_(secure), tokens_(std::move(tokens)) {}
+  Guard(bool secure, std::shared_ptr<const auth::TokenTable> tokens,
+        std::shared_ptr<const auth::RevocationList> revoked)
+      : secure_(secure), tokens_(std::move(tokens)), revoked_(std::move(revoked)) {}
+
+  bool secure() const { return secure_; }
+
+  void SetTokens(std::shared_ptr<const auth::TokenTable> tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_ = std::move(tokens);
+  }
+  void SetRevoked(std::shared_ptr<const auth::RevocationList> revoked) {
+    std::lock_guard<std::mutex> lock(mu_);
+    revoked_ = std::move(revoked);
+  }
 
   absl::StatusOr<auth::User> User(grpc::ServerContext* ctx) const {
     if (!secure_) return auth::User{"local", true};
@@ -54,24 +70,47 @@ class Guard {
     if (value.rfind(kBearer, 0) != 0) {
       return absl::UnauthenticatedError("authorization: not a bearer token (\"Bearer TOKEN\")");
     }
+    std::shared_ptr<const auth::TokenTable> tokens;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tokens = tokens_;
+    }
     std::optional<auth::User> user =
-        tokens_ ? tokens_->Find(std::string_view(value).substr(kBearer.size())) : std::nullopt;
+        tokens ? tokens->Find(std::string_view(value).substr(kBearer.size())) : std::nullopt;
     if (!user) {
       return absl::UnauthenticatedError("authorization: unknown bearer token");
+    }
+    if (absl::Now() >= user->expires) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("authorization: the token of ", user->name, " expired at ",
+                       auth::FormatExpiry(user->expires),
+                       "; an admin makes a new one with `vocabpipe certs token`"));
     }
     return *user;
   }
 
-  // A verified client certificate whose subject has OU=worker.
-  absl::Status Worker(grpc::ServerContext* ctx) const {
-    if (!secure_) return absl::OkStatus();
+  // A verified client certificate whose subject has OU=worker and that is not revoked: its
+  // name (the subject's CN), "" on an insecure server.
+  absl::StatusOr<std::string> Worker(grpc::ServerContext* ctx) const {
+    if (!secure_) return std::string();
     std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
     if (auth != nullptr && auth->IsPeerAuthenticated()) {
       // The peer's certificate, verified against --tls-ca in the handshake.
       for (const grpc::string_ref& pem : auth->FindPropertyValues("x509_pem_cert")) {
-        if (auth::IsWorkerCertificate(std::string_view(pem.data(), pem.size()))) {
-          return absl::OkStatus();
+        std::optional<auth::WorkerCertificate> cert =
+            auth::ParseWorkerCertificate(std::string_view(pem.data(), pem.size()));
+        if (!cert) continue;
+        std::shared_ptr<const auth::RevocationList> revoked;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          revoked = revoked_;
         }
+        if (revoked && revoked->Revoked(*cert)) {
+          return absl::UnauthenticatedError(
+              absl::StrCat("worker certificate revoked: \"", cert->name, "\" (serial ",
+                           cert->serial, ") is on the coordinator's revocation list (--revoked)"));
+        }
+        return cert->name;
       }
     }
     return absl::UnauthenticatedError(
@@ -89,7 +128,9 @@ class Guard {
 
  private:
   const bool secure_;
+  mutable std::mutex mu_;
   std::shared_ptr<const auth::TokenTable> tokens_;
+  std::shared_ptr<const auth::RevocationList> revoked_;
 };
 
 namespace {
@@ -160,6 +201,9 @@ class JobServiceImpl final : public v1::JobService::Service {
     } release{watchers_};
     int64_t after = req->after_event();
     while (!ctx->IsCancelled()) {
+      // The token is checked again at every poll: a token removed from the file (or expired)
+      // ends the stream within half a second.
+      if (auto user = guard_->User(ctx); !user.ok()) return ToGrpc(user.status());
       bool terminal = false;
       auto events = c_->WaitEvents(req->job_id(), after, absl::Milliseconds(500), &terminal);
       if (!events.ok()) return ToGrpc(events.status());
@@ -219,16 +263,16 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override {
-    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
-    auto r = c_->RegisterWorker(*req);
+    auto name = guard_->Worker(ctx);
+    if (!name.ok()) return ToGrpc(name.status());
+    auto r = c_->RegisterWorker(*req, *name);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
-    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
-    if (req->worker_id().empty()) return Invalid("worker_id: must not be empty");
+    if (auto st = Named(ctx, req->worker_id()); !st.ok()) return ToGrpc(st);
     auto r = c_->Heartbeat(*req);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
@@ -236,15 +280,13 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   }
   grpc::Status ReportMetrics(grpc::ServerContext* ctx, const v1::ReportMetricsRequest* req,
                              v1::ReportMetricsResponse*) override {
-    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
-    if (req->worker_id().empty()) return Invalid("worker_id: must not be empty");
+    if (auto st = Named(ctx, req->worker_id()); !st.ok()) return ToGrpc(st);
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     return ToGrpc(c_->ReportMetrics(*req));
   }
   grpc::Status ReportTask(grpc::ServerContext* ctx, const v1::ReportTaskRequest* req,
                           v1::ReportTaskResponse*) override {
-    if (auto st = guard_->Worker(ctx); !st.ok()) return ToGrpc(st);
-    if (req->worker_id().empty()) return Invalid("worker_id: must not be empty");
+    if (auto st = Named(ctx, req->worker_id()); !st.ok()) return ToGrpc(st);
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     if (req->rank() < -1) return Invalid("rank: must be >= 0 (or -1 for a profile)");
     return ToGrpc(c_->ReportTask(*req));
@@ -260,12 +302,21 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   }
 
  private:
+  // A worker certificate whose name is the one `worker_id` registered with.
+  absl::Status Named(grpc::ServerContext* ctx, const std::string& worker_id) {
+    auto name = guard_->Worker(ctx);
+    if (!name.ok()) return name.status();
+    if (worker_id.empty()) return absl::InvalidArgumentError("worker_id: must not be empty");
+    return c_->CheckWorkerIdentity(worker_id, *name);
+  }
+
   Coordinator* c_;
   const Guard* guard_;
 };
 
 // Every call needs a worker certificate (on a secure server); keys of a run
-// ("vocabpipe/ATTEMPT/...") need that run's secret as well (KvStore::CheckRunSecret).
+// ("vocabpipe/ATTEMPT/...") need that run's secret as well (KvStore::CheckRunSecret), and a
+// secure server has no other keys.
 class StoreServiceImpl final : public v1::StoreService::Service {
  public:
   StoreServiceImpl(Coordinator* c, const Guard* guard) : c_(c), guard_(guard) {}
@@ -301,13 +352,14 @@ class StoreServiceImpl final : public v1::StoreService::Service {
  private:
   absl::Status Allowed(grpc::ServerContext* ctx, const std::string& key,
                        const std::string& field) const {
-    if (auto st = guard_->Worker(ctx); !st.ok()) return st;
+    if (auto st = guard_->Worker(ctx); !st.ok()) return st.status();
     if (auto st = ValidateKey(key, field); !st.ok()) return st;
     const auto& md = ctx->client_metadata();
     auto it = md.find(auth::kRunSecretMetadata);
     const std::string secret =
         it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
-    return c_->kv().CheckRunSecret(key, secret, field);
+    // A secure server's store holds the keys of running jobs' ranks only.
+    return c_->kv().CheckRunSecret(key, secret, field, /*runs_only=*/guard_->secure());
   }
 
   Coordinator* c_;
@@ -332,7 +384,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "--listen ", listen, ": without TLS (--tls-cert/--tls-key/--tls-ca) only loopback"));
   }
-  s->guard_ = std::make_unique<Guard>(secure, options.tokens);
+  s->guard_ = std::make_unique<Guard>(secure, options.tokens, options.revoked);
+  s->tokens_path_ = options.tokens_path;
+  s->revoked_path_ = options.revoked_path;
   s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers, s->guard_.get());
   s->workers_ = std::make_unique<WorkerServiceImpl>(coordinator, s->guard_.get());
   s->store_ = std::make_unique<StoreServiceImpl>(coordinator, s->guard_.get());
@@ -358,12 +412,74 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       health->SetServingStatus(name, true);
     }
   }
+  if (options.reload_interval > absl::ZeroDuration() &&
+      (!s->tokens_path_.empty() || !s->revoked_path_.empty())) {
+    s->last_seen_ = {FileVersion(s->tokens_path_), FileVersion(s->revoked_path_)};
+    s->watcher_ = std::thread([p = s.get(), every = options.reload_interval] { p->Watch(every); });
+  }
   return s;
+}
+
+std::string CoordinatorServer::FileVersion(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || stat(path.c_str(), &st) != 0) return "";
+  return absl::StrCat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+void CoordinatorServer::Watch(absl::Duration every) {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!stop_watching_) {
+    watch_cv_.wait_for(lock, absl::ToChronoMilliseconds(every));
+    if (stop_watching_) break;
+    const std::pair<std::string, std::string> now = {FileVersion(tokens_path_),
+                                                     FileVersion(revoked_path_)};
+    if (now == last_seen_) continue;
+    last_seen_ = now;
+    lock.unlock();
+    Reload().IgnoreError();  // logged
+    lock.lock();
+  }
+}
+
+absl::Status CoordinatorServer::Reload() {
+  std::lock_guard<std::mutex> lock(reload_mu_);
+  absl::Status result;
+  if (!tokens_path_.empty()) {
+    auto tokens = auth::TokenTable::Load(tokens_path_);
+    if (tokens.ok()) {
+      std::cerr << "vocabpipe-coordinator: --tokens: loaded " << tokens->size() << " tokens"
+                << std::endl;
+      guard_->SetTokens(std::make_shared<const auth::TokenTable>(std::move(*tokens)));
+    } else {
+      std::cerr << "vocabpipe-coordinator: " << tokens.status().message()
+                << " (keeping the tokens loaded before)" << std::endl;
+      result = tokens.status();
+    }
+  }
+  if (!revoked_path_.empty()) {
+    auto revoked = auth::RevocationList::Load(revoked_path_);
+    if (revoked.ok()) {
+      std::cerr << "vocabpipe-coordinator: --revoked: " << revoked->size()
+                << " revoked certificates" << std::endl;
+      guard_->SetRevoked(std::make_shared<const auth::RevocationList>(std::move(*revoked)));
+    } else {
+      std::cerr << "vocabpipe-coordinator: " << revoked.status().message()
+                << " (keeping the list loaded before)" << std::endl;
+      if (result.ok()) result = revoked.status();
+    }
+  }
+  return result;
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
 void CoordinatorServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    stop_watching_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable() && watcher_.get_id() != std::this_thread::get_id()) watcher_.join();
   if (server_ != nullptr) {
     // Open WatchJob streams notice within their 500 ms poll; give them a second.
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

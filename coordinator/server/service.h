@@ -3,10 +3,15 @@
 // vocabpipe service report SERVING) and server reflection (grpcurl works without the .proto).
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "coordinator/server/coordinator.h"
 #include "proto/grpc/auth.h"
 
@@ -35,6 +40,14 @@ struct ServerOptions {
   // address, and every caller is the admin "local".
   auth::TlsFiles tls;
   std::shared_ptr<const auth::TokenTable> tokens;
+  // Revoked worker certificates (--revoked): their calls get UNAUTHENTICATED "worker
+  // certificate revoked". Optional.
+  std::shared_ptr<const auth::RevocationList> revoked;
+  // The files `tokens` and `revoked` came from: reloaded by Reload() (SIGHUP) and, when
+  // reload_interval > 0, whenever they change (checked that often). A file that no longer
+  // loads leaves the previous table in force.
+  std::string tokens_path, revoked_path;
+  absl::Duration reload_interval = absl::Seconds(1);
 };
 
 class Guard;
@@ -51,10 +64,22 @@ class CoordinatorServer {
   void Shutdown();
   // Blocks until Shutdown (from another thread or a signal handler thread).
   void Wait();
+  // Reads the tokens file and the revocation list again (SIGHUP); on an error the previous one
+  // stays in force and the error is returned (and logged).
+  absl::Status Reload();
 
  private:
   CoordinatorServer() = default;
+  static std::string FileVersion(const std::string& path);  // inode, size, mtime; "" if absent
+  void Watch(absl::Duration every);
   std::unique_ptr<Guard> guard_;
+  std::string tokens_path_, revoked_path_;
+  std::mutex reload_mu_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool stop_watching_ = false;
+  std::pair<std::string, std::string> last_seen_;
+  std::thread watcher_;
   std::unique_ptr<grpc::Service> jobs_, workers_, store_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

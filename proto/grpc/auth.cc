@@ -148,6 +148,69 @@ bool IsWorkerCertificate(std::string_view pem) {
   return false;
 }
 
+std::optional<WorkerCertificate> ParseWorkerCertificate(std::string_view pem) {
+  if (!IsWorkerCertificate(pem)) return std::nullopt;
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  if (bio == nullptr) return std::nullopt;
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  if (cert == nullptr) return std::nullopt;
+  WorkerCertificate out;
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  const int cn = X509_NAME_get_index_by_NID(name, NID_commonName, -1);
+  if (cn >= 0) {
+    const ASN1_STRING* value = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, cn));
+    out.name.assign(reinterpret_cast<const char*>(ASN1_STRING_get0_data(value)),
+                    static_cast<size_t>(ASN1_STRING_length(value)));
+  }
+  const ASN1_INTEGER* serial = X509_get0_serialNumber(cert.get());
+  out.serial = Hex(ASN1_STRING_get0_data(serial), static_cast<size_t>(ASN1_STRING_length(serial)));
+  // Leading zero bytes (DER keeps one when the top bit is set) are not part of the number.
+  while (out.serial.size() > 2 && out.serial.rfind("00", 0) == 0) out.serial.erase(0, 2);
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (X509_digest(cert.get(), EVP_sha256(), md, &n) != 1) return std::nullopt;
+  out.fingerprint = Hex(md, n);
+  return out;
+}
+
+absl::StatusOr<RevocationList> RevocationList::Load(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::InvalidArgumentError(absl::StrCat("--revoked: cannot read \"", path, "\""));
+  RevocationList list;
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    std::string entry;
+    for (char c : line.substr(0, line.find('#'))) {
+      if (c == ':' || absl::ascii_isspace(static_cast<unsigned char>(c))) continue;
+      entry.push_back(absl::ascii_tolower(static_cast<unsigned char>(c)));
+    }
+    if (entry.empty()) continue;
+    while (entry.size() > 2 && entry.rfind("00", 0) == 0) entry.erase(0, 2);
+    if (entry.size() > 128 || entry.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--revoked: ", path, " line ", n,
+                       ": need a certificate serial number or SHA-256 fingerprint in hex"));
+    }
+    list.entries_.push_back(std::move(entry));
+  }
+  return list;
+}
+
+bool RevocationList::Revoked(const WorkerCertificate& cert) const {
+  for (const std::string& e : entries_) {
+    if (e == cert.serial || e == cert.fingerprint) return true;
+  }
+  return false;
+}
+
+std::string FormatExpiry(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
+}
+
 std::string Sha256Hex(std::string_view data) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
@@ -179,8 +242,9 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     if (line.empty()) continue;
     std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipWhitespace());
     const std::string where = absl::StrCat("--tokens: ", path, " line ", n);
-    if (parts.size() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": need \"USER ROLE SHA256HEX\""));
+    if (parts.size() != 3 && parts.size() != 4) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": need \"USER ROLE SHA256HEX [EXPIRES]\""));
     }
     if (!ValidUserName(parts[0])) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": user: letters, digits, -_.@ only"));
@@ -193,7 +257,15 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": hash: 64 lower-case hex digits (SHA-256)"));
     }
-    table.entries_.push_back({User{parts[0], parts[1] == "admin"}, parts[2]});
+    User user{parts[0], parts[1] == "admin"};
+    if (parts.size() == 4) {
+      std::string error;
+      if (!absl::ParseTime(absl::RFC3339_full, parts[3], &user.expires, &error)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": expires: an RFC 3339 time such as 2027-01-31T00:00:00Z"));
+      }
+    }
+    table.entries_.push_back({std::move(user), parts[2]});
   }
   return table;
 }
@@ -208,17 +280,23 @@ std::optional<User> TokenTable::Find(std::string_view token) const {
 }
 
 absl::StatusOr<std::string> AddToken(const std::string& path, const std::string& user,
-                                     const std::string& role) {
+                                     const std::string& role, absl::Time expires) {
   if (!ValidUserName(user)) {
     return absl::InvalidArgumentError("USER: 1..64 letters, digits, '-', '_', '.', '@'");
   }
   if (role != "user" && role != "admin") return absl::InvalidArgumentError("--role: user or admin");
+  if (expires <= absl::Now()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--expires: ", FormatExpiry(expires), " is not in the future"));
+  }
   auto token = RandomHex(32);
   if (!token.ok()) return token.status();
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0)
     return absl::InvalidArgumentError(absl::StrCat("--tokens: cannot write \"", path, "\""));
-  const std::string line = absl::StrCat(user, " ", role, " ", Sha256Hex(*token), "\n");
+  std::string line = absl::StrCat(user, " ", role, " ", Sha256Hex(*token));
+  if (expires != absl::InfiniteFuture()) absl::StrAppend(&line, " ", FormatExpiry(expires));
+  line += "\n";
   const bool ok = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
   close(fd);
   if (!ok) return absl::InternalError(absl::StrCat("--tokens: writing \"", path, "\" failed"));

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace grpc {
 class ChannelCredentials;
@@ -58,6 +59,28 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 // escaped ',' in another field could pass for one).
 bool IsWorkerCertificate(std::string_view pem);
 
+// A worker certificate's identity: its subject's common name (the worker's name, `vocabpipe
+// certs worker NAME`), its serial number and the SHA-256 of its DER encoding, both lower-case
+// hex without separators (what a revocation list names).
+struct WorkerCertificate {
+  std::string name, serial, fingerprint;
+};
+// nullopt when the PEM does not parse or is not a worker certificate (IsWorkerCertificate).
+std::optional<WorkerCertificate> ParseWorkerCertificate(std::string_view pem);
+
+// The coordinator's --revoked file: one revoked worker certificate per line, by serial number
+// or SHA-256 fingerprint (hex; ':' separators and upper case are accepted); '#' starts a
+// comment. InvalidArgument naming the line for anything else.
+class RevocationList {
+ public:
+  static absl::StatusOr<RevocationList> Load(const std::string& path);
+  bool Revoked(const WorkerCertificate& cert) const;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::vector<std::string> entries_;
+};
+
 // Hex SHA-256 of `data` (OpenSSL EVP).
 std::string Sha256Hex(std::string_view data);
 // `bytes` random bytes from OpenSSL's CSPRNG, hex encoded.
@@ -68,10 +91,13 @@ bool SecretEquals(std::string_view a, std::string_view b);
 struct User {
   std::string name;
   bool admin = false;
+  absl::Time expires = absl::InfiniteFuture();  // the token's, when it has an expiry
 };
 
-// The tokens file: one line per token, "USER ROLE SHA256HEX" (role user|admin); '#' starts a
-// comment. Only hashes are stored: the file does not let its reader call the coordinator.
+// The tokens file: one line per token, "USER ROLE SHA256HEX [EXPIRES]" (role user|admin;
+// EXPIRES an RFC 3339 time such as 2027-01-31T00:00:00Z, after which the token is refused);
+// '#' starts a comment. Only hashes are stored: the file does not let its reader call the
+// coordinator.
 class TokenTable {
  public:
   static absl::StatusOr<TokenTable> Load(const std::string& path);
@@ -87,9 +113,14 @@ class TokenTable {
   std::vector<Entry> entries_;
 };
 
-// Makes a random token for `user` with `role`, appends its hash to the tokens file (created
-// 0600) and returns the token. InvalidArgument naming the argument for a bad user or role.
+// Makes a random token for `user` with `role`, appends its hash (and `expires` unless infinite)
+// to the tokens file (created 0600) and returns the token. InvalidArgument naming the argument
+// for a bad user or role, or an expiry that is not in the future.
 absl::StatusOr<std::string> AddToken(const std::string& path, const std::string& user,
-                                     const std::string& role);
+                                     const std::string& role,
+                                     absl::Time expires = absl::InfiniteFuture());
+
+// The RFC 3339 form of a time in UTC, to the second ("2027-01-31T00:00:00Z").
+std::string FormatExpiry(absl::Time t);
 
 }  // namespace vp::auth

@@ -197,4 +197,19 @@ absl::StatusOr<Plan> PlanFromText(absl::string_view text) {
   return plan;
 }
 
+Plan RankSlice(const Plan& plan, int rank) {
+  Plan slice = plan;
+  for (int r = 0; r < static_cast<int>(slice.ranks.size()); ++r) {
+    if (r != rank) slice.ranks[r].actions.clear();
+  }
+  return slice;
+}
+
+bool HasOtherRanksActions(const Plan& plan, int rank) {
+  for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) {
+    if (r != rank && !plan.ranks[r].actions.empty()) return true;
+  }
+  return false;
+}
+
 }  // namespace vp::planner

@@ -112,4 +112,13 @@ struct Plan {
 std::string PlanToText(const Plan& plan);
 absl::StatusOr<Plan> PlanFromText(absl::string_view text);
 
+// What one rank is sent to run (RunTask.plan_text): the header and every rank's model chunks
+// (the layer layout: which rank holds which groups, needed to place the input layer, the loss
+// and the tied copy), but only `rank`'s actions; every other rank's action list is empty. A
+// worker so learns nothing of another rank's schedule beyond the layout. rank must be in
+// [0, plan.pipeline).
+Plan RankSlice(const Plan& plan, int rank);
+// Whether some rank other than `rank` has actions (the plan is not a slice for `rank`).
+bool HasOtherRanksActions(const Plan& plan, int rank);
+
 }  // namespace vp::planner

@@ -51,6 +51,14 @@ fi
 for want in "does not match the template's labels" "exceeds limits.memory" "must be in limits"; do
   grep -q "$want" "$tmp/broken.log" || { echo "FAIL: not reported: $want"; cat "$tmp/broken.log"; exit 1; }
 done
+# A NetworkPolicy admitting a namespace the manifests do not create.
+sed 's/kubernetes.io\/metadata.name: vocabpipe-clients/kubernetes.io\/metadata.name: vocabpipe-cli/' \
+  "$k8s/coordinator.yaml" > "$tmp/netpol.yaml"
+if node "$validate" "$k8s/namespace.yaml" "$tmp/netpol.yaml" "$k8s/workers.yaml" > "$tmp/netpol.log"; then
+  echo "FAIL: the validator accepted a NetworkPolicy for a namespace that does not exist"; exit 1
+fi
+grep -q 'namespaceSelector {"kubernetes.io/metadata.name":"vocabpipe-cli"} matches no namespace' \
+  "$tmp/netpol.log" || { cat "$tmp/netpol.log"; exit 1; }
 # A schema error: a Service port must be a number.
 sed 's/port: 50051$/port: grpc-name/' "$k8s/coordinator.yaml" > "$tmp/schema.yaml"
 if node "$validate" "$tmp/schema.yaml" > "$tmp/schema.log"; then

@@ -259,9 +259,14 @@ class Daemon {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return fail(absl::StrCat("checkpoint.dir ", dir, ": ", ec.message()));
+    // The coordinator sends this rank's slice only (planner::RankSlice); it goes to a file of
+    // this rank's own, since the ranks share checkpoint.dir.
     auto plan = planner::PlanFromText(run.plan_text());
     if (!plan.ok()) return fail(absl::StrCat("plan: ", plan.status().message()));
-    if (auto st = launch::WriteRunFiles(dir, run.spec(), *plan); !st.ok()) {
+    if (run.rank() < 0 || run.rank() >= plan->pipeline) {
+      return fail(absl::StrCat("plan: no rank ", run.rank(), " in a pipeline of ", plan->pipeline));
+    }
+    if (auto st = launch::WriteRankRunFiles(dir, run.spec(), *plan, run.rank()); !st.ok()) {
       return fail(std::string(st.message()));
     }
     int64_t resume_step = -1;

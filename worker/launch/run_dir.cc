@@ -15,6 +15,9 @@ namespace fs = std::filesystem;
 
 std::string SpecPath(const std::string& dir) { return (fs::path(dir) / "job.yaml").string(); }
 std::string PlanPath(const std::string& dir) { return (fs::path(dir) / "plan.txt").string(); }
+std::string RankPlanPath(const std::string& dir, int rank) {
+  return (fs::path(dir) / absl::StrCat("plan_rank_", rank, ".txt")).string();
+}
 std::string StoreDir(const std::string& dir) { return (fs::path(dir) / "store").string(); }
 std::string RankPidPath(const std::string& dir, int rank) {
   return (fs::path(dir) / absl::StrCat("rank_", rank, ".pid")).string();
@@ -46,27 +49,49 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
 
 absl::Status WriteRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,
                            const planner::Plan& plan) {
+  // Slices a daemon left here would take precedence over plan.txt for their rank: drop them.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("plan_rank_", 0) == 0 && entry.path().extension() == ".txt") {
+      fs::remove(entry.path(), ec);
+    }
+  }
   if (auto st = runtime::WriteTextFileAtomically(SpecPath(dir), spec::JobSpecToYaml(spec));
       !st.ok())
     return st;
   return runtime::WriteTextFileAtomically(PlanPath(dir), planner::PlanToText(plan));
 }
 
-absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir) {
+absl::Status WriteRankRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,
+                               const planner::Plan& slice, int rank) {
+  if (auto st = runtime::WriteTextFileAtomically(SpecPath(dir), spec::JobSpecToYaml(spec));
+      !st.ok())
+    return st;
+  return runtime::WriteTextFileAtomically(RankPlanPath(dir, rank), planner::PlanToText(slice));
+}
+
+absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank) {
   auto spec_text = ReadTextFile(SpecPath(dir));
   if (!spec_text.ok()) return spec_text.status();
   auto spec = spec::ParseJobSpec(*spec_text, dir);
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(SpecPath(dir), ": ", spec.status().message()));
   }
-  auto plan_text = ReadTextFile(PlanPath(dir));
+  std::string plan_path = PlanPath(dir);
+  if (rank >= 0 && fs::exists(RankPlanPath(dir, rank))) {
+    plan_path = RankPlanPath(dir, rank);
+  } else if (rank < 0 && !fs::exists(plan_path) && fs::exists(RankPlanPath(dir, 0))) {
+    plan_path = RankPlanPath(dir, 0);  // every slice has the whole layout
+  }
+  auto plan_text = ReadTextFile(plan_path);
   if (!plan_text.ok()) return plan_text.status();
   auto plan = planner::PlanFromText(*plan_text);
   if (!plan.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(PlanPath(dir), ": ", plan.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(plan_path, ": ", plan.status().message()));
   }
   if (plan->pipeline != spec->parallel().pipeline()) {
-    return absl::InvalidArgumentError(absl::StrCat(PlanPath(dir), ": pipeline ", plan->pipeline,
+    return absl::InvalidArgumentError(absl::StrCat(plan_path, ": pipeline ", plan->pipeline,
                                                    " differs from the spec's parallel.pipeline ",
                                                    spec->parallel().pipeline()));
   }

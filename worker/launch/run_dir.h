@@ -3,7 +3,11 @@
 // with nothing but the folder.
 //
 //   <dir>/job.yaml                    the job spec as run (block YAML, absolute paths)
-//   <dir>/plan.txt                    the plan every rank executes (planner::PlanToText)
+//   <dir>/plan.txt                    the plan every rank executes (planner::PlanToText),
+//                                     written by the local launcher (`vocabpipe run`)
+//   <dir>/plan_rank_<R>.txt           rank R's slice of the plan (planner::RankSlice), written
+//                                     by the worker daemon that runs rank R: a daemon is sent
+//                                     its own rank's actions only
 //   <dir>/store/                      Gloo FileStore for the rendezvous (fresh per launch)
 //   <dir>/rank_<R>.pid                worker R's process id (written by the worker)
 //   <dir>/rank_<R>.log                worker R's stdout + stderr
@@ -29,6 +33,7 @@ namespace vp::launch {
 
 std::string SpecPath(const std::string& dir);
 std::string PlanPath(const std::string& dir);
+std::string RankPlanPath(const std::string& dir, int rank);
 std::string StoreDir(const std::string& dir);
 std::string RankPidPath(const std::string& dir, int rank);
 std::string RankLogPath(const std::string& dir, int rank);
@@ -45,8 +50,14 @@ struct RunFiles {
   vocabpipe::v1::JobSpec spec;
   planner::Plan plan;
 };
-// Reads and validates job.yaml and plan.txt; the plan must match the spec (p, m, L).
-absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir);
+// Writes job.yaml and plan_rank_<rank>.txt (a daemon's rank: the plan is its slice).
+absl::Status WriteRankRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,
+                               const planner::Plan& slice, int rank);
+
+// Reads and validates job.yaml and the plan; the plan must match the spec (p, m, L). The plan:
+// for rank >= 0, plan_rank_<rank>.txt when it exists (its slice), else plan.txt; for rank -1
+// (the layout only: export), plan.txt when it exists, else plan_rank_0.txt.
+absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank = -1);
 
 // Keeps the lines of metrics.jsonl whose step is below first_step (a resumed run writes the
 // rest again). A missing file is an empty one.

@@ -79,7 +79,7 @@ absl::Status PublishShard(gloo::rendezvous::Store& store, const WorkerOptions& o
 
 absl::Status RunWorker(const WorkerOptions& options) {
   const std::string& dir = options.run_dir;
-  auto files = ReadRunFiles(dir);
+  auto files = ReadRunFiles(dir, options.rank);
   if (!files.ok()) return files.status();
   const vocabpipe::v1::JobSpec& spec = files->spec;
   const planner::Plan& plan = files->plan;

@@ -74,7 +74,8 @@ class PipelineRank {
 // For transports without tags (NCCL): between every ordered pair of ranks, the sends of one
 // and the receives of the other must name the same transfers in the same plan order (a tag is
 // the producing group, sequence chunk and microbatch). FailedPrecondition naming the first pair
-// and position that differ.
+// and position that differ. A pair with a rank whose action list is empty (a rank's slice,
+// planner::RankSlice) is not compared: the coordinator validated the whole plan.
 absl::Status CheckP2POrderMatches(const planner::Plan& plan);
 
 }  // namespace vp::runtime

@@ -55,8 +55,11 @@ const workloads = docs.filter((d) =>
 const templates = workloads.map((d) => ({ d, labels: d.obj.spec?.template?.metadata?.labels ?? {},
                                           ns: d.obj.metadata?.namespace }));
 const byKind = (kind) => docs.filter((d) => d.obj.kind === kind);
-// Labels that pods outside these manifests carry by design (the CLI's pods).
-const externalLabels = [{ "vocabpipe.io/client": "true" }];
+// Namespaces of these manifests with their labels (a cluster adds kubernetes.io/metadata.name).
+const namespaces = byKind("Namespace").map((d) => ({
+  ...(d.obj.metadata?.labels ?? {}),
+  "kubernetes.io/metadata.name": d.obj.metadata?.name,
+}));
 
 for (const d of workloads) {
   const spec = d.obj.spec;
@@ -154,10 +157,15 @@ for (const n of byKind("NetworkPolicy")) {
   }
   for (const rule of n.obj.spec.ingress ?? []) {
     for (const from of rule.from ?? []) {
+      // A namespaceSelector with labels must name a namespace these manifests create (an
+      // empty one admits every namespace).
+      const ns = from.namespaceSelector?.matchLabels;
+      if (ns && Object.keys(ns).length > 0 && !namespaces.some((l) => matches(ns, l))) {
+        problems.push(`${where(n)}: from.namespaceSelector ${JSON.stringify(ns)} matches no namespace`);
+      }
       const ps = from.podSelector?.matchLabels;
-      if (!ps) continue;
-      if (!templates.some((t) => matches(ps, t.labels)) &&
-          !externalLabels.some((l) => matches(ps, l))) {
+      if (!ps || from.namespaceSelector) continue;  // pods of another namespace: not ours to see
+      if (!templates.some((t) => matches(ps, t.labels))) {
         problems.push(`${where(n)}: from.podSelector ${JSON.stringify(ps)} matches no pod`);
       }
     }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/vocabpipe_cli.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 
 extern char** environ;
@@ -139,6 +141,78 @@ class CoordinatorProcess {
   int port_ = 0;
   std::string address_ = "127.0.0.1:1";
   std::shared_ptr<grpc::Channel> channel_;
+};
+
+// Runs `vocabpipe ARGS` (build tree binary) with the environment assignments `env` in front;
+// its exit code and stdout + stderr together.
+inline CliResult Vocabpipe(const std::string& env, const std::string& args) {
+  const std::string cmd = absl::StrCat(env, " ", Bin("client/vocabpipe"), " ", args, " 2>&1");
+  CliResult r;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  return r;
+}
+
+// The certificates and tokens of a test cluster, made the way an operator makes them:
+// `vocabpipe certs init DIR/certs` and `vocabpipe certs token USER` into DIR/tokens.
+class TestPki {
+ public:
+  explicit TestPki(const fs::path& dir) : certs_(dir / "certs"), tokens_(dir / "tokens") {
+    init_ = Vocabpipe("", "certs init " + certs_.string());
+  }
+  bool ok() const { return init_.code == 0; }
+  const std::string& init_output() const { return init_.output; }
+  const fs::path& certs() const { return certs_; }
+  const fs::path& tokens() const { return tokens_; }
+  std::string Path(const std::string& name) const { return (certs_ / name).string(); }
+  std::string Pem(const std::string& name) const { return ReadWholeFile(certs_ / name); }
+
+  // A new token for `user` (printed once by the CLI); empty when the CLI failed. `extra`: more
+  // flags of `certs token` (--expires ...).
+  std::string Token(const std::string& user, const std::string& role = "user",
+                    const std::string& extra = "") const {
+    CliResult r = Vocabpipe("", absl::StrCat("certs token ", user, " --role ", role, " --tokens ",
+                                             tokens_.string(), " ", extra));
+    if (r.code != 0) return "";
+    std::string token = r.output;
+    while (!token.empty() && token.back() == '\n') token.pop_back();
+    return token;
+  }
+
+  std::vector<std::string> ServerFlags() const {
+    return {"--tls-cert", Path("server.pem"), "--tls-key", Path("server-key.pem"),
+            "--tls-ca",   Path("ca.pem"),     "--tokens",  tokens_.string()};
+  }
+  // The daemon flags of the worker certificate `name` (`name`.pem, `name`-key.pem).
+  std::vector<std::string> WorkerFlags(const std::string& name = "worker") const {
+    return {"--tls-ca",          Path("ca.pem"), "--tls-cert",
+            Path(name + ".pem"), "--tls-key",    Path(name + "-key.pem")};
+  }
+  // TLS verifying the server; with the worker certificate `cert` (empty: none) and a bearer
+  // token when given.
+  std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& cert,
+                                                        const std::string& token = "") const {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = Pem("ca.pem");
+    if (!cert.empty()) {
+      ssl.pem_cert_chain = Pem(cert + ".pem");
+      ssl.pem_private_key = Pem(cert + "-key.pem");
+    }
+    auto creds = grpc::SslCredentials(ssl);
+    if (!token.empty()) {
+      creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(token));
+    }
+    return creds;
+  }
+
+ private:
+  fs::path certs_, tokens_;
+  CliResult init_;
 };
 
 // A context with a 10 s deadline (every unary call in the tests).

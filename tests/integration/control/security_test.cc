@@ -1,7 +1,10 @@
-// Security of the control plane with real daemons on loopback (docs/operations.md,
-// "Security"): confined storage (--storage-root on the coordinator and on the workers),
-// errors that never echo file contents, memory admission at submit, and a profiling crash that
-// fails the job while the worker daemon lives on. Every refusal leaves what is stored as it was.
+// Security of the control plane with real daemons over TLS (docs/operations.md, "Security"):
+// the coordinator serves with the certificates of `vocabpipe certs init` and a tokens file of
+// `vocabpipe certs token`, the worker daemons connect with the worker certificate (mTLS), and
+// the test's stubs with the admin's token. Checked: confined storage (--storage-root on the
+// coordinator and on the workers), errors that never echo file contents, memory admission at
+// submit, a profiling crash that fails the job while the worker daemon lives on, and the
+// limits. Every refusal leaves what is stored as it was.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -34,6 +37,21 @@ class SecurityTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "root");
     db_ = dir_ / "coordinator.db";
+    pki_ = std::make_unique<TestPki>(dir_);
+    ASSERT_TRUE(pki_->ok()) << pki_->init_output();
+    admin_ = pki_->Token("root", "admin");
+    ASSERT_EQ(admin_.size(), 64u);
+  }
+
+  // A coordinator over TLS (server certificate, client certificates verified, tokens); its
+  // stubs present the worker certificate and the admin's token.
+  std::unique_ptr<CoordinatorProcess> StartCoordinator(std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = pki_->ServerFlags();
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    auto c =
+        std::make_unique<CoordinatorProcess>(dir_, db_, flags, pki_->Credentials("worker", admin_));
+    EXPECT_TRUE(c->up()) << c->process().Log();
+    return c;
   }
   void TearDown() override {
     workers_.clear();
@@ -62,12 +80,9 @@ class SecurityTest : public ::testing::Test {
   }
 
   void StartWorker(CoordinatorProcess& c, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"),
-                                     "--coordinator",
-                                     c.address(),
-                                     "--insecure",
-                                     "--exit-with-parent",
-                                     "1"};
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
+                                     c.address(), "--exit-with-parent", "1"};
+    for (const std::string& f : pki_->WorkerFlags()) args.push_back(f);
     args.insert(args.end(), extra.begin(), extra.end());
     const size_t n = workers_.size();
     workers_.push_back(std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", n, ".log")));
@@ -112,13 +127,16 @@ class SecurityTest : public ::testing::Test {
   }
 
   fs::path dir_, db_;
+  std::unique_ptr<TestPki> pki_;
+  std::string admin_;
   std::vector<std::unique_ptr<Process>> workers_;
 };
 
 TEST_F(SecurityTest, CoordinatorStorageRootRefusesOutsidePathsAtSubmit) {
   const fs::path root = dir_ / "root";
-  CoordinatorProcess c(dir_, db_, {"--storage-root", root.string()});
-  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto cp = StartCoordinator({"--storage-root", root.string()});
+  ASSERT_TRUE(cp->up());
+  CoordinatorProcess& c = *cp;
   std::string id;
   ASSERT_TRUE(Submit(c, TinyJob("inside", root), &id).ok());
   ASSERT_EQ(id, "job-1");
@@ -150,8 +168,9 @@ TEST_F(SecurityTest, CoordinatorStorageRootRefusesOutsidePathsAtSubmit) {
 
 TEST_F(SecurityTest, WorkerStorageRootRefusesTheTaskNamingTheField) {
   MakeData(dir_ / "data.bin");
-  CoordinatorProcess c(dir_, db_, {"--no-profile"});
-  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto cp = StartCoordinator({"--no-profile"});
+  ASSERT_TRUE(cp->up());
+  CoordinatorProcess& c = *cp;
   StartWorker(c, {"--storage-root", (dir_ / "root").string()});
   std::string id;
   ASSERT_TRUE(Submit(c, TinyJob("w", dir_), &id).ok());
@@ -166,8 +185,9 @@ TEST_F(SecurityTest, ErrorsNeverEchoFileContents) {
   // A text file handed in as data: the job fails without the file's bytes in the reason.
   std::ofstream(dir_ / "root" / "notes.txt") << "hunter2 is the password\n"
                                              << std::string(2000, '.') << "\nline two\n";
-  CoordinatorProcess c(dir_, db_, {"--no-profile", "--storage-root", (dir_ / "root").string()});
-  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto cp = StartCoordinator({"--no-profile", "--storage-root", (dir_ / "root").string()});
+  ASSERT_TRUE(cp->up());
+  CoordinatorProcess& c = *cp;
   StartWorker(c, {"--storage-root", (dir_ / "root").string()});
   std::string id;
   ASSERT_TRUE(Submit(c, TinyJob("txt", dir_ / "root", "notes.txt"), &id).ok());
@@ -192,11 +212,13 @@ TEST_F(SecurityTest, ErrorsNeverEchoFileContents) {
 // `vocabpipe submit` handed a file that is not a job spec: the CLI shows no line of it, and a
 // large file is refused before it is read whole.
 TEST_F(SecurityTest, CliSubmitOfANonSpecFileShowsNoneOfIt) {
-  CoordinatorProcess c(dir_, db_);
-  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto cp = StartCoordinator();
+  ASSERT_TRUE(cp->up());
+  CoordinatorProcess& c = *cp;
   auto run = [&](const fs::path& file) {
-    const std::string cmd = absl::StrCat(Bin("client/vocabpipe"), " submit ", file.string(),
-                                         " --coordinator ", c.address(), " --insecure 2>&1");
+    const std::string cmd = absl::StrCat("VOCABPIPE_TOKEN=", admin_, " ", Bin("client/vocabpipe"),
+                                         " submit ", file.string(), " --coordinator ", c.address(),
+                                         " --tls-ca ", pki_->Path("ca.pem"), " 2>&1");
     std::string out;
     if (FILE* p = popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -224,13 +246,19 @@ TEST_F(SecurityTest, CliSubmitOfANonSpecFileShowsNoneOfIt) {
 // rank is about 700 GiB of weights, gradients and Adam state. Refused at submit by the
 // planner's memory model, naming the rank and the largest worker; nothing is stored.
 TEST_F(SecurityTest, OversizedModelRefusedAtSubmitWithTheMemoryNeeded) {
-  CoordinatorProcess c(dir_, db_);
-  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto cp = StartCoordinator();
+  ASSERT_TRUE(cp->up());
+  CoordinatorProcess& c = *cp;
   StartWorker(c);
   const v1::ListWorkersResponse workers = ListWorkers(c);
   ASSERT_EQ(workers.workers_size(), 1);
   EXPECT_GT(workers.workers(0).memory_bytes(), 0);
+  // A job that fits is admitted (and runs); it must come through the refusals unchanged.
+  MakeData(dir_ / "data.bin");
   std::string id;
+  ASSERT_TRUE(Submit(c, TinyJob("small", dir_), &id).ok());
+  ASSERT_EQ(WaitTerminal(c, id).state(), v1::JOB_STATE_SUCCEEDED);
+  const v1::ListJobsResponse before = ListJobs(c);
   grpc::Status st =
       Submit(c,
              TinyJob("huge", dir_, "data.bin",
@@ -240,7 +268,6 @@ TEST_F(SecurityTest, OversizedModelRefusedAtSubmitWithTheMemoryNeeded) {
   EXPECT_THAT(st.error_message(),
               ::testing::MatchesRegex("memory: needs [0-9]+\\.[0-9] GiB on rank 0, the largest "
                                       "worker has [0-9]+\\.[0-9] GiB .*"));
-  EXPECT_EQ(ListJobs(c).jobs_size(), 0);
   // Spread over more ranks, each still needs more than the worker has: the rank is named.
   st =
       Submit(c,
@@ -265,10 +292,12 @@ TEST_F(SecurityTest, OversizedModelRefusedAtSubmitWithTheMemoryNeeded) {
   st = Submit(c, big, &id);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("base_dir: must be at most 4096 bytes"));
-  EXPECT_EQ(ListJobs(c).jobs_size(), 0);
-  // A job that fits is admitted.
-  ASSERT_TRUE(Submit(c, TinyJob("small", dir_), &id).ok());
-  EXPECT_EQ(ListJobs(c).jobs_size(), 1);
+  // Nothing stored changed: the one job as it was, the worker still there and free.
+  const v1::ListJobsResponse after = ListJobs(c);
+  ASSERT_EQ(after.jobs_size(), 1);
+  EXPECT_EQ(after.jobs(0).SerializeAsString(), before.jobs(0).SerializeAsString());
+  ASSERT_EQ(ListWorkers(c).workers_size(), 1);
+  EXPECT_EQ(ListWorkers(c).workers(0).job_id(), "");
 }
 
 // Profiling runs in a child process with a data limit: a profile that needs more
@@ -276,8 +305,9 @@ TEST_F(SecurityTest, OversizedModelRefusedAtSubmitWithTheMemoryNeeded) {
 // runs the next job.
 TEST_F(SecurityTest, DaemonSurvivesAProfilingCrash) {
   MakeData(dir_ / "data.bin");
-  CoordinatorProcess c(dir_, db_);
-  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto cp = StartCoordinator();
+  ASSERT_TRUE(cp->up());
+  CoordinatorProcess& c = *cp;
   setenv("OPENBLAS_NUM_THREADS", "1", 1);  // inherited by the daemon and its children
   StartWorker(c, {"--profile-memory-limit", std::to_string(kProfileLimit)});
   unsetenv("OPENBLAS_NUM_THREADS");
@@ -332,8 +362,9 @@ TEST(StoreLimits, KeysAndBytesPerRun) {
 }
 
 TEST_F(SecurityTest, WatchersAreCapped) {
-  CoordinatorProcess c(dir_, db_, {"--max-watchers", "2"});
-  ASSERT_TRUE(c.up()) << c.process().Log();
+  auto cp = StartCoordinator({"--max-watchers", "2"});
+  ASSERT_TRUE(cp->up());
+  CoordinatorProcess& c = *cp;
   std::string id;
   ASSERT_TRUE(Submit(c, TinyJob("w", dir_), &id).ok());  // PENDING: no workers
   v1::WatchJobRequest req;
@@ -416,6 +447,11 @@ TEST(RunSecrets, KeysOfARunNeedItsSecret) {
   EXPECT_EQ(kv.CheckRunSecret("vocabpipe/job-9.1/x", "s1", "key").code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(kv.CheckRunSecret("other/key", "", "key").ok());
+  // A secure coordinator's store: keys outside the runs are refused, run keys as before.
+  st = kv.CheckRunSecret("other/key", "s1", "keys[0]", /*runs_only=*/true);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(st.message(), HasSubstr("keys[0]: outside every run's namespace"));
+  EXPECT_TRUE(kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "s1", "key", true).ok());
   kv.DropPrefix("vocabpipe/job-1.5/");
   EXPECT_THAT(kv.CheckRunSecret("vocabpipe/job-1.5/gloo/0", "s1", "key").message(),
               HasSubstr("is not an active run"));
@@ -447,6 +483,46 @@ TEST(Tokens, FileIsCheckedAndLookedUpByHash) {
   auto bad = vp::auth::TokenTable::Load(file.string());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("line 2: role: user or admin"));
+  // An expiry: the fourth field, RFC 3339; the user carries it.
+  fs::remove(file);
+  const absl::Time when = absl::FromUnixSeconds(absl::ToUnixSeconds(absl::Now()) + 3600);
+  auto expiring = vp::auth::AddToken(file.string(), "erin", "user", when);
+  ASSERT_TRUE(expiring.ok()) << expiring.status();
+  EXPECT_THAT(ReadWholeFile(file), HasSubstr(" " + vp::auth::FormatExpiry(when) + "\n"));
+  table = vp::auth::TokenTable::Load(file.string());
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_TRUE(table->Find(*expiring).has_value());
+  EXPECT_EQ(table->Find(*expiring)->expires, when);
+  EXPECT_EQ(vp::auth::AddToken(file.string(), "erin", "user", absl::Now() - absl::Seconds(1))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::ofstream(file, std::ios::app) << "bob user " << std::string(64, 'a') << " tomorrow\n";
+  bad = vp::auth::TokenTable::Load(file.string());
+  EXPECT_THAT(bad.status().message(), HasSubstr("line 2: expires: an RFC 3339 time"));
+  fs::remove(file);
+}
+
+// The revocation list: serials or fingerprints, any case, ':' separators, comments; a bad line
+// is named and nothing of the file is echoed.
+TEST(Revocation, ListMatchesSerialsAndFingerprints) {
+  const fs::path file = fs::temp_directory_path() / absl::StrCat("vp_revoked_", getpid());
+  const std::string fp(64, 'e');
+  std::ofstream(file) << "# revoked\n"
+                      << "  00:AB:CD:01  # node1, by serial (a DER leading zero is dropped)\n"
+                      << "\n"
+                      << fp << "\n";
+  auto list = vp::auth::RevocationList::Load(file.string());
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->size(), 2u);
+  EXPECT_TRUE(list->Revoked({.name = "node1", .serial = "abcd01", .fingerprint = "f0"}));
+  EXPECT_TRUE(list->Revoked({.name = "node2", .serial = "99", .fingerprint = fp}));
+  EXPECT_FALSE(list->Revoked({.name = "node3", .serial = "abcd02", .fingerprint = "f1"}));
+  std::ofstream(file, std::ios::app) << "secret-password\n";
+  auto bad = vp::auth::RevocationList::Load(file.string());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("line 5: need a certificate serial number"));
+  EXPECT_THAT(bad.status().message(), Not(HasSubstr("password")));
   fs::remove(file);
 }
 

@@ -8,33 +8,18 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <map>
 #include <regex>
 
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "tests/integration/control/control_harness.h"
 
 namespace {
 
 using namespace vp::testing;  // NOLINT
 using ::testing::HasSubstr;
-
-struct CliResult {
-  int code = -1;
-  std::string output;
-};
-
-// Runs `vocabpipe ARGS` with the given environment assignments; stdout and stderr together.
-CliResult Vocabpipe(const std::string& env, const std::string& args) {
-  const std::string cmd = absl::StrCat(env, " ", Bin("client/vocabpipe"), " ", args, " 2>&1");
-  CliResult r;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  return r;
-}
 
 class TlsTest : public ::testing::Test {
  protected:
@@ -82,11 +67,16 @@ class TlsTest : public ::testing::Test {
   // TLS verifying the server; with the worker certificate or a bearer token when asked.
   std::shared_ptr<grpc::ChannelCredentials> Credentials(bool worker_cert,
                                                         const std::string& token = "") {
+    return CertCredentials(worker_cert ? "worker" : "", token);
+  }
+  // TLS with the client certificate `cert` (none when empty).
+  std::shared_ptr<grpc::ChannelCredentials> CertCredentials(const std::string& cert,
+                                                            const std::string& token = "") {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = Pem("ca.pem");
-    if (worker_cert) {
-      ssl.pem_cert_chain = Pem("worker.pem");
-      ssl.pem_private_key = Pem("worker-key.pem");
+    if (!cert.empty()) {
+      ssl.pem_cert_chain = Pem(cert + ".pem");
+      ssl.pem_private_key = Pem(cert + "-key.pem");
     }
     auto creds = grpc::SslCredentials(ssl);
     if (!token.empty()) {
@@ -95,8 +85,10 @@ class TlsTest : public ::testing::Test {
     return creds;
   }
 
-  std::unique_ptr<CoordinatorProcess> StartCoordinator() {
-    auto c = std::make_unique<CoordinatorProcess>(dir_, dir_ / "coordinator.db", ServerFlags(),
+  std::unique_ptr<CoordinatorProcess> StartCoordinator(std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = ServerFlags();
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    auto c = std::make_unique<CoordinatorProcess>(dir_, dir_ / "coordinator.db", flags,
                                                   Credentials(true, admin_));
     EXPECT_TRUE(c->up()) << c->process().Log();
     return c;
@@ -106,10 +98,19 @@ class TlsTest : public ::testing::Test {
     return v1::JobService::NewStub(grpc::CreateChannel(c.address(), Credentials(false, token)));
   }
 
-  void StartWorker(CoordinatorProcess& c, int expect) {
-    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
-                                     c.address(), "--exit-with-parent", "1"};
-    for (const std::string& f : WorkerFlags()) args.push_back(f);
+  // A worker daemon with the certificate `cert` (`cert`.pem, `cert`-key.pem in the certs DIR).
+  void StartWorker(CoordinatorProcess& c, int expect, const std::string& cert = "worker") {
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"),
+                                     "--coordinator",
+                                     c.address(),
+                                     "--exit-with-parent",
+                                     "1",
+                                     "--tls-ca",
+                                     Path("ca.pem"),
+                                     "--tls-cert",
+                                     Path(cert + ".pem"),
+                                     "--tls-key",
+                                     Path(cert + "-key.pem")};
     workers_.push_back(
         std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", workers_.size(), ".log")));
     ASSERT_TRUE(
@@ -310,6 +311,10 @@ TEST_F(TlsTest, OnlyTheOwnerOrAnAdminReadsWatchesOrCancelsAJob) {
 
 TEST_F(TlsTest, OnlyWorkerCertificatesRegisterHeartbeatOrUseTheStore) {
   auto c = StartCoordinator();
+  auto admin = Jobs(*c, admin_);
+  v1::SubmitJobResponse submitted;  // stored before: it must come through unchanged
+  ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), TinyJob("a"), &submitted).ok());
+  const v1::Job before = GetJob(*admin, submitted.job_id());
   // TLS without a client certificate, with and without a user's token.
   for (const std::string& token : {std::string(), alice_}) {
     auto channel = grpc::CreateChannel(c->address(), Credentials(false, token));
@@ -351,6 +356,19 @@ TEST_F(TlsTest, OnlyWorkerCertificatesRegisterHeartbeatOrUseTheStore) {
   std::this_thread::sleep_for(std::chrono::seconds(2));
   EXPECT_EQ(ListWorkers(*c).workers_size(), 0);  // nothing registered
   server_cert.Kill(SIGTERM);
+  // Nothing stored changed: the job as it was; the store holds no keys outside runs at all.
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(admin->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).SerializeAsString(), before.SerializeAsString());
+  {
+    v1::StoreGetRequest get;
+    get.set_key("other/key");
+    v1::StoreGetResponse got;
+    grpc::Status st = c->store->Get(Ctx().get(), get, &got);  // the worker certificate
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_TRUE(got.value().empty());
+  }
   // The worker certificate registers.
   StartWorker(*c, 1);
   EXPECT_EQ(ListWorkers(*c).workers_size(), 1);
@@ -450,6 +468,12 @@ TEST_F(TlsTest, StoreKeysOfARunNeedThatRunsSecret) {
   st = set("vocabpipe/job-99.1/x", "v", rb.secret);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(st.error_message(), HasSubstr("is not an active run"));
+  // Keys outside every run: refused with or without a secret (nothing to fill the store with).
+  for (const std::string& secret : {std::string(), ra.secret}) {
+    st = set("other/key", "v", secret);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(st.error_message(), HasSubstr("key: outside every run's namespace"));
+  }
   // Nothing stored changed.
   ASSERT_TRUE(get(key, ra.secret, &value).ok());
   EXPECT_EQ(value, "mine");
@@ -489,10 +513,254 @@ TEST_F(TlsTest, TwoRankJobRunsOverTls) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(job.owner(), "alice");
   EXPECT_EQ(job.step(), 3);
+  // Each daemon got only its rank's slice of the plan (written to plan_rank_R.txt in the run
+  // folder, which the ranks share): every chunk line of the job's plan, its own rank's actions
+  // and none of the other rank's.
+  auto lines = [](const std::string& text, const std::string& prefix) {
+    std::vector<std::string> out;
+    for (const std::string& l : std::vector<std::string>(absl::StrSplit(text, '\n'))) {
+      if (l.rfind(prefix, 0) == 0) out.push_back(l);
+    }
+    return out;
+  };
+  const std::vector<std::string> full_ranks = lines(job.plan_text(), "rank ");
+  ASSERT_EQ(full_ranks.size(), 2u) << job.plan_text();
+  for (int r = 0; r < 2; ++r) {
+    const fs::path slice_path = dir_ / "runs" / "two" / absl::StrCat("plan_rank_", r, ".txt");
+    const std::string slice = ReadWholeFile(slice_path);
+    ASSERT_FALSE(slice.empty()) << slice_path;
+    EXPECT_EQ(lines(slice, "chunk "), lines(job.plan_text(), "chunk "));
+    const std::vector<std::string> ranks = lines(slice, "rank ");
+    ASSERT_EQ(ranks.size(), 2u) << slice;
+    EXPECT_EQ(ranks[r], full_ranks[r]);
+    EXPECT_GT(ranks[r].size(), absl::StrCat("rank ", r, ":").size());
+    EXPECT_EQ(ranks[1 - r], absl::StrCat("rank ", 1 - r, ":")) << "rank " << r << " was sent "
+                                                               << "rank " << 1 - r << "'s actions";
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "two" / "plan.txt"));
   // Bob does not see it.
   CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", bob_), "status job-1" + flags);
   EXPECT_EQ(status.code, 1);
   EXPECT_THAT(status.output, HasSubstr("belongs to alice"));
+}
+
+// A user's queued (PENDING) jobs are capped; other users and stored jobs are unaffected.
+TEST_F(TlsTest, QueuedJobsPerUserAreCapped) {
+  auto c = StartCoordinator({"--max-queued-per-user", "2"});
+  auto alice = Jobs(*c, alice_), bob = Jobs(*c, bob_), admin = Jobs(*c, admin_);
+  std::vector<std::string> ids;
+  for (const char* name : {"a1", "a2"}) {  // no workers: they stay PENDING
+    v1::SubmitJobResponse r;
+    ASSERT_TRUE(alice->SubmitJob(Ctx().get(), TinyJob(name), &r).ok());
+    ids.push_back(r.job_id());
+  }
+  v1::ListJobsResponse before;
+  ASSERT_TRUE(admin->ListJobs(Ctx().get(), v1::ListJobsRequest(), &before).ok());
+  v1::SubmitJobResponse r;
+  grpc::Status st = alice->SubmitJob(Ctx().get(), TinyJob("a3"), &r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("queue: user alice has 2 queued (PENDING) jobs, the limit of 2 per user "
+                        "(--max-queued-per-user)"));
+  // The CLI says so.
+  std::ofstream(dir_ / "a4.yaml") << TinyJob("a4").spec_text();
+  CliResult cli = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
+                            absl::StrCat("submit ", (dir_ / "a4.yaml").string(), " --coordinator ",
+                                         c->address(), " --tls-ca ", Path("ca.pem")));
+  EXPECT_EQ(cli.code, 1);
+  EXPECT_THAT(cli.output, HasSubstr("queue: user alice has 2 queued"));
+  // Nothing stored changed.
+  v1::ListJobsResponse after;
+  ASSERT_TRUE(admin->ListJobs(Ctx().get(), v1::ListJobsRequest(), &after).ok());
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
+  // Another user has a queue of their own; one of alice's leaving the queue frees a place.
+  EXPECT_TRUE(bob->SubmitJob(Ctx().get(), TinyJob("b1"), &r).ok());
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(ids[0]);
+  v1::Job out;
+  ASSERT_TRUE(alice->CancelJob(Ctx().get(), cancel, &out).ok());
+  EXPECT_TRUE(alice->SubmitJob(Ctx().get(), TinyJob("a5"), &r).ok());
+}
+
+// `vocabpipe certs worker NAME` gives a worker a certificate of its own (CN=NAME): the
+// coordinator binds the worker id it registers to that name, refuses calls for it under any
+// other certificate, and refuses revoked certificates (--revoked, reloaded on change and on
+// SIGHUP).
+TEST_F(TlsTest, WorkersActOnlyUnderTheirOwnCertificateAndRevokedOnesAreRefused) {
+  std::map<std::string, std::string> serial, fingerprint;
+  for (const char* name : {"w-a", "w-b"}) {
+    CliResult r = Vocabpipe("", absl::StrCat("certs worker ", name, " ", certs_.string()));
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("serial ([0-9a-f]+)"))) << r.output;
+    serial[name] = m[1];
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("sha256 ([0-9a-f]{64})"))) << r.output;
+    fingerprint[name] = m[1];
+    struct stat st {};
+    ASSERT_EQ(stat(Path(absl::StrCat(name, "-key.pem")).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+  CliResult again = Vocabpipe("", "certs worker w-a " + certs_.string());
+  EXPECT_EQ(again.code, 2);
+  EXPECT_THAT(again.output, HasSubstr("w-a.pem: exists"));
+  CliResult bad = Vocabpipe("", "certs worker 'a/b' " + certs_.string());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("NAME: 1..64 letters, digits"));
+
+  const fs::path revoked = dir_ / "revoked";
+  std::ofstream(revoked) << "# revoked worker certificates\n";
+  auto c = StartCoordinator({"--revoked", revoked.string()});
+  StartWorker(*c, 1, "w-a");
+  const v1::WorkerInfo a = ListWorkers(*c).workers(0);
+
+  // Another worker's certificate (its own, or the shared one) cannot act for worker a.
+  for (const char* other : {"w-b", "worker"}) {
+    auto workers =
+        v1::WorkerService::NewStub(grpc::CreateChannel(c->address(), CertCredentials(other)));
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(a.worker_id());
+    v1::HeartbeatResponse hbr;
+    grpc::Status st = workers->Heartbeat(Ctx().get(), hb, &hbr);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << other;
+    EXPECT_THAT(st.error_message(),
+                HasSubstr(absl::StrCat("worker_id: ", a.worker_id(),
+                                       " registered with the certificate of \"w-a\"")));
+    v1::ReportTaskRequest report;
+    report.set_worker_id(a.worker_id());
+    report.set_job_id("job-1");
+    report.set_ok(false);
+    v1::ReportTaskResponse rr;
+    EXPECT_EQ(workers->ReportTask(Ctx().get(), report, &rr).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+    v1::ReportMetricsRequest metrics;
+    metrics.set_worker_id(a.worker_id());
+    metrics.set_job_id("job-1");
+    v1::ReportMetricsResponse mr;
+    EXPECT_EQ(workers->ReportMetrics(Ctx().get(), metrics, &mr).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // Worker a is still registered under its id and heartbeats on.
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // past the heartbeat timeout
+  ASSERT_EQ(ListWorkers(*c).workers_size(), 1);
+  EXPECT_EQ(ListWorkers(*c).workers(0).worker_id(), a.worker_id());
+
+  // Revoke w-a by its serial number: picked up when the file changes; the daemon's heartbeats
+  // are refused and the coordinator drops it; it cannot register again.
+  std::ofstream(revoked, std::ios::app) << serial["w-a"] << "\n";
+  EXPECT_TRUE(
+      WaitFor([&] { return ListWorkers(*c).workers_size() == 0; }, std::chrono::seconds(10)))
+      << c->process().Log();
+  auto wa = v1::WorkerService::NewStub(grpc::CreateChannel(c->address(), CertCredentials("w-a")));
+  v1::RegisterWorkerRequest reg;
+  reg.set_device("cpu");
+  reg.set_address("127.0.0.1");
+  v1::RegisterWorkerResponse regr;
+  grpc::Status st = wa->RegisterWorker(Ctx().get(), reg, &regr);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("worker certificate revoked: \"w-a\" (serial " + serial["w-a"] + ")"));
+  // w-b registers; revoking it by its SHA-256 fingerprint (and SIGHUP, which reloads at once)
+  // refuses it too.
+  auto wb = v1::WorkerService::NewStub(grpc::CreateChannel(c->address(), CertCredentials("w-b")));
+  ASSERT_TRUE(wb->RegisterWorker(Ctx().get(), reg, &regr).ok());
+  std::ofstream(revoked, std::ios::app) << fingerprint["w-b"] << "\n";
+  kill(c->process().pid(), SIGHUP);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        v1::RegisterWorkerResponse again;
+        return wb->RegisterWorker(Ctx().get(), reg, &again).error_code() ==
+               grpc::StatusCode::UNAUTHENTICATED;
+      },
+      std::chrono::seconds(5)));
+  // A broken list leaves the previous one in force.
+  std::ofstream(revoked, std::ios::app) << "not hex at all\n";
+  kill(c->process().pid(), SIGHUP);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return c->process().Log().find("line 4: need a certificate serial") != std::string::npos;
+      },
+      std::chrono::seconds(5)))
+      << c->process().Log();
+  EXPECT_EQ(wa->RegisterWorker(Ctx().get(), reg, &regr).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// The tokens file is read again when it changes and on SIGHUP; a token may carry an expiry.
+TEST_F(TlsTest, TokensReloadWithoutRestartAndExpire) {
+  auto c = StartCoordinator();
+  auto list = [&](const std::string& token) {
+    v1::ListJobsResponse resp;
+    return Jobs(*c, token)->ListJobs(Ctx().get(), v1::ListJobsRequest(), &resp);
+  };
+  // A user added after the start: accepted once the coordinator sees the file change.
+  const std::string dave = Token("dave", "user");
+  EXPECT_TRUE(WaitFor([&] { return list(dave).ok(); }, std::chrono::seconds(5)))
+      << c->process().Log();
+  // A token with an expiry seconds ahead: accepted, then refused once it passed.
+  const absl::Time expires = absl::Now() + absl::Seconds(5);
+  const std::string expiry = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", expires, absl::UTCTimeZone());
+  CliResult made = Vocabpipe(
+      "", absl::StrCat("certs token erin --tokens ", tokens_.string(), " --expires ", expiry));
+  ASSERT_EQ(made.code, 0) << made.output;
+  std::string erin = made.output;
+  while (!erin.empty() && erin.back() == '\n') erin.pop_back();
+  EXPECT_THAT(ReadWholeFile(tokens_), HasSubstr("erin user "));
+  EXPECT_THAT(ReadWholeFile(tokens_), HasSubstr(" " + expiry + "\n"));
+  EXPECT_TRUE(WaitFor([&] { return list(erin).ok(); }, std::chrono::seconds(5)));
+  EXPECT_TRUE(WaitFor([&] { return list(erin).error_code() == grpc::StatusCode::UNAUTHENTICATED; },
+                      std::chrono::seconds(10)));
+  grpc::Status st = list(erin);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("authorization: the token of erin expired at " + expiry));
+  CliResult cli =
+      Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", erin),
+                absl::StrCat("status --coordinator ", c->address(), " --tls-ca ", Path("ca.pem")));
+  EXPECT_EQ(cli.code, 1);
+  EXPECT_THAT(cli.output, HasSubstr("unauthenticated: authorization: the token of erin expired"));
+  // Past expiries are refused by the CLI.
+  CliResult past = Vocabpipe("", absl::StrCat("certs token frank --tokens ", tokens_.string(),
+                                              " --expires 2020-01-01T00:00:00Z"));
+  EXPECT_EQ(past.code, 2);
+  EXPECT_THAT(past.output, HasSubstr("--expires: 2020-01-01T00:00:00Z is not in the future"));
+  // Dave watches a job of his; removing dave (rewriting the file) and SIGHUP: refused, and
+  // the open stream ends.
+  v1::SubmitJobResponse daves;
+  ASSERT_TRUE(Jobs(*c, dave)->SubmitJob(Ctx().get(), TinyJob("d"), &daves).ok());
+  auto dave_jobs = Jobs(*c, dave);
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchJobRequest watch;
+  watch.set_job_id(daves.job_id());
+  auto reader = dave_jobs->WatchJob(&watch_ctx, watch);
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));  // PENDING: the stream is open
+  std::string kept;
+  for (const std::string& line :
+       std::vector<std::string>(absl::StrSplit(ReadWholeFile(tokens_), '\n'))) {
+    if (!line.empty() && line.rfind("dave ", 0) != 0) kept += line + "\n";
+  }
+  std::ofstream(tokens_, std::ios::trunc) << kept;
+  kill(c->process().pid(), SIGHUP);
+  EXPECT_TRUE(WaitFor([&] { return list(dave).error_code() == grpc::StatusCode::UNAUTHENTICATED; },
+                      std::chrono::seconds(5)));
+  EXPECT_THAT(list(dave).error_message(), HasSubstr("unknown bearer token"));
+  while (reader->Read(&event)) {
+  }
+  const grpc::Status ended = reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(ended.error_message(), HasSubstr("unknown bearer token"));
+  // A broken file leaves the tokens loaded before in force.
+  std::ofstream(tokens_, std::ios::app) << "mallory superuser xyz\n";
+  kill(c->process().pid(), SIGHUP);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return c->process().Log().find("keeping the tokens loaded before") != std::string::npos;
+      },
+      std::chrono::seconds(5)))
+      << c->process().Log();
+  EXPECT_TRUE(list(alice_).ok());
+  // The coordinator still serves.
+  EXPECT_EQ(kill(c->process().pid(), 0), 0);
 }
 
 }  // namespace

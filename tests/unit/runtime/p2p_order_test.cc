@@ -70,5 +70,32 @@ TEST(P2POrder, SwappedReceivesAreRejected) {
   EXPECT_NE(st.message().find("from rank 0 to rank 1"), std::string::npos) << st;
 }
 
+// What the coordinator sends each rank (planner::RankSlice): the layout of every rank and the
+// rank's own actions only; it survives the text form and a rank can be set up from it.
+TEST(RankSlice, HoldsTheLayoutAndOnlyItsOwnActions) {
+  auto plan =
+      planner::BuildPlan(Input(4, planner::Schedule::kInterleaved, planner::VocabMethod::kVocab2));
+  if (!plan.ok()) {
+    plan = planner::BuildPlan(Input(4, planner::Schedule::k1F1B, planner::VocabMethod::kVocab2));
+  }
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int r = 0; r < plan->pipeline; ++r) {
+    auto slice = planner::PlanFromText(planner::PlanToText(planner::RankSlice(*plan, r)));
+    ASSERT_TRUE(slice.ok()) << slice.status();
+    EXPECT_FALSE(planner::HasOtherRanksActions(*slice, r));
+    EXPECT_TRUE(planner::HasOtherRanksActions(*plan, r));
+    ASSERT_EQ(slice->ranks.size(), plan->ranks.size());
+    for (int q = 0; q < plan->pipeline; ++q) {
+      EXPECT_EQ(slice->ranks[q].chunks, plan->ranks[q].chunks);
+      EXPECT_EQ(slice->ranks[q].actions.size(), q == r ? plan->ranks[q].actions.size() : 0u);
+    }
+    EXPECT_EQ(slice->ranks[r].actions, plan->ranks[r].actions);
+    EXPECT_EQ(slice->groups(), plan->groups());
+    EXPECT_EQ(slice->x_owner, plan->x_owner);
+    // The untagged-transport check compares only pairs it can see.
+    EXPECT_TRUE(CheckP2POrderMatches(*slice).ok()) << CheckP2POrderMatches(*slice);
+  }
+}
+
 }  // namespace
 }  // namespace vp::runtime
