@@ -64,7 +64,7 @@ absl::StatusOr<int> RankCudaDevice(const vocabpipe::v1::JobSpec& spec, int rank,
   (void)rank;
   (void)requested_device;
   return absl::UnimplementedError(absl::StrCat(
-      "device: \"", spec.device(), "\" is not available in this build (built without CUDA)"));
+      "device: ", spec.device(), ": not available in this build (built without CUDA)"));
 #endif
 }
 

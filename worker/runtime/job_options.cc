@@ -17,7 +17,7 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSp
   }
   if (plan == nullptr && spec.device() != "cpu") {
     return absl::UnimplementedError(
-        absl::StrCat("device: \"", spec.device(), "\" is not available in this build; use cpu"));
+        absl::StrCat("device: ", spec.device(), ": not available on this path; use cpu"));
   }
   TrainerOptions o;
   const auto& m = spec.model();
