@@ -292,6 +292,10 @@ absl::StatusOr<TextSample> SampleText(Decoder& decoder, const std::string& token
   if (prompt.empty()) {
     s.prompt_tokens = {static_cast<int32_t>(tok->eot_id())};
   } else {
+    if (const int64_t bad = data::FirstInvalidUtf8(prompt); bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt: not UTF-8 text: invalid byte sequence at byte offset ", bad));
+    }
     auto ids = tok->Encode(prompt);
     if (!ids.ok())
       return absl::Status(ids.status().code(), absl::StrCat("--prompt: ", ids.status().message()));

@@ -65,7 +65,9 @@ TEST_P(SamplerTied, CacheEqualsFullRecomputeAtEveryPosition) {
   std::vector<float> cached(V), full(V);
   ASSERT_TRUE((*d)->Append({ids.data(), 5}, cached.data()).ok());
   for (int n = 5; n <= s; ++n) {
-    if (n > 5) ASSERT_TRUE((*d)->Append({ids.data() + n - 1, 1}, cached.data()).ok());
+    if (n > 5) {
+      ASSERT_TRUE((*d)->Append({ids.data() + n - 1, 1}, cached.data()).ok());
+    }
     ASSERT_EQ((*d)->position(), n);
     ASSERT_TRUE((*d)->FullForward({ids.data(), static_cast<size_t>(n)}, full.data()).ok());
     double worst = 0, scale = 0;
