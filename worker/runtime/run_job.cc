@@ -103,7 +103,7 @@ absl::Status CheckSampling(const vocabpipe::v1::JobSpec& spec) {
   if (spec.train().sample_every() <= 0) return absl::OkStatus();
   std::error_code ec;
   if (!fs::exists(DataTokenizerPath(spec), ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "train.sample_every: needs a tokenizer; ", DataTokenizerPath(spec),
         " does not exist (`vocabpipe data tokenize` writes it beside the token files)"));
   }
