@@ -24,6 +24,9 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err);
 int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe export RUN_DIR [--step N]: merges per-rank checkpoint shards into model.safetensors
 int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe sample CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K]
+// [--seed S]: text from a checkpoint (sample_command.cc)
+int RunSampleCommand(const Args& args, std::ostream& out, std::ostream& err);
 
 // Control plane (client/control_client.h: --coordinator or $VOCABPIPE_COORDINATOR, --output
 // text|json, exit codes 0-5).

@@ -34,6 +34,7 @@
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/flops.h"
 #include "worker/runtime/job_options.h"
+#include "worker/runtime/run_job.h"
 
 extern char** environ;
 
@@ -155,7 +156,15 @@ absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec) {
       !st.ok()) {
     return st;
   }
-  return data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
+  if (auto st = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
+      !st.ok()) {
+    return st;
+  }
+  // The validation file and the sampling tokenizer, before any rank starts.
+  if (spec.data().has_val_path()) {
+    if (auto val = runtime::OpenValidationBatches(spec); !val.ok()) return val.status();
+  }
+  return runtime::CheckSampling(spec);
 }
 
 absl::StatusOr<pid_t> SpawnLogged(const std::vector<std::string>& argv,
@@ -189,8 +198,7 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
     const fs::path self = fs::read_symlink("/proc/self/exe", ec);
     if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
     candidates.push_back(self.parent_path() / "vocabpipe-worker");
-    candidates.push_back(self.parent_path().parent_path() / "worker" / "main" /
-                         "vocabpipe-worker");
+    candidates.push_back(self.parent_path().parent_path() / "worker" / "main" / "vocabpipe-worker");
   }
   for (const fs::path& c : candidates) {
     if (access(c.c_str(), X_OK) == 0) return c.string();

@@ -31,7 +31,8 @@ struct LaunchOptions {
 
 // What a run on this host needs beyond a valid spec and plan: a device it has (cuda:
 // Unimplemented in a build without CUDA or on a host without a GPU; InvalidArgument for a cuda:N
-// it lacks) and a token file whose every id is below model.vocab_size (InvalidArgument).
+// it lacks) and a token file whose every id is below model.vocab_size (InvalidArgument); the same
+// for data.val_path when given, and the tokenizer that train.sample_every needs.
 absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec);
 
 // Starts `argv` with stdin from /dev/null and stdout + stderr to log_path (truncated).

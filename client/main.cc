@@ -45,6 +45,8 @@ commands:
   data synth --vocab V --tokens N --out FILE [--seed S] [--branching K]
                                         write a synthetic Markov-chain corpus
   data inspect FILE [--vocab V]         show and validate a token file
+  sample CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+                                        text from a checkpoint (KV-cache decoding on the CPU)
   version                               print the version
 
 exit codes: 0 ok, 1 the command failed while running, 2 bad usage or invalid input,
@@ -72,6 +74,7 @@ int main(int argc, char** argv) {
   if (cmd == "data") return vp::cli::RunDataCommand(args, std::cout, std::cerr);
   if (cmd == "certs") return vp::cli::RunCertsCommand(args, std::cout, std::cerr);
   if (cmd == "export") return vp::cli::RunExportCommand(args, std::cout, std::cerr);
+  if (cmd == "sample") return vp::cli::RunSampleCommand(args, std::cout, std::cerr);
   if (cmd == "submit") return vp::cli::RunSubmitCommand(args, std::cout, std::cerr);
   if (cmd == "status") return vp::cli::RunStatusCommand(args, std::cout, std::cerr);
   if (cmd == "watch") return vp::cli::RunWatchCommand(args, std::cout, std::cerr);

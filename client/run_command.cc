@@ -121,11 +121,12 @@ bool ParseRunFlags(const Args& args, std::ostream& err, RunFlags* f) {
 
 void PrintSummary(const runtime::RunSummary& s, bool per_rank, std::ostream& out) {
   out << absl::StrFormat(
-      "done: %d steps, loss %.4f -> %.4f, %.0f tokens/s, MFU %.1f%% of a measured %.1f GFLOP/s "
-      "sgemm peak%s, peak memory %.1f MiB\nmetrics: %s\ncheckpoint: %s\n",
-      s.steps_run, s.first_loss, s.final_loss, s.tokens_per_s, 100.0 * s.mfu, s.peak_flops / 1e9,
-      per_rank ? " per rank" : "", s.peak_memory_bytes / 1048576.0, s.metrics_path,
-      s.last_checkpoint);
+      "done: %d steps, loss %.4f -> %.4f%s, %.0f tokens/s, MFU %.1f%% of a measured %.1f "
+      "GFLOP/s sgemm peak%s, peak memory %.1f MiB\nmetrics: %s\ncheckpoint: %s\n",
+      s.steps_run, s.first_loss, s.final_loss,
+      s.has_val_loss ? absl::StrFormat(", validation loss %.4f", s.final_val_loss) : "",
+      s.tokens_per_s, 100.0 * s.mfu, s.peak_flops / 1e9, per_rank ? " per rank" : "",
+      s.peak_memory_bytes / 1048576.0, s.metrics_path, s.last_checkpoint);
 }
 
 int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std::ostream& out,

@@ -1,8 +1,9 @@
 // vocabpipe watch JOB [--after-event N] [--coordinator HOST:PORT] [--output text|json]:
 // follows a job to its end. Text: state changes, and per step a progress bar (step, loss,
-// tokens/s, MFU, ETA) with one memory bar per pipeline stage; json: one event object per line.
-// A dropped stream (coordinator restart) is resumed after the last event seen, for up to 60 s.
-// Exit code: 0 SUCCEEDED, 1 FAILED, 5 CANCELLED (others: control_client.h).
+// validation loss where evaluated, tokens/s, MFU, ETA) with one memory bar per pipeline stage;
+// json: one event object per line. A dropped stream (coordinator restart) is resumed after the last
+// event seen, for up to 60 s. Exit code: 0 SUCCEEDED, 1 FAILED, 5 CANCELLED (others:
+// control_client.h).
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -38,6 +39,7 @@ class Progress {
                            Bar(total_ > 0 ? double(m.step()) / total_ : 1.0, 24),
                            total_ > 0 ? 100.0 * m.step() / total_ : 100.0);
     if (m.has_loss()) out << absl::StrFormat(" | loss %.4f", m.loss());
+    if (m.has_val_loss()) out << absl::StrFormat(" | val %.4f", m.val_loss());
     out << absl::StrFormat(" | %.0f tok/s | MFU %.2f%% | ETA %s\n", m.tokens_per_second(),
                            100 * m.mfu(), Clock(eta));
     int64_t peak = 1;

@@ -11,6 +11,8 @@ PACKAGES=(
   python3-torch python3-numpy
   prometheus-cpp-dev prometheus
   clang-14 libclang-rt-14-dev
+  # make demo-text's corpus: the King James Bible (bible-kjv-text) and its reader `bible`
+  bible-kjv
   # deploy tests (tests/deploy): network namespaces, a local Slurm, the k8s validator
   iproute2 util-linux slurm-wlm munge nodejs
 )

@@ -48,7 +48,7 @@ struct StageFigures {
 struct StepFigures {
   int64_t step = 0;
   double step_seconds = 0;
-  std::optional<double> loss, lr, grad_norm, tokens_per_s, mfu, peak_memory_bytes;
+  std::optional<double> loss, val_loss, lr, grad_norm, tokens_per_s, mfu, peak_memory_bytes;
   std::optional<double> busy_max_over_mean, memory_max_over_min;
   std::vector<StageFigures> stages;
 };
@@ -102,7 +102,8 @@ absl::StatusOr<StepFigures> ParseStep(const nlohmann::json& j) {
   std::optional<double> step_seconds;
   for (const auto& [key, non_negative, out] :
        {std::tuple{"step_seconds", true, &step_seconds}, std::tuple{"loss", false, &f.loss},
-        std::tuple{"lr", true, &f.lr}, std::tuple{"grad_norm", true, &f.grad_norm},
+        std::tuple{"val_loss", false, &f.val_loss}, std::tuple{"lr", true, &f.lr},
+        std::tuple{"grad_norm", true, &f.grad_norm},
         std::tuple{"tokens_per_s", true, &f.tokens_per_s}, std::tuple{"mfu", true, &f.mfu},
         std::tuple{"peak_memory_bytes", true, &f.peak_memory_bytes},
         std::tuple{"busy_max_over_mean", true, &f.busy_max_over_mean},
@@ -202,6 +203,8 @@ struct MetricsExporter::Impl {
                   "Model FLOPs utilisation of the latest step (0-1).")),
         loss(Build(prometheus::BuildGauge(), *registry, "vocabpipe_loss",
                    "Training loss of the latest step.")),
+        val_loss(Build(prometheus::BuildGauge(), *registry, "vocabpipe_val_loss",
+                       "Validation loss of the latest evaluation (train.eval_every).")),
         learning_rate(Build(prometheus::BuildGauge(), *registry, "vocabpipe_learning_rate",
                             "Learning rate of the latest step.")),
         grad_norm(Build(prometheus::BuildGauge(), *registry, "vocabpipe_grad_norm",
@@ -248,6 +251,7 @@ struct MetricsExporter::Impl {
   Family<Gauge>& tokens_per_second;
   Family<Gauge>& mfu;
   Family<Gauge>& loss;
+  Family<Gauge>& val_loss;
   Family<Gauge>& learning_rate;
   Family<Gauge>& grad_norm;
   Family<Gauge>& peak_memory;
@@ -342,6 +346,7 @@ absl::Status MetricsExporter::RecordStep(std::string_view job_id, std::string_vi
   const std::pair<std::optional<double>, Family<Gauge>*> job_gauges[] = {
       {f.mfu, &m.mfu},
       {f.loss, &m.loss},
+      {f.val_loss, &m.val_loss},
       {f.lr, &m.learning_rate},
       {f.grad_norm, &m.grad_norm},
       {f.peak_memory_bytes, &m.peak_memory},

@@ -46,6 +46,10 @@ v1::StepMetrics StepMetricsFromLine(const nlohmann::json& line,
     m.set_has_loss(true);
     m.set_loss(line["loss"].get<double>());
   }
+  if (auto it = line.find("val_loss"); it != line.end() && it->is_number()) {
+    m.set_has_val_loss(true);
+    m.set_val_loss(it->get<double>());
+  }
   m.set_seconds(line.value("step_seconds", 0.0));
   m.set_tokens_per_second(line.value("tokens_per_s", 0.0));
   m.set_mfu(line.value("mfu", 0.0));
@@ -126,6 +130,13 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
       !st.ok()) {
     return st;
   }
+  if (spec.data().has_val_path()) {
+    if (auto st = MakeAbsolute(spec.mutable_data()->mutable_val_path(), request.base_dir(),
+                               "data.val_path");
+        !st.ok()) {
+      return st;
+    }
+  }
   if (auto st = MakeAbsolute(spec.mutable_checkpoint()->mutable_dir(), request.base_dir(),
                              "checkpoint.dir");
       !st.ok()) {
@@ -134,6 +145,7 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
   // The resolved paths obey the same bound as the written ones.
   for (const auto& [field, path] :
        {std::pair<const char*, const std::string*>{"data.path", &spec.data().path()},
+        {"data.val_path", &spec.data().val_path()},
         {"checkpoint.dir", &spec.checkpoint().dir()}}) {
     if (path->size() > spec::kMaxPathBytes) {
       return absl::InvalidArgumentError(

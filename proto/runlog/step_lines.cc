@@ -68,10 +68,17 @@ absl::Status CheckRankLine(const json& line, const std::string& where) {
   if (auto it = line.find("seconds"); it == line.end() || !IsNonNegativeNumber(*it)) {
     return Bad(where, "seconds", "required, a number >= 0");
   }
-  for (const char* key : {"busy_seconds", "compute_wait_seconds", "comm_seconds", "grad_norm"}) {
+  for (const char* key :
+       {"busy_seconds", "compute_wait_seconds", "comm_seconds", "grad_norm", "eval_seconds"}) {
     if (auto it = line.find(key); it != line.end() && !IsNonNegativeNumber(*it)) {
       return Bad(where, key, "must be a number >= 0");
     }
+  }
+  if (auto it = line.find("val_loss"); it != line.end() && !it->is_number()) {
+    return Bad(where, "val_loss", "must be a number");
+  }
+  if (auto it = line.find("sample"); it != line.end() && !it->is_string()) {
+    return Bad(where, "sample", "must be a string");
   }
   if (auto it = line.find("lr"); it != line.end() && !it->is_number()) {
     return Bad(where, "lr", "must be a number");
@@ -105,6 +112,8 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
   int64_t mem_max = 0, mem_min = INT64_MAX, checkpoint_step = -1;
   bool all_saved = true;
   const json* loss_rank = nullptr;
+  const json* val_rank = nullptr;     // the first rank that reports the step's validation loss
+  const json* sample_rank = nullptr;  // the rank that drew the step's sample (rank 0)
   json stages = json::array();
   for (int r = 0; r < p; ++r) {
     const json& line = ranks[r];
@@ -125,6 +134,8 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
     mem_max = std::max(mem_max, mem);
     mem_min = std::min(mem_min, mem);
     if (loss_rank == nullptr && line.value("has_loss", false)) loss_rank = &line;
+    if (val_rank == nullptr && line.contains("val_loss")) val_rank = &line;
+    if (sample_rank == nullptr && line.contains("sample")) sample_rank = &line;
     const int64_t saved = line.value("checkpoint_step", int64_t{-1});
     if (saved < 0 || (checkpoint_step >= 0 && saved != checkpoint_step)) all_saved = false;
     checkpoint_step = saved;
@@ -154,15 +165,20 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
               {"memory_max_over_min", mem_min > 0 ? static_cast<double>(mem_max) / mem_min : 0.0},
               {"stages", std::move(stages)}};
   if (loss_rank != nullptr) out["loss"] = Number(*loss_rank, "loss");
+  if (val_rank != nullptr) out["val_loss"] = Number(*val_rank, "val_loss");
+  if (sample_rank != nullptr) out["sample"] = (*sample_rank)["sample"];
   if (all_saved) out["checkpoint_step"] = checkpoint_step;
   return out;
 }
 
 std::string ProgressLine(const json& step_line, int64_t total_steps, double eta_seconds) {
+  const std::string val = step_line.contains("val_loss")
+                              ? absl::StrFormat(" | val %.4f", Number(step_line, "val_loss"))
+                              : std::string();
   return absl::StrFormat(
-      "step %d/%d | loss %.4f | lr %.2e | %.0f tok/s | MFU %.1f%% | busy max/mean %.2f | "
+      "step %d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%% | busy max/mean %.2f | "
       "mem max/min %.2f (max %.1f MiB) | ETA %s",
-      step_line.value("step", int64_t{0}) + 1, total_steps, Number(step_line, "loss"),
+      step_line.value("step", int64_t{0}) + 1, total_steps, Number(step_line, "loss"), val,
       Number(step_line, "lr"), Number(step_line, "tokens_per_s"), 100.0 * Number(step_line, "mfu"),
       Number(step_line, "busy_max_over_mean"), Number(step_line, "memory_max_over_min"),
       Number(step_line, "peak_memory_bytes") / 1048576.0, FormatDuration(eta_seconds));

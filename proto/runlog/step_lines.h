@@ -4,14 +4,17 @@
 //   {"step": 0-based, "rank", "seconds", "busy_seconds", "busy": {pass: s}, "comm": {kind: s},
 //    "compute_wait_seconds", "comm_seconds", "memory": {category: bytes, "total"}, "lr",
 //    "grad_norm", "has_loss", "loss" (on the rank that holds the loss),
-//    "checkpoint_step" (when the rank saved its shard after this step)}
+//    "checkpoint_step" (when the rank saved its shard after this step),
+//    "val_loss" and "eval_seconds" (when an evaluation followed the step; val_loss on every
+//    rank that holds output-layer rows), "sample" (rank 0, when a sample followed the step)}
 // The p rank lines of a step merge into one *step line*, the metrics.jsonl object that the
 // local launcher writes, the coordinator stores with the step's event and `vocabpipe run`
 // writes from those events:
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_bytes",
 //    "step_seconds" (slowest rank), "busy_max_over_mean", "memory_max_over_min",
-//    "checkpoint_step" (when every rank saved), "stages": [per rank: seconds, busy_seconds,
-//    busy, compute_wait_seconds, comm_seconds, comm, memory, predicted_memory_total]}
+//    "checkpoint_step" (when every rank saved), "val_loss" (when evaluated), "sample", "stages":
+//    [per rank: seconds, busy_seconds, busy, compute_wait_seconds, comm_seconds, comm, memory,
+//    predicted_memory_total]}
 #pragma once
 
 #include <cstdint>
@@ -43,8 +46,8 @@ absl::StatusOr<nlohmann::json> MergeRankLines(const std::vector<nlohmann::json>&
                                               const StepContext& context);
 
 // The one-line progress display of a step line:
-//   step 3/10 | loss 4.1234 | lr 1.00e-03 | 1234 tok/s | MFU 12.3% | busy max/mean 1.01 |
-//   mem max/min 1.20 (max 12.3 MiB) | ETA 00:00:12
+//   step 3/10 | loss 4.1234 [| val 4.2345] | lr 1.00e-03 | 1234 tok/s | MFU 12.3% |
+//   busy max/mean 1.01 | mem max/min 1.20 (max 12.3 MiB) | ETA 00:00:12
 std::string ProgressLine(const nlohmann::json& step_line, int64_t total_steps, double eta_seconds);
 
 }  // namespace vp::runlog

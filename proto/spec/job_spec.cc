@@ -589,11 +589,37 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     add("train.grad_clip", absl::StrCat("must be >= 0 (got ", Num(t.grad_clip()), ")"));
   }
   in_range("train.threads", t.threads(), 0, kMaxThreads);
+  in_range("train.eval_every", t.eval_every(), 0, kMaxSteps);
+  in_range("train.eval_batches", t.eval_batches(), 1, kMaxEvalBatches);
+  in_range("train.sample_every", t.sample_every(), 0, kMaxSteps);
+  if (t.sample_tokens() < 1) {
+    add("train.sample_tokens", absl::StrCat("must be >= 1 (got ", t.sample_tokens(), ")"));
+  } else if (m.seq_len() >= 1 && t.sample_tokens() > m.seq_len()) {
+    add("train.sample_tokens",
+        absl::StrCat("must be <= model.seq_len (", t.sample_tokens(), " > ", m.seq_len(), ")"));
+  }
+  if (t.eval_every() > 0 && !s.data().has_val_path()) {
+    add("train.eval_every", "needs data.val_path (the validation token file)");
+  }
+  // Evaluation runs the step's plan forward only, m microbatches at a time.
+  if (t.eval_batches() >= 1 && p.microbatches() >= 1 && t.eval_batches() % p.microbatches() != 0) {
+    add("train.eval_batches",
+        absl::StrCat("must be a multiple of parallel.microbatches (", p.microbatches(), "; got ",
+                     t.eval_batches(), "): evaluation runs the plan's microbatches as a whole"));
+  }
 
   if (s.data().path().empty()) add("data.path", "required (must be a non-empty path)");
   if (s.data().path().size() > kMaxPathBytes) {
     add("data.path", absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ",
                                   s.data().path().size(), ")"));
+  }
+  if (s.data().has_val_path()) {
+    if (s.data().val_path().empty()) {
+      add("data.val_path", "must be a non-empty path when given");
+    } else if (s.data().val_path().size() > kMaxPathBytes) {
+      add("data.val_path", absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ",
+                                        s.data().val_path().size(), ")"));
+    }
   }
 
   if (s.checkpoint().dir().empty()) add("checkpoint.dir", "must be non-empty");
@@ -784,6 +810,10 @@ void ApplyDefaults(JobSpec* spec) {
   if (!t->has_grad_clip()) t->set_grad_clip(0.0);
   if (!t->has_seed()) t->set_seed(1234);
   if (!t->has_threads()) t->set_threads(0);
+  if (!t->has_eval_every()) t->set_eval_every(0);
+  if (!t->has_eval_batches()) t->set_eval_batches(std::max(1, p->microbatches()));
+  if (!t->has_sample_every()) t->set_sample_every(0);
+  if (!t->has_sample_tokens()) t->set_sample_tokens(std::clamp(m->seq_len(), 1, 64));
 
   auto* d = spec->mutable_data();
   if (!d->has_shuffle()) d->set_shuffle(false);
@@ -817,8 +847,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
                         e.mark.column + 1, what));
   }
   if (!root.IsMap()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "(root): expected a mapping of job spec fields, got ", RootKind(root), " (not a job spec)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("(root): expected a mapping of job spec fields, got ", RootKind(root),
+                     " (not a job spec)"));
   }
   {
     // A mapping none of whose keys is a JobSpec field is some other file (a config, a
@@ -880,6 +911,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
                                                    std::string(base_dir), "\": ", ec.message()));
   }
   spec.mutable_data()->set_path(ResolvePath(spec.data().path(), base));
+  if (spec.data().has_val_path()) {
+    spec.mutable_data()->set_val_path(ResolvePath(spec.data().val_path(), base));
+  }
   spec.mutable_checkpoint()->set_dir(ResolvePath(spec.checkpoint().dir(), base));
   return spec;
 }

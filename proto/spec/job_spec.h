@@ -41,7 +41,8 @@ inline constexpr int64_t kMaxPlanPasses = 262144;  // pipeline x microbatches x 
 inline constexpr int64_t kMaxMicrobatchTokens = 1 << 20;  // microbatch_size x seq_len
 inline constexpr int64_t kMaxSteps = 100'000'000;  // train.steps, warmup_steps, checkpoint.every
 inline constexpr int64_t kMaxThreads = 1024;
-inline constexpr size_t kMaxPathBytes = 4096;  // data.path, checkpoint.dir
+inline constexpr size_t kMaxPathBytes = 4096;        // data.path, data.val_path, checkpoint.dir
+inline constexpr int64_t kMaxEvalBatches = 1 << 20;  // train.eval_batches
 
 // Parses YAML or JSON text into a JobSpec, applies defaults and validates it.
 // base_dir resolves relative data.path and checkpoint.dir (made absolute).

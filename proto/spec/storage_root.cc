@@ -56,6 +56,11 @@ absl::Status CheckInsideRoot(const std::string& path, const std::string& root,
 absl::Status CheckSpecPaths(const vocabpipe::v1::JobSpec& spec, const std::string& root) {
   if (root.empty()) return absl::OkStatus();
   if (auto st = CheckInsideRoot(spec.data().path(), root, "data.path"); !st.ok()) return st;
+  if (spec.data().has_val_path()) {
+    if (auto st = CheckInsideRoot(spec.data().val_path(), root, "data.val_path"); !st.ok()) {
+      return st;
+    }
+  }
   return CheckInsideRoot(spec.checkpoint().dir(), root, "checkpoint.dir");
 }
 

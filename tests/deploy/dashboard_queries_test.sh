@@ -44,12 +44,13 @@ prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
 pids+=($!)
 
 "$vp" data synth --vocab 64 --tokens 20000 --seed 5 --out "$dir/data.bin" >/dev/null
+"$vp" data synth --vocab 64 --tokens 4000 --seed 6 --out "$dir/val.bin" >/dev/null
 cat > "$dir/job.yaml" <<YAML
 name: dash
 model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}
 parallel: {pipeline: 2, microbatch_size: 2, microbatches: 4}
-train: {steps: 400, lr: 0.003, threads: 1}
-data: {path: $dir/data.bin}
+train: {steps: 400, lr: 0.003, threads: 1, eval_every: 100, eval_batches: 4}
+data: {path: $dir/data.bin, val_path: $dir/val.bin}
 checkpoint: {dir: $dir/ckpt, every: 0}
 YAML
 job="$("$vp" submit "$dir/job.yaml" --coordinator "$coord" --insecure)"

@@ -42,6 +42,10 @@ absl::Status StepRecorder::Record(const nlohmann::json& line) {
   file_.flush();
   if (!file_) return absl::InternalError(absl::StrCat(summary_.metrics_path, ": write failed"));
   summary_.final_loss = loss;
+  if (auto it = line.find("val_loss"); it != line.end() && it->is_number()) {
+    summary_.has_val_loss = true;
+    summary_.final_val_loss = it->get<double>();
+  }
   summary_.steps_run += 1;
   summary_.peak_memory_bytes =
       std::max(summary_.peak_memory_bytes, line.value("peak_memory_bytes", int64_t{0}));
@@ -63,6 +67,12 @@ absl::Status StepRecorder::Record(const nlohmann::json& line) {
     line_open_ = true;
   } else {
     progress_ << text << "\n" << std::flush;
+  }
+  if (auto it = line.find("sample"); it != line.end() && it->is_string()) {
+    EndProgress();
+    progress_ << "sample after step " << step + 1 << ":\n"
+              << it->get<std::string>() << "\n---\n"
+              << std::flush;
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "gloo/rendezvous/store.h"
@@ -14,13 +15,15 @@
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
+#include "worker/runtime/checkpoint.h"
 #include "worker/runtime/job_options.h"
 #include "worker/runtime/run_job.h"
 
 namespace vp::launch {
 namespace fs = std::filesystem;
 
-std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step) {
+std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step,
+                         const runtime::RankEvalResult* eval) {
   nlohmann::json busy = nlohmann::json::object(), comm = nlohmann::json::object();
   double comm_total = 0;
   for (int k = 0; k < planner::kNumActionKinds; ++k) {
@@ -50,6 +53,10 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
   };
   if (r.has_loss) j["loss"] = r.loss;
   if (checkpoint_step >= 0) j["checkpoint_step"] = checkpoint_step;
+  if (eval != nullptr) {
+    j["eval_seconds"] = eval->seconds;
+    if (eval->has_loss) j["val_loss"] = eval->loss;
+  }
   return j.dump();
 }
 
@@ -73,6 +80,17 @@ absl::Status PublishShard(gloo::rendezvous::Store& store, const WorkerOptions& o
         absl::StrCat("waiting for every rank's shard of step ", step, ": ", e.what()));
   }
   return MergeShards(options.run_dir, step, world, config);
+}
+
+// The text of a training sample from a merged checkpoint folder (runtime::SampleText).
+absl::StatusOr<std::string> SampleCheckpoint(const vocabpipe::v1::JobSpec& spec,
+                                             const std::string& step_dir) {
+  auto decoder = runtime::LoadDecoder(step_dir);
+  if (!decoder.ok()) return decoder.status();
+  auto sample = runtime::SampleText(**decoder, runtime::DataTokenizerPath(spec), "",
+                                    runtime::TrainingSampleOptions(spec));
+  if (!sample.ok()) return sample.status();
+  return sample->text;
 }
 
 }  // namespace
@@ -99,6 +117,14 @@ absl::Status RunWorker(const WorkerOptions& options) {
   auto batches_or = runtime::OpenJobBatches(spec);
   if (!batches_or.ok()) return batches_or.status();
   const runtime::BatchFn batches = std::move(*batches_or);
+  if (auto st = runtime::CheckSampling(spec); !st.ok()) return st;
+  // Validation: every rank reads the same validation microbatches, like the training ones.
+  runtime::BatchFn val_batches;
+  if (spec.train().eval_every() > 0) {
+    auto val = runtime::OpenValidationBatches(spec);
+    if (!val.ok()) return val.status();
+    val_batches = std::move(*val);
+  }
 
   std::shared_ptr<gloo::rendezvous::Store> store = options.store;
   if (store == nullptr) {
@@ -142,6 +168,11 @@ absl::Status RunWorker(const WorkerOptions& options) {
       return fatal(st);
     }
     if (auto st = PublishShard(*store, options, p, 0, topt->model); !st.ok()) return fatal(st);
+    if (options.rank == 0) {
+      if (auto st = runtime::CopyDataTokenizer(spec, runtime::CheckpointDir(dir, 0)); !st.ok()) {
+        return fatal(st);
+      }
+    }
     return absl::OkStatus();
   }
   for (int64_t step = first_step; step < steps; ++step) {
@@ -152,8 +183,21 @@ absl::Status RunWorker(const WorkerOptions& options) {
           absl::Status(r.status().code(), absl::StrCat("step ", step, ": ", r.status().message())));
     }
     const int64_t done = step + 1;
+    // Evaluation before the save: every rank runs the plan's forward actions together.
+    std::optional<runtime::RankEvalResult> eval;
+    if (runtime::EvaluatesAfter(spec, done)) {
+      auto e = rank.Evaluate(spec.train().eval_batches(), val_batches);
+      if (!e.ok()) {
+        return fatal(absl::Status(e.status().code(), absl::StrCat("evaluation after step ", done,
+                                                                  ": ", e.status().message())));
+      }
+      eval = *e;
+    }
     int64_t checkpoint_step = -1;
-    if ((every > 0 && done % every == 0) || done == steps) {
+    // A sample is drawn from the merged checkpoint: sample steps save one too.
+    const bool sample = runtime::SamplesAfter(spec, done);
+    std::string sample_text;
+    if ((every > 0 && done % every == 0) || done == steps || sample) {
       if (auto st = save(done); !st.ok()) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
@@ -163,10 +207,30 @@ absl::Status RunWorker(const WorkerOptions& options) {
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
       checkpoint_step = done;
+      if (options.rank == 0) {  // rank 0 merged the shards (PublishShard)
+        const std::string step_dir = runtime::CheckpointDir(dir, done);
+        if (auto st = runtime::CopyDataTokenizer(spec, step_dir); !st.ok()) return fatal(st);
+        if (sample) {
+          auto text = SampleCheckpoint(spec, step_dir);
+          if (!text.ok()) {
+            return fatal(absl::Status(
+                text.status().code(),
+                absl::StrCat("sample after step ", done, ": ", text.status().message())));
+          }
+          sample_text = std::move(*text);
+        }
+      }
     }
     // The line is written after the save (and on rank 0 after the merge): whoever reads
     // checkpoint_step in every rank's line of a step finds the merged checkpoint complete.
-    metrics << RankStepJson(options.rank, *r, checkpoint_step) << "\n";
+    std::string rank_line =
+        RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr);
+    if (!sample_text.empty()) {
+      nlohmann::json j = nlohmann::json::parse(rank_line);
+      j["sample"] = sample_text;
+      rank_line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    metrics << rank_line << "\n";
     metrics.flush();
     if (!metrics) {
       return fatal(absl::InternalError(absl::StrCat(metrics_path, ": write failed")));

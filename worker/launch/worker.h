@@ -49,7 +49,9 @@ struct WorkerOptions {
 // checkpoint) and are meant for the rank's log.
 absl::Status RunWorker(const WorkerOptions& options);
 
-// The JSON object a worker appends for one step (one line of rank_<R>.jsonl).
-std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step);
+// The JSON object a worker appends for one step (one line of rank_<R>.jsonl); `eval`, when not
+// null, is the evaluation that followed the step ("val_loss", "eval_seconds").
+std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step,
+                         const runtime::RankEvalResult* eval = nullptr);
 
 }  // namespace vp::launch

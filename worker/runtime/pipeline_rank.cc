@@ -141,6 +141,9 @@ class CpuPipelineRank final : public PipelineRank {
   absl::StatusOr<RankStepResult> Step(int64_t step, const BatchFn& batches) override {
     return exec_->Step(step, batches);
   }
+  absl::StatusOr<RankEvalResult> Evaluate(int num_batches, const BatchFn& batches) override {
+    return exec_->Evaluate(num_batches, batches);
+  }
   engine::RankModel& model() override { return exec_->engine().model(); }
   engine::AdamW& optimizer() override { return exec_->engine().optimizer(); }
   engine::MemoryTracker& memory() override { return exec_->engine().tracker(); }

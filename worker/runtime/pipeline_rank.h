@@ -43,6 +43,13 @@ struct RankStepResult {
   double busy_seconds() const;  // sum of busy
 };
 
+// What one rank measured in one forward-only evaluation (PipelineRank::Evaluate).
+struct RankEvalResult {
+  bool has_loss = false;  // the rank saw every microbatch's loss (every output-layer rank does)
+  double loss = 0;        // mean cross-entropy over the evaluated tokens, where has_loss
+  double seconds = 0;     // wall time on this rank
+};
+
 // One rank of a pipeline job on some device. The CPU rank (Create below) runs its passes on
 // host threads and Gloo; the CUDA rank (worker/runtime/cuda) on a device with NCCL. Both execute
 // the same plan with the same executor (rank_executor.h).
@@ -58,6 +65,12 @@ class PipelineRank {
 
   // Executes the plan once: every microbatch's passes, then the optimizer step.
   virtual absl::StatusOr<RankStepResult> Step(int64_t step, const BatchFn& batches) = 0;
+  // Forward-only evaluation through the same plan: its forward actions (IF, IF_REDUCE, F,
+  // SEND/RECV_ACT, BCAST_X, S, C1) over num_batches microbatches, a multiple of
+  // plan.microbatches run m at a time (round r fills microbatch j with batches(r, j, ...)).
+  // Every rank must call it with the same arguments. Parameters, gradients and optimizer state
+  // are untouched; the mean loss over the num_batches·b·s tokens is known after C1.
+  virtual absl::StatusOr<RankEvalResult> Evaluate(int num_batches, const BatchFn& batches) = 0;
 
   // The host view of the rank's parameters and optimizer state (tensor table, checkpoints).
   // A device rank keeps its state on the device: call PullState() before reading the host view

@@ -134,6 +134,8 @@ class RankExecutor {
   int rank() const { return rank_; }
 
   absl::StatusOr<RankStepResult> Step(int64_t step, const BatchFn& batches);
+  // Forward-only evaluation (PipelineRank::Evaluate).
+  absl::StatusOr<RankEvalResult> Evaluate(int num_batches, const BatchFn& batches);
 
  private:
   // Output-layer state plus who still needs it.
@@ -259,6 +261,14 @@ class RankExecutor {
   // One communication action (a communication thread).
   absl::Status RunComm(const planner::Action& a);
 
+  // Forward-only evaluation: after C1 of a slot, adds its losses and drops its output-layer
+  // state and X (no T, no backward will read them).
+  void TakeEvalLoss(SeqSlot key);
+
+  // One pass over the plan's actions for microbatches filled by batches(step, j, ...): every
+  // action, or with forward_only_ only the forward ones. Times go to r's busy/comm fields.
+  absl::Status RunPlan(int64_t step, const BatchFn& batches, RankStepResult* r);
+
   // Runs `actions` (communication, plan order) on the calling thread; times go to `comm`.
   void CommLoop(const std::vector<planner::Action>& actions,
                 std::array<double, planner::kNumActionKinds>* comm);
@@ -288,6 +298,8 @@ class RankExecutor {
   // Step inputs.
   std::vector<std::vector<int32_t>> inputs_, targets_;  // per microbatch, (b, s)
   float loss_grad_ = 0;  // d = 1/(m·b·s): the loss gradient of every token of the step
+  // Evaluate runs only the forward actions; their loss is taken after C1.
+  bool forward_only_ = false;
 };
 
 }  // namespace vp::runtime::internal

@@ -57,6 +57,8 @@ absl::Status RankExecutor<E>::DoF(const planner::Action& a, double* waited) {
       !st.ok()) {
     return st;
   }
+  // Evaluation: no B will read the slots' saved activations or the K/V cache.
+  if (forward_only_ && q == setup_.k - 1) engine_->model().stack(a.chunk).DiscardMicrobatch(a.mb);
   if (g == setup_.groups - 1) {
     // The last group: ln_f gives X, the output layer's input.
     XState xst;
@@ -90,8 +92,24 @@ absl::Status RankExecutor<E>::DoS(const planner::Action& a, double* waited) {
   if (plan_.barrier == 0) {  // the whole output layer is here: the barrier is local
     if (auto c1 = engine_->model().output_layer().C1(o->state, *self_comm_); !c1.ok()) return c1;
     Produce({KeyKind::kC1Done, a.mb, 0, q});
+    if (forward_only_) TakeEvalLoss(SeqSlot{a.mb, q});
   }
   return absl::OkStatus();
+}
+
+// Forward-only evaluation: after C1 of a slot, adds its losses and drops its output-layer
+// state and X (on the owner BCAST_X of the slot ran before its C1).
+template <StageEngine E>
+void RankExecutor<E>::TakeEvalLoss(SeqSlot key) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = output_states_.find(key);
+  if (it == output_states_.end()) return;
+  double sum = 0;
+  for (int i = 0; i < it->second.state.n(); ++i) sum += it->second.state.losses()[i];
+  loss_ += sum * loss_grad_;
+  losses_seen_ += 1;
+  output_states_.erase(it);
+  x_states_.erase(key);
 }
 
 // T: the output layer's second pass; adds the slot's loss.
@@ -369,6 +387,7 @@ absl::Status RankExecutor<E>::DoC1(const planner::Action& a) {
   if (o == nullptr) return Missing(a, "S state");
   if (auto st = engine_->model().output_layer().C1(o->state, *coll_); !st.ok()) return st;
   Produce({KeyKind::kC1Done, a.mb, 0, q});
+  if (forward_only_) TakeEvalLoss(SeqSlot{a.mb, q});
   return absl::OkStatus();
 }
 
@@ -423,21 +442,32 @@ absl::Status RankExecutor<E>::DoIbBcast(const planner::Action& a) {
   Produce({KeyKind::kIbBcastDone, a.mb});
   return absl::OkStatus();
 }
+// The actions Evaluate runs: those that lead to the losses (C1) and nothing after them.
+inline bool IsForwardAction(planner::ActionKind kind) {
+  using planner::ActionKind;
+  switch (kind) {
+    case ActionKind::kIF:
+    case ActionKind::kIfReduce:
+    case ActionKind::kF:
+    case ActionKind::kSendAct:
+    case ActionKind::kRecvAct:
+    case ActionKind::kBcastX:
+    case ActionKind::kS:
+    case ActionKind::kC1:
+      return true;
+    default:
+      return false;
+  }
+}
+
 template <StageEngine E>
-absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn& batches) {
-  const auto t0 = Clock::now();
-  RankStepResult r;
-  r.step = step;
-  if (auto st = engine_->EnterThread(); !st.ok()) return st;
-  engine_->tracker().ResetPeaks();
+absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, RankStepResult* r) {
   const int m = plan_.microbatches;
-  loss_grad_ = 1.0f / (static_cast<float>(m) * b() * s());
   inputs_.assign(m, std::vector<int32_t>(static_cast<size_t>(b()) * s()));
   targets_.assign(m, std::vector<int32_t>(static_cast<size_t>(b()) * s()));
   for (int j = 0; j < m; ++j) {
     if (auto st = batches(step, j, inputs_[j].data(), targets_[j].data()); !st.ok()) return st;
   }
-  if (auto st = engine_->ZeroGrads(); !st.ok()) return st;
   {
     std::lock_guard<std::mutex> l(mu_);
     ready_.clear();
@@ -451,30 +481,33 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
     output_states_.clear();
     embed_grads_.clear();
   }
-  loss_ = 0;
-  losses_seen_ = 0;
 
+  auto selected = [&](const planner::Action& a) {
+    return !forward_only_ || IsForwardAction(a.kind);
+  };
   const std::vector<planner::Action>& actions = plan_.ranks[rank_].actions;
   // One communication thread when both roles share a communicator (it serves one thread at a
   // time), else point-to-point and collectives each on their own.
   const bool split = p2p_ != coll_;
   std::vector<planner::Action> comm_a, comm_b;
   for (const planner::Action& a : actions) {
-    if (planner::IsCompute(a.kind)) continue;
+    if (planner::IsCompute(a.kind) || !selected(a)) continue;
     (split && planner::IsCollective(a.kind) ? comm_b : comm_a).push_back(a);
   }
   std::array<double, planner::kNumActionKinds> comm_time_b{};
-  std::thread thread_a([&] { CommLoop(comm_a, &r.comm); });
+  std::thread thread_a([&] { CommLoop(comm_a, &r->comm); });
   std::thread thread_b;
   if (split) thread_b = std::thread([&] { CommLoop(comm_b, &comm_time_b); });
   for (const planner::Action& a : actions) {
-    if (!planner::IsCompute(a.kind) || a.kind == planner::ActionKind::kOpt) continue;
+    if (!planner::IsCompute(a.kind) || a.kind == planner::ActionKind::kOpt || !selected(a)) {
+      continue;
+    }
     const auto c0 = Clock::now();
     double waited = 0;
     absl::Status st = RunCompute(a, &waited);
     engine_->ActionDone(E::kCompute);
-    r.compute_wait_seconds += waited;
-    r.busy[static_cast<int>(a.kind)] += Seconds(c0, Clock::now()) - waited;
+    r->compute_wait_seconds += waited;
+    r->busy[static_cast<int>(a.kind)] += Seconds(c0, Clock::now()) - waited;
     if (!st.ok()) {
       Fail(absl::Status(
           st.code(), absl::StrCat("rank ", rank_, " ", planner::ToString(a), ": ", st.message())));
@@ -483,11 +516,66 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
   }
   thread_a.join();
   if (thread_b.joinable()) thread_b.join();
-  for (int k = 0; k < planner::kNumActionKinds; ++k) r.comm[k] += comm_time_b[k];
+  for (int k = 0; k < planner::kNumActionKinds; ++k) r->comm[k] += comm_time_b[k];
+  std::lock_guard<std::mutex> l(mu_);
+  return error_;
+}
+
+template <StageEngine E>
+absl::StatusOr<RankEvalResult> RankExecutor<E>::Evaluate(int num_batches, const BatchFn& batches) {
+  const int m = plan_.microbatches;
+  if (num_batches < 1 || num_batches % m != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation: the number of batches (", num_batches,
+                     ") must be a positive multiple of the plan's microbatches (", m, ")"));
+  }
+  const auto t0 = Clock::now();
+  if (auto st = engine_->EnterThread(); !st.ok()) return st;
+  forward_only_ = true;
+  loss_grad_ = 1.0f / (static_cast<float>(num_batches) * b() * s());
+  loss_ = 0;
+  losses_seen_ = 0;
+  absl::Status status;
+  for (int round = 0; round < num_batches / m && status.ok(); ++round) {
+    RankStepResult unused;
+    status = RunPlan(round, batches, &unused);
+  }
+  forward_only_ = false;
+  // Nothing of the evaluation outlives it (a failed round may leave slots in the stacks).
+  for (int c = 0; c < static_cast<int>(setup_.chunk_group.size()); ++c) {
+    for (int j = 0; j < m; ++j) engine_->model().stack(c).DiscardMicrobatch(j);
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (!error_.ok()) return error_;
+    input_states_.clear();
+    x_states_.clear();
+    output_states_.clear();
   }
+  if (engine_->model().has_output_layer()) engine_->model().output_layer().ReleaseWorkspace();
+  if (!status.ok()) return status;
+  RankEvalResult r;
+  r.has_loss = losses_seen_ == num_batches * setup_.k;
+  r.loss = loss_;
+  if (r.has_loss && !std::isfinite(r.loss)) {
+    return absl::InternalError(absl::StrCat("rank ", rank_, " evaluation: loss is ", loss_));
+  }
+  r.seconds = Seconds(t0, Clock::now());
+  return r;
+}
+
+template <StageEngine E>
+absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn& batches) {
+  const auto t0 = Clock::now();
+  RankStepResult r;
+  r.step = step;
+  if (auto st = engine_->EnterThread(); !st.ok()) return st;
+  engine_->tracker().ResetPeaks();
+  const int m = plan_.microbatches;
+  loss_grad_ = 1.0f / (static_cast<float>(m) * b() * s());
+  if (auto st = engine_->ZeroGrads(); !st.ok()) return st;
+  loss_ = 0;
+  losses_seen_ = 0;
+  if (auto st = RunPlan(step, batches, &r); !st.ok()) return st;
   const auto o0 = Clock::now();
   r.lr = options_.lr.At(step);
   if (auto st = engine_->OptimizerStep(step, *coll_, setup_.tied_copy_sync, r.lr,

@@ -1,5 +1,7 @@
 #include "worker/runtime/run_job.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -39,6 +41,82 @@ absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
   });
 }
 
+absl::StatusOr<BatchFn> OpenValidationBatches(const vocabpipe::v1::JobSpec& spec) {
+  if (!spec.data().has_val_path() || spec.data().val_path().empty()) {
+    return absl::InvalidArgumentError("data.val_path: required for evaluation");
+  }
+  const std::string& path = spec.data().val_path();
+  if (absl::Status st = data::CheckDataTokenizer(path, spec.model().vocab_size()); !st.ok()) {
+    return st;
+  }
+  auto file = data::TokenFile::Load(path, spec.model().vocab_size());
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("data.val_path: ", file.status().message()));
+  }
+  // One microbatch per "step" of the reader: microbatch r·m + j is the reader's step r·m + j.
+  auto reader = data::SampleReader::Create(std::make_shared<data::TokenFile>(std::move(*file)),
+                                           {.seq_len = spec.model().seq_len(),
+                                            .microbatch_size = spec.parallel().microbatch_size(),
+                                            .microbatches = 1,
+                                            .shuffle = false,
+                                            .seed = 0});
+  if (!reader.ok()) return reader.status();
+  auto shared = std::make_shared<data::SampleReader>(std::move(*reader));
+  const int64_t m = spec.parallel().microbatches();
+  return BatchFn([shared, m](int64_t round, int j, int32_t* inputs, int32_t* targets) {
+    return shared->Fill(round * m + j, 0, inputs, targets);
+  });
+}
+
+bool EvaluatesAfter(const vocabpipe::v1::JobSpec& spec, int64_t done) {
+  const int every = spec.train().eval_every();
+  return every > 0 && (done % every == 0 || done == spec.train().steps());
+}
+
+std::string DataTokenizerPath(const vocabpipe::v1::JobSpec& spec) {
+  return (fs::path(spec.data().path()).parent_path() / "tokenizer.model").string();
+}
+
+absl::Status CopyDataTokenizer(const vocabpipe::v1::JobSpec& spec, const std::string& step_dir) {
+  const std::string from = DataTokenizerPath(spec);
+  std::error_code ec;
+  if (!fs::exists(from, ec)) return absl::OkStatus();
+  const fs::path to = fs::path(step_dir) / "tokenizer.model";
+  const fs::path tmp = fs::path(step_dir) / absl::StrCat(".tokenizer.model.", getpid());
+  fs::copy_file(from, tmp, fs::copy_options::overwrite_existing, ec);
+  if (!ec) fs::rename(tmp, to, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return absl::InternalError(
+        absl::StrCat(to.string(), ": cannot copy the tokenizer from ", from, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+bool SamplesAfter(const vocabpipe::v1::JobSpec& spec, int64_t done) {
+  const int every = spec.train().sample_every();
+  return every > 0 && (done % every == 0 || done == spec.train().steps());
+}
+
+absl::Status CheckSampling(const vocabpipe::v1::JobSpec& spec) {
+  if (spec.train().sample_every() <= 0) return absl::OkStatus();
+  std::error_code ec;
+  if (!fs::exists(DataTokenizerPath(spec), ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.sample_every: needs a tokenizer; ", DataTokenizerPath(spec),
+        " does not exist (`vocabpipe data tokenize` writes it beside the token files)"));
+  }
+  return absl::OkStatus();
+}
+
+SampleOptions TrainingSampleOptions(const vocabpipe::v1::JobSpec& spec) {
+  return {.max_tokens = spec.train().sample_tokens(),
+          .temperature = 1.0f,
+          .top_k = 40,
+          .seed = spec.train().seed()};
+}
+
 namespace {
 
 std::string FormatDuration(double seconds) {
@@ -58,9 +136,24 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   if (!batches_or.ok()) return batches_or.status();
   const BatchFn batches = std::move(*batches_or);
 
+  BatchFn val_batches;
+  if (spec.train().eval_every() > 0) {
+    auto val = OpenValidationBatches(spec);
+    if (!val.ok()) return val.status();
+    val_batches = std::move(*val);
+  }
+
+  if (auto st = CheckSampling(spec); !st.ok()) return st;
+
   auto trainer = StandaloneTrainer::Create(*topt);
   if (!trainer.ok()) return trainer.status();
   StandaloneTrainer& tr = **trainer;
+  std::unique_ptr<Gpt2Decoder> sampler;  // the trained weights, copied at each sample
+  if (spec.train().sample_every() > 0) {
+    auto d = Gpt2Decoder::Create(tr.model());
+    if (!d.ok()) return d.status();
+    sampler = std::move(*d);
+  }
 
   const std::string run_dir = spec.checkpoint().dir();
   std::error_code ec;
@@ -93,6 +186,7 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   const int every = spec.checkpoint().every();
   if (steps == 0) {  // steps: 0 saves the initial model and stops
     if (auto st = SaveCheckpoint(run_dir, 0, tr.model(), tr.optimizer()); !st.ok()) return st;
+    if (auto st = CopyDataTokenizer(spec, CheckpointDir(run_dir, 0)); !st.ok()) return st;
     summary.last_checkpoint = CheckpointDir(run_dir, 0);
   }
 
@@ -130,7 +224,31 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
           {"optimizer", tr.memory().peak(engine::MemoryCategory::kOptimizer)},
           {"activations", tr.memory().peak(engine::MemoryCategory::kActivations)}}},
     };
-    metrics << line.dump() << "\n";
+    std::string val_text;
+    if (EvaluatesAfter(spec, step + 1)) {
+      auto val = tr.Evaluate(0, spec.train().eval_batches(), val_batches);
+      if (!val.ok()) {
+        return absl::Status(val.status().code(), absl::StrCat("evaluation after step ", step + 1,
+                                                              ": ", val.status().message()));
+      }
+      line["val_loss"] = *val;
+      summary.has_val_loss = true;
+      summary.final_val_loss = *val;
+      val_text = absl::StrFormat(" | val %.4f", *val);
+    }
+    std::string sample_text;
+    if (SamplesAfter(spec, step + 1)) {
+      if (auto st = sampler->CopyWeights(tr.model()); !st.ok()) return st;
+      auto sample = SampleText(*sampler, DataTokenizerPath(spec), "", TrainingSampleOptions(spec));
+      if (!sample.ok()) {
+        return absl::Status(sample.status().code(), absl::StrCat("sample after step ", step + 1,
+                                                                 ": ", sample.status().message()));
+      }
+      line["sample"] = sample->text;
+      sample_text = sample->text;
+    }
+    // A sample may end inside a multi-byte character: such bytes are written as U+FFFD.
+    metrics << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     metrics.flush();
     if (step == first_step) summary.first_loss = r->loss;
     summary.final_loss = r->loss;
@@ -139,18 +257,24 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
 
     const double eta = elapsed / summary.steps_run * static_cast<double>(steps - step - 1);
     const std::string text = absl::StrFormat(
-        "step %d/%d | loss %.4f | lr %.2e | %.0f tok/s | MFU %.1f%% | mem %.1f MiB | ETA %s",
-        step + 1, steps, r->loss, r->lr, tps, 100.0 * mfu, peak / 1048576.0, FormatDuration(eta));
+        "step %d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%% | mem %.1f MiB | ETA %s",
+        step + 1, steps, r->loss, val_text, r->lr, tps, 100.0 * mfu, peak / 1048576.0,
+        FormatDuration(eta));
     if (options.interactive) {
       progress << "\r" << text << "\033[K" << std::flush;
     } else {
       progress << text << "\n";
+    }
+    if (!sample_text.empty()) {
+      if (options.interactive) progress << "\n";
+      progress << "sample after step " << step + 1 << ":\n" << sample_text << "\n---\n";
     }
     const int64_t done = step + 1;
     if ((every > 0 && done % every == 0) || done == steps) {
       if (auto st = SaveCheckpoint(run_dir, done, tr.model(), tr.optimizer()); !st.ok()) {
         return st;
       }
+      if (auto st = CopyDataTokenizer(spec, CheckpointDir(run_dir, done)); !st.ok()) return st;
       summary.last_checkpoint = CheckpointDir(run_dir, done);
     }
   }

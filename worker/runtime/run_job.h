@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "vocabpipe/v1/job.pb.h"
+#include "worker/runtime/sampler.h"
 #include "worker/runtime/trainer.h"
 
 namespace vp::runtime {
@@ -21,9 +22,11 @@ struct RunSummary {
   int64_t first_step = 0;
   double first_loss = 0;
   double final_loss = 0;
-  double tokens_per_s = 0;  // over all steps but the first (warm-up)
-  double mfu = 0;           // likewise; against the measured CPU sgemm peak
-  double peak_flops = 0;    // the measured peak, FLOP/s
+  bool has_val_loss = false;
+  double final_val_loss = 0;  // the last evaluation's, where has_val_loss
+  double tokens_per_s = 0;    // over all steps but the first (warm-up)
+  double mfu = 0;             // likewise; against the measured CPU sgemm peak
+  double peak_flops = 0;      // the measured peak, FLOP/s
   int64_t peak_memory_bytes = 0;
   std::string metrics_path;
   std::string last_checkpoint;
@@ -33,6 +36,35 @@ struct RunSummary {
 // fills microbatch j of a step in the spec's sample order. Every pipeline rank calls this: all
 // ranks read the same microbatches (inputs for IF, targets for S/T).
 absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec);
+
+// Opens data.val_path (validated against the vocabulary and its tokenizer.model like
+// data.path) and returns the function that fills evaluation microbatch j of round r: validation
+// microbatch r·m + j (m = parallel.microbatches) from the start of the file, never shuffled,
+// so every evaluation reads the same tokens whatever its round size. NotFound-free: a spec
+// without data.val_path is an InvalidArgument naming the field.
+absl::StatusOr<BatchFn> OpenValidationBatches(const vocabpipe::v1::JobSpec& spec);
+
+// Whether the step that has just finished (done = step + 1 steps) is followed by an evaluation:
+// every train.eval_every steps and after the last one.
+bool EvaluatesAfter(const vocabpipe::v1::JobSpec& spec, int64_t done);
+
+// The tokenizer.model beside data.path (where `vocabpipe data tokenize` writes it).
+std::string DataTokenizerPath(const vocabpipe::v1::JobSpec& spec);
+
+// Copies the data's tokenizer.model into a checkpoint step folder (atomically), so that the
+// checkpoint can be sampled on its own. No tokenizer beside the data: nothing to copy.
+absl::Status CopyDataTokenizer(const vocabpipe::v1::JobSpec& spec, const std::string& step_dir);
+
+// Whether training writes a sample after `done` steps: every train.sample_every steps and after
+// the last one.
+bool SamplesAfter(const vocabpipe::v1::JobSpec& spec, int64_t done);
+
+// Checks that sampling can run (train.sample_every > 0 needs the data's tokenizer.model).
+absl::Status CheckSampling(const vocabpipe::v1::JobSpec& spec);
+
+// The options of a training sample (train.sample_tokens tokens, temperature 1, top-k 40,
+// seed train.seed).
+SampleOptions TrainingSampleOptions(const vocabpipe::v1::JobSpec& spec);
 
 // Trains the job in this process. `progress` gets the progress line and a closing summary.
 absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,

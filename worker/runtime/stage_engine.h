@@ -37,6 +37,7 @@ concept StageLayerStack = requires(S& stack, engine::SlotKey slot, const Elem* i
   { stack.BackwardInput(slot, in, out) } -> std::same_as<absl::Status>;
   { stack.BackwardWeight(slot) } -> std::same_as<absl::Status>;
   { stack.Backward(slot, in, out) } -> std::same_as<absl::Status>;  // B then W
+  stack.DiscardMicrobatch(slot.microbatch);  // forward-only evaluation: drop what F kept
 };
 
 // The input layer's vocabulary shard: IF, IF_REDUCE, IB_BCAST, IB (docs/vocab-parallel-math.md).

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -179,6 +180,85 @@ data: {path: verses/verses_train_000000.bin}
   Result r = Vocabpipe("run " + good + " --direct");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir_ / "good" / "metrics.jsonl")) << r.output;
+}
+
+// Text → validation loss and samples → `vocabpipe sample`: both run paths write val_loss and
+// sample lines, every checkpoint carries the tokenizer, a fixed seed reproduces a sample, and
+// bad input (an empty validation file, a tokenizer of another size, a non-UTF-8 prompt, a
+// sample longer than the context) is refused naming the field, the flag or the file.
+TEST_F(CliRunTest, ValidationLossSamplesAndTheSampleCommand) {
+  std::string text;
+  for (int i = 0; i < 240; ++i) {
+    text += absl::StrCat("Verse ", i % 17, ": and the evening and the morning were the day.\n");
+    if (i % 4 == 3) text += "\n";
+  }
+  std::ofstream(dir_ / "corpus.txt") << text;
+  const std::string corpus = (dir_ / "corpus.txt").string();
+  const std::string tok = (dir_ / "tok.model").string();
+  ASSERT_EQ(Vocabpipe("data train-tokenizer " + corpus + " --vocab-size 320 --out " + tok).code, 0);
+  Result k = Vocabpipe("data tokenize --tokenizer " + tok + " " + corpus + " --out " +
+                       (dir_ / "v").string() + " --val-fraction 0.1");
+  ASSERT_EQ(k.code, 0) << k.output;
+  const std::string model =
+      "model: {layers: 2, hidden: 32, heads: 2, vocab_size: 320, seq_len: 24}\n";
+  const std::string train =
+      "train: {steps: 4, lr: 0.003, eval_every: 2, eval_batches: 2, sample_every: 4, "
+      "sample_tokens: 8}\ndata: {path: v/v_train_000000.bin, val_path: v/v_val_000000.bin}\n";
+  // p = 1 standalone (--direct) and p = 2 rank processes through the control plane.
+  for (const auto& [run, mode, par] :
+       {std::tuple{"p1", " --direct", "parallel: {microbatch_size: 2, microbatches: 2}\n"},
+        std::tuple{
+            "p2", "",
+            "parallel: {pipeline: 2, vocab: vocab1, microbatch_size: 2, microbatches: 2}\n"}}) {
+    const std::string spec =
+        WriteSpec(run, model + par + train + absl::StrCat("checkpoint: {dir: ", run, "}\n"));
+    Result r = Vocabpipe("run " + spec + mode);
+    ASSERT_EQ(r.code, 0) << run << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr("| val ")) << run;
+    EXPECT_THAT(r.output, HasSubstr("sample after step 4:")) << run;
+    EXPECT_THAT(r.output, HasSubstr("validation loss")) << run;
+    auto metrics = vp::testing::ReadJsonl(dir_ / run / "metrics.jsonl");
+    ASSERT_EQ(metrics.size(), 4u) << run;
+    EXPECT_FALSE(metrics[0].contains("val_loss"));
+    EXPECT_TRUE(metrics[1].contains("val_loss")) << run;
+    EXPECT_TRUE(metrics[3].contains("val_loss")) << run;
+    EXPECT_TRUE(metrics[3].contains("sample")) << run;
+    EXPECT_TRUE(fs::exists(dir_ / run / "step_4" / "tokenizer.model")) << run;
+  }
+
+  const std::string step = (dir_ / "p2" / "step_4").string();
+  const std::string args = " --prompt 'Verse 3' --max-tokens 10 --temperature 0.8 --top-k 20";
+  Result a = Vocabpipe("sample " + step + args + " --seed 5");
+  Result b = Vocabpipe("sample " + (dir_ / "p2").string() + args + " --seed 5");  // run folder
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_EQ(a.output.rfind("Verse 3", 0), 0u) << a.output;
+
+  // Bad input.
+  Result r = Vocabpipe("sample " + step + " --max-tokens 40");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--max-tokens"));
+  r = Vocabpipe("sample " + step + " --prompt \"$(printf 'caf\\351')\"");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--prompt"));
+  ASSERT_EQ(Vocabpipe("data train-tokenizer " + corpus + " --vocab-size 330 --out " +
+                      (dir_ / "other.model").string())
+                .code,
+            0);
+  r = Vocabpipe("sample " + step + " --tokenizer " + (dir_ / "other.model").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.output, HasSubstr("other.model: the tokenizer has 330 tokens but the model's "
+                                  "vocab_size is 320"));
+  std::ofstream(dir_ / "v" / "empty.bin").close();
+  const std::string empty =
+      WriteSpec("empty", model + "parallel: {microbatch_size: 2, microbatches: 1}\n" +
+                             "train: {steps: 2, eval_every: 1}\n"
+                             "data: {path: v/v_train_000000.bin, val_path: v/empty.bin}\n"
+                             "checkpoint: {dir: empty}\n");
+  r = Vocabpipe("run " + empty + " --direct");
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.output, HasSubstr("data.val_path: "));
+  EXPECT_THAT(r.output, HasSubstr("empty.bin"));
 }
 
 TEST_F(CliRunTest, CudaJobOnAHostWithoutAGpuIsRejectedBeforeStarting) {

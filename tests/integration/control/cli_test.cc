@@ -37,7 +37,7 @@ class ControlCliTest : public ::testing::Test {
                         << "model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n"
                         << "parallel: {pipeline: 2, microbatch_size: 2, microbatches: 4}\n"
                         << "train: {steps: " << steps << ", lr: 0.003, threads: 1" << extra << "}\n"
-                        << "data: {path: data.bin}\n";
+                        << "data: {path: data.bin, val_path: data.bin}\n";
     return path.string();
   }
   fs::path dir_;
@@ -61,7 +61,8 @@ TEST_F(ControlCliTest, SubmitWatchStatusWorkersCancel) {
       },
       std::chrono::seconds(20)));
 
-  CliResult submit = Vocabpipe("submit " + WriteSpec("cli", 3) + flag);
+  // An evaluation after the last step: watch shows its validation loss.
+  CliResult submit = Vocabpipe("submit " + WriteSpec("cli", 3, ", eval_every: 3") + flag);
   ASSERT_EQ(submit.code, 0) << submit.output;
   EXPECT_EQ(submit.output, "job-1\n");
   // The address from the environment instead of the flag.
@@ -78,6 +79,8 @@ TEST_F(ControlCliTest, SubmitWatchStatusWorkersCancel) {
   EXPECT_THAT(watched, HasSubstr("job-1: RUNNING"));
   EXPECT_THAT(watched, HasSubstr("step 3/3"));
   EXPECT_THAT(watched, HasSubstr("tok/s | MFU"));
+  EXPECT_THAT(watched, HasSubstr("step 3/3 [########################] 100% | loss "));
+  EXPECT_THAT(watched, HasSubstr(" | val "));
   EXPECT_THAT(watched, HasSubstr("  rank 1 ["));
   EXPECT_THAT(watched, HasSubstr("job-1: SUCCEEDED"));
 

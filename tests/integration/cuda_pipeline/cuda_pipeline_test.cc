@@ -94,6 +94,9 @@ struct RunResult {
   // m = (1 − β1) · clip_scale · g, with clip_scale from the rank's own gradient norm.
   Weights grads0;
   Weights weights;  // after the last step
+  // Forward-only evaluation after the last step (PipelineRank::Evaluate on the batches of the
+  // step that would follow): the loss of a rank that sees it, -1 when none ran.
+  double val_loss = -1;
   std::vector<std::string> errors;
 };
 
@@ -135,6 +138,18 @@ RunResult RunRanks(const Case& c, const TrainerOptions& opt, const planner::Plan
         const float unscale = static_cast<float>(1.0 / ((1.0 - opt.adamw.beta1) * clip));
         GatherBuffer((*rank)->model(), (*rank)->optimizer().m().data(), unscale, &out.grads0, &mu);
       }
+    }
+    auto eval =
+        (*rank)->Evaluate(opt.microbatches, [&](int64_t round, int j, int32_t* in, int32_t* tg) {
+          return batches(steps + round, j, in, tg);
+        });
+    if (!eval.ok()) {
+      out.errors[r] = eval.status().ToString();
+      return;
+    }
+    if (eval->has_loss) {
+      std::lock_guard<std::mutex> l(mu);
+      out.val_loss = eval->loss;
     }
     if (auto st = (*rank)->PullState(); !st.ok()) {
       out.errors[r] = st.ToString();
@@ -195,6 +210,8 @@ void ExpectFp32Match(const RunResult& want, const RunResult& got, double rel, do
   for (size_t i = 0; i < want.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], want.losses[i], rel * want.losses[i]) << "loss, step " << i;
   }
+  ASSERT_GT(want.val_loss, 0) << "the CPU ranks' evaluation reported no loss";
+  EXPECT_NEAR(got.val_loss, want.val_loss, rel * want.val_loss) << "forward-only evaluation";
   ASSERT_EQ(got.grad_norms.size(), want.grad_norms.size());
   for (size_t i = 0; i < want.grad_norms.size(); ++i) {
     EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], rel * want.grad_norms[i])

@@ -80,9 +80,12 @@ TEST(MetricsExporter, ScrapeOverHttpHasRecordedStepFigures) {
   ASSERT_NE(exporter, nullptr);
   ASSERT_GT(exporter->port(), 0);
   ASSERT_TRUE(exporter->RecordStep("job-1", "1f1b", "vocab-2", StepJson(0, 0.06, 0.07, 9.5)).ok());
-  ASSERT_TRUE(exporter->RecordStep("job-1", "1f1b", "vocab-2", StepJson(1, 0.08, 0.09, 9.0)).ok());
+  nlohmann::json evaluated = StepJson(1, 0.08, 0.09, 9.0);
+  evaluated["val_loss"] = 9.25;  // an evaluation followed this step
+  ASSERT_TRUE(exporter->RecordStep("job-1", "1f1b", "vocab-2", evaluated).ok());
 
   const std::vector<Sample> s = ScrapeHttp(*exporter);
+  EXPECT_EQ(Find(s, "vocabpipe_val_loss", kJob), 9.25);
   // Gauges hold the latest step.
   EXPECT_EQ(Find(s, "vocabpipe_mfu_ratio", kJob), 0.09);
   EXPECT_EQ(Find(s, "vocabpipe_loss", kJob), 9.0);

@@ -49,6 +49,8 @@ TEST(CheckRankLine, NamesTheFieldAndTheRule) {
            {"comm", 3, "line.comm: must be an object"},
            {"memory", json{{"total", 1.5}}, "line.memory.total: must be an integer >= 0"},
            {"checkpoint_step", -2, "line.checkpoint_step: must be an integer >= 0"},
+           {"val_loss", "low", "line.val_loss: must be a number"},
+           {"eval_seconds", -1, "line.eval_seconds: must be a number >= 0"},
        }) {
     json line = RankLine(0, 3, 0.1, 0.08, 1000);
     line[c.key] = c.value;
@@ -130,6 +132,20 @@ TEST(ProgressLine, ShowsStepLossBalanceAndEta) {
   EXPECT_THAT(line, HasSubstr("step 3/10 | loss 3.2500 | lr 1.00e-03 | 5000 tok/s"));
   EXPECT_THAT(line, HasSubstr("busy max/mean 1.00"));
   EXPECT_THAT(line, HasSubstr("(max 1.0 MiB) | ETA 01:02:05"));
+}
+
+TEST(MergeRankLines, CarriesTheValidationLossOfAnEvaluatedStep) {
+  json r0 = RankLine(0, 9, 0.1, 0.1, 10), r1 = RankLine(1, 9, 0.1, 0.1, 10);
+  auto none = MergeRankLines({r0, r1}, {});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->contains("val_loss"));
+  EXPECT_THAT(vp::runlog::ProgressLine(*none, 10, 0), ::testing::Not(HasSubstr("val")));
+  r1["val_loss"] = 4.125;
+  r1["eval_seconds"] = 0.3;
+  auto merged = MergeRankLines({r0, r1}, {});
+  ASSERT_TRUE(merged.ok());
+  EXPECT_DOUBLE_EQ((*merged)["val_loss"].get<double>(), 4.125);
+  EXPECT_THAT(vp::runlog::ProgressLine(*merged, 10, 0), HasSubstr("| val 4.1250 |"));
 }
 
 }  // namespace

@@ -157,14 +157,15 @@ TEST(ParseJobSpec, DefaultsApplied) {
 }
 
 // Every field with presence, at any depth, is set after ApplyDefaults (except data.path,
-// which is required and has no default).
+// which is required and has no default, and data.val_path, an optional file whose absence
+// means no validation).
 void ExpectAllSet(const pb::Message& msg, const std::string& path) {
   const pb::Descriptor* d = msg.GetDescriptor();
   const pb::Reflection* r = msg.GetReflection();
   for (int i = 0; i < d->field_count(); ++i) {
     const pb::FieldDescriptor* f = d->field(i);
     const std::string p = path.empty() ? f->name() : path + "." + f->name();
-    if (f->has_presence()) {
+    if (f->has_presence() && p != "data.val_path") {
       EXPECT_TRUE(r->HasField(msg, f)) << p << " left unset";
     }
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
@@ -523,6 +524,35 @@ TEST(ParseJobSpec, SeqChunksRules) {
     EXPECT_THAT(ErrorOf(Edit("  seq_chunks: 1\n", "  seq_chunks: 33\n", text)),
                 HasSubstr("parallel.seq_chunks: must be <= model.seq_len (33 > 32)"));
   }
+}
+
+TEST(ParseJobSpec, Validation) {
+  const std::string with_val = Edit("  shuffle: false\n", "  shuffle: false\n  val_path: v.bin\n");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      Edit("  seed: 1234\n", "  seed: 1234\n  eval_every: 10\n  eval_batches: 4\n", with_val),
+      "/a/b");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().val_path(), "/a/b/v.bin");  // resolved like data.path
+  EXPECT_EQ(spec->train().eval_every(), 10);
+  EXPECT_EQ(spec->train().eval_batches(), 4);
+  // Defaults: no evaluation; one step's microbatches when it is turned on.
+  spec = ParseJobSpec(kBase, "/b");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->train().eval_every(), 0);
+  EXPECT_EQ(spec->train().eval_batches(), 2);
+  EXPECT_FALSE(spec->data().has_val_path());
+
+  EXPECT_THAT(ErrorOf(Edit("  seed: 1234\n", "  seed: 1234\n  eval_every: 5\n")),
+              HasSubstr("train.eval_every: needs data.val_path"));
+  EXPECT_THAT(ErrorOf(Edit("  seed: 1234\n", "  seed: 1234\n  eval_every: -1\n", with_val)),
+              HasSubstr("train.eval_every: must be >= 0 (got -1)"));
+  EXPECT_THAT(ErrorOf(Edit("  seed: 1234\n", "  seed: 1234\n  eval_batches: 0\n", with_val)),
+              HasSubstr("train.eval_batches: must be >= 1 (got 0)"));
+  EXPECT_THAT(ErrorOf(Edit("  seed: 1234\n", "  seed: 1234\n  eval_batches: 3\n", with_val)),
+              HasSubstr("train.eval_batches: must be a multiple of parallel.microbatches (2; "
+                        "got 3)"));
+  EXPECT_THAT(ErrorOf(Edit("  shuffle: false\n", "  shuffle: false\n  val_path: \"\"\n")),
+              HasSubstr("data.val_path: must be a non-empty path when given"));
 }
 
 TEST(ParseJobSpec, AcceptedValues) {

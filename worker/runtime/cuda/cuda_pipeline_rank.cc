@@ -19,6 +19,9 @@ class CudaPipelineRank final : public PipelineRank {
   absl::StatusOr<RankStepResult> Step(int64_t step, const BatchFn& batches) override {
     return exec_->Step(step, batches);
   }
+  absl::StatusOr<RankEvalResult> Evaluate(int num_batches, const BatchFn& batches) override {
+    return exec_->Evaluate(num_batches, batches);
+  }
   engine::RankModel& model() override { return exec_->engine().model().host(); }
   engine::AdamW& optimizer() override { return exec_->engine().model().host_optimizer(); }
   absl::Status PullState() override {

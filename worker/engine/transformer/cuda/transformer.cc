@@ -479,6 +479,18 @@ absl::Status DeviceLayerStack<T>::Backward(SlotKey slot, const T* dout, T* dx) {
   return impl_->Finished(std::move(s));
 }
 
+template <typename T>
+void DeviceLayerStack<T>::DiscardMicrobatch(int microbatch) {
+  // A pass that enqueued kernels on these buffers has returned after Finish, but a failed one
+  // may not have: drain before the buffers go back to the allocator. A drain error is sticky
+  // and the next pass reports it.
+  (void)Finish(impl_->ctx);
+  std::erase_if(impl_->slots,
+                [microbatch](const auto& e) { return e.first.microbatch == microbatch; });
+  impl_->kv.erase(microbatch);
+  impl_->order.Discard(microbatch);
+}
+
 template class DeviceLayerStack<float>;
 template class DeviceLayerStack<bf16>;
 

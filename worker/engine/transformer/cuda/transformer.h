@@ -46,6 +46,9 @@ class DeviceLayerStack {
   absl::Status BackwardWeight(SlotKey slot);
   // B followed by W.
   absl::Status Backward(SlotKey slot, const T* dout, T* dx);
+  // Forward-only evaluation: frees every forwarded slot of `microbatch` and its K/V cache
+  // without running B or W (after draining the stream, which may still read them).
+  void DiscardMicrobatch(int microbatch);
 
   struct Impl;  // defined in the .cc
   explicit DeviceLayerStack(std::unique_ptr<Impl> impl);
