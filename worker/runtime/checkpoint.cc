@@ -35,7 +35,7 @@ std::vector<Export> ExportTable(const engine::RankModel& model) {
   }
   // Tied embeddings: HF GPT-2 checkpoints still name lm_head.weight; it is wte's data.
   if (model.config().tie_embeddings && model.Find("lm_head.weight") == nullptr) {
-    const engine::ParamTensor* wte = model.Find("transformer.wte.weight");
+    const engine::ParamTensor* wte = model.Find(engine::EmbeddingTensorName(model.config()));
     out.push_back({"lm_head.weight", {wte->valid_rows, wte->shape[1]}, wte->offset});
   }
   return out;
@@ -84,6 +84,36 @@ std::string Gpt2ConfigJson(const engine::ModelConfig& cfg) {
   return j.dump(2) + "\n";
 }
 
+std::string LlamaConfigJson(const engine::ModelConfig& cfg) {
+  nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", cfg.vocab},
+      {"hidden_size", cfg.hidden},
+      {"intermediate_size", cfg.ffn_hidden},
+      {"num_hidden_layers", cfg.layers},
+      {"num_attention_heads", cfg.heads},
+      {"num_key_value_heads", cfg.num_kv_heads()},
+      {"head_dim", cfg.head_dim()},
+      {"max_position_embeddings", cfg.seq_len},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", cfg.rms_eps},
+      {"rope_theta", cfg.rope_theta},
+      {"rope_scaling", nullptr},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"attention_dropout", 0.0},
+      {"initializer_range", 0.02},
+      {"tie_word_embeddings", cfg.tie_embeddings},
+      {"torch_dtype", "float32"},
+  };
+  return j.dump(2) + "\n";
+}
+
+std::string HfConfigJson(const engine::ModelConfig& cfg) {
+  return cfg.llama() ? LlamaConfigJson(cfg) : Gpt2ConfigJson(cfg);
+}
+
 absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
                             const engine::RankModel& model, engine::AdamW& optimizer) {
   const std::string dir = CheckpointDir(run_dir, step);
@@ -114,7 +144,7 @@ absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
     return st;
   }
   if (auto st = WriteTextFileAtomically((fs::path(dir) / "config.json").string(),
-                                        Gpt2ConfigJson(model.config()));
+                                        HfConfigJson(model.config()));
       !st.ok()) {
     return st;
   }

@@ -29,6 +29,10 @@ std::string CheckpointDir(const std::string& run_dir, int64_t step);
 
 // The GPT-2 config.json text for a model.
 std::string Gpt2ConfigJson(const engine::ModelConfig& cfg);
+// Hugging Face LlamaForCausalLM's config.json for a llama model.
+std::string LlamaConfigJson(const engine::ModelConfig& cfg);
+// The config.json of the model's architecture (one of the two above).
+std::string HfConfigJson(const engine::ModelConfig& cfg);
 
 // Saves model, config and optimizer state of a rank that holds the whole model.
 absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
