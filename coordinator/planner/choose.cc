@@ -98,8 +98,7 @@ absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& m, int laye
 Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m,
                             double flops_per_second) {
   const double b = m.microbatch_size, s = m.seq_len, h = m.hidden;
-  const double ffn = m.ffn > 0 ? m.ffn : 4 * h;
-  const double layer_fwd = flops::TransformerLayerForward(b, s, h, ffn);
+  const double layer_fwd = m.LayerForwardFlops();
   Costs c;
   c.f = c.b = c.w = layer_fwd * layers / pipeline / flops_per_second;
   // S is the logits forward, a third of the output layer's 6bshV; T the other two thirds.
