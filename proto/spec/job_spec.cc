@@ -564,6 +564,10 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     in_range("model.ffn_hidden", m.ffn_hidden(), 1, kMaxFfnHidden);
   }
   ValidateArchitecture(original.model(), m, add);
+  if (m.init_from().size() > kMaxPathBytes) {
+    add("model.init_from",
+        absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ", m.init_from().size(), ")"));
+  }
 
   const auto& p = s.parallel();
   in_range("parallel.pipeline", p.pipeline(), 1, kMaxPipeline);
@@ -810,6 +814,7 @@ void ApplyDefaults(JobSpec* spec) {
   auto* m = spec->mutable_model();
   if (!m->has_tie_embeddings()) m->set_tie_embeddings(false);
   if (!m->has_architecture()) m->set_architecture("gpt2");
+  if (!m->has_init_from()) m->set_init_from("");
   // Set for gpt2 too (every optional field has a value after defaults), where they are inert.
   if (!m->has_kv_heads()) m->set_kv_heads(m->heads());
   if (!m->has_rms_eps()) m->set_rms_eps(kDefaultRmsEps);
@@ -950,6 +955,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
   }
   spec.mutable_data()->set_path(ResolvePath(spec.data().path(), base));
   spec.mutable_checkpoint()->set_dir(ResolvePath(spec.checkpoint().dir(), base));
+  if (!spec.model().init_from().empty()) {
+    spec.mutable_model()->set_init_from(ResolvePath(spec.model().init_from(), base));
+  }
   return spec;
 }
 

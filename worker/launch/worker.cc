@@ -14,6 +14,7 @@
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/shard_checkpoint.h"
+#include "worker/runtime/checkpoint.h"
 #include "worker/runtime/job_options.h"
 #include "worker/runtime/run_job.h"
 
@@ -130,6 +131,11 @@ absl::Status RunWorker(const WorkerOptions& options) {
     }
     if (auto st = rank.PushState(); !st.ok()) return fatal(st);
     first_step = options.resume_step;
+  } else if (!spec.model().init_from().empty()) {  // a fresh run from HF weights: this slice
+    if (auto st = runtime::InitFromHfDir(spec.model().init_from(), rank.model()); !st.ok()) {
+      return fatal(st);
+    }
+    if (auto st = rank.PushState(); !st.ok()) return fatal(st);
   }
   const std::string metrics_path = RankMetricsPath(dir, options.rank);
   std::ofstream metrics(metrics_path, std::ios::trunc);

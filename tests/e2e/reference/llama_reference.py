@@ -141,6 +141,7 @@ def main():
     ap.add_argument("--beta1", type=float, default=0.9)
     ap.add_argument("--beta2", type=float, default=0.95)
     ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--seq-len", type=int, default=0, help="default: max_position_embeddings")
     a = ap.parse_args()
 
     torch.set_default_dtype(torch.float64)
@@ -156,7 +157,7 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps)
     tokens = read_tokens(a.data)
-    s, b, m = cfg["max_position_embeddings"], a.microbatch_size, a.microbatches
+    s, b, m = a.seq_len or cfg["max_position_embeddings"], a.microbatch_size, a.microbatches
     out = {}
     with torch.no_grad():
         out["logits"] = logits_of(p, cfg, batch(tokens, 0, 0, b, m, s)[0]).numpy()

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -174,12 +175,158 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Standalone, LlamaReferenceTest,
-    ::testing::Values(Case{"mha_untied", 4, false, 64, ""}, Case{"gqa_untied_oddV", 2, false, 67, ""},
-                    Case{"gqa_tied", 2, true, 64, ""}, Case{"mqa_tied_oddV", 1, true, 67, ""},
-                    // Two pipeline ranks, Seq1F1B, each sequence in 3 chunks of 4 tokens.
-                    Case{"gqa_seq1f1b_k3_p2", 2, false, 67,
-                         ", pipeline: 2, schedule: seq1f1b, seq_chunks: 3, vocab: vocab2"}),
+    ::testing::Values(Case{"mha_untied", 4, false, 64, ""},
+                      Case{"gqa_untied_oddV", 2, false, 67, ""}, Case{"gqa_tied", 2, true, 64, ""},
+                      Case{"mqa_tied_oddV", 1, true, 67, ""},
+                      // Two pipeline ranks, Seq1F1B, each sequence in 3 chunks of 4 tokens.
+                      Case{"gqa_seq1f1b_k3_p2", 2, false, 67,
+                           ", pipeline: 2, schedule: seq1f1b, seq_chunks: 3, vocab: vocab2"}),
     CaseName);
+
+// model.init_from: a Hugging Face LlamaForCausalLM folder written here (names, shapes and
+// config.json as Hugging Face writes them, random weights) starts a 2-rank vocab2 run; the run
+// reproduces the PyTorch reference started from the same folder, and its exported step_0
+// equals the folder's tensors. Then the checks: a wrong shape, a wrong size in config.json, a
+// missing tensor and the wrong architecture are refused naming the tensor or key.
+class InitFromTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / absl::StrCat("vp_init_from_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "hf");
+    std::mt19937 rng(9);
+    std::vector<uint16_t> tokens(900);
+    for (auto& t : tokens) t = static_cast<uint16_t>(rng() % kVocab);
+    WriteTokens((dir_ / "data.bin").string(), tokens);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes hf/ with every LlamaForCausalLM tensor (kv_heads 2, untied), `skip` left out and
+  // `bad` given one row too many.
+  void WriteHf(const std::string& skip = "", const std::string& bad = "",
+               int config_layers = kLayers) {
+    const int64_t h = kHidden, kv = 2 * (kHidden / kHeads), f = kFfn;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {
+        {"model.embed_tokens.weight", {kVocab, h}},
+        {"model.norm.weight", {h}},
+        {"lm_head.weight", {kVocab, h}}};
+    for (int l = 0; l < kLayers; ++l) {
+      const std::string p = absl::StrCat("model.layers.", l, ".");
+      for (auto& [n, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+               {"input_layernorm.weight", {h}},
+               {"self_attn.q_proj.weight", {h, h}},
+               {"self_attn.k_proj.weight", {kv, h}},
+               {"self_attn.v_proj.weight", {kv, h}},
+               {"self_attn.o_proj.weight", {h, h}},
+               {"post_attention_layernorm.weight", {h}},
+               {"mlp.gate_proj.weight", {f, h}},
+               {"mlp.up_proj.weight", {f, h}},
+               {"mlp.down_proj.weight", {h, f}}}) {
+        specs.push_back({p + n, shape});
+      }
+    }
+    std::mt19937 rng(21);
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    data_.clear();
+    std::vector<TensorView> views;
+    for (auto& [name, shape] : specs) {
+      if (name == skip) continue;
+      if (name == bad) shape[0] += 1;
+      size_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<float>& v = data_[name];
+      v.resize(n);
+      for (float& x : v) x = shape.size() == 1 ? 1.0f + normal(rng) : normal(rng);
+    }
+    for (auto& [name, shape] : specs) {
+      if (name != skip) views.push_back({name, shape, data_[name].data()});
+    }
+    ASSERT_TRUE(WriteSafetensors((dir_ / "hf" / "model.safetensors").string(), views, {}).ok());
+    std::ofstream(dir_ / "hf" / "config.json") << absl::StrCat(
+        R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": )",
+        kHidden, R"(, "intermediate_size": )", kFfn, R"(, "num_hidden_layers": )", config_layers,
+        R"(, "num_attention_heads": )", kHeads, R"(, "num_key_value_heads": 2, "vocab_size": )",
+        kVocab, R"(, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 500.0,)",
+        R"( "tie_word_embeddings": false, "torch_dtype": "float32"})");
+  }
+
+  vp::testing::CliResult Run(const std::string& parallel, int steps, const std::string& run,
+                             const std::string& arch = "llama") {
+    const fs::path spec = dir_ / (run + ".yaml");
+    std::ofstream(spec) << absl::StrCat(
+        "model: {architecture: ", arch, ", layers: ", kLayers, ", hidden: ", kHidden,
+        ", heads: ", kHeads, arch == "llama" ? ", kv_heads: 2, rope_theta: 500" : "",
+        ", vocab_size: ", kVocab, ", seq_len: ", kSeq, ", ffn_hidden: ", kFfn, ", init_from: hf}\n",
+        "parallel: {microbatch_size: ", kB, ", microbatches: ", kM, parallel, "}\n",
+        "train: {steps: ", steps,
+        ", lr: 0.001, weight_decay: 0.1, beta1: 0.9, beta2: 0.95, eps: 1.0e-8}\n",
+        "data: {path: data.bin}\ncheckpoint: {dir: ", run, "}\n");
+    return vp::testing::Vocabpipe("run --direct " + spec.string());
+  }
+
+  static constexpr int kVocab = 67;
+  fs::path dir_;
+  std::map<std::string, std::vector<float>> data_;
+};
+
+TEST_F(InitFromTest, HuggingFaceFolderStartsAPipelineRunThatMatchesPyTorch) {
+  WriteHf();
+  // Exported as loaded: step_0 holds exactly the folder's tensors.
+  vp::testing::CliResult r = Run("", 0, "init");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto init = ReadSafetensors(
+      (fs::path(CheckpointDir((dir_ / "init").string(), 0)) / "model.safetensors").string());
+  ASSERT_TRUE(init.ok()) << init.status();
+  ASSERT_EQ(init->tensors.size(), data_.size());
+  for (const auto& [name, v] : data_) EXPECT_EQ(init->tensors.at(name).data, v) << name;
+
+  // Two ranks (vocabulary shards sliced from the [V, h] tensors), 3 steps, against PyTorch.
+  r = Run(", pipeline: 2, schedule: 1f1b, vocab: vocab2", 3, "run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string ref_path = (dir_ / "ref.safetensors").string();
+  const std::string cmd = absl::StrCat(
+      "/usr/bin/python3 ", VP_SOURCE_DIR, "/tests/e2e/reference/llama_reference.py --checkpoint ",
+      (dir_ / "hf").string(), " --data ", (dir_ / "data.bin").string(), " --out ", ref_path,
+      " --steps 3 --seq-len ", kSeq, " --microbatch-size ", kB, " --microbatches ", kM,
+      " --lr 1e-3 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto ref = ReadSafetensors(ref_path);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const auto metrics = vp::testing::ReadJsonl(dir_ / "run" / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 3u);
+  for (int step = 0; step < 3; ++step) {
+    const double want = ref->tensors.at(absl::StrCat("loss.", step)).data[0];
+    EXPECT_NEAR(double(metrics[step]["loss"]), want, 1e-5 * want) << "step " << step;
+  }
+}
+
+TEST_F(InitFromTest, RefusesFoldersThatDoNotFitTheModel) {
+  WriteHf("", "model.layers.1.self_attn.k_proj.weight");
+  vp::testing::CliResult r = Run("", 1, "bad_shape");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("model.init_from: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.layers.1.self_attn.k_proj.weight"), std::string::npos) << r.output;
+
+  WriteHf("model.norm.weight");
+  r = Run("", 1, "missing");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("tensor model.norm.weight is missing"), std::string::npos) << r.output;
+
+  WriteHf("", "", kLayers + 1);
+  r = Run("", 1, "config");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("num_hidden_layers is 3 but model.layers is 2"), std::string::npos)
+      << r.output;
+
+  WriteHf();
+  r = Run("", 1, "arch", "gpt2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("model_type must be \"gpt2\" to match model.architecture"),
+            std::string::npos)
+      << r.output;
+  // Nothing was trained from a refused folder.
+  EXPECT_FALSE(fs::exists(dir_ / "bad_shape" / "step_1"));
+}
 
 }  // namespace
 }  // namespace vp::runtime
