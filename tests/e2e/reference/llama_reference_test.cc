@@ -18,6 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/support/vocabpipe_cli.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/kernels/cpu/kernels.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/safetensors.h"
 #include "worker/runtime/trainer.h"
@@ -138,6 +141,33 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
     }
     return absl::OkStatus();
   };
+  // Logits of step 0's first microbatch: the engine's forward on the loaded checkpoint (input
+  // layer, layer stack, final RMSNorm, x · lm_headᵀ) against PyTorch's on the same folder.
+  {
+    std::vector<int32_t> in(kB * kSeq), tgt(kB * kSeq);
+    ASSERT_TRUE(batches(0, 0, in.data(), tgt.data()).ok());
+    const int n = kB * kSeq;
+    auto self = comm::MakeSelfCommunicator();
+    auto emb = model.input_layer().Forward(in.data(), n);
+    ASSERT_TRUE(emb.ok()) << emb.status();
+    ASSERT_TRUE(model.input_layer().ForwardReduce(*emb, *self).ok());
+    std::vector<float> x(static_cast<size_t>(n) * kHidden), xn(x.size()), rstd(n);
+    ASSERT_TRUE(model.stack(0).Forward({0, 0}, emb->output(), x.data()).ok());
+    model.stack(0).DiscardMicrobatch(0);
+    engine::cpu::RmsNormForward(xn.data(), rstd.data(), x.data(), model.lnf_weight(), n, kHidden,
+                                opt.model.rms_eps);
+    const engine::ParamTensor* head =
+        model.Find(c.tied ? "model.embed_tokens.weight" : "lm_head.weight");
+    ASSERT_NE(head, nullptr);
+    std::vector<float> logits(static_cast<size_t>(n) * c.vocab);
+    engine::cpu::Gemm(false, true, n, c.vocab, kHidden, 1.0f, xn.data(), kHidden,
+                      model.params() + head->offset, kHidden, 0.0f, logits.data(), c.vocab);
+    const Tensor& want = ref->tensors.at("logits");
+    ASSERT_EQ(want.data.size(), logits.size());
+    auto [worst, scale] = Worst(logits.data(), want);
+    EXPECT_LE(worst, 1e-5 * scale + 1e-6) << "logits (largest " << scale << ")";
+  }
+
   auto loss0 = (*trainer)->ComputeGradients(0, batches);
   ASSERT_TRUE(loss0.ok()) << loss0.status();
   EXPECT_NEAR(*loss0, ref->tensors.at("loss.0").data[0], 1e-5 * *loss0);
