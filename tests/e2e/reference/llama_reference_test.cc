@@ -330,6 +330,35 @@ TEST_F(InitFromTest, HuggingFaceFolderStartsAPipelineRunThatMatchesPyTorch) {
   }
 }
 
+TEST_F(InitFromTest, Gpt2FolderIsAcceptedToo) {
+  // A GPT2LMHeadModel folder (a step_0 export, seed 1) starts a run with another seed (2): the
+  // new run's step_0 is the folder's weights, not its own init.
+  auto spec = [&](const std::string& run, int seed, const std::string& init) {
+    const fs::path path = dir_ / (run + ".yaml");
+    std::ofstream(path) << absl::StrCat(
+        "model: {layers: 2, hidden: 32, heads: 4, vocab_size: ", kVocab, ", seq_len: ", kSeq,
+        init.empty() ? "" : ", init_from: " + init, "}\n",
+        "parallel: {microbatch_size: 2, microbatches: 2}\ntrain: {steps: 0, seed: ", seed,
+        "}\ndata: {path: data.bin}\ncheckpoint: {dir: ", run, "}\n");
+    return vp::testing::Vocabpipe("run --direct " + path.string());
+  };
+  vp::testing::CliResult r = spec("a", 1, "");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = spec("b", 2, "a/step_0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = spec("c", 2, "");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto read = [&](const char* run) {
+    return ReadSafetensors((dir_ / run / "step_0" / "model.safetensors").string());
+  };
+  auto a = read("a"), b = read("b"), c = read("c");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  for (const auto& [name, t] : a->tensors) EXPECT_EQ(b->tensors.at(name).data, t.data) << name;
+  EXPECT_NE(c->tensors.at("transformer.wte.weight").data,
+            a->tensors.at("transformer.wte.weight").data);  // the seeds do differ
+}
+
 TEST_F(InitFromTest, RefusesFoldersThatDoNotFitTheModel) {
   WriteHf("", "model.layers.1.self_attn.k_proj.weight");
   vp::testing::CliResult r = Run("", 1, "bad_shape");
