@@ -1,6 +1,10 @@
 // Transformer layer F+B+W throughput against a plain sgemm of comparable size.
 //
-//   engine_layer_bench [--threads=N] [--iters=N]
+//   engine_layer_bench [--threads=N] [--iters=N] [--arch=gpt2|llama]
+//
+// --arch=llama: a Llama layer (RMSNorm, RoPE, SwiGLU with f = 8h/3 rounded up to 8, GQA with
+// heads/4 key/value heads), FLOPs from proto/plan/flops.h's LlamaLayer, sgemm reference its
+// largest GEMM (b·s) x h times h x 2f (gate|up).
 //
 // Layer FLOPs per microbatch as docs/engine.md ("FLOPs and memory") counts them: b·s·h·(72h + 12s)
 // for the forward and backward of one GPT-2 layer (FFN 4h). The sgemm reference is the layer's
@@ -14,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/plan/flops.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/memory.h"
 #include "worker/engine/transformer/transformer.h"
@@ -51,12 +56,19 @@ struct LayerResult {
   double gflops;
 };
 
-LayerResult LayerGflops(int hidden, int heads, int seq, int batch, int iters) {
+int LlamaFfn(int hidden) { return ((8 * hidden + 2) / 3 + 7) / 8 * 8; }
+
+LayerResult LayerGflops(int hidden, int heads, int seq, int batch, int iters, bool llama) {
   vp::engine::ModelConfig cfg;
   cfg.layers = 1;
   cfg.hidden = hidden;
   cfg.heads = heads;
   cfg.ffn_hidden = 4 * hidden;
+  if (llama) {
+    cfg.architecture = vp::engine::Architecture::kLlama;
+    cfg.kv_heads = std::max(1, heads / 4);
+    cfg.ffn_hidden = LlamaFfn(hidden);
+  }
   cfg.seq_len = seq;
   cfg.vocab = 1;
   const size_t np = vp::engine::LayerParamCount(cfg);
@@ -95,7 +107,9 @@ LayerResult LayerGflops(int hidden, int heads, int seq, int batch, int iters) {
       r.seconds[2] = w;
     }
   }
-  const double flops = double(batch) * seq * hidden * (72.0 * hidden + 12.0 * seq);
+  const double flops = llama
+                           ? vp::flops::LlamaLayer(batch, seq, hidden, cfg.ffn_hidden, cfg.kv_dim())
+                           : double(batch) * seq * hidden * (72.0 * hidden + 12.0 * seq);
   r.gflops = flops / best_total / 1e9;
   return r;
 }
@@ -104,26 +118,32 @@ LayerResult LayerGflops(int hidden, int heads, int seq, int batch, int iters) {
 
 int main(int argc, char** argv) {
   int threads = 1, iters = 5;
+  bool llama = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0)
       threads = std::atoi(argv[i] + 10);
     else if (std::strncmp(argv[i], "--iters=", 8) == 0)
       iters = std::atoi(argv[i] + 8);
+    else if (std::strcmp(argv[i], "--arch=llama") == 0)
+      llama = true;
+    else if (std::strcmp(argv[i], "--arch=gpt2") == 0)
+      llama = false;
     else {
-      std::fprintf(stderr, "usage: %s [--threads=N] [--iters=N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads=N] [--iters=N] [--arch=gpt2|llama]\n", argv[0]);
       return 2;
     }
   }
   vp::engine::cpu::SetBlasThreads(threads);
   const int seq = 256, batch = 4;
-  std::printf("threads=%d (BLAS reports %d) s=%d b=%d L=1, best of %d\n", threads,
-              vp::engine::cpu::BlasThreads(), seq, batch, iters);
+  std::printf("%s threads=%d (BLAS reports %d) s=%d b=%d L=1, best of %d\n",
+              llama ? "llama" : "gpt2", threads, vp::engine::cpu::BlasThreads(), seq, batch, iters);
   std::printf("%6s %6s %9s %9s %9s %12s %12s %7s\n", "h", "heads", "F ms", "B ms", "W ms",
               "layer GF/s", "sgemm GF/s", "ratio");
   for (const int hidden : {256, 512}) {
     const int heads = hidden / 64;
-    const LayerResult layer = LayerGflops(hidden, heads, seq, batch, iters);
-    const double gemm = SgemmGflops(batch * seq, 4 * hidden, hidden, iters);
+    const LayerResult layer = LayerGflops(hidden, heads, seq, batch, iters, llama);
+    const double gemm = llama ? SgemmGflops(batch * seq, 2 * LlamaFfn(hidden), hidden, iters)
+                              : SgemmGflops(batch * seq, 4 * hidden, hidden, iters);
     std::printf("%6d %6d %9.2f %9.2f %9.2f %12.1f %12.1f %6.0f%%\n", hidden, heads,
                 layer.seconds[0] * 1e3, layer.seconds[1] * 1e3, layer.seconds[2] * 1e3,
                 layer.gflops, gemm, 100.0 * layer.gflops / gemm);

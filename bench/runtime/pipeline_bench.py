@@ -7,6 +7,7 @@ Simulate of the same plan with FLOP-proportional costs).
 usage: pipeline_bench.py --vocabpipe BUILD/client/vocabpipe [--layers 4] [--hidden 256]
          [--seq 256] [--vocab 131072] [--microbatches 8] [--pipeline 2] [--steps 3]
          [--methods baseline,redis,interlaced,vocab1,vocab2] [--threads 1] [--workdir DIR]
+         [--arch gpt2|llama] [--kv-heads N] [--ffn N]
 
 Steps after the first (warm-up) are averaged. Prints a markdown table.
 """
@@ -41,6 +42,9 @@ def main():
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--methods", default="baseline,redis,interlaced,vocab1,vocab2")
     ap.add_argument("--workdir", default="")
+    ap.add_argument("--arch", default="gpt2", help="gpt2 or llama (RMSNorm, RoPE, SwiGLU, GQA)")
+    ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0 = heads)")
+    ap.add_argument("--ffn", type=int, default=0, help="ffn_hidden (0 = the architecture's default)")
     a = ap.parse_args()
 
     work = a.workdir or tempfile.mkdtemp(prefix="vp_pipeline_bench_")
@@ -52,10 +56,15 @@ def main():
     rows = []
     for method in a.methods.split(","):
         spec = os.path.join(work, f"{method}.yaml")
+        extra = f", architecture: {a.arch}"
+        if a.arch == "llama" and a.kv_heads > 0:
+            extra += f", kv_heads: {a.kv_heads}"
+        if a.ffn > 0:
+            extra += f", ffn_hidden: {a.ffn}"
         with open(spec, "w") as f:
             f.write(
                 f"model: {{layers: {a.layers}, hidden: {a.hidden}, heads: {a.heads}, "
-                f"vocab_size: {a.vocab}, seq_len: {a.seq}}}\n"
+                f"vocab_size: {a.vocab}, seq_len: {a.seq}{extra}}}\n"
                 f"parallel: {{pipeline: {a.pipeline}, schedule: {a.schedule}, vocab: {method}, "
                 f"microbatches: {a.microbatches}}}\n"
                 f"train: {{steps: {a.steps}, threads: {a.threads}}}\n"
@@ -77,7 +86,7 @@ def main():
         rows.append((method, secs, tps, imb, plan["step_time"], pred_imb, mem, peak))
     base_secs = rows[0][1]
     base_pred = rows[0][4]
-    print(f"p={a.pipeline} {a.schedule} L={a.layers} h={a.hidden} s={a.seq} V={a.vocab} "
+    print(f"{a.arch} p={a.pipeline} {a.schedule} L={a.layers} h={a.hidden} s={a.seq} V={a.vocab} "
           f"m={a.microbatches} b=1, {a.threads} BLAS thread(s) per rank, "
           f"{a.steps - 1} timed steps\n")
     print("| method | step s | tokens/s | busy max/mean | predicted busy max/mean | "

@@ -52,11 +52,19 @@ std::vector<VocabMethod> AllVocabMethods() {
 // Causal forward FLOPs (docs/planner.md, "Sequence partition"): per layer causal QK^T/AV +
 // softmax over the keys < end, QKV/O projections, the two FFN GEMMs; plus embedding + output
 // 4·H·V per token.
+// Matmul FLOPs per token of one layer's forward: GPT-2 8h² + 4hf; Llama 4h² + 4h·kv + 6hf
+// (q, o h×h; k, v h×kv; three h×f SwiGLU matrices).
+double TokenLinearFlops(const ModelShape& m) {
+  const double h = m.hidden, ffn = m.ffn > 0 ? m.ffn : 4 * h;
+  if (!m.llama) return 8 * h * h + 4 * h * ffn;
+  const double kv = m.kv_heads > 0 && m.heads > 0 ? h / m.heads * m.kv_heads : h;
+  return 4 * h * h + 4 * h * kv + 6 * h * ffn;
+}
+
 double ChunkForwardFlops(const ModelShape& m, int layers, int64_t begin, int64_t end) {
   const double s = static_cast<double>(end - begin), e = static_cast<double>(end);
   const double h = m.hidden, a = m.heads > 0 ? m.heads : 1, d = h / a;
-  const double ffn = m.ffn > 0 ? m.ffn : 4 * h;
-  return layers * ((4 * d + 3) * a * (s * e - s * s / 2) + 8 * h * h * s + 4 * h * ffn * s) +
+  return layers * ((4 * d + 3) * a * (s * e - s * s / 2) + TokenLinearFlops(m) * s) +
          4 * h * static_cast<double>(m.vocab) * s;
 }
 
@@ -79,13 +87,12 @@ absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& m, int laye
   }
   // Tail-first: each chunk ending at E takes total/k FLOPs; FLOPs(s, E) = -A s^2 + Bq s.
   const double h = m.hidden, a = m.heads > 0 ? m.heads : 1, d = h / a;
-  const double ffn = m.ffn > 0 ? m.ffn : 4 * h;
   const double target = ChunkForwardFlops(m, layers, 0, n) / k;
   const double A = layers * (4 * d + 3) * a / 2;
   int64_t e = n;
   for (int q = k - 1; q >= 1; --q) {
-    const double bq = layers * ((4 * d + 3) * a * e + 8 * h * h + 4 * h * ffn) +
-                      4 * h * static_cast<double>(m.vocab);
+    const double bq =
+        layers * ((4 * d + 3) * a * e + TokenLinearFlops(m)) + 4 * h * static_cast<double>(m.vocab);
     const double disc = std::max(0.0, bq * bq - 4 * A * target);
     int64_t s = static_cast<int64_t>((bq - std::sqrt(disc)) / (2 * A));
     s = std::clamp<int64_t>(s, 1, e - q);  // leave >= 1 token for each earlier chunk
@@ -98,8 +105,7 @@ absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& m, int laye
 Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m,
                             double flops_per_second) {
   const double b = m.microbatch_size, s = m.seq_len, h = m.hidden;
-  const double ffn = m.ffn > 0 ? m.ffn : 4 * h;
-  const double layer_fwd = flops::TransformerLayerForward(b, s, h, ffn);
+  const double layer_fwd = m.LayerForwardFlops();
   Costs c;
   c.f = c.b = c.w = layer_fwd * layers / pipeline / flops_per_second;
   // S is the logits forward, a third of the output layer's 6bshV; T the other two thirds.

@@ -52,6 +52,13 @@ struct Costs {
 struct ModelShape {
   int64_t hidden = 0, heads = 0, seq_len = 0, vocab = 0, ffn = 0, microbatch_size = 1;
   bool tie_embeddings = false;
+  // Llama layers (RMSNorm, RoPE, GQA, SwiGLU, no biases, no position table); kv_heads is the
+  // number of key/value heads (0 = heads).
+  bool llama = false;
+  int64_t kv_heads = 0;
+  // One layer's forward FLOPs for one microbatch and its parameter count (proto/plan/flops.h).
+  double LayerForwardFlops() const;
+  double LayerParams() const;
   int activation_bytes_per_element = 2;  // bf16 activations on GPU, 4 on CPU
   // Bytes one transformer layer keeps for one microbatch of the whole sequence between its F
   // and its backward, as measured on the engine that runs the plan (the runtime measures it

@@ -24,6 +24,8 @@ PlannerInput PlannerInputFromSpec(const vocabpipe::v1::JobSpec& spec) {
   in.model.ffn = model.ffn_hidden();
   in.model.microbatch_size = par.microbatch_size();
   in.model.tie_embeddings = model.tie_embeddings();
+  in.model.llama = model.architecture() == "llama";
+  in.model.kv_heads = model.kv_heads();
   in.model.activation_bytes_per_element = spec.device().rfind("cuda", 0) == 0 ? 2 : 4;
   return in;
 }

@@ -20,6 +20,25 @@
 #include "proto/plan/flops.h"
 
 namespace vp::planner {
+
+double ModelShape::LayerForwardFlops() const {
+  const double b = microbatch_size, s = seq_len, h = hidden;
+  const double f = ffn > 0 ? ffn : 4 * h;
+  if (llama) {
+    const double kv = kv_heads > 0 && heads > 0 ? h / heads * kv_heads : h;
+    return flops::LlamaLayerForward(b, s, h, f, kv);
+  }
+  return flops::TransformerLayerForward(b, s, h, f);
+}
+
+double ModelShape::LayerParams() const {
+  const double h = hidden, f = ffn > 0 ? ffn : 4 * h;
+  if (llama) {  // q, o h×h; k, v h×kv; gate, up, down h×f; two RMSNorm weights
+    const double kv = kv_heads > 0 && heads > 0 ? h / heads * kv_heads : h;
+    return 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h;
+  }
+  return 4 * h * h + 2 * h * f + 9 * h + f;  // GPT-2, with biases and LayerNorms
+}
 namespace internal {
 
 absl::StatusOr<Layout> LayoutFromPlan(const Plan& plan) {
@@ -589,7 +608,6 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   res.times = std::move(machine.times());
   const ModelShape& ms = in.model;
   const double b = ms.microbatch_size, s = ms.seq_len, h = ms.hidden;
-  const double ffn = ms.ffn > 0 ? ms.ffn : 4 * h;
   // Activation bytes of one layer for one microbatch (Megatron's sbh(34 + 5as/h) for 2-byte
   // activations, scaled to the element size).
   const double layer_act =
@@ -598,7 +616,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
           : (h > 0 ? b * s * h * (34 + 5.0 * ms.heads * s / h) * ms.activation_bytes_per_element / 2
                    : 0);
   const double stage_act = layer_act * l->layers / l->p;
-  const double layer_params = 4 * h * h + 2 * h * ffn + 9 * h + ffn;
+  const double layer_params = ms.LayerParams();
   const double vocab_rows = static_cast<double>(ms.vocab);
   double busy_total = 0;
   for (int r = 0; r < l->p; ++r) {
@@ -636,8 +654,8 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
         vocab_act = b * s * vocab_rows * 4 + 2 * b * s * h * 4;
       }
     }
-    if (l->owner_rank[0] == r) params += s * h;  // position embedding
-    if (l->x_owner() == r) params += 2 * h;      // final layer norm
+    if (l->owner_rank[0] == r && !ms.llama) params += s * h;  // GPT-2's position embedding
+    if (l->x_owner() == r) params += ms.llama ? h : 2 * h;    // final norm (RMSNorm: no bias)
     st.parameter_bytes = static_cast<int64_t>(params * 4);
     st.state_bytes = static_cast<int64_t>(params * ms.state_bytes_per_param);
     const double transient = st.layers > 0 ? ms.layer_backward_transient_bytes : 0;
@@ -648,7 +666,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   res.bubble_ratio = res.makespan > 0 ? 1 - busy_total / (l->p * res.makespan) : 0;
   res.step_time = res.makespan;
   if (h > 0) {
-    res.model_flops = l->m * (l->layers * flops::TransformerLayer(b, s, h, ffn) +
+    res.model_flops = l->m * (l->layers * 3 * ms.LayerForwardFlops() +
                               flops::OutputLayer(b, s, h, vocab_rows) + flops::InputLayer(b, s, h));
   }
   if (ms.peak_flops > 0 && res.step_time > 0)

@@ -15,6 +15,16 @@ constexpr double TransformerLayerForward(double b, double s, double h, double f)
 constexpr double TransformerLayer(double b, double s, double h, double f) {
   return 3 * TransformerLayerForward(b, s, h, f);
 }
+// A Llama layer, kv = kv_heads·head_dim (the K and V width; h without grouping): q and o are
+// h×h, k and v h×kv, SwiGLU has three h×f matrices (gate, up, down), so the forward is
+// 2bs(2h² + 2h·kv + 3hf) + 4bs²h. Norms, RoPE and SwiGLU's elementwise work are not counted,
+// as GPT-2's LayerNorm and GELU are not.
+constexpr double LlamaLayerForward(double b, double s, double h, double f, double kv) {
+  return 2 * b * s * (2 * h * h + 2 * h * kv + 3 * h * f) + 4 * b * s * s * h;
+}
+constexpr double LlamaLayer(double b, double s, double h, double f, double kv) {
+  return 3 * LlamaLayerForward(b, s, h, f, kv);
+}
 // The output layer (logits matmul forward, and its two backward matmuls): 6bshV.
 constexpr double OutputLayer(double b, double s, double h, double V) { return 6 * b * s * h * V; }
 // The input layer (embedding gather and scatter-add): 3bsh.

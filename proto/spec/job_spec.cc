@@ -474,6 +474,55 @@ bool ValidDevice(const std::string& device) {
 
 std::string Num(double v) { return absl::StrFormat("%g", v); }
 
+// The architecture fields: `original` is the spec as written (to tell which llama-only fields
+// a gpt2 spec sets), `m` the spec with defaults applied.
+template <typename Add>
+void ValidateArchitecture(const vocabpipe::v1::ModelSpec& original,
+                          const vocabpipe::v1::ModelSpec& m, Add& add) {
+  if (m.architecture() != "gpt2" && m.architecture() != "llama") {
+    add("model.architecture", absl::StrCat("must be one of gpt2, llama (got \"",
+                                           absl::CHexEscape(m.architecture()), "\")"));
+    return;
+  }
+  if (m.architecture() == "gpt2") {
+    // GPT-2 has none of these; a value other than the inert default would be silently ignored,
+    // so say so instead.
+    if (original.has_kv_heads() && original.kv_heads() != m.heads()) {
+      add("model.kv_heads", "applies to architecture llama only (GPT-2 attention is multi-head)");
+    }
+    if (original.has_rms_eps() && original.rms_eps() != kDefaultRmsEps) {
+      add("model.rms_eps", "applies to architecture llama only");
+    }
+    if (original.has_rope_theta() && original.rope_theta() != kDefaultRopeTheta) {
+      add("model.rope_theta", "applies to architecture llama only");
+    }
+    return;
+  }
+  if (m.kv_heads() < 1) {
+    add("model.kv_heads", absl::StrCat("must be >= 1 (got ", m.kv_heads(), ")"));
+  } else if (m.kv_heads() > m.heads() && m.heads() >= 1) {
+    add("model.kv_heads",
+        absl::StrCat("must be <= model.heads (", m.kv_heads(), " > ", m.heads(), ")"));
+  } else if (m.heads() >= 1 && m.heads() % m.kv_heads() != 0) {
+    add("model.kv_heads",
+        absl::StrCat("must divide model.heads (", m.heads(), " % ", m.kv_heads(), " != 0)"));
+  }
+  // Rotary embeddings rotate pairs of a head's dimensions.
+  if (m.hidden() >= 1 && m.heads() >= 1 && m.hidden() % m.heads() == 0 &&
+      (m.hidden() / m.heads()) % 2 != 0) {
+    add("model.heads", absl::StrCat("must leave an even head dimension for llama's rotary "
+                                    "embeddings (hidden / heads = ",
+                                    m.hidden() / m.heads(), ")"));
+  }
+  if (!(m.rms_eps() > 0 && m.rms_eps() <= 1)) {
+    add("model.rms_eps", absl::StrCat("must be in (0, 1] (got ", Num(m.rms_eps()), ")"));
+  }
+  if (!(m.rope_theta() >= 1 && m.rope_theta() <= kMaxRopeTheta)) {
+    add("model.rope_theta",
+        absl::StrCat("must be in [1, ", Num(kMaxRopeTheta), "] (got ", Num(m.rope_theta()), ")"));
+  }
+}
+
 std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   JobSpec s = original;
   ApplyDefaults(&s);
@@ -513,6 +562,11 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   // hidden itself is valid (otherwise the hidden error already says it all).
   if (original.model().has_ffn_hidden() || m.hidden() >= 1) {
     in_range("model.ffn_hidden", m.ffn_hidden(), 1, kMaxFfnHidden);
+  }
+  ValidateArchitecture(original.model(), m, add);
+  if (m.init_from().size() > kMaxPathBytes) {
+    add("model.init_from",
+        absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ", m.init_from().size(), ")"));
   }
 
   const auto& p = s.parallel();
@@ -639,6 +693,10 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
         absl::StrCat("must be fp32 or bf16 (got \"", absl::CHexEscape(s.precision()), "\")"));
   } else if (s.precision() == "bf16" && !cuda) {
     add("precision", "bf16 needs device cuda (the CPU engine computes in fp32)");
+  }
+  if (cuda && s.model().architecture() == "llama") {
+    add("model.architecture",
+        "llama runs on device cpu in this build (the CUDA engine has GPT-2 kernels only)");
   }
   if (cuda) {
     // cuBLASLt needs 16-byte aligned rows: bf16 rows of h and f elements.
@@ -781,6 +839,21 @@ void ApplyDefaults(JobSpec* spec) {
 
   auto* m = spec->mutable_model();
   if (!m->has_tie_embeddings()) m->set_tie_embeddings(false);
+  if (!m->has_architecture()) m->set_architecture("gpt2");
+  if (!m->has_init_from()) m->set_init_from("");
+  // Set for gpt2 too (every optional field has a value after defaults), where they are inert.
+  if (!m->has_kv_heads()) m->set_kv_heads(m->heads());
+  if (!m->has_rms_eps()) m->set_rms_eps(kDefaultRmsEps);
+  if (!m->has_rope_theta()) m->set_rope_theta(kDefaultRopeTheta);
+  if (m->architecture() == "llama") {
+    // SwiGLU's three matrices at about the parameters of a 4h GELU MLP: 8h/3, rounded up to a
+    // multiple of 8 (Llama rounds to 256; 8 keeps small test models small).
+    if (!m->has_ffn_hidden()) {
+      const int64_t f = (8 * static_cast<int64_t>(m->hidden()) + 2) / 3;
+      m->set_ffn_hidden(static_cast<int32_t>(
+          std::clamp<int64_t>((f + 7) / 8 * 8, 0, std::numeric_limits<int32_t>::max())));
+    }
+  }
   if (!m->has_ffn_hidden()) {
     m->set_ffn_hidden(static_cast<int32_t>(std::clamp<int64_t>(
         4 * static_cast<int64_t>(m->hidden()), 0, std::numeric_limits<int32_t>::max())));
@@ -915,6 +988,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
     spec.mutable_data()->set_val_path(ResolvePath(spec.data().val_path(), base));
   }
   spec.mutable_checkpoint()->set_dir(ResolvePath(spec.checkpoint().dir(), base));
+  if (!spec.model().init_from().empty()) {
+    spec.mutable_model()->set_init_from(ResolvePath(spec.model().init_from(), base));
+  }
   return spec;
 }
 

@@ -1,22 +1,16 @@
 #include "worker/launch/planner_inputs.h"
 
 #include "worker/engine/transformer/transformer.h"
+#include "worker/runtime/job_options.h"
 
 namespace vp::launch {
 
 absl::StatusOr<LayerActivationBytes> MeasureJobLayerActivations(
     const vocabpipe::v1::JobSpec& spec) {
-  const engine::ModelConfig shape{.layers = spec.model().layers(),
-                                  .hidden = spec.model().hidden(),
-                                  .heads = spec.model().heads(),
-                                  .vocab = spec.model().vocab_size(),
-                                  .seq_len = spec.model().seq_len(),
-                                  .ffn_hidden = spec.model().ffn_hidden(),
-                                  .tie_embeddings = spec.model().tie_embeddings()};
+  const engine::ModelConfig shape = runtime::ModelConfigFromSpec(spec.model());
   auto bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
   if (!bytes.ok()) return bytes.status();
-  return LayerActivationBytes{.kept = bytes->kept,
-                                       .backward_transient = bytes->backward_transient};
+  return LayerActivationBytes{.kept = bytes->kept, .backward_transient = bytes->backward_transient};
 }
 
 }  // namespace vp::launch

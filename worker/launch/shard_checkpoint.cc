@@ -233,10 +233,11 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     views.push_back({name, t->shape, t->data.data()});
   }
   if (config.tie_embeddings) {
-    auto wte = merged.find("transformer.wte.weight");
+    const std::string wte_name = engine::EmbeddingTensorName(config);
+    auto wte = merged.find(wte_name);
     if (wte == merged.end()) {
-      return absl::DataLossError(absl::StrCat(runtime::CheckpointDir(run_dir, step),
-                                              ": no rank holds transformer.wte.weight"));
+      return absl::DataLossError(
+          absl::StrCat(runtime::CheckpointDir(run_dir, step), ": no rank holds ", wte_name));
     }
     views.push_back({"lm_head.weight", wte->second.shape, wte->second.data.data()});
   }
@@ -249,7 +250,7 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     return st;
   }
   if (auto st = runtime::WriteTextFileAtomically((fs::path(out_dir) / "config.json").string(),
-                                                 runtime::Gpt2ConfigJson(config));
+                                                 runtime::HfConfigJson(config));
       !st.ok()) {
     return st;
   }

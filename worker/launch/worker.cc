@@ -156,6 +156,11 @@ absl::Status RunWorker(const WorkerOptions& options) {
     }
     if (auto st = rank.PushState(); !st.ok()) return fatal(st);
     first_step = options.resume_step;
+  } else if (!spec.model().init_from().empty()) {  // a fresh run from HF weights: this slice
+    if (auto st = runtime::InitFromHfDir(spec.model().init_from(), rank.model()); !st.ok()) {
+      return fatal(st);
+    }
+    if (auto st = rank.PushState(); !st.ok()) return fatal(st);
   }
   const std::string metrics_path = RankMetricsPath(dir, options.rank);
   std::ofstream metrics(metrics_path, std::ios::trunc);

@@ -27,8 +27,20 @@ absl::Status WriteTextFileAtomically(const std::string& path, const std::string&
 // The folder of step N: <run_dir>/step_<N>.
 std::string CheckpointDir(const std::string& run_dir, int64_t step);
 
+// Starts `model` (any rank's slice) from a Hugging Face model folder: config.json must be the
+// model's architecture (GPT2LMHeadModel / LlamaForCausalLM) with the same sizes, and
+// model.safetensors must hold every tensor of the model under its HF name with the global
+// shape (vocabulary tensors [V, h]; GPT-2's wpe may have more positions than seq_len, the first
+// seq_len are taken). Tied embeddings read the embedding (lm_head may be absent). Errors name
+// the file, the key or tensor and the rule; nothing is copied unless everything checks out.
+absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model);
+
 // The GPT-2 config.json text for a model.
 std::string Gpt2ConfigJson(const engine::ModelConfig& cfg);
+// Hugging Face LlamaForCausalLM's config.json for a llama model.
+std::string LlamaConfigJson(const engine::ModelConfig& cfg);
+// The config.json of the model's architecture (one of the two above).
+std::string HfConfigJson(const engine::ModelConfig& cfg);
 
 // Saves model, config and optimizer state of a rank that holds the whole model.
 absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,

@@ -39,13 +39,18 @@ absl::Status CpuStageEngine::EmbedSeqChunk(Buffer& x, const InputState& in, int 
     std::memcpy(x.data() + static_cast<size_t>(r) * len * h,
                 in.output() + (static_cast<size_t>(r) * s + start) * h, sizeof(float) * len * h);
   }
-  engine::cpu::PositionEmbeddingForward(x.data(), model_->wpe(), b, len, h, start);
+  // Llama has no position table: RoPE inside the layers handles positions.
+  if (!opt_.model.llama()) {
+    engine::cpu::PositionEmbeddingForward(x.data(), model_->wpe(), b, len, h, start);
+  }
   return absl::OkStatus();
 }
 
 absl::Status CpuStageEngine::EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s,
                                                    int len, int h, int start) {
-  engine::cpu::PositionEmbeddingBackward(model_->wpe_grad(), dx.data(), b, len, h, start);
+  if (!opt_.model.llama()) {
+    engine::cpu::PositionEmbeddingBackward(model_->wpe_grad(), dx.data(), b, len, h, start);
+  }
   for (int r = 0; r < b; ++r) {
     std::memcpy(dembed.data() + (static_cast<size_t>(r) * s + start) * h,
                 dx.data() + static_cast<size_t>(r) * len * h, sizeof(float) * len * h);
@@ -58,8 +63,13 @@ absl::Status CpuStageEngine::FinalNormForward(XState& xs, Buffer out, int n) {
   xs.x = Buffer(tracker_.get(), MemoryCategory::kActivations, static_cast<size_t>(n) * h);
   xs.mean = Buffer(tracker_.get(), MemoryCategory::kActivations, n);
   xs.rstd = Buffer(tracker_.get(), MemoryCategory::kActivations, n);
-  engine::cpu::LayerNormForward(xs.x.data(), xs.mean.data(), xs.rstd.data(), out.data(),
-                                model_->lnf_weight(), model_->lnf_bias(), n, h);
+  if (opt_.model.llama()) {  // final RMSNorm (mean stays unused)
+    engine::cpu::RmsNormForward(xs.x.data(), xs.rstd.data(), out.data(), model_->lnf_weight(), n, h,
+                                opt_.model.rms_eps);
+  } else {
+    engine::cpu::LayerNormForward(xs.x.data(), xs.mean.data(), xs.rstd.data(), out.data(),
+                                  model_->lnf_weight(), model_->lnf_bias(), n, h);
+  }
   xs.x_last = std::move(out);
   return absl::OkStatus();
 }
@@ -67,11 +77,18 @@ absl::Status CpuStageEngine::FinalNormForward(XState& xs, Buffer out, int n) {
 absl::Status CpuStageEngine::FinalNormBackward(Buffer& dout, const float* grad_input, XState& xs,
                                                int n) {
   const int h = opt_.model.hidden;
-  engine::cpu::LayerNormBackwardInput(dout.data(), grad_input, xs.x_last.data(),
-                                      model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n, h);
-  engine::cpu::LayerNormBackwardWeight(model_->lnf_weight_grad(), model_->lnf_bias_grad(),
-                                       grad_input, xs.x_last.data(), xs.mean.data(), xs.rstd.data(),
-                                       n, h);
+  if (opt_.model.llama()) {
+    engine::cpu::RmsNormBackwardInput(dout.data(), grad_input, xs.x_last.data(),
+                                      model_->lnf_weight(), xs.rstd.data(), n, h);
+    engine::cpu::RmsNormBackwardWeight(model_->lnf_weight_grad(), grad_input, xs.x_last.data(),
+                                       xs.rstd.data(), n, h);
+  } else {
+    engine::cpu::LayerNormBackwardInput(dout.data(), grad_input, xs.x_last.data(),
+                                        model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n, h);
+    engine::cpu::LayerNormBackwardWeight(model_->lnf_weight_grad(), model_->lnf_bias_grad(),
+                                         grad_input, xs.x_last.data(), xs.mean.data(),
+                                         xs.rstd.data(), n, h);
+  }
   xs.x_last = Buffer();
   xs.mean = Buffer();
   xs.rstd = Buffer();

@@ -11,6 +11,7 @@ namespace vp::runtime {
 
 // The formulas are proto/plan/flops.h, shared with the planner's predicted MFU.
 double TransformerLayerFlops(const engine::ModelConfig& c, int b) {
+  if (c.llama()) return flops::LlamaLayer(b, c.seq_len, c.hidden, c.ffn_hidden, c.kv_dim());
   return flops::TransformerLayer(b, c.seq_len, c.hidden, c.ffn_hidden);
 }
 

@@ -7,6 +7,21 @@
 
 namespace vp::runtime {
 
+engine::ModelConfig ModelConfigFromSpec(const vocabpipe::v1::ModelSpec& m) {
+  return {.layers = m.layers(),
+          .hidden = m.hidden(),
+          .heads = m.heads(),
+          .vocab = m.vocab_size(),
+          .seq_len = m.seq_len(),
+          .ffn_hidden = m.ffn_hidden(),
+          .tie_embeddings = m.tie_embeddings(),
+          .architecture = m.architecture() == "llama" ? engine::Architecture::kLlama
+                                                      : engine::Architecture::kGpt2,
+          .kv_heads = m.kv_heads(),
+          .rms_eps = static_cast<float>(m.has_rms_eps() ? m.rms_eps() : 1e-5),
+          .rope_theta = static_cast<float>(m.has_rope_theta() ? m.rope_theta() : 10000.0)};
+}
+
 absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSpec& spec,
                                                       const planner::Plan* plan) {
   if (plan == nullptr && spec.parallel().pipeline() != 1) {
@@ -21,13 +36,7 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSp
   }
   TrainerOptions o;
   const auto& m = spec.model();
-  o.model = {.layers = m.layers(),
-             .hidden = m.hidden(),
-             .heads = m.heads(),
-             .vocab = m.vocab_size(),
-             .seq_len = m.seq_len(),
-             .ffn_hidden = m.ffn_hidden(),
-             .tie_embeddings = m.tie_embeddings()};
+  o.model = ModelConfigFromSpec(m);
   o.microbatch_size = spec.parallel().microbatch_size();
   o.microbatches = spec.parallel().microbatches();
   const bool algorithm1 =

@@ -10,6 +10,9 @@
 
 namespace vp::runtime {
 
+// The engine's model shape from a (defaults-applied) model spec.
+engine::ModelConfig ModelConfigFromSpec(const vocabpipe::v1::ModelSpec& m);
+
 // Maps a validated JobSpec onto the trainer's options.
 //   plan == nullptr: the standalone model (parallel.pipeline must be 1, device cpu); the output
 //     layer runs Algorithm 1 for `vocab: vocab1` (so it can be exercised standalone), else

@@ -55,7 +55,7 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, bool tied_copy_s
   const engine::RankModel& host = ops.host();
   const engine::ParamTensor* copy = tied_copy_sync ? host.tied_output_copy() : nullptr;
   if (tied_copy_sync) {
-    const engine::ParamTensor* wte = host.Find("transformer.wte.weight");
+    const engine::ParamTensor* wte = host.Find(engine::EmbeddingTensorName(host.config()));
     const size_t count = static_cast<size_t>(engine::vocab::PaddedVocab(host.config().vocab, 1)) *
                          host.config().hidden;
     auto sum = ops.ZeroScratch(count);  // (V_pad, h)

@@ -176,6 +176,9 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
       return latest.status();
     }
   }
+  if (first_step == 0 && !spec.model().init_from().empty()) {  // a fresh run from HF weights
+    if (auto st = InitFromHfDir(spec.model().init_from(), tr.model()); !st.ok()) return st;
+  }
   summary.first_step = first_step;
   summary.metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
   // A fresh run starts a new metrics file; a resumed one appends to it.

@@ -53,7 +53,7 @@ absl::StatusOr<StandaloneTrainer::Forwarded> StandaloneTrainer::Forward(
   if (!in_state.ok()) return in_state.status();
   if (auto st = model.input_layer().ForwardReduce(*in_state, *comm_); !st.ok()) return st;
   float* x0 = in_state->mutable_output();  // (b, s, h)
-  engine::cpu::PositionEmbeddingForward(x0, model.wpe(), b, s, h, 0);
+  if (!cfg.llama()) engine::cpu::PositionEmbeddingForward(x0, model.wpe(), b, s, h, 0);
 
   // F of the layer stack, then the final LayerNorm.
   Buffer x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);  // (n, h)
@@ -65,8 +65,13 @@ absl::StatusOr<StandaloneTrainer::Forwarded> StandaloneTrainer::Forward(
   Buffer lnf_out(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);  // (n, h)
   Buffer lnf_mean(mem, MemoryCategory::kActivations, n);                          // (n)
   Buffer lnf_rstd(mem, MemoryCategory::kActivations, n);                          // (n)
-  engine::cpu::LayerNormForward(lnf_out.data(), lnf_mean.data(), lnf_rstd.data(), x_last.data(),
-                                model.lnf_weight(), model.lnf_bias(), n, h);
+  if (cfg.llama()) {                                                              // final RMSNorm
+    engine::cpu::RmsNormForward(lnf_out.data(), lnf_rstd.data(), x_last.data(), model.lnf_weight(),
+                                n, h, cfg.rms_eps);
+  } else {
+    engine::cpu::LayerNormForward(lnf_out.data(), lnf_mean.data(), lnf_rstd.data(), x_last.data(),
+                                  model.lnf_weight(), model.lnf_bias(), n, h);
+  }
 
   // Output layer: S and barrier C1 give every token's loss.
   engine::vocab::OutputLayerShard& out = model.output_layer();
@@ -104,17 +109,25 @@ absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const i
   // Backward: final LayerNorm (B then W), the layer stack, position embeddings, IB.
   const float* d_lnf_out = f->out.grad_input();  // (n, h), d already applied
   Buffer d_x_last(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
-  engine::cpu::LayerNormBackwardInput(d_x_last.data(), d_lnf_out, f->x_last.data(),
-                                      model.lnf_weight(), f->lnf_mean.data(), f->lnf_rstd.data(), n,
-                                      h);
-  engine::cpu::LayerNormBackwardWeight(model.lnf_weight_grad(), model.lnf_bias_grad(), d_lnf_out,
-                                       f->x_last.data(), f->lnf_mean.data(), f->lnf_rstd.data(), n,
-                                       h);
+  if (cfg.llama()) {
+    engine::cpu::RmsNormBackwardInput(d_x_last.data(), d_lnf_out, f->x_last.data(),
+                                      model.lnf_weight(), f->lnf_rstd.data(), n, h);
+    engine::cpu::RmsNormBackwardWeight(model.lnf_weight_grad(), d_lnf_out, f->x_last.data(),
+                                       f->lnf_rstd.data(), n, h);
+  } else {
+    engine::cpu::LayerNormBackwardInput(d_x_last.data(), d_lnf_out, f->x_last.data(),
+                                        model.lnf_weight(), f->lnf_mean.data(), f->lnf_rstd.data(),
+                                        n, h);
+    engine::cpu::LayerNormBackwardWeight(model.lnf_weight_grad(), model.lnf_bias_grad(), d_lnf_out,
+                                         f->x_last.data(), f->lnf_mean.data(), f->lnf_rstd.data(),
+                                         n, h);
+  }
   f->out.Release();
   Buffer d_x0(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
   const engine::SlotKey slot{j, 0};
   if (auto st = model.stack(0).Backward(slot, d_x_last.data(), d_x0.data()); !st.ok()) return st;
-  engine::cpu::PositionEmbeddingBackward(model.wpe_grad(), d_x0.data(), b, s, h, 0);
+  if (!cfg.llama())
+    engine::cpu::PositionEmbeddingBackward(model.wpe_grad(), d_x0.data(), b, s, h, 0);
   if (auto st = model.input_layer().BackwardBroadcast(f->in, *comm_, 0, d_x0.data()); !st.ok()) {
     return st;
   }

@@ -29,6 +29,9 @@ using planner::Schedule;
 using planner::VocabMethod;
 
 constexpr int kSteps = 10;
+// The Llama cases exercise the same schedules and vocabulary methods on other layers: fewer
+// steps (still through warm-up, clipping and the cosine decay) keep the suite quick.
+constexpr int kLlamaSteps = 4;
 
 struct Case {
   Schedule schedule;
@@ -36,12 +39,14 @@ struct Case {
   int p;
   int k;  // sequence chunks
   bool tied;
+  bool llama = false;  // Llama layers (GQA 4 -> 2, RoPE, SwiGLU, RMSNorm) instead of GPT-2's
 };
 
 std::string Name(const testing::TestParamInfo<Case>& info) {
-  std::string s = absl::StrCat(planner::ScheduleName(info.param.schedule), "_",
-                               planner::VocabName(info.param.vocab), "_p", info.param.p, "_k",
-                               info.param.k, info.param.tied ? "_tied" : "");
+  std::string s =
+      absl::StrCat(planner::ScheduleName(info.param.schedule), "_",
+                   planner::VocabName(info.param.vocab), "_p", info.param.p, "_k", info.param.k,
+                   info.param.tied ? "_tied" : "", info.param.llama ? "_llama" : "");
   for (char& c : s) {
     if (!isalnum(static_cast<unsigned char>(c))) c = '_';
   }
@@ -57,10 +62,20 @@ TrainerOptions Options(const Case& c) {
              .seq_len = 12,
              .ffn_hidden = 64,
              .tie_embeddings = c.tied};
+  if (c.llama) {
+    o.model.architecture = engine::Architecture::kLlama;
+    o.model.kv_heads = 2;
+    o.model.ffn_hidden = 40;
+    o.model.rope_theta = 500.0f;  // every rotary pair turns within the 12 positions
+  }
   o.microbatch_size = 2;
   o.microbatches = 2 * c.p;
   o.adamw = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-  o.lr = {.lr = 1e-3f, .min_lr = 1e-4f, .warmup_steps = 2, .total_steps = kSteps, .cosine = true};
+  o.lr = {.lr = 1e-3f,
+          .min_lr = 1e-4f,
+          .warmup_steps = 2,
+          .total_steps = c.llama ? kLlamaSteps : kSteps,
+          .cosine = true};
   o.grad_clip = 1.0f;
   o.seed = 11;
   return o;
@@ -72,12 +87,13 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
   const Case& c = GetParam();
   const TrainerOptions opt = Options(c);
   const BatchFn batches = Batches(opt);
+  const int steps = opt.lr.total_steps;
 
   // The reference: one process, whole model.
   auto standalone = StandaloneTrainer::Create(opt);
   ASSERT_TRUE(standalone.ok()) << standalone.status();
   std::vector<double> want;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     auto r = (*standalone)->Step(step, batches);
     ASSERT_TRUE(r.ok()) << r.status();
     want.push_back(r->loss);
@@ -100,7 +116,9 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
               .vocab = opt.model.vocab,
               .ffn = opt.model.ffn_hidden,
               .microbatch_size = opt.microbatch_size,
-              .tie_embeddings = opt.model.tie_embeddings};
+              .tie_embeddings = opt.model.tie_embeddings,
+              .llama = opt.model.llama(),
+              .kv_heads = opt.model.kv_heads};
   auto plan = planner::BuildPlan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
 
@@ -115,7 +133,7 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
       errors[r] = rank.status().ToString();
       return;
     }
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < steps; ++step) {
       auto res = (*rank)->Step(step, batches);
       if (!res.ok()) {
         errors[r] = res.status().ToString();
@@ -129,8 +147,8 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
   for (int r = 0; r < c.p; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
 
   const int owner = plan->x_owner;
-  ASSERT_EQ(got[owner].size(), static_cast<size_t>(kSteps));
-  for (int step = 0; step < kSteps; ++step) {
+  ASSERT_EQ(got[owner].size(), static_cast<size_t>(steps));
+  for (int step = 0; step < steps; ++step) {
     ASSERT_TRUE(has[owner][step]);
     EXPECT_NEAR(got[owner][step], want[step], 1e-5 * want[step]) << "step " << step;
     for (int r = 0; r < c.p; ++r) {  // every rank that saw the loss agrees
@@ -149,7 +167,8 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
     EXPECT_LE(worst, 1e-5) << name;
   }
   if (auto copy = got_w.find("tied_copy.wte"); copy != got_w.end()) {
-    EXPECT_EQ(copy->second, got_w.at("transformer.wte.weight")) << "tied copies diverged";
+    EXPECT_EQ(copy->second, got_w.at(engine::EmbeddingTensorName(opt.model)))
+        << "tied copies diverged";
   }
 }
 
@@ -167,6 +186,16 @@ std::vector<Case> AllCases() {
     for (VocabMethod v : {VocabMethod::kVocab1, VocabMethod::kVocab2, VocabMethod::kBaseline}) {
       cases.push_back({Schedule::kSeq1F1B, v, p, 3, false});
     }
+    // Llama: every schedule x vocabulary method (RoPE positions across sequence chunks, GQA),
+    // Seq1F1B with k = 3, and tied embeddings where rank 0 holds both ends (V-Half).
+    for (Schedule s : planner::AllSchedules()) {
+      const bool seq = s == Schedule::kSeq1F1B || s == Schedule::kSeq1F1BInterleaved;
+      for (VocabMethod v : planner::AllVocabMethods()) {
+        cases.push_back({s, v, p, seq ? 2 : 1, false, true});
+      }
+    }
+    cases.push_back({Schedule::kSeq1F1B, VocabMethod::kVocab2, p, 3, false, true});
+    cases.push_back({Schedule::kVHalf, VocabMethod::kVocab2, p, 1, true, true});
   }
   return cases;
 }

@@ -159,10 +159,11 @@ class AttentionTest : public ::testing::TestWithParam<AttentionCase> {};
 
 TEST_P(AttentionTest, ForwardMatchesNaiveCausalAttention) {
   const AttentionShape sh = GetParam().shape;
-  const int ldq = GetParam().ldq, w = sh.width(), tq = sh.q_len();
+  const int ldq = GetParam().ldq, w = sh.width(), kw = sh.kv_width(), tq = sh.q_len();
+  const int group = sh.heads / sh.num_kv_heads();
   const std::vector<float> q = RandomVector(sh.batch * tq * ldq, 20);
-  const std::vector<float> k = RandomVector(sh.batch * sh.kv_rows * w, 21);
-  const std::vector<float> v = RandomVector(sh.batch * sh.kv_rows * w, 22);
+  const std::vector<float> k = RandomVector(sh.batch * sh.kv_rows * kw, 21);
+  const std::vector<float> v = RandomVector(sh.batch * sh.kv_rows * kw, 22);
   std::vector<float> out(sh.batch * tq * w), att(sh.batch * sh.heads * tq * sh.q_end);
   AttentionForward(out.data(), att.data(), q.data(), ldq, k.data(), v.data(), sh);
   const double scale = 1.0 / std::sqrt(static_cast<double>(sh.head_dim));
@@ -176,7 +177,7 @@ TEST_P(AttentionTest, ForwardMatchesNaiveCausalAttention) {
           double s = 0;
           for (int d = 0; d < sh.head_dim; ++d)
             s += q[(b * tq + i) * ldq + h * sh.head_dim + d] *
-                 k[(b * sh.kv_rows + j) * w + h * sh.head_dim + d];
+                 k[(b * sh.kv_rows + j) * kw + (h / group) * sh.head_dim + d];
           p[j] = s * scale;
           maxv = std::max(maxv, p[j]);
         }
@@ -184,7 +185,7 @@ TEST_P(AttentionTest, ForwardMatchesNaiveCausalAttention) {
         for (int d = 0; d < sh.head_dim; ++d) {
           double o = 0;
           for (int j = 0; j <= pos; ++j)
-            o += p[j] / sum * v[(b * sh.kv_rows + j) * w + h * sh.head_dim + d];
+            o += p[j] / sum * v[(b * sh.kv_rows + j) * kw + (h / group) * sh.head_dim + d];
           EXPECT_NEAR(out[(b * tq + i) * w + h * sh.head_dim + d], o, 1e-5);
         }
         // Nothing above the diagonal.
@@ -195,10 +196,10 @@ TEST_P(AttentionTest, ForwardMatchesNaiveCausalAttention) {
 
 TEST_P(AttentionTest, BackwardMatchesFiniteDifferences) {
   const AttentionShape sh = GetParam().shape;
-  const int ldq = GetParam().ldq, w = sh.width(), tq = sh.q_len();
+  const int ldq = GetParam().ldq, w = sh.width(), kw = sh.kv_width(), tq = sh.q_len();
   std::vector<float> q = RandomVector(sh.batch * tq * ldq, 30);
-  std::vector<float> k = RandomVector(sh.batch * sh.kv_rows * w, 31);
-  std::vector<float> v = RandomVector(sh.batch * sh.kv_rows * w, 32);
+  std::vector<float> k = RandomVector(sh.batch * sh.kv_rows * kw, 31);
+  std::vector<float> v = RandomVector(sh.batch * sh.kv_rows * kw, 32);
   const std::vector<float> dy = RandomVector(sh.batch * tq * w, 33);
   std::vector<float> out(sh.batch * tq * w), att(sh.batch * sh.heads * tq * sh.q_end);
   auto loss = [&] {
@@ -222,9 +223,135 @@ TEST_P(AttentionTest, BackwardMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Chunks, AttentionTest,
-    ::testing::Values(AttentionCase{{2, 2, 3, 0, 5, 5}, 6},    // whole sequence, packed q
-                      AttentionCase{{2, 2, 3, 2, 5, 7}, 18},   // middle chunk inside a qkv row
-                      AttentionCase{{1, 3, 2, 4, 5, 5}, 6}));  // one-token last chunk
+    ::testing::Values(AttentionCase{{2, 2, 3, 0, 5, 5}, 6},   // whole sequence, packed q
+                      AttentionCase{{2, 2, 3, 2, 5, 7}, 18},  // middle chunk inside a qkv row
+                      AttentionCase{{1, 3, 2, 4, 5, 5}, 6},   // one-token last chunk
+                      // Grouped-query attention: 4 query heads on 2 key/value heads (and on 1,
+                      // multi-query), whole and as a middle chunk inside a q|k|v row.
+                      AttentionCase{{2, 4, 2, 0, 5, 5, 2}, 8},
+                      AttentionCase{{2, 4, 2, 2, 5, 7, 2}, 16},
+                      AttentionCase{{1, 4, 2, 1, 4, 4, 1}, 12}));
+
+// ---------------------------------------------------------------------------------------------
+// Llama ops.
+
+TEST(LinearT, MatchesNaiveProductAndFiniteDifferences) {
+  const int n = 4, in = 6, out = 5;
+  std::vector<float> x = RandomVector(n * in, 40), w = RandomVector(out * in, 41);
+  const std::vector<float> dy = RandomVector(n * out, 42);
+  std::vector<float> y(n * out);
+  LinearTForward(y.data(), x.data(), w.data(), n, in, out);
+  for (int i = 0; i < n; ++i)
+    for (int o = 0; o < out; ++o) {
+      double e = 0;
+      for (int j = 0; j < in; ++j) e += double(x[i * in + j]) * w[o * in + j];  // w is [out, in]
+      EXPECT_NEAR(y[i * out + o], e, 1e-5);
+    }
+  auto loss = [&] {
+    LinearTForward(y.data(), x.data(), w.data(), n, in, out);
+    return WeightedSum(y.data(), dy);
+  };
+  std::vector<float> dx(n * in), dw(out * in, 0.5f);
+  LinearTBackwardInput(dx.data(), dy.data(), w.data(), n, in, out);
+  LinearTBackwardWeight(dw.data(), dy.data(), x.data(), n, in, out);  // accumulates onto 0.5
+  for (float& v : dw) v -= 0.5f;
+  ExpectGradientMatches("dx", x.data(), x.size(), dx, loss);
+  ExpectGradientMatches("dweight", w.data(), w.size(), dw, loss);
+}
+
+TEST(RmsNorm, ForwardHasUnitRmsAndBackwardMatchesFiniteDifferences) {
+  const int n = 4, c = 12;
+  const float eps = 1e-5f;
+  std::vector<float> x = RandomVector(n * c, 43, 1.5f, 0.3f);
+  std::vector<float> w = RandomVector(c, 44, 0.5f, 1.0f);
+  const std::vector<float> dy = RandomVector(n * c, 45);
+  std::vector<float> y(n * c), rstd(n), ones(c, 1.0f);
+  RmsNormForward(y.data(), rstd.data(), x.data(), ones.data(), n, c, eps);
+  for (int i = 0; i < n; ++i) {
+    double ms = 0;
+    for (int j = 0; j < c; ++j) ms += double(y[i * c + j]) * y[i * c + j];
+    EXPECT_NEAR(ms / c, 1.0, 1e-3);  // eps shrinks it very slightly
+  }
+  auto loss = [&] {
+    RmsNormForward(y.data(), rstd.data(), x.data(), w.data(), n, c, eps);
+    return WeightedSum(y.data(), dy);
+  };
+  loss();
+  std::vector<float> dx(n * c, 1.0f), dw(c, 0.0f);  // the input gradient accumulates onto 1
+  RmsNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+  for (float& v : dx) v -= 1.0f;
+  RmsNormBackwardWeight(dw.data(), dy.data(), x.data(), rstd.data(), n, c);
+  ExpectGradientMatches("dx", x.data(), x.size(), dx, loss);
+  ExpectGradientMatches("dweight", w.data(), w.size(), dw, loss);
+}
+
+TEST(Rope, RotatesHalvesAtAbsolutePositionsAndChunksAgree) {
+  const int batch = 2, t = 6, heads = 2, d = 4, ld = 11;  // ld > heads·d: a q|k|v-like row
+  const float theta = 10000.0f;
+  const std::vector<float> x0 = RandomVector(batch * t * ld, 46);
+  std::vector<float> x = x0;
+  RopeForward(x.data(), ld, batch, t, heads, d, 0, theta);
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < t; ++j)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < d / 2; ++i) {
+          const double a = j * std::pow(double(theta), -2.0 * i / d);
+          const long r = (long(b) * t + j) * ld + h * d;
+          EXPECT_NEAR(x[r + i], x0[r + i] * std::cos(a) - x0[r + i + d / 2] * std::sin(a), 1e-5);
+          EXPECT_NEAR(x[r + i + d / 2], x0[r + i + d / 2] * std::cos(a) + x0[r + i] * std::sin(a),
+                      1e-5);
+        }
+  for (int b = 0; b < batch; ++b)  // columns past the heads are untouched
+    for (int j = 0; j < t; ++j)
+      for (int c = heads * d; c < ld; ++c)
+        EXPECT_EQ(x[(long(b) * t + j) * ld + c], x0[(long(b) * t + j) * ld + c]);
+  // A chunk of positions [2, 6) rotated with start_pos 2 equals those rows of the whole.
+  const int begin = 2, len = t - begin;
+  std::vector<float> chunk(batch * len * ld);
+  for (int b = 0; b < batch; ++b)
+    std::copy_n(x0.begin() + (long(b) * t + begin) * ld, len * ld,
+                chunk.begin() + long(b) * len * ld);
+  RopeForward(chunk.data(), ld, batch, len, heads, d, begin, theta);
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < len * ld; ++j)
+      EXPECT_FLOAT_EQ(chunk[long(b) * len * ld + j], x[(long(b) * t + begin) * ld + j]);
+  // The backward is the adjoint: finite differences of Σ dy·rope(x).
+  const std::vector<float> dy = RandomVector(batch * len * ld, 47);
+  std::vector<float> xin(chunk.size());
+  for (int b = 0; b < batch; ++b)
+    std::copy_n(x0.begin() + (long(b) * t + begin) * ld, len * ld,
+                xin.begin() + long(b) * len * ld);
+  std::vector<float> y(xin.size());
+  auto loss = [&] {
+    y = xin;
+    RopeForward(y.data(), ld, batch, len, heads, d, begin, theta);
+    return WeightedSum(y.data(), dy);
+  };
+  std::vector<float> dx = dy;
+  RopeBackward(dx.data(), ld, batch, len, heads, d, begin, theta);
+  ExpectGradientMatches("dx", xin.data(), xin.size(), dx, loss);
+}
+
+TEST(Swiglu, ForwardAndBackwardMatchFiniteDifferences) {
+  const long n = 3;
+  const int f = 5;
+  std::vector<float> gu = RandomVector(n * 2 * f, 48, 2.0f);
+  const std::vector<float> dy = RandomVector(n * f, 49);
+  std::vector<float> y(n * f);
+  SwigluForward(y.data(), gu.data(), n, f);
+  for (long r = 0; r < n; ++r)
+    for (int j = 0; j < f; ++j) {
+      const double g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
+      EXPECT_NEAR(y[r * f + j], g / (1 + std::exp(-g)) * u, 1e-6);
+    }
+  auto loss = [&] {
+    SwigluForward(y.data(), gu.data(), n, f);
+    return WeightedSum(y.data(), dy);
+  };
+  std::vector<float> dgu(gu.size());
+  SwigluBackward(dgu.data(), gu.data(), dy.data(), n, f);
+  ExpectGradientMatches("dgu", gu.data(), gu.size(), dgu, loss);
+}
 
 }  // namespace
 }  // namespace vp::engine::cpu

@@ -500,5 +500,29 @@ TEST(Simulator, InterlacedIsLevelWithVocabParallelismInThePaperModel) {
   }
 }
 
+TEST(ModelShape, LlamaFlopsAndParameters) {
+  ModelShape gpt;
+  gpt.hidden = 48;
+  gpt.heads = 4;
+  gpt.seq_len = 16;
+  gpt.ffn = 192;
+  gpt.microbatch_size = 2;
+  // GPT-2: 2bs(4h² + 2hf) + 4bs²h.
+  EXPECT_DOUBLE_EQ(gpt.LayerForwardFlops(),
+                   2.0 * 2 * 16 * (4 * 48 * 48 + 2 * 48 * 192) + 4.0 * 2 * 16 * 16 * 48);
+  EXPECT_DOUBLE_EQ(gpt.LayerParams(), 4.0 * 48 * 48 + 2 * 48 * 192 + 9 * 48 + 192);
+  // Multi-head Llama with SwiGLU width 2/3 of the GELU width does the same matmul work.
+  ModelShape llama = gpt;
+  llama.llama = true;
+  llama.ffn = 128;
+  EXPECT_DOUBLE_EQ(llama.LayerForwardFlops(), gpt.LayerForwardFlops());
+  EXPECT_DOUBLE_EQ(llama.LayerParams(), 4.0 * 48 * 48 + 3 * 48 * 128 + 2 * 48);
+  // GQA 4 -> 1: K and V shrink from h to h/4 columns.
+  llama.kv_heads = 1;
+  EXPECT_DOUBLE_EQ(gpt.LayerForwardFlops() - llama.LayerForwardFlops(),
+                   2.0 * 2 * 16 * 2 * 48 * (48 - 12));
+  EXPECT_DOUBLE_EQ(llama.LayerParams(), 2.0 * 48 * 48 + 2 * 48 * 12 + 3 * 48 * 128 + 2 * 48);
+}
+
 }  // namespace
 }  // namespace vp::planner

@@ -65,8 +65,8 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     m->tensors_.push_back(std::move(t));
     return m->tensors_.back().offset;
   };
-  if (has_input) m->wte_offset_ = add("transformer.wte.weight", {rows, h}, true, true);
-  if (layout.holds_first_group) {
+  if (has_input) m->wte_offset_ = add(EmbeddingTensorName(cfg), {rows, h}, true, true);
+  if (layout.holds_first_group && !cfg.llama()) {  // Llama has rotary positions, no table
     m->wpe_offset_ = add("transformer.wpe.weight", {cfg.seq_len, h}, true, false);
   }
   std::vector<size_t> stack_offsets;
@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
       const size_t layer_base = offset;
       for (const TensorSpec& spec : LayerTensorSpecs(cfg)) {
         ParamTensor t;
-        t.name = LayerTensorName(l, spec.name);
+        t.name = LayerTensorName(cfg, l, spec.name);
         t.offset = layer_base + spec.offset;
         t.shape = spec.shape;
         t.weight_decay = spec.weight_decay;
@@ -87,8 +87,8 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     }
   }
   if (layout.holds_last_group) {
-    m->lnf_offset_ = add("transformer.ln_f.weight", {h}, false, false);
-    add("transformer.ln_f.bias", {h}, false, false);
+    m->lnf_offset_ = add(FinalNormTensorName(cfg), {h}, false, false);
+    if (!cfg.llama()) add("transformer.ln_f.bias", {h}, false, false);  // RMSNorm has none
   }
   if (has_output) {
     m->lm_head_offset_ = cfg.tie_embeddings && has_input
@@ -129,18 +129,18 @@ void RankModel::Init(uint64_t seed) {
     // shard draws exactly the 1-rank model's values; padding rows stay zero.
     // A tied output copy on another rank starts equal to wte.
     const std::string& id_name =
-        cfg_.tie_embeddings ? std::string("transformer.wte.weight") : t.name;
+        cfg_.tie_embeddings ? std::string(EmbeddingTensorName(cfg_)) : t.name;
     InitNormal(params_.data() + t.offset, static_cast<size_t>(t.valid_rows * h), kInitStd, seed,
                TensorId(id_name), static_cast<uint64_t>(t.global_row_begin * h));
   }
-  if (layout_.holds_first_group) {
+  if (layout_.holds_first_group && !cfg_.llama()) {
     InitNormal(params_.data() + wpe_offset_, static_cast<size_t>(cfg_.seq_len) * h, kInitStd, seed,
                TensorId("transformer.wpe.weight"), 0);
   }
   for (auto& stack : stacks_) stack->InitParams(seed);
   if (layout_.holds_last_group) {
     InitConstant(params_.data() + lnf_offset_, h, 1.0f);
-    InitConstant(params_.data() + lnf_offset_ + h, h, 0.0f);
+    if (!cfg_.llama()) InitConstant(params_.data() + lnf_offset_ + h, h, 0.0f);
   }
 }
 

@@ -5,7 +5,8 @@
 // A rank holds: its vocabulary shards (rows [begin, begin+rows) of wte and, when untied, of
 // lm_head), the position embedding wpe if it runs the first layer group, its model chunks'
 // layers, and the final LayerNorm ln_f if it runs the last layer group. A 1-rank model holds
-// everything. Tensor names are Hugging Face GPT-2's; initialisation is slice-independent
+// everything. Tensor names are Hugging Face GPT-2's or LlamaForCausalLM's (model.embed_tokens,
+// model.layers.<i>.*, model.norm, lm_head; no position table); initialisation is slice-independent
 // (init.h), so the tensors of a p-rank model are slices of the 1-rank model's.
 #pragma once
 
@@ -103,10 +104,11 @@ class RankModel {
   int num_chunks() const { return static_cast<int>(stacks_.size()); }
   LayerStack& stack(int chunk) { return *stacks_[chunk]; }
 
-  // First layer group only: wpe (seq_len, h) and its gradient.
+  // First layer group only, GPT-2 only: wpe (seq_len, h) and its gradient.
   const float* wpe() const { return params_.data() + wpe_offset_; }
   float* wpe_grad() { return grads_.data() + wpe_offset_; }
-  // Last layer group only: ln_f weight/bias (h) and gradients.
+  // Last layer group only: ln_f weight/bias (h) and gradients. Llama: model.norm.weight (the
+  // final RMSNorm's), and no bias (lnf_bias must not be used).
   const float* lnf_weight() const { return params_.data() + lnf_offset_; }
   const float* lnf_bias() const { return params_.data() + lnf_offset_ + cfg_.hidden; }
   float* lnf_weight_grad() { return grads_.data() + lnf_offset_; }

@@ -36,6 +36,16 @@ absl::Status ValidateLayerStackArgs(const ModelConfig& cfg, int first_layer, int
   if (cfg.ffn_hidden <= 0 || cfg.seq_len <= 0 || cfg.layers <= 0) {
     return absl::InvalidArgumentError("model: ffn_hidden, seq_len and layers must be > 0");
   }
+  if (cfg.llama()) {
+    if (cfg.kv_heads < 0 || cfg.kv_heads > cfg.heads || cfg.heads % cfg.num_kv_heads() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model.kv_heads: must divide heads (",
+                                                     cfg.heads, " % ", cfg.kv_heads, " != 0)"));
+    }
+    if (cfg.head_dim() % 2 != 0 || !(cfg.rms_eps > 0) || !(cfg.rope_theta >= 1)) {
+      return absl::InvalidArgumentError(
+          "model: llama needs an even head dimension, rms_eps > 0 and rope_theta >= 1");
+    }
+  }
   if (count <= 0 || first_layer < 0 || first_layer + count > cfg.layers) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", first_layer, ", ",
                                                    first_layer + count, ") must lie in [0, ",

@@ -22,8 +22,20 @@ size_t TensorSpec::count() const {
 std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg) {
   const int64_t h = cfg.hidden;
   const int64_t f = cfg.ffn_hidden;
-  // Hugging Face GPT-2 order; Conv1D weights are [in, out].
-  std::vector<TensorSpec> specs = {
+  const int64_t kv = cfg.kv_dim();
+  // Llama: nn.Linear weights [out, in]; q, k, v adjacent and gate, up adjacent (one GEMM each).
+  std::vector<TensorSpec> specs = cfg.llama() ? std::vector<TensorSpec>{
+      {"input_layernorm.weight", 0, {h}, false},
+      {"self_attn.q_proj.weight", 0, {h, h}, true},
+      {"self_attn.k_proj.weight", 0, {kv, h}, true},
+      {"self_attn.v_proj.weight", 0, {kv, h}, true},
+      {"self_attn.o_proj.weight", 0, {h, h}, true},
+      {"post_attention_layernorm.weight", 0, {h}, false},
+      {"mlp.gate_proj.weight", 0, {f, h}, true},
+      {"mlp.up_proj.weight", 0, {f, h}, true},
+      {"mlp.down_proj.weight", 0, {h, f}, true},
+  } : std::vector<TensorSpec>{
+      // Hugging Face GPT-2 order; Conv1D weights are [in, out].
       {"ln_1.weight", 0, {h}, false},
       {"ln_1.bias", 0, {h}, false},
       {"attn.c_attn.weight", 0, {h, 3 * h}, true},
@@ -48,6 +60,10 @@ std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg) {
 size_t LayerParamCount(const ModelConfig& cfg) {
   const size_t h = cfg.hidden;
   const size_t f = cfg.ffn_hidden;
+  if (cfg.llama()) {
+    const size_t kv = cfg.kv_dim();
+    return 2 * h + (h + 2 * kv) * h + h * h + 3 * f * h;
+  }
   return 4 * h + h * 3 * h + 3 * h + h * h + h + h * f + f + f * h + h;
 }
 
@@ -55,7 +71,35 @@ std::string LayerTensorName(int layer, std::string_view suffix) {
   return absl::StrCat("transformer.h.", layer, ".", std::string(suffix));
 }
 
+std::string LayerTensorName(const ModelConfig& cfg, int layer, std::string_view suffix) {
+  if (!cfg.llama()) return LayerTensorName(layer, suffix);
+  return absl::StrCat("model.layers.", layer, ".", std::string(suffix));
+}
+
+LlamaLayerParams BindLlamaLayerParams(float* base, const ModelConfig& cfg) {
+  if (!cfg.llama()) return {};
+  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
+  // Spec order: norm, q, k, v, o, norm, gate, up, down.
+  return {.attn_norm_w = base + specs[0].offset,
+          .wqkv = base + specs[1].offset,
+          .wo = base + specs[4].offset,
+          .mlp_norm_w = base + specs[5].offset,
+          .wgu = base + specs[6].offset,
+          .wdown = base + specs[8].offset};
+}
+
 void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed) {
+  if (cfg.llama()) {
+    for (const TensorSpec& s : LayerTensorSpecs(cfg)) {
+      if (s.shape.size() == 1) {
+        InitConstant(base + s.offset, s.count(), 1.0f);  // RMSNorm weights
+      } else {
+        InitNormal(base + s.offset, s.count(), 0.02f, seed,
+                   TensorId(LayerTensorName(cfg, layer, s.name)), 0);
+      }
+    }
+    return;
+  }
   const float std_w = 0.02f;
   // GPT-2: the projections that write into the residual stream are scaled so the stream's
   // variance does not grow with depth (2 such projections per layer).
@@ -84,6 +128,8 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int batch, float* par
       batch_(batch),
       p_(BindLayerParams(params, cfg)),
       g_(BindLayerParams(grads, cfg)),
+      lp_(BindLlamaLayerParams(params, cfg)),
+      lg_(BindLlamaLayerParams(grads, cfg)),
       pool_(pool) {}
 
 namespace {
@@ -109,6 +155,7 @@ void CopyRows(float* cache, float* chunk, int b, int t, int s, int h, int ld, in
 
 void TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
                                LayerActivations& acts) const {
+  if (cfg_.llama()) return ForwardLlama(seq, x, out, kv, acts);
   const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
   const int n = b * t;
   const long nh = static_cast<long>(n) * h;
@@ -155,6 +202,7 @@ void TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKv
 
 void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState& kv,
                                      LayerActivations& acts) const {
+  if (cfg_.llama()) return BackwardInputLlama(dout, dx, kv, acts);
   const SeqChunk seq = acts.seq;
   const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
   const int n = b * t;
@@ -206,6 +254,7 @@ void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState&
 }
 
 void TransformerLayer::BackwardWeight(LayerActivations& acts) const {
+  if (cfg_.llama()) return BackwardWeightLlama(acts);
   const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
   cpu::LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
                                acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h);
@@ -216,6 +265,129 @@ void TransformerLayer::BackwardWeight(LayerActivations& acts) const {
                                acts.ln2_mean.data(), acts.ln2_rstd.data(), n, h);
   cpu::LinearBackwardWeight(g_.fc_w, g_.fc_b, acts.d_fch.data(), acts.ln2.data(), n, h, f);
   cpu::LinearBackwardWeight(g_.proj_w, g_.proj_b, acts.d_out.data(), acts.fch_gelu.data(), n, f, h);
+  acts = LayerActivations();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Llama block. Letters: b batch, t chunk length, s sequence length, h width, kv =
+// kv_heads·head_dim, qd = h + 2kv (the fused q|k|v row), f MLP width.
+
+void TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
+                                    LayerActivations& acts) const {
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
+  const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd, hd = cfg_.head_dim();
+  const int n = b * t;
+  const long nh = static_cast<long>(n) * h;
+  acts.seq = seq;
+  acts.batch = b;
+  acts.inp = x;
+  if (kv.k.empty()) {
+    kv.k = pool_->Acquire(static_cast<size_t>(b) * s * kvd);
+    kv.v = pool_->Acquire(static_cast<size_t>(b) * s * kvd);
+  }
+  // Attention: res1 = x + o_proj(attn(rope(q), rope(k), v)), q|k|v = rms(x)·Wqkvᵀ.
+  acts.ln1 = pool_->Acquire(nh);      // (b, t, h)
+  acts.ln1_rstd = pool_->Acquire(n);  // (b, t)
+  cpu::RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x, lp_.attn_norm_w, n, h,
+                      cfg_.rms_eps);
+  acts.qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
+  cpu::LinearTForward(acts.qkv.data(), acts.ln1.data(), lp_.wqkv, n, h, qd);
+  // Rotate q and k at their absolute positions seq.begin + j: a chunk's keys enter the cache
+  // already rotated, exactly as the whole sequence's would.
+  cpu::RopeForward(acts.qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
+  cpu::RopeForward(acts.qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin,
+                   cfg_.rope_theta);
+  CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, kvd, qd, h, seq.begin, true);
+  CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, true);
+  const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
+  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * seq.end);
+  acts.atty = pool_->Acquire(nh);
+  cpu::AttentionForward(acts.atty.data(), acts.att.data(), acts.qkv.data(), qd, kv.k.data(),
+                        kv.v.data(), shape);
+  acts.res1 = pool_->Acquire(nh);
+  cpu::LinearTForward(acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h);
+  cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, nh);
+  // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
+  acts.ln2 = pool_->Acquire(nh);
+  acts.ln2_rstd = pool_->Acquire(n);
+  cpu::RmsNormForward(acts.ln2.data(), acts.ln2_rstd.data(), acts.res1.data(), lp_.mlp_norm_w, n, h,
+                      cfg_.rms_eps);
+  acts.fch = pool_->Acquire(static_cast<size_t>(n) * 2 * f);  // (b, t, 2f)
+  cpu::LinearTForward(acts.fch.data(), acts.ln2.data(), lp_.wgu, n, h, 2 * f);
+  acts.fch_gelu = pool_->Acquire(static_cast<size_t>(n) * f);  // (b, t, f)
+  cpu::SwigluForward(acts.fch_gelu.data(), acts.fch.data(), n, f);
+  cpu::LinearTForward(out, acts.fch_gelu.data(), lp_.wdown, n, f, h);
+  cpu::ResidualForward(out, out, acts.res1.data(), nh);
+  acts.forward_done = true;
+}
+
+void TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvState& kv,
+                                          LayerActivations& acts) const {
+  const SeqChunk seq = acts.seq;
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
+  const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd, hd = cfg_.head_dim();
+  const int n = b * t;
+  const long nh = static_cast<long>(n) * h;
+  // MLP. dout is both res1's skip-path gradient and down_proj's output gradient (kept for W).
+  acts.d_out = pool_->Acquire(nh);
+  std::memcpy(acts.d_out.data(), dout, sizeof(float) * nh);
+  {
+    PooledBuffer d_act = pool_->Acquire(static_cast<size_t>(n) * f);  // (b, t, f)
+    cpu::LinearTBackwardInput(d_act.data(), dout, lp_.wdown, n, f, h);
+    acts.d_fch = pool_->Acquire(static_cast<size_t>(n) * 2 * f);  // (b, t, 2f)
+    cpu::SwigluBackward(acts.d_fch.data(), acts.fch.data(), d_act.data(), n, f);
+  }
+  acts.fch.Reset();  // W needs only the SwiGLU output
+  acts.d_ln2 = pool_->Acquire(nh);
+  cpu::LinearTBackwardInput(acts.d_ln2.data(), acts.d_fch.data(), lp_.wgu, n, h, 2 * f);
+  acts.d_res1 = pool_->Acquire(nh);
+  std::memcpy(acts.d_res1.data(), dout, sizeof(float) * nh);
+  cpu::RmsNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(), acts.res1.data(), lp_.mlp_norm_w,
+                            acts.ln2_rstd.data(), n, h);
+  // Attention.
+  PooledBuffer d_atty = pool_->Acquire(nh);
+  cpu::LinearTBackwardInput(d_atty.data(), acts.d_res1.data(), lp_.wo, n, h, h);
+  if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
+    kv.dk = pool_->Acquire(static_cast<size_t>(b) * s * kvd, /*zero=*/true);
+    kv.dv = pool_->Acquire(static_cast<size_t>(b) * s * kvd, /*zero=*/true);
+  }
+  acts.d_qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
+  {
+    PooledBuffer scratch = pool_->Acquire(static_cast<size_t>(t) * seq.end);
+    const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
+    cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
+                           d_atty.data(), acts.att.data(), acts.qkv.data(), qd, kv.k.data(),
+                           kv.v.data(), shape);
+  }
+  // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now.
+  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h, seq.begin, false);
+  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, false);
+  // Those are gradients of the rotated q, k: rotate back to get the projections' gradients.
+  cpu::RopeBackward(acts.d_qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
+  cpu::RopeBackward(acts.d_qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin,
+                    cfg_.rope_theta);
+  acts.att.Reset();
+  acts.qkv.Reset();
+  acts.d_ln1 = pool_->Acquire(nh);
+  cpu::LinearTBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), lp_.wqkv, n, h, qd);
+  std::memcpy(dx, acts.d_res1.data(), sizeof(float) * nh);
+  cpu::RmsNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, lp_.attn_norm_w, acts.ln1_rstd.data(),
+                            n, h);
+  if (seq.begin == 0) kv = LayerKvState();  // the microbatch's last backward
+  acts.backward_input_done = true;
+}
+
+void TransformerLayer::BackwardWeightLlama(LayerActivations& acts) const {
+  const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+  const int qd = h + 2 * cfg_.kv_dim();
+  cpu::RmsNormBackwardWeight(lg_.attn_norm_w, acts.d_ln1.data(), acts.inp, acts.ln1_rstd.data(), n,
+                             h);
+  cpu::LinearTBackwardWeight(lg_.wqkv, acts.d_qkv.data(), acts.ln1.data(), n, h, qd);
+  cpu::LinearTBackwardWeight(lg_.wo, acts.d_res1.data(), acts.atty.data(), n, h, h);
+  cpu::RmsNormBackwardWeight(lg_.mlp_norm_w, acts.d_ln2.data(), acts.res1.data(),
+                             acts.ln2_rstd.data(), n, h);
+  cpu::LinearTBackwardWeight(lg_.wgu, acts.d_fch.data(), acts.ln2.data(), n, h, 2 * f);
+  cpu::LinearTBackwardWeight(lg_.wdown, acts.d_out.data(), acts.fch_gelu.data(), n, f, h);
   acts = LayerActivations();
 }
 
@@ -250,7 +422,7 @@ std::vector<TensorSpec> LayerStack::TensorSpecs() const {
   for (int i = 0; i < shape_.count; ++i) {
     for (const TensorSpec& s : layer) {
       TensorSpec t = s;
-      t.name = LayerTensorName(shape_.first + i, s.name);
+      t.name = LayerTensorName(shape_.cfg, shape_.first + i, s.name);
       t.offset += static_cast<size_t>(i) * shape_.layer_params;
       out.push_back(std::move(t));
     }

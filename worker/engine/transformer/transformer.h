@@ -1,4 +1,5 @@
-// The GPT-2 transformer block, x + attn(ln_1(x)) followed by + mlp(ln_2(·)), with its backward
+// The transformer block (GPT-2's, x + attn(ln_1(x)) followed by + mlp(ln_2(·)), or Llama's with
+// RMSNorm, RoPE, grouped-query attention and SwiGLU), with its backward
 // split into the B pass (input gradient) and the W pass (parameter gradients), and run per
 // (microbatch, sequence chunk) so Seq1F1B can pipeline chunks of one sequence.
 //
@@ -60,16 +61,34 @@ struct LayerTensors {
 };
 using LayerParams = LayerTensors<float>;
 
-// Floats per layer: 4h (two LayerNorms) + h·3h + 3h + h·h + h + h·f + f + f·h + h.
+// A Llama layer's tensors, weights in nn.Linear layout [out, in] (LlamaForCausalLM's), kv =
+// kv_heads·head_dim. q, k, v are adjacent so one GEMM computes all three into a (n, h+2kv) row;
+// gate and up are adjacent so one GEMM gives the (n, 2f) SwiGLU input.
+struct LlamaLayerParams {
+  float* attn_norm_w = nullptr;  // input_layernorm.weight           (h)
+  float* wqkv = nullptr;         // self_attn.{q,k,v}_proj.weight    (h + 2kv, h)
+  float* wo = nullptr;           // self_attn.o_proj.weight          (h, h)
+  float* mlp_norm_w = nullptr;   // post_attention_layernorm.weight  (h)
+  float* wgu = nullptr;          // mlp.{gate,up}_proj.weight        (2f, h)
+  float* wdown = nullptr;        // mlp.down_proj.weight             (h, f)
+};
+
+// Floats per layer. GPT-2: 4h (two LayerNorms) + h·3h + 3h + h·h + h + h·f + f + f·h + h.
+// Llama: 2h (two RMSNorms) + (h + 2kv)·h + h·h + 3·f·h.
 size_t LayerParamCount(const ModelConfig& cfg);
 // The layer's tensors in Hugging Face order, offsets relative to the layer's block.
 std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg);
-// "transformer.h.<layer>.<suffix>".
+// "transformer.h.<layer>.<suffix>" (GPT-2 names; see the overload for either architecture).
 std::string LayerTensorName(int layer, std::string_view suffix);
+// GPT-2 "transformer.h.<layer>.<suffix>", Llama "model.layers.<layer>.<suffix>".
+std::string LayerTensorName(const ModelConfig& cfg, int layer, std::string_view suffix);
+// Binds a Llama layer's pointers to the block at `base` (params or grads).
+LlamaLayerParams BindLlamaLayerParams(float* base, const ModelConfig& cfg);
 // Binds the named pointers to the block starting at `base` (params or grads), at the offsets
-// of LayerTensorSpecs.
+// of LayerTensorSpecs. GPT-2 only (a Llama block binds with BindLlamaLayerParams).
 template <typename E>
 LayerTensors<E> BindLayerTensors(E* base, const ModelConfig& cfg) {
+  if (cfg.llama()) return {};
   const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
   E* LayerTensors<E>::*const fields[] = {
       &LayerTensors<E>::ln1_w,  &LayerTensors<E>::ln1_b,       &LayerTensors<E>::attn_w,
@@ -88,7 +107,8 @@ inline LayerParams BindLayerParams(float* base, const ModelConfig& cfg) {
 // GPT-2 init of layer `layer` (its global index, which names its tensors): weights
 // N(0, 0.02) drawn with InitNormal(tensor_id = TensorId(full HF name)), the residual output
 // projections (attn.c_proj, mlp.c_proj weights) with std 0.02/sqrt(2·layers), biases 0,
-// LayerNorm weights 1.
+// LayerNorm weights 1. Llama (Hugging Face's LlamaPreTrainedModel): every weight N(0, 0.02),
+// RMSNorm weights 1.
 void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed);
 
 // ---------------------------------------------------------------------------------------------
@@ -119,11 +139,12 @@ struct LayerStackShape {
 // Per (layer, microbatch) state spanning the sequence chunks: the key/value cache filled by
 // the forwards of chunks 0, 1, ... in order, and the key/value gradient accumulator filled by
 // the backwards of chunks k-1, ..., 0. Released by the backward of the chunk starting at 0.
+// K rows are stored after RoPE (Llama), so later chunks read them rotated.
 struct LayerKvState {
-  PooledBuffer k;   // (b, s, h)
-  PooledBuffer v;   // (b, s, h)
-  PooledBuffer dk;  // (b, s, h)
-  PooledBuffer dv;  // (b, s, h)
+  PooledBuffer k;   // (b, s, kv)  kv = h for GPT-2, kv_heads·head_dim for Llama
+  PooledBuffer v;   // (b, s, kv)
+  PooledBuffer dk;  // (b, s, kv)
+  PooledBuffer dv;  // (b, s, kv)
 };
 
 // Activations of one layer for one (microbatch, chunk), owned by the caller, on loan from an
@@ -134,7 +155,9 @@ struct LayerActivations {
   SeqChunk seq;
   int batch = 0;
   const float* inp = nullptr;  // (b, t, h) the layer input; caller keeps it alive until W
-  // Forward.
+  // Forward. Llama uses the same slots: ln1/ln2 hold the RMSNorm outputs (no mean), qkv is
+  // (b, t, h+2kv) with q and k rotated, fch is the SwiGLU input (b, t, 2f) and fch_gelu its
+  // output (b, t, f); d_fch and d_qkv follow those widths.
   PooledBuffer ln1, ln1_mean, ln1_rstd;  // (b,t,h), (b,t), (b,t)
   PooledBuffer qkv;                      // (b, t, 3h)      freed by B
   PooledBuffer att;                      // (b, nh, t, end) freed by B
@@ -179,10 +202,20 @@ class TransformerLayer {
   void BackwardWeight(LayerActivations& acts) const;
 
  private:
+  // The Llama block (cfg_.llama()): x + o_proj(attn(rope(qkv(rms(x))))) then
+  // + down(swiglu(gate_up(rms(·)))).
+  void ForwardLlama(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
+                    LayerActivations& acts) const;
+  void BackwardInputLlama(const float* dout, float* dx, LayerKvState& kv,
+                          LayerActivations& acts) const;
+  void BackwardWeightLlama(LayerActivations& acts) const;
+
   ModelConfig cfg_;
   int batch_;
   LayerParams p_;
   LayerParams g_;
+  LlamaLayerParams lp_;
+  LlamaLayerParams lg_;
   ActivationPool* pool_;
 };
 

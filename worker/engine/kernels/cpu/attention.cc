@@ -17,16 +17,19 @@ void AttentionForward(float* out, float* att, const float* q, int ldq, const flo
   const int tk = shape.q_end;
   const int hd = shape.head_dim;
   const int width = shape.width();
+  const int kvw = shape.kv_width();
+  const int group = shape.heads / shape.num_kv_heads();  // query heads per key/value head
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int b = 0; b < shape.batch; ++b) {
     const float* qb = q + static_cast<long>(b) * tq * ldq;
-    const float* kb = k + static_cast<long>(b) * shape.kv_rows * width;
-    const float* vb = v + static_cast<long>(b) * shape.kv_rows * width;
+    const float* kb = k + static_cast<long>(b) * shape.kv_rows * kvw;
+    const float* vb = v + static_cast<long>(b) * shape.kv_rows * kvw;
     float* ob = out + static_cast<long>(b) * tq * width;
     for (int h = 0; h < shape.heads; ++h) {
+      const int kvc = (h / group) * hd;  // this head's key/value columns
       float* a = att + (static_cast<long>(b) * shape.heads + h) * tq * tk;  // (tq, tk)
       // Scores: a = scale * Q_h · K_hᵀ.
-      Gemm(false, true, tq, tk, hd, scale, qb + h * hd, ldq, kb + h * hd, width, 0.0f, a, tk);
+      Gemm(false, true, tq, tk, hd, scale, qb + h * hd, ldq, kb + kvc, kvw, 0.0f, a, tk);
       for (int i = 0; i < tq; ++i) {
         float* row = a + static_cast<long>(i) * tk;
         const int visible = shape.q_begin + i + 1;  // keys 0..q_begin+i
@@ -42,7 +45,7 @@ void AttentionForward(float* out, float* att, const float* q, int ldq, const flo
         for (int j = visible; j < tk; ++j) row[j] = 0.0f;
       }
       // out_h = P · V_h.
-      Gemm(false, false, tq, hd, tk, 1.0f, a, tk, vb + h * hd, width, 0.0f, ob + h * hd, width);
+      Gemm(false, false, tq, hd, tk, 1.0f, a, tk, vb + kvc, kvw, 0.0f, ob + h * hd, width);
     }
   }
 }
@@ -54,21 +57,25 @@ void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const fl
   const int tk = shape.q_end;
   const int hd = shape.head_dim;
   const int width = shape.width();
+  const int kvw = shape.kv_width();
+  const int group = shape.heads / shape.num_kv_heads();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int b = 0; b < shape.batch; ++b) {
     const float* qb = q + static_cast<long>(b) * tq * ldq;
-    const float* kb = k + static_cast<long>(b) * shape.kv_rows * width;
-    const float* vb = v + static_cast<long>(b) * shape.kv_rows * width;
+    const float* kb = k + static_cast<long>(b) * shape.kv_rows * kvw;
+    const float* vb = v + static_cast<long>(b) * shape.kv_rows * kvw;
     const float* dob = dout + static_cast<long>(b) * tq * width;
     float* dqb = dq + static_cast<long>(b) * tq * ldq;
-    float* dkb = dk + static_cast<long>(b) * shape.kv_rows * width;
-    float* dvb = dv + static_cast<long>(b) * shape.kv_rows * width;
+    float* dkb = dk + static_cast<long>(b) * shape.kv_rows * kvw;
+    float* dvb = dv + static_cast<long>(b) * shape.kv_rows * kvw;
     for (int h = 0; h < shape.heads; ++h) {
+      // The group's query heads all add into their shared key/value head's dK, dV.
+      const int kvc = (h / group) * hd;
       const float* a = att + (static_cast<long>(b) * shape.heads + h) * tq * tk;  // (tq, tk)
       float* da = scratch;                                                        // (tq, tk)
       // dP = dO_h · V_hᵀ;  dV_h += Pᵀ · dO_h.
-      Gemm(false, true, tq, tk, hd, 1.0f, dob + h * hd, width, vb + h * hd, width, 0.0f, da, tk);
-      Gemm(true, false, tk, hd, tq, 1.0f, a, tk, dob + h * hd, width, 1.0f, dvb + h * hd, width);
+      Gemm(false, true, tq, tk, hd, 1.0f, dob + h * hd, width, vb + kvc, kvw, 0.0f, da, tk);
+      Gemm(true, false, tk, hd, tq, 1.0f, a, tk, dob + h * hd, width, 1.0f, dvb + kvc, kvw);
       // Softmax backward in place: dS = P ⊙ (dP − rowsum(P ⊙ dP)). Masked entries have P = 0.
       for (int i = 0; i < tq; ++i) {
         const float* p = a + static_cast<long>(i) * tk;
@@ -80,8 +87,8 @@ void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const fl
         for (int j = visible; j < tk; ++j) d[j] = 0.0f;
       }
       // dQ_h = scale · dS · K_h;  dK_h += scale · dSᵀ · Q_h.
-      Gemm(false, false, tq, hd, tk, scale, da, tk, kb + h * hd, width, 0.0f, dqb + h * hd, ldq);
-      Gemm(true, false, tk, hd, tq, scale, da, tk, qb + h * hd, ldq, 1.0f, dkb + h * hd, width);
+      Gemm(false, false, tq, hd, tk, scale, da, tk, kb + kvc, kvw, 0.0f, dqb + h * hd, ldq);
+      Gemm(true, false, tk, hd, tq, scale, da, tk, qb + h * hd, ldq, 1.0f, dkb + kvc, kvw);
     }
   }
 }

@@ -8,6 +8,9 @@
 // (the W pass) so that zero-bubble schedules can run them at different times.
 //
 // Elementwise kernels are single-threaded; every matrix product goes through cpu::Gemm.
+//
+// Letters: n rows (b·t tokens), c channels, h model width, f MLP width, t chunk length, s
+// sequence length, nh query heads, nkv key/value heads, d head dimension.
 #pragma once
 
 namespace vp::engine::cpu {
@@ -118,11 +121,17 @@ struct AttentionShape {
   int q_begin = 0;
   int q_end = 0;
   int kv_rows = 0;  // rows per sequence in the k/v cache (>= q_end)
+  // Grouped-query attention: key/value heads, dividing heads; query head i reads key/value
+  // head i / (heads / kv_heads). 0 means heads (multi-head attention).
+  int kv_heads = 0;
 
   int q_len() const { return q_end - q_begin; }
   int width() const { return heads * head_dim; }
+  int num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int kv_width() const { return num_kv_heads() * head_dim; }
 };
 
+// k, v and dk, dv rows are kv_width() wide (= width() without grouping).
 // att holds the softmax probabilities (zeros above the causal diagonal) for the backward.
 void AttentionForward(float* out,      // (batch, q_len, heads*head_dim)
                       float* att,      // (batch, heads, q_len, q_end)
@@ -145,5 +154,69 @@ void AttentionBackward(float* dq,          // (batch, q_len, ldq)
                        const float* k,  // (batch, kv_rows, heads*head_dim)
                        const float* v,  // (batch, kv_rows, heads*head_dim)
                        const AttentionShape& shape);
+
+// ---------------------------------------------------------------------------------------------
+// Llama ops (kernels/cpu/llama.cc).
+
+// Linear layer with the weight in torch nn.Linear layout [out, in] (Llama's checkpoints), no
+// bias: out = inp · weightᵀ.
+void LinearTForward(float* out,           // (n, out_dim)
+                    const float* inp,     // (n, in_dim)
+                    const float* weight,  // (out_dim, in_dim)
+                    int n, int in_dim, int out_dim);
+// B part: dinp = dout · weight (overwrites).
+void LinearTBackwardInput(float* dinp,          // (n, in_dim)
+                          const float* dout,    // (n, out_dim)
+                          const float* weight,  // (out_dim, in_dim)
+                          int n, int in_dim, int out_dim);
+// W part: dweight += doutᵀ · inp.
+void LinearTBackwardWeight(float* dweight,     // (out_dim, in_dim)
+                           const float* dout,  // (n, out_dim)
+                           const float* inp,   // (n, in_dim)
+                           int n, int in_dim, int out_dim);
+
+// RMSNorm over the last dimension: out = inp · rstd · weight, rstd = 1/√(mean(inp²) + eps).
+void RmsNormForward(float* out,           // (n, c)
+                    float* rstd,          // (n) cached for the backward
+                    const float* inp,     // (n, c)
+                    const float* weight,  // (c)
+                    int n, int c, float eps);
+// B part: dinp += dL/dinp (accumulates, like LayerNorm: the input is a residual stream).
+// With x̂ = inp·rstd and g = dout·weight: dinp += rstd · (g − x̂ · mean(g · x̂)).
+void RmsNormBackwardInput(float* dinp,          // (n, c)
+                          const float* dout,    // (n, c)
+                          const float* inp,     // (n, c)
+                          const float* weight,  // (c)
+                          const float* rstd,    // (n)
+                          int n, int c);
+// W part: dweight += Σ_rows dout · x̂.
+void RmsNormBackwardWeight(float* dweight,     // (c)
+                           const float* dout,  // (n, c)
+                           const float* inp,   // (n, c)
+                           const float* rstd,  // (n)
+                           int n, int c);
+
+// Rotary position embedding, in place, on `heads` heads of d columns that start at column 0 of
+// each row of x (row stride ld): Hugging Face Llama's "rotate half" pairing, dimension i with
+// i + d/2 rotated by the angle pos · theta^(−2i/d), pos = start_pos + row's position in the
+// chunk. Rows are (batch, t). Positions come from start_pos so a Seq1F1B chunk starting
+// mid-sequence rotates exactly like the same tokens of the whole sequence.
+void RopeForward(float* x,  // (batch, t, ld), heads·d columns used
+                 int ld, int batch, int t, int heads, int head_dim, int start_pos, float theta);
+// The backward of a rotation is the rotation by the opposite angle (in place on the gradient).
+void RopeBackward(float* dx,  // (batch, t, ld)
+                  int ld, int batch, int t, int heads, int head_dim, int start_pos, float theta);
+
+// SwiGLU: out = silu(gate) · up, silu(g) = g · σ(g); gate and up are the two halves of each
+// row of gu (gate_proj's output then up_proj's, one GEMM for both).
+void SwigluForward(float* out,       // (n, f)
+                   const float* gu,  // (n, 2f)
+                   long n, int f);
+// dgu = [dout · up · silu'(gate), dout · silu(gate)] (overwrites),
+// silu'(g) = σ(g) · (1 + g · (1 − σ(g))).
+void SwigluBackward(float* dgu,         // (n, 2f)
+                    const float* gu,    // (n, 2f)
+                    const float* dout,  // (n, f)
+                    long n, int f);
 
 }  // namespace vp::engine::cpu

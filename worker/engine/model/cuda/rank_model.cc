@@ -25,6 +25,10 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
     std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
     const DeviceContext& compute, const DeviceContext& comm) {
+  if (cfg.llama()) {
+    return absl::UnimplementedError(
+        "model.architecture: llama has no CUDA kernels in this build; use device cpu");
+  }
   if (cfg.hidden % 8 != 0 || cfg.ffn_hidden % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.hidden (", cfg.hidden, ") and ffn_hidden (", cfg.ffn_hidden,

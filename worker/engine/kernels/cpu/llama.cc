@@ -1,0 +1,155 @@
+// The Llama ops: nn.Linear-layout linear layers, RMSNorm, rotary position embeddings, SwiGLU.
+//
+// Letters: n rows (b·t tokens), c channels, t chunk length, d head dimension, f MLP width.
+// Forward/backward pairs as in kernels.h: weight gradients accumulate, input gradients say
+// whether they overwrite or accumulate.
+#include <cmath>
+#include <vector>
+
+#include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/kernels/cpu/kernels.h"
+
+namespace vp::engine::cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Linear, weight [out, in]: the checkpoint layout of LlamaForCausalLM, so export is a memcpy.
+
+void LinearTForward(float* out, const float* inp, const float* weight, int n, int in_dim,
+                    int out_dim) {
+  Gemm(false, true, n, out_dim, in_dim, 1.0f, inp, in_dim, weight, in_dim, 0.0f, out, out_dim);
+}
+
+void LinearTBackwardInput(float* dinp, const float* dout, const float* weight, int n, int in_dim,
+                          int out_dim) {
+  Gemm(false, false, n, in_dim, out_dim, 1.0f, dout, out_dim, weight, in_dim, 0.0f, dinp, in_dim);
+}
+
+void LinearTBackwardWeight(float* dweight, const float* dout, const float* inp, int n, int in_dim,
+                           int out_dim) {
+  Gemm(true, false, out_dim, in_dim, n, 1.0f, dout, out_dim, inp, in_dim, 1.0f, dweight, in_dim);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm.
+
+void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n, int c,
+                    float eps) {
+  for (int i = 0; i < n; ++i) {
+    const float* x = inp + static_cast<long>(i) * c;
+    float* y = out + static_cast<long>(i) * c;
+    double ss = 0.0;  // double: the statistic is cheap and stays independent of c
+    for (int j = 0; j < c; ++j) ss += static_cast<double>(x[j]) * x[j];
+    const float r = static_cast<float>(1.0 / std::sqrt(ss / c + eps));
+    for (int j = 0; j < c; ++j) y[j] = x[j] * r * weight[j];
+    rstd[i] = r;
+  }
+}
+
+void RmsNormBackwardInput(float* dinp, const float* dout, const float* inp, const float* weight,
+                          const float* rstd, int n, int c) {
+  for (int i = 0; i < n; ++i) {
+    const float* dy = dout + static_cast<long>(i) * c;
+    const float* x = inp + static_cast<long>(i) * c;
+    float* dx = dinp + static_cast<long>(i) * c;
+    const float r = rstd[i];
+    // y_j = w_j·x_j·r with r = (mean(x²)+eps)^(-1/2), so ∂r/∂x_k = −r³·x_k/c and
+    // dx_k = r·g_k − x̂_k·mean(g·x̂), g = dy·w, x̂ = x·r.
+    double dot = 0.0;
+    for (int j = 0; j < c; ++j) dot += static_cast<double>(dy[j] * weight[j]) * (x[j] * r);
+    const float m = static_cast<float>(dot / c);
+    for (int j = 0; j < c; ++j) dx[j] += r * (dy[j] * weight[j] - x[j] * r * m);
+  }
+}
+
+void RmsNormBackwardWeight(float* dweight, const float* dout, const float* inp, const float* rstd,
+                           int n, int c) {
+  for (int i = 0; i < n; ++i) {
+    const float* dy = dout + static_cast<long>(i) * c;
+    const float* x = inp + static_cast<long>(i) * c;
+    const float r = rstd[i];
+    for (int j = 0; j < c; ++j) dweight[j] += dy[j] * (x[j] * r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary position embedding.
+
+namespace {
+
+// Rotates pairs (i, i + d/2) of every head of every row by sign · pos · theta^(−2i/d).
+// Angles are formed in double, then cos/sin rounded to float once: at positions in the
+// thousands an fp32 product pos·freq would already be off by several ulps of the angle.
+void Rotate(float* x, int ld, int batch, int t, int heads, int d, int start_pos, float theta,
+            float sign) {
+  const int half = d / 2;
+  std::vector<float> cs(static_cast<size_t>(t) * half), sn(cs.size());  // (t, d/2)
+  for (int j = 0; j < t; ++j) {
+    for (int i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / d);
+      const double angle = static_cast<double>(start_pos + j) * inv_freq;
+      cs[static_cast<size_t>(j) * half + i] = static_cast<float>(std::cos(angle));
+      sn[static_cast<size_t>(j) * half + i] = sign * static_cast<float>(std::sin(angle));
+    }
+  }
+  for (int b = 0; b < batch; ++b) {
+    for (int j = 0; j < t; ++j) {
+      float* row = x + (static_cast<long>(b) * t + j) * ld;
+      const float* c = cs.data() + static_cast<size_t>(j) * half;
+      const float* s = sn.data() + static_cast<size_t>(j) * half;
+      for (int h = 0; h < heads; ++h) {
+        float* v = row + static_cast<long>(h) * d;
+        for (int i = 0; i < half; ++i) {
+          const float a = v[i], b2 = v[i + half];
+          v[i] = a * c[i] - b2 * s[i];
+          v[i + half] = b2 * c[i] + a * s[i];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void RopeForward(float* x, int ld, int batch, int t, int heads, int head_dim, int start_pos,
+                 float theta) {
+  Rotate(x, ld, batch, t, heads, head_dim, start_pos, theta, 1.0f);
+}
+
+void RopeBackward(float* dx, int ld, int batch, int t, int heads, int head_dim, int start_pos,
+                  float theta) {
+  // y = R·x with R orthogonal, so dx = Rᵀ·dy: the rotation by the opposite angle.
+  Rotate(dx, ld, batch, t, heads, head_dim, start_pos, theta, -1.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU.
+
+void SwigluForward(float* out, const float* gu, long n, int f) {
+  for (long r = 0; r < n; ++r) {
+    const float* g = gu + r * 2 * f;
+    const float* u = g + f;
+    float* o = out + r * f;
+    for (int j = 0; j < f; ++j) {
+      const float sig = 1.0f / (1.0f + std::exp(-g[j]));
+      o[j] = g[j] * sig * u[j];
+    }
+  }
+}
+
+void SwigluBackward(float* dgu, const float* gu, const float* dout, long n, int f) {
+  for (long r = 0; r < n; ++r) {
+    const float* g = gu + r * 2 * f;
+    const float* u = g + f;
+    const float* dy = dout + r * f;
+    float* dg = dgu + r * 2 * f;
+    float* du = dg + f;
+    for (int j = 0; j < f; ++j) {
+      const float sig = 1.0f / (1.0f + std::exp(-g[j]));
+      const float silu = g[j] * sig;
+      dg[j] = dy[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+      du[j] = dy[j] * silu;
+    }
+  }
+}
+
+}  // namespace vp::engine::cpu
