@@ -175,7 +175,7 @@ cpu_spec() {  # NAME: the CPU copy of examples/NAME.yaml (same model, data, seed
     -e "s/^name: .*/name: $1-cpu/" -e "s#runs/$1,#runs/$1-cpu,#" \
     -e "s/seed: 1234}/seed: 1234, threads: $CPU_THREADS}/" "$WORK/$1.yaml" > "$WORK/$1-cpu.yaml"
 }
-CPU_REFS=(gpu-p1-fp32 gpu-p2-vocab1 gpu-p2-vocab2)
+CPU_REFS=(gpu-p1-fp32 gpu-p2-vocab1 gpu-p2-vocab2 gpu-llama-p2)
 for n in "${CPU_REFS[@]}"; do cpu_spec "$n"; done
 (
   for n in "${CPU_REFS[@]}"; do
@@ -239,7 +239,7 @@ if ((DRY)); then
     result FAIL e2e-refused-without-gpu "exit $rc: $(tail -1 "$LOGDIR/e2e-gpu-p1-fp32.log")"
   fi
 else
-  for n in gpu-p1-fp32 gpu-p1-bf16 gpu-p2-vocab1 gpu-p2-vocab2; do
+  for n in gpu-p1-fp32 gpu-p1-bf16 gpu-p2-vocab1 gpu-p2-vocab2 gpu-llama-p2; do
     t0=$SECONDS
     capped 150 "${VP[@]}" run "$WORK/$n.yaml" > "$LOGDIR/e2e-$n.log" 2>&1
     rc=$?

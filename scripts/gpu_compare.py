@@ -4,11 +4,12 @@
 usage: gpu_compare.py RUNS [--cpu-steps N] [--floor NATS] [--cpu-only]
 
 RUNS holds one folder per run with its metrics.jsonl: gpu-p1-fp32, gpu-p1-bf16, gpu-p2-vocab1,
-gpu-p2-vocab2 (device: cuda) and gpu-p1-fp32-cpu, gpu-p2-vocab1-cpu, gpu-p2-vocab2-cpu (the
-same jobs on the CPU for N steps). One line per check, starting PASS, FAIL, SKIP or INFO:
+gpu-p2-vocab2, gpu-llama-p2 (device: cuda) and gpu-p1-fp32-cpu, gpu-p2-vocab1-cpu,
+gpu-p2-vocab2-cpu, gpu-llama-p2-cpu (the same jobs on the CPU for N steps). One line per check, starting PASS, FAIL, SKIP or INFO:
 
   - fp32 on the GPU equals the CPU: every one of the first N steps' losses within 1e-4
-    (relative), for p = 1 and for p = 2 (vocab1, vocab2) ranks sharing one GPU; the gradient
+    (relative), for p = 1 and for p = 2 (vocab1, vocab2, and a Llama model with Seq1F1B) ranks
+    sharing one GPU; the gradient
     norms (before clipping) within 1e-3;
   - bf16 learns like fp32: after the 200 steps of gpu-p1-bf16 and gpu-p1-fp32 the final loss
     (mean of the last 10 steps) within 3% of fp32's, and bf16 keeps >= 90% of fp32's loss drop;
@@ -142,7 +143,7 @@ def main():
     ap.add_argument("--cpu-only", action="store_true")
     a = ap.parse_args()
     rep = Report()
-    equal = ["gpu-p1-fp32", "gpu-p2-vocab1", "gpu-p2-vocab2"]
+    equal = ["gpu-p1-fp32", "gpu-p2-vocab1", "gpu-p2-vocab2", "gpu-llama-p2"]
     if a.cpu_only:
         for name in equal:
             cpu = load(a.runs, name + "-cpu")
@@ -158,7 +159,7 @@ def main():
     for name in equal:
         check_equal(rep, a.runs, name, a.cpu_steps)
     check_bf16(rep, a.runs, a.floor)
-    for name in ["gpu-p1-fp32", "gpu-p1-bf16", "gpu-p2-vocab1", "gpu-p2-vocab2"]:
+    for name in ["gpu-p1-fp32", "gpu-p1-bf16", "gpu-p2-vocab1", "gpu-p2-vocab2", "gpu-llama-p2"]:
         info_speed(rep, a.runs, name)
     return 1 if rep.failed else 0
 

@@ -694,9 +694,16 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   } else if (s.precision() == "bf16" && !cuda) {
     add("precision", "bf16 needs device cuda (the CPU engine computes in fp32)");
   }
-  if (cuda && s.model().architecture() == "llama") {
-    add("model.architecture",
-        "llama runs on device cpu in this build (the CUDA engine has GPT-2 kernels only)");
+  if (cuda && s.model().architecture() == "llama" && s.model().heads() >= 1 &&
+      s.model().kv_heads() >= 1 && s.model().hidden() % s.model().heads() == 0) {
+    // The fused q|k|v row is hidden + 2·kv_heads·head_dim wide, k and v start at hidden and
+    // hidden + kv_heads·head_dim: 16-byte aligned only when kv_heads·head_dim is a multiple of 8.
+    const int64_t kv_dim =
+        static_cast<int64_t>(s.model().kv_heads()) * (s.model().hidden() / s.model().heads());
+    if (kv_dim % 8 != 0) {
+      add("model.kv_heads",
+          absl::StrCat("kv_heads·head_dim must be a multiple of 8 on cuda (got ", kv_dim, ")"));
+    }
   }
   if (cuda) {
     // cuBLASLt needs 16-byte aligned rows: bf16 rows of h and f elements.

@@ -83,7 +83,9 @@ absl::StatusOr<planner::Plan> Plan(const Case& c, const TrainerOptions& o) {
               .vocab = o.model.vocab,
               .ffn = o.model.ffn_hidden,
               .microbatch_size = o.microbatch_size,
-              .tie_embeddings = o.model.tie_embeddings};
+              .tie_embeddings = o.model.tie_embeddings,
+              .llama = o.model.llama(),
+              .kv_heads = o.model.llama() ? o.model.num_kv_heads() : 0};
   return planner::BuildPlan(in);
 }
 
@@ -470,6 +472,63 @@ TEST(CudaMatchesCpuMedium, Fp32Gpt2LayerShapeOddVocabularyShard) {
   }
   ExpectFp32Match(want, got, /*rel=*/1e-4, /*grad_rel=*/1e-3, /*weight_abs=*/1e-4);
 }
+
+// Llama on the CUDA engine against the CPU engine's Llama (RMSNorm, RoPE, grouped-query
+// attention, SwiGLU, no position table, untied lm_head): standalone (p = 1) and a 2-rank
+// Seq1F1B pipeline, whose second sequence chunk rotates from position 8 and reads the first
+// chunk's keys from the cache. fp32 to the GPT-2 tolerances; bf16 within the bf16 ones.
+TrainerOptions LlamaOptions(const Case& c) {
+  TrainerOptions o = Options(c);
+  o.model.architecture = engine::Architecture::kLlama;
+  o.model.kv_heads = 2;  // 4 query heads, head_dim 8: groups of 2, kv width 16
+  o.model.ffn_hidden = 48;
+  o.model.rope_theta = 10000.0f;
+  return o;
+}
+
+class CudaLlamaMatchesCpu : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaLlamaMatchesCpu, Fp32LossesGradientsAndWeights) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  const TrainerOptions o = LlamaOptions(c);
+  auto plan = Plan(c, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const BatchFn batches = Batches(o);
+  const RunResult want = RunRanks(c, o, *plan, batches, kSteps, false, DevicePrecision::kFp32);
+  const RunResult got = RunRanks(c, o, *plan, batches, kSteps, true, DevicePrecision::kFp32);
+  for (int r = 0; r < c.p; ++r) {
+    ASSERT_EQ(want.errors[r], "") << "cpu rank " << r;
+    ASSERT_EQ(got.errors[r], "") << "cuda rank " << r;
+  }
+  ASSERT_TRUE(got.weights.count("model.layers.0.self_attn.k_proj.weight") == 1)
+      << "a Llama model has Llama tensor names";
+  ExpectFp32Match(want, got, /*rel=*/1e-4, /*grad_rel=*/1e-3, /*weight_abs=*/1e-4);
+}
+
+TEST_P(CudaLlamaMatchesCpu, Bf16LossWithinTolerance) {
+  SKIP_WITHOUT_DEVICE();
+  const Case& c = GetParam();
+  const TrainerOptions o = LlamaOptions(c);
+  auto plan = Plan(c, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const BatchFn batches = Batches(o);
+  const RunResult want = RunRanks(c, o, *plan, batches, kSteps, false, DevicePrecision::kFp32);
+  const RunResult got = RunRanks(c, o, *plan, batches, kSteps, true, DevicePrecision::kBf16);
+  for (int r = 0; r < c.p; ++r) ASSERT_EQ(got.errors[r], "") << "cuda rank " << r;
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 2e-2 * want.losses[i]) << "step " << i;
+  }
+  ASSERT_EQ(got.grad_norms.size(), want.grad_norms.size());
+  EXPECT_NEAR(got.grad_norms[0], want.grad_norms[0], 5e-2 * want.grad_norms[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, CudaLlamaMatchesCpu,
+                         testing::Values(Case{Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false},
+                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2, 2, 2,
+                                              false}),
+                         Name);
 
 }  // namespace
 }  // namespace vp::runtime

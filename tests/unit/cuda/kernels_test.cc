@@ -178,9 +178,11 @@ struct AttentionTolerance {
 // log-sum-exp of the scaled scores over each row's causal prefix.
 template <typename T>
 void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const AttentionTolerance& tol) {
-  const AttentionShape s{cs.batch, cs.heads, cs.head_dim, cs.q_begin, cs.q_end, cs.kv_rows};
-  const int w = cs.width(), ldq = 3 * w, ql = cs.q_len(), hd = cs.head_dim;
-  const size_t q_n = size_t(cs.batch) * ql * ldq, kv_n = size_t(cs.batch) * cs.kv_rows * w,
+  const AttentionShape s{cs.batch, cs.heads,   cs.head_dim, cs.q_begin,
+                         cs.q_end, cs.kv_rows, cs.kv_heads};
+  const int w = cs.width(), kvw = cs.kv_width(), ldq = 3 * w, ql = cs.q_len(), hd = cs.head_dim;
+  const int group = cs.heads / cs.num_kv_heads();
+  const size_t q_n = size_t(cs.batch) * ql * ldq, kv_n = size_t(cs.batch) * cs.kv_rows * kvw,
                o_n = size_t(cs.batch) * ql * w, stat_n = size_t(cs.batch) * cs.heads * ql;
   auto q = Random(q_n, seed), k = Random(kv_n, seed + 1), v = Random(kv_n, seed + 2),
        dout = Random(o_n, seed + 3), dk = Random(kv_n, seed + 4, 0.5f),
@@ -218,7 +220,7 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
         std::vector<double> sc(cs.q_begin + i + 1);
         double mx = -INFINITY, sum = 0.0;
         for (size_t j = 0; j < sc.size(); ++j) {
-          const float* kj = k.data() + (size_t(b) * cs.kv_rows + j) * w + h * hd;
+          const float* kj = k.data() + (size_t(b) * cs.kv_rows + j) * kvw + (h / group) * hd;
           double dot = 0.0;
           for (int d = 0; d < hd; ++d) dot += double(qi[d]) * kj[d];
           sc[j] = scale * dot;
@@ -288,6 +290,138 @@ TEST(CudaKernels, AttentionBf16MatchesCpu) {
   CheckAttention<bf16>(
       {.batch = 1, .heads = 2, .head_dim = 96, .q_begin = 0, .q_end = 50, .kv_rows = 50}, 90,
       kBf16Tol);
+}
+
+TEST(CudaKernels, GroupedQueryAttentionMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  // Llama's grouped-query attention: 4 query heads on 2 key/value heads (dK, dV summed over
+  // each group of 2), and 6 on 1 (multi-query), in a mid-sequence chunk and whole sequences.
+  CheckAttention<float>({.batch = 2,
+                         .heads = 4,
+                         .head_dim = 16,
+                         .q_begin = 37,
+                         .q_end = 70,
+                         .kv_rows = 96,
+                         .kv_heads = 2},
+                        100, kFp32Tol);
+  CheckAttention<float>({.batch = 1,
+                         .heads = 6,
+                         .head_dim = 32,
+                         .q_begin = 0,
+                         .q_end = 45,
+                         .kv_rows = 45,
+                         .kv_heads = 1},
+                        110, kFp32Tol);
+  CheckAttention<float>({.batch = 1,
+                         .heads = 4,
+                         .head_dim = 128,
+                         .q_begin = 10,
+                         .q_end = 43,
+                         .kv_rows = 64,
+                         .kv_heads = 2},
+                        120, kFp32Tol);
+  constexpr AttentionTolerance kBf16Tol{2e-2, 2e-2, 2e-2, 1e-4};
+  CheckAttention<bf16>({.batch = 1,
+                        .heads = 8,
+                        .head_dim = 64,
+                        .q_begin = 33,
+                        .q_end = 97,
+                        .kv_rows = 128,
+                        .kv_heads = 2},
+                       130, kBf16Tol);
+}
+
+TEST(CudaKernels, GroupedQueryAttentionRejectsUnevenGroups) {
+  SKIP_WITHOUT_DEVICE();
+  // 3 query heads cannot share 2 key/value heads evenly.
+  const AttentionShape s{
+      .batch = 1, .heads = 3, .head_dim = 8, .q_begin = 0, .q_end = 4, .kv_rows = 4, .kv_heads = 2};
+  Dev<float> q(4 * 24), k(4 * 16), v(4 * 16), out(4 * 24), lse(12);
+  EXPECT_EQ(AttentionForward(out.p, lse.p, q.p, 24, k.p, v.p, s, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(CudaKernels, RmsNormMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = 41, c = 160;
+  const float eps = 1e-5f;
+  auto x = Random(n * c, 200), w = Random(c, 201), dy = Random(n * c, 202);
+  std::vector<float> out(n * c), rstd(n), dx(n * c, 0.5f), dw(c, 0.1f);
+  cpu::RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), n, c, eps);
+  cpu::RmsNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+  cpu::RmsNormBackwardWeight(dw.data(), dy.data(), x.data(), rstd.data(), n, c);
+  Dev<float> gx(x), gw(w), gdy(dy), gout(n * c), grstd(n), gdx(std::vector<float>(n * c, 0.5f)),
+      gdw(std::vector<float>(c, 0.1f));
+  ASSERT_EQ(RmsNormForward(gout.p, grstd.p, gx.p, gw.p, n, c, eps, nullptr), cudaSuccess);
+  ASSERT_EQ(RmsNormBackwardInput(gdx.p, gdy.p, gx.p, gw.p, grstd.p, n, c, nullptr), cudaSuccess);
+  ASSERT_EQ(RmsNormBackwardWeight(gdw.p, gdy.p, gx.p, grstd.p, n, c, nullptr), cudaSuccess);
+  ExpectClose(gout.Get(), out, 1e-5, 1e-5, "out");
+  ExpectClose(grstd.Get(), rstd, 1e-5, 1e-6, "rstd");
+  ExpectClose(gdx.Get(), dx, 1e-5, 1e-5, "dinp (accumulated onto 0.5)");
+  ExpectClose(gdw.Get(), dw, 1e-5, 1e-4, "dweight (accumulated onto 0.1)");
+}
+
+TEST(CudaKernels, RopeMatchesCpuIncludingChunkOffset) {
+  SKIP_WITHOUT_DEVICE();
+  // q inside a qkv-like row of stride ld: 3 heads of 16 rotated, the rest untouched.
+  const int batch = 2, t = 50, heads = 3, d = 16, ld = 80;
+  const float theta = 500000.0f;
+  auto x = Random(size_t(batch) * t * ld, 210), dy = Random(size_t(batch) * t * ld, 211);
+  // A chunk starting at position 1000 (a Seq1F1B chunk mid-sequence) and the whole sequence.
+  for (const int start : {0, 1000}) {
+    std::vector<float> y = x, dx = dy;
+    cpu::RopeForward(y.data(), ld, batch, t, heads, d, start, theta);
+    cpu::RopeBackward(dx.data(), ld, batch, t, heads, d, start, theta);
+    Dev<float> gy(x), gdx(dy);
+    ASSERT_EQ(RopeForward(gy.p, ld, batch, t, heads, d, start, theta, nullptr), cudaSuccess);
+    ASSERT_EQ(RopeBackward(gdx.p, ld, batch, t, heads, d, start, theta, nullptr), cudaSuccess);
+    ExpectClose(gy.Get(), y, 1e-6, 1e-6, "rope forward");
+    ExpectClose(gdx.Get(), dx, 1e-6, 1e-6, "rope backward");
+  }
+  // The chunk [20, 50) rotated with start_pos 20 equals rows 20.. of the whole sequence.
+  std::vector<float> whole = x;
+  cpu::RopeForward(whole.data(), ld, 1, t, heads, d, 0, theta);
+  std::vector<float> tail(x.begin() + 20 * ld, x.begin() + t * ld);
+  Dev<float> gtail(tail);
+  ASSERT_EQ(RopeForward(gtail.p, ld, 1, t - 20, heads, d, 20, theta, nullptr), cudaSuccess);
+  ExpectClose(gtail.Get(), std::vector<float>(whole.begin() + 20 * ld, whole.begin() + t * ld),
+              1e-6, 1e-6, "chunk equals the whole sequence's rows");
+  Dev<float> odd(16);
+  EXPECT_EQ(RopeForward(odd.p, 16, 1, 1, 1, 15, 0, theta, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(CudaKernels, SwigluMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const long n = 33;
+  const int f = 72;
+  auto gu = Random(size_t(n) * 2 * f, 220, 3.0f), dy = Random(size_t(n) * f, 221);
+  std::vector<float> out(n * f), dgu(n * 2 * f);
+  cpu::SwigluForward(out.data(), gu.data(), n, f);
+  cpu::SwigluBackward(dgu.data(), gu.data(), dy.data(), n, f);
+  Dev<float> ggu(gu), gdy(dy), gout(n * f), gdgu(std::vector<float>(n * 2 * f, 9.0f));
+  ASSERT_EQ(SwigluForward(gout.p, ggu.p, n, f, nullptr), cudaSuccess);
+  ASSERT_EQ(SwigluBackward(gdgu.p, ggu.p, gdy.p, n, f, nullptr), cudaSuccess);
+  ExpectClose(gout.Get(), out, 1e-5, 1e-6, "swiglu");
+  ExpectClose(gdgu.Get(), dgu, 1e-5, 1e-6, "swiglu backward (overwrites)");
+}
+
+TEST(CudaKernels, LinearTransposedMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = 24, in = 64, out_dim = 40;
+  auto x = Random(n * in, 230), w = Random(out_dim * in, 231, 0.1f), dy = Random(n * out_dim, 232);
+  std::vector<float> y(n * out_dim), dx(n * in), dw(out_dim * in, 0.3f);
+  cpu::LinearTForward(y.data(), x.data(), w.data(), n, in, out_dim);
+  cpu::LinearTBackwardInput(dx.data(), dy.data(), w.data(), n, in, out_dim);
+  cpu::LinearTBackwardWeight(dw.data(), dy.data(), x.data(), n, in, out_dim);
+  auto gemm = GemmRunner::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  Dev<float> gx(x), gw(w), gdy(dy), gy(n * out_dim), gdx(n * in),
+      gdw(std::vector<float>(out_dim * in, 0.3f));
+  ASSERT_TRUE(LinearTForward(**gemm, gy.p, gx.p, gw.p, n, in, out_dim, nullptr).ok());
+  ASSERT_TRUE(LinearTBackwardInput(**gemm, gdx.p, gdy.p, gw.p, n, in, out_dim, nullptr).ok());
+  ASSERT_TRUE(LinearTBackwardWeight(**gemm, gdw.p, gdy.p, gx.p, n, in, out_dim, nullptr).ok());
+  ExpectClose(gy.Get(), y, 1e-5, 1e-5, "linear");
+  ExpectClose(gdx.Get(), dx, 1e-5, 1e-5, "dinp");
+  ExpectClose(gdw.Get(), dw, 1e-5, 1e-5, "dweight (accumulated onto 0.3)");
 }
 
 TEST(CudaKernels, EmbeddingShardAndPositions) {

@@ -44,6 +44,17 @@ ModelConfig SmallConfig() {
   return cfg;
 }
 
+// A Llama stack of the same size: head_dim 8, 2 key/value heads shared by 4 query heads (kv
+// width 16, a multiple of 8 as the GEMMs need), SwiGLU width 48, RoPE positions from 0 and 8.
+ModelConfig LlamaConfig() {
+  ModelConfig cfg = SmallConfig();
+  cfg.architecture = Architecture::kLlama;
+  cfg.kv_heads = 2;
+  cfg.ffn_hidden = 48;
+  cfg.rope_theta = 10000.0f;
+  return cfg;
+}
+
 constexpr int kBatch = 2;
 const std::vector<int> kBounds = {0, 8, 16};
 
@@ -103,6 +114,18 @@ void ExpectCreateRejectsBadArguments() {
 TEST(DeviceLayerStackCreate, RejectsBadArgumentsFloat) { ExpectCreateRejectsBadArguments<float>(); }
 
 TEST(DeviceLayerStackCreate, RejectsBadArgumentsBf16) { ExpectCreateRejectsBadArguments<bf16>(); }
+
+TEST(DeviceLayerStackCreate, RejectsLlamaKvWidthOffTheGemmAlignment) {
+  alignas(16) float params[8] = {};
+  alignas(16) float grads[8] = {};
+  ModelConfig cfg = LlamaConfig();
+  cfg.hidden = 48;
+  cfg.heads = 8;  // head_dim 6, 2 key/value heads: k and v 12 columns wide
+  auto s =
+      DeviceLayerStack<float>::Create(cfg, 0, 2, kBatch, kBounds, params, grads, DeviceContext{})
+          .status();
+  ExpectStatus(s, absl::StatusCode::kInvalidArgument, "kv_heads·head_dim 12");
+}
 
 TEST(DeviceLayerStackCreate, RejectsMisalignedParams) {
   alignas(16) float params[8] = {};
@@ -379,7 +402,7 @@ void CompareGrads(const ModelConfig& cfg, const std::vector<float>& got,
       const size_t begin = layer * per_layer + spec.offset;
       const std::vector<float> g(got.begin() + begin, got.begin() + begin + spec.count());
       const std::vector<float> w(want.begin() + begin, want.begin() + begin + spec.count());
-      compare(g, w, "grad " + LayerTensorName(layer, spec.name));
+      compare(g, w, "grad " + LayerTensorName(cfg, layer, spec.name));
     }
   }
 }
@@ -422,6 +445,48 @@ TEST_F(DeviceLayerStackTest, Bf16WithinTolerance) {
     const std::string name =
         "dx mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq);
     ExpectClose(got.dx.at(slot), w, 3e-2, 3e-2, name);
+  }
+  CompareGrads(cfg, got.grads, want.grads,
+               [](const std::vector<float>& g, const std::vector<float>& w,
+                  const std::string& name) { ExpectCloseL2(g, w, 5e-2, name); });
+}
+
+// The Llama block (RMSNorm, RoPE at each chunk's absolute positions, grouped-query attention
+// with dK/dV summed over each group and carried across chunks, SwiGLU, nn.Linear layout) on the
+// same schedule: F, B and W of every slot against the CPU stack.
+TEST_F(DeviceLayerStackTest, LlamaFp32MatchesCpu) {
+  const ModelConfig cfg = LlamaConfig();
+  const Inputs in = MakeInputs(cfg);
+  const Results want = RunCpu(cfg, in);
+  const Results got = RunDevice<float>(cfg, in);
+  ASSERT_EQ(got.out.size(), want.out.size());
+  ASSERT_EQ(got.dx.size(), want.dx.size());
+  for (const auto& [slot, w] : want.out) {
+    const std::string name =
+        "llama out mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq);
+    ExpectClose(got.out.at(slot), w, 1e-4, 1e-5, name);
+  }
+  for (const auto& [slot, w] : want.dx) {
+    const std::string name =
+        "llama dx mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq);
+    ExpectClose(got.dx.at(slot), w, 1e-4, 1e-5, name);
+  }
+  CompareGrads(cfg, got.grads, want.grads,
+               [](const std::vector<float>& g, const std::vector<float>& w,
+                  const std::string& name) { ExpectClose(g, w, 1e-4, 1e-5, name); });
+}
+
+TEST_F(DeviceLayerStackTest, LlamaBf16WithinTolerance) {
+  const ModelConfig cfg = LlamaConfig();
+  const Inputs in = MakeInputs(cfg);
+  const Results want = RunCpu(cfg, in);
+  const Results got = RunDevice<bf16>(cfg, in);
+  ASSERT_EQ(got.out.size(), want.out.size());
+  for (const auto& [slot, w] : want.out) {
+    ExpectClose(got.out.at(slot), w, 3e-2, 3e-2, "llama bf16 out");
+  }
+  for (const auto& [slot, w] : want.dx) {
+    ExpectClose(got.dx.at(slot), w, 3e-2, 3e-2, "llama bf16 dx");
   }
   CompareGrads(cfg, got.grads, want.grads,
                [](const std::vector<float>& g, const std::vector<float>& w,

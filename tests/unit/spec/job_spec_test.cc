@@ -551,11 +551,17 @@ TEST(ParseJobSpec, LlamaDefaults) {
   ASSERT_TRUE(gpt.ok()) << gpt.status();
   EXPECT_EQ(gpt->model().architecture(), "gpt2");
   EXPECT_EQ(gpt->model().kv_heads(), 4);  // inert for gpt2
-  // The CUDA engine has no llama kernels yet: refused at validation, naming the field.
+  // The CUDA engine runs llama too, with its GEMM alignment rule on the k/v width.
   const std::string cuda = Edit("  seq_len: 32", "  seq_len: 32\n  architecture: llama",
                                 Edit("device: cpu", "device: cuda"));
-  EXPECT_THAT(ParseJobSpec(cuda, "/base").status().message(),
-              HasSubstr("model.architecture: llama runs on device cpu in this build"));
+  absl::StatusOr<JobSpec> on_cuda = ParseJobSpec(cuda, "/base");
+  EXPECT_TRUE(on_cuda.ok()) << on_cuda.status();
+  // head_dim 48/8 = 6 with 2 key/value heads: a 12-wide k/v block breaks the alignment.
+  const std::string narrow = Edit("  heads: 4\n", "  heads: 8\n  kv_heads: 2\n",
+                                  Edit("  hidden: 64\n", "  hidden: 48\n", cuda));
+  EXPECT_THAT(
+      ParseJobSpec(narrow, "/base").status().message(),
+      HasSubstr("model.kv_heads: kv_heads·head_dim must be a multiple of 8 on cuda (got 12)"));
 }
 
 TEST(ParseJobSpec, SeqChunksRules) {

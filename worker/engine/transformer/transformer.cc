@@ -76,18 +76,6 @@ std::string LayerTensorName(const ModelConfig& cfg, int layer, std::string_view 
   return absl::StrCat("model.layers.", layer, ".", std::string(suffix));
 }
 
-LlamaLayerParams BindLlamaLayerParams(float* base, const ModelConfig& cfg) {
-  if (!cfg.llama()) return {};
-  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
-  // Spec order: norm, q, k, v, o, norm, gate, up, down.
-  return {.attn_norm_w = base + specs[0].offset,
-          .wqkv = base + specs[1].offset,
-          .wo = base + specs[4].offset,
-          .mlp_norm_w = base + specs[5].offset,
-          .wgu = base + specs[6].offset,
-          .wdown = base + specs[8].offset};
-}
-
 void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed) {
   if (cfg.llama()) {
     for (const TensorSpec& s : LayerTensorSpecs(cfg)) {

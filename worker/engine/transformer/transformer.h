@@ -64,14 +64,17 @@ using LayerParams = LayerTensors<float>;
 // A Llama layer's tensors, weights in nn.Linear layout [out, in] (LlamaForCausalLM's), kv =
 // kv_heads·head_dim. q, k, v are adjacent so one GEMM computes all three into a (n, h+2kv) row;
 // gate and up are adjacent so one GEMM gives the (n, 2f) SwiGLU input.
-struct LlamaLayerParams {
-  float* attn_norm_w = nullptr;  // input_layernorm.weight           (h)
-  float* wqkv = nullptr;         // self_attn.{q,k,v}_proj.weight    (h + 2kv, h)
-  float* wo = nullptr;           // self_attn.o_proj.weight          (h, h)
-  float* mlp_norm_w = nullptr;   // post_attention_layernorm.weight  (h)
-  float* wgu = nullptr;          // mlp.{gate,up}_proj.weight        (2f, h)
-  float* wdown = nullptr;        // mlp.down_proj.weight             (h, f)
+// E is float on the CPU; the device stack binds its T parameters and fp32 gradients with it.
+template <typename E>
+struct LlamaLayerTensors {
+  E* attn_norm_w = nullptr;  // input_layernorm.weight           (h)
+  E* wqkv = nullptr;         // self_attn.{q,k,v}_proj.weight    (h + 2kv, h)
+  E* wo = nullptr;           // self_attn.o_proj.weight          (h, h)
+  E* mlp_norm_w = nullptr;   // post_attention_layernorm.weight  (h)
+  E* wgu = nullptr;          // mlp.{gate,up}_proj.weight        (2f, h)
+  E* wdown = nullptr;        // mlp.down_proj.weight             (h, f)
 };
+using LlamaLayerParams = LlamaLayerTensors<float>;
 
 // Floats per layer. GPT-2: 4h (two LayerNorms) + h·3h + 3h + h·h + h + h·f + f + f·h + h.
 // Llama: 2h (two RMSNorms) + (h + 2kv)·h + h·h + 3·f·h.
@@ -82,8 +85,22 @@ std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg);
 std::string LayerTensorName(int layer, std::string_view suffix);
 // GPT-2 "transformer.h.<layer>.<suffix>", Llama "model.layers.<layer>.<suffix>".
 std::string LayerTensorName(const ModelConfig& cfg, int layer, std::string_view suffix);
-// Binds a Llama layer's pointers to the block at `base` (params or grads).
-LlamaLayerParams BindLlamaLayerParams(float* base, const ModelConfig& cfg);
+// Binds a Llama layer's pointers to the block at `base` (params or grads); empty for GPT-2.
+template <typename E>
+LlamaLayerTensors<E> BindLlamaLayerTensors(E* base, const ModelConfig& cfg) {
+  if (!cfg.llama()) return {};
+  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
+  // Spec order: norm, q, k, v, o, norm, gate, up, down.
+  return {.attn_norm_w = base + specs[0].offset,
+          .wqkv = base + specs[1].offset,
+          .wo = base + specs[4].offset,
+          .mlp_norm_w = base + specs[5].offset,
+          .wgu = base + specs[6].offset,
+          .wdown = base + specs[8].offset};
+}
+inline LlamaLayerParams BindLlamaLayerParams(float* base, const ModelConfig& cfg) {
+  return BindLlamaLayerTensors(base, cfg);
+}
 // Binds the named pointers to the block starting at `base` (params or grads), at the offsets
 // of LayerTensorSpecs. GPT-2 only (a Llama block binds with BindLlamaLayerParams).
 template <typename E>

@@ -83,16 +83,20 @@ absl::StatusOr<typename CudaStageEngine<T>::Buffer> CudaStageEngine<T>::Act(size
 template <typename T>
 absl::Status CudaStageEngine<T>::EmbedSeqChunk(Buffer& x, const InputState& in, int b, int s,
                                                int len, int h, int start) {
-  VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedSeqChunkForward<T>(
-      x.data(), in.output(), model_->wpe(), b, s, len, h, start, compute_.stream));
+  // Llama has no position table: RoPE inside the layers handles positions.
+  const T* wpe = opt_.model.llama() ? nullptr : model_->wpe();
+  VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedSeqChunkForward<T>(x.data(), in.output(), wpe, b, s,
+                                                                len, h, start, compute_.stream));
   return Finish(compute_);
 }
 
 template <typename T>
 absl::Status CudaStageEngine<T>::EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b,
                                                        int s, int len, int h, int start) {
-  VP_CUDA_RETURN_IF_ERROR(engine::cuda::PositionEmbeddingBackward<T>(
-      model_->wpe_grad(), dx.data(), b, len, h, start, compute_.stream));
+  if (!opt_.model.llama()) {
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::PositionEmbeddingBackward<T>(
+        model_->wpe_grad(), dx.data(), b, len, h, start, compute_.stream));
+  }
   // dx (b, len, h) into rows [start, start+len) of every sequence of dembed (b, s, h).
   const size_t row = sizeof(T) * static_cast<size_t>(h);
   VP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dembed.data() + static_cast<size_t>(start) * h, row * s,
@@ -114,9 +118,15 @@ absl::Status CudaStageEngine<T>::FinalNormForward(XState& xs, Buffer out, int n)
   xs.x = std::move(*x);
   xs.mean = std::move(*mean);
   xs.rstd = std::move(*rstd);
-  VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormForward<T>(
-      xs.x.data(), xs.mean.data(), xs.rstd.data(), out.data(), model_->lnf_weight(),
-      model_->lnf_bias(), n, h, compute_.stream));
+  if (opt_.model.llama()) {  // final RMSNorm (mean stays unused)
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::RmsNormForward<T>(xs.x.data(), xs.rstd.data(), out.data(),
+                                                            model_->lnf_weight(), n, h,
+                                                            opt_.model.rms_eps, compute_.stream));
+  } else {
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormForward<T>(
+        xs.x.data(), xs.mean.data(), xs.rstd.data(), out.data(), model_->lnf_weight(),
+        model_->lnf_bias(), n, h, compute_.stream));
+  }
   xs.x_last = std::move(out);
   return Finish(compute_);
 }
@@ -139,12 +149,20 @@ absl::Status CudaStageEngine<T>::FinalNormBackward(Buffer& dout, const float* gr
                                                       static_cast<long>(nh), compute_.stream));
     g = converted.data();
   }
-  VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardInput<T>(
-      dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n, h,
-      compute_.stream));
-  VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardWeight<T>(
-      model_->lnf_weight_grad(), model_->lnf_bias_grad(), g, xs.x_last.data(), xs.mean.data(),
-      xs.rstd.data(), n, h, compute_.stream));
+  if (opt_.model.llama()) {
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::RmsNormBackwardInput<T>(
+        dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.rstd.data(), n, h,
+        compute_.stream));
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::RmsNormBackwardWeight<T>(
+        model_->lnf_weight_grad(), g, xs.x_last.data(), xs.rstd.data(), n, h, compute_.stream));
+  } else {
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardInput<T>(
+        dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n,
+        h, compute_.stream));
+    VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardWeight<T>(
+        model_->lnf_weight_grad(), model_->lnf_bias_grad(), g, xs.x_last.data(), xs.mean.data(),
+        xs.rstd.data(), n, h, compute_.stream));
+  }
   xs.x_last.Reset();
   xs.mean.Reset();
   xs.rstd.Reset();

@@ -7,8 +7,10 @@
 // Work split (every block: kTile = 32 rows × kGroup = 8 threads per row = 256 threads):
 //   forward   one block per (query tile, head, sequence), loop over the key tiles it can see;
 //   delta     one warp per (query row, head, sequence): delta = Σ_d dO·O (= Σ_j P·dP);
-//   dK/dV     one block per (key tile, head, sequence), loop over the query tiles that see it,
-//             accumulating dK, dV in registers and adding into dk/dv once (no atomics);
+//   dK/dV     one block per (key tile, key/value head, sequence), loop over the query heads of
+//             its group (grouped-query attention: heads/kv_heads query heads share one K/V head)
+//             and the query tiles that see it, accumulating dK, dV in registers and adding into
+//             dk/dv once (no atomics, so the sum over the group is deterministic too);
 //   dQ        one block per (query tile, head, sequence), loop over key tiles, dq overwritten.
 // The thread owning tile row r holds output columns d = g, g+8, g+16, ... (g = its index in the
 // row's group of 8) in registers and scores for tile columns g, g+8, g+16, g+24. head_dim is a
@@ -73,8 +75,8 @@ __global__ void __launch_bounds__(kThreads)
                            float* lse,  // (batch, heads, q_len)
                            const T* q,  // (batch, q_len, ldq)
                            int ldq,
-                           const T* k,  // (batch, kv_rows, heads*head_dim)
-                           const T* v,  // (batch, kv_rows, heads*head_dim)
+                           const T* k,  // (batch, kv_rows, kv_heads*head_dim)
+                           const T* v,  // (batch, kv_rows, kv_heads*head_dim)
                            AttentionShape s, float scale) {
   extern __shared__ float smem[];
   float* qs = smem;                  // (kTile, D+1) this block's queries
@@ -90,9 +92,10 @@ __global__ void __launch_bounds__(kThreads)
   const int i = i0 + r;            // this thread's query row (may be padding)
   const int qpos = s.q_begin + i;  // absolute position: sees keys [0, qpos]
   const int n_keys = s.q_begin + min(i0 + kTile, q_len);  // keys the tile's last real row sees
+  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;  // K/V columns
   const T* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
-  const T* kh = k + static_cast<long>(b) * s.kv_rows * width + h * hd;
-  const T* vh = v + static_cast<long>(b) * s.kv_rows * width + h * hd;
+  const T* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const T* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
 
   LoadTile<T, D>(qs, qh, ldq, i0, q_len, hd);
   float m = -INFINITY;  // running max of this row's scaled scores
@@ -104,8 +107,8 @@ __global__ void __launch_bounds__(kThreads)
   // Key tiles past n_keys lie entirely above the causal diagonal of every row: not visited.
   for (int j0 = 0; j0 < n_keys; j0 += kTile) {
     __syncthreads();  // the previous tile's ks/vs/ps reads are done before overwriting
-    LoadTile<T, D>(ks, kh, width, j0, n_keys, hd);
-    LoadTile<T, D>(vs, vh, width, j0, n_keys, hd);
+    LoadTile<T, D>(ks, kh, kvw, j0, n_keys, hd);
+    LoadTile<T, D>(vs, vh, kvw, j0, n_keys, hd);
     __syncthreads();
     float sc[kCols];
 #pragma unroll
@@ -182,22 +185,23 @@ __global__ void AttentionDeltaKernel(float* delta,   // (batch, heads, q_len)
   if (lane == 0) delta[row] = sum;
 }
 
-// Backward step 2: for one key tile, over the query rows that see it,
+// Backward step 2: for one key tile of one key/value head, over the query heads of its group and
+// the query rows of each that see the tile,
 //   P = exp(scale·q·kᵀ − lse), dP = dO·vᵀ, dS = P∘(dP − delta),
 //   dV += Pᵀ·dO, dK += scale·dSᵀ·Q,
 // with the tile transposed (row r = key, columns = queries) so each thread accumulates dK, dV of
 // its own key row in registers. dk, dv are read-modified-written once at the end (+=).
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
-    AttentionBackwardKeyValueKernel(T* dk,               // (batch, kv_rows, heads*head_dim)
-                                    T* dv,               // (batch, kv_rows, heads*head_dim)
+    AttentionBackwardKeyValueKernel(T* dk,               // (batch, kv_rows, kv_heads*head_dim)
+                                    T* dv,               // (batch, kv_rows, kv_heads*head_dim)
                                     const T* dout,       // (batch, q_len, heads*head_dim)
                                     const float* lse,    // (batch, heads, q_len)
                                     const float* delta,  // (batch, heads, q_len)
                                     const T* q,          // (batch, q_len, ldq)
                                     int ldq,
-                                    const T* k,  // (batch, kv_rows, heads*head_dim)
-                                    const T* v,  // (batch, kv_rows, heads*head_dim)
+                                    const T* k,  // (batch, kv_rows, kv_heads*head_dim)
+                                    const T* v,  // (batch, kv_rows, kv_heads*head_dim)
                                     AttentionShape s, float scale) {
   extern __shared__ float smem[];
   float* ks = smem;                     // (kTile, D+1) this block's keys
@@ -211,66 +215,70 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kLd = RowLd<D>();
   constexpr int kAcc = D / kGroup;
   const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
-  const int h = blockIdx.y, b = blockIdx.z;
+  const int kvh = blockIdx.y, b = blockIdx.z;  // key/value head, sequence
+  const int group = s.heads / s.num_kv_heads(), kvw = s.kv_width();
   const int j0 = blockIdx.x * kTile;  // first key of the tile (absolute position)
   const int r = threadIdx.x / kGroup, g = threadIdx.x % kGroup;
   const int j = j0 + r;  // this thread's key (padding when >= q_end)
-  const T* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
-  const T* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
-  const long kv_head = static_cast<long>(b) * s.kv_rows * width + h * hd;
-  const long stats = (static_cast<long>(b) * s.heads + h) * q_len;  // lse/delta of this head
+  const long kv_head = static_cast<long>(b) * s.kv_rows * kvw + kvh * hd;
 
-  LoadTile<T, D>(ks, k + kv_head, width, j0, s.q_end, hd);
-  LoadTile<T, D>(vs, v + kv_head, width, j0, s.q_end, hd);
-  float dk_acc[kAcc], dv_acc[kAcc];  // columns g + kGroup·c of key row j
+  LoadTile<T, D>(ks, k + kv_head, kvw, j0, s.q_end, hd);
+  LoadTile<T, D>(vs, v + kv_head, kvw, j0, s.q_end, hd);
+  float dk_acc[kAcc], dv_acc[kAcc];  // columns g + kGroup·c of key row j, summed over the group
 #pragma unroll
   for (int c = 0; c < kAcc; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
 
   // Query row i (absolute q_begin + i) sees key j0 iff q_begin + i >= j0: earlier rows of the
   // chunk see none of this tile and are skipped. j0 < q_end, so i_first < q_len.
   const int i_first = max(0, j0 - s.q_begin);
-  for (int i0 = i_first; i0 < q_len; i0 += kTile) {
-    __syncthreads();  // previous query tile's reads are done; on entry, orders the K/V loads
-    LoadTile<T, D>(qs, qh, ldq, i0, q_len, hd);
-    LoadTile<T, D>(dos, doh, width, i0, q_len, hd);
-    if (const int t = threadIdx.x; t < kTile) {
-      const int i = i0 + t;  // padding rows get 0: their P is masked to 0 anyway
-      lse_s[t] = i < q_len ? lse[stats + i] : 0.0f;
-      delta_s[t] = i < q_len ? delta[stats + i] : 0.0f;
-    }
-    __syncthreads();
-    float sc[kCols], dp[kCols];  // q·k and dO·v for queries i0 + g + kGroup·c
+  for (int hg = 0; hg < group; ++hg) {
+    const int h = kvh * group + hg;  // query head
+    const T* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
+    const T* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
+    const long stats = (static_cast<long>(b) * s.heads + h) * q_len;  // lse/delta of this head
+    for (int i0 = i_first; i0 < q_len; i0 += kTile) {
+      __syncthreads();  // previous query tile's reads are done; on entry, orders the K/V loads
+      LoadTile<T, D>(qs, qh, ldq, i0, q_len, hd);
+      LoadTile<T, D>(dos, doh, width, i0, q_len, hd);
+      if (const int t = threadIdx.x; t < kTile) {
+        const int i = i0 + t;  // padding rows get 0: their P is masked to 0 anyway
+        lse_s[t] = i < q_len ? lse[stats + i] : 0.0f;
+        delta_s[t] = i < q_len ? delta[stats + i] : 0.0f;
+      }
+      __syncthreads();
+      float sc[kCols], dp[kCols];  // q·k and dO·v for queries i0 + g + kGroup·c
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) sc[c] = dp[c] = 0.0f;
-    for (int d = 0; d < hd; ++d) {
-      const float kd = ks[r * kLd + d], vd = vs[r * kLd + d];
+      for (int c = 0; c < kCols; ++c) sc[c] = dp[c] = 0.0f;
+      for (int d = 0; d < hd; ++d) {
+        const float kd = ks[r * kLd + d], vd = vs[r * kLd + d];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          sc[c] += qs[(g + kGroup * c) * kLd + d] * kd;
+          dp[c] += dos[(g + kGroup * c) * kLd + d] * vd;
+        }
+      }
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        sc[c] += qs[(g + kGroup * c) * kLd + d] * kd;
-        dp[c] += dos[(g + kGroup * c) * kLd + d] * vd;
+        const int ic = g + kGroup * c, i = i0 + ic;
+        const bool visible = i < q_len && j < s.q_end && j <= s.q_begin + i;
+        const float p = visible ? expf(sc[c] * scale - lse_s[ic]) : 0.0f;
+        pts[r * kScoreLd + ic] = p;
+        dsts[r * kScoreLd + ic] = p * (dp[c] - delta_s[ic]);
+      }
+      __syncwarp();  // key row r's Pᵀ/dSᵀ come from its 8 lanes, all in this warp
+      for (int ic = 0; ic < kTile; ++ic) {
+        const float p = pts[r * kScoreLd + ic], ds = dsts[r * kScoreLd + ic];
+#pragma unroll
+        for (int c = 0; c < kAcc; ++c) {
+          dv_acc[c] += p * dos[ic * kLd + g + kGroup * c];
+          dk_acc[c] += ds * qs[ic * kLd + g + kGroup * c];
+        }
       }
     }
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const int ic = g + kGroup * c, i = i0 + ic;
-      const bool visible = i < q_len && j < s.q_end && j <= s.q_begin + i;
-      const float p = visible ? expf(sc[c] * scale - lse_s[ic]) : 0.0f;
-      pts[r * kScoreLd + ic] = p;
-      dsts[r * kScoreLd + ic] = p * (dp[c] - delta_s[ic]);
-    }
-    __syncwarp();  // key row r's Pᵀ/dSᵀ come from its 8 lanes, all in this warp
-    for (int ic = 0; ic < kTile; ++ic) {
-      const float p = pts[r * kScoreLd + ic], ds = dsts[r * kScoreLd + ic];
-#pragma unroll
-      for (int c = 0; c < kAcc; ++c) {
-        dv_acc[c] += p * dos[ic * kLd + g + kGroup * c];
-        dk_acc[c] += ds * qs[ic * kLd + g + kGroup * c];
-      }
-    }
-  }
+  }  // query heads of the group
 
   if (j < s.q_end) {
-    const long row = kv_head + static_cast<long>(j) * width;
+    const long row = kv_head + static_cast<long>(j) * kvw;
 #pragma unroll
     for (int c = 0; c < kAcc; ++c) {
       const int d = g + kGroup * c;
@@ -292,8 +300,8 @@ __global__ void __launch_bounds__(kThreads)
                                  const float* delta,  // (batch, heads, q_len)
                                  const T* q,          // (batch, q_len, ldq)
                                  int ldq,
-                                 const T* k,  // (batch, kv_rows, heads*head_dim)
-                                 const T* v,  // (batch, kv_rows, heads*head_dim)
+                                 const T* k,  // (batch, kv_rows, kv_heads*head_dim)
+                                 const T* v,  // (batch, kv_rows, kv_heads*head_dim)
                                  AttentionShape s, float scale) {
   extern __shared__ float smem[];
   float* qs = smem;                   // (kTile, D+1) this block's queries
@@ -312,8 +320,9 @@ __global__ void __launch_bounds__(kThreads)
   const int n_keys = s.q_begin + min(i0 + kTile, q_len);
   const T* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
   const T* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
-  const T* kh = k + static_cast<long>(b) * s.kv_rows * width + h * hd;
-  const T* vh = v + static_cast<long>(b) * s.kv_rows * width + h * hd;
+  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;  // K/V columns
+  const T* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const T* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
   const long stat = (static_cast<long>(b) * s.heads + h) * q_len + i;
   const float row_lse = i < q_len ? lse[stat] : 0.0f;
   const float row_delta = i < q_len ? delta[stat] : 0.0f;
@@ -326,8 +335,8 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int j0 = 0; j0 < n_keys; j0 += kTile) {
     __syncthreads();  // previous key tile's reads are done; on entry, orders the Q/dO loads
-    LoadTile<T, D>(ks, kh, width, j0, n_keys, hd);
-    LoadTile<T, D>(vs, vh, width, j0, n_keys, hd);
+    LoadTile<T, D>(ks, kh, kvw, j0, n_keys, hd);
+    LoadTile<T, D>(vs, vh, kvw, j0, n_keys, hd);
     __syncthreads();
     float sc[kCols], dp[kCols];  // q·k and dO·v for keys j0 + g + kGroup·c
 #pragma unroll
@@ -378,7 +387,7 @@ cudaError_t AllowSharedMemory(Kernel kernel, size_t bytes) {
 bool BadShape(const AttentionShape& s) {
   return s.batch <= 0 || s.heads <= 0 || s.head_dim <= 0 || s.head_dim > kMaxHeadDim ||
          s.q_begin < 0 || s.q_end <= s.q_begin || s.kv_rows < s.q_end || s.batch > 65535 ||
-         s.heads > 65535;
+         s.heads > 65535 || s.kv_heads < 0 || s.heads % s.num_kv_heads() != 0;
 }
 
 float Scale(const AttentionShape& s) { return 1.0f / std::sqrt(static_cast<float>(s.head_dim)); }
@@ -406,7 +415,7 @@ cudaError_t LaunchBackward(T* dq, T* dk, T* dv, const float* delta, const T* dou
     return e;
   }
   AttentionBackwardKeyValueKernel<T, D>
-      <<<dim3(CeilDiv(s.q_end, kTile), s.heads, s.batch), kThreads, kv_smem, stream>>>(
+      <<<dim3(CeilDiv(s.q_end, kTile), s.num_kv_heads(), s.batch), kThreads, kv_smem, stream>>>(
           dk, dv, dout, lse, delta, q, ldq, k, v, s, Scale(s));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const size_t q_smem = (4 * TileFloats<D>() + ScoreFloats()) * sizeof(float);

@@ -131,6 +131,31 @@ absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, f
   return absl::OkStatus();
 }
 
+// Llama's nn.Linear layout [out, in], no bias (cpu::LinearT*): the same three GEMMs with the
+// weight's transpose flags flipped.
+template <typename T>
+absl::Status LinearTForward(GemmRunner& gemm, T* out, const T* inp, const T* weight, int n,
+                            int in_dim, int out_dim, cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  return gemm.Gemm(false, true, n, out_dim, in_dim, 1.0f, inp, in_dim, weight, in_dim, 0.0f, out,
+                   out_dim, t, t, stream);
+}
+
+template <typename T>
+absl::Status LinearTBackwardInput(GemmRunner& gemm, T* dinp, const T* dout, const T* weight, int n,
+                                  int in_dim, int out_dim, cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  return gemm.Gemm(false, false, n, in_dim, out_dim, 1.0f, dout, out_dim, weight, in_dim, 0.0f,
+                   dinp, in_dim, t, t, stream);
+}
+
+template <typename T>
+absl::Status LinearTBackwardWeight(GemmRunner& gemm, float* dweight, const T* dout, const T* inp,
+                                   int n, int in_dim, int out_dim, cudaStream_t stream) {
+  return gemm.Gemm(true, false, out_dim, in_dim, n, 1.0f, dout, out_dim, inp, in_dim, 1.0f, dweight,
+                   in_dim, DTypeOf<T>(), DType::kF32, stream);
+}
+
 template <typename T>
 absl::Status LinearForward(GemmRunner& gemm, T* out, const T* inp, const T* weight, const T* bias,
                            int n, int in_dim, int out_dim, cudaStream_t stream) {
@@ -232,6 +257,12 @@ absl::Status OutputLayerT(GemmRunner& gemm, T* probs, float* weight_grad, float*
                                                cudaStream_t);                                      \
   template absl::Status LinearBackwardWeight<T>(GemmRunner&, float*, float*, const T*, const T*,   \
                                                 int, int, int, cudaStream_t);                      \
+  template absl::Status LinearTForward<T>(GemmRunner&, T*, const T*, const T*, int, int, int,      \
+                                          cudaStream_t);                                           \
+  template absl::Status LinearTBackwardInput<T>(GemmRunner&, T*, const T*, const T*, int, int,     \
+                                                int, cudaStream_t);                                \
+  template absl::Status LinearTBackwardWeight<T>(GemmRunner&, float*, const T*, const T*, int,     \
+                                                 int, int, cudaStream_t);                          \
   template absl::Status OutputLayerS<T>(GemmRunner&, T*, float*, float*, float*, float*, const T*, \
                                         const T*, const int32_t*, int, int, int64_t, int64_t,      \
                                         cudaStream_t);                                             \

@@ -81,6 +81,26 @@ absl::Status LinearBackwardWeight(GemmRunner& gemm, float* dweight,  // (in_dim,
                                   const T* inp,                      // (n, in_dim)
                                   int n, int in_dim, int out_dim, cudaStream_t stream);
 
+// Linear layer with the weight in nn.Linear layout [out, in] and no bias (Llama; mirrors
+// cpu::LinearT*): out = inp · weightᵀ.
+template <typename T>
+absl::Status LinearTForward(GemmRunner& gemm, T* out,  // (n, out_dim)
+                            const T* inp,              // (n, in_dim)
+                            const T* weight,           // (out_dim, in_dim)
+                            int n, int in_dim, int out_dim, cudaStream_t stream);
+// B part: dinp = dout · weight (overwrites).
+template <typename T>
+absl::Status LinearTBackwardInput(GemmRunner& gemm, T* dinp,  // (n, in_dim)
+                                  const T* dout,              // (n, out_dim)
+                                  const T* weight,            // (out_dim, in_dim)
+                                  int n, int in_dim, int out_dim, cudaStream_t stream);
+// W part: dweight += doutᵀ · inp (fp32, accumulates).
+template <typename T>
+absl::Status LinearTBackwardWeight(GemmRunner& gemm, float* dweight,  // (out_dim, in_dim)
+                                   const T* dout,                     // (n, out_dim)
+                                   const T* inp,                      // (n, in_dim)
+                                   int n, int in_dim, int out_dim, cudaStream_t stream);
+
 // Output layer passes on device (see worker/engine/vocab/output_layer.h for the math). The
 // shard holds `rows` rows of which the first `valid` are real; local_label as in kernels.h.
 //

@@ -136,11 +136,18 @@ struct AttentionShape {
   int q_begin = 0;
   int q_end = 0;
   int kv_rows = 0;
+  // Grouped-query attention (Llama): key/value heads, dividing heads; query head i reads
+  // key/value head i / (heads / kv_heads). 0 means heads (multi-head attention, GPT-2).
+  int kv_heads = 0;
 
-  int q_len() const { return q_end - q_begin; }
-  int width() const { return heads * head_dim; }
+  __host__ __device__ int q_len() const { return q_end - q_begin; }
+  __host__ __device__ int width() const { return heads * head_dim; }
+  __host__ __device__ int num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  __host__ __device__ int kv_width() const { return num_kv_heads() * head_dim; }
 };
 
+// k, v, dk, dv rows are kv_width() wide (= width() without grouping); with kv_heads < heads the
+// backward sums dK, dV over the heads/kv_heads query heads that share a key/value head.
 // Flash-style (tiled, online softmax): the (q_len × q_end) probabilities are never stored. The
 // forward keeps only lse, the per-row log-sum-exp of the scaled scores (fp32), from which the
 // backward recomputes the probabilities tile by tile.
@@ -149,8 +156,8 @@ cudaError_t AttentionForward(T* out,      // (batch, q_len, heads*head_dim)
                              float* lse,  // (batch, heads, q_len)
                              const T* q,  // (batch, q_len, ldq)
                              int ldq,
-                             const T* k,  // (batch, kv_rows, heads*head_dim)
-                             const T* v,  // (batch, kv_rows, heads*head_dim)
+                             const T* k,  // (batch, kv_rows, kv_heads*head_dim)
+                             const T* v,  // (batch, kv_rows, kv_heads*head_dim)
                              const AttentionShape& shape, cudaStream_t stream);
 
 // dq overwritten; dk, dv accumulated (+=) for key positions [0, q_end) (rows a later chunk's
@@ -158,17 +165,69 @@ cudaError_t AttentionForward(T* out,      // (batch, q_len, heads*head_dim)
 // Deterministic: no atomics (one pass over key tiles for dk/dv, one over query tiles for dq).
 template <typename T>
 cudaError_t AttentionBackward(T* dq,             // (batch, q_len, ldq)
-                              T* dk,             // (batch, kv_rows, heads*head_dim)
-                              T* dv,             // (batch, kv_rows, heads*head_dim)
+                              T* dk,             // (batch, kv_rows, kv_heads*head_dim)
+                              T* dv,             // (batch, kv_rows, kv_heads*head_dim)
                               float* delta,      // (batch, heads, q_len) scratch
                               const T* dout,     // (batch, q_len, heads*head_dim)
                               const T* out,      // (batch, q_len, heads*head_dim) forward output
                               const float* lse,  // (batch, heads, q_len) from the forward
                               const T* q,        // (batch, q_len, ldq)
                               int ldq,
-                              const T* k,  // (batch, kv_rows, heads*head_dim)
-                              const T* v,  // (batch, kv_rows, heads*head_dim)
+                              const T* k,  // (batch, kv_rows, kv_heads*head_dim)
+                              const T* v,  // (batch, kv_rows, kv_heads*head_dim)
                               const AttentionShape& shape, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Llama ops (llama.cu), same rules as cpu::RmsNorm*, cpu::Rope*, cpu::Swiglu*. Statistics and
+// weight gradients fp32; the nn.Linear-layout linears are gemm.h's LinearT*.
+
+// out = inp · rstd · weight, rstd = 1/√(mean(inp²) + eps) (fp32).
+template <typename T>
+cudaError_t RmsNormForward(T* out,           // (n, c)
+                           float* rstd,      // (n)
+                           const T* inp,     // (n, c)
+                           const T* weight,  // (c)
+                           int n, int c, float eps, cudaStream_t stream);
+// B part: dinp += rstd · (g − x̂ · mean(g · x̂)), g = dout·weight, x̂ = inp·rstd (accumulates).
+template <typename T>
+cudaError_t RmsNormBackwardInput(T* dinp,            // (n, c)
+                                 const T* dout,      // (n, c)
+                                 const T* inp,       // (n, c)
+                                 const T* weight,    // (c)
+                                 const float* rstd,  // (n)
+                                 int n, int c, cudaStream_t stream);
+// W part: dweight += Σ_rows dout · x̂ (fp32, accumulates).
+template <typename T>
+cudaError_t RmsNormBackwardWeight(float* dweight,     // (c)
+                                  const T* dout,      // (n, c)
+                                  const T* inp,       // (n, c)
+                                  const float* rstd,  // (n)
+                                  int n, int c, cudaStream_t stream);
+
+// Rotary position embedding in place on `heads` heads of head_dim columns from column 0 of each
+// row (row stride ld), "rotate half" pairing, angle (start_pos + row's chunk position) ·
+// theta^(−2i/d): a Seq1F1B chunk passes its first absolute position as start_pos. head_dim even.
+template <typename T>
+cudaError_t RopeForward(T* x,  // (batch, t, ld)
+                        int ld, int batch, int t, int heads, int head_dim, int start_pos,
+                        float theta, cudaStream_t stream);
+// The rotation by the opposite angle, in place on the gradient.
+template <typename T>
+cudaError_t RopeBackward(T* dx,  // (batch, t, ld)
+                         int ld, int batch, int t, int heads, int head_dim, int start_pos,
+                         float theta, cudaStream_t stream);
+
+// out = silu(gate) · up; gate, up the two halves of each row of gu.
+template <typename T>
+cudaError_t SwigluForward(T* out,       // (n, f)
+                          const T* gu,  // (n, 2f)
+                          long n, int f, cudaStream_t stream);
+// dgu = [dout · up · silu'(gate), dout · silu(gate)] (overwrites).
+template <typename T>
+cudaError_t SwigluBackward(T* dgu,         // (n, 2f)
+                           const T* gu,    // (n, 2f)
+                           const T* dout,  // (n, f)
+                           long n, int f, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Output layer (vocabulary shard of `rows` rows, the first `valid` real; see

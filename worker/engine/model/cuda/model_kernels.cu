@@ -8,7 +8,7 @@ namespace {
 
 template <typename T>
 __global__ void EmbedSeqChunkForwardKernel(T* x, const float* emb, const T* wpe, int batch, int s,
-                                        int len, int h, int start) {
+                                           int len, int h, int start) {
   const long total = static_cast<long>(batch) * len * h;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
@@ -17,7 +17,9 @@ __global__ void EmbedSeqChunkForwardKernel(T* x, const float* emb, const T* wpe,
     const int t = static_cast<int>(row % len);
     const long b = row / len;
     const float e = emb[(b * s + start + t) * h + c];
-    x[i] = FromFloat<T>(e + ToFloat(wpe[static_cast<long>(start + t) * h + c]));
+    // No position table (Llama: RoPE in the layers) gives the embedding alone.
+    const float p = wpe != nullptr ? ToFloat(wpe[static_cast<long>(start + t) * h + c]) : 0.0f;
+    x[i] = FromFloat<T>(e + p);
   }
 }
 
@@ -42,12 +44,13 @@ __global__ void SquaredNormKernel(double* partial, const float* g, size_t count)
 
 template <typename T>
 cudaError_t EmbedSeqChunkForward(T* x, const float* emb, const T* wpe, int batch, int s, int len,
-                              int h, int start, cudaStream_t stream) {
+                                 int h, int start, cudaStream_t stream) {
   const long total = static_cast<long>(batch) * len * h;
   if (total == 0) return cudaSuccess;
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<long>((total + threads - 1) / threads, 4096));
-  EmbedSeqChunkForwardKernel<T><<<blocks, threads, 0, stream>>>(x, emb, wpe, batch, s, len, h, start);
+  EmbedSeqChunkForwardKernel<T>
+      <<<blocks, threads, 0, stream>>>(x, emb, wpe, batch, s, len, h, start);
   return cudaGetLastError();
 }
 
@@ -58,8 +61,8 @@ cudaError_t SquaredNormPartials(double* partial, const float* g, size_t count,
 }
 
 template cudaError_t EmbedSeqChunkForward<float>(float*, const float*, const float*, int, int, int,
-                                              int, int, cudaStream_t);
-template cudaError_t EmbedSeqChunkForward<bf16>(bf16*, const float*, const bf16*, int, int, int, int,
-                                             int, cudaStream_t);
+                                                 int, int, cudaStream_t);
+template cudaError_t EmbedSeqChunkForward<bf16>(bf16*, const float*, const bf16*, int, int, int,
+                                                int, int, cudaStream_t);
 
 }  // namespace vp::engine::cuda

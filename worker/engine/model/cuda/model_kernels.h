@@ -12,11 +12,11 @@ namespace vp::engine::cuda {
 
 // x[b, t, :] = T(emb[b, start + t, :] + wpe[start + t, :]) for t < len: one sequence chunk of
 // the fp32 embedding output (summed over the vocabulary shards) plus its position embeddings,
-// rounded once to T.
+// rounded once to T. wpe null (Llama, rotary positions inside the layers): the embedding alone.
 template <typename T>
 cudaError_t EmbedSeqChunkForward(T* x,              // (batch, len, h)
                                  const float* emb,  // (batch, s, h)
-                                 const T* wpe,      // (>= start + len, h)
+                                 const T* wpe,      // (>= start + len, h) or null
                                  int batch, int s, int len, int h, int start, cudaStream_t stream);
 
 // Σ g² of `count` fp32 values in fp64: `blocks` partial sums written to partial[0..blocks)

@@ -25,10 +25,6 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
     std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
     const DeviceContext& compute, const DeviceContext& comm) {
-  if (cfg.llama()) {
-    return absl::UnimplementedError(
-        "model.architecture: llama has no CUDA kernels in this build; use device cpu");
-  }
   if (cfg.hidden % 8 != 0 || cfg.ffn_hidden % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.hidden (", cfg.hidden, ") and ffn_hidden (", cfg.ffn_hidden,
@@ -92,7 +88,7 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
   // Layer stacks and shards over the device arrays, at the host layout's offsets.
   const std::string first_tensor = LayerTensorSpecs(cfg)[0].name;
   for (const RankLayout::Chunk& c : layout.chunks) {
-    const ParamTensor* t = h.Find(LayerTensorName(c.first_layer, first_tensor));
+    const ParamTensor* t = h.Find(LayerTensorName(cfg, c.first_layer, first_tensor));
     if (t == nullptr) return absl::InternalError("device model: layer tensor missing");
     auto stack =
         DeviceLayerStack<T>::Create(cfg, c.first_layer, c.count, microbatch_size, seq_bounds,
@@ -100,7 +96,7 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     if (!stack.ok()) return stack.status();
     m->stacks_.push_back(std::move(*stack));
   }
-  if (const ParamTensor* wte = h.Find("transformer.wte.weight"); wte != nullptr) {
+  if (const ParamTensor* wte = h.Find(EmbeddingTensorName(cfg)); wte != nullptr) {
     auto in = DeviceInputLayerShard<T>::Create(h.partition(), cfg.hidden, m->Params() + wte->offset,
                                                m->grads_.data() + wte->offset, compute, comm);
     if (!in.ok()) return in.status();
@@ -108,7 +104,7 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
   }
   if (h.has_output_layer()) {
     const ParamTensor* w = h.Find("lm_head.weight");
-    if (w == nullptr) w = h.Find("transformer.wte.weight");  // tied, same rank
+    if (w == nullptr) w = h.Find(EmbeddingTensorName(cfg));  // tied, same rank
     if (w == nullptr) return absl::InternalError("device model: output weight missing");
     auto out = DeviceOutputLayerShard<T>::Create(h.partition(), cfg.hidden, algorithm,
                                                  m->Params() + w->offset,

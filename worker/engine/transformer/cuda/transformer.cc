@@ -120,13 +120,16 @@ class DeviceLayer {
       : cfg_(cfg),
         batch_(batch),
         p_(BindLayerTensors(params, cfg)),
-        g_(BindLayerTensors(grads, cfg)) {}
+        g_(BindLayerTensors(grads, cfg)),
+        lp_(BindLlamaLayerTensors(params, cfg)),
+        lg_(BindLlamaLayerTensors(grads, cfg)) {}
 
   // F: out = layer(x) for the chunk's positions; appends the chunk's K/V to kv.
   absl::Status Forward(const DeviceContext& ctx, SeqChunk seq,
                        const T* x,  // (b, t, h) kept alive by the stack until W
                        T* out,      // (b, t, h)
                        DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
+    if (cfg_.llama()) return ForwardLlama(ctx, seq, x, out, kv, acts);
     const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
               heads = cfg_.heads;
     const int n = b * t;
@@ -189,6 +192,7 @@ class DeviceLayer {
                              const T* dout,  // (b, t, h)
                              T* dx,          // (b, t, h)
                              DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
+    if (cfg_.llama()) return BackwardInputLlama(ctx, dout, dx, kv, acts);
     const SeqChunk seq = acts.seq;
     const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
               heads = cfg_.heads;
@@ -264,6 +268,7 @@ class DeviceLayer {
   // W: accumulates every parameter gradient of the chunk into the fp32 gradient block, then
   // frees the activations.
   absl::Status BackwardWeight(const DeviceContext& ctx, DeviceLayerActivations<T>& acts) const {
+    if (cfg_.llama()) return BackwardWeightLlama(ctx, acts);
     const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
     cudaStream_t st = ctx.stream;
     GemmRunner& gemm = *ctx.gemm;
@@ -286,10 +291,170 @@ class DeviceLayer {
   }
 
  private:
+  // -------------------------------------------------------------------------------------------
+  // The Llama block (TransformerLayer::ForwardLlama & co. in ../transformer.cc, step by step).
+  // Letters: kvd = kv_heads·head_dim, qd = h + 2kvd (the fused q|k|v row), f MLP width; the
+  // cache and its gradient hold kvd columns; fch is the (n, 2f) gate|up row; ln*_mean unused.
+
+  absl::Status ForwardLlama(const DeviceContext& ctx, SeqChunk seq, const T* x, T* out,
+                            DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
+              heads = cfg_.heads, kv_heads = cfg_.num_kv_heads(), hd = cfg_.head_dim();
+    const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd;
+    const int n = b * t;
+    const long nh = static_cast<long>(n) * h;
+    cudaStream_t st = ctx.stream;
+    GemmRunner& gemm = *ctx.gemm;
+    acts.seq = seq;
+    acts.inp = x;
+    if (kv.k.empty()) {
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.k));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.v));
+    }
+    // Attention: res1 = x + o_proj(attn(rope(q), rope(k), v)), q|k|v = rms(x)·Wqkvᵀ.
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln1));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_rstd));
+    VP_CUDA_RETURN_IF_ERROR(RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x,
+                                           lp_.attn_norm_w, n, h, cfg_.rms_eps, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * qd, acts.qkv));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTForward(gemm, acts.qkv.data(), acts.ln1.data(), lp_.wqkv, n, h, qd, st));
+    // q and k rotated at absolute positions seq.begin + j, so keys enter the cache rotated.
+    VP_CUDA_RETURN_IF_ERROR(
+        RopeForward(acts.qkv.data(), qd, b, t, heads, hd, seq.begin, cfg_.rope_theta, st));
+    VP_CUDA_RETURN_IF_ERROR(
+        RopeForward(acts.qkv.data() + h, qd, b, t, kv_heads, hd, seq.begin, cfg_.rope_theta, st));
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, kvd, qd, h, seq.begin, true, st));
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, true, st));
+    const AttentionShape shape{b, heads, hd, seq.begin, seq.end, s, kv_heads};
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.atty));
+    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
+                                             kv.k.data(), kv.v.data(), shape, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.res1));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTForward(gemm, acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
+    // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_rstd));
+    VP_CUDA_RETURN_IF_ERROR(RmsNormForward(acts.ln2.data(), acts.ln2_rstd.data(), acts.res1.data(),
+                                           lp_.mlp_norm_w, n, h, cfg_.rms_eps, st));
+    const long nf = static_cast<long>(n) * f;
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, 2 * nf, acts.fch));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTForward(gemm, acts.fch.data(), acts.ln2.data(), lp_.wgu, n, h, 2 * f, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch_gelu));
+    VP_CUDA_RETURN_IF_ERROR(SwigluForward(acts.fch_gelu.data(), acts.fch.data(), n, f, st));
+    VP_LS_RETURN_IF_ERROR(LinearTForward(gemm, out, acts.fch_gelu.data(), lp_.wdown, n, f, h, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), nh, st));
+    acts.forward_done = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardInputLlama(const DeviceContext& ctx, const T* dout, T* dx,
+                                  DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
+    const SeqChunk seq = acts.seq;
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
+              heads = cfg_.heads, kv_heads = cfg_.num_kv_heads(), hd = cfg_.head_dim();
+    const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd;
+    const int n = b * t;
+    const long nh = static_cast<long>(n) * h;
+    const long nf = static_cast<long>(n) * f;
+    cudaStream_t st = ctx.stream;
+    GemmRunner& gemm = *ctx.gemm;
+    // MLP. dout is both res1's skip-path gradient and down_proj's output gradient (kept for W).
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_out));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, nh, st));
+    {
+      DeviceArray<T> d_act;  // (b, t, f) gradient of the SwiGLU output
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, d_act));
+      VP_LS_RETURN_IF_ERROR(LinearTBackwardInput(gemm, d_act.data(), dout, lp_.wdown, n, f, h, st));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, 2 * nf, acts.d_fch));
+      VP_CUDA_RETURN_IF_ERROR(
+          SwigluBackward(acts.d_fch.data(), acts.fch.data(), d_act.data(), n, f, st));
+    }
+    acts.fch.Reset();  // W needs only the SwiGLU output
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln2));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTBackwardInput(gemm, acts.d_ln2.data(), acts.d_fch.data(), lp_.wgu, n, h, 2 * f, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_res1));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
+                                                 acts.res1.data(), lp_.mlp_norm_w,
+                                                 acts.ln2_rstd.data(), n, h, st));
+    // Attention.
+    DeviceArray<T> d_atty;  // (b, t, h)
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, d_atty));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), lp_.wo, n, h, h, st));
+    if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.dk, /*zero=*/true));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.dv, /*zero=*/true));
+    }
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * qd, acts.d_qkv));
+    {
+      DeviceArray<float> delta;  // (b, heads, t)
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, delta));
+      const AttentionShape shape{b, heads, hd, seq.begin, seq.end, s, kv_heads};
+      VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
+                                                delta.data(), d_atty.data(), acts.atty.data(),
+                                                acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
+                                                kv.v.data(), shape, st));
+    }
+    // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now.
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h, seq.begin, false, st));
+    VP_CUDA_RETURN_IF_ERROR(
+        CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, false, st));
+    // Gradients of the rotated q, k: rotate back to the projections' gradients.
+    VP_CUDA_RETURN_IF_ERROR(
+        RopeBackward(acts.d_qkv.data(), qd, b, t, heads, hd, seq.begin, cfg_.rope_theta, st));
+    VP_CUDA_RETURN_IF_ERROR(RopeBackward(acts.d_qkv.data() + h, qd, b, t, kv_heads, hd, seq.begin,
+                                         cfg_.rope_theta, st));
+    acts.lse.Reset();
+    acts.qkv.Reset();
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln1));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTBackwardInput(gemm, acts.d_ln1.data(), acts.d_qkv.data(), lp_.wqkv, n, h, qd, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), nh, st));
+    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, lp_.attn_norm_w,
+                                                 acts.ln1_rstd.data(), n, h, st));
+    if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
+    acts.backward_input_done = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardWeightLlama(const DeviceContext& ctx,
+                                   DeviceLayerActivations<T>& acts) const {
+    const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+    const int qd = h + 2 * cfg_.kv_dim();
+    cudaStream_t st = ctx.stream;
+    GemmRunner& gemm = *ctx.gemm;
+    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardWeight(lg_.attn_norm_w, acts.d_ln1.data(), acts.inp,
+                                                  acts.ln1_rstd.data(), n, h, st));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTBackwardWeight(gemm, lg_.wqkv, acts.d_qkv.data(), acts.ln1.data(), n, h, qd, st));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTBackwardWeight(gemm, lg_.wo, acts.d_res1.data(), acts.atty.data(), n, h, h, st));
+    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardWeight(
+        lg_.mlp_norm_w, acts.d_ln2.data(), acts.res1.data(), acts.ln2_rstd.data(), n, h, st));
+    VP_LS_RETURN_IF_ERROR(
+        LinearTBackwardWeight(gemm, lg_.wgu, acts.d_fch.data(), acts.ln2.data(), n, h, 2 * f, st));
+    VP_LS_RETURN_IF_ERROR(LinearTBackwardWeight(gemm, lg_.wdown, acts.d_out.data(),
+                                                acts.fch_gelu.data(), n, f, h, st));
+    acts = DeviceLayerActivations<T>();
+    return absl::OkStatus();
+  }
+
   ModelConfig cfg_;
   int batch_;
   LayerTensors<const T> p_;
   LayerTensors<float> g_;
+  LlamaLayerTensors<const T> lp_;  // Llama's tensors (empty for GPT-2)
+  LlamaLayerTensors<float> lg_;
 };
 
 }  // namespace
@@ -399,6 +564,12 @@ absl::StatusOr<std::unique_ptr<DeviceLayerStack<T>>> DeviceLayerStack<T>::Create
     return absl::InvalidArgumentError(
         absl::StrCat("model: hidden ", cfg.hidden, " and ffn_hidden ", cfg.ffn_hidden,
                      " must be multiples of 8 on a CUDA device (16-byte aligned GEMM operands)"));
+  }
+  // Llama's q|k|v row is h + 2·kv_heads·head_dim wide and k, v start at columns h, h + kv.
+  if (cfg.llama() && cfg.kv_dim() % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: kv_heads·head_dim ", cfg.kv_dim(),
+                     " must be a multiple of 8 on a CUDA device (16-byte aligned GEMM operands)"));
   }
   if (reinterpret_cast<uintptr_t>(params) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(grads) % 16 != 0) {
