@@ -75,16 +75,18 @@ cudaError_t CopyRows(T* cache,  // (b, s, h)
 
 // Per (layer, microbatch): the key/value cache filled by the forwards of chunks 0, 1, ... and
 // the dK/dV accumulator filled by the backwards of chunks k-1, ..., 0 (LayerKvState).
+// Widths: h for GPT-2, kv = kv_heads·head_dim for Llama.
 template <typename T>
 struct DeviceKvState {
-  DeviceArray<T> k;   // (b, s, h)
-  DeviceArray<T> v;   // (b, s, h)
-  DeviceArray<T> dk;  // (b, s, h) T: bf16 in the bf16 path (see the file comment)
-  DeviceArray<T> dv;  // (b, s, h)
+  DeviceArray<T> k;   // (b, s, h | kv)
+  DeviceArray<T> v;   // (b, s, h | kv)
+  DeviceArray<T> dk;  // (b, s, h | kv) T: bf16 in the bf16 path (see the file comment)
+  DeviceArray<T> dv;  // (b, s, h | kv)
 };
 
 // Activations of one layer for one (microbatch, chunk) (LayerActivations, with lse in place of
-// the attention probabilities).
+// the attention probabilities). Llama: qkv and d_qkv are (b, t, h + 2kv), fch and d_fch the
+// (b, t, 2f) gate|up rows, fch_gelu the SwiGLU output, ln*_mean unused.
 template <typename T>
 struct DeviceLayerActivations {
   SeqChunk seq;
