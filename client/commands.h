@@ -24,6 +24,8 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err);
 int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe export RUN_DIR [--step N]: merges per-rank checkpoint shards into model.safetensors
 int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe report RUN_DIR [--out PREFIX]: an SVG + HTML report of a run (report_command.cc)
+int RunReportCommand(const Args& args, std::ostream& out, std::ostream& err);
 
 // Control plane (client/control_client.h: --coordinator or $VOCABPIPE_COORDINATOR, --output
 // text|json, exit codes 0-5).
