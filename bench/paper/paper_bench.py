@@ -60,7 +60,8 @@ def grid(a):
             rows.append(("seq", p, "1f1b", "vocab2", 32768, a.long_seq, 1))
             for k in [1, 2, 4]:
                 rows.append(("seq", p, "seq1f1b", "vocab2", 32768, a.long_seq, k))
-    return rows
+    # Every table at p = 2 first: a run cut short still has whole tables at the smaller p.
+    return sorted(rows, key=lambda r: r[1])
 
 
 def profiled_costs(plan, line, layers, p):
@@ -83,11 +84,15 @@ def profiled_costs(plan, line, layers, p):
             else:
                 per[kind].append(secs / n)
     costs = {}
-    for kind in ("F", "BW"):
+    for kind in ("F", "BW", "B", "W"):
         v = [s for k, s in f_layers if k == kind]
         if v:
             costs[kind] = statistics.mean(v)
-    c = {"F": costs.get("F", 0), "B": costs.get("BW", 0), "W": 0}
+    # Fused BW (1F1B) or split B and W (V-shapes, zero-bubble schedules).
+    if "BW" in costs:
+        c = {"F": costs.get("F", 0), "B": costs["BW"], "W": 0}
+    else:
+        c = {"F": costs.get("F", 0), "B": costs.get("B", 0), "W": costs.get("W", 0)}
     # The unsharded output layer (baseline, redis) is one S/T action costing p*S, p*T.
     full = plan["vocab"] in ("baseline", "redis")
     for kind in ("S", "T"):
@@ -100,6 +105,14 @@ def profiled_costs(plan, line, layers, p):
         c["opt"] = max(per["opt"])
     c["comm"] = 0
     return ",".join(f"{k}={v:.9g}" for k, v in c.items())
+
+
+def save(a, work, t0, results):
+    out = a.out or os.path.join(work, "results.json")
+    with open(out + ".tmp", "w") as f:
+        json.dump({"grid": a.grid, "wall_s": time.time() - t0, "rows": results}, f, indent=1)
+    os.replace(out + ".tmp", out)
+    return out
 
 
 def main():
@@ -176,12 +189,11 @@ def main():
         }
         row["gap"] = row["predicted_step_s"] / row["step_s"] - 1
         results.append(row)
+        save(a, work, t0, results)  # after every row, so a cut-short run keeps what it measured
         print(f"{name}: {row['step_s']:.3f} s/step ({row['tokens_per_s']:.0f} tok/s), "
               f"predicted {row['predicted_step_s']:.3f} s ({100 * row['gap']:+.0f}%), "
               f"{row['wall_s']:.0f} s wall", flush=True)
-    out = a.out or os.path.join(work, "results.json")
-    with open(out, "w") as f:
-        json.dump({"grid": a.grid, "wall_s": time.time() - t0, "rows": results}, f, indent=1)
+    out = save(a, work, t0, results)
     print(f"results: {out} ({time.time() - t0:.0f} s)")
     if a.charts and a.img:
         print(run([a.charts, out, a.img]), end="")
