@@ -103,6 +103,12 @@ def profiled_costs(plan, line, layers, p):
             c[key] = max(per[kind])
     if per["opt"]:
         c["opt"] = max(per["opt"])
+    # Seq1F1B: every pass above is one sequence chunk; the planner's costs are per whole
+    # microbatch (a chunk costs its share, chunks have equal FLOPs by construction).
+    k = plan.get("seq_chunks", 1)
+    for key in ("F", "B", "W", "S", "T", "IF", "IB"):
+        if key in c:
+            c[key] *= k
     c["comm"] = 0
     return ",".join(f"{k}={v:.9g}" for k, v in c.items())
 
