@@ -27,6 +27,8 @@ int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe sample CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K]
 // [--seed S]: text from a checkpoint (sample_command.cc)
 int RunSampleCommand(const Args& args, std::ostream& out, std::ostream& err);
+// vocabpipe report RUN_DIR [--out PREFIX]: an SVG + HTML report of a run (report_command.cc)
+int RunReportCommand(const Args& args, std::ostream& out, std::ostream& err);
 
 // Control plane (client/control_client.h: --coordinator or $VOCABPIPE_COORDINATOR, --output
 // text|json, exit codes 0-5).

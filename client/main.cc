@@ -22,6 +22,9 @@ commands:
                                         process (p = 1) or p rank processes (p > 1)
   export RUN_DIR [--step N]             merge per-rank checkpoint shards into
                                         step_N/model.safetensors (Hugging Face GPT-2)
+  report RUN_DIR [--out PREFIX]         an SVG (and HTML) report of a run: loss, tokens/s,
+                                        per-rank busy and memory beside the planner's
+                                        prediction, the plan timeline (RUN_DIR/report.svg)
   plan JOB.yaml [--format table|json|text|svg] [overrides]
                                         build, check and simulate the pipeline plan (offline)
   run JOB.yaml --coordinator HOST:PORT  submit to a coordinator and watch to the end
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
   if (cmd == "certs") return vp::cli::RunCertsCommand(args, std::cout, std::cerr);
   if (cmd == "export") return vp::cli::RunExportCommand(args, std::cout, std::cerr);
   if (cmd == "sample") return vp::cli::RunSampleCommand(args, std::cout, std::cerr);
+  if (cmd == "report") return vp::cli::RunReportCommand(args, std::cout, std::cerr);
   if (cmd == "submit") return vp::cli::RunSubmitCommand(args, std::cout, std::cerr);
   if (cmd == "status") return vp::cli::RunStatusCommand(args, std::cout, std::cerr);
   if (cmd == "watch") return vp::cli::RunWatchCommand(args, std::cout, std::cerr);

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""The papers' tables on the real engine: `vocabpipe run --direct` launches (p worker processes
+over Gloo on loopback, one BLAS thread per rank), each row beside the planner's prediction.
+
+usage: paper_bench.py --vocabpipe BUILD/client/vocabpipe --charts BUILD/bench/paper/paper_charts
+         [--grid small|full] [--pipelines 2,4] [--steps 3] [--workdir DIR] [--out results.json]
+         [--img docs/img] [--tables vocab,vshape,seq]
+
+Tables (docs/benchmarks.md, "The papers' tables on real workers"):
+  vocab   Table 5 shape: V in {32k, 64k, 128k, 256k} x {baseline, redis, interlaced, vocab1,
+          vocab2} on 1F1B;
+  vshape  {vhalf, vmin} x {baseline, vocab1, vocab2} against 1f1b x the same (V = 128k);
+  seq     Seq1F1B k in {1, 2, 4} at a long sequence against 1F1B (vocab2).
+--grid small keeps p = 2 and V in {32k, 128k} for `vocab`, and fewer rows elsewhere.
+
+Measured per row (steps after the first, the warm-up, averaged): step seconds, tokens/s, MFU
+(against the run's own measured sgemm peak per rank), busy max/mean, peak memory per rank.
+Predicted: the planner's simulation of the same plan (`vocabpipe plan --format json
+--costs ...`) with per-pass costs *profiled on the run itself*: the seconds each rank's
+compute thread spent in F, BW, S, T, IF, IB and OPT divided by how many of those passes the
+plan gives it. Communication is not in those costs (comm=0), so predicted - measured is the
+communication and contention the cost model leaves out.
+"""
+import argparse
+import collections
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}")
+    return r.stdout
+
+
+def grid(a):
+    small = a.grid == "small"
+    ps = [2] if small else [int(p) for p in a.pipelines.split(",")]
+    rows = []  # (table, p, schedule, vocab, V, seq, k)
+    if "vocab" in a.tables:
+        vs = [32768, 131072] if small else [32768, 65536, 131072, 262144]
+        for p in ps:
+            for v in vs:
+                for m in ["baseline", "redis", "interlaced", "vocab1", "vocab2"]:
+                    rows.append(("vocab", p, "1f1b", m, v, a.seq, 1))
+    if "vshape" in a.tables:
+        for p in ps:
+            for sched in ["1f1b", "vhalf"] + ([] if small else ["vmin"]):
+                for m in ["baseline", "vocab1", "vocab2"]:
+                    rows.append(("vshape", p, sched, m, 65536, a.seq, 1))
+    if "seq" in a.tables:
+        for p in ps:
+            rows.append(("seq", p, "1f1b", "vocab2", 32768, a.long_seq, 1))
+            for k in [1, 2, 4]:
+                rows.append(("seq", p, "seq1f1b", "vocab2", 32768, a.long_seq, k))
+    # Every table at p = 2 first: a run cut short still has whole tables at the smaller p.
+    return sorted(rows, key=lambda r: r[1])
+
+
+def profiled_costs(plan, line, layers, p):
+    """Per-pass seconds from one step's measured busy time per pass and the plan's actions."""
+    count = [collections.Counter(re.match(r"[A-Z_]+", x).group(0) for x in r["actions"])
+             for r in plan["ranks"]]
+    per = collections.defaultdict(list)
+    f_layers = []
+    for r, st in enumerate(line["stages"]):
+        for kind, secs in st["busy"].items():
+            n = count[r].get(kind, 0)
+            if n == 0:
+                continue
+            if kind in ("F", "BW", "B", "W"):
+                nl = plan["ranks"][r]["layers"]
+                if nl:
+                    f_layers.append((kind, secs / n / nl * (layers / p)))
+            elif kind == "OPT":
+                per["opt"].append(secs)
+            else:
+                per[kind].append(secs / n)
+    costs = {}
+    for kind in ("F", "BW", "B", "W"):
+        v = [s for k, s in f_layers if k == kind]
+        if v:
+            costs[kind] = statistics.mean(v)
+    # Fused BW (1F1B) or split B and W (V-shapes, zero-bubble schedules).
+    if "BW" in costs:
+        c = {"F": costs.get("F", 0), "B": costs["BW"], "W": 0}
+    else:
+        c = {"F": costs.get("F", 0), "B": costs.get("B", 0), "W": costs.get("W", 0)}
+    # The unsharded output layer (baseline, redis) is one S/T action costing p*S, p*T.
+    full = plan["vocab"] in ("baseline", "redis")
+    for kind in ("S", "T"):
+        if per[kind]:
+            c[kind] = max(per[kind]) / (p if full else 1)
+    for kind, key in (("IF", "IF"), ("IB", "IB")):
+        if per[kind]:
+            c[key] = max(per[kind])
+    if per["opt"]:
+        c["opt"] = max(per["opt"])
+    # Seq1F1B: every pass above is one sequence chunk; the planner's costs are per whole
+    # microbatch (a chunk costs its share, chunks have equal FLOPs by construction).
+    k = plan.get("seq_chunks", 1)
+    for key in ("F", "B", "W", "S", "T", "IF", "IB"):
+        if key in c:
+            c[key] *= k
+    c["comm"] = 0
+    return ",".join(f"{k}={v:.9g}" for k, v in c.items())
+
+
+def save(a, work, t0, results):
+    out = a.out or os.path.join(work, "results.json")
+    with open(out + ".tmp", "w") as f:
+        json.dump({"grid": a.grid, "wall_s": time.time() - t0, "rows": results}, f, indent=1)
+    os.replace(out + ".tmp", out)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vocabpipe", required=True)
+    ap.add_argument("--charts", default="")
+    ap.add_argument("--grid", choices=["small", "full"], default="full")
+    ap.add_argument("--pipelines", default="2,4")
+    ap.add_argument("--tables", default="vocab,vshape,seq")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--long-seq", type=int, default=1024)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--workdir", default="")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--img", default="")
+    a = ap.parse_args()
+
+    work = a.workdir or tempfile.mkdtemp(prefix="vp_paper_bench_")
+    os.makedirs(work, exist_ok=True)
+    results = []
+    t0 = time.time()
+    datas = {}
+    for (table, p, sched, method, vocab, seq, k) in grid(a):
+        if vocab not in datas:
+            datas[vocab] = os.path.join(work, f"data_{vocab}.bin")
+            tokens = max(100000, a.long_seq * a.microbatches * (a.steps + 1) * 2)
+            run([a.vocabpipe, "data", "synth", "--vocab", str(vocab), "--tokens", str(tokens),
+                 "--out", datas[vocab], "--seed", "1"])
+        name = f"{table}_p{p}_{sched}_k{k}_{method}_V{vocab}_s{seq}"
+        spec = os.path.join(work, name + ".yaml")
+        m = a.microbatches
+        with open(spec, "w") as f:
+            f.write(
+                f"model: {{layers: {a.layers}, hidden: {a.hidden}, heads: {a.heads}, "
+                f"vocab_size: {vocab}, seq_len: {seq}}}\n"
+                f"parallel: {{pipeline: {p}, schedule: {sched}, vocab: {method}, "
+                f"microbatches: {m}" + (f", seq_chunks: {k}" if sched.startswith("seq") else "")
+                + "}\n"
+                f"train: {{steps: {a.steps}, threads: 1}}\n"
+                f"data: {{path: {datas[vocab]}}}\n"
+                f"checkpoint: {{dir: {os.path.join(work, name)}, every: 1000000}}\n")
+        start = time.time()
+        run([a.vocabpipe, "run", spec, "--direct", "--timeout", "600"])
+        with open(os.path.join(work, name, "metrics.jsonl")) as f:
+            steps = [json.loads(line) for line in f][1:]
+        if not steps:
+            sys.exit("need --steps >= 2 (the first step is warm-up)")
+        plan = json.loads(run([a.vocabpipe, "plan", spec, "--format", "json"]))
+        costs = profiled_costs(plan, steps[-1], a.layers, p)
+        pred = json.loads(run([a.vocabpipe, "plan", spec, "--format", "json", "--costs", costs]))
+        busy_pred = [r["busy"] for r in pred["ranks"]]
+        row = {
+            "table": table, "p": p, "schedule": sched, "vocab": method, "V": vocab, "seq": seq,
+            "k": k, "m": m, "layers": a.layers, "hidden": a.hidden,
+            "step_s": statistics.mean(s["step_seconds"] for s in steps),
+            "tokens_per_s": statistics.mean(s["tokens_per_s"] for s in steps),
+            "mfu": statistics.mean(s["mfu"] for s in steps),
+            "busy_max_over_mean": statistics.mean(s["busy_max_over_mean"] for s in steps),
+            "peak_mib_per_rank": [max(s["stages"][r]["memory"]["total"] for s in steps) / 2**20
+                                  for r in range(p)],
+            "activation_mib_max": max(
+                max(s["stages"][r]["memory"].get("activations", 0) for s in steps)
+                for r in range(p)) / 2**20,
+            "predicted_step_s": pred["step_time"],
+            "predicted_busy_max_over_mean": max(busy_pred) / statistics.mean(busy_pred),
+            "predicted_peak_mib_per_rank": [
+                (r["state_bytes"] + r["peak_activation_bytes"]) / 2**20 for r in plan["ranks"]],
+            "costs": costs,
+            "wall_s": time.time() - start,
+        }
+        row["gap"] = row["predicted_step_s"] / row["step_s"] - 1
+        results.append(row)
+        save(a, work, t0, results)  # after every row, so a cut-short run keeps what it measured
+        print(f"{name}: {row['step_s']:.3f} s/step ({row['tokens_per_s']:.0f} tok/s), "
+              f"predicted {row['predicted_step_s']:.3f} s ({100 * row['gap']:+.0f}%), "
+              f"{row['wall_s']:.0f} s wall", flush=True)
+    out = save(a, work, t0, results)
+    print(f"results: {out} ({time.time() - t0:.0f} s)")
+    if a.charts and a.img:
+        print(run([a.charts, out, a.img]), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+// paper_charts RESULTS.json IMG_DIR: renders bench/paper/paper_bench.py's results as SVG charts
+// (client/svg_charts, the code `vocabpipe report` draws with) and prints the markdown tables of
+// docs/benchmarks.md. Writes IMG_DIR/paper_vocab.svg, paper_vshape.svg, paper_seq.svg for the
+// tables that have rows.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/svg_charts.h"
+
+namespace {
+
+using nlohmann::json;
+using vp::cli::BarChart;
+using vp::cli::BarGroup;
+
+std::string Row(const json& r) {
+  std::string peaks;
+  for (const auto& v : r["peak_mib_per_rank"]) peaks += absl::StrFormat("%.0f/", v.get<double>());
+  if (!peaks.empty()) peaks.pop_back();
+  return absl::StrFormat(
+      "| %d | %s | %s | %s | %d | %.3f | %.3f | **%+.0f%%** | %.0f | %.2f%% | %.2f | %.2f | %s |",
+      r["p"].get<int>(), r["schedule"].get<std::string>(),
+      r["k"].get<int>() > 1 ? absl::StrCat("k=", r["k"].get<int>()) : std::string("-"),
+      r["vocab"].get<std::string>(), r["V"].get<int>(), r["step_s"].get<double>(),
+      r["predicted_step_s"].get<double>(), 100 * r["gap"].get<double>(),
+      r["tokens_per_s"].get<double>(), 100 * r["mfu"].get<double>(),
+      r["busy_max_over_mean"].get<double>(), r["predicted_busy_max_over_mean"].get<double>(),
+      peaks);
+}
+
+bool Write(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  if (!f) std::cerr << "paper_charts: cannot write " << path << "\n";
+  return static_cast<bool>(f);
+}
+
+// Measured tokens/s per (group label, series) plus measured-vs-predicted step seconds per row.
+std::string TableCharts(const std::vector<json>& rows, const std::string& title,
+                        const std::function<std::string(const json&)>& group_of,
+                        const std::function<std::string(const json&)>& series_of, double* height) {
+  std::vector<std::string> groups, series;
+  std::map<std::pair<std::string, std::string>, double> tps;
+  for (const json& r : rows) {
+    const std::string g = group_of(r), s = series_of(r);
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    if (std::find(series.begin(), series.end(), s) == series.end()) series.push_back(s);
+    tps[{g, s}] = r["tokens_per_s"].get<double>();
+  }
+  std::vector<BarGroup> bars;
+  for (const std::string& g : groups) {
+    BarGroup b{g, {}};
+    for (const std::string& s : series) {
+      auto it = tps.find({g, s});
+      b.values.push_back(it == tps.end() ? -1 : it->second);
+    }
+    bars.push_back(b);
+  }
+  double y = 36;
+  std::string body = absl::StrFormat("<text x=\"20\" y=\"24\" font-size=\"16\">%s</text>\n",
+                                     vp::cli::XmlEscape(title));
+  body += BarChart(y, 300, "Measured tokens/s", series, bars, "");
+  y += 310;
+  std::vector<BarGroup> gap;
+  for (const json& r : rows) {
+    gap.push_back({absl::StrCat(group_of(r), " ", series_of(r)),
+                   {r["step_s"].get<double>(), r["predicted_step_s"].get<double>()}});
+  }
+  body += BarChart(y, 300, "Step seconds: measured vs predicted (profiled pass costs)",
+                   {"measured", "predicted"}, gap, "");
+  y += 310;
+  *height = y;
+  return body;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: paper_charts RESULTS.json IMG_DIR\n";
+    return 2;
+  }
+  std::ifstream f(argv[1]);
+  json doc = json::parse(f, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("rows") || !doc["rows"].is_array()) {
+    std::cerr << "paper_charts: " << argv[1] << ": not a paper_bench.py results file\n";
+    return 2;
+  }
+  const std::string img = argv[2];
+  std::map<std::string, std::vector<json>> tables;
+  for (const json& r : doc["rows"]) tables[r["table"].get<std::string>()].push_back(r);
+  auto p_of = [](const json& r) { return absl::StrCat("p=", r["p"].get<int>()); };
+  for (const auto& [name, rows] : tables) {
+    double height = 0;
+    std::string body, title;
+    if (name == "vocab") {
+      title = "Vocabulary methods on 1F1B as V grows (real workers)";
+      body = TableCharts(
+          rows, title,
+          [&](const json& r) {
+            return absl::StrCat(p_of(r), " V=", r["V"].get<int>() / 1024, "k");
+          },
+          [](const json& r) { return r["vocab"].get<std::string>(); }, &height);
+    } else if (name == "vshape") {
+      title = "V-Half / V-Min against 1F1B (real workers)";
+      body = TableCharts(
+          rows, title,
+          [&](const json& r) { return absl::StrCat(p_of(r), " ", r["vocab"].get<std::string>()); },
+          [](const json& r) { return r["schedule"].get<std::string>(); }, &height);
+    } else {
+      title = "Seq1F1B at a long sequence against 1F1B (real workers)";
+      auto label = [](const json& r) {
+        return r["schedule"] == "1f1b" ? std::string("1f1b")
+                                       : absl::StrCat("seq1f1b k=", r["k"].get<int>());
+      };
+      body = TableCharts(rows, title, p_of, label, &height);
+      std::vector<BarGroup> act;
+      for (const json& r : rows)
+        act.push_back(
+            {absl::StrCat(p_of(r), " ", label(r)), {r["activation_mib_max"].get<double>()}});
+      body += BarChart(height, 300, "Peak activation memory (MiB, max over ranks)", {"activations"},
+                       act, "");
+      height += 310;
+    }
+    const std::string path = absl::StrCat(img, "/paper_", name, ".svg");
+    if (!Write(path, vp::cli::SvgDocument(height, title, body))) return 1;
+    std::cout << "\n"
+              << title << " (" << path << ")\n\n"
+              << "| p | schedule | k | vocab | V | step s | predicted s | gap | tokens/s | MFU | "
+                 "busy max/mean | predicted | peak MiB per rank |\n"
+              << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const json& r : rows) std::cout << Row(r) << "\n";
+  }
+  return 0;
+}
