@@ -1,4 +1,5 @@
-// The sampler: the GPT-2 decoder's key/value cache gives the logits a full recompute of the
+// The sampler: the GPT-2 and Llama decoders' key/value cache (Llama: rotated keys of 2 key/value
+// heads for 4 query heads) gives the logits a full recompute of the
 // prefix gives; a fixed seed reproduces a sample; temperature 0 and top-k pick what they
 // promise; bad options and a too-long sample are refused naming the flag.
 #include "worker/runtime/sampler.h"
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "worker/runtime/trainer.h"
@@ -17,7 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TrainerOptions Options(bool tied) {
+TrainerOptions Options(bool tied, bool llama = false) {
   TrainerOptions o;
   o.model = {.layers = 2,
              .hidden = 32,
@@ -26,6 +28,11 @@ TrainerOptions Options(bool tied) {
              .seq_len = 24,
              .ffn_hidden = 64,
              .tie_embeddings = tied};
+  if (llama) {
+    o.model.architecture = engine::Architecture::kLlama;
+    o.model.kv_heads = 2;  // grouped-query attention: 2 query heads per key/value head
+    o.model.rope_theta = 500.0f;
+  }
   o.microbatch_size = 2;
   o.microbatches = 1;
   o.adamw = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f};
@@ -35,8 +42,8 @@ TrainerOptions Options(bool tied) {
 }
 
 // A model trained a little on a repeating pattern, so its predictions are not uniform.
-std::unique_ptr<StandaloneTrainer> Trained(bool tied, int steps) {
-  const TrainerOptions o = Options(tied);
+std::unique_ptr<StandaloneTrainer> Trained(bool tied, int steps, bool llama = false) {
+  const TrainerOptions o = Options(tied, llama);
   auto t = StandaloneTrainer::Create(o);
   EXPECT_TRUE(t.ok());
   const int n = o.microbatch_size * o.model.seq_len;
@@ -51,10 +58,11 @@ std::unique_ptr<StandaloneTrainer> Trained(bool tied, int steps) {
   return std::move(*t);
 }
 
-class SamplerTied : public testing::TestWithParam<bool> {};
+// (tied embeddings, llama)
+class SamplerTied : public testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(SamplerTied, CacheEqualsFullRecomputeAtEveryPosition) {
-  auto t = Trained(GetParam(), 20);
+  auto t = Trained(std::get<0>(GetParam()), 20, std::get<1>(GetParam()));
   auto d = Gpt2Decoder::Create(t->model());
   ASSERT_TRUE(d.ok()) << d.status();
   const int V = (*d)->vocab_size(), s = (*d)->context();
@@ -87,10 +95,13 @@ TEST_P(SamplerTied, CacheEqualsFullRecomputeAtEveryPosition) {
   for (int v = 0; v < V; ++v) EXPECT_NEAR(cached[v], full[v], 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Embeddings, SamplerTied, testing::Bool());
+INSTANTIATE_TEST_SUITE_P(EmbeddingsAndArchitectures, SamplerTied,
+                         testing::Combine(testing::Bool(), testing::Bool()));
 
-TEST(Sampler, FixedSeedReproducesTheSample) {
-  auto t = Trained(false, 3);  // barely trained: many tokens are likely
+class SamplerArch : public testing::TestWithParam<bool> {};  // llama
+
+TEST_P(SamplerArch, FixedSeedReproducesTheSample) {
+  auto t = Trained(false, 3, GetParam());  // barely trained: many tokens are likely
   auto d = Gpt2Decoder::Create(t->model());
   ASSERT_TRUE(d.ok());
   const std::vector<int32_t> prompt = {1, 2, 3};
@@ -112,6 +123,8 @@ TEST(Sampler, FixedSeedReproducesTheSample) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *a);
 }
+
+INSTANTIATE_TEST_SUITE_P(Architectures, SamplerArch, testing::Bool());
 
 TEST(Sampler, TemperatureZeroIsGreedy) {
   auto t = Trained(false, 20);
