@@ -200,9 +200,9 @@ void EngineDecoder::Logits(const float* x, float* logits) const {
 absl::Status EngineDecoder::Append(std::span<const int32_t> tokens, float* logits) {
   if (tokens.empty()) return absl::InvalidArgumentError("sampler: no tokens to append");
   if (pos_ + static_cast<int64_t>(tokens.size()) > cfg_.seq_len) {
-    return absl::OutOfRangeError(absl::StrCat("sampler: ", pos_ + tokens.size(),
-                                              " tokens exceed the model's context of ",
-                                              cfg_.seq_len, " positions (n_positions)"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "sampler: ", pos_ + tokens.size(), " tokens exceed the model's context of ", cfg_.seq_len,
+        " positions (", cfg_.llama() ? "max_position_embeddings" : "n_positions", ")"));
   }
   for (int32_t t : tokens) {
     if (t < 0 || t >= cfg_.vocab) {

@@ -10,7 +10,8 @@
 // Llama the layers rotate q and k at the chunk's absolute position q and cache the rotated keys
 // of the kv_heads key/value heads (grouped-query attention), so the cache needs nothing extra.
 //
-// Letters: V vocabulary size, h hidden size, s the model's context (n_positions), P prompt
+// Letters: V vocabulary size, h hidden size, s the model's context (GPT-2's n_positions, Llama's
+// max_position_embeddings), P prompt
 // tokens, N new tokens.
 #pragma once
 

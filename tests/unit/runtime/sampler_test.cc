@@ -6,12 +6,17 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
+#include "worker/runtime/checkpoint.h"
 #include "worker/runtime/trainer.h"
 
 namespace vp::runtime {
@@ -125,6 +130,54 @@ TEST_P(SamplerArch, FixedSeedReproducesTheSample) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, SamplerArch, testing::Bool());
+
+// A saved Llama checkpoint loads by model_type into a decoder with the trained weights (the
+// same logits as a decoder made from the model); a config.json that breaks a rule is refused
+// naming the file and the key.
+TEST(Sampler, LoadDecoderReadsALlamaCheckpoint) {
+  namespace fs = std::filesystem;
+  auto t = Trained(false, 5, /*llama=*/true);
+  const fs::path dir =
+      fs::temp_directory_path() / ("vp_sampler_llama_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ASSERT_TRUE(SaveCheckpoint(dir.string(), 5, t->model(), t->optimizer()).ok());
+  const std::string step = CheckpointDir(dir.string(), 5);
+  auto loaded = LoadDecoder(step);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto made = EngineDecoder::Create(t->model());
+  ASSERT_TRUE(made.ok());
+  const std::vector<int32_t> prompt = {4, 9, 30, 2};
+  std::vector<float> a((*made)->vocab_size()), b((*loaded)->vocab_size());
+  ASSERT_TRUE((*made)->Append(prompt, a.data()).ok());
+  ASSERT_TRUE((*loaded)->Append(prompt, b.data()).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ((*loaded)->context(), 24);
+  // The context error names Llama's key.
+  std::vector<int32_t> many(30, 1);
+  absl::Status st = (*loaded)->Append(many, b.data());
+  EXPECT_THAT(std::string(st.message()), HasSubstr("max_position_embeddings"));
+
+  const fs::path config = fs::path(step) / "config.json";
+  std::stringstream text;
+  text << std::ifstream(config).rdbuf();
+  const std::string good = text.str();
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    s.replace(at, from.size(), to);
+    std::ofstream(config) << s;
+    return LoadDecoder(step).status();
+  };
+  EXPECT_THAT(std::string(with("\"rope_scaling\": null", "\"rope_scaling\": {}").message()),
+              HasSubstr("config.json: rope_scaling is not supported"));
+  EXPECT_THAT(
+      std::string(with("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3").message()),
+      HasSubstr("num_key_value_heads"));
+  EXPECT_THAT(std::string(with("\"hidden_size\": 32", "\"hidden_size\": \"32\"").message()),
+              HasSubstr("config.json: hidden_size missing or not an integer"));
+  fs::remove_all(dir);
+}
 
 TEST(Sampler, TemperatureZeroIsGreedy) {
   auto t = Trained(false, 20);
