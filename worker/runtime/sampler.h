@@ -11,8 +11,7 @@
 // of the kv_heads key/value heads (grouped-query attention), so the cache needs nothing extra.
 //
 // Letters: V vocabulary size, h hidden size, s the model's context (GPT-2's n_positions, Llama's
-// max_position_embeddings), P prompt
-// tokens, N new tokens.
+// max_position_embeddings), P prompt tokens, N new tokens.
 #pragma once
 
 #include <cstdint>
