@@ -82,8 +82,6 @@ class EngineDecoder final : public Decoder {
   int pos_ = 0;
 };
 
-using Gpt2Decoder = EngineDecoder;  // the name from before Llama
-
 // The decoder for a checkpoint folder, by config.json's model_type. Errors name the file.
 absl::StatusOr<std::unique_ptr<Decoder>> LoadDecoder(const std::string& step_dir);
 

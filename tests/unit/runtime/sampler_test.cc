@@ -68,7 +68,7 @@ class SamplerTied : public testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(SamplerTied, CacheEqualsFullRecomputeAtEveryPosition) {
   auto t = Trained(std::get<0>(GetParam()), 20, std::get<1>(GetParam()));
-  auto d = Gpt2Decoder::Create(t->model());
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok()) << d.status();
   const int V = (*d)->vocab_size(), s = (*d)->context();
   std::mt19937 rng(11);
@@ -107,7 +107,7 @@ class SamplerArch : public testing::TestWithParam<bool> {};  // llama
 
 TEST_P(SamplerArch, FixedSeedReproducesTheSample) {
   auto t = Trained(false, 3, GetParam());  // barely trained: many tokens are likely
-  auto d = Gpt2Decoder::Create(t->model());
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok());
   const std::vector<int32_t> prompt = {1, 2, 3};
   SampleOptions o{.max_tokens = 20, .temperature = 1.0f, .top_k = 0, .seed = 42};
@@ -121,7 +121,7 @@ TEST_P(SamplerArch, FixedSeedReproducesTheSample) {
   ASSERT_TRUE(c.ok());
   EXPECT_NE(*a, *c) << "another seed drew the same 20 tokens";
   // A second decoder on the same weights draws the same tokens.
-  auto d2 = Gpt2Decoder::Create(t->model());
+  auto d2 = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d2.ok());
   o.seed = 42;
   auto again = Generate(**d2, prompt, o);
@@ -181,7 +181,7 @@ TEST(Sampler, LoadDecoderReadsALlamaCheckpoint) {
 
 TEST(Sampler, TemperatureZeroIsGreedy) {
   auto t = Trained(false, 20);
-  auto d = Gpt2Decoder::Create(t->model());
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok());
   std::vector<int32_t> ids = {5, 12};
   auto got = Generate(**d, ids, {.max_tokens = 8, .temperature = 0.0f, .seed = 1});
@@ -224,7 +224,7 @@ TEST(Sampler, BadOptionsNameTheFlag) {
   EXPECT_THAT(std::string(ValidateSampleOptions({.top_k = -2}).message()),
               HasSubstr("--top-k: must be >= 0"));
   auto t = Trained(false, 0);
-  auto d = Gpt2Decoder::Create(t->model());
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok());
   const std::vector<int32_t> prompt(10, 1);
   auto r = Generate(**d, prompt, {.max_tokens = 16});  // 10 + 16 − 1 > 24
