@@ -1,5 +1,7 @@
 // vocabpipe export RUN_DIR [--step N]: merges the per-rank checkpoint shards of a pipeline
-// run into step_<N>/model.safetensors + config.json + DONE (latest complete step by default).
+// run into step_<N>/model.safetensors + config.json + DONE (latest complete step by default),
+// with the run's tokenizer.model (the one next to data.path, if any) beside it, so that
+// `vocabpipe sample` finds it.
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +11,7 @@
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/job_options.h"
+#include "worker/runtime/run_job.h"
 
 namespace vp::cli {
 namespace {
@@ -67,6 +70,11 @@ int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err) {
     return 2;
   }
   if (auto st = launch::MergeShards(dir, step, world, topt->model); !st.ok()) {
+    err << "vocabpipe export: " << st.message() << "\n";
+    return 1;
+  }
+  if (auto st = runtime::CopyDataTokenizer(files->spec, runtime::CheckpointDir(dir, step));
+      !st.ok()) {
     err << "vocabpipe export: " << st.message() << "\n";
     return 1;
   }

@@ -53,14 +53,20 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
   std::error_code ec;
   req.set_base_dir(std::filesystem::absolute(path, ec).parent_path().string());
   // The coordinator validates the spec; the data may live on the workers only. When the spec
-  // parses here and its data folder is visible here with a tokenizer.model in it, a model
-  // vocabulary that does not match the tokenizer is refused before submitting (the worker
-  // checks again when it opens the data).
+  // parses here and its data folder (or the validation file's) is visible here with a
+  // tokenizer.model in it, a model vocabulary that does not match the tokenizer is refused
+  // before submitting (the worker checks again when it opens the data).
   if (auto spec = spec::ParseJobSpec(req.spec_text(), req.base_dir()); spec.ok()) {
-    if (absl::Status st = data::CheckDataTokenizer(spec->data().path(), spec->model().vocab_size());
-        !st.ok()) {
+    const int64_t vocab = spec->model().vocab_size();
+    if (absl::Status st = data::CheckDataTokenizer(spec->data().path(), vocab); !st.ok()) {
       err << "vocabpipe submit: " << path << ": " << st.message() << "\n";
       return kExitUsage;
+    }
+    if (spec->data().has_val_path() && !spec->data().val_path().empty()) {
+      if (absl::Status st = data::CheckDataTokenizer(spec->data().val_path(), vocab); !st.ok()) {
+        err << "vocabpipe submit: " << path << ": data.val_path: " << st.message() << "\n";
+        return kExitUsage;
+      }
     }
   }
   Stubs s = Connect(a);

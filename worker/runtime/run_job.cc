@@ -148,9 +148,9 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   auto trainer = StandaloneTrainer::Create(*topt);
   if (!trainer.ok()) return trainer.status();
   StandaloneTrainer& tr = **trainer;
-  std::unique_ptr<Gpt2Decoder> sampler;  // the trained weights, copied at each sample
+  std::unique_ptr<EngineDecoder> sampler;  // the trained weights, copied at each sample
   if (spec.train().sample_every() > 0) {
-    auto d = Gpt2Decoder::Create(tr.model());
+    auto d = EngineDecoder::Create(tr.model());
     if (!d.ok()) return d.status();
     sampler = std::move(*d);
   }

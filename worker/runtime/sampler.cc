@@ -62,16 +62,67 @@ absl::StatusOr<engine::ModelConfig> Gpt2Config(const nlohmann::json& j, const st
   return cfg;
 }
 
+// Llama config.json keys (LlamaConfigJson writes them; Hugging Face's defaults where a key may
+// be absent) → the engine's config.
+absl::StatusOr<engine::ModelConfig> LlamaConfig(const nlohmann::json& j, const std::string& path) {
+  engine::ModelConfig cfg;
+  cfg.architecture = engine::Architecture::kLlama;
+  cfg.kv_heads = 0;
+  for (const auto& [key, field] :
+       {std::pair{"num_hidden_layers", &cfg.layers}, std::pair{"hidden_size", &cfg.hidden},
+        std::pair{"num_attention_heads", &cfg.heads},
+        std::pair{"num_key_value_heads", &cfg.kv_heads}, std::pair{"vocab_size", &cfg.vocab},
+        std::pair{"max_position_embeddings", &cfg.seq_len},
+        std::pair{"intermediate_size", &cfg.ffn_hidden}}) {
+    auto it = j.find(key);
+    if (it == j.end() && std::string_view(key) == "num_key_value_heads") continue;  // = heads
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 1 ||
+        it->get<int64_t>() > (1 << 24)) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": ", key, " missing or not an integer in [1, ", 1 << 24, "]"));
+    }
+    *field = it->get<int>();
+  }
+  if (cfg.hidden % cfg.heads != 0 || cfg.heads % cfg.num_kv_heads() != 0) {
+    return absl::DataLossError(
+        absl::StrCat(path,
+                     ": hidden_size must be a multiple of num_attention_heads, and that of "
+                     "num_key_value_heads"));
+  }
+  if (auto it = j.find("head_dim");
+      it != j.end() && !it->is_null() &&
+      (!it->is_number_integer() || it->get<int64_t>() != cfg.head_dim())) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": head_dim must equal hidden_size / num_attention_heads"));
+  }
+  for (const auto& [key, field] :
+       {std::pair{"rms_norm_eps", &cfg.rms_eps}, std::pair{"rope_theta", &cfg.rope_theta}}) {
+    auto it = j.find(key);
+    if (it == j.end()) continue;  // the defaults: 1e-5 (HF: 1e-6) and 10000
+    if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
+      return absl::DataLossError(absl::StrCat(path, ": ", key, " must be a positive number"));
+    }
+    *field = static_cast<float>(it->get<double>());
+  }
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": rope_scaling is not supported (must be null)"));
+  }
+  cfg.tie_embeddings = j.value("tie_word_embeddings", false);
+  return cfg;
+}
+
 }  // namespace
 
-// ---- GPT-2 ----
+// ---- GPT-2 and Llama on the CPU engine ----
 
-absl::StatusOr<std::unique_ptr<Gpt2Decoder>> Gpt2Decoder::Create(const engine::RankModel& model) {
+absl::StatusOr<std::unique_ptr<EngineDecoder>> EngineDecoder::Create(
+    const engine::RankModel& model) {
   const engine::ModelConfig& cfg = model.config();
   if (model.layout().world != 1 || model.num_chunks() != 1) {
     return absl::InvalidArgumentError("sampling needs the whole model on one rank");
   }
-  auto d = std::make_unique<Gpt2Decoder>(PassKey{});
+  auto d = std::make_unique<EngineDecoder>(PassKey{});
   d->cfg_ = cfg;
   d->tracker_ = std::make_unique<engine::MemoryTracker>();
   auto m = engine::RankModel::Create(
@@ -83,16 +134,17 @@ absl::StatusOr<std::unique_ptr<Gpt2Decoder>> Gpt2Decoder::Create(const engine::R
   return d;
 }
 
-absl::StatusOr<std::unique_ptr<Gpt2Decoder>> Gpt2Decoder::Load(const std::string& step_dir) {
+absl::StatusOr<std::unique_ptr<EngineDecoder>> EngineDecoder::Load(const std::string& step_dir) {
   auto j = ReadConfig(step_dir);
   if (!j.ok()) return j.status();
   const std::string path = (fs::path(step_dir) / "config.json").string();
-  if (j->value("model_type", std::string()) != "gpt2") {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": model_type is not gpt2"));
+  const std::string type = j->value("model_type", std::string());
+  if (type != "gpt2" && type != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": model_type is not gpt2 or llama"));
   }
-  auto cfg = Gpt2Config(*j, path);
+  auto cfg = type == "gpt2" ? Gpt2Config(*j, path) : LlamaConfig(*j, path);
   if (!cfg.ok()) return cfg.status();
-  auto d = std::make_unique<Gpt2Decoder>(PassKey{});
+  auto d = std::make_unique<EngineDecoder>(PassKey{});
   d->cfg_ = *cfg;
   d->tracker_ = std::make_unique<engine::MemoryTracker>();
   auto m = engine::RankModel::Create(
@@ -104,11 +156,13 @@ absl::StatusOr<std::unique_ptr<Gpt2Decoder>> Gpt2Decoder::Load(const std::string
   return d;
 }
 
-absl::Status Gpt2Decoder::CopyWeights(const engine::RankModel& model) {
+absl::Status EngineDecoder::CopyWeights(const engine::RankModel& model) {
   const engine::ModelConfig& c = model.config();
   if (c.layers != cfg_.layers || c.hidden != cfg_.hidden || c.heads != cfg_.heads ||
       c.vocab != cfg_.vocab || c.seq_len != cfg_.seq_len || c.ffn_hidden != cfg_.ffn_hidden ||
-      c.tie_embeddings != cfg_.tie_embeddings || model.param_count() != model_->param_count()) {
+      c.tie_embeddings != cfg_.tie_embeddings || c.architecture != cfg_.architecture ||
+      c.num_kv_heads() != cfg_.num_kv_heads() || c.rms_eps != cfg_.rms_eps ||
+      c.rope_theta != cfg_.rope_theta || model.param_count() != model_->param_count()) {
     return absl::InvalidArgumentError("sampler: the model's shape differs from the decoder's");
   }
   std::copy_n(model.params(), model.param_count(), model_->params());
@@ -116,20 +170,24 @@ absl::Status Gpt2Decoder::CopyWeights(const engine::RankModel& model) {
   return absl::OkStatus();
 }
 
-void Gpt2Decoder::Reset() {
+void EngineDecoder::Reset() {
   model_->stack(0).DiscardMicrobatch(0);
   pos_ = 0;
 }
 
-void Gpt2Decoder::Logits(const float* x, float* logits) const {
+void EngineDecoder::Logits(const float* x, float* logits) const {
   const int h = cfg_.hidden;
-  std::vector<float> y(static_cast<size_t>(h));  // ln_f(x) (h)
+  std::vector<float> y(static_cast<size_t>(h));  // ln_f(x) (h); Llama: norm(x), an RMSNorm
   float mean = 0, rstd = 0;
-  engine::cpu::LayerNormForward(y.data(), &mean, &rstd, x, model_->lnf_weight(), model_->lnf_bias(),
-                                1, h);
-  // The output projection: lm_head (tied: wte), rows (V incl. padding, h).
+  if (cfg_.llama()) {
+    engine::cpu::RmsNormForward(y.data(), &rstd, x, model_->lnf_weight(), 1, h, cfg_.rms_eps);
+  } else {
+    engine::cpu::LayerNormForward(y.data(), &mean, &rstd, x, model_->lnf_weight(),
+                                  model_->lnf_bias(), 1, h);
+  }
+  // The output projection: lm_head (tied: the token embedding), rows (V incl. padding, h).
   const engine::ParamTensor* w = model_->Find("lm_head.weight");
-  if (w == nullptr) w = model_->Find("transformer.wte.weight");
+  if (w == nullptr) w = model_->Find(engine::EmbeddingTensorName(cfg_));
   const float* wp = model_->params() + w->offset;
   for (int v = 0; v < cfg_.vocab; ++v) {
     const float* row = wp + static_cast<size_t>(v) * h;
@@ -139,12 +197,12 @@ void Gpt2Decoder::Logits(const float* x, float* logits) const {
   }
 }
 
-absl::Status Gpt2Decoder::Append(std::span<const int32_t> tokens, float* logits) {
+absl::Status EngineDecoder::Append(std::span<const int32_t> tokens, float* logits) {
   if (tokens.empty()) return absl::InvalidArgumentError("sampler: no tokens to append");
   if (pos_ + static_cast<int64_t>(tokens.size()) > cfg_.seq_len) {
-    return absl::OutOfRangeError(absl::StrCat("sampler: ", pos_ + tokens.size(),
-                                              " tokens exceed the model's context of ",
-                                              cfg_.seq_len, " positions (n_positions)"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "sampler: ", pos_ + tokens.size(), " tokens exceed the model's context of ", cfg_.seq_len,
+        " positions (", cfg_.llama() ? "max_position_embeddings" : "n_positions", ")"));
   }
   for (int32_t t : tokens) {
     if (t < 0 || t >= cfg_.vocab) {
@@ -156,13 +214,14 @@ absl::Status Gpt2Decoder::Append(std::span<const int32_t> tokens, float* logits)
   auto comm = comm::MakeSelfCommunicator();
   Buffer out(tracker_.get(), MemoryCategory::kActivations, static_cast<size_t>(h));  // (1, 1, h)
   for (int32_t t : tokens) {
-    // One position: embedding lookup + position embedding, then chunk `pos_` of the stack,
-    // which attends to the keys and values the earlier chunks left in the cache.
+    // One position: embedding lookup + position embedding (GPT-2; Llama's layers rotate q and k
+    // at the chunk's absolute position instead), then chunk `pos_` of the stack, which attends
+    // to the keys and values the earlier chunks left in the cache.
     auto in = model_->input_layer().Forward(&t, 1);
     if (!in.ok()) return in.status();
     if (auto st = model_->input_layer().ForwardReduce(*in, *comm); !st.ok()) return st;
     float* x = in->mutable_output();  // (1, 1, h)
-    engine::cpu::PositionEmbeddingForward(x, model_->wpe(), 1, 1, h, pos_);
+    if (!cfg_.llama()) engine::cpu::PositionEmbeddingForward(x, model_->wpe(), 1, 1, h, pos_);
     if (auto st = model_->stack(0).Forward({0, pos_}, x, out.data()); !st.ok()) return st;
     ++pos_;
   }
@@ -170,7 +229,7 @@ absl::Status Gpt2Decoder::Append(std::span<const int32_t> tokens, float* logits)
   return absl::OkStatus();
 }
 
-absl::Status Gpt2Decoder::FullForward(std::span<const int32_t> tokens, float* logits) {
+absl::Status EngineDecoder::FullForward(std::span<const int32_t> tokens, float* logits) {
   const int n = static_cast<int>(tokens.size()), h = cfg_.hidden;
   if (n < 1 || n > cfg_.seq_len) {
     return absl::InvalidArgumentError(
@@ -189,7 +248,7 @@ absl::Status Gpt2Decoder::FullForward(std::span<const int32_t> tokens, float* lo
   if (!in.ok()) return in.status();
   if (auto st = (*m)->input_layer().ForwardReduce(*in, *comm); !st.ok()) return st;
   float* x = in->mutable_output();  // (1, n, h)
-  engine::cpu::PositionEmbeddingForward(x, (*m)->wpe(), 1, n, h, 0);
+  if (!cfg_.llama()) engine::cpu::PositionEmbeddingForward(x, (*m)->wpe(), 1, n, h, 0);
   std::vector<float> out(static_cast<size_t>(n) * h);  // (1, n, h)
   if (auto st = (*m)->stack(0).Forward({0, 0}, x, out.data()); !st.ok()) return st;
   (*m)->stack(0).DiscardMicrobatch(0);
@@ -201,14 +260,14 @@ absl::StatusOr<std::unique_ptr<Decoder>> LoadDecoder(const std::string& step_dir
   auto j = ReadConfig(step_dir);
   if (!j.ok()) return j.status();
   const std::string type = j->value("model_type", std::string());
-  if (type == "gpt2") {
-    auto d = Gpt2Decoder::Load(step_dir);
+  if (type == "gpt2" || type == "llama") {
+    auto d = EngineDecoder::Load(step_dir);
     if (!d.ok()) return d.status();
     return std::unique_ptr<Decoder>(std::move(*d));
   }
   return absl::UnimplementedError(absl::StrCat((fs::path(step_dir) / "config.json").string(),
                                                ": model_type \"", type.substr(0, 32),
-                                               "\" has no decoder (gpt2 has)"));
+                                               "\" has no decoder (gpt2 and llama have)"));
 }
 
 // ---- sampling ----

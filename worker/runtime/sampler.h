@@ -3,13 +3,15 @@
 // seeded generator), as llm.c samples during training.
 //
 // A model architecture plugs in as a Decoder (its forward over new tokens with a cache); the
-// loop, the tokenizer and the checkpoint lookup are shared. GPT-2 is the one here: the CPU
-// engine's layer stack, created with one sequence chunk per position, so that forwarding chunk
-// q is exactly "one new token at position q attending to the cached keys and values of 0..q−1"
-// (the Seq1F1B key/value cache, transformer.h), without a second attention kernel.
+// loop, the tokenizer and the checkpoint lookup are shared. EngineDecoder serves GPT-2 and Llama:
+// the CPU engine's layer stack, created with one sequence chunk per position, so that forwarding
+// chunk q is exactly "one new token at position q attending to the cached keys and values of
+// 0..q−1" (the Seq1F1B key/value cache, transformer.h), without a second attention kernel. For
+// Llama the layers rotate q and k at the chunk's absolute position q and cache the rotated keys
+// of the kv_heads key/value heads (grouped-query attention), so the cache needs nothing extra.
 //
-// Letters: V vocabulary size, h hidden size, s the model's context (n_positions), P prompt
-// tokens, N new tokens.
+// Letters: V vocabulary size, h hidden size, s the model's context (GPT-2's n_positions, Llama's
+// max_position_embeddings), P prompt tokens, N new tokens.
 #pragma once
 
 #include <cstdint>
@@ -41,13 +43,13 @@ class Decoder {
   virtual absl::Status Append(std::span<const int32_t> tokens, float* logits) = 0;
 };
 
-// GPT-2 on the CPU engine, with its own copy of the weights.
-class Gpt2Decoder final : public Decoder {
+// GPT-2 or Llama on the CPU engine, with its own copy of the weights.
+class EngineDecoder final : public Decoder {
  public:
   // A decoder for `model`'s weights (a whole model: one rank, every layer).
-  static absl::StatusOr<std::unique_ptr<Gpt2Decoder>> Create(const engine::RankModel& model);
-  // Loads a checkpoint folder (config.json with model_type gpt2, model.safetensors).
-  static absl::StatusOr<std::unique_ptr<Gpt2Decoder>> Load(const std::string& step_dir);
+  static absl::StatusOr<std::unique_ptr<EngineDecoder>> Create(const engine::RankModel& model);
+  // Loads a checkpoint folder (config.json with model_type gpt2 or llama, model.safetensors).
+  static absl::StatusOr<std::unique_ptr<EngineDecoder>> Load(const std::string& step_dir);
 
   int vocab_size() const override { return cfg_.vocab; }
   int context() const override { return cfg_.seq_len; }
@@ -68,7 +70,7 @@ class Gpt2Decoder final : public Decoder {
   };
 
  public:
-  explicit Gpt2Decoder(PassKey) {}
+  explicit EngineDecoder(PassKey) {}
 
  private:
   // The final LayerNorm and the output projection of one position's stack output x (h).

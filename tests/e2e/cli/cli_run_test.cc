@@ -183,9 +183,9 @@ data: {path: verses/verses_train_000000.bin}
 }
 
 // Text → validation loss and samples → `vocabpipe sample`: both run paths write val_loss and
-// sample lines, every checkpoint carries the tokenizer, a fixed seed reproduces a sample, and
-// bad input (an empty validation file, a tokenizer of another size, a non-UTF-8 prompt, a
-// sample longer than the context) is refused naming the field, the flag or the file.
+// sample lines (GPT-2 and Llama), every checkpoint carries the tokenizer, a fixed seed reproduces a
+// sample, and bad input (an empty validation file, a tokenizer of another size, a non-UTF-8 prompt,
+// a sample longer than the context) is refused naming the field, the flag or the file.
 TEST_F(CliRunTest, ValidationLossSamplesAndTheSampleCommand) {
   std::string text;
   for (int i = 0; i < 240; ++i) {
@@ -226,8 +226,28 @@ TEST_F(CliRunTest, ValidationLossSamplesAndTheSampleCommand) {
     EXPECT_TRUE(fs::exists(dir_ / run / "step_4" / "tokenizer.model")) << run;
   }
 
-  const std::string step = (dir_ / "p2" / "step_4").string();
   const std::string args = " --prompt 'Verse 3' --max-tokens 10 --temperature 0.8 --top-k 20";
+  // A Llama model (grouped-query attention, 4 query heads on 2 key/value heads) trained by two
+  // rank processes samples the same way: in training, and from its exported step folder.
+  {
+    const std::string spec =
+        WriteSpec("llama",
+                  "model: {architecture: llama, layers: 2, hidden: 32, heads: 4, kv_heads: 2, "
+                  "vocab_size: 320, seq_len: 24}\n"
+                  "parallel: {pipeline: 2, vocab: vocab2, microbatch_size: 2, microbatches: 2}\n" +
+                      train + "checkpoint: {dir: llama}\n");
+    Result r = Vocabpipe("run " + spec);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("sample after step 4:"));
+    EXPECT_TRUE(fs::exists(dir_ / "llama" / "step_4" / "tokenizer.model"));
+    Result a = Vocabpipe("sample " + (dir_ / "llama").string() + args + " --seed 5");
+    Result b = Vocabpipe("sample " + (dir_ / "llama").string() + args + " --seed 5");
+    ASSERT_EQ(a.code, 0) << a.output;
+    EXPECT_EQ(a.output, b.output);
+    EXPECT_EQ(a.output.rfind("Verse 3", 0), 0u) << a.output;
+  }
+
+  const std::string step = (dir_ / "p2" / "step_4").string();
   Result a = Vocabpipe("sample " + step + args + " --seed 5");
   Result b = Vocabpipe("sample " + (dir_ / "p2").string() + args + " --seed 5");  // run folder
   ASSERT_EQ(a.code, 0) << a.output;

@@ -1,7 +1,8 @@
-// Greedy decoding (temperature 0) of a saved checkpoint equals an independent PyTorch GPT-2
-// (gpt2_sample_reference.py, Debian's python3-torch, float64, full recompute of the prefix at
-// every token): the first logits agree, and so does every picked token as long as the
-// reference's best logit leads the second by more than float32 rounding can move it.
+// Greedy decoding (temperature 0) of a saved checkpoint equals an independent PyTorch GPT-2 or
+// Llama (gpt2_sample_reference.py / llama_sample_reference.py, Debian's python3-torch, float64,
+// full recompute of the prefix at every token; Llama with grouped-query attention): the first
+// logits agree, and so does every picked token as long as the reference's best logit leads the
+// second by more than float32 rounding can move it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,13 +25,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class SampleReference : public testing::TestWithParam<bool> {};
+// (tied embeddings, llama)
+class SampleReference : public testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(SampleReference, GreedyTokensMatchPyTorch) {
   if (!fs::exists("/usr/bin/python3")) GTEST_FAIL() << "/usr/bin/python3 missing (make deps)";
-  const bool tied = GetParam();
+  const auto [tied, llama] = GetParam();
   const fs::path dir =
-      fs::temp_directory_path() / absl::StrCat("vp_sample_ref_", tied, "_", getpid());
+      fs::temp_directory_path() / absl::StrCat("vp_sample_ref_", tied, "_", llama, "_", getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
 
@@ -41,6 +44,11 @@ TEST_P(SampleReference, GreedyTokensMatchPyTorch) {
                .seq_len = 32,
                .ffn_hidden = 128,
                .tie_embeddings = tied};
+  if (llama) {
+    opt.model.architecture = engine::Architecture::kLlama;
+    opt.model.kv_heads = 2;  // grouped-query attention: 2 query heads per key/value head
+    opt.model.rope_theta = 1000.0f;
+  }
   opt.microbatch_size = 2;
   opt.microbatches = 1;
   opt.adamw = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f};
@@ -67,8 +75,8 @@ TEST_P(SampleReference, GreedyTokensMatchPyTorch) {
   constexpr int kTokens = 12;
   const std::string out = (dir / "ref.json").string();
   const std::string cmd =
-      absl::StrCat("/usr/bin/python3 ", VP_SOURCE_DIR,
-                   "/tests/e2e/reference/gpt2_sample_reference.py --checkpoint ", step_dir,
+      absl::StrCat("/usr/bin/python3 ", VP_SOURCE_DIR, "/tests/e2e/reference/",
+                   llama ? "llama" : "gpt2", "_sample_reference.py --checkpoint ", step_dir,
                    " --prompt ", absl::StrJoin(prompt, ","), " --tokens ", kTokens, " --out ", out);
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream f(out);
@@ -96,7 +104,8 @@ TEST_P(SampleReference, GreedyTokensMatchPyTorch) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Embeddings, SampleReference, testing::Bool());
+INSTANTIATE_TEST_SUITE_P(EmbeddingsAndArchitectures, SampleReference,
+                         testing::Combine(testing::Bool(), testing::Bool()));
 
 }  // namespace
 }  // namespace vp::runtime

@@ -213,10 +213,18 @@ TEST_P(LaunchTest, ExportRebuildsTheMergedCheckpoint) {
   fs::remove(run / "step_4/model.safetensors");
   fs::remove(run / "step_4/DONE");
   fs::remove(run / "step_2/DONE");
+  // The data has a tokenizer now: export copies it next to the merged checkpoint.
+  fs::remove(run / "step_4/tokenizer.model");
+  {
+    std::ofstream tok(dir_ / "tokenizer.model", std::ios::binary);
+    tok << "tokenizer bytes \x01\x02";
+  }
 
   std::ostringstream out, err;
   EXPECT_EQ(vp::cli::RunExportCommand({run.string()}, out, err), 0) << err.str();
   EXPECT_THAT(out.str(), HasSubstr("exported step 4 of 2 ranks"));
+  EXPECT_EQ(ReadFile(run / "step_4/tokenizer.model"), ReadFile(dir_ / "tokenizer.model"));
+  fs::remove(dir_ / "tokenizer.model");
   EXPECT_EQ(ReadFile(run / "step_4/model.safetensors"), merged);  // bit-identical re-merge
   EXPECT_TRUE(fs::exists(run / "step_4/DONE"));
 

@@ -1,15 +1,22 @@
-// The sampler: the GPT-2 decoder's key/value cache gives the logits a full recompute of the
+// The sampler: the GPT-2 and Llama decoders' key/value cache (Llama: rotated keys of 2 key/value
+// heads for 4 query heads) gives the logits a full recompute of the
 // prefix gives; a fixed seed reproduces a sample; temperature 0 and top-k pick what they
 // promise; bad options and a too-long sample are refused naming the flag.
 #include "worker/runtime/sampler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <tuple>
 #include <vector>
 
+#include "worker/runtime/checkpoint.h"
 #include "worker/runtime/trainer.h"
 
 namespace vp::runtime {
@@ -17,7 +24,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TrainerOptions Options(bool tied) {
+TrainerOptions Options(bool tied, bool llama = false) {
   TrainerOptions o;
   o.model = {.layers = 2,
              .hidden = 32,
@@ -26,6 +33,11 @@ TrainerOptions Options(bool tied) {
              .seq_len = 24,
              .ffn_hidden = 64,
              .tie_embeddings = tied};
+  if (llama) {
+    o.model.architecture = engine::Architecture::kLlama;
+    o.model.kv_heads = 2;  // grouped-query attention: 2 query heads per key/value head
+    o.model.rope_theta = 500.0f;
+  }
   o.microbatch_size = 2;
   o.microbatches = 1;
   o.adamw = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f};
@@ -35,8 +47,8 @@ TrainerOptions Options(bool tied) {
 }
 
 // A model trained a little on a repeating pattern, so its predictions are not uniform.
-std::unique_ptr<StandaloneTrainer> Trained(bool tied, int steps) {
-  const TrainerOptions o = Options(tied);
+std::unique_ptr<StandaloneTrainer> Trained(bool tied, int steps, bool llama = false) {
+  const TrainerOptions o = Options(tied, llama);
   auto t = StandaloneTrainer::Create(o);
   EXPECT_TRUE(t.ok());
   const int n = o.microbatch_size * o.model.seq_len;
@@ -51,11 +63,12 @@ std::unique_ptr<StandaloneTrainer> Trained(bool tied, int steps) {
   return std::move(*t);
 }
 
-class SamplerTied : public testing::TestWithParam<bool> {};
+// (tied embeddings, llama)
+class SamplerTied : public testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(SamplerTied, CacheEqualsFullRecomputeAtEveryPosition) {
-  auto t = Trained(GetParam(), 20);
-  auto d = Gpt2Decoder::Create(t->model());
+  auto t = Trained(std::get<0>(GetParam()), 20, std::get<1>(GetParam()));
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok()) << d.status();
   const int V = (*d)->vocab_size(), s = (*d)->context();
   std::mt19937 rng(11);
@@ -87,11 +100,14 @@ TEST_P(SamplerTied, CacheEqualsFullRecomputeAtEveryPosition) {
   for (int v = 0; v < V; ++v) EXPECT_NEAR(cached[v], full[v], 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Embeddings, SamplerTied, testing::Bool());
+INSTANTIATE_TEST_SUITE_P(EmbeddingsAndArchitectures, SamplerTied,
+                         testing::Combine(testing::Bool(), testing::Bool()));
 
-TEST(Sampler, FixedSeedReproducesTheSample) {
-  auto t = Trained(false, 3);  // barely trained: many tokens are likely
-  auto d = Gpt2Decoder::Create(t->model());
+class SamplerArch : public testing::TestWithParam<bool> {};  // llama
+
+TEST_P(SamplerArch, FixedSeedReproducesTheSample) {
+  auto t = Trained(false, 3, GetParam());  // barely trained: many tokens are likely
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok());
   const std::vector<int32_t> prompt = {1, 2, 3};
   SampleOptions o{.max_tokens = 20, .temperature = 1.0f, .top_k = 0, .seed = 42};
@@ -105,7 +121,7 @@ TEST(Sampler, FixedSeedReproducesTheSample) {
   ASSERT_TRUE(c.ok());
   EXPECT_NE(*a, *c) << "another seed drew the same 20 tokens";
   // A second decoder on the same weights draws the same tokens.
-  auto d2 = Gpt2Decoder::Create(t->model());
+  auto d2 = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d2.ok());
   o.seed = 42;
   auto again = Generate(**d2, prompt, o);
@@ -113,9 +129,59 @@ TEST(Sampler, FixedSeedReproducesTheSample) {
   EXPECT_EQ(*again, *a);
 }
 
+INSTANTIATE_TEST_SUITE_P(Architectures, SamplerArch, testing::Bool());
+
+// A saved Llama checkpoint loads by model_type into a decoder with the trained weights (the
+// same logits as a decoder made from the model); a config.json that breaks a rule is refused
+// naming the file and the key.
+TEST(Sampler, LoadDecoderReadsALlamaCheckpoint) {
+  namespace fs = std::filesystem;
+  auto t = Trained(false, 5, /*llama=*/true);
+  const fs::path dir =
+      fs::temp_directory_path() / ("vp_sampler_llama_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ASSERT_TRUE(SaveCheckpoint(dir.string(), 5, t->model(), t->optimizer()).ok());
+  const std::string step = CheckpointDir(dir.string(), 5);
+  auto loaded = LoadDecoder(step);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto made = EngineDecoder::Create(t->model());
+  ASSERT_TRUE(made.ok());
+  const std::vector<int32_t> prompt = {4, 9, 30, 2};
+  std::vector<float> a((*made)->vocab_size()), b((*loaded)->vocab_size());
+  ASSERT_TRUE((*made)->Append(prompt, a.data()).ok());
+  ASSERT_TRUE((*loaded)->Append(prompt, b.data()).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ((*loaded)->context(), 24);
+  // The context error names Llama's key.
+  std::vector<int32_t> many(30, 1);
+  absl::Status st = (*loaded)->Append(many, b.data());
+  EXPECT_THAT(std::string(st.message()), HasSubstr("max_position_embeddings"));
+
+  const fs::path config = fs::path(step) / "config.json";
+  std::stringstream text;
+  text << std::ifstream(config).rdbuf();
+  const std::string good = text.str();
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    s.replace(at, from.size(), to);
+    std::ofstream(config) << s;
+    return LoadDecoder(step).status();
+  };
+  EXPECT_THAT(std::string(with("\"rope_scaling\": null", "\"rope_scaling\": {}").message()),
+              HasSubstr("config.json: rope_scaling is not supported"));
+  EXPECT_THAT(
+      std::string(with("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3").message()),
+      HasSubstr("num_key_value_heads"));
+  EXPECT_THAT(std::string(with("\"hidden_size\": 32", "\"hidden_size\": \"32\"").message()),
+              HasSubstr("config.json: hidden_size missing or not an integer"));
+  fs::remove_all(dir);
+}
+
 TEST(Sampler, TemperatureZeroIsGreedy) {
   auto t = Trained(false, 20);
-  auto d = Gpt2Decoder::Create(t->model());
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok());
   std::vector<int32_t> ids = {5, 12};
   auto got = Generate(**d, ids, {.max_tokens = 8, .temperature = 0.0f, .seed = 1});
@@ -158,7 +224,7 @@ TEST(Sampler, BadOptionsNameTheFlag) {
   EXPECT_THAT(std::string(ValidateSampleOptions({.top_k = -2}).message()),
               HasSubstr("--top-k: must be >= 0"));
   auto t = Trained(false, 0);
-  auto d = Gpt2Decoder::Create(t->model());
+  auto d = EngineDecoder::Create(t->model());
   ASSERT_TRUE(d.ok());
   const std::vector<int32_t> prompt(10, 1);
   auto r = Generate(**d, prompt, {.max_tokens = 16});  // 10 + 16 − 1 > 24

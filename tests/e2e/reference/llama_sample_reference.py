@@ -1,0 +1,51 @@
+#!/usr/bin/python3
+"""Independent PyTorch reference for vocabpipe's greedy decoding of a Llama checkpoint.
+
+Reads a checkpoint written by vocabpipe (model.safetensors with LlamaForCausalLM's names,
+config.json) and prompt token ids; decodes greedily in float64, recomputing the whole prefix at
+every step (no cache, every position rotated from 0), and writes JSON in the format of
+gpt2_sample_reference.py:
+  {"tokens": [the N picked ids], "margins": [best minus second-best logit, per step],
+   "logits": [the V logits after the prompt]}
+The forward is llama_reference.py's, written from the published equations (RMSNorm, RoPE in the
+rotate-half pairing, grouped-query attention, SwiGLU). Only the standard library, numpy and
+Debian's python3-torch; no vocabpipe code.
+"""
+import argparse
+import json
+
+import torch
+
+from llama_reference import logits_of, read_safetensors
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--prompt", required=True, help="comma-separated token ids")
+    ap.add_argument("--tokens", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    torch.set_default_dtype(torch.float64)
+    cfg = json.load(open(a.checkpoint + "/config.json"))
+    assert cfg["model_type"] == "llama", cfg
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    p = {k: torch.tensor(v, dtype=torch.float64)
+         for k, v in read_safetensors(a.checkpoint + "/model.safetensors").items()}
+    ids = [int(t) for t in a.prompt.split(",")]
+    picked, margins, first = [], [], None
+    with torch.no_grad():
+        for _ in range(a.tokens):
+            logits = logits_of(p, cfg, torch.tensor([ids], dtype=torch.long))[0, -1]  # (V)
+            if first is None:
+                first = logits.tolist()
+            top2 = torch.topk(logits, 2)
+            picked.append(int(top2.indices[0]))
+            margins.append(float(top2.values[0] - top2.values[1]))
+            ids.append(picked[-1])
+    with open(a.out, "w") as f:
+        json.dump({"tokens": picked, "margins": margins, "logits": first}, f)
+
+
+if __name__ == "__main__":
+    main()
