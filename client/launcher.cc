@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "worker/launch/job_rank.h"
 #include "worker/launch/planner_inputs.h"
 #include "worker/launch/run_dir.h"
+#include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/launch/step_recorder.h"
 #include "worker/runtime/checkpoint.h"
@@ -189,8 +191,7 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
     const fs::path self = fs::read_symlink("/proc/self/exe", ec);
     if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
     candidates.push_back(self.parent_path() / "vocabpipe-worker");
-    candidates.push_back(self.parent_path().parent_path() / "worker" / "main" /
-                         "vocabpipe-worker");
+    candidates.push_back(self.parent_path().parent_path() / "worker" / "main" / "vocabpipe-worker");
   }
   for (const fs::path& c : candidates) {
     if (access(c.c_str(), X_OK) == 0) return c.string();
@@ -236,11 +237,19 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     return absl::InternalError(
         absl::StrCat("checkpoint.dir: cannot create ", dir, ": ", ec.message()));
   }
+  // This launch's id: its store keys, and the run that owns the directory while it runs (the
+  // ranks join the lock under the same id).
+  const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
+  auto lock = launch::RunDirLock::Acquire(dir, attempt);
+  if (!lock.ok()) return lock.status();
   int64_t first_step = 0;
   if (options.resume) {
-    auto latest = launch::LatestShardedStep(dir, p);
+    auto latest = launch::LatestVerifiedStep(dir, p);
     if (latest.ok()) {
-      first_step = *latest;
+      first_step = latest->step;
+      for (const std::string& w : latest->warnings) {
+        std::cerr << "vocabpipe run: warning: " << w << std::endl;
+      }
     } else if (!absl::IsNotFound(latest.status())) {
       return latest.status();
     }
@@ -280,7 +289,6 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       .peak_flops_per_rank = peak_flops,
       .predicted_memory = predicted};
 
-  const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
   std::vector<Worker> workers(p);
   for (int r = 0; r < p; ++r) {
     Worker& w = workers[r];
@@ -294,6 +302,8 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
                                      "--timeout",
                                      absl::StrCat(absl::ToDoubleSeconds(options.timeout)),
                                      "--attempt",
+                                     attempt,
+                                     "--run-id",
                                      attempt};
     if (first_step > 0) {
       argv.push_back("--resume-step");

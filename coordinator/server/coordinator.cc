@@ -622,6 +622,9 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     v1::RunTask* run = cmd.mutable_run();
     run->set_store_secret(*secret);
     run->set_job_id(job.id());
+    // Job ids restart at job-1 with a new store: the creation time makes the run's identity
+    // (checkpoint manifests, the run directory's lock) unique, and the same for every attempt.
+    run->set_run_id(absl::StrCat(job.id(), "@", job.created_unix_ms()));
     run->set_rank(r);
     run->set_attempt(a.attempt);
     *run->mutable_spec() = job.spec();
@@ -794,6 +797,12 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
                                                      " but the report is from rank ", req.rank()));
     }
     lines.push_back(std::move(j));
+  }
+  for (const std::string& w : req.warnings()) {
+    v1::JobEvent e;  // the current state again, with the warning as its message
+    e.set_state(job->state());
+    e.set_message(absl::StrCat("warning: ", w.substr(0, 1000)));
+    if (auto st = SaveWithEvent(*job, std::move(e)); !st.ok()) return st;
   }
   const auto& par = job->spec().parallel();
   const runlog::StepContext context{.tokens_per_step = static_cast<double>(par.microbatches()) *

@@ -602,6 +602,7 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
                                        s.checkpoint().dir().size(), ")"));
   }
   in_range("checkpoint.every", s.checkpoint().every(), 0, kMaxSteps);
+  in_range("checkpoint.keep_last", s.checkpoint().keep_last(), 0, kMaxSteps);
 
   if (!ValidDevice(s.device())) {
     add("device",
@@ -791,6 +792,7 @@ void ApplyDefaults(JobSpec* spec) {
   auto* c = spec->mutable_checkpoint();
   if (!c->has_dir()) c->set_dir(absl::StrCat("runs/", spec->name()));
   if (!c->has_every()) c->set_every(0);
+  if (!c->has_keep_last()) c->set_keep_last(0);
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -817,8 +819,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
                         e.mark.column + 1, what));
   }
   if (!root.IsMap()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "(root): expected a mapping of job spec fields, got ", RootKind(root), " (not a job spec)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("(root): expected a mapping of job spec fields, got ", RootKind(root),
+                     " (not a job spec)"));
   }
   {
     // A mapping none of whose keys is a JobSpec field is some other file (a config, a

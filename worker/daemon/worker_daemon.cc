@@ -25,6 +25,7 @@
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
+#include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
 
 extern char** environ;
@@ -63,6 +64,10 @@ struct Task {
   std::string job_id;
   int rank = 0;
   pid_t pid = -1;
+  // The run directory's lock under the job's id, held while the rank runs (the rank holds its
+  // own as well); dropped when the task is reaped or killed.
+  std::optional<launch::RunDirLock> lock;
+  std::vector<std::string> warnings;  // for the coordinator's job events (sent once)
   std::string metrics_path, log_path;
   size_t offset = 0;  // bytes of the metrics file already reported
   absl::Time last_sent = absl::InfinitePast();
@@ -266,20 +271,29 @@ class Daemon {
     if (run.rank() < 0 || run.rank() >= plan->pipeline) {
       return fail(absl::StrCat("plan: no rank ", run.rank(), " in a pipeline of ", plan->pipeline));
     }
+    // Before anything is written: another job's run directory is refused, naming it.
+    const std::string run_id = run.run_id().empty() ? run.job_id() : run.run_id();
+    auto lock = launch::RunDirLock::Acquire(dir, run_id);
+    if (!lock.ok()) return fail(std::string(lock.status().message()));
     if (auto st = launch::WriteRankRunFiles(dir, run.spec(), *plan, run.rank()); !st.ok()) {
       return fail(std::string(st.message()));
     }
+    Task t;
     int64_t resume_step = -1;
     if (run.resume()) {
-      // The ranks share checkpoint.dir, so every daemon finds the same step.
-      auto latest = launch::LatestShardedStep(dir, plan->pipeline);
+      // The ranks share checkpoint.dir, so every daemon finds the same verified step.
+      auto latest = launch::LatestVerifiedStep(dir, plan->pipeline);
       if (latest.ok()) {
-        resume_step = *latest;
+        resume_step = latest->step;
+        for (const std::string& w : latest->warnings) {
+          Log(absl::StrCat(run.job_id(), ": warning: ", w));
+          if (run.rank() == 0) t.warnings.push_back(w);  // one event per job, not per rank
+        }
       } else if (!absl::IsNotFound(latest.status())) {
         return fail(absl::StrCat("resume: ", latest.status().message()));
       }
     }
-    Task t;
+    t.lock = std::move(*lock);
     t.job_id = run.job_id();
     t.rank = run.rank();
     t.metrics_path = launch::RankMetricsPath(dir, run.rank());
@@ -293,6 +307,8 @@ class Daemon {
                                      std::to_string(run.rank()),
                                      "--attempt",
                                      run.attempt(),
+                                     "--run-id",
+                                     run_id,
                                      "--timeout",
                                      absl::StrCat(std::max<int64_t>(1, run.timeout_ms()) / 1000.0),
                                      "--store",
@@ -377,6 +393,18 @@ class Daemon {
   }
 
   void SendMetrics() {
+    if (!task_->warnings.empty()) {
+      v1::ReportMetricsRequest req;
+      req.set_worker_id(worker_id_);
+      req.set_job_id(task_->job_id);
+      req.set_rank(task_->rank);
+      for (const std::string& w : task_->warnings) req.add_warnings(w);
+      v1::ReportMetricsResponse resp;
+      grpc::Status st = Unary(&v1::WorkerService::Stub::ReportMetrics, req, &resp);
+      if (st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        task_->warnings.clear();
+      }
+    }
     std::error_code ec;  // a stat first: most polls find nothing new
     const uintmax_t size = fs::file_size(task_->metrics_path, ec);
     if (ec || size <= task_->offset) return;
