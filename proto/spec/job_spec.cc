@@ -603,6 +603,7 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   }
   in_range("checkpoint.every", s.checkpoint().every(), 0, kMaxSteps);
   in_range("checkpoint.keep_last", s.checkpoint().keep_last(), 0, kMaxSteps);
+  in_range("train.max_restarts", s.train().max_restarts(), 0, 1000);
 
   if (!ValidDevice(s.device())) {
     add("device",
@@ -785,6 +786,7 @@ void ApplyDefaults(JobSpec* spec) {
   if (!t->has_grad_clip()) t->set_grad_clip(0.0);
   if (!t->has_seed()) t->set_seed(1234);
   if (!t->has_threads()) t->set_threads(0);
+  if (!t->has_max_restarts()) t->set_max_restarts(3);
 
   auto* d = spec->mutable_data();
   if (!d->has_shuffle()) d->set_shuffle(false);

@@ -62,6 +62,7 @@ int64_t MemoryBytes() {
 // One rank process started for a RunTask.
 struct Task {
   std::string job_id;
+  std::string attempt;
   int rank = 0;
   pid_t pid = -1;
   // The run directory's lock under the job's id, held while the rank runs (the rank holds its
@@ -203,11 +204,14 @@ class Daemon {
     }
   }
 
-  void ReportTask(const std::string& job_id, int rank, bool ok, const std::string& message,
-                  const v1::PassCosts* costs = nullptr, int term_signal = 0) {
+  void ReportTask(const std::string& job_id, const std::string& attempt, int rank, bool ok,
+                  const std::string& message, const v1::PassCosts* costs = nullptr,
+                  int term_signal = 0, bool refused = false) {
     v1::ReportTaskRequest req;
     req.set_worker_id(worker_id_);
     req.set_job_id(job_id);
+    req.set_attempt(attempt);
+    req.set_refused(refused);
     req.set_rank(rank);
     req.set_ok(ok);
     req.set_message(message);
@@ -250,12 +254,15 @@ class Daemon {
 
   void Run(const v1::RunTask& run) {
     if (task_) {
-      ReportTask(run.job_id(), run.rank(), false,
+      ReportTask(run.job_id(), run.attempt(), run.rank(), false,
                  absl::StrCat("worker ", worker_id_, " is still running ", task_->job_id));
       return;
     }
     const std::string dir = run.spec().checkpoint().dir();
-    auto fail = [&](const std::string& why) { ReportTask(run.job_id(), run.rank(), false, why); };
+    auto fail = [&](const std::string& why) {
+      ReportTask(run.job_id(), run.attempt(), run.rank(), false, why, nullptr, 0,
+                 /*refused=*/true);
+    };
     // This worker's own root, checked on its own view of the file system (the coordinator
     // checked its root at submit).
     if (auto st = spec::CheckSpecPaths(run.spec(), options_.storage_root); !st.ok()) {
@@ -282,7 +289,8 @@ class Daemon {
     int64_t resume_step = -1;
     if (run.resume()) {
       // The ranks share checkpoint.dir, so every daemon finds the same verified step.
-      auto latest = launch::LatestVerifiedStep(dir, plan->pipeline);
+      auto latest = launch::LatestVerifiedStep(dir, plan->pipeline,
+                                               run.resume_limited() ? run.resume_max_step() : -1);
       if (latest.ok()) {
         resume_step = latest->step;
         for (const std::string& w : latest->warnings) {
@@ -294,6 +302,7 @@ class Daemon {
       }
     }
     t.lock = std::move(*lock);
+    t.attempt = run.attempt();
     t.job_id = run.job_id();
     t.rank = run.rank();
     t.metrics_path = launch::RankMetricsPath(dir, run.rank());
@@ -382,13 +391,14 @@ class Daemon {
     Task t = std::move(*task_);
     task_.reset();
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      ReportTask(t.job_id, t.rank, true, "");
+      ReportTask(t.job_id, t.attempt, t.rank, true, "");
     } else {
       std::string why = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
                                             : absl::StrCat("exit code ", WEXITSTATUS(status));
       const std::string last = LastLogLine(t.log_path, 1000);
       if (!last.empty()) absl::StrAppend(&why, ": ", last);
-      ReportTask(t.job_id, t.rank, false, why, nullptr, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      ReportTask(t.job_id, t.attempt, t.rank, false, why, nullptr,
+                 WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     }
   }
 
@@ -397,6 +407,7 @@ class Daemon {
       v1::ReportMetricsRequest req;
       req.set_worker_id(worker_id_);
       req.set_job_id(task_->job_id);
+      req.set_attempt(task_->attempt);
       req.set_rank(task_->rank);
       for (const std::string& w : task_->warnings) req.add_warnings(w);
       v1::ReportMetricsResponse resp;
@@ -418,6 +429,7 @@ class Daemon {
     v1::ReportMetricsRequest req;
     req.set_worker_id(worker_id_);
     req.set_job_id(task_->job_id);
+    req.set_attempt(task_->attempt);
     req.set_rank(task_->rank);
     for (absl::string_view line : absl::StrSplit(rest.substr(0, end), '\n')) {
       if (!line.empty()) req.add_step_json(std::string(line));

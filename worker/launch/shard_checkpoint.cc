@@ -308,9 +308,11 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
   return absl::OkStatus();
 }
 
-absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world) {
+absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
+                                                int64_t max_step) {
   VerifiedStep out;
   for (const int64_t step : StepFolders(run_dir)) {
+    if (max_step >= 0 && step > max_step) continue;
     // A folder without any rank's shard (a standalone run's, or an export) is no candidate.
     bool any = false;
     for (int r = 0; r < world && !any; ++r) any = fs::exists(ShardDir(run_dir, step, r));

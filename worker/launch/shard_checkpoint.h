@@ -55,7 +55,9 @@ struct VerifiedStep {
 // The highest step whose shards of all `world` ranks verify (and name one run), or NotFound
 // (warnings lost; the message names the newest failure when there is one). Newer steps that
 // fail (a corrupt file, a partial save) are skipped and listed in `warnings`.
-absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world);
+// max_step >= 0: only steps up to it count.
+absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
+                                                int64_t max_step = -1);
 // LatestVerifiedStep's step.
 absl::StatusOr<int64_t> LatestShardedStep(const std::string& run_dir, int world);
 

@@ -104,6 +104,16 @@ class LaunchTest : public testing::TestWithParam<std::string> {
     return path.string();
   }
 
+  // The spec file with train.max_restarts: 0 (through the control plane a failed rank ends
+  // the run instead of restarting it).
+  static std::string NoRestarts(const std::string& path) {
+    std::string text = ReadFile(path);
+    const std::string from = "threads: 1}";
+    text.replace(text.find(from), from.size(), "threads: 1, max_restarts: 0}");
+    std::ofstream(path) << text;
+    return path;
+  }
+
   // Runs the spec at p and at 1 and compares per-step losses and the final weights.
   void ExpectMatchesStandalone(int pipeline, int layers, const std::string& vocab, bool tied,
                                const std::string& schedule = "1f1b") {
@@ -383,7 +393,7 @@ pid_t StartRunUntilRank1Reports(const std::string& spec, const std::string& time
 }
 
 TEST_P(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
-  const std::string spec = Spec("kill", 2, 2, "vocab2", false, /*steps=*/100000);
+  const std::string spec = NoRestarts(Spec("kill", 2, 2, "vocab2", false, /*steps=*/100000));
   const fs::path log = dir_ / "launcher.out";
   // Once rank 1 has reported a step, SIGKILL it.
   const pid_t launcher = StartRunUntilRank1Reports(spec, "5", log, "kill", direct());
@@ -412,7 +422,7 @@ TEST_P(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
   // A rank that stops answering (SIGSTOP: alive, holding its sockets open) must not hang the
   // run: its peer's Gloo call times out, the launcher names that failure and SIGKILLs the
   // stuck rank after waiting the timeout for it.
-  const std::string spec = Spec("stuck", 2, 2, "vocab2", false, /*steps=*/100000);
+  const std::string spec = NoRestarts(Spec("stuck", 2, 2, "vocab2", false, /*steps=*/100000));
   const fs::path log = dir_ / "launcher.out";
   const pid_t launcher = StartRunUntilRank1Reports(spec, "2", log, "stuck", direct());
   ASSERT_GT(launcher, 0);
@@ -434,13 +444,13 @@ TEST_P(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
 }
 
 TEST_P(LaunchTest, SecondJobInTheSameRunDirectoryIsRefused) {
-  const std::string spec = Spec("busy", 2, 2, "vocab2", false, /*steps=*/100000);
+  const std::string spec = NoRestarts(Spec("busy", 2, 2, "vocab2", false, /*steps=*/100000));
   const fs::path log = dir_ / "launcher.out";
   const pid_t launcher = StartRunUntilRank1Reports(spec, "5", log, "busy", direct());
   ASSERT_GT(launcher, 0);
   const std::string job_yaml = ReadFile(dir_ / "busy/job.yaml");
   // Another job (other steps) naming the same checkpoint.dir.
-  const std::string other = Spec("busy", 2, 2, "vocab2", false, /*steps=*/3);
+  const std::string other = NoRestarts(Spec("busy", 2, 2, "vocab2", false, /*steps=*/3));
   Result second = Vocabpipe(Run() + other + " --timeout 5");
   EXPECT_NE(second.code, 0) << second.output;
   EXPECT_THAT(second.output,
