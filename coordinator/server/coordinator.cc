@@ -153,6 +153,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
   if (!store.ok()) return store.status();
   auto loaded = (*store)->LoadAll();
   if (!loaded.ok()) return loaded.status();
+  for (const std::string& id : (*store)->quarantined()) {
+    std::cerr << "vocabpipe-coordinator: warning: job " << id
+              << ": stored record does not parse; moved to the quarantine table" << std::endl;
+  }
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(*store)));
   {
     std::lock_guard<std::mutex> lock(c->mu_);

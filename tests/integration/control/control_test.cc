@@ -416,6 +416,31 @@ TEST_F(ControlRunTest, AKilledWorkerFailsTheJobNamingItsRank) {
   EXPECT_THAT(job.reason(), HasSubstr("rank 1"));
 }
 
+TEST_F(ControlTest, AJobRowThatDoesNotParseIsQuarantined) {
+  // SQLite item of issue 16: one unreadable row does not keep the coordinator down.
+  {
+    CoordinatorProcess c(dir_, db_);
+    ASSERT_TRUE(c.up()) << c.process().Log();
+    MakeData();
+    ASSERT_EQ(Submit(c, TinyJob("a", 1, 1)), "job-1");  // no workers: both stay PENDING
+    ASSERT_EQ(Submit(c, TinyJob("b", 1, 1)), "job-2");
+  }
+  const std::string sql = absl::StrCat("sqlite3 ", db_.string(),
+                                       " \"UPDATE jobs SET record = X'FFFFFFFF' WHERE id = "
+                                       "'job-1'\" > /dev/null 2>&1");
+  ASSERT_EQ(std::system(sql.c_str()), 0);
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  EXPECT_THAT(c.process().Log(), HasSubstr("job job-1: stored record does not parse; moved to "
+                                           "the quarantine table"));
+  EXPECT_EQ(GetJob(c, "job-2").state(), v1::JOB_STATE_PENDING);
+  const std::string count =
+      absl::StrCat("sqlite3 ", db_.string(), " \"SELECT id FROM quarantine\" > ",
+                   (dir_ / "q.txt").string(), " 2>&1");
+  ASSERT_EQ(std::system(count.c_str()), 0);
+  EXPECT_EQ(ReadWholeFile(dir_ / "q.txt"), "job-1\n");
+}
+
 TEST_F(ControlRunTest, AKilledWorkerDaemonRestartsTheJobWhichSucceeds) {
   // Elastic restart (issue 16): kill -9 the daemon of rank 1 mid-run; the coordinator stops
   // rank 0, waits for two free workers (the survivor and a new one), and runs attempt 2 from
