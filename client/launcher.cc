@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "worker/launch/job_rank.h"
 #include "worker/launch/planner_inputs.h"
 #include "worker/launch/run_dir.h"
+#include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/launch/step_recorder.h"
 #include "worker/runtime/checkpoint.h"
@@ -244,11 +246,19 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     return absl::InternalError(
         absl::StrCat("checkpoint.dir: cannot create ", dir, ": ", ec.message()));
   }
+  // This launch's id: its store keys, and the run that owns the directory while it runs (the
+  // ranks join the lock under the same id).
+  const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
+  auto lock = launch::RunDirLock::Acquire(dir, attempt);
+  if (!lock.ok()) return lock.status();
   int64_t first_step = 0;
   if (options.resume) {
-    auto latest = launch::LatestShardedStep(dir, p);
+    auto latest = launch::LatestVerifiedStep(dir, p);
     if (latest.ok()) {
-      first_step = *latest;
+      first_step = latest->step;
+      for (const std::string& w : latest->warnings) {
+        std::cerr << "vocabpipe run: warning: " << w << std::endl;
+      }
     } else if (!absl::IsNotFound(latest.status())) {
       return latest.status();
     }
@@ -288,7 +298,6 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       .peak_flops_per_rank = peak_flops,
       .predicted_memory = predicted};
 
-  const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
   std::vector<Worker> workers(p);
   for (int r = 0; r < p; ++r) {
     Worker& w = workers[r];
@@ -302,6 +311,8 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
                                      "--timeout",
                                      absl::StrCat(absl::ToDoubleSeconds(options.timeout)),
                                      "--attempt",
+                                     attempt,
+                                     "--run-id",
                                      attempt};
     if (first_step > 0) {
       argv.push_back("--resume-step");

@@ -165,6 +165,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
   if (!store.ok()) return store.status();
   auto loaded = (*store)->LoadAll();
   if (!loaded.ok()) return loaded.status();
+  for (const std::string& id : (*store)->quarantined()) {
+    std::cerr << "vocabpipe-coordinator: warning: job " << id
+              << ": stored record does not parse; moved to the quarantine table" << std::endl;
+  }
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(*store)));
   {
     std::lock_guard<std::mutex> lock(c->mu_);
@@ -302,6 +306,10 @@ void Coordinator::Finish(v1::Job& job, v1::JobState state, const std::string& re
     job.set_state(state);
     job.set_reason(reason);
   }
+  Release(job, except_worker);
+}
+
+void Coordinator::Release(v1::Job& job, const std::string& except_worker) {
   auto it = active_.find(job.id());
   if (it == active_.end()) return;
   ActiveJob& a = it->second;
@@ -318,6 +326,37 @@ void Coordinator::Finish(v1::Job& job, v1::JobState state, const std::string& re
   }
   kv_.DropPrefix(absl::StrCat("vocabpipe/", a.attempt, "/"));
   active_.erase(it);
+}
+
+void Coordinator::FailOrRestart(v1::Job& job, const std::string& reason,
+                                const std::string& except_worker) {
+  const int max = job.spec().train().max_restarts();
+  if (job.state() != v1::JOB_STATE_RUNNING || job.restarts() >= max) {
+    Finish(job, v1::JOB_STATE_FAILED,
+           max > 0 && job.state() == v1::JOB_STATE_RUNNING
+               ? absl::StrCat(reason, " (attempt ", job.restarts() + 1, ": no restarts left of ",
+                              max, ")")
+               : reason,
+           except_worker);
+    return;
+  }
+  // Stop the other ranks and free every worker; the job waits in PENDING for p free workers
+  // (the survivors and any new one) and the backoff, then runs again from the latest step
+  // whose shards verify (RunTask.resume), as the next attempt of the same job.
+  Release(job, except_worker);
+  const int n = job.restarts() + 1;
+  const absl::Duration backoff =
+      std::min(options_.restart_backoff * (int64_t{1} << std::min(n - 1, 16)), absl::Seconds(60));
+  restart_after_[job.id()] = absl::Now() + backoff;
+  job.set_restarts(n);
+  job.set_resume(true);
+  job.clear_stages();
+  SetState(job, v1::JOB_STATE_PENDING,
+           absl::StrCat("restart ", n, " of ", max, ": attempt ", n + 1, " in ",
+                        absl::FormatDuration(backoff),
+                        " from the latest verified checkpoint, after ", reason))
+      .IgnoreError();  // logged; the in-memory state moves on
+  job.set_state(v1::JOB_STATE_PENDING);
 }
 
 absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume,
@@ -451,8 +490,13 @@ absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& s
 void Coordinator::Schedule() {
   // Pending jobs in submission order (ids are "job-<ordinal>"; the map orders them as text).
   std::vector<std::pair<int64_t, std::string>> pending;
+  const absl::Time now = absl::Now();
   for (const auto& [id, job] : jobs_) {
     if (job.state() != v1::JOB_STATE_PENDING) continue;
+    if (auto r = restart_after_.find(id); r != restart_after_.end()) {
+      if (now < r->second) continue;  // a restarted job's backoff
+      restart_after_.erase(r);
+    }
     int64_t n = 0;
     (void)absl::SimpleAtoi(id.substr(id.find('-') + 1), &n);
     pending.push_back({n, id});
@@ -634,6 +678,9 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     v1::RunTask* run = cmd.mutable_run();
     run->set_store_secret(*secret);
     run->set_job_id(job.id());
+    // Job ids restart at job-1 with a new store: the creation time makes the run's identity
+    // (checkpoint manifests, the run directory's lock) unique, and the same for every attempt.
+    run->set_run_id(absl::StrCat(job.id(), "@", job.created_unix_ms()));
     run->set_rank(r);
     run->set_attempt(a.attempt);
     *run->mutable_spec() = job.spec();
@@ -641,6 +688,10 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     run->set_plan_text(planner::PlanToText(planner::RankSlice(plan->plan, r)));
     run->set_timeout_ms(absl::ToInt64Milliseconds(options_.rank_timeout));
     run->set_resume(job.resume());
+    if (job.restarts() > 0) {
+      run->set_resume_limited(true);
+      run->set_resume_max_step(job.step());
+    }
     workers_[a.workers[r]].commands.push_back(std::move(cmd));
   }
 }
@@ -663,7 +714,7 @@ void Coordinator::ExpireWorkers() {
         if (auto a = active_.find(job->id()); a != active_.end() && !a->second.failure.empty()) {
           absl::StrAppend(&reason, "; then ", a->second.failure);
         }
-        Finish(*job, v1::JOB_STATE_FAILED, reason, wid);
+        FailOrRestart(*job, reason, wid);
       }
     }
     it = workers_.erase(it);
@@ -684,7 +735,11 @@ void Coordinator::SettleFailures() {
     if (!a.failure.empty() && now >= a.failure_deadline) due.push_back(id);
   }
   for (const std::string& id : due) {
-    Finish(jobs_[id], v1::JOB_STATE_FAILED, active_[id].failure);
+    if (active_[id].failure_refused) {
+      Finish(jobs_[id], v1::JOB_STATE_FAILED, active_[id].failure);
+    } else {
+      FailOrRestart(jobs_[id], active_[id].failure);
+    }
   }
 }
 
@@ -768,7 +823,8 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
 }
 
 absl::StatusOr<Coordinator::ReportTarget> Coordinator::ReportTargetFor(const std::string& worker_id,
-                                                                       const std::string& job_id) {
+                                                                       const std::string& job_id,
+                                                                       const std::string& attempt) {
   if (!workers_.count(worker_id)) {
     return absl::NotFoundError(absl::StrCat("worker_id: unknown worker \"", worker_id, "\""));
   }
@@ -778,13 +834,16 @@ absl::StatusOr<Coordinator::ReportTarget> Coordinator::ReportTargetFor(const std
     return absl::NotFoundError(absl::StrCat("job_id: no job \"", job_id, "\""));
   }
   auto it = active_.find(job_id);
-  if (it != active_.end()) target.active = &it->second;
+  // A report of an earlier attempt of a restarted job counts as late (empty: an older worker).
+  if (it != active_.end() && (attempt.empty() || attempt == it->second.attempt)) {
+    target.active = &it->second;
+  }
   return target;
 }
 
 absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto target = ReportTargetFor(req.worker_id(), req.job_id());
+  auto target = ReportTargetFor(req.worker_id(), req.job_id(), req.attempt());
   if (!target.ok()) return target.status();
   if (target->active == nullptr) return absl::OkStatus();  // the job ended: a late report
   ActiveJob& a = *target->active;
@@ -806,6 +865,12 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
                                                      " but the report is from rank ", req.rank()));
     }
     lines.push_back(std::move(j));
+  }
+  for (const std::string& w : req.warnings()) {
+    v1::JobEvent e;  // the current state again, with the warning as its message
+    e.set_state(job->state());
+    e.set_message(absl::StrCat("warning: ", w.substr(0, 1000)));
+    if (auto st = SaveWithEvent(*job, std::move(e)); !st.ok()) return st;
   }
   const auto& par = job->spec().parallel();
   const runlog::StepContext context{.tokens_per_step = static_cast<double>(par.microbatches()) *
@@ -853,7 +918,7 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
 
 absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto target = ReportTargetFor(req.worker_id(), req.job_id());
+  auto target = ReportTargetFor(req.worker_id(), req.job_id(), req.attempt());
   if (!target.ok()) return target.status();
   if (target->active == nullptr) return absl::OkStatus();  // the job ended: a late report
   ActiveJob& a = *target->active;
@@ -884,6 +949,7 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
   }
   if (!req.ok()) {
     a.failed[rank] = true;
+    a.failure_refused = a.failure_refused || req.refused();
     const std::string what =
         absl::StrCat("rank ", rank, " (", req.worker_id(), ") failed: ", req.message());
     const bool signaled = req.term_signal() != 0;
@@ -907,8 +973,10 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
     if (a.failure.empty()) {
       Finish(*job, v1::JOB_STATE_SUCCEEDED,
              absl::StrCat(job->step(), " of ", job->total_steps(), " steps done"));
+    } else if (a.failure_refused) {
+      Finish(*job, v1::JOB_STATE_FAILED, a.failure);  // a restart would be refused again
     } else {
-      Finish(*job, v1::JOB_STATE_FAILED, a.failure);
+      FailOrRestart(*job, a.failure);
     }
   }
   Schedule();

@@ -57,6 +57,8 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   // Gloo timeout given to the ranks (a rank whose peer died fails within it).
   absl::Duration rank_timeout = absl::Seconds(60);
+  // Wait before a restarted job's attempt n + 1: restart_backoff · 2^(n-1), at most 60 s.
+  absl::Duration restart_backoff = absl::Seconds(1);
   // Ask the job's workers to time the passes before planning.
   bool profile = true;
   // FLOP-proportional cost scale when no profile is available (FLOP/s per rank).
@@ -149,6 +151,7 @@ class Coordinator {
     // A rank killed by a signal is named first even when a peer's report came earlier.
     std::string failure;
     bool failure_signaled = false;
+    bool failure_refused = false;  // a daemon refused its task: no restart
     absl::Time failure_deadline;
     std::map<int, vocabpipe::v1::PassCosts> profiles;  // per rank
     std::map<int64_t, RankReport> steps;
@@ -168,13 +171,21 @@ class Coordinator {
     ActiveJob* active = nullptr;
   };
   absl::StatusOr<ReportTarget> ReportTargetFor(const std::string& worker_id,
-                                               const std::string& job_id);
+                                               const std::string& job_id,
+                                               const std::string& attempt = "");
   absl::Status SaveWithEvent(vocabpipe::v1::Job& job, vocabpipe::v1::JobEvent event);
   absl::Status SetState(vocabpipe::v1::Job& job, vocabpipe::v1::JobState state,
                         const std::string& reason);
   // Terminal transition: state + reason, cancel every other rank, free the workers.
   void Finish(vocabpipe::v1::Job& job, vocabpipe::v1::JobState state, const std::string& reason,
               const std::string& except_worker = "");
+  // Cancels the job's other ranks, frees its workers and drops its attempt (Finish's second
+  // half).
+  void Release(vocabpipe::v1::Job& job, const std::string& except_worker);
+  // A rank failed: a RUNNING job with restarts left goes back to PENDING for its next attempt
+  // (after a backoff, resuming from its latest verified checkpoint); otherwise it FAILS.
+  void FailOrRestart(vocabpipe::v1::Job& job, const std::string& reason,
+                     const std::string& except_worker = "");
   void Schedule();
   // Sets PLANNING and plans on a thread of its own (planners_), off the lock; the result is
   // applied by FinishPlanning under the lock when the job is still in that attempt.
@@ -198,6 +209,7 @@ class Coordinator {
   std::condition_variable events_cv_;  // a job got a new event
   std::map<std::string, vocabpipe::v1::Job> jobs_;
   std::map<std::string, ActiveJob> active_;
+  std::map<std::string, absl::Time> restart_after_;  // restarted PENDING jobs: not before
   std::map<std::string, Worker> workers_;
   int64_t next_job_ = 1, next_worker_ = 1;
   bool stopping_ = false;

@@ -68,11 +68,14 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   }
   std::unique_ptr<JobStore> store(new JobStore(db));
   sqlite3_busy_timeout(db, 5000);
-  // WAL: readers never block the writer; NORMAL sync is durable across process crashes (a
-  // killed coordinator loses nothing it committed).
+  // WAL: readers never block the writer. FULL sync: every commit is fsynced before it
+  // returns, so a committed state change survives a power loss as well as a crash (NORMAL
+  // may lose the last commits on power loss).
   for (const char* sql : {
            "PRAGMA journal_mode=WAL",
-           "PRAGMA synchronous=NORMAL",
+           "PRAGMA synchronous=FULL",
+           "CREATE TABLE IF NOT EXISTS quarantine (id TEXT NOT NULL, record BLOB, "
+           "reason TEXT NOT NULL)",
            "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, ordinal INTEGER NOT NULL, "
            "state INTEGER NOT NULL, record BLOB NOT NULL)",
            "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
@@ -143,18 +146,39 @@ absl::StatusOr<Job> JobStore::Load(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<Job>> JobStore::LoadAll() {
-  Statement q(db_, "SELECT record FROM jobs ORDER BY ordinal, id");
+  Statement q(db_, "SELECT record, id FROM jobs ORDER BY ordinal, id");
   if (!q.status().ok()) return q.status();
   std::vector<Job> jobs;
+  std::vector<std::string> bad;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     Job job;
     if (!job.ParseFromString(q.ColumnBlob(0))) {
-      return absl::DataLossError("a stored job record does not parse");
+      bad.push_back(q.ColumnBlob(1));  // quarantined below: one bad row must not stop the rest
+      continue;
     }
     jobs.push_back(std::move(job));
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "load jobs");
+  for (const std::string& id : bad) {
+    if (auto st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+    Statement move(db_,
+                   "INSERT INTO quarantine (id, record, reason) SELECT id, record, "
+                   "'job record does not parse' FROM jobs WHERE id = ?");
+    Statement drop(db_, "DELETE FROM jobs WHERE id = ?");
+    if (!move.status().ok() || !drop.status().ok()) {
+      Exec("ROLLBACK").IgnoreError();
+      return move.status().ok() ? drop.status() : move.status();
+    }
+    move.BindText(1, id);
+    drop.BindText(1, id);
+    if (move.Step() != SQLITE_DONE || drop.Step() != SQLITE_DONE) {
+      Exec("ROLLBACK").IgnoreError();
+      return SqlError(db_, "quarantine");
+    }
+    if (auto st = Exec("COMMIT"); !st.ok()) return st;
+    quarantined_.push_back(id);
+  }
   return jobs;
 }
 

@@ -5,6 +5,7 @@
 // Schema (docs/operations.md, "Control plane"):
 //   jobs(id TEXT PRIMARY KEY, ordinal INTEGER, state INTEGER, record BLOB)   record = v1.Job
 //   events(job_id TEXT, seq INTEGER, record BLOB, PRIMARY KEY(job_id, seq))  record = v1.JobEvent
+//   quarantine(id TEXT, record BLOB, reason TEXT)   job rows that failed to parse at load
 // Writes are transactions; a failed write leaves the previous rows untouched. Not thread-safe:
 // the Coordinator serializes calls.
 #pragma once
@@ -35,8 +36,10 @@ class JobStore {
   absl::Status Save(const vocabpipe::v1::Job& job,
                     const std::vector<vocabpipe::v1::JobEvent>& events = {});
   absl::StatusOr<vocabpipe::v1::Job> Load(const std::string& id);  // NotFound
-  // Every job, oldest first.
+  // Every job, oldest first. A row whose record does not parse is moved to the quarantine
+  // table (id, record, reason) and skipped; its id is listed in quarantined().
   absl::StatusOr<std::vector<vocabpipe::v1::Job>> LoadAll();
+  const std::vector<std::string>& quarantined() const { return quarantined_; }
   // The job's events with seq > after_seq, in order.
   absl::StatusOr<std::vector<vocabpipe::v1::JobEvent>> Events(const std::string& id,
                                                               int64_t after_seq);
@@ -48,6 +51,7 @@ class JobStore {
   absl::Status Exec(const char* sql);
   sqlite3* db_;
   int64_t max_ordinal_ = 0;
+  std::vector<std::string> quarantined_;
 };
 
 }  // namespace vp::server

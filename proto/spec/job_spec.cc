@@ -682,6 +682,8 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
                                        s.checkpoint().dir().size(), ")"));
   }
   in_range("checkpoint.every", s.checkpoint().every(), 0, kMaxSteps);
+  in_range("checkpoint.keep_last", s.checkpoint().keep_last(), 0, kMaxSteps);
+  in_range("train.max_restarts", s.train().max_restarts(), 0, 1000);
 
   if (!ValidDevice(s.device())) {
     add("device",
@@ -894,6 +896,7 @@ void ApplyDefaults(JobSpec* spec) {
   if (!t->has_eval_batches()) t->set_eval_batches(std::max(1, p->microbatches()));
   if (!t->has_sample_every()) t->set_sample_every(0);
   if (!t->has_sample_tokens()) t->set_sample_tokens(std::clamp(m->seq_len(), 1, 64));
+  if (!t->has_max_restarts()) t->set_max_restarts(3);
 
   auto* d = spec->mutable_data();
   if (!d->has_shuffle()) d->set_shuffle(false);
@@ -901,6 +904,7 @@ void ApplyDefaults(JobSpec* spec) {
   auto* c = spec->mutable_checkpoint();
   if (!c->has_dir()) c->set_dir(absl::StrCat("runs/", spec->name()));
   if (!c->has_every()) c->set_every(0);
+  if (!c->has_keep_last()) c->set_keep_last(0);
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {

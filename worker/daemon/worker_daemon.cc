@@ -25,6 +25,7 @@
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
+#include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
 
 extern char** environ;
@@ -61,8 +62,13 @@ int64_t MemoryBytes() {
 // One rank process started for a RunTask.
 struct Task {
   std::string job_id;
+  std::string attempt;
   int rank = 0;
   pid_t pid = -1;
+  // The run directory's lock under the job's id, held while the rank runs (the rank holds its
+  // own as well); dropped when the task is reaped or killed.
+  std::optional<launch::RunDirLock> lock;
+  std::vector<std::string> warnings;  // for the coordinator's job events (sent once)
   std::string metrics_path, log_path;
   size_t offset = 0;  // bytes of the metrics file already reported
   absl::Time last_sent = absl::InfinitePast();
@@ -198,11 +204,14 @@ class Daemon {
     }
   }
 
-  void ReportTask(const std::string& job_id, int rank, bool ok, const std::string& message,
-                  const v1::PassCosts* costs = nullptr, int term_signal = 0) {
+  void ReportTask(const std::string& job_id, const std::string& attempt, int rank, bool ok,
+                  const std::string& message, const v1::PassCosts* costs = nullptr,
+                  int term_signal = 0, bool refused = false) {
     v1::ReportTaskRequest req;
     req.set_worker_id(worker_id_);
     req.set_job_id(job_id);
+    req.set_attempt(attempt);
+    req.set_refused(refused);
     req.set_rank(rank);
     req.set_ok(ok);
     req.set_message(message);
@@ -245,12 +254,15 @@ class Daemon {
 
   void Run(const v1::RunTask& run) {
     if (task_) {
-      ReportTask(run.job_id(), run.rank(), false,
+      ReportTask(run.job_id(), run.attempt(), run.rank(), false,
                  absl::StrCat("worker ", worker_id_, " is still running ", task_->job_id));
       return;
     }
     const std::string dir = run.spec().checkpoint().dir();
-    auto fail = [&](const std::string& why) { ReportTask(run.job_id(), run.rank(), false, why); };
+    auto fail = [&](const std::string& why) {
+      ReportTask(run.job_id(), run.attempt(), run.rank(), false, why, nullptr, 0,
+                 /*refused=*/true);
+    };
     // This worker's own root, checked on its own view of the file system (the coordinator
     // checked its root at submit).
     if (auto st = spec::CheckSpecPaths(run.spec(), options_.storage_root); !st.ok()) {
@@ -266,20 +278,31 @@ class Daemon {
     if (run.rank() < 0 || run.rank() >= plan->pipeline) {
       return fail(absl::StrCat("plan: no rank ", run.rank(), " in a pipeline of ", plan->pipeline));
     }
+    // Before anything is written: another job's run directory is refused, naming it.
+    const std::string run_id = run.run_id().empty() ? run.job_id() : run.run_id();
+    auto lock = launch::RunDirLock::Acquire(dir, run_id);
+    if (!lock.ok()) return fail(std::string(lock.status().message()));
     if (auto st = launch::WriteRankRunFiles(dir, run.spec(), *plan, run.rank()); !st.ok()) {
       return fail(std::string(st.message()));
     }
+    Task t;
     int64_t resume_step = -1;
     if (run.resume()) {
-      // The ranks share checkpoint.dir, so every daemon finds the same step.
-      auto latest = launch::LatestShardedStep(dir, plan->pipeline);
+      // The ranks share checkpoint.dir, so every daemon finds the same verified step.
+      auto latest = launch::LatestVerifiedStep(dir, plan->pipeline,
+                                               run.resume_limited() ? run.resume_max_step() : -1);
       if (latest.ok()) {
-        resume_step = *latest;
+        resume_step = latest->step;
+        for (const std::string& w : latest->warnings) {
+          Log(absl::StrCat(run.job_id(), ": warning: ", w));
+          if (run.rank() == 0) t.warnings.push_back(w);  // one event per job, not per rank
+        }
       } else if (!absl::IsNotFound(latest.status())) {
         return fail(absl::StrCat("resume: ", latest.status().message()));
       }
     }
-    Task t;
+    t.lock = std::move(*lock);
+    t.attempt = run.attempt();
     t.job_id = run.job_id();
     t.rank = run.rank();
     t.metrics_path = launch::RankMetricsPath(dir, run.rank());
@@ -293,6 +316,8 @@ class Daemon {
                                      std::to_string(run.rank()),
                                      "--attempt",
                                      run.attempt(),
+                                     "--run-id",
+                                     run_id,
                                      "--timeout",
                                      absl::StrCat(std::max<int64_t>(1, run.timeout_ms()) / 1000.0),
                                      "--store",
@@ -366,17 +391,31 @@ class Daemon {
     Task t = std::move(*task_);
     task_.reset();
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      ReportTask(t.job_id, t.rank, true, "");
+      ReportTask(t.job_id, t.attempt, t.rank, true, "");
     } else {
       std::string why = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
                                             : absl::StrCat("exit code ", WEXITSTATUS(status));
       const std::string last = LastLogLine(t.log_path, 1000);
       if (!last.empty()) absl::StrAppend(&why, ": ", last);
-      ReportTask(t.job_id, t.rank, false, why, nullptr, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      ReportTask(t.job_id, t.attempt, t.rank, false, why, nullptr,
+                 WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     }
   }
 
   void SendMetrics() {
+    if (!task_->warnings.empty()) {
+      v1::ReportMetricsRequest req;
+      req.set_worker_id(worker_id_);
+      req.set_job_id(task_->job_id);
+      req.set_attempt(task_->attempt);
+      req.set_rank(task_->rank);
+      for (const std::string& w : task_->warnings) req.add_warnings(w);
+      v1::ReportMetricsResponse resp;
+      grpc::Status st = Unary(&v1::WorkerService::Stub::ReportMetrics, req, &resp);
+      if (st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        task_->warnings.clear();
+      }
+    }
     std::error_code ec;  // a stat first: most polls find nothing new
     const uintmax_t size = fs::file_size(task_->metrics_path, ec);
     if (ec || size <= task_->offset) return;
@@ -390,6 +429,7 @@ class Daemon {
     v1::ReportMetricsRequest req;
     req.set_worker_id(worker_id_);
     req.set_job_id(task_->job_id);
+    req.set_attempt(task_->attempt);
     req.set_rank(task_->rank);
     for (absl::string_view line : absl::StrSplit(rest.substr(0, end), '\n')) {
       if (!line.empty()) req.add_step_json(std::string(line));

@@ -1,11 +1,18 @@
 #include "worker/launch/shard_checkpoint.h"
 
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -22,6 +29,87 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kShardKey[] = "vocab_shard.";
+constexpr char kManifest[] = "MANIFEST.json";
+constexpr char kManifestFormat[] = "vocabpipe-shard-manifest";
+// The files a manifest lists, in the order they are written.
+constexpr const char* kShardFiles[] = {"model.safetensors", "optimizer.safetensors", "DONE"};
+
+// fsync of a file or a directory: a checkpoint must survive a power loss once its manifest
+// is in place, so its data (and the directory entries naming it) reach the disk first.
+absl::Status Sync(const std::string& path, bool directory) {
+  const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": cannot open for fsync"));
+  const int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) return absl::InternalError(absl::StrCat(path, ": fsync failed"));
+  return absl::OkStatus();
+}
+
+struct FileDigest {
+  int64_t bytes = 0;
+  std::string sha256;  // lowercase hex
+};
+
+// SHA-256 of a file (OpenSSL's libcrypto), read in 1 MiB blocks.
+absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    close(fd);
+    return absl::InternalError("SHA-256: cannot initialise libcrypto's digest");
+  }
+  std::vector<unsigned char> buf(1 << 20);
+  FileDigest d;
+  ssize_t n = 0;
+  while ((n = read(fd, buf.data(), buf.size())) > 0) {
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+    d.bytes += n;
+  }
+  close(fd);
+  if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned int i = 0; i < len; ++i) {
+    d.sha256.push_back(kHex[md[i] >> 4]);
+    d.sha256.push_back(kHex[md[i] & 15]);
+  }
+  return d;
+}
+
+// The step_<N> folders of a run, newest first.
+std::vector<int64_t> StepFolders(const std::string& run_dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t v = 0;
+    if (name.rfind("step_", 0) == 0 && absl::SimpleAtoi(name.substr(5), &v) && v >= 0 &&
+        entry.is_directory()) {
+      steps.push_back(v);
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+// Verifies all `world` shards of `step`; returns the run id they share.
+absl::StatusOr<std::string> VerifyStep(const std::string& run_dir, int64_t step, int world) {
+  std::string run;
+  for (int r = 0; r < world; ++r) {
+    auto id = VerifyRankShard(run_dir, step, r, world);
+    if (!id.ok()) return id.status();
+    if (r == 0) {
+      run = *id;
+    } else if (*id != run) {
+      return absl::DataLossError(absl::StrCat(ShardDir(run_dir, step, r), ": written by run ", *id,
+                                              ", rank 0's shard by run ", run));
+    }
+  }
+  return run;
+}
 
 // The saved shape of a tensor: vocabulary shards lose their padding rows.
 std::vector<int64_t> SavedShape(const engine::ParamTensor& t) {
@@ -49,9 +137,11 @@ absl::StatusOr<ShardRows> ParseShardRows(const std::string& file, const std::str
 }  // namespace
 
 absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, int world,
-                           const engine::RankModel& model, engine::AdamW& optimizer) {
+                           const engine::RankModel& model, engine::AdamW& optimizer,
+                           const std::string& run_id) {
   const std::string dir = ShardDir(run_dir, step, rank);
   std::error_code ec;
+  fs::remove(fs::path(dir) / kManifest, ec);  // first: the shard no longer counts
   fs::remove(fs::path(dir) / "DONE", ec);
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
@@ -80,17 +170,93 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
       !st.ok()) {
     return st;
   }
-  return runtime::WriteTextFileAtomically((fs::path(dir) / "DONE").string(),
-                                          absl::StrCat(step, "\n"));
+  if (auto st = runtime::WriteTextFileAtomically((fs::path(dir) / "DONE").string(),
+                                                 absl::StrCat(step, "\n"));
+      !st.ok()) {
+    return st;
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (const char* name : kShardFiles) {
+    const std::string path = (fs::path(dir) / name).string();
+    if (auto st = Sync(path, false); !st.ok()) return st;
+    auto d = DigestFile(path);
+    if (!d.ok()) return d.status();
+    files[name] = {{"bytes", d->bytes}, {"sha256", d->sha256}};
+  }
+  const nlohmann::json manifest = {{"format", kManifestFormat},
+                                   {"version", 1},
+                                   {"run_id", run_id},
+                                   {"step", step},
+                                   {"rank", rank},
+                                   {"world", world},
+                                   {"files", files}};
+  // The manifest goes in by rename once its content is on disk; then the directories, so the
+  // names survive too.
+  const std::string path = (fs::path(dir) / kManifest).string();
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  if (auto st = runtime::WriteTextFileAtomically(tmp, manifest.dump(2) + "\n"); !st.ok()) {
+    return st;
+  }
+  if (auto st = Sync(tmp, false); !st.ok()) return st;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
+  for (const std::string& d : {dir, runtime::CheckpointDir(run_dir, step), run_dir}) {
+    if (auto st = Sync(d, true); !st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
-absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank,
+absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t step, int rank,
+                                            int world) {
+  const std::string dir = ShardDir(run_dir, step, rank);
+  const std::string path = (fs::path(dir) / kManifest).string();
+  std::ifstream f(path);
+  if (!f) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": no ", kManifest, "; the shard is incomplete"));
+  }
+  const nlohmann::json m = nlohmann::json::parse(f, nullptr, false);
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(path, ": ", why));
+  };
+  if (m.is_discarded() || !m.is_object()) return bad("not a JSON object");
+  if (m.value("format", "") != kManifestFormat) {
+    return bad(absl::StrCat("format is not \"", kManifestFormat, "\""));
+  }
+  const auto integer = [&](const char* key) -> int64_t {
+    return m.contains(key) && m[key].is_number_integer() ? m[key].get<int64_t>() : -1;
+  };
+  if (integer("step") != step) return bad(absl::StrCat("step is not ", step));
+  if (integer("rank") != rank) return bad(absl::StrCat("rank is not ", rank));
+  if (integer("world") != world) {
+    return bad(absl::StrCat("world size ", integer("world"), " is not the plan's ", world));
+  }
+  if (!m.contains("run_id") || !m["run_id"].is_string()) return bad("run_id is missing");
+  if (!m.contains("files") || !m["files"].is_object()) return bad("files is missing");
+  for (const char* name : kShardFiles) {
+    const auto it = m["files"].find(name);
+    if (it == m["files"].end() || !it->is_object() || !(*it)["bytes"].is_number_integer() ||
+        !(*it)["sha256"].is_string()) {
+      return bad(absl::StrCat("files.", name, " is missing or malformed"));
+    }
+    const std::string file = (fs::path(dir) / name).string();
+    auto d = DigestFile(file);
+    if (!d.ok())
+      return absl::DataLossError(absl::StrCat(file, ": listed in the manifest, missing"));
+    if (d->bytes != (*it)["bytes"].get<int64_t>() ||
+        d->sha256 != (*it)["sha256"].get<std::string>()) {
+      return absl::DataLossError(
+          absl::StrCat(file, ": content does not match its SHA-256 in ", kManifest,
+                       " (the file is corrupt or was changed after the save)"));
+    }
+  }
+  return m["run_id"].get<std::string>();
+}
+
+absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            engine::RankModel& model, engine::AdamW* optimizer) {
   const std::string dir = ShardDir(run_dir, step, rank);
-  if (!fs::exists(fs::path(dir) / "DONE")) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, ": no DONE marker; the shard is incomplete"));
-  }
+  if (auto id = VerifyRankShard(run_dir, step, rank, world); !id.ok()) return id.status();
   const std::string model_path = (fs::path(dir) / "model.safetensors").string();
   auto weights = runtime::ReadSafetensors(model_path);
   if (!weights.ok()) return weights.status();
@@ -142,26 +308,52 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank,
   return absl::OkStatus();
 }
 
+absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
+                                                int64_t max_step) {
+  VerifiedStep out;
+  for (const int64_t step : StepFolders(run_dir)) {
+    if (max_step >= 0 && step > max_step) continue;
+    // A folder without any rank's shard (a standalone run's, or an export) is no candidate.
+    bool any = false;
+    for (int r = 0; r < world && !any; ++r) any = fs::exists(ShardDir(run_dir, step, r));
+    if (!any) continue;
+    auto run = VerifyStep(run_dir, step, world);
+    if (run.ok()) {
+      out.step = step;
+      return out;
+    }
+    out.warnings.push_back(
+        absl::StrCat("checkpoint of step ", step, " skipped: ", run.status().message()));
+  }
+  std::string why =
+      absl::StrCat(run_dir, ": no step with verified shards of all ", world, " ranks");
+  if (!out.warnings.empty()) absl::StrAppend(&why, " (newest: ", out.warnings.front(), ")");
+  return absl::NotFoundError(why);
+}
+
 absl::StatusOr<int64_t> LatestShardedStep(const std::string& run_dir, int world) {
-  int64_t best = -1;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    int64_t v = 0;
-    if (name.rfind("step_", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &v) || v <= best) {
+  auto latest = LatestVerifiedStep(run_dir, world);
+  if (!latest.ok()) return latest.status();
+  return latest->step;
+}
+
+absl::Status PruneCheckpoints(const std::string& run_dir, int64_t step, int world, int keep_last) {
+  if (keep_last <= 0) return absl::OkStatus();
+  int kept = 0;
+  for (const int64_t s : StepFolders(run_dir)) {
+    if (s > step) continue;  // newer than this save: not ours to judge
+    if (kept < keep_last) {
+      if (VerifyStep(run_dir, s, world).ok()) ++kept;  // a bad step does not count
       continue;
     }
-    bool complete = true;
-    for (int r = 0; r < world && complete; ++r) {
-      complete = fs::exists(fs::path(ShardDir(run_dir, v, r)) / "DONE");
+    std::error_code ec;
+    fs::remove_all(runtime::CheckpointDir(run_dir, s), ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat(runtime::CheckpointDir(run_dir, s), ": cannot remove: ", ec.message()));
     }
-    if (complete) best = v;
   }
-  if (best < 0) {
-    return absl::NotFoundError(
-        absl::StrCat(run_dir, ": no step with complete shards of all ", world, " ranks"));
-  }
-  return best;
+  return Sync(run_dir, true);
 }
 
 absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
@@ -176,10 +368,11 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
   std::vector<std::string> order;                       // first-seen order
   for (int r = 0; r < world; ++r) {
     const std::string dir = ShardDir(run_dir, step, r);
-    if (!fs::exists(fs::path(dir) / "DONE")) {
+    if (!fs::exists(fs::path(dir) / kManifest)) {
       return absl::FailedPreconditionError(
-          absl::StrCat(dir, ": no DONE marker; rank ", r, " has not saved step ", step));
+          absl::StrCat(dir, ": no ", kManifest, "; rank ", r, " has not saved step ", step));
     }
+    if (auto id = VerifyRankShard(run_dir, step, r, world); !id.ok()) return id.status();
     const std::string path = (fs::path(dir) / "model.safetensors").string();
     auto f = runtime::ReadSafetensors(path);
     if (!f.ok()) return f.status();
@@ -254,8 +447,15 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
       !st.ok()) {
     return st;
   }
-  return runtime::WriteTextFileAtomically((fs::path(out_dir) / "DONE").string(),
-                                          absl::StrCat(step, "\n"));
+  if (auto st = runtime::WriteTextFileAtomically((fs::path(out_dir) / "DONE").string(),
+                                                 absl::StrCat(step, "\n"));
+      !st.ok()) {
+    return st;
+  }
+  for (const char* name : {"model.safetensors", "config.json", "DONE"}) {
+    if (auto st = Sync((fs::path(out_dir) / name).string(), false); !st.ok()) return st;
+  }
+  return Sync(out_dir, true);
 }
 
 }  // namespace vp::launch

@@ -7,7 +7,11 @@
 //                          without padding rows. Metadata: rank, world, step, and for each
 //                          vocabulary shard "vocab_shard.<name>" = "<global_row_begin> <rows>".
 //   optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name>; metadata adamw_step.
-//   DONE                   written last.
+//   DONE                   the step, after both files.
+//   MANIFEST.json          written last (docs/formats.md): run id, step, rank, world size and
+//                          the size and SHA-256 of every other file. A shard counts only when
+//                          its manifest verifies; every file, then the directory, is fsynced
+//                          before the manifest goes in by rename.
 // Merge: vocabulary shards are concatenated by global row (they must tile [0, V) exactly);
 // other tensors are taken from the rank that holds them. With tied embeddings lm_head.weight
 // is wte (a rank's separate output copy, kept in sync by the runtime, is not read).
@@ -15,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,18 +29,41 @@
 
 namespace vp::launch {
 
-// Writes rank `rank`'s shard of step `step` (DONE last).
+// Writes rank `rank`'s shard of step `step` (MANIFEST.json last); run_id names the run in the
+// manifest.
 absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, int world,
-                           const engine::RankModel& model, engine::AdamW& optimizer);
+                           const engine::RankModel& model, engine::AdamW& optimizer,
+                           const std::string& run_id);
+
+// Checks rank `rank`'s shard of step `step` against its manifest: present, of this step, rank
+// and world size, every file of the listed size and SHA-256. Returns the manifest's run id;
+// DataLoss (naming the file) for a mismatch, FailedPrecondition for a missing manifest.
+absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t step, int rank,
+                                            int world);
 
 // Loads rank `rank`'s shard of step `step` into a model built from the same plan (and the
-// optimizer state when optimizer is non-null). Checks every tensor (present, shape, global
-// rows, finite) before copying anything.
-absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank,
+// optimizer state when optimizer is non-null). Verifies the manifest, then checks every tensor
+// (present, shape, global rows, finite) before copying anything.
+absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            engine::RankModel& model, engine::AdamW* optimizer);
 
-// The highest step whose shards of all `world` ranks are complete, or NotFound.
+struct VerifiedStep {
+  int64_t step = -1;
+  // One line per newer step that was skipped: which rank's shard failed and why.
+  std::vector<std::string> warnings;
+};
+// The highest step whose shards of all `world` ranks verify (and name one run), or NotFound
+// (warnings lost; the message names the newest failure when there is one). Newer steps that
+// fail (a corrupt file, a partial save) are skipped and listed in `warnings`.
+// max_step >= 0: only steps up to it count.
+absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
+                                                int64_t max_step = -1);
+// LatestVerifiedStep's step.
 absl::StatusOr<int64_t> LatestShardedStep(const std::string& run_dir, int world);
+
+// checkpoint.keep_last: keeps the `keep_last` newest verified steps at or below `step` (and
+// anything newer) and removes every older step_<N> folder. keep_last <= 0 keeps everything.
+absl::Status PruneCheckpoints(const std::string& run_dir, int64_t step, int world, int keep_last);
 
 // Merges step `step`'s shards into <dir>/step_<N>/{model.safetensors, config.json, DONE}.
 absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,

@@ -14,6 +14,7 @@
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
+#include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/job_options.h"
@@ -64,10 +65,11 @@ namespace {
 
 // After a save, rank r marks its shard of `step` complete in the rendezvous store; rank 0 waits
 // for every mark (bounded by the rank timeout) and merges the shards into the Hugging Face
-// checkpoint. Merging here, in the job's own processes, works the same for local runs and
-// daemon runs: the ranks already share checkpoint.dir (each writes its shard there).
+// checkpoint, then applies checkpoint.keep_last. Merging here, in the job's own processes, works
+// the same for local runs and daemon runs: the ranks already share checkpoint.dir (each writes its
+// shard there).
 absl::Status PublishShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int world,
-                          int64_t step, const engine::ModelConfig& config) {
+                          int64_t step, const engine::ModelConfig& config, int keep_last) {
   const std::string prefix = absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/");
   try {
     store.set(absl::StrCat(prefix, options.rank), {'1'});
@@ -79,7 +81,8 @@ absl::Status PublishShard(gloo::rendezvous::Store& store, const WorkerOptions& o
     return absl::DeadlineExceededError(
         absl::StrCat("waiting for every rank's shard of step ", step, ": ", e.what()));
   }
-  return MergeShards(options.run_dir, step, world, config);
+  if (auto st = MergeShards(options.run_dir, step, world, config); !st.ok()) return st;
+  return PruneCheckpoints(options.run_dir, step, world, keep_last);
 }
 
 // The text of a training sample from a merged checkpoint folder (runtime::SampleText).
@@ -106,6 +109,10 @@ absl::Status RunWorker(const WorkerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank: ", options.rank, " is not in [0, ", p, ")"));
   }
+  // Held until the process exits: no other run may write into this directory meanwhile.
+  const std::string run_id = options.run_id.empty() ? options.attempt : options.run_id;
+  auto lock = RunDirLock::Acquire(dir, run_id);
+  if (!lock.ok()) return lock.status();
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   // For operators and tests: which process is this rank (the launcher and daemons start it).
@@ -140,7 +147,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
   // the host view.
   auto save = [&](int64_t step) -> absl::Status {
     if (auto st = rank.PullState(); !st.ok()) return st;
-    return SaveRankShard(dir, step, options.rank, p, rank.model(), rank.optimizer());
+    return SaveRankShard(dir, step, options.rank, p, rank.model(), rank.optimizer(), run_id);
   };
   auto fatal = [&](absl::Status st) {
     if (options.on_fatal) options.on_fatal(st);
@@ -149,8 +156,8 @@ absl::Status RunWorker(const WorkerOptions& options) {
 
   int64_t first_step = 0;
   if (options.resume_step >= 0) {
-    if (auto st =
-            LoadRankShard(dir, options.resume_step, options.rank, rank.model(), &rank.optimizer());
+    if (auto st = LoadRankShard(dir, options.resume_step, options.rank, p, rank.model(),
+                                &rank.optimizer());
         !st.ok()) {
       return fatal(st);
     }
@@ -168,11 +175,14 @@ absl::Status RunWorker(const WorkerOptions& options) {
 
   const int64_t steps = spec.train().steps();
   const int every = spec.checkpoint().every();
+  const int keep_last = spec.checkpoint().keep_last();
   if (steps == 0) {  // steps: 0 saves the initial model and stops (like a standalone run)
     if (auto st = save(0); !st.ok()) {
       return fatal(st);
     }
-    if (auto st = PublishShard(*store, options, p, 0, topt->model); !st.ok()) return fatal(st);
+    if (auto st = PublishShard(*store, options, p, 0, topt->model, keep_last); !st.ok()) {
+      return fatal(st);
+    }
     if (options.rank == 0) {
       if (auto st = runtime::CopyDataTokenizer(spec, runtime::CheckpointDir(dir, 0)); !st.ok()) {
         return fatal(st);
@@ -207,7 +217,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
-      if (auto st = PublishShard(*store, options, p, done, topt->model); !st.ok()) {
+      if (auto st = PublishShard(*store, options, p, done, topt->model, keep_last); !st.ok()) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }

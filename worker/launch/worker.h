@@ -29,6 +29,10 @@ struct WorkerOptions {
   absl::Duration timeout = absl::Seconds(60);
   // Names this launch's keys in the store (a relaunch must not read stale addresses).
   std::string attempt = "0";
+  // Names the run in the checkpoint manifests and owns the run directory's lock (run_lock.h):
+  // the job id under a coordinator, the launch's id for `vocabpipe run --direct`. Empty: the
+  // attempt.
+  std::string run_id;
   int64_t resume_step = -1;  // >= 0: load the rank's shard of this step and continue after it
   // Rendezvous store. Null: a FileStore in DIR/store (ranks on one host, `vocabpipe run`);
   // worker daemons pass the coordinator's (grpc_store.h).

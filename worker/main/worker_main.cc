@@ -10,7 +10,7 @@
 //       coordinator (worker/daemon/address.h). --rank-hint: the rank to take (the platform's
 //       worker index). Exit code 0 when stopped by a signal, 2 on bad usage.
 //
-//   vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID]
+//   vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] [--run-id ID]
 //       [--resume-step N] [--store HOST:PORT [--tls-ca F --tls-cert F --tls-key F | --insecure]]
 //       [--hostname IP]
 //       One pipeline rank; started by `vocabpipe run` (client/launcher.h) or by a worker daemon
@@ -48,7 +48,8 @@ constexpr char kUsage[] =
     "[--rank-hint N]\n"
     "         (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)\n"
     "         [--storage-root DIR] [--profile-memory-limit BYTES]\n"
-    "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] "
+    "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] [--run-id "
+    "ID] "
     "[--cuda-device N] "
     "[--resume-step N] [--store HOST:PORT (TLS flags | --insecure)] [--hostname IP]\n";
 
@@ -191,6 +192,11 @@ int main(int argc, char** argv) {
       options.timeout = absl::Seconds(seconds);
     } else if (a == "--attempt") {
       options.attempt = v;
+    } else if (a == "--run-id") {
+      if (v.empty() || v.find('\n') != std::string::npos) {
+        return Usage("--run-id: need a non-empty single-line id");
+      }
+      options.run_id = v;
     } else if (a == "--resume-step") {
       if (!absl::SimpleAtoi(v, &options.resume_step) || options.resume_step < 0) {
         return Usage("--resume-step: need an integer >= 0");

@@ -8,6 +8,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_join.h"
 #include "coordinator/server/job_store.h"
 #include "gloo/common/error.h"
 #include "tests/integration/control/control_harness.h"
@@ -43,14 +44,16 @@ class ControlTest : public ::testing::Test {
 
   // A tiny p-rank job: V = 64, h = 32, s = 16, m = 4 microbatches of b = 2.
   v1::SubmitJobRequest TinyJob(const std::string& name, int pipeline, int steps,
-                               const std::string& extra_parallel = "") {
+                               const std::string& extra_parallel = "",
+                               const std::string& extra_train = "",
+                               const std::string& extra_checkpoint = "") {
     v1::SubmitJobRequest req;
-    req.set_spec_text(
-        absl::StrCat("name: ", name, "\n",
-                     "model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
-                     "parallel: {pipeline: ", pipeline, ", microbatch_size: 2, microbatches: 4",
-                     extra_parallel, "}\n", "train: {steps: ", steps, ", lr: 0.003, threads: 1}\n",
-                     "data: {path: data.bin}\ncheckpoint: {dir: ", name, "}\n"));
+    req.set_spec_text(absl::StrCat(
+        "name: ", name, "\n",
+        "model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
+        "parallel: {pipeline: ", pipeline, ", microbatch_size: 2, microbatches: 4", extra_parallel,
+        "}\n", "train: {steps: ", steps, ", lr: 0.003, threads: 1", extra_train, "}\n",
+        "data: {path: data.bin}\ncheckpoint: {dir: ", name, extra_checkpoint, "}\n"));
     req.set_base_dir(dir_.string());
     return req;
   }
@@ -385,7 +388,8 @@ TEST_F(ControlRunTest, AKilledWorkerFailsTheJobNamingItsRank) {
   CoordinatorProcess c(dir_, db_, {"--no-profile"});
   ASSERT_TRUE(c.up()) << c.process().Log();
   StartWorkers(c, 2);
-  const std::string id = Submit(c, TinyJob("doomed", 2, 100000));
+  // No automatic restart: the failure is final (AKilledWorkerDaemonRestartsTheJob restarts).
+  const std::string id = Submit(c, TinyJob("doomed", 2, 100000, "", ", max_restarts: 0"));
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 1; }, std::chrono::seconds(30)));
   // Which worker process runs rank 1? The coordinator names workers in registration order,
   // which need not be start order, so find it by its pid.
@@ -410,6 +414,97 @@ TEST_F(ControlRunTest, AKilledWorkerFailsTheJobNamingItsRank) {
   EXPECT_LE(seconds, 1.5 + 1.0);  // heartbeat timeout + polling slack
   const v1::Job job = GetJob(c, id);
   EXPECT_THAT(job.reason(), HasSubstr("rank 1"));
+}
+
+TEST_F(ControlTest, AJobRowThatDoesNotParseIsQuarantined) {
+  // SQLite item of issue 16: one unreadable row does not keep the coordinator down.
+  {
+    CoordinatorProcess c(dir_, db_);
+    ASSERT_TRUE(c.up()) << c.process().Log();
+    MakeData();
+    ASSERT_EQ(Submit(c, TinyJob("a", 1, 1)), "job-1");  // no workers: both stay PENDING
+    ASSERT_EQ(Submit(c, TinyJob("b", 1, 1)), "job-2");
+  }
+  const std::string sql = absl::StrCat("sqlite3 ", db_.string(),
+                                       " \"UPDATE jobs SET record = X'FFFFFFFF' WHERE id = "
+                                       "'job-1'\" > /dev/null 2>&1");
+  ASSERT_EQ(std::system(sql.c_str()), 0);
+  CoordinatorProcess c(dir_, db_);
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  EXPECT_THAT(c.process().Log(), HasSubstr("job job-1: stored record does not parse; moved to "
+                                           "the quarantine table"));
+  EXPECT_EQ(GetJob(c, "job-2").state(), v1::JOB_STATE_PENDING);
+  const std::string count =
+      absl::StrCat("sqlite3 ", db_.string(), " \"SELECT id FROM quarantine\" > ",
+                   (dir_ / "q.txt").string(), " 2>&1");
+  ASSERT_EQ(std::system(count.c_str()), 0);
+  EXPECT_EQ(ReadWholeFile(dir_ / "q.txt"), "job-1\n");
+}
+
+TEST_F(ControlRunTest, AKilledWorkerDaemonRestartsTheJobWhichSucceeds) {
+  // Elastic restart (issue 16): kill -9 the daemon of rank 1 mid-run; the coordinator stops
+  // rank 0, waits for two free workers (the survivor and a new one), and runs attempt 2 from
+  // the latest verified checkpoint. The data order is a function of the step, so the final
+  // weights are bit-identical to an uninterrupted run's.
+  MakeData();
+  CoordinatorProcess c(dir_, db_, {"--no-profile"});
+  ASSERT_TRUE(c.up()) << c.process().Log();
+  StartWorkers(c, 2);
+  const std::string id = Submit(c, TinyJob("elastic", 2, 40, ", vocab: vocab2", "", ", every: 3"));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 4; }, std::chrono::seconds(30)));
+  std::string dead_id;
+  int64_t rank1_pid = -1;
+  const v1::ListWorkersResponse busy = ListWorkers(c);
+  for (const auto& w : busy.workers()) {
+    if (w.job_id() == id && w.rank() == 1) {
+      rank1_pid = w.pid();
+      dead_id = w.worker_id();
+    }
+  }
+  ASSERT_GT(rank1_pid, 0);
+  Process* rank1 = nullptr;
+  for (const auto& p : workers_) {
+    if (p->pid() == rank1_pid) rank1 = p.get();
+  }
+  ASSERT_NE(rank1, nullptr);
+  ASSERT_LT(GetJob(c, id).step(), 40) << "the job ended before the kill; make it longer";
+  rank1->Kill(SIGKILL);  // the daemon; its rank process dies with it
+  StartWorkers(c, 2);    // a replacement
+  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
+                      std::chrono::seconds(60)))
+      << GetJob(c, id).reason() << "\n"
+      << c.process().Log();
+  const v1::Job job = GetJob(c, id);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.step(), 40);
+  ASSERT_EQ(job.stages_size(), 2);
+  for (const auto& s : job.stages()) EXPECT_NE(s.worker_id(), dead_id) << "attempt 2 on it";
+  // The events tell the story: RUNNING, then PENDING naming the restart and the lost rank,
+  // then RUNNING again; every step's metrics exactly once.
+  bool restart_event = false;
+  std::vector<int64_t> steps;
+  for (const v1::JobEvent& e : Watch(c, id)) {
+    if (e.has_step()) {
+      steps.push_back(e.step().step());
+    } else if (e.state() == v1::JOB_STATE_PENDING &&
+               e.message().find("restart 1 of 3: attempt 2") != std::string::npos) {
+      restart_event = true;
+      EXPECT_THAT(e.message(), HasSubstr("rank 1"));
+    }
+  }
+  EXPECT_TRUE(restart_event);
+  ASSERT_EQ(steps.size(), 40u) << absl::StrJoin(steps, " ");
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(steps[i], i + 1);
+
+  // The same job, uninterrupted, on the same workers.
+  const std::string ref = Submit(c, TinyJob("ref", 2, 40, ", vocab: vocab2", "", ", every: 3"));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(c, ref).state() == v1::JOB_STATE_SUCCEEDED; },
+                      std::chrono::seconds(60)))
+      << GetJob(c, ref).reason();
+  const std::string a = ReadWholeFile(dir_ / "elastic/step_40/model.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == ReadWholeFile(dir_ / "ref/step_40/model.safetensors"))
+      << "the restarted job's final weights differ from the uninterrupted run's";
 }
 
 }  // namespace

@@ -104,6 +104,16 @@ class LaunchTest : public testing::TestWithParam<std::string> {
     return path.string();
   }
 
+  // The spec file with train.max_restarts: 0 (through the control plane a failed rank ends
+  // the run instead of restarting it).
+  static std::string NoRestarts(const std::string& path) {
+    std::string text = ReadFile(path);
+    const std::string from = "threads: 1}";
+    text.replace(text.find(from), from.size(), "threads: 1, max_restarts: 0}");
+    std::ofstream(path) << text;
+    return path;
+  }
+
   // Runs the spec at p and at 1 and compares per-step losses and the final weights.
   void ExpectMatchesStandalone(int pipeline, int layers, const std::string& vocab, bool tied,
                                const std::string& schedule = "1f1b") {
@@ -266,6 +276,67 @@ TEST_P(LaunchTest, ResumeContinuesFromTheShards) {
                     0.0);
 }
 
+TEST_P(LaunchTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
+  // Checkpoints at 2 and 4; a byte flipped inside rank 1's newest shard must be caught by its
+  // manifest, and the resume must continue from step 2 and still end where an uninterrupted
+  // run ends.
+  const std::string full = Spec("full", 2, 2, "vocab2", false, /*steps=*/6, /*every=*/2);
+  const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/6, /*every=*/2);
+  ASSERT_EQ(Vocabpipe(Run() + full).code, 0);
+  Result first = Vocabpipe(Run() + part + " --steps 4");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const fs::path shard = dir_ / "part/step_4/rank_1/model.safetensors";
+  const fs::path manifest = dir_ / "part/step_4/rank_1/MANIFEST.json";
+  ASSERT_TRUE(fs::exists(manifest));
+  const nlohmann::json m = nlohmann::json::parse(ReadFile(manifest));
+  EXPECT_EQ(m["step"], 4);
+  EXPECT_EQ(m["rank"], 1);
+  EXPECT_EQ(m["world"], 2);
+  EXPECT_FALSE(m["run_id"].get<std::string>().empty());
+  EXPECT_EQ(m["files"]["model.safetensors"]["sha256"].get<std::string>().size(), 64u);
+  {  // flip one byte in the middle of the tensor data (the header still parses)
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(shard) / 2);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  Result resumed = Vocabpipe(Run() + part + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("checkpoint of step 4 skipped"));
+  EXPECT_THAT(resumed.output, HasSubstr("does not match its SHA-256"));
+  EXPECT_THAT(resumed.output, HasSubstr("step 3/6"));
+  EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr("step 2/6")));
+  auto a = ReadJsonl(dir_ / "full/metrics.jsonl");
+  auto b = ReadJsonl(dir_ / "part/metrics.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_DOUBLE_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "step " << i;
+  }
+  ExpectSameWeights(dir_ / "part/step_6/model.safetensors", dir_ / "full/step_6/model.safetensors",
+                    0.0);
+}
+
+TEST_P(LaunchTest, KeepLastRemovesOlderCheckpoints) {
+  const fs::path path = Spec("keep", 2, 2, "vocab2", false, /*steps=*/8, /*every=*/2);
+  {  // checkpoint.keep_last: 2
+    std::string text = ReadFile(path);
+    const std::string from = "every: 2}";
+    text.replace(text.find(from), from.size(), "every: 2, keep_last: 2}");
+    std::ofstream(path) << text;
+  }
+  Result r = Vocabpipe(Run() + path.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "keep/step_2"));
+  EXPECT_FALSE(fs::exists(dir_ / "keep/step_4"));
+  EXPECT_TRUE(fs::exists(dir_ / "keep/step_6/rank_1/MANIFEST.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "keep/step_8/DONE"));
+  EXPECT_TRUE(fs::exists(dir_ / "keep/step_8/rank_0/MANIFEST.json"));
+}
+
 // `vocabpipe run SPEC --timeout T [--direct]` in a child process whose output goes to `log`.
 pid_t StartRun(const std::string& spec, const std::string& timeout, const fs::path& log,
                bool direct) {
@@ -330,7 +401,7 @@ pid_t StartRunUntilRank1Reports(const std::string& spec, const std::string& time
 }
 
 TEST_P(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
-  const std::string spec = Spec("kill", 2, 2, "vocab2", false, /*steps=*/100000);
+  const std::string spec = NoRestarts(Spec("kill", 2, 2, "vocab2", false, /*steps=*/100000));
   const fs::path log = dir_ / "launcher.out";
   // Once rank 1 has reported a step, SIGKILL it.
   const pid_t launcher = StartRunUntilRank1Reports(spec, "5", log, "kill", direct());
@@ -359,7 +430,7 @@ TEST_P(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
   // A rank that stops answering (SIGSTOP: alive, holding its sockets open) must not hang the
   // run: its peer's Gloo call times out, the launcher names that failure and SIGKILLs the
   // stuck rank after waiting the timeout for it.
-  const std::string spec = Spec("stuck", 2, 2, "vocab2", false, /*steps=*/100000);
+  const std::string spec = NoRestarts(Spec("stuck", 2, 2, "vocab2", false, /*steps=*/100000));
   const fs::path log = dir_ / "launcher.out";
   const pid_t launcher = StartRunUntilRank1Reports(spec, "2", log, "stuck", direct());
   ASSERT_GT(launcher, 0);
@@ -378,6 +449,33 @@ TEST_P(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
     EXPECT_THAT(output, ::testing::ContainsRegex("vocabpipe run: rank 0 [^\\n]*exit code 1"));
   }
   EXPECT_NE(kill(stuck, 0), 0) << "the stuck rank outlived the run";
+}
+
+TEST_P(LaunchTest, SecondJobInTheSameRunDirectoryIsRefused) {
+  const std::string spec = NoRestarts(Spec("busy", 2, 2, "vocab2", false, /*steps=*/100000));
+  const fs::path log = dir_ / "launcher.out";
+  const pid_t launcher = StartRunUntilRank1Reports(spec, "5", log, "busy", direct());
+  ASSERT_GT(launcher, 0);
+  const std::string job_yaml = ReadFile(dir_ / "busy/job.yaml");
+  // Another job (other steps) naming the same checkpoint.dir.
+  const std::string other = NoRestarts(Spec("busy", 2, 2, "vocab2", false, /*steps=*/3));
+  Result second = Vocabpipe(Run() + other + " --timeout 5");
+  EXPECT_NE(second.code, 0) << second.output;
+  EXPECT_THAT(second.output,
+              HasSubstr("checkpoint.dir " + (dir_ / "busy").string() + " is in use by run "));
+  // The first job's files are untouched and it is still running.
+  EXPECT_EQ(ReadFile(dir_ / "busy/job.yaml"), job_yaml);
+  EXPECT_EQ(waitpid(launcher, nullptr, WNOHANG), 0) << ReadFile(log);
+  // End it the way a failure does (its launcher then stops the other rank).
+  ASSERT_EQ(kill(std::stoi(ReadFile(dir_ / "busy/rank_1.pid")), SIGKILL), 0);
+  WaitExit(launcher, std::chrono::seconds(15), log);
+  const pid_t rank0 = std::stoi(ReadFile(dir_ / "busy/rank_0.pid"));
+  for (int i = 0; i < 100 && kill(rank0, 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Once it is gone, the directory is free again.
+  Result third = Vocabpipe(Run() + other + " --timeout 10");
+  EXPECT_EQ(third.code, 0) << third.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LaunchTest, testing::Values("control-plane", "direct"),

@@ -55,6 +55,7 @@ data:
 checkpoint:
   dir: runs/demo
   every: 0
+  keep_last: 0
 device: cpu
 )";
 
@@ -523,6 +524,10 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"  seed: 1234", "  seed: 1234\n  threads: -1",
                  "train.threads: must be >= 0 (got -1)"},
         RuleCase{"  every: 0", "  every: -5", "checkpoint.every: must be >= 0 (got -5)"},
+        RuleCase{"  seed: 1234", "  seed: 1234\n  max_restarts: 1001",
+                 "train.max_restarts: must be <= 1000 (got 1001)"},
+        RuleCase{"  keep_last: 0", "  keep_last: -1",
+                 "checkpoint.keep_last: must be >= 0 (got -1)"},
         RuleCase{"  dir: runs/demo", "  dir: \"\"", "checkpoint.dir: must be non-empty"},
         RuleCase{"device: cpu", "device: cuda:x",
                  "device: must be cpu, cuda or cuda:N (got \"cuda:x\")"},
