@@ -370,11 +370,20 @@ checkpoint: {dir: ck}
   const auto size = fs::file_size(model);
   fs::resize_file(model, size - 64);
   Result r = Vocabpipe(Run() + spec + " --resume --steps 4");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.output, HasSubstr("model.safetensors"));
-  EXPECT_THAT(r.output, HasSubstr("tensor"));
   EXPECT_EQ(fs::file_size(model), size - 64);  // nothing overwritten
-  EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
+  if (direct()) {
+    // The standalone trainer's Hugging Face checkpoint has no manifest: the load refuses it.
+    EXPECT_EQ(r.code, 1);
+    EXPECT_THAT(r.output, HasSubstr("model.safetensors"));
+    EXPECT_THAT(r.output, HasSubstr("tensor"));
+    EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
+  } else {
+    // Rank shards carry a manifest: step 2 no longer verifies, so the job resumes from the
+    // newest step that does (step 0) and runs to the end (docs/operations.md, "Fault tolerance").
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("step 1/4"));
+    EXPECT_TRUE(fs::exists(dir_ / "ck/step_4"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CliRunModeTest, testing::Values("control_plane", "direct"));
