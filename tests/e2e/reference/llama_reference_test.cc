@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/support/gloo_threads.h"
+#include "tests/support/token_stream.h"
 #include "tests/support/training_fixtures.h"
 #include "tests/support/vocabpipe_cli.h"
 #include "worker/comm/communicator.h"
@@ -63,16 +64,6 @@ constexpr int kLayers = 2, kHidden = 32, kHeads = 4, kSeq = 12, kFfn = 40, kB = 
 constexpr int kSteps = 5;
 constexpr uint64_t kSeed = 7;
 
-void WriteTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(header.data()), 1024);
-  f.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
-}
-
 std::string Spec(const Case& c, const std::string& parallel, int steps, const std::string& run) {
   return absl::StrCat(
       "model: {architecture: llama, layers: ", kLayers, ", hidden: ", kHidden, ", heads: ", kHeads,
@@ -107,7 +98,7 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
   std::mt19937 rng(3);
   std::vector<uint16_t> tokens(900);
   for (auto& t : tokens) t = static_cast<uint16_t>(rng() % c.vocab);
-  WriteTokens((dir / "data.bin").string(), tokens);
+  vp::testing::WriteUint16TokenFile((dir / "data.bin").string(), tokens);
 
   // The initial weights, as `vocabpipe run` exports them (steps: 0).
   std::ofstream(dir / "init.yaml") << Spec(c, "", 0, "init");
@@ -150,16 +141,7 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   engine::RankModel& model = (*trainer)->model();
   ASSERT_TRUE(LoadCheckpoint(init, model, nullptr).ok());
-  BatchFn batches = [&](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    for (int t = 0; t < kB; ++t) {
-      const int64_t k = (step * kM + j) * kB + t;
-      for (int i = 0; i < kSeq; ++i) {
-        inputs[t * kSeq + i] = tokens[(k * kSeq + i) % tokens.size()];
-        targets[t * kSeq + i] = tokens[(k * kSeq + i + 1) % tokens.size()];
-      }
-    }
-    return absl::OkStatus();
-  };
+  const BatchFn batches = vp::testing::StreamBatches(tokens, kB, kM, kSeq);
   // Logits of step 0's first microbatch: the engine's forward on the loaded checkpoint (input
   // layer, layer stack, final RMSNorm, x · lm_headᵀ) against PyTorch's on the same folder.
   {
@@ -290,7 +272,7 @@ class InitFromTest : public ::testing::Test {
     std::mt19937 rng(9);
     std::vector<uint16_t> tokens(900);
     for (auto& t : tokens) t = static_cast<uint16_t>(rng() % kVocab);
-    WriteTokens((dir_ / "data.bin").string(), tokens);
+    vp::testing::WriteUint16TokenFile((dir_ / "data.bin").string(), tokens);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
