@@ -176,12 +176,34 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
     for (v1::Job& job : *loaded) {
       const std::string id = job.id();
       v1::Job& j = c->jobs_[id] = std::move(job);
-      if (!IsTerminal(j.state()) && j.state() != v1::JOB_STATE_PENDING) {
-        // The ranks' rendezvous and metrics were in the old process: this launch is lost.
-        const std::string reason =
-            absl::StrCat("coordinator restarted while the job was ", JobStateName(j.state()));
-        for (v1::StageStats& s : *j.mutable_stages()) s.clear_worker_id();
-        if (auto st = c->SetState(j, v1::JOB_STATE_FAILED, reason); !st.ok()) return st;
+      for (v1::StageStats& s : *j.mutable_stages()) s.clear_worker_id();  // old process's ids
+      if (j.state() == v1::JOB_STATE_RUNNING && !j.attempt().empty()) {
+        // Its ranks may still be running: wait for their daemons to register again with them
+        // (Adopt); whatever is not back within adopt_grace restarts from the checkpoint.
+        const int p = j.spec().parallel().pipeline();
+        ActiveJob& a = c->active_[id];
+        a.attempt = j.attempt();
+        a.workers.assign(p, "");
+        a.done.assign(p, false);
+        a.failed.assign(p, false);
+        a.model_flops_per_step = j.plan().model_flops_per_step();
+        for (const v1::StageStats& s : j.stages()) {
+          if (s.rank() < 0 || s.rank() >= p) continue;
+          a.predicted_memory.resize(p, 0);
+          a.predicted_memory[s.rank()] = s.predicted_memory_bytes();
+        }
+        a.adopting = true;
+        a.adopt_deadline = absl::Now() + options.adopt_grace;
+        const std::string reason = absl::StrCat(
+            "coordinator restarted: waiting up to ", absl::FormatDuration(options.adopt_grace),
+            " for the ", p, " ranks of attempt ", a.attempt, " to register again");
+        if (auto st = c->SetState(j, v1::JOB_STATE_RUNNING, reason); !st.ok()) return st;
+      } else if (!IsTerminal(j.state()) && j.state() != v1::JOB_STATE_PENDING) {
+        // Profiling or planning: nothing of the job runs yet; it is scheduled again.
+        j.clear_attempt();
+        const std::string reason = absl::StrCat("coordinator restarted while the job was ",
+                                                JobStateName(j.state()), "; scheduled again");
+        if (auto st = c->SetState(j, v1::JOB_STATE_PENDING, reason); !st.ok()) return st;
       } else if (options.observer) {
         options.observer->OnJobState(j);  // the exporter starts empty: publish stored states
       }
@@ -257,6 +279,7 @@ void Coordinator::MonitorLoop() {
     JoinFinishedPlanners();
     ExpireWorkers();
     SettleFailures();
+    CheckDeadlines();
     Schedule();
     NotifyWorkers();
   }
@@ -329,9 +352,9 @@ void Coordinator::Release(v1::Job& job, const std::string& except_worker) {
 }
 
 void Coordinator::FailOrRestart(v1::Job& job, const std::string& reason,
-                                const std::string& except_worker) {
+                                const std::string& except_worker, bool forced) {
   const int max = job.spec().train().max_restarts();
-  if (job.state() != v1::JOB_STATE_RUNNING || job.restarts() >= max) {
+  if (job.state() != v1::JOB_STATE_RUNNING || (job.restarts() >= max && !forced)) {
     Finish(job, v1::JOB_STATE_FAILED,
            max > 0 && job.state() == v1::JOB_STATE_RUNNING
                ? absl::StrCat(reason, " (attempt ", job.restarts() + 1, ": no restarts left of ",
@@ -351,9 +374,10 @@ void Coordinator::FailOrRestart(v1::Job& job, const std::string& reason,
   job.set_restarts(n);
   job.set_resume(true);
   job.clear_stages();
+  job.clear_attempt();
   SetState(job, v1::JOB_STATE_PENDING,
-           absl::StrCat("restart ", n, " of ", max, ": attempt ", n + 1, " in ",
-                        absl::FormatDuration(backoff),
+           absl::StrCat("restart ", n, forced ? "" : absl::StrCat(" of ", max), ": attempt ", n + 1,
+                        " in ", absl::FormatDuration(backoff),
                         " from the latest verified checkpoint, after ", reason))
       .IgnoreError();  // logged; the in-memory state moves on
   job.set_state(v1::JOB_STATE_PENDING);
@@ -657,6 +681,8 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
   job.set_plan_text(planner::PlanToText(plan->plan));
   a.model_flops_per_step = plan->summary.model_flops_per_step();
   a.predicted_memory = need;
+  a.since = absl::Now();
+  job.set_attempt(a.attempt);  // stored with the state: a restarted coordinator re-adopts it
   if (!SetState(job, v1::JOB_STATE_RUNNING,
                 absl::StrCat(plan->summary.schedule(), " + ", plan->summary.vocab(), " on ",
                              absl::StrJoin(a.workers, ", ")))
@@ -765,6 +791,20 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   if (req.has_rank_hint() && req.rank_hint() < 0) {
     return absl::InvalidArgumentError("rank_hint: must be >= 0");
   }
+  if (req.has_held()) {
+    const v1::HeldTask& h = req.held();
+    for (const auto& [field, value] :
+         {std::pair<const char*, const std::string*>{"held.job_id", &h.job_id()},
+          {"held.attempt", &h.attempt()},
+          {"held.store_secret", &h.store_secret()}}) {
+      if (value->size() > 256) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": at most 256 bytes"));
+      }
+    }
+    if (h.job_id().empty() || h.rank() < 0) {
+      return absl::InvalidArgumentError("held: needs a job_id and a rank >= 0");
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Worker w;
   w.identity = identity;
@@ -783,9 +823,109 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   out.set_worker_id(w.info.worker_id());
   out.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   out.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(options_.heartbeat_timeout));
-  workers_[w.info.worker_id()] = std::move(w);
+  Worker& added = workers_[w.info.worker_id()] = std::move(w);
+  if (req.has_held()) Adopt(added, req.held());
   Schedule();
   return out;
+}
+
+void Coordinator::Adopt(Worker& w, const v1::HeldTask& held) {
+  const std::string& wid = w.info.worker_id();
+  v1::Job* job = FindJob(held.job_id());
+  auto it = active_.find(held.job_id());
+  if (job == nullptr || job->state() != v1::JOB_STATE_RUNNING || it == active_.end() ||
+      it->second.attempt != held.attempt() ||
+      held.rank() >= static_cast<int>(it->second.workers.size()) ||
+      !it->second.workers[held.rank()].empty()) {
+    // A launch that no longer runs here (ended, restarted, or the rank is taken): stop it.
+    v1::WorkerCommand cmd;
+    cmd.mutable_cancel()->set_job_id(held.job_id());
+    cmd.mutable_cancel()->set_attempt(held.attempt());
+    w.commands.push_back(std::move(cmd));
+    return;
+  }
+  ActiveJob& a = it->second;
+  const int r = held.rank();
+  a.workers[r] = wid;
+  a.peak_flops += w.info.peak_flops();
+  w.info.set_job_id(job->id());
+  w.info.set_rank(r);
+  // The store is rebuilt from the ranks' daemons: the attempt's keys are readable again with
+  // its secret (a rank that is still in its rendezvous sets its keys again on retry).
+  if (!held.store_secret().empty()) {
+    kv_.SetRunSecret(absl::StrCat("vocabpipe/", a.attempt, "/"), held.store_secret());
+  }
+  bool staged = false;
+  for (v1::StageStats& s : *job->mutable_stages()) {
+    if (s.rank() == r) {
+      s.set_worker_id(wid);
+      staged = true;
+    }
+  }
+  if (!staged) {
+    v1::StageStats* s = job->add_stages();
+    s->set_rank(r);
+    s->set_worker_id(wid);
+  }
+  if (std::find(a.workers.begin(), a.workers.end(), "") != a.workers.end()) return;
+  a.adopting = false;
+  a.since = absl::Now();
+  SetState(*job, v1::JOB_STATE_RUNNING,
+           absl::StrCat("re-adopted after the coordinator restart: ranks on ",
+                        absl::StrJoin(a.workers, ", ")))
+      .IgnoreError();  // logged; the job goes on either way
+}
+
+void Coordinator::CheckDeadlines() {
+  const absl::Time now = absl::Now();
+  struct Due {
+    std::string id, reason;
+    bool restart = false, forced = false;
+  };
+  std::vector<Due> due;
+  for (const auto& [id, a] : active_) {
+    const v1::Job* job = FindJob(id);
+    if (job == nullptr) continue;
+    if (job->state() == v1::JOB_STATE_PROFILING && now - a.since > options_.profiling_deadline) {
+      std::vector<std::string> missing;
+      for (int r = 0; r < static_cast<int>(a.workers.size()); ++r) {
+        if (!a.profiles.count(r))
+          missing.push_back(absl::StrCat("rank ", r, " (", a.workers[r], ")"));
+      }
+      due.push_back({id, absl::StrCat("profiling: no result from ", absl::StrJoin(missing, ", "),
+                                      " within ", absl::FormatDuration(options_.profiling_deadline),
+                                      " (coordinator --profiling-deadline)")});
+    } else if (job->state() != v1::JOB_STATE_RUNNING || !a.failure.empty()) {
+      continue;
+    } else if (a.adopting && now >= a.adopt_deadline) {
+      std::vector<std::string> missing;
+      for (int r = 0; r < static_cast<int>(a.workers.size()); ++r) {
+        if (a.workers[r].empty()) missing.push_back(absl::StrCat(r));
+      }
+      due.push_back(
+          {id,
+           absl::StrCat("coordinator restarted and rank ", absl::StrJoin(missing, ", "),
+                        " did not register again within ",
+                        absl::FormatDuration(options_.adopt_grace), " (coordinator --adopt-grace)"),
+           true, true});
+    } else if (!a.adopting && options_.progress_timeout > absl::ZeroDuration() &&
+               now - a.since > options_.progress_timeout) {
+      due.push_back(
+          {id,
+           absl::StrCat("progress: no step completed for ", absl::FormatDuration(now - a.since),
+                        " after step ", job->step(), " (coordinator --progress-timeout ",
+                        absl::FormatDuration(options_.progress_timeout), ")"),
+           true, false});
+    }
+  }
+  for (const Due& d : due) {
+    v1::Job& job = jobs_[d.id];
+    if (d.restart) {
+      FailOrRestart(job, d.reason, "", d.forced);
+    } else {
+      Finish(job, v1::JOB_STATE_FAILED, d.reason);
+    }
+  }
 }
 
 absl::Status Coordinator::CheckWorkerIdentity(const std::string& worker_id,
@@ -814,6 +954,25 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   Worker& w = it->second;
   w.last_heartbeat = absl::Now();
   w.info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
+  if (!req.job_id().empty()) {
+    // Reconcile: the worker runs a rank of req.job_id; is that what this coordinator gave it?
+    bool ours = w.info.job_id() == req.job_id();
+    if (ours && !req.attempt().empty()) {
+      auto a = active_.find(req.job_id());
+      ours = a != active_.end() && a->second.attempt == req.attempt();
+    }
+    if (!ours) {
+      v1::WorkerCommand cmd;
+      cmd.mutable_cancel()->set_job_id(req.job_id());
+      cmd.mutable_cancel()->set_attempt(req.attempt());
+      bool queued = false;
+      for (const v1::WorkerCommand& c : w.commands) {
+        queued = queued || (c.has_cancel() && c.cancel().job_id() == req.job_id() &&
+                            c.cancel().attempt() == req.attempt());
+      }
+      if (!queued) w.commands.push_back(std::move(cmd));
+    }
+  }
   v1::HeartbeatResponse out;
   while (!w.commands.empty()) {
     *out.add_commands() = std::move(w.commands.front());
@@ -899,6 +1058,7 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
     }
     v1::StepMetrics m = StepMetricsFromLine(*merged, a.workers);
     m.set_unix_ms(NowMs());
+    a.since = absl::Now();  // progress (the watchdog's clock)
     job->set_step(m.step());
     if (m.has_loss()) {
       job->set_has_loss(true);

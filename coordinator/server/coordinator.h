@@ -11,9 +11,12 @@
 // the other ranks are told to cancel and every worker of the job is free again.
 //
 // Every job record and event is written to the JobStore before it is visible: a coordinator
-// restarted on the same database has the whole history. Jobs that were PROFILING, PLANNING or
-// RUNNING when it stopped are FAILED on restart ("coordinator restarted"): their workers'
-// rendezvous and metrics went with the old process.
+// restarted on the same database has the whole history. A job that was RUNNING when it stopped
+// is re-adopted: its worker daemons keep running their ranks, register again naming the rank
+// they hold (RegisterWorkerRequest.held) and resend the reports the old process did not
+// acknowledge; when every rank is back within adopt_grace the job goes on untouched, else it
+// restarts from its latest verified checkpoint. PROFILING and PLANNING jobs are scheduled
+// again. No job fails because the coordinator restarted.
 #pragma once
 
 #include <atomic>
@@ -74,6 +77,14 @@ struct CoordinatorOptions {
   std::string storage_root;
   // A user's PENDING jobs at most (ResourceExhausted "queue: ..." beyond); 0: no limit.
   int max_queued_per_user = 16;
+  // After a restart, how long a RUNNING job waits for all its ranks to re-register before it
+  // is restarted from its checkpoint instead.
+  absl::Duration adopt_grace = absl::Seconds(30);
+  // A job PROFILING longer than this fails (a worker that never answers its ProfileTask).
+  absl::Duration profiling_deadline = absl::Minutes(10);
+  // Progress watchdog: a RUNNING job whose step count does not advance for this long is
+  // restarted (or fails, when no restarts are left); zero disables it.
+  absl::Duration progress_timeout = absl::Minutes(30);
 };
 
 bool IsTerminal(vocabpipe::v1::JobState state);
@@ -156,6 +167,13 @@ class Coordinator {
     std::map<int, vocabpipe::v1::PassCosts> profiles;  // per rank
     std::map<int64_t, RankReport> steps;
     std::string attempt;
+    // Since when the job is in its state (the PROFILING deadline) or last made progress (RUNNING:
+    // a merged step; the progress watchdog).
+    absl::Time since = absl::Now();
+    // A RUNNING job of the previous coordinator process whose ranks have not all registered
+    // again (workers[r] empty for those); restarted from its checkpoint at adopt_deadline.
+    bool adopting = false;
+    absl::Time adopt_deadline;
     double peak_flops = 0;  // sum over the job's workers
     double model_flops_per_step = 0;
     std::vector<int64_t> predicted_memory;  // per rank: the planner's state + activations
@@ -184,8 +202,16 @@ class Coordinator {
   void Release(vocabpipe::v1::Job& job, const std::string& except_worker);
   // A rank failed: a RUNNING job with restarts left goes back to PENDING for its next attempt
   // (after a backoff, resuming from its latest verified checkpoint); otherwise it FAILS.
+  // forced: restart even when train.max_restarts is used up (the coordinator's own restart
+  // lost the launch; not the job's failure).
   void FailOrRestart(vocabpipe::v1::Job& job, const std::string& reason,
-                     const std::string& except_worker = "");
+                     const std::string& except_worker = "", bool forced = false);
+  // A re-registering worker holds `held`: take it as that rank of the job when the job is
+  // RUNNING that attempt and the rank is not adopted yet; otherwise tell the worker to cancel.
+  void Adopt(Worker& worker, const vocabpipe::v1::HeldTask& held);
+  // Deadlines: PROFILING too long, a re-adoption whose grace ran out, a RUNNING job without
+  // progress for progress_timeout.
+  void CheckDeadlines();
   void Schedule();
   // Sets PLANNING and plans on a thread of its own (planners_), off the lock; the result is
   // applied by FinishPlanning under the lock when the job is still in that attempt.

@@ -4,6 +4,7 @@
 //     [--flops-per-second X]
 //     [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]
 //     [--max-watchers N] [--metrics-keep-finished N] [--max-queued-per-user N] [--revoked FILE]
+//     [--adopt-grace S] [--profiling-deadline S] [--progress-timeout S]
 // The control plane daemon (docs/operations.md, "Control plane"). Prints
 // "vocabpipe-coordinator: listening on HOST:PORT" once it serves (port 0 picks one), and
 // stops cleanly on SIGINT/SIGTERM; SIGHUP reloads --tokens and --revoked (which are also
@@ -33,7 +34,8 @@ constexpr char kUsage[] =
     "         [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]\n"
     "         [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]\n"
     "         [--max-watchers N] [--metrics-keep-finished N] [--max-queued-per-user N]\n"
-    "         [--revoked FILE]\n";
+    "         [--revoked FILE] [--adopt-grace S] [--profiling-deadline S]\n"
+    "         [--progress-timeout S]\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-coordinator: " << why << "\n" << kUsage;
@@ -109,6 +111,17 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &keep_finished) || keep_finished < 0) {
         return Usage("--metrics-keep-finished: need an integer >= 0");
       }
+    } else if (a == "--adopt-grace") {
+      if (!number) return Usage("--adopt-grace: need seconds > 0");
+      options.adopt_grace = absl::Seconds(x);
+    } else if (a == "--profiling-deadline") {
+      if (!number) return Usage("--profiling-deadline: need seconds > 0");
+      options.profiling_deadline = absl::Seconds(x);
+    } else if (a == "--progress-timeout") {
+      if (!absl::SimpleAtod(v, &x) || !(x >= 0)) {
+        return Usage("--progress-timeout: need seconds >= 0 (0: no watchdog)");
+      }
+      options.progress_timeout = absl::Seconds(x);
     } else if (a == "--planning-deadline") {
       if (!number) return Usage("--planning-deadline: need seconds > 0");
       options.planning_deadline = absl::Seconds(x);

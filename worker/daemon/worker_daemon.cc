@@ -72,6 +72,15 @@ struct Task {
   std::string metrics_path, log_path;
   size_t offset = 0;  // bytes of the metrics file already reported
   absl::Time last_sent = absl::InfinitePast();
+  std::string store_secret;  // the attempt's rendezvous secret (for a re-registration)
+};
+
+// A rank that has ended but whose last step lines or exit report the coordinator has not
+// acknowledged yet (it was down or restarting): both are resent until it has.
+struct Ended {
+  Task task;
+  v1::ReportTaskRequest report;
+  absl::Time next_try = absl::InfinitePast();
 };
 
 // A channel to the coordinator that reconnects within a second after the coordinator comes
@@ -131,6 +140,7 @@ class Daemon {
         Beat();
       }
       if (task_) Poll();
+      if (ended_) Flush();
       if (!dying_.empty()) Reap();
       // At most 10 wake-ups a second (more only for a shorter heartbeat interval): a rank's
       // new step lines reach the coordinator within 0.1 s, and the daemon stays out of the
@@ -164,6 +174,14 @@ class Daemon {
     req.set_threads(static_cast<int>(std::thread::hardware_concurrency()));
     req.set_peak_flops(peak_flops_);
     if (options_.rank_hint >= 0) req.set_rank_hint(options_.rank_hint);
+    // The rank this daemon still holds: a restarted coordinator re-adopts it (or answers with
+    // a cancel in the first heartbeat).
+    if (const Task* held = task_ ? &*task_ : ended_ ? &ended_->task : nullptr) {
+      req.mutable_held()->set_job_id(held->job_id);
+      req.mutable_held()->set_attempt(held->attempt);
+      req.mutable_held()->set_rank(held->rank);
+      req.mutable_held()->set_store_secret(held->store_secret);
+    }
     v1::RegisterWorkerResponse resp;
     grpc::Status st = Unary(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
     if (!st.ok()) return absl::UnavailableError(st.error_message());
@@ -172,30 +190,44 @@ class Daemon {
     Log(absl::StrCat(
         "registered as ", worker_id_, " with ", options_.coordinator, ", address ",
         options_.address,
-        options_.rank_hint >= 0 ? absl::StrCat(", rank hint ", options_.rank_hint) : ""));
+        options_.rank_hint >= 0 ? absl::StrCat(", rank hint ", options_.rank_hint) : "",
+        req.has_held()
+            ? absl::StrCat(", holding ", req.held().job_id(), " rank ", req.held().rank())
+            : ""));
     return absl::OkStatus();
   }
 
   void Beat() {
     v1::HeartbeatRequest req;
     req.set_worker_id(worker_id_);
-    if (task_) req.set_job_id(task_->job_id);
+    if (task_) {
+      req.set_job_id(task_->job_id);
+      req.set_attempt(task_->attempt);
+    }
     v1::HeartbeatResponse resp;
     grpc::Status st = Unary(&v1::WorkerService::Stub::Heartbeat, req, &resp);
     if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
-      // The coordinator dropped this worker (timeout or restart): whatever it ran is over.
-      Log(absl::StrCat(worker_id_, " unknown to the coordinator; registering again"));
-      if (task_) Kill();
+      // The coordinator restarted or dropped this worker. The rank keeps running: the new
+      // registration names it, and the coordinator re-adopts it or tells us to cancel it.
+      Log(absl::StrCat(
+          worker_id_, " unknown to the coordinator; registering again",
+          task_ ? absl::StrCat(" (still running ", task_->job_id, " rank ", task_->rank, ")")
+                : ""));
       worker_id_.clear();
       return;
     }
     if (!st.ok()) return;  // transient: the next beat retries
     for (const v1::WorkerCommand& cmd : resp.commands()) {
       if (cmd.has_cancel()) {
-        if (task_ && task_->job_id == cmd.cancel().job_id()) {
+        const v1::CancelTask& c = cmd.cancel();
+        auto matches = [&c](const Task& t) {
+          return t.job_id == c.job_id() && (c.attempt().empty() || c.attempt() == t.attempt);
+        };
+        if (task_ && matches(*task_)) {
           Log(absl::StrCat("cancel ", task_->job_id, " rank ", task_->rank));
           Kill();
         }
+        if (ended_ && matches(ended_->task)) ended_.reset();  // its reports are not wanted
       } else if (cmd.has_run()) {
         Run(cmd.run());
       } else if (cmd.has_profile()) {
@@ -303,6 +335,7 @@ class Daemon {
     }
     t.lock = std::move(*lock);
     t.attempt = run.attempt();
+    t.store_secret = run.store_secret();
     t.job_id = run.job_id();
     t.rank = run.rank();
     t.metrics_path = launch::RankMetricsPath(dir, run.rank());
@@ -384,61 +417,102 @@ class Daemon {
     const pid_t r = waitpid(task_->pid, &status, WNOHANG);
     // Step lines go out in batches, at most every kMetricsBatch: one report (one RPC, one
     // coordinator commit, one watch event per step) per batch instead of per step keeps the
-    // control plane's CPU off the ranks' cores. After the exit, everything left goes at once
-    // (after waitpid: an exited rank's last lines are all in the file).
-    if (r == task_->pid || absl::Now() - task_->last_sent >= kMetricsBatch) SendMetrics();
-    if (r != task_->pid) return;
-    Task t = std::move(*task_);
+    // control plane's CPU off the ranks' cores.
+    if (r != task_->pid) {
+      if (absl::Now() - task_->last_sent >= kMetricsBatch) SendMetrics(*task_);
+      return;
+    }
+    // Exited: its last lines (all in the file now) and its exit report go out until the
+    // coordinator has them (Flush), however long it is away.
+    Ended e{.task = std::move(*task_)};
     task_.reset();
+    e.report.set_job_id(e.task.job_id);
+    e.report.set_attempt(e.task.attempt);
+    e.report.set_rank(e.task.rank);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      ReportTask(t.job_id, t.attempt, t.rank, true, "");
+      e.report.set_ok(true);
     } else {
       std::string why = WIFSIGNALED(status) ? absl::StrCat("killed by signal ", WTERMSIG(status))
                                             : absl::StrCat("exit code ", WEXITSTATUS(status));
-      const std::string last = LastLogLine(t.log_path, 1000);
+      const std::string last = LastLogLine(e.task.log_path, 1000);
       if (!last.empty()) absl::StrAppend(&why, ": ", last);
-      ReportTask(t.job_id, t.attempt, t.rank, false, why, nullptr,
-                 WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      e.report.set_ok(false);
+      e.report.set_message(why);
+      e.report.set_term_signal(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    }
+    ended_ = std::move(e);
+    Flush();
+  }
+
+  // The ended rank's remaining step lines, then its exit report; retried every second while
+  // the coordinator does not acknowledge them (down, restarting, or this daemon is between
+  // registrations).
+  void Flush() {
+    if (worker_id_.empty() || absl::Now() < ended_->next_try) return;
+    ended_->next_try = absl::Now() + absl::Seconds(1);
+    if (!SendMetrics(ended_->task)) return;
+    ended_->report.set_worker_id(worker_id_);
+    v1::ReportTaskResponse resp;
+    grpc::Status st = Unary(&v1::WorkerService::Stub::ReportTask, ended_->report, &resp);
+    if (st.ok() || Settled(st)) {
+      if (!st.ok()) Log(absl::StrCat("report ", ended_->task.job_id, ": ", st.error_message()));
+      ended_.reset();
     }
   }
 
-  void SendMetrics() {
-    if (!task_->warnings.empty()) {
+  // A refusal that resending cannot change (bad request, a job the coordinator does not know).
+  // An unknown worker id is not one: the next registration brings a new id to resend with.
+  static bool Settled(const grpc::Status& st) {
+    switch (st.error_code()) {
+      case grpc::StatusCode::INVALID_ARGUMENT:
+      case grpc::StatusCode::PERMISSION_DENIED:
+      case grpc::StatusCode::FAILED_PRECONDITION:
+        return true;
+      case grpc::StatusCode::NOT_FOUND:
+        return st.error_message().rfind("worker_id:", 0) != 0;
+      default:
+        return false;
+    }
+  }
+
+  // Sends the task's warnings and its complete step lines not yet acknowledged. True when
+  // nothing is left to send.
+  bool SendMetrics(Task& task) {
+    if (!task.warnings.empty()) {
       v1::ReportMetricsRequest req;
       req.set_worker_id(worker_id_);
-      req.set_job_id(task_->job_id);
-      req.set_attempt(task_->attempt);
-      req.set_rank(task_->rank);
-      for (const std::string& w : task_->warnings) req.add_warnings(w);
+      req.set_job_id(task.job_id);
+      req.set_attempt(task.attempt);
+      req.set_rank(task.rank);
+      for (const std::string& w : task.warnings) req.add_warnings(w);
       v1::ReportMetricsResponse resp;
       grpc::Status st = Unary(&v1::WorkerService::Stub::ReportMetrics, req, &resp);
-      if (st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-        task_->warnings.clear();
-      }
+      if (!st.ok() && !Settled(st)) return false;
+      task.warnings.clear();
     }
     std::error_code ec;  // a stat first: most polls find nothing new
-    const uintmax_t size = fs::file_size(task_->metrics_path, ec);
-    if (ec || size <= task_->offset) return;
-    task_->last_sent = absl::Now();
-    std::ifstream f(task_->metrics_path, std::ios::binary);
-    if (!f) return;
-    f.seekg(static_cast<std::streamoff>(task_->offset));
+    const uintmax_t size = fs::file_size(task.metrics_path, ec);
+    if (ec || size <= task.offset) return true;
+    task.last_sent = absl::Now();
+    std::ifstream f(task.metrics_path, std::ios::binary);
+    if (!f) return true;
+    f.seekg(static_cast<std::streamoff>(task.offset));
     std::string rest((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     const size_t end = rest.rfind('\n');
-    if (end == std::string::npos) return;  // no complete line yet
+    if (end == std::string::npos) return true;  // no complete line yet
     v1::ReportMetricsRequest req;
     req.set_worker_id(worker_id_);
-    req.set_job_id(task_->job_id);
-    req.set_attempt(task_->attempt);
-    req.set_rank(task_->rank);
+    req.set_job_id(task.job_id);
+    req.set_attempt(task.attempt);
+    req.set_rank(task.rank);
     for (absl::string_view line : absl::StrSplit(rest.substr(0, end), '\n')) {
       if (!line.empty()) req.add_step_json(std::string(line));
     }
     v1::ReportMetricsResponse resp;
     grpc::Status st = Unary(&v1::WorkerService::Stub::ReportMetrics, req, &resp);
-    if (st.ok() || st.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-      task_->offset += end + 1;  // sent (or refused for good): do not resend
-    }
+    if (!st.ok() && !Settled(st)) return false;  // resent (steps are merged once) next time
+    task.offset += end + 1;
+    return true;
   }
 
   // SIGTERM now, SIGKILL 2 s later if it is still there; reaped by Reap() from the loop, so
@@ -484,6 +558,7 @@ class Daemon {
   absl::Duration interval_ = absl::Seconds(1);
   double peak_flops_ = 0;
   std::optional<Task> task_;
+  std::optional<Ended> ended_;  // the previous rank, while its reports are unacknowledged
   std::thread profiler_;
   std::atomic<int> profile_pid_{-1};  // the profiling child while it runs
 };
