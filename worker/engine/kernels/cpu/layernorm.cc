@@ -1,11 +1,17 @@
+// LayerNorm. Rows are split over the calling thread's OpenMP team (blas.h, "Threads"); the
+// weight gradient, a sum over rows, is split by column blocks instead, each summing its rows in
+// order, so every result is the one-thread result bit for bit.
+#include <algorithm>
 #include <cmath>
 
 #include "worker/engine/kernels/cpu/kernels.h"
+#include "worker/engine/kernels/cpu/parallel.h"
 
 namespace vp::engine::cpu {
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int n, int c) {
+#pragma omp parallel for schedule(static) if (static_cast <long>(n) * c >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* x = inp + static_cast<long>(i) * c;
     float* y = out + static_cast<long>(i) * c;
@@ -25,6 +31,7 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 
 void LayerNormBackwardInput(float* dinp, const float* dout, const float* inp, const float* weight,
                             const float* mean, const float* rstd, int n, int c) {
+#pragma omp parallel for schedule(static) if (static_cast <long>(n) * c >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* dy = dout + static_cast<long>(i) * c;
     const float* x = inp + static_cast<long>(i) * c;
@@ -49,14 +56,18 @@ void LayerNormBackwardInput(float* dinp, const float* dout, const float* inp, co
 
 void LayerNormBackwardWeight(float* dweight, float* dbias, const float* dout, const float* inp,
                              const float* mean, const float* rstd, int n, int c) {
-  for (int i = 0; i < n; ++i) {
-    const float* dy = dout + static_cast<long>(i) * c;
-    const float* x = inp + static_cast<long>(i) * c;
-    const float m = mean[i];
-    const float s = rstd[i];
-    for (int j = 0; j < c; ++j) {
-      dweight[j] += dy[j] * ((x[j] - m) * s);
-      dbias[j] += dy[j];
+#pragma omp parallel for schedule(static) if (static_cast <long>(n) * c >= kParallelMinWork)
+  for (int j0 = 0; j0 < c; j0 += kColumnBlock) {
+    const int j1 = std::min(c, j0 + kColumnBlock);
+    for (int i = 0; i < n; ++i) {
+      const float* dy = dout + static_cast<long>(i) * c;
+      const float* x = inp + static_cast<long>(i) * c;
+      const float m = mean[i];
+      const float s = rstd[i];
+      for (int j = j0; j < j1; ++j) {
+        dweight[j] += dy[j] * ((x[j] - m) * s);
+        dbias[j] += dy[j];
+      }
     }
   }
 }

@@ -1,5 +1,10 @@
+// Linear layers: one GEMM each (threaded by OpenBLAS); the bias loops are split over the same
+// OpenMP team, the bias gradient by column blocks so each column sums its rows in order.
+#include <algorithm>
+
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/kernels/cpu/kernels.h"
+#include "worker/engine/kernels/cpu/parallel.h"
 
 namespace vp::engine::cpu {
 
@@ -7,6 +12,7 @@ void LinearForward(float* out, const float* inp, const float* weight, const floa
                    int in_dim, int out_dim) {
   if (bias != nullptr) {
     // Seed out with the bias and let the GEMM accumulate onto it (beta = 1): one pass.
+#pragma omp parallel for schedule(static) if (static_cast <long>(n) * out_dim >= kParallelMinWork)
     for (int i = 0; i < n; ++i) {
       float* row = out + static_cast<long>(i) * out_dim;
       for (int j = 0; j < out_dim; ++j) row[j] = bias[j];
@@ -25,9 +31,13 @@ void LinearBackwardWeight(float* dweight, float* dbias, const float* dout, const
                           int in_dim, int out_dim) {
   Gemm(true, false, in_dim, out_dim, n, 1.0f, inp, in_dim, dout, out_dim, 1.0f, dweight, out_dim);
   if (dbias != nullptr) {
-    for (int i = 0; i < n; ++i) {
-      const float* row = dout + static_cast<long>(i) * out_dim;
-      for (int j = 0; j < out_dim; ++j) dbias[j] += row[j];
+#pragma omp parallel for schedule(static) if (static_cast <long>(n) * out_dim >= kParallelMinWork)
+    for (int j0 = 0; j0 < out_dim; j0 += kColumnBlock) {
+      const int j1 = std::min(out_dim, j0 + kColumnBlock);
+      for (int i = 0; i < n; ++i) {
+        const float* row = dout + static_cast<long>(i) * out_dim;
+        for (int j = j0; j < j1; ++j) dbias[j] += row[j];
+      }
     }
   }
 }
