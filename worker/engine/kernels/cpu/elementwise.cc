@@ -66,7 +66,8 @@ void PositionEmbeddingForward(float* x, const float* wpe, int batch, int t, int 
 void PositionEmbeddingBackward(float* dwpe, const float* dx, int batch, int t, int c,
                                int start_pos) {
   // Threads own positions; each position sums its batch rows in order b = 0, 1, ...
-#pragma omp parallel for schedule(static) if (static_cast <long>(batch) * t * c >= kParallelMinWork)
+  const long work = static_cast<long>(batch) * t * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int i = 0; i < t; ++i) {
     float* pos = dwpe + static_cast<long>(start_pos + i) * c;
     for (int b = 0; b < batch; ++b) {

@@ -10,7 +10,7 @@
 // Every matrix product goes through cpu::Gemm. Threads: each kernel runs on the OpenMP team of
 // its calling thread (the count SetBlasThreads set, blas.h), the same team OpenBLAS uses; work
 // is split so that each output element is computed by one thread exactly as on one thread
-// (rows, column blocks for sums over rows, attention heads), so results do not depend on the
+// (rows, column strips for sums over rows, attention heads), so results do not depend on the
 // thread count. Small calls stay on the calling thread.
 //
 // Letters: n rows (b·t tokens), c channels, h model width, f MLP width, t chunk length, s

@@ -3,8 +3,9 @@
 // Letters: n rows (b·t tokens), c channels, t chunk length, d head dimension, f MLP width.
 // Forward/backward pairs as in kernels.h: weight gradients accumulate, input gradients say
 // whether they overwrite or accumulate. Row loops are split over the calling thread's OpenMP
-// team (blas.h, "Threads"), sums over rows by column blocks: one-thread results, bit for bit.
-#include <algorithm>
+// team (blas.h, "Threads"), sums over rows by column strips: one-thread results, bit for bit.
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
 
@@ -37,7 +38,8 @@ void LinearTBackwardWeight(float* dweight, const float* dout, const float* inp, 
 
 void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n, int c,
                     float eps) {
-#pragma omp parallel for schedule(static) if (static_cast <long>(n) * c >= kParallelMinWork)
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* x = inp + static_cast<long>(i) * c;
     float* y = out + static_cast<long>(i) * c;
@@ -51,7 +53,8 @@ void RmsNormForward(float* out, float* rstd, const float* inp, const float* weig
 
 void RmsNormBackwardInput(float* dinp, const float* dout, const float* inp, const float* weight,
                           const float* rstd, int n, int c) {
-#pragma omp parallel for schedule(static) if (static_cast <long>(n) * c >= kParallelMinWork)
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* dy = dout + static_cast<long>(i) * c;
     const float* x = inp + static_cast<long>(i) * c;
@@ -68,9 +71,11 @@ void RmsNormBackwardInput(float* dinp, const float* dout, const float* inp, cons
 
 void RmsNormBackwardWeight(float* dweight, const float* dout, const float* inp, const float* rstd,
                            int n, int c) {
-#pragma omp parallel for schedule(static) if (static_cast <long>(n) * c >= kParallelMinWork)
-  for (int j0 = 0; j0 < c; j0 += kColumnBlock) {
-    const int j1 = std::min(c, j0 + kColumnBlock);
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel if (work >= kParallelMinWork)
+  {
+    int j0, j1;
+    ColumnStrip(c, omp_get_thread_num(), omp_get_num_threads(), &j0, &j1);
     for (int i = 0; i < n; ++i) {
       const float* dy = dout + static_cast<long>(i) * c;
       const float* x = inp + static_cast<long>(i) * c;
@@ -94,7 +99,8 @@ void Rotate(float* x, int ld, int batch, int t, int heads, int d, int start_pos,
   std::vector<float> cs(static_cast<size_t>(t) * half), sn(cs.size());  // (t, d/2)
   // pow, cos and sin in double cost more than the rotation itself (an entry weighs about 16
   // floats of a row loop): split them over the team too.
-#pragma omp parallel for schedule(static) if (static_cast <long>(t) * half * 16 >= kParallelMinWork)
+  const long work = static_cast<long>(t) * half * 16;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int j = 0; j < t; ++j) {
     for (int i = 0; i < half; ++i) {
       const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / d);

@@ -2,7 +2,7 @@
 //
 // Every threaded kernel splits work so that each output element is computed by one thread with
 // the same operations in the same order as the one-thread loop (rows for row-wise kernels,
-// column blocks for sums over rows), so results are bit-identical for any thread count.
+// column strips for sums over rows), so results are bit-identical for any thread count.
 #pragma once
 
 namespace vp::engine::cpu {
@@ -11,8 +11,16 @@ namespace vp::engine::cpu {
 // few microseconds, more than a small loop (the tiny models of the tests and demos).
 inline constexpr long kParallelMinWork = 1L << 15;
 
-// Column block of the sums over rows (bias and norm weight gradients): 64 floats, one
-// cache-line-aligned strip per thread at a time.
-inline constexpr int kColumnBlock = 64;
+// Columns [*begin, *end) of c that thread `id` of a team of `threads` sums over the rows (bias
+// and norm weight gradients): one contiguous strip per thread, cut at multiples of 16 floats
+// (a 64-byte cache line) so two threads never write the same line. Each strip is read row by
+// row, as the one-thread loop reads whole rows.
+inline void ColumnStrip(int c, int id, int threads, int* begin, int* end) {
+  const int lines = (c + 15) / 16;
+  const int first = static_cast<int>(static_cast<long>(lines) * id / threads);
+  const int last = static_cast<int>(static_cast<long>(lines) * (id + 1) / threads);
+  *begin = first * 16 < c ? first * 16 : c;
+  *end = last * 16 < c ? last * 16 : c;
+}
 
 }  // namespace vp::engine::cpu
