@@ -18,14 +18,17 @@
 
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/kernels/cpu/kernels.h"
+#include "worker/engine/kernels/cpu/parallel.h"
 
 namespace vp::engine::cpu {
 
 namespace {
 
-// Threads for `units` independent blocks: never more than blocks, so a team has no idle member
-// that would hold a scratch slice for nothing.
-int BlockThreads(long units) {
+// Threads for `units` independent blocks of (tq, tk) scores: never more than blocks, so a team
+// has no idle member that would hold a scratch slice for nothing, and one thread when all the
+// scores are fewer than kParallelMinWork floats (the tiny models of tests and demos).
+int BlockThreads(long units, int tq, int tk) {
+  if (units * tq * tk < kParallelMinWork) return 1;
   return static_cast<int>(std::max(1L, std::min<long>(units, omp_get_max_threads())));
 }
 
@@ -33,7 +36,8 @@ int BlockThreads(long units) {
 
 long AttentionBackwardScratch(const AttentionShape& shape) {
   const long units = static_cast<long>(shape.batch) * shape.num_kv_heads();
-  return BlockThreads(units) * static_cast<long>(shape.q_len()) * shape.q_end;
+  return BlockThreads(units, shape.q_len(), shape.q_end) * static_cast<long>(shape.q_len()) *
+         shape.q_end;
 }
 
 void AttentionForward(float* out, float* att, const float* q, int ldq, const float* k,
@@ -46,7 +50,7 @@ void AttentionForward(float* out, float* att, const float* q, int ldq, const flo
   const int group = shape.heads / shape.num_kv_heads();  // query heads per key/value head
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const long units = static_cast<long>(shape.batch) * shape.heads;
-  const int threads = BlockThreads(units);
+  const int threads = BlockThreads(units, tq, tk);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (long u = 0; u < units; ++u) {
     const int b = static_cast<int>(u / shape.heads), h = static_cast<int>(u % shape.heads);
@@ -89,7 +93,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const fl
   const int group = shape.heads / kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const long units = static_cast<long>(shape.batch) * kv_heads;
-  const int threads = BlockThreads(units);  // AttentionBackwardScratch's count
+  const int threads = BlockThreads(units, tq, tk);  // AttentionBackwardScratch's count
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (long u = 0; u < units; ++u) {
     const int b = static_cast<int>(u / kv_heads), kvh = static_cast<int>(u % kv_heads);
