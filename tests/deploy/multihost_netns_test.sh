@@ -11,6 +11,7 @@
 # get their job refused with an error naming the address.
 # Usage: multihost_netns_test.sh BUILD_DIR. Needs root (ip netns); exits 77 (skipped) without.
 set -euo pipefail
+source "$(dirname "$0")/netns_lib.sh"
 build="$(cd "${1:?usage: multihost_netns_test.sh BUILD_DIR}" && pwd)"
 vp="$build/client/vocabpipe"
 worker="$build/worker/main/vocabpipe-worker"
@@ -35,24 +36,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; keep=1; for f in "$dir"/*.log; do echo "== $f"; tail -n 20 "$f"; done; exit 1; }
 
 if ! ip netns add "$ns_hub" 2>/dev/null; then echo "SKIP: cannot create network namespaces"; exit 77; fi
-ip netns add "$ns_a"
-ip netns add "$ns_b"
-ip -n "$ns_hub" link add br0 type bridge
-ip -n "$ns_hub" link set br0 up
-ip -n "$ns_hub" addr add 10.213.7.1/24 dev br0
-n=2
-for ns in "$ns_a" "$ns_b"; do
-  # One veth pair per worker namespace: eth0 inside it, the other end on the hub's bridge.
-  ip link add "${ns}0" type veth peer name "${ns}1"
-  ip link set "${ns}0" netns "$ns"
-  ip link set "${ns}1" netns "$ns_hub"
-  ip -n "$ns" link set "${ns}0" name eth0
-  ip -n "$ns" addr add "10.213.7.$n/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns_hub" link set "${ns}1" master br0 up
-  n=$((n + 1))
-done
-for ns in "$ns_hub" "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+netns_bridge 10.213.7 "$ns_hub" "$ns_a" "$ns_b"
 
 # Data and the job spec (the CLI resolves relative paths against the spec's folder).
 "$vp" data synth --vocab 64 --tokens 20000 --seed 5 --out "$dir/data.bin" >/dev/null

@@ -11,6 +11,7 @@
 # GPUs) fails fast instead of waiting for its time limit.
 # Usage: slurm_local_test.sh BUILD_DIR. Exits 77 (skipped) without root or the packages.
 set -euo pipefail
+source "$(dirname "$0")/netns_lib.sh"
 build="$(cd "${1:?usage: slurm_local_test.sh BUILD_DIR}" && pwd)"
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 for tool in munged slurmctld slurmd sbatch ip; do
@@ -43,23 +44,7 @@ fail() {
 }
 
 if ! ip netns add "$ns_ctl" 2>/dev/null; then echo "SKIP: cannot create network namespaces"; exit 77; fi
-ip netns add "$ns_1"
-ip netns add "$ns_2"
-ip -n "$ns_ctl" link add br0 type bridge
-ip -n "$ns_ctl" link set br0 up
-ip -n "$ns_ctl" addr add "$net.1/24" dev br0
-n=2
-for ns in "$ns_1" "$ns_2"; do
-  ip link add "${ns}0" type veth peer name "${ns}1"
-  ip link set "${ns}0" netns "$ns"
-  ip link set "${ns}1" netns "$ns_ctl"
-  ip -n "$ns" link set "${ns}0" name eth0
-  ip -n "$ns" addr add "$net.$n/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns_ctl" link set "${ns}1" master br0 up
-  n=$((n + 1))
-done
-for ns in "$ns_ctl" "$ns_1" "$ns_2"; do ip -n "$ns" link set lo up; done
+netns_bridge "$net" "$ns_ctl" "$ns_1" "$ns_2"
 
 # munge: its own key and socket (a Unix socket: every namespace reaches it through the file).
 dd if=/dev/urandom of="$dir/munge.key" bs=1024 count=1 status=none

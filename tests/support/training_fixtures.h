@@ -1,8 +1,10 @@
 // Shared by the equivalence tests (CPU ranks vs the standalone trainer, CUDA ranks vs CPU
-// ranks): a deterministic batch stream and the gathering of a rank's weights by tensor name.
+// ranks): the plan for a test case, a deterministic batch stream and the gathering of a rank's
+// weights by tensor name.
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -10,10 +12,49 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/planner/planner.h"
 #include "worker/engine/model/rank_model.h"
 #include "worker/runtime/trainer.h"
 
 namespace vp::runtime::fixtures {
+
+// The plan of `p` ranks and `k` sequence chunks for the model and batch shape of `o`. The costs
+// are fixed small numbers: these tests compare results, not timing.
+inline absl::StatusOr<planner::Plan> PlanFor(planner::Schedule schedule, planner::VocabMethod vocab,
+                                             int p, int k, const TrainerOptions& o) {
+  planner::PlannerInput in;
+  in.pipeline = p;
+  in.microbatches = o.microbatches;
+  in.layers = o.model.layers;
+  in.seq_chunks = k;
+  in.schedule = schedule;
+  in.vocab = vocab;
+  in.costs = {.f = 1, .b = 1, .w = 1, .s = 0.5, .t = 0.5, .input_f = 0.1, .input_b = 0.1};
+  in.model = {.hidden = o.model.hidden,
+              .heads = o.model.heads,
+              .seq_len = o.model.seq_len,
+              .vocab = o.model.vocab,
+              .ffn = o.model.ffn_hidden,
+              .microbatch_size = o.microbatch_size,
+              .tie_embeddings = o.model.tie_embeddings,
+              .llama = o.model.llama(),
+              .kv_heads = o.model.llama() ? o.model.num_kv_heads() : 0};
+  return planner::BuildPlan(in);
+}
+
+// A test name "<schedule>_<vocab>_p<p>_k<k><suffix>" with every character GoogleTest refuses
+// in a name turned into '_'.
+inline std::string CaseName(planner::Schedule schedule, planner::VocabMethod vocab, int p, int k,
+                            const std::string& suffix) {
+  std::string s = absl::StrCat(planner::ScheduleName(schedule), "_", planner::VocabName(vocab),
+                               "_p", p, "_k", k, suffix);
+  for (char& c : s) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return s;
+}
 
 // Inputs and next-token targets from one fixed random token stream (seed 5), microbatch j of
 // step `step` taking the j-th slice after the previous steps'.

@@ -20,9 +20,11 @@ struct CliResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `vocabpipe <args>` from the build tree and collects its output and exit code.
-inline CliResult Vocabpipe(const std::string& args) {
-  const std::string cmd = absl::StrCat(VP_BINARY_DIR, "/client/vocabpipe ", args, " 2>&1");
+// Runs `vocabpipe <args>` from the build tree, with the environment assignments `env` (may be
+// empty) in front, and collects its output and exit code.
+inline CliResult Vocabpipe(const std::string& env, const std::string& args) {
+  const std::string cmd =
+      absl::StrCat(env, " ", VP_BINARY_DIR, "/client/vocabpipe ", args, " 2>&1");
   CliResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -33,6 +35,8 @@ inline CliResult Vocabpipe(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+inline CliResult Vocabpipe(const std::string& args) { return Vocabpipe("", args); }
 
 // One JSON object per line (metrics.jsonl, rank_<R>.jsonl).
 inline std::vector<nlohmann::json> ReadJsonl(const std::filesystem::path& path) {

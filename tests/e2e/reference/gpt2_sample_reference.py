@@ -14,26 +14,10 @@ Debian's python3-torch; no vocabpipe code.
 import argparse
 import json
 import math
-import struct
 
-import numpy as np
 import torch
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", e
-        b, end = e["data_offsets"]
-        out[name] = torch.tensor(
-            np.frombuffer(data[b:end], dtype="<f4").reshape(e["shape"]).astype(np.float64))
-    return out
+from reference_io import greedy, read_safetensors
 
 
 def gelu(x):
@@ -78,20 +62,11 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     cfg = json.load(open(a.checkpoint + "/config.json"))
-    p = read_safetensors(a.checkpoint + "/model.safetensors")
+    p = {k: torch.tensor(v, dtype=torch.float64)
+         for k, v in read_safetensors(a.checkpoint + "/model.safetensors").items()}
     ids = [int(t) for t in a.prompt.split(",")]
-    picked, margins, first = [], [], None
-    for _ in range(a.tokens):
-        logits = next_logits(p, cfg, ids)
-        if first is None:
-            first = logits.tolist()
-        top2 = torch.topk(logits, 2)
-        picked.append(int(top2.indices[0]))
-        margins.append(float(top2.values[0] - top2.values[1]))
-        ids.append(picked[-1])
     with open(a.out, "w") as f:
-        json.dump({"tokens": picked, "margins": margins, "logits": first}, f)
-
+        json.dump(greedy(lambda prefix: next_logits(p, cfg, prefix), ids, a.tokens), f)
 
 if __name__ == "__main__":
     main()

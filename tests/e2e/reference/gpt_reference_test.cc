@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/token_stream.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/safetensors.h"
 #include "worker/runtime/trainer.h"
@@ -32,20 +33,9 @@ struct Case {
   int vocab;
 };
 
-std::string CaseName(const testing::TestParamInfo<Case>& info) { return info.param.name; }
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
 
-// A raw llm.c v1 token file (the data module has its own writer; this test stays independent).
-void WriteTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(header.data()), 1024);
-  f.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
-}
-
-class GptReferenceTest : public testing::TestWithParam<Case> {};
+class GptReferenceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GptReferenceTest, MatchesPyTorch) {
   if (!fs::exists("/usr/bin/python3")) GTEST_FAIL() << "/usr/bin/python3 missing (make deps)";
@@ -76,18 +66,9 @@ TEST_P(GptReferenceTest, MatchesPyTorch) {
   std::vector<uint16_t> tokens(700);
   for (auto& t : tokens) t = static_cast<uint16_t>(rng() % c.vocab);
   const std::string data = (dir / "data.bin").string();
-  WriteTokens(data, tokens);
-  const int b = opt.microbatch_size, m = opt.microbatches, s = opt.model.seq_len;
-  BatchFn batches = [&](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    for (int t = 0; t < b; ++t) {
-      const int64_t k = (step * m + j) * b + t;
-      for (int i = 0; i < s; ++i) {
-        inputs[t * s + i] = tokens[(k * s + i) % tokens.size()];
-        targets[t * s + i] = tokens[(k * s + i + 1) % tokens.size()];
-      }
-    }
-    return absl::OkStatus();
-  };
+  vp::testing::WriteUint16TokenFile(data, tokens);
+  const int b = opt.microbatch_size, m = opt.microbatches;
+  const BatchFn batches = vp::testing::StreamBatches(tokens, b, m, opt.model.seq_len);
 
   auto trainer = StandaloneTrainer::Create(opt);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -143,10 +124,11 @@ TEST_P(GptReferenceTest, MatchesPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Standalone, GptReferenceTest,
-    testing::Values(Case{"untied_vocab2", false, OutputAlgorithm::kAlgorithm2, 0.0f, 64},
-                    Case{"tied_vocab2", true, OutputAlgorithm::kAlgorithm2, 0.0f, 64},
-                    Case{"untied_vocab1_clip_oddV", false, OutputAlgorithm::kAlgorithm1, 0.05f, 67},
-                    Case{"tied_vocab1_oddV", true, OutputAlgorithm::kAlgorithm1, 0.0f, 67}),
+    ::testing::Values(Case{"untied_vocab2", false, OutputAlgorithm::kAlgorithm2, 0.0f, 64},
+                      Case{"tied_vocab2", true, OutputAlgorithm::kAlgorithm2, 0.0f, 64},
+                      Case{"untied_vocab1_clip_oddV", false, OutputAlgorithm::kAlgorithm1, 0.05f,
+                           67},
+                      Case{"tied_vocab1_oddV", true, OutputAlgorithm::kAlgorithm1, 0.0f, 67}),
     CaseName);
 
 }  // namespace

@@ -23,60 +23,10 @@ Only the standard library, numpy and Debian's python3-torch are used.
 import argparse
 import json
 import math
-import struct
 
-import numpy as np
 import torch
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", e
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[b:end], dtype="<f4").reshape(e["shape"]).copy()
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name, arr in tensors.items():
-        a = np.ascontiguousarray(arr, dtype="<f4")
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
-        blobs.append(a.tobytes())
-        off += a.nbytes
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - (len(text) + 8) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-
-
-def read_tokens(path):
-    with open(path, "rb") as f:
-        header = np.frombuffer(f.read(1024), dtype="<i4")
-        magic, version, count = int(header[0]), int(header[1]), int(header[2])
-        dtype = {(20240520, 1): "<u2", (20240801, 7): "<u4"}[(magic, version)]
-        return np.frombuffer(f.read(), dtype=dtype)[:count].astype(np.int64)
-
-
-def batch(tokens, step, j, b, m, s):
-    """Sample k = (step*m + j)*b + t reads tokens [k*s, k*s + s + 1), wrapping."""
-    n = len(tokens)
-    rows = []
-    for t in range(b):
-        k = (step * m + j) * b + t
-        rows.append([tokens[(k * s + i) % n] for i in range(s + 1)])
-    rows = torch.tensor(rows, dtype=torch.long)
-    return rows[:, :-1], rows[:, 1:]
+from reference_io import batch, load_parameters, read_tokens, train_adamw, write_safetensors
 
 
 def rms_norm(x, g, eps):
@@ -147,37 +97,14 @@ def main():
     torch.set_default_dtype(torch.float64)
     cfg = json.load(open(a.checkpoint + "/config.json"))
     assert cfg["model_type"] == "llama", cfg
-    raw = read_safetensors(a.checkpoint + "/model.safetensors")
-    if cfg.get("tie_word_embeddings"):
-        raw.pop("lm_head.weight", None)
-    p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in raw.items()}
-    decay = [t for t in p.values() if t.dim() >= 2]
-    no_decay = [t for t in p.values() if t.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps)
+    p = load_parameters(a.checkpoint, cfg)
     tokens = read_tokens(a.data)
     s, b, m = a.seq_len or cfg["max_position_embeddings"], a.microbatch_size, a.microbatches
-    out = {}
     with torch.no_grad():
-        out["logits"] = logits_of(p, cfg, batch(tokens, 0, 0, b, m, s)[0]).numpy()
-    for step in range(a.steps):
-        opt.zero_grad()
-        total = 0.0
-        for j in range(m):
-            x, y = batch(tokens, step, j, b, m, s)
-            loss = loss_of(p, cfg, x, y) / m
-            loss.backward()
-            total += loss.item()
-        out[f"loss.{step}"] = np.array([total])
-        if step == 0:
-            for k, t in p.items():
-                out["grad." + k] = t.grad.detach().numpy().copy()
-        opt.step()
-    for k, t in p.items():
-        out["final." + k] = t.detach().numpy()
+        logits = logits_of(p, cfg, batch(tokens, 0, 0, b, m, s)[0]).numpy()
+    out = train_adamw(p, lambda x, y: loss_of(p, cfg, x, y), tokens, s, b, m, a)
+    out["logits"] = logits
     write_safetensors(a.out, out)
-
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,8 @@
 // (llama_reference.py beside this test: Debian's python3-torch, float64, written from the
 // published equations): the step-0 loss, every parameter gradient, the losses of 5 AdamW steps
 // and the weights after them; for multi-head and grouped-query attention, tied and untied
-// embeddings, an odd vocabulary, and a 2-stage Seq1F1B run with k = 3 sequence chunks.
+// embeddings, an odd vocabulary, and a 2-stage Seq1F1B run with k = 3 sequence chunks (whose
+// step-0 gradients, gathered from the two pipeline ranks, are compared with PyTorch's directly).
 // It also checks that the exported checkpoint (LlamaForCausalLM layout) gives the reference's
 // logits when loaded by the PyTorch model.
 #include <gtest/gtest.h>
@@ -12,16 +13,22 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/gloo_threads.h"
+#include "tests/support/token_stream.h"
+#include "tests/support/training_fixtures.h"
 #include "tests/support/vocabpipe_cli.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/kernels/cpu/kernels.h"
 #include "worker/runtime/checkpoint.h"
+#include "worker/runtime/pipeline_rank.h"
 #include "worker/runtime/safetensors.h"
 #include "worker/runtime/trainer.h"
 
@@ -35,24 +42,27 @@ struct Case {
   int kv_heads;
   bool tied;
   int vocab;
-  std::string parallel;  // the spec's parallel block beyond b and m
+  // A pipeline case: the run's parallel settings, beside b and m (p = 1: standalone).
+  int pipeline = 1;
+  planner::Schedule schedule = planner::Schedule::k1F1B;
+  int seq_chunks = 1;
+  planner::VocabMethod vocab_method = planner::VocabMethod::kVocab2;
 };
 
+// The spec's parallel block beyond b and m.
+std::string Parallel(const Case& c) {
+  if (c.pipeline == 1) return "";
+  return absl::StrCat(", pipeline: ", c.pipeline, ", schedule: ", planner::ScheduleName(c.schedule),
+                      ", seq_chunks: ", c.seq_chunks,
+                      ", vocab: ", planner::VocabName(c.vocab_method));
+}
+
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 constexpr int kLayers = 2, kHidden = 32, kHeads = 4, kSeq = 12, kFfn = 40, kB = 2, kM = 2;
 constexpr int kSteps = 5;
 constexpr uint64_t kSeed = 7;
-
-void WriteTokens(const std::string& path, const std::vector<uint16_t>& tokens) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(header.data()), 1024);
-  f.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
-}
 
 std::string Spec(const Case& c, const std::string& parallel, int steps, const std::string& run) {
   return absl::StrCat(
@@ -88,7 +98,7 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
   std::mt19937 rng(3);
   std::vector<uint16_t> tokens(900);
   for (auto& t : tokens) t = static_cast<uint16_t>(rng() % c.vocab);
-  WriteTokens((dir / "data.bin").string(), tokens);
+  vp::testing::WriteUint16TokenFile((dir / "data.bin").string(), tokens);
 
   // The initial weights, as `vocabpipe run` exports them (steps: 0).
   std::ofstream(dir / "init.yaml") << Spec(c, "", 0, "init");
@@ -131,16 +141,7 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   engine::RankModel& model = (*trainer)->model();
   ASSERT_TRUE(LoadCheckpoint(init, model, nullptr).ok());
-  BatchFn batches = [&](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    for (int t = 0; t < kB; ++t) {
-      const int64_t k = (step * kM + j) * kB + t;
-      for (int i = 0; i < kSeq; ++i) {
-        inputs[t * kSeq + i] = tokens[(k * kSeq + i) % tokens.size()];
-        targets[t * kSeq + i] = tokens[(k * kSeq + i + 1) % tokens.size()];
-      }
-    }
-    return absl::OkStatus();
-  };
+  const BatchFn batches = vp::testing::StreamBatches(tokens, kB, kM, kSeq);
   // Logits of step 0's first microbatch: the engine's forward on the loaded checkpoint (input
   // layer, layer stack, final RMSNorm, x · lm_headᵀ) against PyTorch's on the same folder.
   {
@@ -178,8 +179,53 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
     EXPECT_LE(worst, 1e-4 * scale + 1e-8) << "gradient of " << t.name;
   }
 
+  // A pipeline case's step-0 gradients straight from its ranks: p ranks as threads over Gloo,
+  // each rank's slice started from the same checkpoint, one step of the case's plan, then every
+  // rank's gradients gathered by tensor name (vocabulary shards put back at their global rows)
+  // and compared with PyTorch's. The step's optimizer update comes after the gradients and
+  // leaves them in place (grad_clip is 0, so they are not scaled).
+  if (c.pipeline > 1) {
+    auto plan = fixtures::PlanFor(c.schedule, c.vocab_method, c.pipeline, c.seq_chunks, opt);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    fixtures::Weights grads;
+    std::mutex mu;
+    std::vector<std::string> errors(c.pipeline);
+    std::vector<RankStepResult> results(c.pipeline);
+    comm::testing::RunOnGlooRanks(c.pipeline, [&](comm::GlooCommunicator& comm) {
+      const int r = comm.rank();
+      auto rank = PipelineRank::Create(*plan, r, opt, &comm);
+      if (!rank.ok()) {
+        errors[r] = rank.status().ToString();
+        return;
+      }
+      if (auto st = InitFromHfDir(init, (*rank)->model()); !st.ok()) {
+        errors[r] = st.ToString();
+        return;
+      }
+      auto step = (*rank)->Step(0, batches);
+      if (!step.ok()) {
+        errors[r] = step.status().ToString();
+        return;
+      }
+      results[r] = *step;
+      fixtures::GatherBuffer((*rank)->model(), (*rank)->model().grads(), 1.0f, &grads, &mu);
+    });
+    for (int r = 0; r < c.pipeline; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+    const RankStepResult& owner = results[plan->x_owner];
+    ASSERT_TRUE(owner.has_loss);
+    EXPECT_NEAR(owner.loss, ref->tensors.at("loss.0").data[0], 1e-5 * owner.loss);
+    for (const engine::ParamTensor& t : model.tensors()) {
+      auto it = grads.find(t.name);
+      ASSERT_NE(it, grads.end()) << t.name << " is on no pipeline rank";
+      const Tensor& g = ref->tensors.at("grad." + t.name);
+      ASSERT_EQ(it->second.size(), static_cast<size_t>(g.numel())) << t.name;
+      auto [worst, scale] = Worst(it->second.data(), g);
+      EXPECT_LE(worst, 1e-4 * scale + 1e-8) << "pipeline gradient of " << t.name;
+    }
+  }
+
   // The run: 5 AdamW steps under the case's parallel settings.
-  std::ofstream(dir / "run.yaml") << Spec(c, c.parallel, kSteps, "run");
+  std::ofstream(dir / "run.yaml") << Spec(c, Parallel(c), kSteps, "run");
   r = vp::testing::Vocabpipe("run --direct " + (dir / "run.yaml").string());
   ASSERT_EQ(r.code, 0) << r.output;
   const auto metrics = vp::testing::ReadJsonl(dir / "run" / "metrics.jsonl");
@@ -205,12 +251,11 @@ TEST_P(LlamaReferenceTest, VocabpipeRunMatchesPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Standalone, LlamaReferenceTest,
-    ::testing::Values(Case{"mha_untied", 4, false, 64, ""},
-                      Case{"gqa_untied_oddV", 2, false, 67, ""}, Case{"gqa_tied", 2, true, 64, ""},
-                      Case{"mqa_tied_oddV", 1, true, 67, ""},
+    ::testing::Values(Case{"mha_untied", 4, false, 64}, Case{"gqa_untied_oddV", 2, false, 67},
+                      Case{"gqa_tied", 2, true, 64}, Case{"mqa_tied_oddV", 1, true, 67},
                       // Two pipeline ranks, Seq1F1B, each sequence in 3 chunks of 4 tokens.
-                      Case{"gqa_seq1f1b_k3_p2", 2, false, 67,
-                           ", pipeline: 2, schedule: seq1f1b, seq_chunks: 3, vocab: vocab2"}),
+                      Case{"gqa_seq1f1b_k3_p2", 2, false, 67, 2, planner::Schedule::kSeq1F1B, 3,
+                           planner::VocabMethod::kVocab2}),
     CaseName);
 
 // model.init_from: a Hugging Face LlamaForCausalLM folder written here (names, shapes and
@@ -227,7 +272,7 @@ class InitFromTest : public ::testing::Test {
     std::mt19937 rng(9);
     std::vector<uint16_t> tokens(900);
     for (auto& t : tokens) t = static_cast<uint16_t>(rng() % kVocab);
-    WriteTokens((dir_ / "data.bin").string(), tokens);
+    vp::testing::WriteUint16TokenFile((dir_ / "data.bin").string(), tokens);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -16,7 +16,8 @@ import json
 
 import torch
 
-from llama_reference import logits_of, read_safetensors
+from llama_reference import logits_of
+from reference_io import greedy, read_safetensors
 
 
 def main():
@@ -33,19 +34,10 @@ def main():
     p = {k: torch.tensor(v, dtype=torch.float64)
          for k, v in read_safetensors(a.checkpoint + "/model.safetensors").items()}
     ids = [int(t) for t in a.prompt.split(",")]
-    picked, margins, first = [], [], None
-    with torch.no_grad():
-        for _ in range(a.tokens):
-            logits = logits_of(p, cfg, torch.tensor([ids], dtype=torch.long))[0, -1]  # (V)
-            if first is None:
-                first = logits.tolist()
-            top2 = torch.topk(logits, 2)
-            picked.append(int(top2.indices[0]))
-            margins.append(float(top2.values[0] - top2.values[1]))
-            ids.append(picked[-1])
+    picks = greedy(lambda prefix: logits_of(p, cfg, torch.tensor([prefix], dtype=torch.long))[0, -1],
+                   ids, a.tokens)  # (V) after the prefix's last token
     with open(a.out, "w") as f:
-        json.dump({"tokens": picked, "margins": margins, "logits": first}, f)
-
+        json.dump(picks, f)
 
 if __name__ == "__main__":
     main()

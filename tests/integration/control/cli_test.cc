@@ -66,16 +66,10 @@ TEST_F(ControlCliTest, SubmitWatchStatusWorkersCancel) {
   ASSERT_EQ(submit.code, 0) << submit.output;
   EXPECT_EQ(submit.output, "job-1\n");
   // The address from the environment instead of the flag.
-  const std::string env = "VOCABPIPE_COORDINATOR=" + c.address() + " ";
-  const std::string bin = Bin("client/vocabpipe");
-  FILE* p = popen((env + bin + " watch job-1 --insecure 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string watched;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) watched.append(buf, n);
-  const int status = pclose(p);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << watched;
+  CliResult watch = Vocabpipe("VOCABPIPE_COORDINATOR=" + c.address(), "watch job-1 --insecure");
+  ASSERT_NE(watch.code, -1) << "could not run vocabpipe watch";  // popen failed or a signal
+  EXPECT_EQ(watch.code, 0) << watch.output;
+  const std::string& watched = watch.output;
   EXPECT_THAT(watched, HasSubstr("job-1: RUNNING"));
   EXPECT_THAT(watched, HasSubstr("step 3/3"));
   EXPECT_THAT(watched, HasSubstr("tok/s | MFU"));

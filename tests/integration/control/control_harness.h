@@ -143,21 +143,6 @@ class CoordinatorProcess {
   std::shared_ptr<grpc::Channel> channel_;
 };
 
-// Runs `vocabpipe ARGS` (build tree binary) with the environment assignments `env` in front;
-// its exit code and stdout + stderr together.
-inline CliResult Vocabpipe(const std::string& env, const std::string& args) {
-  const std::string cmd = absl::StrCat(env, " ", Bin("client/vocabpipe"), " ", args, " 2>&1");
-  CliResult r;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  return r;
-}
-
 // The certificates and tokens of a test cluster, made the way an operator makes them:
 // `vocabpipe certs init DIR/certs` and `vocabpipe certs token USER` into DIR/tokens.
 class TestPki {

@@ -216,17 +216,11 @@ TEST_F(SecurityTest, CliSubmitOfANonSpecFileShowsNoneOfIt) {
   ASSERT_TRUE(cp->up());
   CoordinatorProcess& c = *cp;
   auto run = [&](const fs::path& file) {
-    const std::string cmd = absl::StrCat("VOCABPIPE_TOKEN=", admin_, " ", Bin("client/vocabpipe"),
-                                         " submit ", file.string(), " --coordinator ", c.address(),
-                                         " --tls-ca ", pki_->Path("ca.pem"), " 2>&1");
-    std::string out;
-    if (FILE* p = popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      size_t n;
-      while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-      EXPECT_NE(pclose(p), 0) << out;
-    }
-    return out;
+    CliResult r = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", admin_),
+                            absl::StrCat("submit ", file.string(), " --coordinator ", c.address(),
+                                         " --tls-ca ", pki_->Path("ca.pem")));
+    EXPECT_NE(r.code, 0) << r.output;
+    return r.output;
   };
   std::ofstream(dir_ / "passwd") << "root:x:0:0:root:/root:/bin/bash\n"
                                  << "carol:x:1001:1001:Carol:/home/carol:/bin/zsh\n";

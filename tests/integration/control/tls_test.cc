@@ -29,10 +29,10 @@ class TlsTest : public ::testing::Test {
                         "_", getpid());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    certs_ = dir_ / "certs";
-    tokens_ = dir_ / "tokens";
-    CliResult init = Vocabpipe("", "certs init " + certs_.string());
-    ASSERT_EQ(init.code, 0) << init.output;
+    pki_ = std::make_unique<TestPki>(dir_);
+    ASSERT_TRUE(pki_->ok()) << pki_->init_output();  // `vocabpipe certs init` exited 0
+    certs_ = pki_->certs();
+    tokens_ = pki_->tokens();
     alice_ = Token("alice", "user");
     bob_ = Token("bob", "user");
     admin_ = Token("root", "admin");
@@ -52,37 +52,20 @@ class TlsTest : public ::testing::Test {
     return token;
   }
 
-  std::string Pem(const std::string& name) { return ReadWholeFile(certs_ / name); }
-  std::string Path(const std::string& name) { return (certs_ / name).string(); }
-
-  std::vector<std::string> ServerFlags() {
-    return {"--tls-cert", Path("server.pem"), "--tls-key", Path("server-key.pem"),
-            "--tls-ca",   Path("ca.pem"),     "--tokens",  tokens_.string()};
-  }
-  std::vector<std::string> WorkerFlags() {
-    return {"--tls-ca",         Path("ca.pem"), "--tls-cert",
-            Path("worker.pem"), "--tls-key",    Path("worker-key.pem")};
-  }
+  std::string Pem(const std::string& name) { return pki_->Pem(name); }
+  std::string Path(const std::string& name) { return pki_->Path(name); }
+  std::vector<std::string> ServerFlags() { return pki_->ServerFlags(); }
+  std::vector<std::string> WorkerFlags() { return pki_->WorkerFlags(); }
 
   // TLS verifying the server; with the worker certificate or a bearer token when asked.
   std::shared_ptr<grpc::ChannelCredentials> Credentials(bool worker_cert,
                                                         const std::string& token = "") {
-    return CertCredentials(worker_cert ? "worker" : "", token);
+    return pki_->Credentials(worker_cert ? "worker" : "", token);
   }
   // TLS with the client certificate `cert` (none when empty).
   std::shared_ptr<grpc::ChannelCredentials> CertCredentials(const std::string& cert,
                                                             const std::string& token = "") {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = Pem("ca.pem");
-    if (!cert.empty()) {
-      ssl.pem_cert_chain = Pem(cert + ".pem");
-      ssl.pem_private_key = Pem(cert + "-key.pem");
-    }
-    auto creds = grpc::SslCredentials(ssl);
-    if (!token.empty()) {
-      creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(token));
-    }
-    return creds;
+    return pki_->Credentials(cert, token);
   }
 
   std::unique_ptr<CoordinatorProcess> StartCoordinator(std::vector<std::string> extra = {}) {
@@ -100,17 +83,10 @@ class TlsTest : public ::testing::Test {
 
   // A worker daemon with the certificate `cert` (`cert`.pem, `cert`-key.pem in the certs DIR).
   void StartWorker(CoordinatorProcess& c, int expect, const std::string& cert = "worker") {
-    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"),
-                                     "--coordinator",
-                                     c.address(),
-                                     "--exit-with-parent",
-                                     "1",
-                                     "--tls-ca",
-                                     Path("ca.pem"),
-                                     "--tls-cert",
-                                     Path(cert + ".pem"),
-                                     "--tls-key",
-                                     Path(cert + "-key.pem")};
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
+                                     c.address(), "--exit-with-parent", "1"};
+    const std::vector<std::string> tls = pki_->WorkerFlags(cert);
+    args.insert(args.end(), tls.begin(), tls.end());
     workers_.push_back(
         std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", workers_.size(), ".log")));
     ASSERT_TRUE(
@@ -150,7 +126,8 @@ class TlsTest : public ::testing::Test {
     return job;
   }
 
-  fs::path dir_, certs_, tokens_;
+  std::unique_ptr<TestPki> pki_;
+  fs::path dir_, certs_, tokens_;  // pki_'s folders
   std::string alice_, bob_, admin_;
   std::vector<std::unique_ptr<Process>> workers_;
 };

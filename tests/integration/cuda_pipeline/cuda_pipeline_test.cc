@@ -69,24 +69,7 @@ TrainerOptions Options(const Case& c) {
 }
 
 absl::StatusOr<planner::Plan> Plan(const Case& c, const TrainerOptions& o) {
-  planner::PlannerInput in;
-  in.pipeline = c.p;
-  in.microbatches = o.microbatches;
-  in.layers = o.model.layers;
-  in.seq_chunks = c.k;
-  in.schedule = c.schedule;
-  in.vocab = c.vocab;
-  in.costs = {.f = 1, .b = 1, .w = 1, .s = 0.5, .t = 0.5, .input_f = 0.1, .input_b = 0.1};
-  in.model = {.hidden = o.model.hidden,
-              .heads = o.model.heads,
-              .seq_len = o.model.seq_len,
-              .vocab = o.model.vocab,
-              .ffn = o.model.ffn_hidden,
-              .microbatch_size = o.microbatch_size,
-              .tie_embeddings = o.model.tie_embeddings,
-              .llama = o.model.llama(),
-              .kv_heads = o.model.llama() ? o.model.num_kv_heads() : 0};
-  return planner::BuildPlan(in);
+  return fixtures::PlanFor(c.schedule, c.vocab, c.p, c.k, o);
 }
 
 struct RunResult {
@@ -357,13 +340,8 @@ TEST_P(CudaMatchesCpu, Bf16LossesAndGradientsWithinTolerance) {
 }
 
 std::string Name(const testing::TestParamInfo<Case>& info) {
-  std::string s = absl::StrCat(planner::ScheduleName(info.param.schedule), "_",
-                               planner::VocabName(info.param.vocab), "_p", info.param.p, "_k",
-                               info.param.k, info.param.tied ? "_tied" : "");
-  for (char& ch : s) {
-    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  }
-  return s;
+  const Case& c = info.param;
+  return fixtures::CaseName(c.schedule, c.vocab, c.p, c.k, c.tied ? "_tied" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, CudaMatchesCpu,

@@ -46,14 +46,9 @@ struct Case {
 };
 
 std::string Name(const testing::TestParamInfo<Case>& info) {
-  std::string s =
-      absl::StrCat(planner::ScheduleName(info.param.schedule), "_",
-                   planner::VocabName(info.param.vocab), "_p", info.param.p, "_k", info.param.k,
-                   info.param.tied ? "_tied" : "", info.param.llama ? "_llama" : "");
-  for (char& c : s) {
-    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  return s;
+  const Case& c = info.param;
+  return fixtures::CaseName(c.schedule, c.vocab, c.p, c.k,
+                            absl::StrCat(c.tied ? "_tied" : "", c.llama ? "_llama" : ""));
 }
 
 TrainerOptions Options(const Case& c) {
@@ -105,24 +100,7 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
   std::mutex mu;
   Gather((*standalone)->model(), &want_w, &mu);
 
-  planner::PlannerInput in;
-  in.pipeline = c.p;
-  in.microbatches = opt.microbatches;
-  in.layers = opt.model.layers;
-  in.seq_chunks = c.k;
-  in.schedule = c.schedule;
-  in.vocab = c.vocab;
-  in.costs = {.f = 1, .b = 1, .w = 1, .s = 0.5, .t = 0.5, .input_f = 0.1, .input_b = 0.1};
-  in.model = {.hidden = opt.model.hidden,
-              .heads = opt.model.heads,
-              .seq_len = opt.model.seq_len,
-              .vocab = opt.model.vocab,
-              .ffn = opt.model.ffn_hidden,
-              .microbatch_size = opt.microbatch_size,
-              .tie_embeddings = opt.model.tie_embeddings,
-              .llama = opt.model.llama(),
-              .kv_heads = opt.model.kv_heads};
-  auto plan = planner::BuildPlan(in);
+  auto plan = fixtures::PlanFor(c.schedule, c.vocab, c.p, c.k, opt);
   ASSERT_TRUE(plan.ok()) << plan.status();
 
   std::vector<std::vector<double>> got(c.p);

@@ -112,13 +112,16 @@ double LayerLoss(const ModelConfig& cfg, int batch, std::vector<float>& params,
   return WeightedSum(out.data(), dy);
 }
 
-TEST(TransformerLayer, BackwardInputAndWeightMatchFiniteDifferences) {
-  const ModelConfig cfg = SmallConfig(1);
+// One layer (batch 2, the whole sequence as one chunk) with `params` on inputs and output
+// gradients drawn from seeds x_seed and x_seed + 1: the backward's dx and every weight
+// gradient against central differences of LayerLoss, and the layer's K/V and activations all
+// released afterwards.
+void ExpectLayerGradientsMatchFiniteDifferences(const ModelConfig& cfg, std::vector<float> params,
+                                                uint32_t x_seed) {
   const int batch = 2;
   const size_t nh = static_cast<size_t>(batch) * cfg.seq_len * cfg.hidden;
-  std::vector<float> params = RandomParams(cfg, 1, 1);
-  std::vector<float> x = RandomVector(nh, 2);
-  const std::vector<float> dy = RandomVector(nh, 3);
+  std::vector<float> x = RandomVector(nh, x_seed);
+  const std::vector<float> dy = RandomVector(nh, x_seed + 1);
   std::vector<float> grads(params.size(), 0.0f), out(nh), dx(nh);
   MemoryTracker tracker;
   ActivationPool pool(&tracker);
@@ -138,6 +141,11 @@ TEST(TransformerLayer, BackwardInputAndWeightMatchFiniteDifferences) {
     std::vector<float> analytic(grads.begin() + s.offset, grads.begin() + s.offset + s.count());
     ExpectGradientMatches(s.name, params.data() + s.offset, s.count(), analytic, loss);
   }
+}
+
+TEST(TransformerLayer, BackwardInputAndWeightMatchFiniteDifferences) {
+  const ModelConfig cfg = SmallConfig(1);
+  ExpectLayerGradientsMatchFiniteDifferences(cfg, RandomParams(cfg, 1, 1), 2);
 }
 
 struct StackRun {
@@ -368,30 +376,7 @@ class LlamaLayerTest : public ::testing::TestWithParam<int> {};  // kv_heads
 
 TEST_P(LlamaLayerTest, BackwardInputAndWeightMatchFiniteDifferences) {
   const ModelConfig cfg = LlamaConfig(1, GetParam());
-  const int batch = 2;
-  const size_t nh = static_cast<size_t>(batch) * cfg.seq_len * cfg.hidden;
-  std::vector<float> params = LlamaRandomParams(cfg, 1, 11);
-  std::vector<float> x = RandomVector(nh, 12);
-  const std::vector<float> dy = RandomVector(nh, 13);
-  std::vector<float> grads(params.size(), 0.0f), out(nh), dx(nh);
-  MemoryTracker tracker;
-  ActivationPool pool(&tracker);
-  {
-    TransformerLayer layer(cfg, batch, params.data(), grads.data(), &pool);
-    LayerKvState kv;
-    LayerActivations acts;
-    layer.Forward({0, cfg.seq_len}, x.data(), out.data(), kv, acts);
-    layer.BackwardInput(dy.data(), dx.data(), kv, acts);
-    EXPECT_TRUE(kv.k.empty());
-    layer.BackwardWeight(acts);
-    EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
-  }
-  auto loss = [&] { return LayerLoss(cfg, batch, params, x, dy); };
-  ExpectGradientMatches("dx", x.data(), x.size(), dx, loss);
-  for (const TensorSpec& s : LayerTensorSpecs(cfg)) {
-    std::vector<float> analytic(grads.begin() + s.offset, grads.begin() + s.offset + s.count());
-    ExpectGradientMatches(s.name, params.data() + s.offset, s.count(), analytic, loss);
-  }
+  ExpectLayerGradientsMatchFiniteDifferences(cfg, LlamaRandomParams(cfg, 1, 11), 12);
 }
 
 TEST_P(LlamaLayerTest, ChunkedSequenceEqualsWholeSequence) {
