@@ -8,8 +8,9 @@
 
 namespace {
 
-std::string WriteJob() {
-  const std::string dir = ::testing::TempDir() + "/plan_cmd";
+// Each test writes its own folder: ctest runs the test cases as parallel processes.
+std::string WriteJob(const std::string& name = "plan_cmd") {
+  const std::string dir = ::testing::TempDir() + "/" + name;
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/job.yaml";
   std::ofstream(path) << "model: {layers: 8, hidden: 64, heads: 4, vocab_size: 1000, seq_len: 64}\n"
@@ -41,7 +42,7 @@ TEST(PlanCommand, JsonHasTheContractFields) {
 }
 
 TEST(PlanCommand, OverridesFormatsAndErrors) {
-  const std::string job = WriteJob();
+  const std::string job = WriteJob("plan_cmd_overrides");
   std::string out, err;
   EXPECT_EQ(RunPlan({job, "--schedule", "vhalf", "--format", "svg"}, &out, &err), 0) << err;
   EXPECT_EQ(out.rfind("<svg", 0), 0u);
@@ -69,10 +70,10 @@ double JsonNumber(const std::string& out, const std::string& key) {
 // --plan times a plan built before (a run's plan.txt) with the job's shape and --costs; the
 // link keys give the communication its time (comm per rank in the JSON).
 TEST(PlanCommand, SimulatesAGivenPlanWithTheLinkModel) {
-  const std::string job = WriteJob();
+  const std::string job = WriteJob("plan_cmd_given");
   std::string out, err;
   ASSERT_EQ(RunPlan({job, "--costs", "F=1,B=1,W=1", "--format", "text"}, &out, &err), 0) << err;
-  const std::string plan_path = ::testing::TempDir() + "/plan_cmd/plan.txt";
+  const std::string plan_path = ::testing::TempDir() + "/plan_cmd_given/plan.txt";
   std::ofstream(plan_path) << out;
   ASSERT_EQ(
       RunPlan({job, "--plan", plan_path, "--costs", "F=1,B=1,W=1", "--format", "json"}, &out, &err),
