@@ -596,6 +596,7 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
       costs.set_opt(std::max(costs.opt(), c.opt()));
       costs.set_comm(std::max(costs.comm(), c.comm()));
       costs.set_collective(std::max(costs.collective(), c.collective()));
+      MergeSlowestLink(c, &costs);
       costs.set_layer_activation_kept_bytes(
           std::max(costs.layer_activation_kept_bytes(), c.layer_activation_kept_bytes()));
       costs.set_layer_activation_transient_bytes(

@@ -1,4 +1,5 @@
-// vocabpipe-worker, two modes:
+// vocabpipe-worker, two modes (and two helpers: --profile-task, a daemon's profiling child, and
+// --profile-comm RANKS --floats SMALL,LARGE, the communication profile alone; profile.h):
 //
 //   vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address auto|IP]
 //       [--rank-hint N] (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
@@ -51,7 +52,8 @@ constexpr char kUsage[] =
     "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] [--run-id "
     "ID] "
     "[--cuda-device N] "
-    "[--resume-step N] [--store HOST:PORT (TLS flags | --insecure)] [--hostname IP]\n";
+    "[--resume-step N] [--store HOST:PORT (TLS flags | --insecure)] [--hostname IP]\n"
+    "       vocabpipe-worker --profile-comm RANKS --floats SMALL,LARGE\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-worker: " << why << "\n" << kUsage;
@@ -155,6 +157,10 @@ int main(int argc, char** argv) {
   // A worker daemon's profiling child (worker/daemon/profile.h).
   if (argc > 1 && std::string(argv[1]) == "--profile-task") {
     return vp::daemon::ProfileChildMain(argc, argv);
+  }
+  // The communication profile alone (bench/paper).
+  if (argc > 1 && std::string(argv[1]) == "--profile-comm") {
+    return vp::daemon::ProfileCommMain(argc, argv);
   }
   if (IsDaemonMode(argc, argv)) return DaemonMain(argc, argv);
 
