@@ -320,6 +320,34 @@ TEST_P(LaunchTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
                     0.0);
 }
 
+TEST_P(LaunchTest, ResumeWhoseOnlyCheckpointIsCorruptFailsNamingTheFile) {
+  // One checkpoint (step 2) and a byte flipped inside rank 1's shard: no step verifies, but
+  // training was saved, so the resume must refuse (exit 1, naming the file) instead of
+  // silently training again from step 0. Through the control plane the worker refuses the
+  // task, so the job fails at once instead of restarting.
+  const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/4, /*every=*/2);
+  Result first = Vocabpipe(Run() + part + " --steps 2");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const fs::path shard = dir_ / "part/step_2/rank_1/model.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(shard) / 2);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  Result resumed = Vocabpipe(Run() + part + " --resume");
+  EXPECT_EQ(resumed.code, 1) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("rank_1/model.safetensors"));
+  EXPECT_THAT(resumed.output, HasSubstr("does not match its SHA-256"));
+  EXPECT_THAT(resumed.output, HasSubstr("no checkpoint to resume from"));
+  EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr("step 1/4")));
+  EXPECT_FALSE(fs::exists(dir_ / "part/step_4"));
+  EXPECT_TRUE(fs::exists(shard));  // left in place for the operator
+}
+
 TEST_P(LaunchTest, KeepLastRemovesOlderCheckpoints) {
   const fs::path path = Spec("keep", 2, 2, "vocab2", false, /*steps=*/8, /*every=*/2);
   {  // checkpoint.keep_last: 2
