@@ -13,6 +13,7 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
+#include "worker/launch/preemption.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
@@ -98,7 +99,7 @@ absl::StatusOr<std::string> SampleCheckpoint(const vocabpipe::v1::JobSpec& spec,
 
 }  // namespace
 
-absl::Status RunWorker(const WorkerOptions& options) {
+absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   const std::string& dir = options.run_dir;
   auto files = ReadRunFiles(dir, options.rank);
   if (!files.ok()) return files.status();
@@ -175,6 +176,11 @@ absl::Status RunWorker(const WorkerOptions& options) {
 
   const int64_t steps = spec.train().steps();
   const int every = spec.checkpoint().every();
+  // Every rank takes part (the store holds the request and the acknowledgements), signalled
+  // or not: any rank may be the one the platform stops.
+  PreemptionAgreement preemption(*store, absl::StrCat("vocabpipe/", options.attempt, "/preempt/"),
+                                 options.rank, p, options.preempt, options.preempt_poll);
+  WorkerOutcome outcome;
   const int keep_last = spec.checkpoint().keep_last();
   if (steps == 0) {  // steps: 0 saves the initial model and stops (like a standalone run)
     if (auto st = save(0); !st.ok()) {
@@ -188,7 +194,7 @@ absl::Status RunWorker(const WorkerOptions& options) {
         return fatal(st);
       }
     }
-    return absl::OkStatus();
+    return outcome;
   }
   for (int64_t step = first_step; step < steps; ++step) {
     rank.memory().ResetPeaks();
@@ -208,11 +214,16 @@ absl::Status RunWorker(const WorkerOptions& options) {
       }
       eval = *e;
     }
+    // A preemption: the step every rank agreed on gets an emergency checkpoint (the last
+    // step's save is the usual one), then the ranks stop.
+    auto stop = preemption.StopAfter(done);
+    if (!stop.ok()) return fatal(stop.status());
+    const bool preempted = *stop && done < steps;
     int64_t checkpoint_step = -1;
     // A sample is drawn from the merged checkpoint: sample steps save one too.
     const bool sample = runtime::SamplesAfter(spec, done);
     std::string sample_text;
-    if ((every > 0 && done % every == 0) || done == steps || sample) {
+    if ((every > 0 && done % every == 0) || done == steps || sample || preempted) {
       if (auto st = save(done); !st.ok()) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
@@ -250,8 +261,12 @@ absl::Status RunWorker(const WorkerOptions& options) {
     if (!metrics) {
       return fatal(absl::InternalError(absl::StrCat(metrics_path, ": write failed")));
     }
+    if (preempted) {
+      outcome.preempted_after = done;
+      return outcome;
+    }
   }
-  return absl::OkStatus();
+  return outcome;
 }
 
 }  // namespace vp::launch
