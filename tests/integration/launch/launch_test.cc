@@ -213,6 +213,27 @@ TEST_P(LaunchTest, TwoRanksDefaultEpsLossesMatch) {
   }
 }
 
+TEST_P(LaunchTest, CheckpointsMergedInTheBackgroundEqualTheStandaloneOnes) {
+  // Rank 0 merges each step's shards on a background thread while the ranks train on; with a
+  // save after every step, merges overlap the next steps. Each merged checkpoint must still be
+  // complete (DONE, config.json) and equal the standalone trainer's
+  // checkpoint of the same step.
+  const std::string pipe = Spec("pipe", 2, 2, "vocab2", true, /*steps=*/5, /*every=*/1);
+  const std::string one = Spec("one", 1, 2, "vocab2", true, /*steps=*/5, /*every=*/1);
+  Result rp = Vocabpipe(Run() + pipe);
+  ASSERT_EQ(rp.code, 0) << rp.output;
+  Result r1 = Vocabpipe("run --direct " + one);
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  for (int step = 1; step <= 5; ++step) {
+    const fs::path dir = dir_ / absl::StrCat("pipe/step_", step);
+    EXPECT_TRUE(fs::exists(dir / "DONE")) << step;
+    EXPECT_EQ(ReadFile(dir / "config.json"),
+              ReadFile(dir_ / absl::StrCat("one/step_", step, "/config.json")));
+    ExpectSameWeights(dir / "model.safetensors",
+                      dir_ / absl::StrCat("one/step_", step, "/model.safetensors"), 1e-5);
+  }
+}
+
 TEST_P(LaunchTest, ExportRebuildsTheMergedCheckpoint) {
   // Checkpoint every 2 steps: shards at steps 2 and 4.
   const std::string spec = Spec("exp", 2, 2, "interlaced", false, /*steps=*/4, /*every=*/2);
