@@ -141,7 +141,7 @@ def wait_state(cluster, job_id, states, limit):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="the build folder (BUILD/client/vocabpipe ...)")
-    ap.add_argument("--n", type=int, default=50, help="kills (one per job)")
+    ap.add_argument("--n", type=int, default=50, help="daemons to kill (one per job)")
     ap.add_argument("--pipeline", type=int, default=2)
     ap.add_argument("--spares", type=int, default=1)
     ap.add_argument("--steps", type=int, default=30)
@@ -167,8 +167,12 @@ def main():
         if ref["state"] != "SUCCEEDED":
             sys.exit(f"reference job {ref['state']}: {ref.get('reason', '')}")
         ref_sha = sha256(os.path.join(work, "reference", f"step_{a.steps}", "model.safetensors"))
-        for i in range(a.n):
+        # A job that ends before its kill step is seen (a slow poll) counts as a job, not a
+        # kill: jobs go on until n daemons were killed (at most 2n jobs).
+        i = 0
+        while sum(1 for r in rows if r["killed"]) < a.n and i < 2 * a.n:
             name = f"soak{i}"
+            i += 1
             target = rng.randint(1, a.steps - 2)  # kill after this many recorded steps
             victim_rank = rng.randrange(a.pipeline)
             job_id = submit(cluster, work, a, name, 10)
