@@ -10,8 +10,9 @@ the pool stays the same size.
 usage: reliability_bench.py --bin BUILD [--n 50] [--pipeline 2] [--spares 1] [--steps 30]
          [--every 5] [--seed 1] [--workdir DIR] [--timeout-per-job 120]
 
-Reports: jobs completed, restarts, steps run again (recorded steps lost to the kill:
-last recorded step before the restart minus the step the next attempt resumed from), time
+Reports: jobs completed, restarts, steps run again (recorded steps lost to the kill: the
+last step recorded before the job's last restart minus the step its last attempt resumed
+from), time
 from the kill to the job running again, and agreement with an uninterrupted reference run of
 the same spec (final loss, and the final weights' SHA-256). Prints a markdown table; exits 1
 if any job did not succeed.
@@ -198,17 +199,25 @@ def main():
                     cluster.daemons.remove(p)
             if killed_pid is not None:
                 cluster.start_daemon()
+                # The next job must not be scheduled on the dead daemon before the coordinator
+                # drops it (heartbeat timeout): each job sees its own kill only.
+                drop_end = time.time() + 30
+                while time.time() < drop_end and any(
+                        w.get("pid") == killed_pid for w in cluster.workers()):
+                    time.sleep(0.2)
             j = wait_state(cluster, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"},
                            max(1.0, end - time.time()))
             events = cluster.events(job_id)
-            recorded, lost, back_after = 0, None, None
+            # recorded: the last step the coordinator recorded before the job's last restart.
+            recorded, last, lost, back_after = 0, 0, None, None
             restarted, restarts = False, 0
             for e in events:
                 if "step" in e and isinstance(e["step"], dict):
-                    recorded = e["step"].get("step", 0) if not restarted else recorded
+                    last = e["step"].get("step", 0)
                 elif e.get("state") == "PENDING" and "restart" in e.get("message", ""):
                     restarted = True
                     restarts += 1
+                    recorded = last
                 elif restarted and e.get("state") == "RUNNING" and back_after is None and \
                         killed_at is not None:
                     back_after = e["unix_ms"] / 1000.0 - killed_at
