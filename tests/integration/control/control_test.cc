@@ -518,8 +518,8 @@ TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJob
   CoordinatorProcess c(dir_, db_, {"--no-profile"});
   ASSERT_TRUE(c.up()) << c.process().Log();
   StartWorkers(c, 2);
-  const std::string id = Submit(c, TinyJob("pre", 2, 60, ", vocab: vocab2"));
-  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 4; }, std::chrono::seconds(30)));
+  const std::string id = Submit(c, TinyJob("pre", 2, 150, ", vocab: vocab2"));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 1; }, std::chrono::seconds(30)));
   int64_t rank1_pid = -1;
   std::string leaving_id;
   const v1::ListWorkersResponse busy = ListWorkers(c);
@@ -535,7 +535,7 @@ TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJob
   }
   ASSERT_NE(rank1, nullptr);
   const int64_t before = GetJob(c, id).step();
-  ASSERT_LT(before, 50) << "the job is nearly done before the signal; make it longer";
+  ASSERT_LT(before, 100) << "the job is nearly done before the signal; make it longer";
   StartWorkers(c, 3);  // a replacement (the one leaving still counts until it is dropped)
   const int status = rank1->Kill(SIGTERM);  // returns once the daemon has exited
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << rank1->Log();
@@ -551,7 +551,7 @@ TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJob
   int64_t saved = -1;
   for (const auto& e : fs::directory_iterator(dir_ / "pre")) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("step_", 0) == 0 && name != "step_60") saved = std::stoll(name.substr(5));
+    if (name.rfind("step_", 0) == 0 && name != "step_150") saved = std::stoll(name.substr(5));
   }
   ASSERT_GT(saved, before);
   for (int r = 0; r < 2; ++r) {
@@ -572,20 +572,20 @@ TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJob
     }
   }
   EXPECT_TRUE(preempted);
-  ASSERT_EQ(steps.size(), 60u) << absl::StrJoin(steps, " ");
-  for (int i = 0; i < 60; ++i) EXPECT_EQ(steps[i], i + 1);
+  ASSERT_EQ(steps.size(), 150u) << absl::StrJoin(steps, " ");
+  for (int i = 0; i < 150; ++i) EXPECT_EQ(steps[i], i + 1);
   const auto first =
       nlohmann::json::parse(ReadWholeFile(dir_ / "pre/rank_0.jsonl")
                                 .substr(0, ReadWholeFile(dir_ / "pre/rank_0.jsonl").find('\n')));
   EXPECT_EQ(first["step"].get<int64_t>(), saved) << "attempt 2 did not resume from step " << saved;
 
-  const std::string ref = Submit(c, TinyJob("ref", 2, 60, ", vocab: vocab2"));
+  const std::string ref = Submit(c, TinyJob("ref", 2, 150, ", vocab: vocab2"));
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, ref).state() == v1::JOB_STATE_SUCCEEDED; },
                       std::chrono::seconds(60)))
       << GetJob(c, ref).reason();
-  const std::string a = ReadWholeFile(dir_ / "pre/step_60/model.safetensors");
+  const std::string a = ReadWholeFile(dir_ / "pre/step_150/model.safetensors");
   ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == ReadWholeFile(dir_ / "ref/step_60/model.safetensors"))
+  EXPECT_TRUE(a == ReadWholeFile(dir_ / "ref/step_150/model.safetensors"))
       << "the preempted job's final weights differ from the uninterrupted run's";
 }
 

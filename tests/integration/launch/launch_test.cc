@@ -481,8 +481,8 @@ TEST_P(LaunchTest, SigtermedRankSavesAnEmergencyCheckpointThatTheResumeContinues
   // ranks agree on a step, both save it and exit with code 75. Directly, the launcher names the
   // step and `run --resume` continues from it; through the control plane the job restarts on
   // its own. Either way the losses and final weights equal an uninterrupted run's.
-  const std::string full = Spec("full", 2, 2, "vocab2", false, /*steps=*/40);
-  const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/40);
+  const std::string full = Spec("full", 2, 2, "vocab2", false, /*steps=*/150);
+  const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/150);
   ASSERT_EQ(Vocabpipe(Run() + full).code, 0);
   const fs::path log = dir_ / "launcher.out";
   const pid_t launcher = StartRunUntilRank1Reports(part, "5", log, "part", direct());
@@ -495,7 +495,7 @@ TEST_P(LaunchTest, SigtermedRankSavesAnEmergencyCheckpointThatTheResumeContinues
   ASSERT_TRUE(std::regex_search(output, m, std::regex("emergency checkpoint of step ([0-9]+)")))
       << output;
   const int saved = std::stoi(m[1]);
-  ASSERT_LT(saved, 40) << output;
+  ASSERT_LT(saved, 150) << output;
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(
         fs::exists(dir_ / absl::StrCat("part/step_", saved, "/rank_", r, "/MANIFEST.json")));
@@ -506,22 +506,22 @@ TEST_P(LaunchTest, SigtermedRankSavesAnEmergencyCheckpointThatTheResumeContinues
     EXPECT_THAT(output, HasSubstr("exit code 75"));
     Result resumed = Vocabpipe(Run() + part + " --resume");
     ASSERT_EQ(resumed.code, 0) << resumed.output;
-    EXPECT_THAT(resumed.output, HasSubstr(absl::StrCat("step ", saved + 1, "/40")));
-    EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr(absl::StrCat("step ", saved, "/40"))));
+    EXPECT_THAT(resumed.output, HasSubstr(absl::StrCat("step ", saved + 1, "/150")));
+    EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr(absl::StrCat("step ", saved, "/150"))));
   } else {
     EXPECT_EQ(WEXITSTATUS(status), 0) << output;  // restarted from the saved step, succeeded
     EXPECT_THAT(output, HasSubstr("restart 1 of 3"));
   }
   auto a = ReadJsonl(dir_ / "full/metrics.jsonl");
   auto b = ReadJsonl(dir_ / "part/metrics.jsonl");
-  ASSERT_EQ(a.size(), 40u);
-  ASSERT_EQ(b.size(), 40u);
-  for (int i = 0; i < 40; ++i) {
+  ASSERT_EQ(a.size(), 150u);
+  ASSERT_EQ(b.size(), 150u);
+  for (int i = 0; i < 150; ++i) {
     EXPECT_EQ(int(b[i]["step"]), i);
     EXPECT_DOUBLE_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "step " << i;
   }
-  ExpectSameWeights(dir_ / "part/step_40/model.safetensors",
-                    dir_ / "full/step_40/model.safetensors", 0.0);
+  ExpectSameWeights(dir_ / "part/step_150/model.safetensors",
+                    dir_ / "full/step_150/model.safetensors", 0.0);
 }
 
 TEST_P(LaunchTest, StuckWorkerIsTimedOutAndKilled) {
