@@ -328,7 +328,7 @@ void Coordinator::Release(v1::Job& job, const std::string& except_worker) {
   active_.erase(it);
 }
 
-void Coordinator::FailOrRestart(v1::Job& job, const std::string& reason,
+void Coordinator::FailOrRestart(v1::Job& job, std::string reason,
                                 const std::string& except_worker) {
   const int max = job.spec().train().max_restarts();
   if (job.state() != v1::JOB_STATE_RUNNING || job.restarts() >= max) {
@@ -507,7 +507,8 @@ void Coordinator::Schedule() {
     const int p = job.spec().parallel().pipeline();
     std::vector<std::pair<int64_t, Worker*>> free;
     for (auto& [wid, w] : workers_) {
-      if (w.info.job_id().empty() && DeviceMatches(job.spec().device(), w.info.device())) {
+      if (w.info.job_id().empty() && !w.leaving &&
+          DeviceMatches(job.spec().device(), w.info.device())) {
         int64_t n = 0;
         (void)absl::SimpleAtoi(wid.substr(wid.find('-') + 1), &n);
         // Ranked by hint (the platform's worker index), then by registration order.
@@ -815,6 +816,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   Worker& w = it->second;
   w.last_heartbeat = absl::Now();
   w.info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
+  w.leaving = w.leaving || req.leaving();
   v1::HeartbeatResponse out;
   while (!w.commands.empty()) {
     *out.add_commands() = std::move(w.commands.front());

@@ -136,6 +136,7 @@ class Coordinator {
     std::string identity;  // its certificate's name (RegisterWorker)
     absl::Time last_heartbeat;
     std::deque<vocabpipe::v1::WorkerCommand> commands;
+    bool leaving = false;  // stopping (HeartbeatRequest.leaving): no new tasks
   };
   struct RankReport {
     int reported = 0;                   // ranks that reported this step
@@ -184,7 +185,8 @@ class Coordinator {
   void Release(vocabpipe::v1::Job& job, const std::string& except_worker);
   // A rank failed: a RUNNING job with restarts left goes back to PENDING for its next attempt
   // (after a backoff, resuming from its latest verified checkpoint); otherwise it FAILS.
-  void FailOrRestart(vocabpipe::v1::Job& job, const std::string& reason,
+  // `reason` by value: callers pass the active job's failure text, which Release() frees.
+  void FailOrRestart(vocabpipe::v1::Job& job, std::string reason,
                      const std::string& except_worker = "");
   void Schedule();
   // Sets PLANNING and plans on a thread of its own (planners_), off the lock; the result is
