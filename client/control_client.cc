@@ -197,9 +197,20 @@ nlohmann::json JobJson(const v1::Job& job) {
   };
   if (job.has_profiled_costs()) {
     const v1::PassCosts& c = job.profiled_costs();
-    j["profiled_costs"] = {{"F", c.f()},        {"B", c.b()},    {"W", c.w()},
-                           {"S", c.s()},        {"T", c.t()},    {"IF", c.input_f()},
-                           {"IB", c.input_b()}, {"OPT", c.opt()}};
+    j["profiled_costs"] = {
+        {"F", c.f()},
+        {"B", c.b()},
+        {"W", c.w()},
+        {"S", c.s()},
+        {"T", c.t()},
+        {"IF", c.input_f()},
+        {"IB", c.input_b()},
+        {"OPT", c.opt()},
+        // The link model (latency s, bandwidth B/s per call kind).
+        {"p2p", {{"latency", c.p2p_latency()}, {"bandwidth", c.p2p_bandwidth()}}},
+        {"broadcast", {{"latency", c.broadcast_latency()}, {"bandwidth", c.broadcast_bandwidth()}}},
+        {"allreduce",
+         {{"latency", c.allreduce_latency()}, {"bandwidth", c.allreduce_bandwidth()}}}};
   }
   return j;
 }

@@ -1,7 +1,9 @@
 // `vocabpipe plan job.yaml [overrides] [--format table|json|text|svg]`: builds, validates and
 // simulates a plan offline (no daemon). See docs/planner.md.
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,8 +20,14 @@ namespace {
 constexpr char kUsage[] =
     "usage: vocabpipe plan job.yaml [--pipeline P] [--microbatches M] [--schedule S|auto]\n"
     "         [--vocab V|auto] [--seq-chunks K] [--chunks-per-rank V] [--budget BYTES]\n"
-    "         [--costs F=1,B=2,W=1,S=0,T=0,IF=0,IB=0,comm=0,coll=0,opt=0]\n"
-    "         [--format table|json|text|svg]\n";
+    "         [--costs F=1,B=2,W=1,S=0,T=0,IF=0,IB=0,comm=0,coll=0,opt=0,\n"
+    "                  p2p_lat=0,p2p_bw=0,bcast_lat=0,bcast_bw=0,ar_lat=0,ar_bw=0]\n"
+    "         [--plan PLAN.txt] [--format table|json|text|svg]\n"
+    "  --costs: seconds per pass (F B W S T IF IB opt), fixed seconds per transfer (comm) and\n"
+    "           per collective (coll), and the link model of one call: latency seconds (*_lat)\n"
+    "           and bytes per second (*_bw, 0 = size is free) of a send/recv (p2p), a\n"
+    "           broadcast (bcast) and an all-reduce (ar) between the job's ranks.\n"
+    "  --plan:  simulate this plan (text form, e.g. a run's plan.txt) instead of building one.\n";
 
 int Usage(std::ostream& err, absl::string_view why) {
   err << "vocabpipe plan: " << why << "\n" << kUsage;
@@ -28,19 +36,32 @@ int Usage(std::ostream& err, absl::string_view why) {
 
 // Parses "F=1,B=2,..." onto costs; keys not given keep their value.
 bool ParseCosts(absl::string_view text, planner::Costs* c, std::string* error) {
-  std::map<std::string, double*> keys = {
-      {"F", &c->f},        {"B", &c->b},       {"W", &c->w},
-      {"S", &c->s},        {"T", &c->t},       {"IF", &c->input_f},
-      {"IB", &c->input_b}, {"comm", &c->comm}, {"coll", &c->collective},
-      {"opt", &c->opt}};
+  std::map<std::string, double*> keys = {{"F", &c->f},
+                                         {"B", &c->b},
+                                         {"W", &c->w},
+                                         {"S", &c->s},
+                                         {"T", &c->t},
+                                         {"IF", &c->input_f},
+                                         {"IB", &c->input_b},
+                                         {"comm", &c->comm},
+                                         {"coll", &c->collective},
+                                         {"opt", &c->opt},
+                                         {"p2p_lat", &c->p2p.latency},
+                                         {"p2p_bw", &c->p2p.bandwidth},
+                                         {"bcast_lat", &c->broadcast.latency},
+                                         {"bcast_bw", &c->broadcast.bandwidth},
+                                         {"ar_lat", &c->allreduce.latency},
+                                         {"ar_bw", &c->allreduce.bandwidth}};
   bool comm_set = false, coll_set = false;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::vector<absl::string_view> kv = absl::StrSplit(item, '=');
     double v = 0;
     auto it = kv.size() == 2 ? keys.find(std::string(kv[0])) : keys.end();
     if (it == keys.end() || !absl::SimpleAtod(kv[1], &v) || v < 0) {
-      *error = absl::StrCat("--costs: bad item '", item,
-                            "' (KEY=non-negative number; keys F B W S T IF IB comm coll opt)");
+      *error = absl::StrCat(
+          "--costs: bad item '", item,
+          "' (KEY=non-negative number; keys F B W S T IF IB comm coll opt p2p_lat p2p_bw "
+          "bcast_lat bcast_bw ar_lat ar_bw)");
       return false;
     }
     *it->second = v;
@@ -51,10 +72,50 @@ bool ParseCosts(absl::string_view text, planner::Costs* c, std::string* error) {
   return true;
 }
 
+// --plan: times a plan that was built before (a run's plan.txt) with the job's shape and the
+// given costs; it must be a plan of this job (same pipeline, microbatches, layers).
+int SimulateGivenPlan(const std::string& plan_path, const planner::PlannerInput& in,
+                      const std::string& format, std::ostream& out, std::ostream& err) {
+  std::ifstream f(plan_path);
+  if (!f) return Usage(err, absl::StrCat("--plan: cannot read ", plan_path));
+  std::stringstream text;
+  text << f.rdbuf();
+  absl::StatusOr<planner::Plan> plan = planner::PlanFromText(text.str());
+  if (!plan.ok()) {
+    err << "vocabpipe plan: --plan: " << plan.status().message() << "\n";
+    return 2;
+  }
+  if (plan->pipeline != in.pipeline || plan->microbatches != in.microbatches ||
+      plan->layers != in.layers) {
+    err << "vocabpipe plan: --plan: the plan is for pipeline " << plan->pipeline << ", "
+        << plan->microbatches << " microbatches, " << plan->layers << " layers; the job has "
+        << in.pipeline << ", " << in.microbatches << ", " << in.layers
+        << " (rule: a plan of this job)\n";
+    return 2;
+  }
+  planner::PlannerInput sim_in = in;
+  sim_in.seq_chunks = plan->seq_chunks;
+  absl::StatusOr<planner::SimResult> sim = planner::Simulate(*plan, sim_in);
+  if (!sim.ok()) {
+    err << "vocabpipe plan: --plan: " << sim.status().message() << "\n";
+    return 1;
+  }
+  if (format == "json") {
+    out << planner::RenderJson(*plan, *sim);
+  } else if (format == "text") {
+    out << planner::PlanToText(*plan);
+  } else if (format == "svg") {
+    out << planner::RenderSvg(*plan, *sim);
+  } else {
+    out << planner::RenderTable(*plan, *sim);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
-  std::string path, format = "table", costs_text;
+  std::string path, format = "table", costs_text, plan_path;
   std::map<std::string, std::string> flags;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -103,6 +164,8 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
       vocab = value;
     } else if (flag == "--costs") {
       costs_text = value;
+    } else if (flag == "--plan") {
+      plan_path = value;
     } else if (flag == "--format") {
       format = value;
     } else if (flag == "--budget") {
@@ -122,6 +185,7 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   std::string cost_error;
   if (!costs_text.empty() && !ParseCosts(costs_text, &in.costs, &cost_error))
     return Usage(err, cost_error);
+  if (!plan_path.empty()) return SimulateGivenPlan(plan_path, in, format, out, err);
   const bool schedule_auto = schedule == "auto", vocab_auto = vocab == "auto";
   if (!schedule_auto) {
     absl::StatusOr<planner::Schedule> s = planner::ParseSchedule(schedule);

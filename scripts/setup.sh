@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config ninja-build ccache
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libabsl-dev
-  libgloo-dev libopenblas-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
+  libgloo-dev libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev libssl-dev
   python3-torch python3-numpy
   prometheus-cpp-dev prometheus

@@ -55,7 +55,7 @@ struct Fixture {
     }
     auto spec = vp::spec::ParseJobSpec(
         "model: {layers: 4, hidden: 64, heads: 2, vocab_size: 1024, seq_len: 64}\n"
-        "parallel: {pipeline: 2, microbatches: 4}\ntrain: {steps: 1000000000}\n"
+        "parallel: {pipeline: 2, microbatches: 4}\ntrain: {steps: 100000000}\n"
         "data: {path: /unused.bin}\n",
         dir.string());
     job_id = *coordinator->Submit(*spec);  // runs at once on the two registered workers

@@ -3,23 +3,29 @@
 over Gloo on loopback, one BLAS thread per rank), each row beside the planner's prediction.
 
 usage: paper_bench.py --vocabpipe BUILD/client/vocabpipe --charts BUILD/bench/paper/paper_charts
-         [--grid small|full] [--pipelines 2,4] [--steps 3] [--workdir DIR] [--out results.json]
-         [--img docs/img] [--tables vocab,vshape,seq]
+         [--worker BUILD/worker/main/vocabpipe-worker] [--grid small|full] [--pipelines 2,4]
+         [--steps 5] [--vocabs 32768,...] [--methods baseline,...] [--no-comm] [--workdir DIR]
+         [--out results.json] [--img docs/img] [--tables vocab,vshape,seq]
 
 Tables (docs/benchmarks.md, "The papers' tables on real workers"):
   vocab   Table 5 shape: V in {32k, 64k, 128k, 256k} x {baseline, redis, interlaced, vocab1,
           vocab2} on 1F1B;
-  vshape  {vhalf, vmin} x {baseline, vocab1, vocab2} against 1f1b x the same (V = 128k);
+  vshape  {vhalf, vmin} x {baseline, vocab1, vocab2} against 1f1b x the same (V = 64k; at
+          least 2p layers, since a V shape holds two layer groups per rank);
   seq     Seq1F1B k in {1, 2, 4} at a long sequence against 1F1B (vocab2).
---grid small keeps p = 2 and V in {32k, 128k} for `vocab`, and fewer rows elsewhere.
+--grid small keeps V in {32k, 128k} for `vocab`, fewer rows elsewhere, and p = 2 unless
+--pipelines names more (`--grid small --pipelines 2,4` runs both in ~15 minutes here).
 
 Measured per row (steps after the first, the warm-up, averaged): step seconds, tokens/s, MFU
 (against the run's own measured sgemm peak per rank), busy max/mean, peak memory per rank.
-Predicted: the planner's simulation of the same plan (`vocabpipe plan --format json
---costs ...`) with per-pass costs *profiled on the run itself*: the seconds each rank's
-compute thread spent in F, BW, S, T, IF, IB and OPT divided by how many of those passes the
-plan gives it. Communication is not in those costs (comm=0), so predicted - measured is the
-communication and contention the cost model leaves out.
+Predicted: the planner's simulation of the plan the run executed (its plan.txt, through
+`vocabpipe plan --plan plan.txt --format json --costs ...`) with per-pass costs *profiled on
+the run itself*: the seconds each rank's compute thread spent in F, BW, S, T, IF, IB and OPT
+over the timed steps, divided by how many of those passes the plan gives it and by the number
+of timed steps; and the communication the plan schedules (P2P, BCAST_X, C1, C2, IF_REDUCE,
+IB_BCAST) from the link model `vocabpipe-worker --profile-comm p` measures between p Gloo
+ranks on this host at the job's two sizes (b·s and b·s·h floats): latency and bandwidth of a
+send/recv, a broadcast and an all-reduce (--no-comm leaves communication out, comm=0).
 """
 import argparse
 import collections
@@ -42,36 +48,72 @@ def run(cmd):
 
 def grid(a):
     small = a.grid == "small"
-    ps = [2] if small else [int(p) for p in a.pipelines.split(",")]
-    rows = []  # (table, p, schedule, vocab, V, seq, k)
+    # --pipelines given: those; else the full grid runs p = 2 and 4, the small one p = 2.
+    ps = [int(p) for p in (a.pipelines or ("2" if small else "2,4")).split(",")]
+    methods = a.methods.split(",") if a.methods else []
+    keep = lambda m: not methods or m in methods
+    rows = []  # (table, p, schedule, vocab, V, seq, k, layers)
     if "vocab" in a.tables:
         vs = [32768, 131072] if small else [32768, 65536, 131072, 262144]
+        if a.vocabs:
+            vs = [int(v) for v in a.vocabs.split(",")]
         for p in ps:
             for v in vs:
                 for m in ["baseline", "redis", "interlaced", "vocab1", "vocab2"]:
-                    rows.append(("vocab", p, "1f1b", m, v, a.seq, 1))
+                    if keep(m):
+                        rows.append(("vocab", p, "1f1b", m, v, a.seq, 1, a.layers))
     if "vshape" in a.tables:
         for p in ps:
+            # Two layer groups per rank: L must divide by 2p (the whole table uses that L).
+            layers = a.layers if a.layers % (2 * p) == 0 else 2 * p * -(-a.layers // (2 * p))
             for sched in ["1f1b", "vhalf"] + ([] if small else ["vmin"]):
                 for m in ["baseline", "vocab1", "vocab2"]:
-                    rows.append(("vshape", p, sched, m, 65536, a.seq, 1))
+                    if keep(m):
+                        rows.append(("vshape", p, sched, m, 65536, a.seq, 1, layers))
     if "seq" in a.tables:
         for p in ps:
-            rows.append(("seq", p, "1f1b", "vocab2", 32768, a.long_seq, 1))
+            rows.append(("seq", p, "1f1b", "vocab2", 32768, a.long_seq, 1, a.layers))
             for k in [1, 2, 4]:
-                rows.append(("seq", p, "seq1f1b", "vocab2", 32768, a.long_seq, k))
+                rows.append(("seq", p, "seq1f1b", "vocab2", 32768, a.long_seq, k, a.layers))
     # Every table at p = 2 first: a run cut short still has whole tables at the smaller p.
     return sorted(rows, key=lambda r: r[1])
 
 
-def profiled_costs(plan, line, layers, p):
-    """Per-pass seconds from one step's measured busy time per pass and the plan's actions."""
+def mean_busy(steps, p):
+    """Per rank, each pass kind's busy seconds averaged over the timed steps."""
+    busy = [collections.defaultdict(float) for _ in range(p)]
+    for line in steps:
+        for r, st in enumerate(line["stages"]):
+            for kind, secs in st["busy"].items():
+                busy[r][kind] += secs / len(steps)
+    return busy
+
+
+def comm_costs(a, p, tokens, hidden, cache):
+    """The link model between p ranks on this host at the job's sizes (b·s, b·s·h floats), as
+    --costs items; measured once per (p, sizes) and kept in `cache`."""
+    key = (p, tokens, hidden)
+    if key not in cache:
+        prof = json.loads(run([a.worker, "--profile-comm", str(p), "--floats",
+                               f"{tokens},{tokens * hidden}"]))
+        cache[key] = prof
+    prof = cache[key]
+    items = {}
+    for kind, name in (("p2p", "p2p"), ("broadcast", "bcast"), ("allreduce", "ar")):
+        items[f"{name}_lat"] = prof[kind]["latency"]
+        items[f"{name}_bw"] = prof[kind]["bandwidth"]
+    return items, prof
+
+
+def profiled_costs(plan, busy, layers, p, comm):
+    """Per-pass seconds from the measured busy time per pass (mean over the timed steps) and
+    the plan's actions, plus the communication link model `comm` (--costs items)."""
     count = [collections.Counter(re.match(r"[A-Z_]+", x).group(0) for x in r["actions"])
              for r in plan["ranks"]]
     per = collections.defaultdict(list)
     f_layers = []
-    for r, st in enumerate(line["stages"]):
-        for kind, secs in st["busy"].items():
+    for r, st in enumerate(busy):
+        for kind, secs in st.items():
             n = count[r].get(kind, 0)
             if n == 0:
                 continue
@@ -110,6 +152,8 @@ def profiled_costs(plan, line, layers, p):
         if key in c:
             c[key] *= k
     c["comm"] = 0
+    c["coll"] = 0
+    c.update(comm)
     return ",".join(f"{k}={v:.9g}" for k, v in c.items())
 
 
@@ -126,7 +170,7 @@ def main():
     ap.add_argument("--vocabpipe", required=True)
     ap.add_argument("--charts", default="")
     ap.add_argument("--grid", choices=["small", "full"], default="full")
-    ap.add_argument("--pipelines", default="2,4")
+    ap.add_argument("--pipelines", default="")
     ap.add_argument("--tables", default="vocab,vshape,seq")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
@@ -134,29 +178,37 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--long-seq", type=int, default=1024)
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--worker", default="")
+    ap.add_argument("--vocabs", default="")
+    ap.add_argument("--methods", default="")
+    ap.add_argument("--no-comm", action="store_true")
     ap.add_argument("--workdir", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--img", default="")
     a = ap.parse_args()
+    if not a.worker:
+        a.worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(a.vocabpipe))),
+                                "worker", "main", "vocabpipe-worker")
 
     work = a.workdir or tempfile.mkdtemp(prefix="vp_paper_bench_")
     os.makedirs(work, exist_ok=True)
     results = []
     t0 = time.time()
     datas = {}
-    for (table, p, sched, method, vocab, seq, k) in grid(a):
+    comm_cache = {}
+    for (table, p, sched, method, vocab, seq, k, layers) in grid(a):
         if vocab not in datas:
             datas[vocab] = os.path.join(work, f"data_{vocab}.bin")
             tokens = max(100000, a.long_seq * a.microbatches * (a.steps + 1) * 2)
             run([a.vocabpipe, "data", "synth", "--vocab", str(vocab), "--tokens", str(tokens),
                  "--out", datas[vocab], "--seed", "1"])
-        name = f"{table}_p{p}_{sched}_k{k}_{method}_V{vocab}_s{seq}"
+        name = f"{table}_p{p}_{sched}_k{k}_{method}_V{vocab}_s{seq}_L{layers}"
         spec = os.path.join(work, name + ".yaml")
         m = a.microbatches
         with open(spec, "w") as f:
             f.write(
-                f"model: {{layers: {a.layers}, hidden: {a.hidden}, heads: {a.heads}, "
+                f"model: {{layers: {layers}, hidden: {a.hidden}, heads: {a.heads}, "
                 f"vocab_size: {vocab}, seq_len: {seq}}}\n"
                 f"parallel: {{pipeline: {p}, schedule: {sched}, vocab: {method}, "
                 f"microbatches: {m}" + (f", seq_chunks: {k}" if sched.startswith("seq") else "")
@@ -170,13 +222,27 @@ def main():
             steps = [json.loads(line) for line in f][1:]
         if not steps:
             sys.exit("need --steps >= 2 (the first step is warm-up)")
-        plan = json.loads(run([a.vocabpipe, "plan", spec, "--format", "json"]))
-        costs = profiled_costs(plan, steps[-1], a.layers, p)
-        pred = json.loads(run([a.vocabpipe, "plan", spec, "--format", "json", "--costs", costs]))
+        # The plan the ranks executed, timed with what they measured.
+        plan_txt = os.path.join(work, name, "plan.txt")
+        plan = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json"]))
+        comm, prof = ({}, None) if a.no_comm else comm_costs(a, p, seq, a.hidden, comm_cache)
+        costs = profiled_costs(plan, mean_busy(steps, p), layers, p, comm)
+        pred = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json",
+                               "--costs", costs]))
         busy_pred = [r["busy"] for r in pred["ranks"]]
+        # Measured per rank: the compute thread's step = busy + waiting + the rest (batch
+        # assembly, zeroing gradients, bookkeeping between passes), and the communication
+        # thread's seconds (transfers and collectives, including waiting for peers).
+        ranks_measured = [{
+            "seconds": statistics.mean(s["stages"][r]["seconds"] for s in steps),
+            "busy": statistics.mean(s["stages"][r]["busy_seconds"] for s in steps),
+            "compute_wait": statistics.mean(s["stages"][r]["compute_wait_seconds"] for s in steps),
+            "comm": statistics.mean(s["stages"][r]["comm_seconds"] for s in steps),
+        } for r in range(p)]
         row = {
             "table": table, "p": p, "schedule": sched, "vocab": method, "V": vocab, "seq": seq,
-            "k": k, "m": m, "layers": a.layers, "hidden": a.hidden,
+            "k": k, "m": m, "layers": layers, "hidden": a.hidden, "timed_steps": len(steps),
+            "step_s_each": [s["step_seconds"] for s in steps],
             "step_s": statistics.mean(s["step_seconds"] for s in steps),
             "tokens_per_s": statistics.mean(s["tokens_per_s"] for s in steps),
             "mfu": statistics.mean(s["mfu"] for s in steps),
@@ -191,13 +257,19 @@ def main():
             "predicted_peak_mib_per_rank": [
                 (r["state_bytes"] + r["peak_activation_bytes"]) / 2**20 for r in plan["ranks"]],
             "costs": costs,
+            "predicted_comm_s_per_rank": [r.get("comm", 0) for r in pred["ranks"]],
+            "measured_per_rank": ranks_measured,
+            "comm_profile": prof,
             "wall_s": time.time() - start,
         }
         row["gap"] = row["predicted_step_s"] / row["step_s"] - 1
         results.append(row)
         save(a, work, t0, results)  # after every row, so a cut-short run keeps what it measured
-        print(f"{name}: {row['step_s']:.3f} s/step ({row['tokens_per_s']:.0f} tok/s), "
-              f"predicted {row['predicted_step_s']:.3f} s ({100 * row['gap']:+.0f}%), "
+        spread = (max(row["step_s_each"]) - min(row["step_s_each"])) / row["step_s"]
+        print(f"{name}: {row['step_s']:.3f} s/step ({row['tokens_per_s']:.0f} tok/s, "
+              f"steps spread {100 * spread:.0f}%), "
+              f"predicted {row['predicted_step_s']:.3f} s ({100 * row['gap']:+.0f}%, comm "
+              f"{max(row['predicted_comm_s_per_rank']):.3f} s), "
               f"{row['wall_s']:.0f} s wall", flush=True)
     out = save(a, work, t0, results)
     print(f"results: {out} ({time.time() - t0:.0f} s)")

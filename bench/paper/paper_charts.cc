@@ -27,12 +27,29 @@ std::string Row(const json& r) {
   std::string peaks;
   for (const auto& v : r["peak_mib_per_rank"]) peaks += absl::StrFormat("%.0f/", v.get<double>());
   if (!peaks.empty()) peaks.pop_back();
+  // The modelled communication (the busiest rank's lanes) and how far the timed steps spread
+  // ((max - min) / mean): rows from before the link model have neither.
+  std::string comm = "-", spread = "-";
+  if (r.contains("predicted_comm_s_per_rank")) {
+    double c = 0;
+    for (const auto& v : r["predicted_comm_s_per_rank"]) c = std::max(c, v.get<double>());
+    comm = absl::StrFormat("%.3f", c);
+  }
+  if (r.contains("step_s_each") && r["step_s_each"].size() > 1) {
+    double lo = 1e300, hi = 0;
+    for (const auto& v : r["step_s_each"]) {
+      lo = std::min(lo, v.get<double>());
+      hi = std::max(hi, v.get<double>());
+    }
+    spread = absl::StrFormat("%.0f%%", 100 * (hi - lo) / r["step_s"].get<double>());
+  }
   return absl::StrFormat(
-      "| %d | %s | %s | %s | %d | %.3f | %.3f | **%+.0f%%** | %.0f | %.2f%% | %.2f | %.2f | %s |",
+      "| %d | %s | %s | %s | %d | %.3f | %.3f | **%+.0f%%** | %s | %s | %.0f | %.2f%% | %.2f | "
+      "%.2f | %s |",
       r["p"].get<int>(), r["schedule"].get<std::string>(),
       r["k"].get<int>() > 1 ? absl::StrCat("k=", r["k"].get<int>()) : std::string("-"),
       r["vocab"].get<std::string>(), r["V"].get<int>(), r["step_s"].get<double>(),
-      r["predicted_step_s"].get<double>(), 100 * r["gap"].get<double>(),
+      r["predicted_step_s"].get<double>(), 100 * r["gap"].get<double>(), comm, spread,
       r["tokens_per_s"].get<double>(), 100 * r["mfu"].get<double>(),
       r["busy_max_over_mean"].get<double>(), r["predicted_busy_max_over_mean"].get<double>(),
       peaks);
@@ -136,9 +153,9 @@ int main(int argc, char** argv) {
     if (!Write(path, vp::cli::SvgDocument(height, title, body))) return 1;
     std::cout << "\n"
               << title << " (" << path << ")\n\n"
-              << "| p | schedule | k | vocab | V | step s | predicted s | gap | tokens/s | MFU | "
-                 "busy max/mean | predicted | peak MiB per rank |\n"
-              << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+              << "| p | schedule | k | vocab | V | step s | predicted s | gap | comm s | spread | "
+                 "tokens/s | MFU | busy max/mean | predicted | peak MiB per rank |\n"
+              << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const json& r : rows) std::cout << Row(r) << "\n";
   }
   return 0;

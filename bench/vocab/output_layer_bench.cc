@@ -155,7 +155,13 @@ int main(int argc, char** argv) {
   } else {
     std::vector<double> t(a.p);
     std::vector<std::thread> ts;
-    for (int r = 0; r < a.p; ++r) ts.emplace_back([&, r] { t[r] = TimeSgemm(a, cols); });
+    // The thread count is per thread (blas.h): each rank thread sets its own share.
+    for (int r = 0; r < a.p; ++r) {
+      ts.emplace_back([&, r] {
+        vp::engine::cpu::SetBlasThreads(blas_threads);
+        t[r] = TimeSgemm(a, cols);
+      });
+    }
     for (auto& th : ts) th.join();
     gemm_s = *std::max_element(t.begin(), t.end());
   }
@@ -188,6 +194,7 @@ int main(int argc, char** argv) {
             std::abort();
           }
           comms[r] = std::move(*c);
+          vp::engine::cpu::SetBlasThreads(blas_threads);
           t[r] = RunRank(a, alg, *comms[r], r == 0 ? &bd : nullptr);
         });
       }

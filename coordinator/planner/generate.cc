@@ -62,6 +62,12 @@ absl::StatusOr<Ctx> MakeContext(const PlannerInput& in) {
   if (!(k.f > 0) || !(k.b > 0) || k.w < 0 || k.s < 0 || k.t < 0 || k.input_f < 0 || k.input_b < 0 ||
       k.comm < 0 || k.collective < 0 || k.opt < 0)
     return Invalid("costs", "F and B must be > 0, every other cost >= 0");
+  for (const LinkCost* link : {&k.p2p, &k.broadcast, &k.allreduce}) {
+    if (!(link->latency >= 0) || !(link->bandwidth >= 0))
+      return Invalid("costs", "link latency and bandwidth must be >= 0 (bandwidth 0: free)");
+  }
+  if (in.comm_lanes != 1 && in.comm_lanes != 2)
+    return Invalid("comm_lanes", "must be 1 (one communication thread per rank) or 2");
   c.v = VShape(in.schedule) ? 2 : Interleaved(in.schedule) ? in.chunks_per_rank : 1;
   if (c.v < 1 || c.v > 64) return Invalid("parallel.chunks_per_rank", "must be in [1, 64]");
   const int groups = p * c.v;
@@ -134,7 +140,11 @@ absl::StatusOr<Ctx> MakeContext(const PlannerInput& in) {
   }
   // One barrier interval: what a rank does for one microbatch (transformer + vocabulary).
   const double vs = l.sharded ? 1.0 : p;
-  c.delay = c.d * ((k.f + k.b + k.w) / l.k + vs * (k.s + k.t) / l.k + k.comm + 2 * k.collective);
+  // Its communication: one transfer and the two barriers (C1, and C2 or C1's share again).
+  c.delay =
+      c.d * ((k.f + k.b + k.w) / l.k + vs * (k.s + k.t) / l.k +
+             CommSeconds(l, in, ActionKind::kSendAct, 0) + CommSeconds(l, in, ActionKind::kC1, 0) +
+             CommSeconds(l, in, l.barrier == 2 ? ActionKind::kC2 : ActionKind::kC1, 0));
   return c;
 }
 

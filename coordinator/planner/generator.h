@@ -93,24 +93,27 @@ class ListScheduler {
  private:
   absl::StatusOr<Timeline> RunFixed(std::vector<RankGen> gens);
   size_t Idx(int g, int mb, int q) const { return (static_cast<size_t>(g) * l_.m + mb) * l_.k + q; }
-  double Comm(int r, int g) const { return l_.owner_rank[g] != r ? c_.in.costs.comm : 0; }
+  // A transfer of sequence chunk q from group g's rank to rank r (0 on the same rank).
+  double Comm(int r, int g, int q) const {
+    return l_.owner_rank[g] != r ? CommSeconds(l_, c_.in, ActionKind::kSendAct, q) : 0;
+  }
   double Ready(int r, const Action& a) const {
     if (a.kind == ActionKind::kS) {
       const double x = fend_[Idx(l_.groups - 1, a.mb, a.seq)];
-      return r == l_.x_owner() ? x : x + c_.in.costs.collective;
+      return r == l_.x_owner() ? x : x + CommSeconds(l_, c_.in, ActionKind::kBcastX, a.seq);
     }
-    if (a.kind == ActionKind::kT) return Barrier(s_, a);
+    if (a.kind == ActionKind::kT) return Barrier(s_, a, ActionKind::kC1);
     const int g = l_.group_of[r][a.chunk];
     double t = 0;
     if (a.kind == ActionKind::kF) {
-      if (g > 0) t = fend_[Idx(g - 1, a.mb, a.seq)] + Comm(r, g - 1);
+      if (g > 0) t = fend_[Idx(g - 1, a.mb, a.seq)] + Comm(r, g - 1, a.seq);
       if (a.seq > 0) t = std::max(t, fend_[Idx(g, a.mb, a.seq - 1)]);
     } else if (a.kind == ActionKind::kB || a.kind == ActionKind::kBW) {
       t = fend_[Idx(g, a.mb, a.seq)];
       if (g == l_.groups - 1) {
-        t = output_ ? std::max(t, Barrier(t_, a)) : t + c_.delay;
+        t = output_ ? std::max(t, Barrier(t_, a, ActionKind::kC2)) : t + c_.delay;
       } else {
-        t = std::max(t, bend_[Idx(g + 1, a.mb, a.seq)] + Comm(r, g + 1));
+        t = std::max(t, bend_[Idx(g + 1, a.mb, a.seq)] + Comm(r, g + 1, a.seq));
       }
       if (a.seq + 1 < l_.k) t = std::max(t, bend_[Idx(g, a.mb, a.seq + 1)]);
     } else {
@@ -136,10 +139,11 @@ class ListScheduler {
     std::vector<int> count;
     std::vector<double> last;
   };
-  // When the collective after every rank's pass of `a`'s unit has ended (inf until all ran).
-  double Barrier(const Done& d, const Action& a) const {
+  // When the collective `kind` after every rank's pass of `a`'s unit has ended (inf until all
+  // ran).
+  double Barrier(const Done& d, const Action& a, ActionKind kind) const {
     const size_t u = static_cast<size_t>(a.mb) * l_.k + a.seq;
-    return d.count[u] == l_.p ? d.last[u] + c_.in.costs.collective : kInf;
+    return d.count[u] == l_.p ? d.last[u] + CommSeconds(l_, c_.in, kind, a.seq) : kInf;
   }
   // Records an output-layer pass; true when it was the unit's last one (its barrier is up).
   static bool Count(Done& d, size_t u, double end, int p) {

@@ -25,6 +25,16 @@ absl::StatusOr<Layout> LayoutFromPlan(const Plan& plan);
 double ActionCost(const Layout& l, const Costs& c, int rank, const Action& a);
 double ActivationUnits(const Layout& l, int rank, const Action& a);
 
+// Seconds of one communication action of `kind` on sequence chunk q (0 for compute kinds):
+// the fixed costs.comm / costs.collective plus the link model for the calls the runtime makes
+// (n = b·s_q tokens of the chunk, e = activation bytes per element, vocabulary buffers fp32):
+//   SEND/RECV_ACT/GRAD  one P2P of n·h·e bytes        BCAST_X    one broadcast of n·h·e
+//   C1  all-reduces of n·4 and 2n·4 bytes, plus n·h·4 in Algorithm 2 (barrier 1)
+//   C2  one all-reduce of n·h·4                        IF_REDUCE  one all-reduce of b·s·h·4
+//   IB_BCAST  one broadcast of b·s·h·4
+// Sizes are 0 when the shape is unknown (then only latencies count).
+double CommSeconds(const Layout& l, const PlannerInput& in, ActionKind kind, int q);
+
 // The ranks a list machine must look at again, each queued at most once; it starts with every
 // rank and hands out the most recently woken first (the validator's abstract machine and the
 // list scheduler both advance one rank until it blocks, then wake the ranks it unblocked).

@@ -159,11 +159,12 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
       recv.peer = ev.r;
       out[ev.r].actions.push_back(ev.a);
       out[ev.a.peer].actions.push_back(recv);
-      (act ? act_in : grad_in)[idx(g, ev.a.mb, ev.a.seq)] = ev.t + costs.comm;
+      (act ? act_in : grad_in)[idx(g, ev.a.mb, ev.a.seq)] =
+          ev.t + CommSeconds(l, c.in, ev.a.kind, ev.a.seq);
       try_rank(ev.a.peer);
     } else {
       const double start = std::max(ev.t, coll_free);
-      const double end = start + costs.collective;
+      const double end = start + CommSeconds(l, c.in, ev.a.kind, ev.a.seq);
       coll_free = end;
       const int u = ev.a.mb * k + ev.a.seq;
       switch (ev.a.kind) {

@@ -38,13 +38,27 @@ std::vector<VocabMethod> AllVocabMethods();
 // sequence chunk costs its share. S and T are one rank's vocabulary shard (1/p of the output
 // layer) for one microbatch; the unsharded output layer (baseline, redis) costs p·S and p·T.
 // IF/IB are the input layer passes (a row gather costs the same for a shard and the whole).
+//
+// Communication: every action the lowering emits costs `comm` (a P2P transfer) or `collective`
+// (BCAST_X, C1, C2, IF_REDUCE, IB_BCAST) fixed seconds, plus what the link model below gives
+// for the bytes it moves (CommSeconds in internal.h: the calls each action makes in the runtime
+// and their sizes from the model shape). Both zero: communication is free.
+struct LinkCost {
+  double latency = 0;    // seconds per call
+  double bandwidth = 0;  // bytes per second; 0: the size costs nothing
+  double Seconds(double bytes) const { return latency + (bandwidth > 0 ? bytes / bandwidth : 0); }
+};
 struct Costs {
   double f = 1, b = 2, w = 1;
   double s = 0, t = 0;
   double input_f = 0, input_b = 0;
-  double comm = 0;        // point-to-point transfer latency
-  double collective = 0;  // one vocabulary collective (C0, C1, C2, IF_REDUCE, IB_BCAST)
-  double opt = 0;         // optimizer step
+  double comm = 0;  // fixed seconds of one point-to-point transfer
+  double collective =
+      0;           // fixed seconds of one vocabulary collective (C0, C1, C2, IF_REDUCE, IB_BCAST)
+  double opt = 0;  // optimizer step
+  // One call between the job's ranks (profiled at its p): a send/recv pair, a broadcast from
+  // one rank to all, an all-reduce over all.
+  LinkCost p2p, broadcast, allreduce;
 };
 
 // Model shape for byte counts, FLOPs and the sequence partition (all optional: zeros mean
@@ -81,6 +95,9 @@ struct PlannerInput {
   Schedule schedule = Schedule::k1F1B;
   VocabMethod vocab = VocabMethod::kVocab2;
   int max_pending_t = 1;  // Vocab-2 T passes allowed to wait (T(i) before S(i+max_pending_t))
+  // Communication threads per rank in the runtime: 1 (Gloo: point-to-point transfers and
+  // collectives in plan order on one thread) or 2 (NCCL: each on its own thread and stream).
+  int comm_lanes = 1;
   Costs costs;
   ModelShape model;
 };
@@ -103,6 +120,7 @@ absl::Status ValidatePlan(const Plan& plan);
 struct RankStats {
   int rank = 0;
   double busy = 0;  // compute time
+  double comm = 0;  // seconds the rank's communication lanes spend in transfers and collectives
   double first_start = 0, last_end = 0;
   double peak_activation_microbatches = 0;  // one stage's layers × one microbatch = 1
   int64_t peak_activation_bytes = 0;
@@ -125,8 +143,12 @@ struct SimResult {
   std::vector<std::vector<TimedAction>> times;  // per rank, per action
 };
 
-// Validates, then times the plan: per-rank compute lane in plan order, P2P transfers cost
-// costs.comm on the edge, collectives run on a comm lane shared by all ranks.
+// Validates, then times the plan the way the runtime runs it: per rank one compute lane and
+// in.comm_lanes communication lanes, each in plan order. A compute action starts when its
+// lane is free and its inputs are there; a transfer starts when the data is computed and both
+// ends' lanes are free (a send blocks until the receive is posted) and ends CommSeconds later,
+// when the receiver has the data; a collective starts when every rank's lane is free and its
+// inputs are there, and ends CommSeconds later on every rank.
 absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in);
 
 // Computation-wise sequence partition: k chunk boundaries (k+1 offsets) with equal forward

@@ -43,7 +43,7 @@ std::string RenderJson(const Plan& plan, const SimResult& sim) {
       absl::StrAppend(&s, c ? "," : "", "{\"group\":", chunks[c].group,
                       ",\"first_layer\":", chunks[c].first_layer,
                       ",\"num_layers\":", chunks[c].num_layers, "}");
-    absl::StrAppend(&s, "],\"busy\":", num(r.busy),
+    absl::StrAppend(&s, "],\"busy\":", num(r.busy), ",\"comm\":", num(r.comm),
                     ",\"peak_activation_microbatches\":", num(r.peak_activation_microbatches),
                     ",\"peak_activation_bytes\":", r.peak_activation_bytes,
                     ",\"parameter_bytes\":", r.parameter_bytes, ",\"state_bytes\":", r.state_bytes,

@@ -27,6 +27,8 @@ PlannerInput PlannerInputFromSpec(const vocabpipe::v1::JobSpec& spec) {
   in.model.llama = model.architecture() == "llama";
   in.model.kv_heads = model.kv_heads();
   in.model.activation_bytes_per_element = spec.device().rfind("cuda", 0) == 0 ? 2 : 4;
+  // NCCL runs transfers and collectives on two communication threads, Gloo on one.
+  in.comm_lanes = spec.device().rfind("cuda", 0) == 0 ? 2 : 1;
   return in;
 }
 
@@ -56,6 +58,9 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
     take(m->opt, in.costs.opt);
     take(m->comm, in.costs.comm);
     take(m->collective, in.costs.collective);
+    in.costs.p2p = m->p2p;
+    in.costs.broadcast = m->broadcast;
+    in.costs.allreduce = m->allreduce;
   }
   const std::string& schedule = spec.parallel().schedule();
   const std::string& vocab = spec.parallel().vocab();

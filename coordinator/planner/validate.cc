@@ -131,6 +131,34 @@ double ActionCost(const Layout& l, const Costs& c, int rank, const Action& a) {
   }
 }
 
+double CommSeconds(const Layout& l, const PlannerInput& in, ActionKind kind, int q) {
+  const Costs& c = in.costs;
+  const ModelShape& ms = in.model;
+  const double tokens = static_cast<double>(ms.microbatch_size) * ms.seq_len;  // b·s
+  const double n = tokens * l.seq_mem_share[q];  // tokens of sequence chunk q
+  const double h = static_cast<double>(ms.hidden), e = ms.activation_bytes_per_element;
+  switch (kind) {
+    case ActionKind::kSendAct:
+    case ActionKind::kRecvAct:
+    case ActionKind::kSendGrad:
+    case ActionKind::kRecvGrad:
+      return c.comm + c.p2p.Seconds(n * h * e);
+    case ActionKind::kBcastX:
+      return c.collective + c.broadcast.Seconds(n * h * e);
+    case ActionKind::kC1:
+      return c.collective + c.allreduce.Seconds(n * 4) + c.allreduce.Seconds(2 * n * 4) +
+             (l.barrier == 1 ? c.allreduce.Seconds(n * h * 4) : 0);
+    case ActionKind::kC2:
+      return c.collective + c.allreduce.Seconds(n * h * 4);
+    case ActionKind::kIfReduce:
+      return c.collective + c.allreduce.Seconds(tokens * h * 4);
+    case ActionKind::kIbBcast:
+      return c.collective + c.broadcast.Seconds(tokens * h * 4);
+    default:
+      return 0;
+  }
+}
+
 double ActivationUnits(const Layout& l, int rank, const Action& a) {
   if (a.kind != ActionKind::kF && a.kind != ActionKind::kW && a.kind != ActionKind::kBW) return 0;
   const int g = l.group_of[rank][a.chunk];
@@ -153,14 +181,18 @@ enum VocabTok { kX, kSDone, kC1, kTDone, kC2, kIfDone, kEmb, kIbGrad, kIbDone, k
 
 class Machine {
  public:
-  Machine(const Plan& plan, const Layout& l, const Costs* costs)
-      : plan_(plan), l_(l), costs_(costs) {
+  // in: the costs and shape to time with; nullptr validates only.
+  Machine(const Plan& plan, const Layout& l, const PlannerInput* in)
+      : plan_(plan), l_(l), in_(in), costs_(in != nullptr ? &in->costs : nullptr) {
     v_ = 0;
     for (int r = 0; r < l.p; ++r) v_ = std::max<int>(v_, l.group_of[r].size());
     per_rank_ = static_cast<size_t>(kNumChunkTok * v_ + kNumVocabTok) * l.m * l.k;
     tok_.assign(static_cast<size_t>(l.p) * per_rank_, kAbsent);
     pc_.assign(l.p, 0);
     lane_.assign(l.p, 0);
+    lanes_ = in_ != nullptr && in_->comm_lanes == 2 ? 2 : 1;
+    comm_lane_.assign(static_cast<size_t>(l.p) * lanes_, 0);
+    comm_busy_.assign(l.p, 0);
     stuck_.assign(l.p, "");
     waits_for_.assign(l.p, -1);
     if (costs_ != nullptr) {
@@ -172,6 +204,7 @@ class Machine {
   absl::Status Run();
   std::string StallGrid() const;
   std::vector<std::vector<TimedAction>>& times() { return times_; }
+  const std::vector<double>& comm_busy() const { return comm_busy_; }
 
  private:
   double& ChunkT(int r, int kind, int c, int mb, int q) {
@@ -195,16 +228,27 @@ class Machine {
   double Cost(int r, const Action& a) const {
     return costs_ ? internal::ActionCost(l_, *costs_, r, a) : 0;
   }
+  double CommCost(const Action& a) const {
+    return in_ ? internal::CommSeconds(l_, *in_, a.kind, a.seq) : 0;
+  }
+  // The communication lane of rank r that runs actions of `kind` (Gloo: one for all; NCCL:
+  // point-to-point on lane 0, collectives on lane 1).
+  double& CommLane(int r, ActionKind kind) {
+    return comm_lane_[static_cast<size_t>(r) * lanes_ + (lanes_ == 2 && IsCollective(kind))];
+  }
 
   const Plan& plan_;
   const Layout& l_;
+  const PlannerInput* in_;
   const Costs* costs_;
   int v_;
   size_t per_rank_;
   std::vector<double> tok_;
   std::vector<size_t> pc_;
-  std::vector<double> lane_;
-  double coll_free_ = 0;
+  std::vector<double> lane_;       // compute lane of each rank: free from this time
+  int lanes_ = 1;                  // communication lanes per rank
+  std::vector<double> comm_lane_;  // [rank · lanes_ + lane]: free from this time
+  std::vector<double> comm_busy_;  // per rank: seconds in transfers and collectives
   std::vector<std::string> stuck_;
   std::vector<int> waits_for_;  // peer a blocked P2P head waits on, -1 none
   std::vector<std::vector<TimedAction>> times_;
@@ -367,7 +411,10 @@ std::string Machine::FireCompute(int r, const Action& a) {
 std::string Machine::FireCollective(const Action& a) {
   const int mb = a.mb, q = a.seq;
   if (!l_.sharded) return "vocabulary collectives need a sharded vocabulary method";
-  double ready = coll_free_;
+  // Every rank's communication lane must be free (the collective runs when the last one
+  // reaches it) and its inputs computed.
+  double ready = 0;
+  for (int r = 0; r < l_.p; ++r) ready = std::max(ready, CommLane(r, a.kind));
   std::vector<std::pair<int, int>> outs;  // (rank, vocab token kind)
   auto need_all = [&](int kind) -> std::string {
     for (int r = 0; r < l_.p; ++r) {
@@ -414,8 +461,11 @@ std::string Machine::FireCollective(const Action& a) {
       return "not a collective";
   }
   if (!err.empty()) return err;
-  const double end = ready + (costs_ ? costs_->collective : 0);
-  coll_free_ = end;
+  const double end = ready + CommCost(a);
+  for (int r = 0; r < l_.p; ++r) {
+    CommLane(r, a.kind) = end;
+    comm_busy_[r] += end - ready;
+  }
   for (int r = 0; r < l_.p; ++r) {
     if (to_all || r == l_.owner_rank[0]) {
       double& t = VocabT(r, out_kind, mb, a.kind == ActionKind::kIfReduce ? 0 : q);
@@ -541,11 +591,17 @@ absl::Status Machine::Run() {
         stuck_[s] = absl::StrCat("sends data it has not computed");
         break;
       }
-      const double arrive = t + (costs_ ? costs_->comm : 0);
+      // The transfer starts once the data is computed and both communication lanes are free
+      // (the sender's thread blocks in the send until the receiver posts its receive).
+      const double start = std::max({t, CommLane(s, a->kind), CommLane(d, a->kind)});
+      const double arrive = start + CommCost(*a);
+      CommLane(s, a->kind) = CommLane(d, a->kind) = arrive;
       ChunkT(d, act ? kActIn : kGradIn, ra->chunk, a->mb, a->seq) = arrive;
       if (costs_ != nullptr) {
-        times_[s][pc_[s]] = {t, t};
-        times_[d][pc_[d]] = {arrive, arrive};
+        times_[s][pc_[s]] = {start, arrive};
+        times_[d][pc_[d]] = {start, arrive};
+        comm_busy_[s] += arrive - start;
+        comm_busy_[d] += arrive - start;
       }
       stuck_[r].clear();
       stuck_[a->peer].clear();
@@ -602,10 +658,11 @@ absl::Status ValidatePlan(const Plan& plan) {
 absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   absl::StatusOr<Layout> l = internal::LayoutFromPlan(plan);
   if (!l.ok()) return l.status();
-  Machine machine(plan, *l, &in.costs);
+  Machine machine(plan, *l, &in);
   if (absl::Status s = machine.Run(); !s.ok()) return s;
   SimResult res;
   res.times = std::move(machine.times());
+  const std::vector<double> comm_busy = machine.comm_busy();
   const ModelShape& ms = in.model;
   const double b = ms.microbatch_size, s = ms.seq_len, h = ms.hidden;
   // Activation bytes of one layer for one microbatch (Megatron's sbh(34 + 5as/h) for 2-byte
@@ -622,6 +679,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   for (int r = 0; r < l->p; ++r) {
     RankStats st;
     st.rank = r;
+    st.comm = comm_busy[r];
     double mem = 0, peak = 0;
     bool first = true;
     const auto& acts = plan.ranks[r].actions;

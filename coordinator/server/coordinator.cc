@@ -351,8 +351,8 @@ void Coordinator::Release(v1::Job& job, const std::string& except_worker) {
   active_.erase(it);
 }
 
-void Coordinator::FailOrRestart(v1::Job& job, const std::string& reason,
-                                const std::string& except_worker, bool forced) {
+void Coordinator::FailOrRestart(v1::Job& job, std::string reason, const std::string& except_worker,
+                                bool forced) {
   const int max = job.spec().train().max_restarts();
   if (job.state() != v1::JOB_STATE_RUNNING || (job.restarts() >= max && !forced)) {
     Finish(job, v1::JOB_STATE_FAILED,
@@ -531,7 +531,8 @@ void Coordinator::Schedule() {
     const int p = job.spec().parallel().pipeline();
     std::vector<std::pair<int64_t, Worker*>> free;
     for (auto& [wid, w] : workers_) {
-      if (w.info.job_id().empty() && DeviceMatches(job.spec().device(), w.info.device())) {
+      if (w.info.job_id().empty() && !w.leaving &&
+          DeviceMatches(job.spec().device(), w.info.device())) {
         int64_t n = 0;
         (void)absl::SimpleAtoi(wid.substr(wid.find('-') + 1), &n);
         // Ranked by hint (the platform's worker index), then by registration order.
@@ -620,6 +621,7 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
       costs.set_opt(std::max(costs.opt(), c.opt()));
       costs.set_comm(std::max(costs.comm(), c.comm()));
       costs.set_collective(std::max(costs.collective(), c.collective()));
+      MergeSlowestLink(c, &costs);
       costs.set_layer_activation_kept_bytes(
           std::max(costs.layer_activation_kept_bytes(), c.layer_activation_kept_bytes()));
       costs.set_layer_activation_transient_bytes(
@@ -973,6 +975,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
       if (!queued) w.commands.push_back(std::move(cmd));
     }
   }
+  w.leaving = w.leaving || req.leaving();
   v1::HeartbeatResponse out;
   while (!w.commands.empty()) {
     *out.add_commands() = std::move(w.commands.front());

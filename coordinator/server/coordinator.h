@@ -147,6 +147,7 @@ class Coordinator {
     std::string identity;  // its certificate's name (RegisterWorker)
     absl::Time last_heartbeat;
     std::deque<vocabpipe::v1::WorkerCommand> commands;
+    bool leaving = false;  // stopping (HeartbeatRequest.leaving): no new tasks
   };
   struct RankReport {
     int reported = 0;                   // ranks that reported this step
@@ -202,9 +203,10 @@ class Coordinator {
   void Release(vocabpipe::v1::Job& job, const std::string& except_worker);
   // A rank failed: a RUNNING job with restarts left goes back to PENDING for its next attempt
   // (after a backoff, resuming from its latest verified checkpoint); otherwise it FAILS.
+  // `reason` by value: callers pass the active job's failure text, which Release() frees.
   // forced: restart even when train.max_restarts is used up (the coordinator's own restart
   // lost the launch; not the job's failure).
-  void FailOrRestart(vocabpipe::v1::Job& job, const std::string& reason,
+  void FailOrRestart(vocabpipe::v1::Job& job, std::string reason,
                      const std::string& except_worker = "", bool forced = false);
   // A re-registering worker holds `held`: take it as that rank of the job when the job is
   // RUNNING that attempt and the rank is not adopted yet; otherwise tell the worker to cancel.

@@ -1,5 +1,7 @@
 #include "coordinator/server/job_plan.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/spec_input.h"
 
@@ -23,6 +25,20 @@ vocabpipe::v1::PlanCandidate CandidateRow(const planner::Candidate& c) {
 
 }  // namespace
 
+void MergeSlowestLink(const vocabpipe::v1::PassCosts& worker, vocabpipe::v1::PassCosts* merged) {
+  auto slower_bandwidth = [](double a, double b) {
+    return a > 0 && b > 0 ? std::min(a, b) : std::max(a, b);
+  };
+  merged->set_p2p_latency(std::max(merged->p2p_latency(), worker.p2p_latency()));
+  merged->set_p2p_bandwidth(slower_bandwidth(merged->p2p_bandwidth(), worker.p2p_bandwidth()));
+  merged->set_broadcast_latency(std::max(merged->broadcast_latency(), worker.broadcast_latency()));
+  merged->set_broadcast_bandwidth(
+      slower_bandwidth(merged->broadcast_bandwidth(), worker.broadcast_bandwidth()));
+  merged->set_allreduce_latency(std::max(merged->allreduce_latency(), worker.allreduce_latency()));
+  merged->set_allreduce_bandwidth(
+      slower_bandwidth(merged->allreduce_bandwidth(), worker.allreduce_bandwidth()));
+}
+
 absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                                    const vocabpipe::v1::PassCosts* profiled,
                                    double flops_per_second) {
@@ -37,7 +53,10 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                 .input_b = profiled->input_b(),
                 .comm = profiled->comm(),
                 .collective = profiled->collective(),
-                .opt = profiled->opt()};
+                .opt = profiled->opt(),
+                .p2p = {profiled->p2p_latency(), profiled->p2p_bandwidth()},
+                .broadcast = {profiled->broadcast_latency(), profiled->broadcast_bandwidth()},
+                .allreduce = {profiled->allreduce_latency(), profiled->allreduce_bandwidth()}};
   }
   planner::SpecPlanOptions options;
   options.flops_per_second = flops_per_second;

@@ -32,6 +32,10 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                                    const vocabpipe::v1::PassCosts* profiled,
                                    double flops_per_second);
 
+// Folds one worker's profiled link model into `merged`, keeping the slowest: the larger
+// latency and the smaller bandwidth (0 means the size is free, so any measured one is slower).
+void MergeSlowestLink(const vocabpipe::v1::PassCosts& worker, vocabpipe::v1::PassCosts* merged);
+
 // What a worker runs to time the job's passes: the job, its one-stage cut and the planner's
 // 1-rank plan of it (planner::BuildProfilingPlan), so workers never plan.
 absl::StatusOr<vocabpipe::v1::ProfileTask> MakeProfileTask(const std::string& job_id,

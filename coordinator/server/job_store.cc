@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -32,6 +34,8 @@ class Statement {
     sqlite3_bind_blob(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
   }
   void BindInt(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void BindDouble(int i, double v) { sqlite3_bind_double(stmt_, i, v); }
+  void BindNull(int i) { sqlite3_bind_null(stmt_, i); }
   // SQLITE_ROW, SQLITE_DONE or an error code.
   int Step() { return sqlite3_step(stmt_); }
   std::string ColumnBlob(int i) const {
@@ -80,6 +84,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
            "state INTEGER NOT NULL, record BLOB NOT NULL)",
            "CREATE TABLE IF NOT EXISTS events (job_id TEXT NOT NULL, seq INTEGER NOT NULL, "
            "record BLOB NOT NULL, PRIMARY KEY (job_id, seq))",
+           // Added for issue 16: a database from before it gets the table on open; its step
+           // events stay in `events` and are still read from there.
+           "CREATE TABLE IF NOT EXISTS steps (job_id TEXT NOT NULL, attempt INTEGER NOT NULL, "
+           "step INTEGER NOT NULL, seq INTEGER NOT NULL, loss REAL, record BLOB NOT NULL, "
+           "PRIMARY KEY (job_id, attempt, step))",
+           "CREATE INDEX IF NOT EXISTS steps_by_seq ON steps (job_id, seq)",
        }) {
     if (auto st = store->Exec(sql); !st.ok()) {
       return absl::UnavailableError(absl::StrCat("--db ", path, ": ", st.message()));
@@ -109,7 +119,12 @@ absl::Status JobStore::Save(const Job& job, const std::vector<JobEvent>& events)
     Exec("ROLLBACK").IgnoreError();
     return st;
   };
-  {
+  // A save of step events only leaves the job row alone: its summary is rebuilt from the
+  // newest step row when the job is loaded (WithLatestStep).
+  const bool steps_only =
+      !events.empty() &&
+      std::all_of(events.begin(), events.end(), [](const JobEvent& e) { return e.has_step(); });
+  if (!steps_only) {
     Statement put(db_, "INSERT OR REPLACE INTO jobs (id, ordinal, state, record) VALUES (?,?,?,?)");
     if (!put.status().ok()) return fail(put.status());
     put.BindText(1, job.id());
@@ -119,6 +134,25 @@ absl::Status JobStore::Save(const Job& job, const std::vector<JobEvent>& events)
     if (put.Step() != SQLITE_DONE) return fail(SqlError(db_, "save job"));
   }
   for (const JobEvent& e : events) {
+    if (e.has_step()) {
+      // Keyed by (job, attempt, step): a step reported twice is recorded once.
+      Statement put(db_,
+                    "INSERT OR IGNORE INTO steps (job_id, attempt, step, seq, loss, record) "
+                    "VALUES (?,?,?,?,?,?)");
+      if (!put.status().ok()) return fail(put.status());
+      put.BindText(1, job.id());
+      put.BindInt(2, job.restarts());
+      put.BindInt(3, e.step().step());
+      put.BindInt(4, e.seq());
+      if (e.step().has_loss()) {
+        put.BindDouble(5, e.step().loss());
+      } else {
+        put.BindNull(5);
+      }
+      put.BindBlob(6, e.SerializeAsString());
+      if (put.Step() != SQLITE_DONE) return fail(SqlError(db_, "save step"));
+      continue;
+    }
     Statement put(db_, "INSERT INTO events (job_id, seq, record) VALUES (?,?,?)");
     if (!put.status().ok()) return fail(put.status());
     put.BindText(1, job.id());
@@ -128,6 +162,33 @@ absl::Status JobStore::Save(const Job& job, const std::vector<JobEvent>& events)
   }
   if (auto st = Exec("COMMIT"); !st.ok()) return fail(st);
   max_ordinal_ = std::max(max_ordinal_, OrdinalOf(job.id()));
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::WithLatestStep(Job& job) {
+  Statement q(db_, "SELECT seq, record FROM steps WHERE job_id = ? ORDER BY seq DESC LIMIT 1");
+  if (!q.status().ok()) return q.status();
+  q.BindText(1, job.id());
+  const int rc = q.Step();
+  if (rc == SQLITE_DONE) return absl::OkStatus();
+  if (rc != SQLITE_ROW) return SqlError(db_, "load steps");
+  if (q.ColumnInt(0) <= job.last_event()) return absl::OkStatus();  // the row is newer
+  JobEvent e;
+  if (!e.ParseFromString(q.ColumnBlob(1)) || !e.has_step()) {
+    return absl::DataLossError(absl::StrCat("job ", job.id(), ": a stored step does not parse"));
+  }
+  // What the coordinator sets on the job when a step completes (Coordinator::ReportMetrics).
+  const vocabpipe::v1::StepMetrics& m = e.step();
+  job.set_step(m.step());
+  if (m.has_loss()) {
+    job.set_has_loss(true);
+    job.set_loss(m.loss());
+  }
+  job.set_mfu(m.mfu());
+  job.set_tokens_per_second(m.tokens_per_second());
+  *job.mutable_stages() = m.stages();
+  job.set_last_event(e.seq());
+  job.set_updated_unix_ms(e.unix_ms());
   return absl::OkStatus();
 }
 
@@ -142,6 +203,7 @@ absl::StatusOr<Job> JobStore::Load(const std::string& id) {
   if (!job.ParseFromString(q.ColumnBlob(0))) {
     return absl::DataLossError(absl::StrCat("job ", id, ": stored record does not parse"));
   }
+  if (auto st = WithLatestStep(job); !st.ok()) return st;
   return job;
 }
 
@@ -160,6 +222,10 @@ absl::StatusOr<std::vector<Job>> JobStore::LoadAll() {
     jobs.push_back(std::move(job));
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "load jobs");
+  for (Job& job : jobs) {
+    // A step row that does not parse costs the job its newest metrics, not its record.
+    if (auto st = WithLatestStep(job); !st.ok() && !absl::IsDataLoss(st)) return st;
+  }
   for (const std::string& id : bad) {
     if (auto st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
     Statement move(db_,
@@ -183,7 +249,11 @@ absl::StatusOr<std::vector<Job>> JobStore::LoadAll() {
 }
 
 absl::StatusOr<std::vector<JobEvent>> JobStore::Events(const std::string& id, int64_t after_seq) {
-  Statement q(db_, "SELECT record FROM events WHERE job_id = ? AND seq > ? ORDER BY seq");
+  // State changes and warnings live in `events`, step metrics in `steps` (and, in a database
+  // written before the steps table, in `events` too): one sequence across both.
+  Statement q(db_,
+              "SELECT seq, record FROM events WHERE job_id = ?1 AND seq > ?2 UNION ALL "
+              "SELECT seq, record FROM steps WHERE job_id = ?1 AND seq > ?2 ORDER BY 1");
   if (!q.status().ok()) return q.status();
   q.BindText(1, id);
   q.BindInt(2, after_seq);
@@ -191,7 +261,7 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::Events(const std::string& id, in
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) {
     JobEvent e;
-    if (!e.ParseFromString(q.ColumnBlob(0))) {
+    if (!e.ParseFromString(q.ColumnBlob(1))) {
       return absl::DataLossError(absl::StrCat("job ", id, ": a stored event does not parse"));
     }
     events.push_back(std::move(e));

@@ -5,7 +5,14 @@
 // Schema (docs/operations.md, "Control plane"):
 //   jobs(id TEXT PRIMARY KEY, ordinal INTEGER, state INTEGER, record BLOB)   record = v1.Job
 //   events(job_id TEXT, seq INTEGER, record BLOB, PRIMARY KEY(job_id, seq))  record = v1.JobEvent
+//   steps(job_id TEXT, attempt INTEGER, step INTEGER, seq INTEGER, loss REAL, record BLOB,
+//         PRIMARY KEY(job_id, attempt, step))   record = v1.JobEvent with its StepMetrics
 //   quarantine(id TEXT, record BLOB, reason TEXT)   job rows that failed to parse at load
+// A step's metrics are one row of `steps` (attempt = the job's restarts when it ran): recording
+// a step does not rewrite the job row, and the same step reported again is recorded once. The
+// job's step summary (step, loss, MFU, tokens/s, stages, last_event) is brought up to date
+// from its newest step row when the job is loaded. Databases written before `steps` existed
+// keep their step events in `events`; both are read as one sequence.
 // Writes are transactions; a failed write leaves the previous rows untouched. Not thread-safe:
 // the Coordinator serializes calls.
 #pragma once
@@ -32,7 +39,8 @@ class JobStore {
   JobStore& operator=(const JobStore&) = delete;
 
   // Inserts or replaces the job row and appends `events` (their seq must follow the stored
-  // ones), in one transaction.
+  // ones), in one transaction. When every event is a step, only the step rows are written
+  // (INSERT OR IGNORE on job, attempt, step); the job row is rebuilt from them on load.
   absl::Status Save(const vocabpipe::v1::Job& job,
                     const std::vector<vocabpipe::v1::JobEvent>& events = {});
   absl::StatusOr<vocabpipe::v1::Job> Load(const std::string& id);  // NotFound
@@ -49,6 +57,9 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
+  // Applies the job's newest step row to its summary fields when that row is newer than the
+  // job row (its seq > last_event).
+  absl::Status WithLatestStep(vocabpipe::v1::Job& job);
   sqlite3* db_;
   int64_t max_ordinal_ = 0;
   std::vector<std::string> quarantined_;

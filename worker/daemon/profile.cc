@@ -24,9 +24,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/plan/plan.h"
-#include "worker/daemon/log_tail.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/daemon/log_tail.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/planner_inputs.h"
@@ -38,51 +38,112 @@ namespace v1 = vocabpipe::v1;
 
 namespace {
 
-// Times one all-reduce and one send/recv of `count` floats between two Gloo ranks of this
-// process on loopback (best of 5 after a warm-up): what a vocabulary collective and a P2P
-// activation transfer cost at least between workers of this host.
-absl::Status ProfileCommunication(size_t count, double* collective, double* p2p) {
-  auto store = comm::MakeHashStore();
-  std::array<absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>>, 2> comms = {
-      absl::UnknownError("not connected"), absl::UnknownError("not connected")};
-  std::array<std::vector<double>, 2> all_reduce_s, p2p_s;
-  auto body = [&](int rank) {
-    comms[rank] = comm::ConnectGloo({.rank = rank,
-                                     .size = 2,
-                                     .store = store,
-                                     .prefix = "profile",
-                                     .hostname = "127.0.0.1",
-                                     .timeout = absl::Seconds(10)});
-    if (!comms[rank].ok()) return;
-    comm::Communicator& c = **comms[rank];
-    std::vector<float> buf(count, 1.0f);
-    for (int i = 0; i < 6; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (!c.AllReduce(buf.data(), count, comm::ReduceOp::kSum).ok()) return;
-      const auto t1 = std::chrono::steady_clock::now();
-      absl::Status st =
-          rank == 0 ? c.Send(buf.data(), count, 1, i) : c.Recv(buf.data(), count, 0, i);
-      if (!st.ok()) return;
-      const auto t2 = std::chrono::steady_clock::now();
-      if (i == 0) continue;  // warm-up
-      all_reduce_s[rank].push_back(std::chrono::duration<double>(t1 - t0).count());
-      p2p_s[rank].push_back(std::chrono::duration<double>(t2 - t1).count());
-    }
-  };
-  std::thread other(body, 1);
-  body(0);
-  other.join();
-  for (int r = 0; r < 2; ++r) {
-    if (!comms[r].ok()) return comms[r].status();
-    if (all_reduce_s[r].size() != 5) return absl::InternalError("profile: a transfer failed");
-  }
-  // The receiver's time covers the whole transfer; the all-reduce ends together on both.
-  *collective = *std::min_element(all_reduce_s[0].begin(), all_reduce_s[0].end());
-  *p2p = *std::min_element(p2p_s[1].begin(), p2p_s[1].end());
-  return absl::OkStatus();
-}
+// Fastest of `reps` timed calls after one warm-up, on every rank of a Gloo group of this
+// process on loopback (one thread per rank).
+constexpr int kCommReps = 5;
 
 }  // namespace
+
+LinkFit FitLink(double bytes_small, double seconds_small, double bytes_large,
+                double seconds_large) {
+  LinkFit fit;
+  const double per_byte =
+      bytes_large > bytes_small
+          ? std::max(0.0, (seconds_large - seconds_small) / (bytes_large - bytes_small))
+          : 0.0;
+  fit.latency = std::max(0.0, seconds_small - bytes_small * per_byte);
+  fit.bandwidth = per_byte > 0 ? 1 / per_byte : 0;
+  return fit;
+}
+
+absl::StatusOr<CommProfile> ProfileCommunication(int ranks, size_t floats_small,
+                                                 size_t floats_large) {
+  if (ranks < 2 || ranks > 64 || floats_small < 1 || floats_large <= floats_small) {
+    return absl::InvalidArgumentError(
+        "profile communication: need 2..64 ranks and two sizes, small < large");
+  }
+  auto store = comm::MakeHashStore();
+  std::vector<absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>>> comms;
+  for (int r = 0; r < ranks; ++r) comms.emplace_back(absl::UnknownError("not connected"));
+  // [size][kind][rank]: the fastest call. Kinds: 0 all-reduce, 1 broadcast, 2 send/recv.
+  const std::array<size_t, 2> sizes = {floats_small, floats_large};
+  std::vector<std::array<std::array<double, 3>, 2>> best(ranks);
+  std::vector<absl::Status> errors(ranks);
+  auto body = [&](int rank) {
+    comms[rank] = comm::ConnectGloo({.rank = rank,
+                                     .size = ranks,
+                                     .store = store,
+                                     .prefix = "profile-comm",
+                                     .hostname = "127.0.0.1",
+                                     .timeout = absl::Seconds(30)});
+    if (!comms[rank].ok()) return;
+    comm::Communicator& c = **comms[rank];
+    std::vector<float> buf(floats_large, 1.0f);
+    uint64_t tag = 0;
+    for (int z = 0; z < 2; ++z) {
+      const size_t n = sizes[z];
+      for (auto& b : best[rank][z]) b = 1e30;
+      for (int i = 0; i <= kCommReps; ++i) {
+        // A barrier first, so every call starts with all ranks ready (what the planner's
+        // latency means: the call itself, not waiting for a late peer).
+        if (absl::Status st = c.Barrier(); !st.ok()) {
+          errors[rank] = st;
+          return;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        absl::Status st = c.AllReduce(buf.data(), n, comm::ReduceOp::kSum);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (st.ok()) st = c.Barrier();
+        const auto t2 = std::chrono::steady_clock::now();
+        if (st.ok()) st = c.Broadcast(buf.data(), n, 0);
+        const auto t3 = std::chrono::steady_clock::now();
+        if (st.ok()) st = c.Barrier();
+        // Send/recv between ranks 0 and 1 (a stage and the next; the others wait).
+        const auto t4 = std::chrono::steady_clock::now();
+        if (st.ok() && rank == 0) st = c.Send(buf.data(), n, 1, tag);
+        if (st.ok() && rank == 1) st = c.Recv(buf.data(), n, 0, tag);
+        ++tag;
+        const auto t5 = std::chrono::steady_clock::now();
+        if (!st.ok()) {
+          errors[rank] = st;
+          return;
+        }
+        if (i == 0) continue;  // warm-up
+        auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+        best[rank][z][0] = std::min(best[rank][z][0], sec(t0, t1));
+        best[rank][z][1] = std::min(best[rank][z][1], sec(t2, t3));
+        best[rank][z][2] = std::min(best[rank][z][2], sec(t4, t5));
+      }
+    }
+  };
+  std::vector<std::thread> others;
+  for (int r = 1; r < ranks; ++r) others.emplace_back(body, r);
+  body(0);
+  for (std::thread& t : others) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    if (!comms[r].ok()) return comms[r].status();
+    if (!errors[r].ok()) return errors[r];
+  }
+  // A collective ends when its slowest rank is done; the receiver's time covers a transfer.
+  CommProfile out;
+  for (int z = 0; z < 2; ++z) {
+    for (int r = 0; r < ranks; ++r) {
+      out.allreduce_seconds[z] = std::max(out.allreduce_seconds[z], best[r][z][0]);
+      out.broadcast_seconds[z] = std::max(out.broadcast_seconds[z], best[r][z][1]);
+    }
+    out.p2p_seconds[z] = best[1][z][2];
+    out.bytes[z] = static_cast<double>(sizes[z]) * sizeof(float);
+  }
+  auto fit = [&](const std::array<double, 2>& t) {
+    return FitLink(out.bytes[0], t[0], out.bytes[1], t[1]);
+  };
+  out.allreduce = fit(out.allreduce_seconds);
+  out.broadcast = fit(out.broadcast_seconds);
+  out.p2p = fit(out.p2p_seconds);
+  return out;
+}
+
+namespace {}  // namespace
 
 absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cuda_device) {
   const v1::JobSpec& job = task.spec();
@@ -103,8 +164,9 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
         absl::StrCat("profile task: plan_text: ", parsed.status().message()));
   }
   if (parsed->ranks.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "profile task: plan_text: the profiling plan must have 1 rank, not ", parsed->ranks.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile task: plan_text: the profiling plan must have 1 rank, not ",
+                     parsed->ranks.size()));
   }
   const planner::Plan& plan = *parsed;
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
@@ -157,13 +219,19 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
   costs.set_input_f(per_pass(planner::ActionKind::kIF));
   costs.set_input_b(per_pass(planner::ActionKind::kIB));
   costs.set_opt(per_pass(planner::ActionKind::kOpt));
-  // Communication, only when the job has more than one rank (nothing to send otherwise).
+  // Communication, only when the job has more than one rank (nothing to send otherwise): the
+  // link model of each call kind between p ranks on this host, fitted at the job's two real
+  // sizes (b·s floats: C1's vectors; b·s·h: an activation, X, ∇X, the embedding).
   if (p > 1) {
-    double collective = 0, p2p = 0;
-    const size_t count = static_cast<size_t>(tokens) * job.model().hidden();
-    if (auto st = ProfileCommunication(count, &collective, &p2p); !st.ok()) return st;
-    costs.set_collective(collective);
-    costs.set_comm(p2p);
+    auto link = ProfileCommunication(p, static_cast<size_t>(tokens),
+                                     static_cast<size_t>(tokens) * job.model().hidden());
+    if (!link.ok()) return link.status();
+    costs.set_p2p_latency(link->p2p.latency);
+    costs.set_p2p_bandwidth(link->p2p.bandwidth);
+    costs.set_broadcast_latency(link->broadcast.latency);
+    costs.set_broadcast_bandwidth(link->broadcast.bandwidth);
+    costs.set_allreduce_latency(link->allreduce.latency);
+    costs.set_allreduce_bandwidth(link->allreduce.bandwidth);
   }
   auto layer_bytes = launch::MeasureJobLayerActivations(job);
   if (!layer_bytes.ok()) return layer_bytes.status();
@@ -289,6 +357,46 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
     return absl::InternalError("profile: the profiling process wrote no costs");
   }
   return costs;
+}
+
+int ProfileCommMain(int argc, char** argv) {
+  int ranks = 0;
+  size_t small = 0, large = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--profile-comm") {
+      if (!absl::SimpleAtoi(v, &ranks)) ranks = 0;
+    } else if (a == "--floats") {
+      const size_t comma = v.find(',');
+      if (comma == std::string::npos || !absl::SimpleAtoi(v.substr(0, comma), &small) ||
+          !absl::SimpleAtoi(v.substr(comma + 1), &large)) {
+        small = large = 0;
+      }
+    } else {
+      std::cerr << "vocabpipe-worker: unknown flag " << a << std::endl;
+      return 2;
+    }
+  }
+  if (ranks < 2 || small < 1 || large <= small) {
+    std::cerr << "usage: vocabpipe-worker --profile-comm RANKS --floats SMALL,LARGE "
+                 "(RANKS >= 2, 1 <= SMALL < LARGE)"
+              << std::endl;
+    return 2;
+  }
+  absl::StatusOr<CommProfile> prof = ProfileCommunication(ranks, small, large);
+  if (!prof.ok()) {
+    std::cerr << "profile communication: " << prof.status().message() << std::endl;
+    return 1;
+  }
+  auto kind = [&](const char* name, const LinkFit& fit, const std::array<double, 2>& t) {
+    return absl::StrCat("\"", name, "\":{\"latency\":", fit.latency,
+                        ",\"bandwidth\":", fit.bandwidth, ",\"seconds\":[", t[0], ",", t[1], "]}");
+  };
+  std::cout << "{\"ranks\":" << ranks << ",\"bytes\":[" << prof->bytes[0] << "," << prof->bytes[1]
+            << "]," << kind("p2p", prof->p2p, prof->p2p_seconds) << ","
+            << kind("broadcast", prof->broadcast, prof->broadcast_seconds) << ","
+            << kind("allreduce", prof->allreduce, prof->allreduce_seconds) << "}" << std::endl;
+  return 0;
 }
 
 int ProfileChildMain(int argc, char** argv) {

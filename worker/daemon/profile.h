@@ -10,14 +10,17 @@
 // and three timed steps on synthetic tokens through the real runtime (runtime::PipelineRank on
 // the 1-rank communicator); each pass kind's fastest busy seconds, divided by the number of
 // such passes and scaled from ceil(L/p) to L/p layers, are the costs. For p > 1,
-// two Gloo ranks of this process on loopback time an all-reduce (the vocabulary collective
-// cost) and a send/recv (the P2P cost) of b·s·h floats.
+// p Gloo ranks of this process on loopback time an all-reduce, a broadcast and a send/recv at
+// b·s and b·s·h floats (ProfileCommunication), and the planner gets each kind's latency and
+// bandwidth (its communication model: docs/planner.md, "Simulator").
 //
 // The daemon never profiles in its own process: ProfileInChild runs ProfilePasses in a child
 // (`vocabpipe-worker --profile-task FILE --profile-out FILE`), so a crash there (a failed
 // allocation, a kernel fault) fails the job with the reason while the daemon lives on.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -30,6 +33,28 @@
 namespace vp::daemon {
 
 // cuda_device: a GPU daemon's device (cuda jobs are timed on it); -1 otherwise.
+// The link model of one communication call: latency + bytes / bandwidth seconds (the
+// planner's LinkCost; bandwidth 0: the size costs nothing).
+struct LinkFit {
+  double latency = 0, bandwidth = 0;
+};
+// The line through (bytes_small, seconds_small) and (bytes_large, seconds_large), clamped to a
+// non-negative latency and slope.
+LinkFit FitLink(double bytes_small, double seconds_small, double bytes_large, double seconds_large);
+
+// What ProfileCommunication measured: the fastest of five calls (after a warm-up) at each of
+// two sizes, the slowest rank's time for a collective and the receiver's for a send/recv, and
+// the fits through them.
+struct CommProfile {
+  std::array<double, 2> bytes{}, allreduce_seconds{}, broadcast_seconds{}, p2p_seconds{};
+  LinkFit allreduce, broadcast, p2p;
+};
+// Times an all-reduce, a broadcast from rank 0 and a send/recv from rank 0 to 1 of
+// floats_small and of floats_large floats between `ranks` Gloo ranks of this process on
+// loopback (one thread each; a barrier before every call), and fits each kind's link model.
+absl::StatusOr<CommProfile> ProfileCommunication(int ranks, size_t floats_small,
+                                                 size_t floats_large);
+
 // task: the job and the coordinator's one-stage spec and 1-rank plan
 // (planner::BuildProfilingPlan); a task whose plan is not a 1-rank plan of a cut of the job is
 // InvalidArgument naming the field.
@@ -55,6 +80,12 @@ struct ProfileChildOptions {
 absl::StatusOr<vocabpipe::v1::PassCosts> ProfileInChild(
     const vocabpipe::v1::ProfileTask& task, const ProfileChildOptions& options,
     const std::function<void(int)>& on_pid = nullptr);
+
+// `vocabpipe-worker --profile-comm RANKS --floats SMALL,LARGE`: ProfileCommunication, printed as
+// one JSON line {"ranks", "bytes": [2], "p2p"|"broadcast"|"allreduce": {"latency" s,
+// "bandwidth" B/s, "seconds": [2]}} (bench/paper uses it for the planner's link costs). Exit 0
+// ok, 1 on an error, 2 bad usage.
+int ProfileCommMain(int argc, char** argv);
 
 // The child's main: `--profile-task FILE --profile-out FILE [--cuda-device N]`; reads a
 // serialized ProfileTask, writes the serialized PassCosts. Exit code 0 ok, 1 on an error (the

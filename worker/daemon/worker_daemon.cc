@@ -120,8 +120,33 @@ class Daemon {
     }
     absl::Time next_beat = absl::InfinitePast();
     bool warned = false;
-    while (!stop->load()) {
+    absl::Time grace_end = absl::InfiniteFuture();
+    bool grace_killed = false;
+    while (true) {
       const absl::Time now = absl::Now();
+      if (stop->load() && !leaving_) {
+        if (!task_ || worker_id_.empty()) break;
+        // A preemption: first the coordinator learns that nothing new may run here, then the
+        // rank gets SIGTERM and the grace period to save its emergency checkpoint and exit.
+        leaving_ = true;
+        grace_end = now + options_.preempt_grace;
+        Log(absl::StrCat("stopping: rank ", task_->rank, " of ", task_->job_id,
+                         " saves an emergency checkpoint (grace ",
+                         absl::FormatDuration(options_.preempt_grace), ")"));
+        Beat();
+        if (task_) kill(task_->pid, SIGTERM);
+      }
+      if (leaving_) {
+        // The rank exited and its exit was reported (or the grace is over: a coordinator that
+        // is away does not keep a stopping daemon).
+        if (!task_ && (!ended_ || now > grace_end)) break;
+        if (now > grace_end && !grace_killed) {
+          Log(absl::StrCat("rank ", task_->rank, " of ", task_->job_id,
+                           " did not stop within the grace period; killing it"));
+          kill(task_->pid, SIGKILL);
+          grace_killed = true;
+        }
+      }
       if (worker_id_.empty()) {
         if (now >= next_beat) {
           if (auto st = Register(); !st.ok()) {
@@ -204,6 +229,7 @@ class Daemon {
       req.set_job_id(task_->job_id);
       req.set_attempt(task_->attempt);
     }
+    req.set_leaving(leaving_);
     v1::HeartbeatResponse resp;
     grpc::Status st = Unary(&v1::WorkerService::Stub::Heartbeat, req, &resp);
     if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -228,6 +254,10 @@ class Daemon {
           Kill();
         }
         if (ended_ && matches(ended_->task)) ended_.reset();  // its reports are not wanted
+      } else if (leaving_) {
+        // Sent before the coordinator saw this daemon leave: not started (the job's ranks on
+        // other workers time out and it restarts elsewhere).
+        Log("stopping: a new task is not started");
       } else if (cmd.has_run()) {
         Run(cmd.run());
       } else if (cmd.has_profile()) {
@@ -515,11 +545,11 @@ class Daemon {
     return true;
   }
 
-  // SIGTERM now, SIGKILL 2 s later if it is still there; reaped by Reap() from the loop, so
-  // heartbeats never wait for a dying rank. No report: the coordinator asked for it (or
-  // forgot the job).
+  // SIGKILL (a rank takes SIGTERM as a preemption and saves first; a cancelled job must not);
+  // reaped by Reap() from the loop, so heartbeats never wait for a dying rank. No report: the
+  // coordinator asked for it (or forgot the job).
   void Kill() {
-    kill(task_->pid, SIGTERM);
+    kill(task_->pid, SIGKILL);
     dying_.push_back({task_->pid, absl::Now() + absl::Seconds(2)});
     task_.reset();
   }
@@ -559,6 +589,7 @@ class Daemon {
   double peak_flops_ = 0;
   std::optional<Task> task_;
   std::optional<Ended> ended_;  // the previous rank, while its reports are unacknowledged
+  bool leaving_ = false;        // stopping: the running rank saves and exits, nothing new starts
   std::thread profiler_;
   std::atomic<int> profile_pid_{-1};  // the profiling child while it runs
 };

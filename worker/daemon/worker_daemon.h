@@ -7,7 +7,9 @@
 //                one rank process (`vocabpipe-worker --run-dir DIR --rank R --store HOST:PORT`)
 //                whose Gloo rendezvous goes through the coordinator's StoreService; streams
 //                its per-step lines (rank_<R>.jsonl) to the coordinator and reports its exit;
-//   CancelTask:  stops the rank process (SIGTERM, then SIGKILL after 2 s).
+//   CancelTask:  stops the rank process (SIGKILL: SIGTERM means "preempted, save first").
+// Stopped (SIGINT/SIGTERM) while a rank runs: a graceful preemption (DaemonOptions::
+// preempt_grace) before the daemon exits.
 // A rank process dies with its daemon (PR_SET_PDEATHSIG). One daemon runs one rank at a time;
 // several daemons on one machine take one rank each.
 #pragma once
@@ -40,12 +42,16 @@ struct DaemonOptions {
   // rank processes get the same files for the store. Or `insecure` (loopback only).
   auth::TlsFiles tls;
   bool insecure = false;
+  // On stop (SIGTERM) while a rank runs: the daemon tells the coordinator it is leaving, passes
+  // SIGTERM to the rank (which saves an emergency checkpoint and exits, preemption.h), and
+  // waits this long for it, heartbeating and reporting as usual; then SIGKILL.
+  absl::Duration preempt_grace = absl::Seconds(25);
 };
 
-// Runs until *stop becomes true. Errors: bad options only (InvalidArgument naming the flag:
-// neither TLS nor --insecure, --insecure off loopback, unreadable certificate files) (a coordinator
-// that is down is retried: the daemon registers once it is up, and again after a coordinator
-// restart).
+// Runs until *stop becomes true (and a running rank has stopped, within preempt_grace). Errors: bad
+// options only (InvalidArgument naming the flag: neither TLS nor --insecure, --insecure off
+// loopback, unreadable certificate files) (a coordinator that is down is retried: the daemon
+// registers once it is up, and again after a coordinator restart).
 absl::Status RunDaemon(const DaemonOptions& options, const std::atomic<bool>* stop);
 
 }  // namespace vp::daemon

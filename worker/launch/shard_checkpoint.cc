@@ -311,6 +311,9 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
 absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
                                                 int64_t max_step) {
   VerifiedStep out;
+  // The newest candidate whose shards are there but do not match their manifests (DataLoss),
+  // as opposed to a save that never finished (no manifest yet: FailedPrecondition).
+  std::string corrupt;
   for (const int64_t step : StepFolders(run_dir)) {
     if (max_step >= 0 && step > max_step) continue;
     // A folder without any rank's shard (a standalone run's, or an export) is no candidate.
@@ -324,7 +327,20 @@ absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int 
     }
     out.warnings.push_back(
         absl::StrCat("checkpoint of step ", step, " skipped: ", run.status().message()));
+    if (corrupt.empty() && absl::IsDataLoss(run.status())) {
+      corrupt = absl::StrCat("step ", step, ": ", run.status().message());
+    }
   }
+  // Saved training exists but none of it can be trusted: starting over from step 0 would
+  // silently throw it away, so the resume stops here and names the file.
+  if (!corrupt.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        run_dir, ": no checkpoint to resume from: a resume needs a step whose shards of all ",
+        world, " ranks verify against their MANIFEST.json, and ", out.warnings.size(),
+        " saved step(s) do not; newest corrupt ", corrupt,
+        ". Restore or remove the corrupt step_<N> folder to continue"));
+  }
+  // Nothing saved, or only saves that never finished (no manifest): a fresh start loses nothing.
   std::string why =
       absl::StrCat(run_dir, ": no step with verified shards of all ", world, " ranks");
   if (!out.warnings.empty()) absl::StrAppend(&why, " (newest: ", out.warnings.front(), ")");

@@ -52,9 +52,12 @@ struct VerifiedStep {
   // One line per newer step that was skipped: which rank's shard failed and why.
   std::vector<std::string> warnings;
 };
-// The highest step whose shards of all `world` ranks verify (and name one run), or NotFound
-// (warnings lost; the message names the newest failure when there is one). Newer steps that
-// fail (a corrupt file, a partial save) are skipped and listed in `warnings`.
+// The highest step whose shards of all `world` ranks verify (and name one run). Newer steps that
+// fail (a corrupt file, a partial save) are skipped and listed in `warnings`. When no step
+// verifies: DataLoss (naming the newest corrupt file) if some candidate step has shards that
+// do not match their manifests, so a resume never silently starts over on top of lost training;
+// NotFound (a fresh start is safe) when there is no candidate or every candidate is a save that
+// never finished (no manifest).
 // max_step >= 0: only steps up to it count.
 absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
                                                 int64_t max_step = -1);

@@ -4,15 +4,19 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gloo/rendezvous/store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
+#include "worker/launch/preemption.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
@@ -63,17 +67,26 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
 
 namespace {
 
-// After a save, rank r marks its shard of `step` complete in the rendezvous store; rank 0 waits
-// for every mark (bounded by the rank timeout) and merges the shards into the Hugging Face
-// checkpoint, then applies checkpoint.keep_last. Merging here, in the job's own processes, works
-// the same for local runs and daemon runs: the ranks already share checkpoint.dir (each writes its
-// shard there).
-absl::Status PublishShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int world,
-                          int64_t step, const engine::ModelConfig& config, int keep_last) {
+// After a save, rank r marks its shard of `step` complete in the rendezvous store.
+absl::Status MarkShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int64_t step) {
+  try {
+    store.set(absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/", options.rank),
+              {'1'});
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("marking this rank's shard of step ", step, " saved: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0, after its own mark: waits for every rank's (bounded by the rank timeout), merges the
+// shards into the Hugging Face checkpoint and applies checkpoint.keep_last. Merging here, in the
+// job's own processes, works the same for local runs and daemon runs: the ranks already share
+// checkpoint.dir (each writes its shard there).
+absl::Status MergeStep(gloo::rendezvous::Store& store, const WorkerOptions& options, int world,
+                       int64_t step, const engine::ModelConfig& config, int keep_last) {
   const std::string prefix = absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/");
   try {
-    store.set(absl::StrCat(prefix, options.rank), {'1'});
-    if (options.rank != 0) return absl::OkStatus();
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(prefix, r));
     store.wait(keys, absl::ToChronoMilliseconds(options.timeout));
@@ -84,6 +97,34 @@ absl::Status PublishShard(gloo::rendezvous::Store& store, const WorkerOptions& o
   if (auto st = MergeShards(options.run_dir, step, world, config); !st.ok()) return st;
   return PruneCheckpoints(options.run_dir, step, world, keep_last);
 }
+
+// Rank 0's merge of the newest saved step, off the training path: the shards (the resume
+// state) are saved and marked before the rank goes on, the merge into the Hugging Face
+// checkpoint runs on this thread meanwhile, so a slow merge (a large vocabulary, a slow file
+// system) never holds up a step and never trips the peers' transfer timeout. At most one runs:
+// the next merge, a sample (which reads the merged checkpoint) and the end of the run join it
+// first, and its error fails the rank there.
+class BackgroundMerge {
+ public:
+  BackgroundMerge() = default;
+  BackgroundMerge(const BackgroundMerge&) = delete;
+  BackgroundMerge& operator=(const BackgroundMerge&) = delete;
+  ~BackgroundMerge() { (void)Join(); }
+
+  absl::Status Start(std::function<absl::Status()> work) {
+    if (auto st = Join(); !st.ok()) return st;
+    thread_ = std::thread([this, work = std::move(work)] { status_ = work(); });
+    return absl::OkStatus();
+  }
+  absl::Status Join() {
+    if (thread_.joinable()) thread_.join();
+    return std::exchange(status_, absl::OkStatus());
+  }
+
+ private:
+  std::thread thread_;
+  absl::Status status_;  // written by the thread, read after the join
+};
 
 // The text of a training sample from a merged checkpoint folder (runtime::SampleText).
 absl::StatusOr<std::string> SampleCheckpoint(const vocabpipe::v1::JobSpec& spec,
@@ -98,7 +139,7 @@ absl::StatusOr<std::string> SampleCheckpoint(const vocabpipe::v1::JobSpec& spec,
 
 }  // namespace
 
-absl::Status RunWorker(const WorkerOptions& options) {
+absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   const std::string& dir = options.run_dir;
   auto files = ReadRunFiles(dir, options.rank);
   if (!files.ok()) return files.status();
@@ -175,20 +216,27 @@ absl::Status RunWorker(const WorkerOptions& options) {
 
   const int64_t steps = spec.train().steps();
   const int every = spec.checkpoint().every();
+  // Every rank takes part (the store holds the request and the acknowledgements), signalled
+  // or not: any rank may be the one the platform stops.
+  BackgroundMerge merging;  // rank 0 only
+  PreemptionAgreement preemption(*store, absl::StrCat("vocabpipe/", options.attempt, "/preempt/"),
+                                 options.rank, p, options.preempt, options.preempt_poll);
+  WorkerOutcome outcome;
   const int keep_last = spec.checkpoint().keep_last();
   if (steps == 0) {  // steps: 0 saves the initial model and stops (like a standalone run)
     if (auto st = save(0); !st.ok()) {
       return fatal(st);
     }
-    if (auto st = PublishShard(*store, options, p, 0, topt->model, keep_last); !st.ok()) {
-      return fatal(st);
-    }
+    if (auto st = MarkShard(*store, options, 0); !st.ok()) return fatal(st);
     if (options.rank == 0) {
+      if (auto st = MergeStep(*store, options, p, 0, topt->model, keep_last); !st.ok()) {
+        return fatal(st);
+      }
       if (auto st = runtime::CopyDataTokenizer(spec, runtime::CheckpointDir(dir, 0)); !st.ok()) {
         return fatal(st);
       }
     }
-    return absl::OkStatus();
+    return outcome;
   }
   for (int64_t step = first_step; step < steps; ++step) {
     rank.memory().ResetPeaks();
@@ -208,24 +256,38 @@ absl::Status RunWorker(const WorkerOptions& options) {
       }
       eval = *e;
     }
+    // A preemption: the step every rank agreed on gets an emergency checkpoint (the last
+    // step's save is the usual one), then the ranks stop.
+    auto stop = preemption.StopAfter(done);
+    if (!stop.ok()) return fatal(stop.status());
+    const bool preempted = *stop && done < steps;
     int64_t checkpoint_step = -1;
     // A sample is drawn from the merged checkpoint: sample steps save one too.
     const bool sample = runtime::SamplesAfter(spec, done);
     std::string sample_text;
-    if ((every > 0 && done % every == 0) || done == steps || sample) {
+    if ((every > 0 && done % every == 0) || done == steps || sample || preempted) {
       if (auto st = save(done); !st.ok()) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
-      if (auto st = PublishShard(*store, options, p, done, topt->model, keep_last); !st.ok()) {
+      if (auto st = MarkShard(*store, options, done); !st.ok()) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
       checkpoint_step = done;
-      if (options.rank == 0) {  // rank 0 merged the shards (PublishShard)
+      if (options.rank == 0) {
         const std::string step_dir = runtime::CheckpointDir(dir, done);
-        if (auto st = runtime::CopyDataTokenizer(spec, step_dir); !st.ok()) return fatal(st);
+        auto merge = [&options, &spec, store, p, done, step_dir, model = topt->model,
+                      keep_last]() -> absl::Status {
+          absl::Status st = MergeStep(*store, options, p, done, model, keep_last);
+          if (st.ok()) st = runtime::CopyDataTokenizer(spec, step_dir);
+          if (st.ok()) return st;
+          return absl::Status(st.code(),
+                              absl::StrCat("checkpoint of step ", done, ": ", st.message()));
+        };
+        if (auto st = merging.Start(std::move(merge)); !st.ok()) return fatal(st);
         if (sample) {
+          if (auto st = merging.Join(); !st.ok()) return fatal(st);
           auto text = SampleCheckpoint(spec, step_dir);
           if (!text.ok()) {
             return fatal(absl::Status(
@@ -236,8 +298,9 @@ absl::Status RunWorker(const WorkerOptions& options) {
         }
       }
     }
-    // The line is written after the save (and on rank 0 after the merge): whoever reads
-    // checkpoint_step in every rank's line of a step finds the merged checkpoint complete.
+    // The line is written after the save: whoever reads checkpoint_step in every rank's line
+    // of a step finds every rank's shard verified on disk; the merged checkpoint follows (its
+    // DONE marks it complete) and is complete when the ranks have exited.
     std::string rank_line =
         RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr);
     if (!sample_text.empty()) {
@@ -250,8 +313,14 @@ absl::Status RunWorker(const WorkerOptions& options) {
     if (!metrics) {
       return fatal(absl::InternalError(absl::StrCat(metrics_path, ": write failed")));
     }
+    if (preempted) {
+      if (auto st = merging.Join(); !st.ok()) return fatal(st);
+      outcome.preempted_after = done;
+      return outcome;
+    }
   }
-  return absl::OkStatus();
+  if (auto st = merging.Join(); !st.ok()) return fatal(st);
+  return outcome;
 }
 
 }  // namespace vp::launch

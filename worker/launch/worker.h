@@ -5,12 +5,14 @@
 // DIR/rank_<R>.jsonl and saving its checkpoint shard at checkpoint steps.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/plan/plan.h"
 #include "worker/runtime/pipeline_rank.h"
@@ -47,11 +49,22 @@ struct WorkerOptions {
   // communication thread may still sit in a Gloo call until its timeout, and destroying the
   // rank would join it. Null: the error is returned as usual.
   std::function<void(const absl::Status&)> on_fatal;
+  // Set by the process's SIGTERM handler (null: never): the ranks agree on a step, save an
+  // emergency checkpoint after it and stop (preemption.h). preempt_poll: how often a rank
+  // that was not signalled looks for a peer's request.
+  const std::atomic<bool>* preempt = nullptr;
+  absl::Duration preempt_poll = absl::Milliseconds(250);
 };
 
-// Runs the rank to the end of the job. Errors name the stage (spec, data, connect, step N,
-// checkpoint) and are meant for the rank's log.
-absl::Status RunWorker(const WorkerOptions& options);
+struct WorkerOutcome {
+  // >= 0: the ranks stopped early after this step for a preemption; its checkpoint is saved
+  // (and merged by rank 0). -1: the job ran to its end.
+  int64_t preempted_after = -1;
+};
+
+// Runs the rank to the end of the job, or to an agreed preemption step. Errors name the stage
+// (spec, data, connect, step N, checkpoint) and are meant for the rank's log.
+absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options);
 
 // The JSON object a worker appends for one step (one line of rank_<R>.jsonl); `eval`, when not
 // null, is the evaluation that followed the step ("val_loss", "eval_seconds").

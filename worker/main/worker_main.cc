@@ -1,4 +1,5 @@
-// vocabpipe-worker, two modes:
+// vocabpipe-worker, two modes (and two helpers: --profile-task, a daemon's profiling child, and
+// --profile-comm RANKS --floats SMALL,LARGE, the communication profile alone; profile.h):
 //
 //   vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address auto|IP]
 //       [--rank-hint N] (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)
@@ -8,7 +9,9 @@
 //       come from $VOCABPIPE_COORDINATOR. The IP it advertises (and its ranks bind to) is
 //       --address, else $POD_IP, else (auto) the source address of the route to the
 //       coordinator (worker/daemon/address.h). --rank-hint: the rank to take (the platform's
-//       worker index). Exit code 0 when stopped by a signal, 2 on bad usage.
+//       worker index). On SIGTERM while a rank runs, the rank gets --preempt-grace seconds
+//       (default 25) to save an emergency checkpoint and stop before the daemon exits.
+//       Exit code 0 when stopped by a signal, 2 on bad usage.
 //
 //   vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] [--run-id ID]
 //       [--resume-step N] [--store HOST:PORT [--tls-ca F --tls-cert F --tls-key F | --insecure]]
@@ -17,7 +20,8 @@
 //       (then --store names the coordinator whose StoreService holds the rendezvous, and the
 //       run's rendezvous secret comes from $VOCABPIPE_STORE_SECRET, set by the daemon). Exit
 //       code 0 when the job's steps are done, 1 on any error (the message goes to stderr, the
-//       rank's log), 2 on bad usage.
+//       rank's log), 2 on bad usage, 75 after a preemption: on SIGTERM the ranks agree on a step,
+//       save an emergency checkpoint after it and stop (worker/launch/preemption.h).
 #include <grpcpp/security/credentials.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -39,6 +43,7 @@
 #include "worker/daemon/worker_daemon.h"
 #include "worker/launch/cuda_environment.h"
 #include "worker/launch/grpc_store.h"
+#include "worker/launch/preemption.h"
 #include "worker/launch/worker.h"
 
 namespace {
@@ -47,11 +52,12 @@ constexpr char kUsage[] =
     "usage: vocabpipe-worker --coordinator HOST:PORT [--device cpu|cuda:N] [--address auto|IP] "
     "[--rank-hint N]\n"
     "         (--tls-ca FILE --tls-cert FILE --tls-key FILE | --insecure)\n"
-    "         [--storage-root DIR] [--profile-memory-limit BYTES]\n"
+    "         [--storage-root DIR] [--profile-memory-limit BYTES] [--preempt-grace SECONDS]\n"
     "       vocabpipe-worker --run-dir DIR --rank R [--timeout SECONDS] [--attempt ID] [--run-id "
     "ID] "
     "[--cuda-device N] "
-    "[--resume-step N] [--store HOST:PORT (TLS flags | --insecure)] [--hostname IP]\n";
+    "[--resume-step N] [--store HOST:PORT (TLS flags | --insecure)] [--hostname IP]\n"
+    "       vocabpipe-worker --profile-comm RANKS --floats SMALL,LARGE\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-worker: " << why << "\n" << kUsage;
@@ -68,7 +74,8 @@ bool IsDaemonMode(int argc, char** argv) {
   return env != nullptr && *env != '\0';
 }
 
-// Set by SIGINT/SIGTERM. A handler, not a sigwait thread: OpenBLAS starts its threads before
+// Set by SIGINT/SIGTERM in a daemon, by SIGTERM in a rank (a preemption). A handler, not a
+// sigwait thread: OpenBLAS starts its threads before
 // main with the signals unblocked, and a signal delivered to one of them would kill the daemon
 // (exit 143) instead of stopping it. The only global: a signal handler can reach nothing else.
 std::atomic<bool> g_stop{false};
@@ -113,6 +120,12 @@ int DaemonMain(int argc, char** argv) {
       auto root = vp::spec::ResolveStorageRoot(v);
       if (!root.ok()) return Usage(std::string(root.status().message()));
       options.storage_root = *root;
+    } else if (a == "--preempt-grace") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(v, &seconds) || !(seconds >= 0)) {
+        return Usage("--preempt-grace: need seconds >= 0");
+      }
+      options.preempt_grace = absl::Seconds(seconds);
     } else if (a == "--exit-with-parent") {
       // Started by `vocabpipe run --control-plane`: end with it.
       if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -155,6 +168,10 @@ int main(int argc, char** argv) {
   // A worker daemon's profiling child (worker/daemon/profile.h).
   if (argc > 1 && std::string(argv[1]) == "--profile-task") {
     return vp::daemon::ProfileChildMain(argc, argv);
+  }
+  // The communication profile alone (bench/paper).
+  if (argc > 1 && std::string(argv[1]) == "--profile-comm") {
+    return vp::daemon::ProfileCommMain(argc, argv);
   }
   if (IsDaemonMode(argc, argv)) return DaemonMain(argc, argv);
 
@@ -253,7 +270,23 @@ int main(int argc, char** argv) {
     std::_Exit(1);
   };
   options.on_fatal = fail;
-  if (absl::Status st = vp::launch::RunWorker(options); !st.ok()) fail(st);
+  // SIGTERM (Kubernetes eviction, Slurm preemption, the daemon passing its own on): the ranks
+  // save an emergency checkpoint at an agreed step and stop (worker/launch/preemption.h).
+  // SA_RESTART: the transports' blocking calls go on across the handler.
+  struct sigaction on_term = {};
+  on_term.sa_handler = OnStopSignal;
+  on_term.sa_flags = SA_RESTART;
+  sigemptyset(&on_term.sa_mask);
+  sigaction(SIGTERM, &on_term, nullptr);
+  options.preempt = &g_stop;
+  auto outcome = vp::launch::RunWorker(options);
+  if (!outcome.ok()) fail(outcome.status());
+  if (outcome->preempted_after >= 0) {
+    std::cerr << "rank " << options.rank << ": preempted (SIGTERM): emergency checkpoint of step "
+              << outcome->preempted_after << " saved; a resume continues from it" << std::endl;
+    std::fflush(nullptr);
+    std::_Exit(vp::launch::kPreemptedExitCode);
+  }
   std::cerr << "rank " << options.rank << ": done" << std::endl;
   return 0;
 }

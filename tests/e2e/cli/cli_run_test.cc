@@ -371,19 +371,20 @@ checkpoint: {dir: ck}
   fs::resize_file(model, size - 64);
   Result r = Vocabpipe(Run() + spec + " --resume --steps 4");
   EXPECT_EQ(fs::file_size(model), size - 64);  // nothing overwritten
+  // Both ways refuse to resume rather than start over from step 0 on top of lost training.
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("model.safetensors"));
   if (direct()) {
-    // The standalone trainer's Hugging Face checkpoint has no manifest: the load refuses it.
-    EXPECT_EQ(r.code, 1);
-    EXPECT_THAT(r.output, HasSubstr("model.safetensors"));
+    // The standalone trainer's Hugging Face checkpoint has no manifest: the load finds the
+    // truncated tensor data.
     EXPECT_THAT(r.output, HasSubstr("tensor"));
-    EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
   } else {
-    // Rank shards carry a manifest: step 2 no longer verifies, so the job resumes from the
-    // newest step that does (step 0) and runs to the end (docs/operations.md, "Fault tolerance").
-    EXPECT_EQ(r.code, 0) << r.output;
-    EXPECT_THAT(r.output, HasSubstr("step 1/4"));
-    EXPECT_TRUE(fs::exists(dir_ / "ck/step_4"));
+    // The rank shard's manifest no longer matches; the only saved step is corrupt.
+    EXPECT_THAT(r.output, HasSubstr("does not match its SHA-256"));
+    EXPECT_THAT(r.output, HasSubstr("no checkpoint to resume from"));
+    EXPECT_THAT(r.output, ::testing::Not(HasSubstr("step 1/4")));
   }
+  EXPECT_FALSE(fs::exists(dir_ / "ck/step_4"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CliRunModeTest, testing::Values("control_plane", "direct"));

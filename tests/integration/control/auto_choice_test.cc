@@ -57,8 +57,13 @@ TEST(AutoChoiceTest, ProfiledCostsPickVocabParallelOnlyForALargeVocabulary) {
   EXPECT_GT(large_costs->b(), 0);
   EXPECT_GT(large_costs->w(), 0);
   EXPECT_GT(large_costs->input_f(), 0);
-  EXPECT_GT(large_costs->collective(), 0);
-  EXPECT_GT(large_costs->comm(), 0);
+  // The communication between the two ranks: each call kind's link model (a collective has a
+  // latency; the fixed per-action seconds of older workers stay 0).
+  EXPECT_GT(large_costs->allreduce_latency(), 0);
+  EXPECT_GT(large_costs->broadcast_latency() + large_costs->broadcast_bandwidth(), 0);
+  EXPECT_GT(large_costs->p2p_latency() + large_costs->p2p_bandwidth(), 0);
+  EXPECT_EQ(large_costs->collective(), 0);
+  EXPECT_EQ(large_costs->comm(), 0);
   EXPECT_GT(large_costs->t(), 10 * tiny_costs->t());
 
   auto large_plan = vp::server::PlanForJob(large, &*large_costs, 1e11);
@@ -74,7 +79,8 @@ TEST(AutoChoiceTest, ProfiledCostsPickVocabParallelOnlyForALargeVocabulary) {
   std::string tiny_table;
   for (const auto& c : tiny_plan->candidates) tiny_table += c.DebugString() + "\n";
   EXPECT_TRUE(tiny_vocab == "baseline" || tiny_vocab == "redis")
-      << tiny_vocab << "\n" << tiny_costs->DebugString() << tiny_table;
+      << tiny_vocab << "\n"
+      << tiny_costs->DebugString() << tiny_table;
   EXPECT_EQ(large_plan->summary.schedule(), "1f1b");
 }
 
@@ -96,6 +102,53 @@ TEST(ProfileTaskTest, AMalformedPlanIsRefusedNamingTheField) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("1 rank"), std::string::npos) << r.status();
+}
+
+// The link model: the line through two timed sizes, never a negative latency or slope.
+TEST(ProfileCommunicationTest, FitsLatencyAndBandwidthThroughTwoSizes) {
+  vp::daemon::LinkFit fit = vp::daemon::FitLink(1000, 0.002, 9000, 0.006);  // 0.5 µs per byte
+  EXPECT_DOUBLE_EQ(fit.bandwidth, 2e6);
+  EXPECT_DOUBLE_EQ(fit.latency, 0.0015);
+  fit = vp::daemon::FitLink(1000, 0.003, 9000, 0.002);  // the large call was faster: noise
+  EXPECT_EQ(fit.bandwidth, 0);
+  EXPECT_DOUBLE_EQ(fit.latency, 0.003);
+  fit = vp::daemon::FitLink(1000, 0.001, 9000, 0.017);  // steeper than the small call allows
+  EXPECT_DOUBLE_EQ(fit.latency, 0);
+
+  // Real Gloo ranks on loopback: every kind timed at both sizes, and the fit passes through the
+  // small size's time (and the large one's whenever the slope is positive).
+  auto prof = vp::daemon::ProfileCommunication(3, 16, 4096);
+  ASSERT_TRUE(prof.ok()) << prof.status();
+  EXPECT_EQ(prof->bytes[1], 4096 * 4);
+  for (const auto& [fit_k, t] : {std::pair{prof->allreduce, prof->allreduce_seconds},
+                                 std::pair{prof->broadcast, prof->broadcast_seconds},
+                                 std::pair{prof->p2p, prof->p2p_seconds}}) {
+    EXPECT_GT(t[0], 0);
+    EXPECT_GT(t[1], 0);
+    if (fit_k.bandwidth > 0) {
+      EXPECT_NEAR(fit_k.latency + prof->bytes[0] / fit_k.bandwidth, t[0], 1e-9);
+      EXPECT_NEAR(fit_k.latency + prof->bytes[1] / fit_k.bandwidth, t[1], 1e-9);
+    }
+  }
+  EXPECT_FALSE(vp::daemon::ProfileCommunication(1, 16, 4096).ok());
+  EXPECT_FALSE(vp::daemon::ProfileCommunication(2, 4096, 16).ok());
+}
+
+// The coordinator plans with the slowest worker's link: the larger latency, the smaller
+// measured bandwidth (0 = not measured/free never wins over a measured one).
+TEST(ProfileCommunicationTest, TheSlowestWorkersLinkIsKept) {
+  v1::PassCosts merged, a, b;
+  a.set_allreduce_latency(1e-4);
+  a.set_allreduce_bandwidth(1e9);
+  b.set_allreduce_latency(3e-4);
+  b.set_allreduce_bandwidth(5e8);
+  b.set_p2p_bandwidth(2e9);
+  vp::server::MergeSlowestLink(a, &merged);
+  vp::server::MergeSlowestLink(b, &merged);
+  EXPECT_EQ(merged.allreduce_latency(), 3e-4);
+  EXPECT_EQ(merged.allreduce_bandwidth(), 5e8);
+  EXPECT_EQ(merged.p2p_bandwidth(), 2e9);
+  EXPECT_EQ(merged.broadcast_bandwidth(), 0);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -212,6 +213,27 @@ TEST_P(LaunchTest, TwoRanksDefaultEpsLossesMatch) {
   }
 }
 
+TEST_P(LaunchTest, CheckpointsMergedInTheBackgroundEqualTheStandaloneOnes) {
+  // Rank 0 merges each step's shards on a background thread while the ranks train on; with a
+  // save after every step, merges overlap the next steps. Each merged checkpoint must still be
+  // complete (DONE, config.json) and equal the standalone trainer's
+  // checkpoint of the same step.
+  const std::string pipe = Spec("pipe", 2, 2, "vocab2", true, /*steps=*/5, /*every=*/1);
+  const std::string one = Spec("one", 1, 2, "vocab2", true, /*steps=*/5, /*every=*/1);
+  Result rp = Vocabpipe(Run() + pipe);
+  ASSERT_EQ(rp.code, 0) << rp.output;
+  Result r1 = Vocabpipe("run --direct " + one);
+  ASSERT_EQ(r1.code, 0) << r1.output;
+  for (int step = 1; step <= 5; ++step) {
+    const fs::path dir = dir_ / absl::StrCat("pipe/step_", step);
+    EXPECT_TRUE(fs::exists(dir / "DONE")) << step;
+    EXPECT_EQ(ReadFile(dir / "config.json"),
+              ReadFile(dir_ / absl::StrCat("one/step_", step, "/config.json")));
+    ExpectSameWeights(dir / "model.safetensors",
+                      dir_ / absl::StrCat("one/step_", step, "/model.safetensors"), 1e-5);
+  }
+}
+
 TEST_P(LaunchTest, ExportRebuildsTheMergedCheckpoint) {
   // Checkpoint every 2 steps: shards at steps 2 and 4.
   const std::string spec = Spec("exp", 2, 2, "interlaced", false, /*steps=*/4, /*every=*/2);
@@ -320,6 +342,34 @@ TEST_P(LaunchTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
                     0.0);
 }
 
+TEST_P(LaunchTest, ResumeWhoseOnlyCheckpointIsCorruptFailsNamingTheFile) {
+  // One checkpoint (step 2) and a byte flipped inside rank 1's shard: no step verifies, but
+  // training was saved, so the resume must refuse (exit 1, naming the file) instead of
+  // silently training again from step 0. Through the control plane the worker refuses the
+  // task, so the job fails at once instead of restarting.
+  const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/4, /*every=*/2);
+  Result first = Vocabpipe(Run() + part + " --steps 2");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const fs::path shard = dir_ / "part/step_2/rank_1/model.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(shard) / 2);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  Result resumed = Vocabpipe(Run() + part + " --resume");
+  EXPECT_EQ(resumed.code, 1) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("rank_1/model.safetensors"));
+  EXPECT_THAT(resumed.output, HasSubstr("does not match its SHA-256"));
+  EXPECT_THAT(resumed.output, HasSubstr("no checkpoint to resume from"));
+  EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr("step 1/4")));
+  EXPECT_FALSE(fs::exists(dir_ / "part/step_4"));
+  EXPECT_TRUE(fs::exists(shard));  // left in place for the operator
+}
+
 TEST_P(LaunchTest, KeepLastRemovesOlderCheckpoints) {
   const fs::path path = Spec("keep", 2, 2, "vocab2", false, /*steps=*/8, /*every=*/2);
   {  // checkpoint.keep_last: 2
@@ -424,6 +474,54 @@ TEST_P(LaunchTest, KilledWorkerFailsTheRunNamingTheRank) {
   EXPECT_NE(kill(survivor, 0), 0) << "rank 0 outlived the run";
   // Steps every rank finished before the kill are in the metrics.
   EXPECT_FALSE(ReadJsonl(dir_ / "kill/metrics.jsonl").empty());
+}
+
+TEST_P(LaunchTest, SigtermedRankSavesAnEmergencyCheckpointThatTheResumeContinuesFrom) {
+  // Graceful preemption of a rank process (Slurm sends SIGTERM to the job's processes): the
+  // ranks agree on a step, both save it and exit with code 75. Directly, the launcher names the
+  // step and `run --resume` continues from it; through the control plane the job restarts on
+  // its own. Either way the losses and final weights equal an uninterrupted run's.
+  const std::string full = Spec("full", 2, 2, "vocab2", false, /*steps=*/150);
+  const std::string part = Spec("part", 2, 2, "vocab2", false, /*steps=*/150);
+  ASSERT_EQ(Vocabpipe(Run() + full).code, 0);
+  const fs::path log = dir_ / "launcher.out";
+  const pid_t launcher = StartRunUntilRank1Reports(part, "5", log, "part", direct());
+  ASSERT_GT(launcher, 0);
+  ASSERT_EQ(kill(std::stoi(ReadFile(dir_ / "part/rank_1.pid")), SIGTERM), 0);
+  const int status = WaitExit(launcher, std::chrono::seconds(60), log);
+  std::string output = ReadFile(log);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(output, m, std::regex("emergency checkpoint of step ([0-9]+)")))
+      << output;
+  const int saved = std::stoi(m[1]);
+  ASSERT_LT(saved, 150) << output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(
+        fs::exists(dir_ / absl::StrCat("part/step_", saved, "/rank_", r, "/MANIFEST.json")));
+  }
+  EXPECT_TRUE(fs::exists(dir_ / absl::StrCat("part/step_", saved, "/model.safetensors")));
+  if (direct()) {
+    EXPECT_EQ(WEXITSTATUS(status), 1) << output;
+    EXPECT_THAT(output, HasSubstr("exit code 75"));
+    Result resumed = Vocabpipe(Run() + part + " --resume");
+    ASSERT_EQ(resumed.code, 0) << resumed.output;
+    EXPECT_THAT(resumed.output, HasSubstr(absl::StrCat("step ", saved + 1, "/150")));
+    EXPECT_THAT(resumed.output, ::testing::Not(HasSubstr(absl::StrCat("step ", saved, "/150"))));
+  } else {
+    EXPECT_EQ(WEXITSTATUS(status), 0) << output;  // restarted from the saved step, succeeded
+    EXPECT_THAT(output, HasSubstr("restart 1 of 3"));
+  }
+  auto a = ReadJsonl(dir_ / "full/metrics.jsonl");
+  auto b = ReadJsonl(dir_ / "part/metrics.jsonl");
+  ASSERT_EQ(a.size(), 150u);
+  ASSERT_EQ(b.size(), 150u);
+  for (int i = 0; i < 150; ++i) {
+    EXPECT_EQ(int(b[i]["step"]), i);
+    EXPECT_DOUBLE_EQ(double(a[i]["loss"]), double(b[i]["loss"])) << "step " << i;
+  }
+  ExpectSameWeights(dir_ / "part/step_150/model.safetensors",
+                    dir_ / "full/step_150/model.safetensors", 0.0);
 }
 
 TEST_P(LaunchTest, StuckWorkerIsTimedOutAndKilled) {

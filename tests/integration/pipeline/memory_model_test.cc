@@ -3,11 +3,14 @@
 // PipelineRank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
 #include "tests/support/gloo_threads.h"
+#include "worker/engine/kernels/cpu/blas.h"
 #include "worker/runtime/pipeline_rank.h"
 
 namespace vp::runtime {
@@ -67,6 +70,11 @@ TEST_P(MemoryModel, PredictionWithinTenPercentOfMeasuredPeak) {
     return absl::OkStatus();
   };
   comm::testing::RunOnGlooRanks(p, [&](comm::GlooCommunicator& comm) {
+    // A rank's share of the cores, as a worker process gets (runtime::WorkerThreads): the
+    // thread count is per thread (kernels/cpu/blas.h), and p teams of all cores would spin
+    // against each other.
+    engine::cpu::SetBlasThreads(
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / p));
     auto rank = PipelineRank::Create(*plan, comm.rank(), o, &comm);
     ASSERT_TRUE(rank.ok()) << rank.status();
     for (int step = 0; step < 2; ++step) {

@@ -4,17 +4,20 @@
 // by tensor name and global row) match within 1e-5.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
 #include "tests/support/gloo_threads.h"
 #include "tests/support/training_fixtures.h"
+#include "worker/engine/kernels/cpu/blas.h"
 #include "worker/runtime/pipeline_rank.h"
 #include "worker/runtime/trainer.h"
 
@@ -106,6 +109,11 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
   std::vector<std::string> errors(c.p);
   comm::testing::RunOnGlooRanks(c.p, [&](comm::GlooCommunicator& comm) {
     const int r = comm.rank();
+    // A rank's share of the cores, as a worker process gets (runtime::WorkerThreads): the
+    // thread count is per thread (kernels/cpu/blas.h), and p teams of all cores would spin
+    // against each other.
+    engine::cpu::SetBlasThreads(
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.p));
     auto rank = PipelineRank::Create(*plan, r, opt, &comm);
     if (!rank.ok()) {
       errors[r] = rank.status().ToString();

@@ -8,8 +8,9 @@
 
 namespace {
 
-std::string WriteJob() {
-  const std::string dir = ::testing::TempDir() + "/plan_cmd";
+// Each test writes its own folder: ctest runs the test cases as parallel processes.
+std::string WriteJob(const std::string& name = "plan_cmd") {
+  const std::string dir = ::testing::TempDir() + "/" + name;
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/job.yaml";
   std::ofstream(path) << "model: {layers: 8, hidden: 64, heads: 4, vocab_size: 1000, seq_len: 64}\n"
@@ -41,7 +42,7 @@ TEST(PlanCommand, JsonHasTheContractFields) {
 }
 
 TEST(PlanCommand, OverridesFormatsAndErrors) {
-  const std::string job = WriteJob();
+  const std::string job = WriteJob("plan_cmd_overrides");
   std::string out, err;
   EXPECT_EQ(RunPlan({job, "--schedule", "vhalf", "--format", "svg"}, &out, &err), 0) << err;
   EXPECT_EQ(out.rfind("<svg", 0), 0u);
@@ -57,6 +58,45 @@ TEST(PlanCommand, OverridesFormatsAndErrors) {
   EXPECT_EQ(RunPlan({job, "--costs", "F=x"}, &out, &err), 2);
   EXPECT_EQ(RunPlan({job, "--format", "pdf"}, &out, &err), 2);
   EXPECT_EQ(RunPlan({}, &out, &err), 2);
+}
+
+// Number after `"key":` in the JSON output (the first occurrence).
+double JsonNumber(const std::string& out, const std::string& key) {
+  const size_t at = out.find("\"" + key + "\":");
+  EXPECT_NE(at, std::string::npos) << key;
+  return at == std::string::npos ? -1 : std::stod(out.substr(at + key.size() + 3));
+}
+
+// --plan times a plan built before (a run's plan.txt) with the job's shape and --costs; the
+// link keys give the communication its time (comm per rank in the JSON).
+TEST(PlanCommand, SimulatesAGivenPlanWithTheLinkModel) {
+  const std::string job = WriteJob("plan_cmd_given");
+  std::string out, err;
+  ASSERT_EQ(RunPlan({job, "--costs", "F=1,B=1,W=1", "--format", "text"}, &out, &err), 0) << err;
+  const std::string plan_path = ::testing::TempDir() + "/plan_cmd_given/plan.txt";
+  std::ofstream(plan_path) << out;
+  ASSERT_EQ(
+      RunPlan({job, "--plan", plan_path, "--costs", "F=1,B=1,W=1", "--format", "json"}, &out, &err),
+      0)
+      << err;
+  const double free_makespan = JsonNumber(out, "makespan");
+  EXPECT_EQ(JsonNumber(out, "comm"), 0);
+  ASSERT_EQ(RunPlan({job, "--plan", plan_path, "--costs",
+                     "F=1,B=1,W=1,p2p_lat=0.5,p2p_bw=0,ar_lat=0.25,ar_bw=1e6,bcast_lat=0.125",
+                     "--format", "json"},
+                    &out, &err),
+            0)
+      << err;
+  EXPECT_GT(JsonNumber(out, "makespan"), free_makespan + 0.5);
+  EXPECT_GT(JsonNumber(out, "comm"), 0);
+  // A plan of another job, a bad link key.
+  ASSERT_EQ(RunPlan({job, "--pipeline", "2", "--format", "text"}, &out, &err), 0) << err;
+  std::ofstream(plan_path) << out;
+  EXPECT_EQ(RunPlan({job, "--plan", plan_path}, &out, &err), 2);
+  EXPECT_NE(err.find("--plan"), std::string::npos) << err;
+  EXPECT_EQ(RunPlan({job, "--plan", plan_path + ".missing"}, &out, &err), 2);
+  EXPECT_EQ(RunPlan({job, "--costs", "ar_bw=-1"}, &out, &err), 2);
+  EXPECT_NE(err.find("ar_bw"), std::string::npos) << err;
 }
 
 }  // namespace

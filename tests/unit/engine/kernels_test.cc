@@ -207,7 +207,7 @@ TEST_P(AttentionTest, BackwardMatchesFiniteDifferences) {
     return WeightedSum(out.data(), dy);
   };
   loss();
-  std::vector<float> dq(q.size(), 0.0f), scratch(tq * sh.q_end);
+  std::vector<float> dq(q.size(), 0.0f), scratch(AttentionBackwardScratch(sh));
   // dk/dv accumulate: start from 2 and take it off again.
   std::vector<float> dk(k.size(), 2.0f), dv(v.size(), 2.0f);
   AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dy.data(), att.data(),

@@ -219,8 +219,8 @@ void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState&
   }
   acts.d_qkv = pool_->Acquire(3 * nh);
   {
-    PooledBuffer scratch = pool_->Acquire(static_cast<size_t>(t) * seq.end);
     const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
+    PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
     cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
                            d_atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
                            kv.v.data(), shape);
@@ -341,8 +341,8 @@ void TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvS
   }
   acts.d_qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
   {
-    PooledBuffer scratch = pool_->Acquire(static_cast<size_t>(t) * seq.end);
     const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
+    PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
     cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
                            d_atty.data(), acts.att.data(), acts.qkv.data(), qd, kv.k.data(),
                            kv.v.data(), shape);

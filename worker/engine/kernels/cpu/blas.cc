@@ -1,6 +1,7 @@
 #include "worker/engine/kernels/cpu/blas.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <thread>
 
@@ -16,9 +17,15 @@ void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
 void SetBlasThreads(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());
   if (threads <= 0) threads = 1;
+  // OpenBLAS's OpenMP build sizes each GEMM's team by omp_get_max_threads() of its caller, so
+  // the per-thread OpenMP setting is the one that counts; openblas_set_num_threads keeps the
+  // library's own count (and its per-thread buffers) in step.
+  omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
 }
 
-int BlasThreads() { return openblas_get_num_threads(); }
+int BlasThreads() { return omp_get_max_threads(); }
+
+bool BlasUsesOpenMp() { return openblas_get_parallel() == OPENBLAS_OPENMP; }
 
 }  // namespace vp::engine::cpu

@@ -1,8 +1,11 @@
-// GELU, residual add and position embedding: the elementwise kernels.
+// GELU, residual add and position embedding: the elementwise kernels. Each loop is split over
+// the calling thread's OpenMP team (blas.h, "Threads"); every element is computed the same way
+// by whichever thread owns it, so the result does not depend on the thread count.
 #include <cmath>
 #include <numbers>
 
 #include "worker/engine/kernels/cpu/kernels.h"
+#include "worker/engine/kernels/cpu/parallel.h"
 
 namespace vp::engine::cpu {
 namespace {
@@ -17,6 +20,7 @@ inline float FastTanh(float u) { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f
 }  // namespace
 
 void GeluForward(float* out, const float* inp, long n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
   for (long i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
@@ -25,6 +29,7 @@ void GeluForward(float* out, const float* inp, long n) {
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, long n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
   for (long i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
@@ -36,10 +41,12 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, long n) {
 }
 
 void ResidualForward(float* out, const float* a, const float* b, long n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
   for (long i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void ResidualBackward(float* da, float* db, const float* dout, long n) {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
   for (long i = 0; i < n; ++i) {
     da[i] += dout[i];
     db[i] += dout[i];
@@ -47,21 +54,24 @@ void ResidualBackward(float* da, float* db, const float* dout, long n) {
 }
 
 void PositionEmbeddingForward(float* x, const float* wpe, int batch, int t, int c, int start_pos) {
-  for (int b = 0; b < batch; ++b) {
-    for (int i = 0; i < t; ++i) {
-      float* row = x + (static_cast<long>(b) * t + i) * c;
-      const float* pos = wpe + static_cast<long>(start_pos + i) * c;
-      for (int j = 0; j < c; ++j) row[j] += pos[j];
-    }
+  const long rows = static_cast<long>(batch) * t;
+#pragma omp parallel for schedule(static) if (rows * c >= kParallelMinWork)
+  for (long r = 0; r < rows; ++r) {
+    float* row = x + r * c;
+    const float* pos = wpe + static_cast<long>(start_pos + r % t) * c;
+    for (int j = 0; j < c; ++j) row[j] += pos[j];
   }
 }
 
 void PositionEmbeddingBackward(float* dwpe, const float* dx, int batch, int t, int c,
                                int start_pos) {
-  for (int b = 0; b < batch; ++b) {
-    for (int i = 0; i < t; ++i) {
+  // Threads own positions; each position sums its batch rows in order b = 0, 1, ...
+  const long work = static_cast<long>(batch) * t * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
+  for (int i = 0; i < t; ++i) {
+    float* pos = dwpe + static_cast<long>(start_pos + i) * c;
+    for (int b = 0; b < batch; ++b) {
       const float* row = dx + (static_cast<long>(b) * t + i) * c;
-      float* pos = dwpe + static_cast<long>(start_pos + i) * c;
       for (int j = 0; j < c; ++j) pos[j] += row[j];
     }
   }

@@ -7,7 +7,11 @@
 // Backward passes are split into an input-gradient part (the B pass) and a weight-gradient part
 // (the W pass) so that zero-bubble schedules can run them at different times.
 //
-// Elementwise kernels are single-threaded; every matrix product goes through cpu::Gemm.
+// Every matrix product goes through cpu::Gemm. Threads: each kernel runs on the OpenMP team of
+// its calling thread (the count SetBlasThreads set, blas.h), the same team OpenBLAS uses; work
+// is split so that each output element is computed by one thread exactly as on one thread
+// (rows, column strips for sums over rows, attention heads), so results do not depend on the
+// thread count. Small calls stay on the calling thread.
 //
 // Letters: n rows (b·t tokens), c channels, h model width, f MLP width, t chunk length, s
 // sequence length, nh query heads, nkv key/value heads, d head dimension.
@@ -146,7 +150,7 @@ void AttentionForward(float* out,      // (batch, q_len, heads*head_dim)
 void AttentionBackward(float* dq,          // (batch, q_len, ldq)
                        float* dk,          // (batch, kv_rows, heads*head_dim)
                        float* dv,          // (batch, kv_rows, heads*head_dim)
-                       float* scratch,     // (q_len, q_end) workspace
+                       float* scratch,     // AttentionBackwardScratch(shape) floats
                        const float* dout,  // (batch, q_len, heads*head_dim)
                        const float* att,   // (batch, heads, q_len, q_end)
                        const float* q,     // (batch, q_len, ldq)
@@ -154,6 +158,10 @@ void AttentionBackward(float* dq,          // (batch, q_len, ldq)
                        const float* k,  // (batch, kv_rows, heads*head_dim)
                        const float* v,  // (batch, kv_rows, heads*head_dim)
                        const AttentionShape& shape);
+
+// Floats of AttentionBackward's workspace: a (q_len, q_end) block per thread it will use, for
+// the calling thread's count (at most batch · num_kv_heads() threads).
+long AttentionBackwardScratch(const AttentionShape& shape);
 
 // ---------------------------------------------------------------------------------------------
 // Llama ops (kernels/cpu/llama.cc).

@@ -1,11 +1,19 @@
+// LayerNorm. Rows are split over the calling thread's OpenMP team (blas.h, "Threads"); the
+// weight gradient, a sum over rows, is split by column strips instead, each summing its rows in
+// order, so every result is the one-thread result bit for bit.
+#include <omp.h>
+
 #include <cmath>
 
 #include "worker/engine/kernels/cpu/kernels.h"
+#include "worker/engine/kernels/cpu/parallel.h"
 
 namespace vp::engine::cpu {
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int n, int c) {
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* x = inp + static_cast<long>(i) * c;
     float* y = out + static_cast<long>(i) * c;
@@ -25,6 +33,8 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 
 void LayerNormBackwardInput(float* dinp, const float* dout, const float* inp, const float* weight,
                             const float* mean, const float* rstd, int n, int c) {
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* dy = dout + static_cast<long>(i) * c;
     const float* x = inp + static_cast<long>(i) * c;
@@ -49,14 +59,20 @@ void LayerNormBackwardInput(float* dinp, const float* dout, const float* inp, co
 
 void LayerNormBackwardWeight(float* dweight, float* dbias, const float* dout, const float* inp,
                              const float* mean, const float* rstd, int n, int c) {
-  for (int i = 0; i < n; ++i) {
-    const float* dy = dout + static_cast<long>(i) * c;
-    const float* x = inp + static_cast<long>(i) * c;
-    const float m = mean[i];
-    const float s = rstd[i];
-    for (int j = 0; j < c; ++j) {
-      dweight[j] += dy[j] * ((x[j] - m) * s);
-      dbias[j] += dy[j];
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel if (work >= kParallelMinWork)
+  {
+    int j0, j1;
+    ColumnStrip(c, omp_get_thread_num(), omp_get_num_threads(), &j0, &j1);
+    for (int i = 0; i < n; ++i) {
+      const float* dy = dout + static_cast<long>(i) * c;
+      const float* x = inp + static_cast<long>(i) * c;
+      const float m = mean[i];
+      const float s = rstd[i];
+      for (int j = j0; j < j1; ++j) {
+        dweight[j] += dy[j] * ((x[j] - m) * s);
+        dbias[j] += dy[j];
+      }
     }
   }
 }

@@ -2,12 +2,16 @@
 //
 // Letters: n rows (b·t tokens), c channels, t chunk length, d head dimension, f MLP width.
 // Forward/backward pairs as in kernels.h: weight gradients accumulate, input gradients say
-// whether they overwrite or accumulate.
+// whether they overwrite or accumulate. Row loops are split over the calling thread's OpenMP
+// team (blas.h, "Threads"), sums over rows by column strips: one-thread results, bit for bit.
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
 
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/kernels/cpu/kernels.h"
+#include "worker/engine/kernels/cpu/parallel.h"
 
 namespace vp::engine::cpu {
 
@@ -34,6 +38,8 @@ void LinearTBackwardWeight(float* dweight, const float* dout, const float* inp, 
 
 void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n, int c,
                     float eps) {
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* x = inp + static_cast<long>(i) * c;
     float* y = out + static_cast<long>(i) * c;
@@ -47,6 +53,8 @@ void RmsNormForward(float* out, float* rstd, const float* inp, const float* weig
 
 void RmsNormBackwardInput(float* dinp, const float* dout, const float* inp, const float* weight,
                           const float* rstd, int n, int c) {
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int i = 0; i < n; ++i) {
     const float* dy = dout + static_cast<long>(i) * c;
     const float* x = inp + static_cast<long>(i) * c;
@@ -63,11 +71,17 @@ void RmsNormBackwardInput(float* dinp, const float* dout, const float* inp, cons
 
 void RmsNormBackwardWeight(float* dweight, const float* dout, const float* inp, const float* rstd,
                            int n, int c) {
-  for (int i = 0; i < n; ++i) {
-    const float* dy = dout + static_cast<long>(i) * c;
-    const float* x = inp + static_cast<long>(i) * c;
-    const float r = rstd[i];
-    for (int j = 0; j < c; ++j) dweight[j] += dy[j] * (x[j] * r);
+  const long work = static_cast<long>(n) * c;
+#pragma omp parallel if (work >= kParallelMinWork)
+  {
+    int j0, j1;
+    ColumnStrip(c, omp_get_thread_num(), omp_get_num_threads(), &j0, &j1);
+    for (int i = 0; i < n; ++i) {
+      const float* dy = dout + static_cast<long>(i) * c;
+      const float* x = inp + static_cast<long>(i) * c;
+      const float r = rstd[i];
+      for (int j = j0; j < j1; ++j) dweight[j] += dy[j] * (x[j] * r);
+    }
   }
 }
 
@@ -83,6 +97,10 @@ void Rotate(float* x, int ld, int batch, int t, int heads, int d, int start_pos,
             float sign) {
   const int half = d / 2;
   std::vector<float> cs(static_cast<size_t>(t) * half), sn(cs.size());  // (t, d/2)
+  // pow, cos and sin in double cost more than the rotation itself (an entry weighs about 16
+  // floats of a row loop): split them over the team too.
+  const long work = static_cast<long>(t) * half * 16;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinWork)
   for (int j = 0; j < t; ++j) {
     for (int i = 0; i < half; ++i) {
       const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / d);
@@ -91,18 +109,18 @@ void Rotate(float* x, int ld, int batch, int t, int heads, int d, int start_pos,
       sn[static_cast<size_t>(j) * half + i] = sign * static_cast<float>(std::sin(angle));
     }
   }
-  for (int b = 0; b < batch; ++b) {
-    for (int j = 0; j < t; ++j) {
-      float* row = x + (static_cast<long>(b) * t + j) * ld;
-      const float* c = cs.data() + static_cast<size_t>(j) * half;
-      const float* s = sn.data() + static_cast<size_t>(j) * half;
-      for (int h = 0; h < heads; ++h) {
-        float* v = row + static_cast<long>(h) * d;
-        for (int i = 0; i < half; ++i) {
-          const float a = v[i], b2 = v[i + half];
-          v[i] = a * c[i] - b2 * s[i];
-          v[i + half] = b2 * c[i] + a * s[i];
-        }
+  const long rows = static_cast<long>(batch) * t;
+#pragma omp parallel for schedule(static) if (rows * heads * d >= kParallelMinWork)
+  for (long r = 0; r < rows; ++r) {
+    float* row = x + r * ld;
+    const float* c = cs.data() + static_cast<size_t>(r % t) * half;
+    const float* s = sn.data() + static_cast<size_t>(r % t) * half;
+    for (int h = 0; h < heads; ++h) {
+      float* v = row + static_cast<long>(h) * d;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b2 = v[i + half];
+        v[i] = a * c[i] - b2 * s[i];
+        v[i + half] = b2 * c[i] + a * s[i];
       }
     }
   }
@@ -125,6 +143,7 @@ void RopeBackward(float* dx, int ld, int batch, int t, int heads, int head_dim, 
 // SwiGLU.
 
 void SwigluForward(float* out, const float* gu, long n, int f) {
+#pragma omp parallel for schedule(static) if (n * f >= kParallelMinWork)
   for (long r = 0; r < n; ++r) {
     const float* g = gu + r * 2 * f;
     const float* u = g + f;
@@ -137,6 +156,7 @@ void SwigluForward(float* out, const float* gu, long n, int f) {
 }
 
 void SwigluBackward(float* dgu, const float* gu, const float* dout, long n, int f) {
+#pragma omp parallel for schedule(static) if (n * f >= kParallelMinWork)
   for (long r = 0; r < n; ++r) {
     const float* g = gu + r * 2 * f;
     const float* u = g + f;
