@@ -209,6 +209,29 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
       }
     }
   }
+  {
+    // The rendezvous keys of the launches being re-adopted come back; the rest are stale.
+    std::lock_guard<std::mutex> lock(c->mu_);
+    auto keys = c->store_->LoadKeys();
+    if (!keys.ok()) return keys.status();
+    std::set<std::string> dropped;
+    for (auto& [key, value] : *keys) {
+      const std::string run = KvStore::RunOf(key);
+      const std::string attempt = run.substr(std::string("vocabpipe/").size(),
+                                             run.size() - std::string("vocabpipe/").size() - 1);
+      const size_t dot = attempt.rfind('.');
+      auto a = c->active_.find(dot == std::string::npos ? "" : attempt.substr(0, dot));
+      if (a != c->active_.end() && a->second.adopting && a->second.attempt == attempt) {
+        c->kv_.Restore(key, std::move(value));
+      } else if (dropped.insert(run).second) {
+        if (auto st = c->store_->DropKeys(run); !st.ok()) return st;
+      }
+    }
+    c->kv_.SetPersist([p = c.get()](const std::string& key, const std::string& value) {
+      std::lock_guard<std::mutex> lock(p->mu_);
+      return p->store_->SaveKey(key, value);
+    });
+  }
   c->monitor_ = std::thread([p = c.get()] { p->MonitorLoop(); });
   return c;
 }
@@ -348,6 +371,7 @@ void Coordinator::Release(v1::Job& job, const std::string& except_worker) {
     w->second.info.set_rank(-1);
   }
   kv_.DropPrefix(absl::StrCat("vocabpipe/", a.attempt, "/"));
+  store_->DropKeys(absl::StrCat("vocabpipe/", a.attempt, "/")).IgnoreError();  // stale at worst
   active_.erase(it);
 }
 

@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
            "step INTEGER NOT NULL, seq INTEGER NOT NULL, loss REAL, record BLOB NOT NULL, "
            "PRIMARY KEY (job_id, attempt, step))",
            "CREATE INDEX IF NOT EXISTS steps_by_seq ON steps (job_id, seq)",
+           "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL)",
        }) {
     if (auto st = store->Exec(sql); !st.ok()) {
       return absl::UnavailableError(absl::StrCat("--db ", path, ": ", st.message()));
@@ -268,6 +269,37 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::Events(const std::string& id, in
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "load events");
   return events;
+}
+
+absl::Status JobStore::SaveKey(const std::string& key, const std::string& value) {
+  Statement put(db_, "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)");
+  if (!put.status().ok()) return put.status();
+  put.BindText(1, key);
+  put.BindBlob(2, value);
+  if (put.Step() != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("store key: ", sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> JobStore::LoadKeys() {
+  Statement q(db_, "SELECT key, value FROM kv ORDER BY key");
+  if (!q.status().ok()) return q.status();
+  std::vector<std::pair<std::string, std::string>> out;
+  while (q.Step() == SQLITE_ROW) out.emplace_back(q.ColumnBlob(0), q.ColumnBlob(1));
+  return out;
+}
+
+absl::Status JobStore::DropKeys(const std::string& prefix) {
+  // Keys are compared as text: every key from prefix up to prefix with its last byte + 1.
+  Statement del(db_, "DELETE FROM kv WHERE substr(key, 1, ?) = ?");
+  if (!del.status().ok()) return del.status();
+  del.BindInt(1, static_cast<int64_t>(prefix.size()));
+  del.BindText(2, prefix);
+  if (del.Step() != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("store keys: ", sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace vp::server

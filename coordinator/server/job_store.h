@@ -8,6 +8,7 @@
 //   steps(job_id TEXT, attempt INTEGER, step INTEGER, seq INTEGER, loss REAL, record BLOB,
 //         PRIMARY KEY(job_id, attempt, step))   record = v1.JobEvent with its StepMetrics
 //   quarantine(id TEXT, record BLOB, reason TEXT)   job rows that failed to parse at load
+//   kv(key TEXT PRIMARY KEY, value BLOB)   the running launches' rendezvous store keys
 // A step's metrics are one row of `steps` (attempt = the job's restarts when it ran): recording
 // a step does not rewrite the job row, and the same step reported again is recorded once. The
 // job's step summary (step, loss, MFU, tokens/s, stages, last_event) is brought up to date
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +55,12 @@ class JobStore {
                                                               int64_t after_seq);
   // The largest job ordinal stored (job ids are "job-<ordinal>"), 0 when empty.
   int64_t MaxOrdinal() const { return max_ordinal_; }
+
+  // The rendezvous store's keys of running launches (KvStore), so that a restarted coordinator
+  // serves them again: set (insert or replace), every key, and a launch's keys dropped.
+  absl::Status SaveKey(const std::string& key, const std::string& value);
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> LoadKeys();
+  absl::Status DropKeys(const std::string& prefix);
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

@@ -23,6 +23,14 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
     return absl::InvalidArgumentError(
         absl::StrCat("value: longer than ", kMaxValueBytes, " bytes"));
   }
+  std::function<absl::Status(const std::string&, const std::string&)> persist;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (key.rfind("vocabpipe/", 0) == 0) persist = persist_;
+  }
+  if (persist) {
+    if (auto st = persist(key, value); !st.ok()) return st;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kv_.find(key);
@@ -148,6 +156,24 @@ absl::Status KvStore::CheckRunSecret(const std::string& key, const std::string& 
 size_t KvStore::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return kv_.size();
+}
+
+void KvStore::SetPersist(
+    std::function<absl::Status(const std::string& key, const std::string& value)> persist) {
+  std::lock_guard<std::mutex> lock(mu_);
+  persist_ = std::move(persist);
+}
+
+void KvStore::Restore(const std::string& key, std::string value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = kv_.find(key); it != kv_.end()) Forget(key, it->second);
+    Usage& u = usage_[RunOf(key)];
+    u.keys += 1;
+    u.bytes += key.size() + value.size();
+    kv_[key] = std::move(value);
+  }
+  cv_.notify_all();
 }
 
 }  // namespace vp::server

@@ -1,9 +1,12 @@
 // The rendezvous key-value store StoreService serves: set, get and wait with a timeout. Keys
-// live in memory only: a rendezvous is per launch (keys are namespaced by the job's attempt)
-// and a restarted coordinator starts no old launch again. Thread-safe.
+// are namespaced by the job's attempt. The ranks' keys ("vocabpipe/...") can be made durable
+// (SetPersist: the coordinator writes them to its job store before they are visible), so a
+// restarted coordinator that re-adopts a running launch serves its keys again (Restore).
+// Thread-safe.
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -43,6 +46,12 @@ class KvStore {
   absl::Status CheckRunSecret(const std::string& key, const std::string& secret,
                               const std::string& field, bool runs_only = false) const;
   size_t size() const;
+  // Called with every ranks' key (its run in the "vocabpipe/" namespace) before Set stores it,
+  // outside the store's lock; an error fails the Set and stores nothing.
+  void SetPersist(
+      std::function<absl::Status(const std::string& key, const std::string& value)> persist);
+  // A key read back from durable storage (not persisted again; limits still counted).
+  void Restore(const std::string& key, std::string value);
 
   // The run a key belongs to: "vocabpipe/ATTEMPT/" for the ranks' rendezvous keys of one
   // launch, else everything up to and including the key's first '/' ("" without one). Each
@@ -60,6 +69,7 @@ class KvStore {
   std::map<std::string, std::string> kv_;
   std::map<std::string, Usage> usage_;          // per run
   std::map<std::string, std::string> secrets_;  // per run
+  std::function<absl::Status(const std::string&, const std::string&)> persist_;
 };
 
 // Checks a key: non-empty, at most kMaxKeyBytes. InvalidArgument naming `field`.

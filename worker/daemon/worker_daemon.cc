@@ -37,6 +37,8 @@ namespace {
 
 // How often a running rank's new step lines are sent to the coordinator.
 constexpr absl::Duration kMetricsBatch = absl::Milliseconds(500);
+// The step lines of one report at most (whole lines; a line is a few hundred bytes).
+constexpr uintmax_t kMaxReportBytes = 1 << 20;
 
 void Log(const std::string& msg) { std::cerr << "vocabpipe-worker: " << msg << std::endl; }
 
@@ -211,6 +213,11 @@ class Daemon {
     grpc::Status st = Unary(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
     if (!st.ok()) return absl::UnavailableError(st.error_message());
     worker_id_ = resp.worker_id();
+    // A restarted coordinator acknowledged step lines it then lost (a step is merged only once
+    // every rank reported it, and the part in between lives in memory): send the held rank's
+    // lines again from the start; it merges each step once.
+    if (task_) task_->offset = 0;
+    if (ended_) ended_->task.offset = 0;
     interval_ = absl::Milliseconds(std::max<int64_t>(10, resp.heartbeat_interval_ms()));
     Log(absl::StrCat(
         "registered as ", worker_id_, " with ", options_.coordinator, ", address ",
@@ -520,29 +527,34 @@ class Daemon {
       if (!st.ok() && !Settled(st)) return false;
       task.warnings.clear();
     }
-    std::error_code ec;  // a stat first: most polls find nothing new
-    const uintmax_t size = fs::file_size(task.metrics_path, ec);
-    if (ec || size <= task.offset) return true;
-    task.last_sent = absl::Now();
-    std::ifstream f(task.metrics_path, std::ios::binary);
-    if (!f) return true;
-    f.seekg(static_cast<std::streamoff>(task.offset));
-    std::string rest((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const size_t end = rest.rfind('\n');
-    if (end == std::string::npos) return true;  // no complete line yet
-    v1::ReportMetricsRequest req;
-    req.set_worker_id(worker_id_);
-    req.set_job_id(task.job_id);
-    req.set_attempt(task.attempt);
-    req.set_rank(task.rank);
-    for (absl::string_view line : absl::StrSplit(rest.substr(0, end), '\n')) {
-      if (!line.empty()) req.add_step_json(std::string(line));
+    // In requests of at most kMaxReportBytes: a daemon that re-registered sends the whole
+    // file again (the coordinator drops the steps it has merged already).
+    for (;;) {
+      std::error_code ec;  // a stat first: most polls find nothing new
+      const uintmax_t size = fs::file_size(task.metrics_path, ec);
+      if (ec || size <= task.offset) return true;
+      task.last_sent = absl::Now();
+      std::ifstream f(task.metrics_path, std::ios::binary);
+      if (!f) return true;
+      f.seekg(static_cast<std::streamoff>(task.offset));
+      std::string rest(std::min<uintmax_t>(size - task.offset, kMaxReportBytes), '\0');
+      f.read(rest.data(), static_cast<std::streamsize>(rest.size()));
+      rest.resize(static_cast<size_t>(f.gcount()));
+      const size_t end = rest.rfind('\n');
+      if (end == std::string::npos) return true;  // no complete line yet
+      v1::ReportMetricsRequest req;
+      req.set_worker_id(worker_id_);
+      req.set_job_id(task.job_id);
+      req.set_attempt(task.attempt);
+      req.set_rank(task.rank);
+      for (absl::string_view line : absl::StrSplit(rest.substr(0, end), '\n')) {
+        if (!line.empty()) req.add_step_json(std::string(line));
+      }
+      v1::ReportMetricsResponse resp;
+      grpc::Status st = Unary(&v1::WorkerService::Stub::ReportMetrics, req, &resp);
+      if (!st.ok() && !Settled(st)) return false;  // resent (steps are merged once) next time
+      task.offset += end + 1;
     }
-    v1::ReportMetricsResponse resp;
-    grpc::Status st = Unary(&v1::WorkerService::Stub::ReportMetrics, req, &resp);
-    if (!st.ok() && !Settled(st)) return false;  // resent (steps are merged once) next time
-    task.offset += end + 1;
-    return true;
   }
 
   // SIGKILL (a rank takes SIGTERM as a preemption and saves first; a cancelled job must not);

@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "gloo/common/error.h"
 #include "proto/grpc/auth.h"
@@ -18,11 +21,41 @@ constexpr std::chrono::seconds kSlack{5};
   throw gloo::IoException(absl::StrCat("coordinator store: ", what, ": ", st.error_message()));
 }
 
+// A coordinator that restarts (and re-adopts this rank's launch) is away for a moment: the
+// connection drops (UNAVAILABLE), and until the rank's daemon has registered again the new
+// process does not know the launch yet ("not an active run"). Both are retried until `until`;
+// the keys themselves survive in the coordinator's database.
+bool Retryable(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         (st.error_code() == grpc::StatusCode::PERMISSION_DENIED &&
+          st.error_message().find("is not an active run") != std::string::npos);
+}
+
+template <typename Call>
+grpc::Status Retrying(std::chrono::system_clock::time_point until, Call call) {
+  for (;;) {
+    grpc::Status st = call(until);
+    if (st.ok() || !Retryable(st) || std::chrono::system_clock::now() >= until) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+// Reconnects within a second after the coordinator is back (gRPC's default backoff grows to
+// minutes).
+std::shared_ptr<grpc::Channel> StoreChannel(const std::string& address,
+                                            std::shared_ptr<grpc::ChannelCredentials> creds) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, std::move(creds), args);
+}
+
 }  // namespace
 
 GrpcStore::GrpcStore(const std::string& address, std::chrono::milliseconds timeout,
                      std::shared_ptr<grpc::ChannelCredentials> credentials, std::string run_secret)
-    : channel_(grpc::CreateChannel(address, std::move(credentials))),
+    : channel_(StoreChannel(address, std::move(credentials))),
       run_secret_(std::move(run_secret)),
       timeout_(timeout) {}
 
@@ -34,28 +67,39 @@ GrpcStore::~GrpcStore() = default;
 
 void GrpcStore::set(const std::string& key, const std::vector<char>& data) {
   auto stub = v1::StoreService::NewStub(channel_);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  ctx.set_wait_for_ready(true);
-  Prepare(ctx);
   v1::StoreSetRequest req;
   req.set_key(key);
   req.set_value(std::string(data.begin(), data.end()));
-  v1::StoreSetResponse resp;
-  if (auto st = stub->Set(&ctx, req, &resp); !st.ok()) Throw("set " + key, st);
+  const auto until = std::chrono::system_clock::now() +
+                     std::max<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
+  grpc::Status st = Retrying(until, [&](auto deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    ctx.set_wait_for_ready(true);
+    Prepare(ctx);
+    v1::StoreSetResponse resp;
+    return stub->Set(&ctx, req, &resp);
+  });
+  if (!st.ok()) Throw("set " + key, st);
 }
 
 std::vector<char> GrpcStore::get(const std::string& key) {
   auto stub = v1::StoreService::NewStub(channel_);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + timeout_ + kSlack);
-  ctx.set_wait_for_ready(true);
-  Prepare(ctx);
-  v1::StoreGetRequest req;
-  req.set_key(key);
-  req.set_timeout_ms(timeout_.count());
+  const auto start = std::chrono::system_clock::now();
   v1::StoreGetResponse resp;
-  if (auto st = stub->Get(&ctx, req, &resp); !st.ok()) Throw("get " + key, st);
+  grpc::Status st = Retrying(start + timeout_, [&](auto until) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(until + kSlack);
+    ctx.set_wait_for_ready(true);
+    Prepare(ctx);
+    v1::StoreGetRequest req;  // the server waits what is left of the timeout
+    req.set_key(key);
+    req.set_timeout_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                until - std::chrono::system_clock::now())
+                                                .count()));
+    return stub->Get(&ctx, req, &resp);
+  });
+  if (!st.ok()) Throw("get " + key, st);
   return std::vector<char>(resp.value().begin(), resp.value().end());
 }
 
@@ -64,17 +108,20 @@ void GrpcStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_
 void GrpcStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
   auto stub = v1::StoreService::NewStub(channel_);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + timeout + kSlack);
-  ctx.set_wait_for_ready(true);
-  Prepare(ctx);
-  v1::StoreWaitRequest req;
-  for (const std::string& k : keys) req.add_keys(k);
-  req.set_timeout_ms(timeout.count());
-  v1::StoreWaitResponse resp;
-  if (auto st = stub->Wait(&ctx, req, &resp); !st.ok()) {
-    Throw(absl::StrCat("wait for ", keys.size(), " keys"), st);
-  }
+  grpc::Status st = Retrying(std::chrono::system_clock::now() + timeout, [&](auto until) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(until + kSlack);
+    ctx.set_wait_for_ready(true);
+    Prepare(ctx);
+    v1::StoreWaitRequest req;
+    for (const std::string& k : keys) req.add_keys(k);
+    req.set_timeout_ms(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                until - std::chrono::system_clock::now())
+                                                .count()));
+    v1::StoreWaitResponse resp;
+    return stub->Wait(&ctx, req, &resp);
+  });
+  if (!st.ok()) Throw(absl::StrCat("wait for ", keys.size(), " keys"), st);
 }
 
 }  // namespace vp::launch
