@@ -790,7 +790,10 @@ void Coordinator::SettleFailures() {
     if (active_[id].failure_refused) {
       Finish(jobs_[id], v1::JOB_STATE_FAILED, active_[id].failure);
     } else {
-      FailOrRestart(jobs_[id], active_[id].failure);
+      // A rank that failed while the coordinator was away (reported on re-adoption) restarts
+      // the job whatever train.max_restarts says: the restart cannot tell a rank's own failure
+      // from one its coordinator's absence caused.
+      FailOrRestart(jobs_[id], active_[id].failure, "", /*forced=*/active_[id].failed_while_away);
     }
   }
 }
@@ -1143,6 +1146,7 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
     if (a.failure.empty()) {
       a.failure = what;
       a.failure_signaled = signaled;
+      a.failed_while_away = a.adopting;
       a.failure_deadline = absl::Now() + options_.heartbeat_timeout + options_.heartbeat_interval;
     } else if (signaled && !a.failure_signaled) {
       // The earlier report was a peer losing its connection to this rank.
@@ -1163,7 +1167,7 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
     } else if (a.failure_refused) {
       Finish(*job, v1::JOB_STATE_FAILED, a.failure);  // a restart would be refused again
     } else {
-      FailOrRestart(*job, a.failure);
+      FailOrRestart(*job, a.failure, "", /*forced=*/a.failed_while_away);
     }
   }
   Schedule();

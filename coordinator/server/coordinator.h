@@ -175,6 +175,9 @@ class Coordinator {
     // again (workers[r] empty for those); restarted from its checkpoint at adopt_deadline.
     bool adopting = false;
     absl::Time adopt_deadline;
+    // The failure was reported during the re-adoption: it happened while the coordinator was
+    // away, so the restart it causes is forced (not refused by train.max_restarts).
+    bool failed_while_away = false;
     double peak_flops = 0;  // sum over the job's workers
     double model_flops_per_step = 0;
     std::vector<int64_t> predicted_memory;  // per rank: the planner's state + activations
