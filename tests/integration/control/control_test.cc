@@ -78,6 +78,23 @@ class ControlTest : public ::testing::Test {
     return resp;
   }
 
+  // The worker daemon this test started that runs `rank` of job `id` (null if none), and its
+  // worker id. The coordinator names workers in registration order, which need not be start
+  // order, so the daemon is found by the pid its worker reports.
+  Process* DaemonOfRank(CoordinatorProcess& c, const std::string& id, int rank,
+                        std::string* worker_id = nullptr) {
+    const v1::ListWorkersResponse list = ListWorkers(c);
+    for (const auto& w : list.workers()) {
+      if (w.job_id() != id || w.rank() != rank) continue;
+      for (const auto& p : workers_) {
+        if (p->pid() != w.pid()) continue;
+        if (worker_id != nullptr) *worker_id = w.worker_id();
+        return p.get();
+      }
+    }
+    return nullptr;
+  }
+
   // Every one of the n registered workers is free: the RPC succeeds and lists them all, so an
   // empty or failed answer cannot pass for "free".
   void ExpectWorkersFree(CoordinatorProcess& c, int n) {
@@ -394,20 +411,8 @@ TEST_F(ControlRunTest, AKilledWorkerFailsTheJobNamingItsRank) {
   // No automatic restart: the failure is final (AKilledWorkerDaemonRestartsTheJob restarts).
   const std::string id = Submit(c, TinyJob("doomed", 2, 100000, "", ", max_restarts: 0"));
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 1; }, std::chrono::seconds(30)));
-  // Which worker process runs rank 1? The coordinator names workers in registration order,
-  // which need not be start order, so find it by its pid.
-  int64_t rank1_pid = -1;
-  const v1::ListWorkersResponse busy = ListWorkers(c);
-  for (const auto& w : busy.workers()) {
-    if (w.job_id() == id && w.rank() == 1) rank1_pid = w.pid();
-  }
-  ASSERT_GT(rank1_pid, 0) << "no worker reports rank 1 of " << id;
-  Process* rank1 = nullptr;
-  for (const auto& p : workers_) {
-    if (p->pid() == rank1_pid) rank1 = p.get();
-  }
-  ASSERT_NE(rank1, nullptr) << "rank 1 is on pid " << rank1_pid
-                            << ", not a worker this test started";
+  Process* rank1 = DaemonOfRank(c, id, 1);
+  ASSERT_NE(rank1, nullptr) << "rank 1 of " << id << " is on no worker this test started";
   const auto killed = std::chrono::steady_clock::now();
   rank1->Kill(SIGKILL);  // its rank process dies with it (PR_SET_PDEATHSIG)
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_FAILED; },
@@ -456,19 +461,7 @@ TEST_F(ControlRunTest, AKilledWorkerDaemonRestartsTheJobWhichSucceeds) {
   const std::string id = Submit(c, TinyJob("elastic", 2, 40, ", vocab: vocab2", "", ", every: 3"));
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 4; }, std::chrono::seconds(30)));
   std::string dead_id;
-  int64_t rank1_pid = -1;
-  const v1::ListWorkersResponse busy = ListWorkers(c);
-  for (const auto& w : busy.workers()) {
-    if (w.job_id() == id && w.rank() == 1) {
-      rank1_pid = w.pid();
-      dead_id = w.worker_id();
-    }
-  }
-  ASSERT_GT(rank1_pid, 0);
-  Process* rank1 = nullptr;
-  for (const auto& p : workers_) {
-    if (p->pid() == rank1_pid) rank1 = p.get();
-  }
+  Process* rank1 = DaemonOfRank(c, id, 1, &dead_id);
   ASSERT_NE(rank1, nullptr);
   ASSERT_LT(GetJob(c, id).step(), 40) << "the job ended before the kill; make it longer";
   rank1->Kill(SIGKILL);  // the daemon; its rank process dies with it
@@ -522,19 +515,8 @@ TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJob
   StartWorkers(c, 2);
   const std::string id = Submit(c, TinyJob("pre", 2, 150, ", vocab: vocab2"));
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 1; }, std::chrono::seconds(30)));
-  int64_t rank1_pid = -1;
   std::string leaving_id;
-  const v1::ListWorkersResponse busy = ListWorkers(c);
-  for (const auto& w : busy.workers()) {
-    if (w.job_id() == id && w.rank() == 1) {
-      rank1_pid = w.pid();
-      leaving_id = w.worker_id();
-    }
-  }
-  Process* rank1 = nullptr;
-  for (const auto& p : workers_) {
-    if (p->pid() == rank1_pid) rank1 = p.get();
-  }
+  Process* rank1 = DaemonOfRank(c, id, 1, &leaving_id);
   ASSERT_NE(rank1, nullptr);
   const int64_t before = GetJob(c, id).step();
   ASSERT_LT(before, 100) << "the job is nearly done before the signal; make it longer";
@@ -599,18 +581,6 @@ using namespace vp::testing;  // NOLINT
 using ::testing::HasSubstr;
 
 class ControlRestartTest : public ControlTest {};
-
-// The worker daemon process running `rank` of job `id`, among those this test started.
-Process* DaemonOfRank(const v1::ListWorkersResponse& list, const std::string& id, int rank,
-                      const std::vector<std::unique_ptr<Process>>& daemons) {
-  for (const auto& w : list.workers()) {
-    if (w.job_id() != id || w.rank() != rank) continue;
-    for (const auto& p : daemons) {
-      if (p->pid() == w.pid()) return p.get();
-    }
-  }
-  return nullptr;
-}
 
 // The children of a process (a worker daemon's rank process).
 std::vector<pid_t> ChildrenOf(pid_t pid) {
@@ -694,7 +664,7 @@ TEST_F(ControlRestartTest, ARankMissingAfterACoordinatorRestartRestartsTheJob) {
   const std::string id =
       Submit(*c, TinyJob("orphan", 2, 40, "", ", max_restarts: 0", ", every: 3"));
   ASSERT_TRUE(WaitFor([&] { return GetJob(*c, id).step() >= 4; }, std::chrono::seconds(30)));
-  Process* rank1 = DaemonOfRank(ListWorkers(*c), id, 1, workers_);
+  Process* rank1 = DaemonOfRank(*c, id, 1);
   ASSERT_NE(rank1, nullptr);
   ASSERT_LT(GetJob(*c, id).step(), 40) << "the job ended before the kill; make it longer";
   c->process().Kill(SIGKILL);
@@ -738,7 +708,7 @@ TEST_F(ControlRestartTest, TheProgressWatchdogRestartsAStalledJob) {
   StartWorkers(c, 2);
   const std::string id = Submit(c, TinyJob("stalled", 2, 30, "", "", ", every: 3"));
   ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).step() >= 2; }, std::chrono::seconds(30)));
-  Process* rank1 = DaemonOfRank(ListWorkers(c), id, 1, workers_);
+  Process* rank1 = DaemonOfRank(c, id, 1);
   ASSERT_NE(rank1, nullptr);
   const std::vector<pid_t> ranks = ChildrenOf(rank1->pid());
   ASSERT_EQ(ranks.size(), 1u) << "rank 1's daemon should have one child, its rank process";
