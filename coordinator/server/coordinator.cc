@@ -173,6 +173,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
   {
     std::lock_guard<std::mutex> lock(c->mu_);
     c->next_job_ = c->store_->MaxOrdinal() + 1;
+    // Worker ids go on from the previous process's: a daemon still holding an old id must get
+    // NOT_FOUND (and register again), never another worker's identity.
+    auto next_worker = c->store_->LoadCounter("next_worker");
+    if (!next_worker.ok()) return next_worker.status();
+    c->next_worker_ = std::max<int64_t>(1, *next_worker);
     for (v1::Job& job : *loaded) {
       const std::string id = job.id();
       v1::Job& j = c->jobs_[id] = std::move(job);
@@ -838,6 +843,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   Worker w;
   w.identity = identity;
   w.info.set_worker_id(absl::StrCat("worker-", next_worker_++));
+  if (auto st = store_->SaveCounter("next_worker", next_worker_); !st.ok()) {
+    return absl::UnavailableError(absl::StrCat("job store: ", st.message()));
+  }
   w.info.set_device(d);
   w.info.set_memory_bytes(req.memory_bytes());
   w.info.set_address(req.address());
@@ -1004,9 +1012,15 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   }
   w.leaving = w.leaving || req.leaving();
   v1::HeartbeatResponse out;
-  while (!w.commands.empty()) {
-    *out.add_commands() = std::move(w.commands.front());
+  // Commands stay queued until a heartbeat acknowledges them: an answer lost on the way is
+  // answered again, and the worker runs each seq once.
+  while (!w.commands.empty() && w.commands.front().seq() > 0 &&
+         w.commands.front().seq() <= req.acked_seq()) {
     w.commands.pop_front();
+  }
+  for (v1::WorkerCommand& cmd : w.commands) {
+    if (cmd.seq() == 0) cmd.set_seq(w.next_seq++);
+    *out.add_commands() = cmd;
   }
   return out;
 }

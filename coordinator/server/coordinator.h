@@ -146,7 +146,9 @@ class Coordinator {
     vocabpipe::v1::WorkerInfo info;
     std::string identity;  // its certificate's name (RegisterWorker)
     absl::Time last_heartbeat;
+    // Sent until acknowledged (Heartbeat); seq 0 until first sent.
     std::deque<vocabpipe::v1::WorkerCommand> commands;
+    int64_t next_seq = 1;
     bool leaving = false;  // stopping (HeartbeatRequest.leaving): no new tasks
   };
   struct RankReport {

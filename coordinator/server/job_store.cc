@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
            "PRIMARY KEY (job_id, attempt, step))",
            "CREATE INDEX IF NOT EXISTS steps_by_seq ON steps (job_id, seq)",
            "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL)",
+           "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
        }) {
     if (auto st = store->Exec(sql); !st.ok()) {
       return absl::UnavailableError(absl::StrCat("--db ", path, ": ", st.message()));
@@ -300,6 +301,24 @@ absl::Status JobStore::DropKeys(const std::string& prefix) {
     return absl::UnavailableError(absl::StrCat("store keys: ", sqlite3_errmsg(db_)));
   }
   return absl::OkStatus();
+}
+
+absl::Status JobStore::SaveCounter(const std::string& name, int64_t value) {
+  Statement put(db_, "INSERT OR REPLACE INTO counters (name, value) VALUES (?, ?)");
+  if (!put.status().ok()) return put.status();
+  put.BindText(1, name);
+  put.BindInt(2, value);
+  if (put.Step() != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("counter ", name, ": ", sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> JobStore::LoadCounter(const std::string& name) {
+  Statement q(db_, "SELECT value FROM counters WHERE name = ?");
+  if (!q.status().ok()) return q.status();
+  q.BindText(1, name);
+  return q.Step() == SQLITE_ROW ? q.ColumnInt(0) : 0;
 }
 
 }  // namespace vp::server

@@ -9,6 +9,7 @@
 //         PRIMARY KEY(job_id, attempt, step))   record = v1.JobEvent with its StepMetrics
 //   quarantine(id TEXT, record BLOB, reason TEXT)   job rows that failed to parse at load
 //   kv(key TEXT PRIMARY KEY, value BLOB)   the running launches' rendezvous store keys
+//   counters(name TEXT PRIMARY KEY, value INTEGER)   e.g. the next worker number
 // A step's metrics are one row of `steps` (attempt = the job's restarts when it ran): recording
 // a step does not rewrite the job row, and the same step reported again is recorded once. The
 // job's step summary (step, loss, MFU, tokens/s, stages, last_event) is brought up to date
@@ -61,6 +62,9 @@ class JobStore {
   absl::Status SaveKey(const std::string& key, const std::string& value);
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> LoadKeys();
   absl::Status DropKeys(const std::string& prefix);
+  // A named counter that survives restarts (0 when never saved).
+  absl::Status SaveCounter(const std::string& name, int64_t value);
+  absl::StatusOr<int64_t> LoadCounter(const std::string& name);
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

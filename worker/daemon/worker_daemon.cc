@@ -213,6 +213,7 @@ class Daemon {
     grpc::Status st = Unary(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
     if (!st.ok()) return absl::UnavailableError(st.error_message());
     worker_id_ = resp.worker_id();
+    acked_seq_ = 0;  // command numbers start again with each registration
     // A restarted coordinator acknowledged step lines it then lost (a step is merged only once
     // every rank reported it, and the part in between lives in memory): send the held rank's
     // lines again from the start; it merges each step once.
@@ -237,6 +238,7 @@ class Daemon {
       req.set_attempt(task_->attempt);
     }
     req.set_leaving(leaving_);
+    req.set_acked_seq(acked_seq_);
     v1::HeartbeatResponse resp;
     grpc::Status st = Unary(&v1::WorkerService::Stub::Heartbeat, req, &resp);
     if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -251,6 +253,9 @@ class Daemon {
     }
     if (!st.ok()) return;  // transient: the next beat retries
     for (const v1::WorkerCommand& cmd : resp.commands()) {
+      // A command resent because our acknowledgement had not arrived yet: handled already.
+      if (cmd.seq() > 0 && cmd.seq() <= acked_seq_) continue;
+      acked_seq_ = std::max(acked_seq_, cmd.seq());
       if (cmd.has_cancel()) {
         const v1::CancelTask& c = cmd.cancel();
         auto matches = [&c](const Task& t) {
@@ -601,6 +606,7 @@ class Daemon {
   double peak_flops_ = 0;
   std::optional<Task> task_;
   std::optional<Ended> ended_;  // the previous rank, while its reports are unacknowledged
+  int64_t acked_seq_ = 0;       // the last WorkerCommand.seq handled (this registration)
   bool leaving_ = false;        // stopping: the running rank saves and exits, nothing new starts
   std::thread profiler_;
   std::atomic<int> profile_pid_{-1};  // the profiling child while it runs
