@@ -95,6 +95,22 @@ class ControlTest : public ::testing::Test {
     return nullptr;
   }
 
+  // Runs `ref` (the interrupted job's spec under another checkpoint.dir) to the end on c, then
+  // expects the interrupted run's final weights in <run>/step_<steps> to equal its bytes.
+  void ExpectTheWeightsOfAnUninterruptedRun(CoordinatorProcess& c, const std::string& run,
+                                            const v1::SubmitJobRequest& ref,
+                                            const std::string& ref_run, int steps) {
+    const std::string id = Submit(c, ref);
+    ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
+                        std::chrono::seconds(60)))
+        << GetJob(c, id).reason();
+    const std::string step = absl::StrCat("step_", steps);
+    const std::string a = ReadWholeFile(dir_ / run / step / "model.safetensors");
+    ASSERT_FALSE(a.empty());
+    EXPECT_TRUE(a == ReadWholeFile(dir_ / ref_run / step / "model.safetensors"))
+        << run << "'s final weights differ from the uninterrupted run's";
+  }
+
   // Every one of the n registered workers is free: the RPC succeeds and lists them all, so an
   // empty or failed answer cannot pass for "free".
   void ExpectWorkersFree(CoordinatorProcess& c, int n) {
@@ -493,14 +509,8 @@ TEST_F(ControlRunTest, AKilledWorkerDaemonRestartsTheJobWhichSucceeds) {
   for (int i = 0; i < 40; ++i) EXPECT_EQ(steps[i], i + 1);
 
   // The same job, uninterrupted, on the same workers.
-  const std::string ref = Submit(c, TinyJob("ref", 2, 40, ", vocab: vocab2", "", ", every: 3"));
-  ASSERT_TRUE(WaitFor([&] { return GetJob(c, ref).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(60)))
-      << GetJob(c, ref).reason();
-  const std::string a = ReadWholeFile(dir_ / "elastic/step_40/model.safetensors");
-  ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == ReadWholeFile(dir_ / "ref/step_40/model.safetensors"))
-      << "the restarted job's final weights differ from the uninterrupted run's";
+  ExpectTheWeightsOfAnUninterruptedRun(
+      c, "elastic", TinyJob("ref", 2, 40, ", vocab: vocab2", "", ", every: 3"), "ref", 40);
 }
 
 TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJobResumesFromIt) {
@@ -563,14 +573,8 @@ TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJob
                                 .substr(0, ReadWholeFile(dir_ / "pre/rank_0.jsonl").find('\n')));
   EXPECT_EQ(first["step"].get<int64_t>(), saved) << "attempt 2 did not resume from step " << saved;
 
-  const std::string ref = Submit(c, TinyJob("ref", 2, 150, ", vocab: vocab2"));
-  ASSERT_TRUE(WaitFor([&] { return GetJob(c, ref).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(60)))
-      << GetJob(c, ref).reason();
-  const std::string a = ReadWholeFile(dir_ / "pre/step_150/model.safetensors");
-  ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == ReadWholeFile(dir_ / "ref/step_150/model.safetensors"))
-      << "the preempted job's final weights differ from the uninterrupted run's";
+  ExpectTheWeightsOfAnUninterruptedRun(c, "pre", TinyJob("ref", 2, 150, ", vocab: vocab2"), "ref",
+                                       150);
 }
 
 }  // namespace
@@ -641,15 +645,9 @@ TEST_F(ControlRestartTest, AKilledCoordinatorReadoptsTheRunningJobWhichSucceeds)
   ExpectWorkersFree(restarted, 2);
 
   // The same job, uninterrupted, on the same workers.
-  const std::string ref =
-      Submit(restarted, TinyJob("uninterrupted", 2, 40, ", vocab: vocab2", "", ", every: 5"));
-  ASSERT_TRUE(WaitFor([&] { return GetJob(restarted, ref).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(60)))
-      << GetJob(restarted, ref).reason();
-  const std::string a = ReadWholeFile(dir_ / "adopted/step_40/model.safetensors");
-  ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == ReadWholeFile(dir_ / "uninterrupted/step_40/model.safetensors"))
-      << "the re-adopted job's final weights differ from the uninterrupted run's";
+  ExpectTheWeightsOfAnUninterruptedRun(
+      restarted, "adopted", TinyJob("uninterrupted", 2, 40, ", vocab: vocab2", "", ", every: 5"),
+      "uninterrupted", 40);
 }
 
 // When a rank does not come back after the coordinator's restart (its daemon died with it),
