@@ -169,6 +169,17 @@ class LaunchTest : public testing::TestWithParam<std::string> {
   fs::path dir_;
 };
 
+// Bit rot: one byte in the middle of a file flipped in place.
+void FlipAByteInTheMiddle(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  const auto at = static_cast<std::streamoff>(fs::file_size(file) / 2);
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
 TEST_P(LaunchTest, TwoRanksVocab2MatchStandalone) {
   ExpectMatchesStandalone(2, 2, "vocab2", false);
 }
@@ -316,15 +327,7 @@ TEST_P(LaunchTest, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   EXPECT_EQ(m["world"], 2);
   EXPECT_FALSE(m["run_id"].get<std::string>().empty());
   EXPECT_EQ(m["files"]["model.safetensors"]["sha256"].get<std::string>().size(), 64u);
-  {  // flip one byte in the middle of the tensor data (the header still parses)
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(fs::file_size(shard) / 2);
-    f.seekg(at);
-    char c = 0;
-    f.get(c);
-    f.seekp(at);
-    f.put(static_cast<char>(c ^ 0x10));
-  }
+  FlipAByteInTheMiddle(shard);  // of the tensor data: the header still parses
   Result resumed = Vocabpipe(Run() + part + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("checkpoint of step 4 skipped"));
@@ -351,15 +354,7 @@ TEST_P(LaunchTest, ResumeWhoseOnlyCheckpointIsCorruptFailsNamingTheFile) {
   Result first = Vocabpipe(Run() + part + " --steps 2");
   ASSERT_EQ(first.code, 0) << first.output;
   const fs::path shard = dir_ / "part/step_2/rank_1/model.safetensors";
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(fs::file_size(shard) / 2);
-    f.seekg(at);
-    char c = 0;
-    f.get(c);
-    f.seekp(at);
-    f.put(static_cast<char>(c ^ 0x10));
-  }
+  FlipAByteInTheMiddle(shard);
   Result resumed = Vocabpipe(Run() + part + " --resume");
   EXPECT_EQ(resumed.code, 1) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("rank_1/model.safetensors"));
