@@ -32,6 +32,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,9 @@ def grid(a):
     ps = [int(p) for p in (a.pipelines or ("2" if small else "2,4")).split(",")]
     methods = a.methods.split(",") if a.methods else []
     keep = lambda m: not methods or m in methods
-    rows = []  # (table, p, schedule, vocab, V, seq, k, layers)
+    rows = []  # (table, p, schedule, vocab, V, seq, k, layers, hidden, heads)
+    big = (a.hidden, a.heads)  # the vocabulary and V-shape tables
+    long = (a.long_hidden, a.long_heads)  # the Seq1F1B table (s = --long-seq)
     if "vocab" in a.tables:
         vs = [32768, 131072] if small else [32768, 65536, 131072, 262144]
         if a.vocabs:
@@ -61,7 +64,7 @@ def grid(a):
             for v in vs:
                 for m in ["baseline", "redis", "interlaced", "vocab1", "vocab2"]:
                     if keep(m):
-                        rows.append(("vocab", p, "1f1b", m, v, a.seq, 1, a.layers))
+                        rows.append(("vocab", p, "1f1b", m, v, a.seq, 1, a.layers, *big))
     if "vshape" in a.tables:
         for p in ps:
             # Two layer groups per rank: L must divide by 2p (the whole table uses that L).
@@ -69,12 +72,13 @@ def grid(a):
             for sched in ["1f1b", "vhalf"] + ([] if small else ["vmin"]):
                 for m in ["baseline", "vocab1", "vocab2"]:
                     if keep(m):
-                        rows.append(("vshape", p, sched, m, 65536, a.seq, 1, layers))
+                        rows.append(("vshape", p, sched, m, 65536, a.seq, 1, layers, *big))
     if "seq" in a.tables:
         for p in ps:
-            rows.append(("seq", p, "1f1b", "vocab2", 32768, a.long_seq, 1, a.layers))
+            rows.append(("seq", p, "1f1b", "vocab2", 32768, a.long_seq, 1, a.long_layers, *long))
             for k in [1, 2, 4]:
-                rows.append(("seq", p, "seq1f1b", "vocab2", 32768, a.long_seq, k, a.layers))
+                rows.append(
+                    ("seq", p, "seq1f1b", "vocab2", 32768, a.long_seq, k, a.long_layers, *long))
     # Every table at p = 2 first: a run cut short still has whole tables at the smaller p.
     return sorted(rows, key=lambda r: r[1])
 
@@ -172,11 +176,18 @@ def main():
     ap.add_argument("--grid", choices=["small", "full"], default="full")
     ap.add_argument("--pipelines", default="")
     ap.add_argument("--tables", default="vocab,vshape,seq")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=2)
+    # The vocabulary and V-shape tables: h = 256 and L = 8, so the transformer layers are a
+    # real share of the work at V = 32k (45%) and the kernels run near their sgemm rate.
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
+    # The Seq1F1B table: a long sequence on a smaller model (s = 1024 at h = 256, L = 8 would
+    # take ~15 s per step here).
     ap.add_argument("--long-seq", type=int, default=1024)
+    ap.add_argument("--long-layers", type=int, default=4)
+    ap.add_argument("--long-hidden", type=int, default=128)
+    ap.add_argument("--long-heads", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--worker", default="")
@@ -197,18 +208,18 @@ def main():
     t0 = time.time()
     datas = {}
     comm_cache = {}
-    for (table, p, sched, method, vocab, seq, k, layers) in grid(a):
+    for (table, p, sched, method, vocab, seq, k, layers, hidden, heads) in grid(a):
         if vocab not in datas:
             datas[vocab] = os.path.join(work, f"data_{vocab}.bin")
             tokens = max(100000, a.long_seq * a.microbatches * (a.steps + 1) * 2)
             run([a.vocabpipe, "data", "synth", "--vocab", str(vocab), "--tokens", str(tokens),
                  "--out", datas[vocab], "--seed", "1"])
-        name = f"{table}_p{p}_{sched}_k{k}_{method}_V{vocab}_s{seq}_L{layers}"
+        name = f"{table}_p{p}_{sched}_k{k}_{method}_V{vocab}_s{seq}_L{layers}_h{hidden}"
         spec = os.path.join(work, name + ".yaml")
         m = a.microbatches
         with open(spec, "w") as f:
             f.write(
-                f"model: {{layers: {layers}, hidden: {a.hidden}, heads: {a.heads}, "
+                f"model: {{layers: {layers}, hidden: {hidden}, heads: {heads}, "
                 f"vocab_size: {vocab}, seq_len: {seq}}}\n"
                 f"parallel: {{pipeline: {p}, schedule: {sched}, vocab: {method}, "
                 f"microbatches: {m}" + (f", seq_chunks: {k}" if sched.startswith("seq") else "")
@@ -220,12 +231,17 @@ def main():
         run([a.vocabpipe, "run", spec, "--direct", "--timeout", "600"])
         with open(os.path.join(work, name, "metrics.jsonl")) as f:
             steps = [json.loads(line) for line in f][1:]
+        # The final checkpoint is not measured and would fill the disk (at V = 256k, h = 256 a
+        # row's weights and AdamW moments are ~1.5 GB): keep the run's logs and plan only.
+        for entry in os.listdir(os.path.join(work, name)):
+            if entry.startswith("step_"):
+                shutil.rmtree(os.path.join(work, name, entry))
         if not steps:
             sys.exit("need --steps >= 2 (the first step is warm-up)")
         # The plan the ranks executed, timed with what they measured.
         plan_txt = os.path.join(work, name, "plan.txt")
         plan = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json"]))
-        comm, prof = ({}, None) if a.no_comm else comm_costs(a, p, seq, a.hidden, comm_cache)
+        comm, prof = ({}, None) if a.no_comm else comm_costs(a, p, seq, hidden, comm_cache)
         costs = profiled_costs(plan, mean_busy(steps, p), layers, p, comm)
         pred = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json",
                                "--costs", costs]))
@@ -241,11 +257,16 @@ def main():
         } for r in range(p)]
         row = {
             "table": table, "p": p, "schedule": sched, "vocab": method, "V": vocab, "seq": seq,
-            "k": k, "m": m, "layers": layers, "hidden": a.hidden, "timed_steps": len(steps),
+            "k": k, "m": m, "layers": layers, "hidden": hidden, "timed_steps": len(steps),
             "step_s_each": [s["step_seconds"] for s in steps],
             "step_s": statistics.mean(s["step_seconds"] for s in steps),
             "tokens_per_s": statistics.mean(s["tokens_per_s"] for s in steps),
             "mfu": statistics.mean(s["mfu"] for s in steps),
+            # Model FLOPs per second (the plan's model FLOPs per step over the measured step):
+            # MFU against one fixed peak, so rows compare without each run's own peak
+            # measurement in the ratio (the paper's "consistent MFU as V grows").
+            "model_gflops_per_s": plan["model_flops"] / 1e9 / statistics.mean(
+                s["step_seconds"] for s in steps),
             "busy_max_over_mean": statistics.mean(s["busy_max_over_mean"] for s in steps),
             "peak_mib_per_rank": [max(s["stages"][r]["memory"]["total"] for s in steps) / 2**20
                                   for r in range(p)],
@@ -263,6 +284,8 @@ def main():
             "wall_s": time.time() - start,
         }
         row["gap"] = row["predicted_step_s"] / row["step_s"] - 1
+        # Pipeline efficiency: the share of the step the ranks' compute threads were busy.
+        row["busy_share"] = statistics.mean(m["busy"] for m in ranks_measured) / row["step_s"]
         results.append(row)
         save(a, work, t0, results)  # after every row, so a cut-short run keeps what it measured
         spread = (max(row["step_s_each"]) - min(row["step_s_each"])) / row["step_s"]

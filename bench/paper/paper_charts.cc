@@ -23,7 +23,34 @@ using nlohmann::json;
 using vp::cli::BarChart;
 using vp::cli::BarGroup;
 
-std::string Row(const json& r) {
+// Model GFLOP/s of a row against the same p and method at the table's smallest V ("-" for rows
+// from before the field, or with no such row): the paper's "consistent MFU as V grows".
+using Baselines = std::map<std::pair<int, std::string>, double>;
+
+Baselines SmallestVocabRate(const std::vector<json>& rows) {
+  Baselines rate;
+  std::map<std::pair<int, std::string>, int> smallest;
+  for (const json& r : rows) {
+    if (!r.contains("model_gflops_per_s")) continue;
+    const auto key = std::make_pair(r["p"].get<int>(), r["vocab"].get<std::string>());
+    auto it = smallest.find(key);
+    if (it == smallest.end() || r["V"].get<int>() < it->second) {
+      smallest[key] = r["V"].get<int>();
+      rate[key] = r["model_gflops_per_s"].get<double>();
+    }
+  }
+  return rate;
+}
+
+std::string RateColumn(const json& r, const Baselines& base) {
+  if (!r.contains("model_gflops_per_s")) return "-";
+  const double rate = r["model_gflops_per_s"].get<double>();
+  auto it = base.find({r["p"].get<int>(), r["vocab"].get<std::string>()});
+  if (it == base.end()) return absl::StrFormat("%.1f", rate);
+  return absl::StrFormat("%.1f (%.2f)", rate, rate / it->second);
+}
+
+std::string Row(const json& r, const Baselines& base) {
   std::string peaks;
   for (const auto& v : r["peak_mib_per_rank"]) peaks += absl::StrFormat("%.0f/", v.get<double>());
   if (!peaks.empty()) peaks.pop_back();
@@ -44,13 +71,15 @@ std::string Row(const json& r) {
     spread = absl::StrFormat("%.0f%%", 100 * (hi - lo) / r["step_s"].get<double>());
   }
   return absl::StrFormat(
-      "| %d | %s | %s | %s | %d | %.3f | %.3f | **%+.0f%%** | %s | %s | %.0f | %.2f%% | %.2f | "
-      "%.2f | %s |",
+      "| %d | %s | %s | %s | %d | %.3f | %.3f | **%+.0f%%** | %s | %s | %.0f | %.2f%% | %s | %s | "
+      "%.2f | %.2f | %s |",
       r["p"].get<int>(), r["schedule"].get<std::string>(),
       r["k"].get<int>() > 1 ? absl::StrCat("k=", r["k"].get<int>()) : std::string("-"),
       r["vocab"].get<std::string>(), r["V"].get<int>(), r["step_s"].get<double>(),
       r["predicted_step_s"].get<double>(), 100 * r["gap"].get<double>(), comm, spread,
-      r["tokens_per_s"].get<double>(), 100 * r["mfu"].get<double>(),
+      r["tokens_per_s"].get<double>(), 100 * r["mfu"].get<double>(), RateColumn(r, base),
+      r.contains("busy_share") ? absl::StrFormat("%.2f", r["busy_share"].get<double>())
+                               : std::string("-"),
       r["busy_max_over_mean"].get<double>(), r["predicted_busy_max_over_mean"].get<double>(),
       peaks);
 }
@@ -128,6 +157,34 @@ int main(int argc, char** argv) {
             return absl::StrCat(p_of(r), " V=", r["V"].get<int>() / 1024, "k");
           },
           [](const json& r) { return r["vocab"].get<std::string>(); }, &height);
+      // Model GFLOP/s against the method's own V = 32k row: 1.0 is the paper's flat MFU.
+      const Baselines base = SmallestVocabRate(rows);
+      std::vector<std::string> methods;
+      std::map<std::string, BarGroup> by_group;
+      std::vector<std::string> groups;
+      for (const json& r : rows) {
+        const std::string m = r["vocab"].get<std::string>();
+        if (std::find(methods.begin(), methods.end(), m) == methods.end()) methods.push_back(m);
+      }
+      for (const json& r : rows) {
+        auto it = base.find({r["p"].get<int>(), r["vocab"].get<std::string>()});
+        if (it == base.end()) continue;
+        const std::string g = absl::StrCat(p_of(r), " V=", r["V"].get<int>() / 1024, "k");
+        if (!by_group.count(g)) {
+          groups.push_back(g);
+          by_group[g] = BarGroup{g, std::vector<double>(methods.size(), -1)};
+        }
+        const size_t i = std::find(methods.begin(), methods.end(), r["vocab"]) - methods.begin();
+        by_group[g].values[i] = r["model_gflops_per_s"].get<double>() / it->second;
+      }
+      if (!groups.empty()) {
+        std::vector<BarGroup> rel;
+        for (const std::string& g : groups) rel.push_back(by_group[g]);
+        body +=
+            BarChart(height, 300, "Model FLOP/s relative to the method's V = 32k row (MFU trend)",
+                     methods, rel, "");
+        height += 310;
+      }
     } else if (name == "vshape") {
       title = "V-Half / V-Min against 1F1B (real workers)";
       body = TableCharts(
@@ -154,9 +211,11 @@ int main(int argc, char** argv) {
     std::cout << "\n"
               << title << " (" << path << ")\n\n"
               << "| p | schedule | k | vocab | V | step s | predicted s | gap | comm s | spread | "
-                 "tokens/s | MFU | busy max/mean | predicted | peak MiB per rank |\n"
-              << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for (const json& r : rows) std::cout << Row(r) << "\n";
+                 "tokens/s | MFU | GFLOP/s (vs V=32k) | busy share | busy max/mean | predicted | "
+                 "peak MiB per rank |\n"
+              << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    const Baselines base = name == "vocab" ? SmallestVocabRate(rows) : Baselines{};
+    for (const json& r : rows) std::cout << Row(r, base) << "\n";
   }
   return 0;
 }

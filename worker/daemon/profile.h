@@ -39,12 +39,12 @@ struct LinkFit {
   double latency = 0, bandwidth = 0;
 };
 // The line through (bytes_small, seconds_small) and (bytes_large, seconds_large), clamped to a
-// non-negative latency and slope.
+// non-negative latency and slope; when the large call was the faster, a flat line at its time.
 LinkFit FitLink(double bytes_small, double seconds_small, double bytes_large, double seconds_large);
 
-// What ProfileCommunication measured: the fastest of five calls (after a warm-up) at each of
-// two sizes, the slowest rank's time for a collective and the receiver's for a send/recv, and
-// the fits through them.
+// What ProfileCommunication measured: the fastest of seven calls (after a warm-up) at each of
+// two sizes, the sizes alternating, the slowest rank's time for a collective and the receiver's for
+// a send/recv, and the fits through them.
 struct CommProfile {
   std::array<double, 2> bytes{}, allreduce_seconds{}, broadcast_seconds{}, p2p_seconds{};
   LinkFit allreduce, broadcast, p2p;
