@@ -72,6 +72,23 @@ bool ParseCosts(absl::string_view text, planner::Costs* c, std::string* error) {
   return true;
 }
 
+// The plan and its simulation in `format` (table|json|text|svg); the table starts with the
+// automatic choice's candidates when there were any.
+void WritePlan(const std::string& format, const planner::Plan& plan, const planner::SimResult& sim,
+               const std::string& candidates, std::ostream& out) {
+  if (format == "json") {
+    out << planner::RenderJson(plan, sim);
+  } else if (format == "text") {
+    out << planner::PlanToText(plan);
+  } else if (format == "svg") {
+    out << planner::RenderSvg(plan, sim);
+  } else {
+    if (!candidates.empty())
+      out << "candidates (fitting first, by predicted step time):\n" << candidates << "\n";
+    out << planner::RenderTable(plan, sim);
+  }
+}
+
 // --plan: times a plan that was built before (a run's plan.txt) with the job's shape and the
 // given costs; it must be a plan of this job (same pipeline, microbatches, layers).
 int SimulateGivenPlan(const std::string& plan_path, const planner::PlannerInput& in,
@@ -100,15 +117,7 @@ int SimulateGivenPlan(const std::string& plan_path, const planner::PlannerInput&
     err << "vocabpipe plan: --plan: " << sim.status().message() << "\n";
     return 1;
   }
-  if (format == "json") {
-    out << planner::RenderJson(*plan, *sim);
-  } else if (format == "text") {
-    out << planner::PlanToText(*plan);
-  } else if (format == "svg") {
-    out << planner::RenderSvg(*plan, *sim);
-  } else {
-    out << planner::RenderTable(*plan, *sim);
-  }
+  WritePlan(format, *plan, *sim, "", out);
   return 0;
 }
 
@@ -213,19 +222,7 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe plan: " << built.status().message() << "\n";
     return built.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  const planner::Plan* plan = &built->plan;
-  const planner::SimResult* sim = &built->sim;
-  if (format == "json") {
-    out << planner::RenderJson(*plan, *sim);
-  } else if (format == "text") {
-    out << planner::PlanToText(*plan);
-  } else if (format == "svg") {
-    out << planner::RenderSvg(*plan, *sim);
-  } else {
-    if (!explanation.empty())
-      out << "candidates (fitting first, by predicted step time):\n" << explanation << "\n";
-    out << planner::RenderTable(*plan, *sim);
-  }
+  WritePlan(format, built->plan, built->sim, explanation, out);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "coordinator/planner/planner.h"
+#include "tests/support/paper_model.h"
 
 using namespace vp::planner;
 
@@ -109,17 +110,7 @@ int main(int argc, char** argv) {
     std::printf("%-10s", std::string(VocabName(v)).c_str());
     std::string mem;
     for (int64_t vocab : {32768, 65536, 131072, 262144}) {
-      PlannerInput in;
-      in.pipeline = 8;
-      in.microbatches = 128;
-      in.layers = 32;
-      in.vocab = v;
-      in.model.hidden = 3072;
-      in.model.heads = 24;
-      in.model.seq_len = 4096;
-      in.model.vocab = vocab;
-      in.model.peak_flops = 312e12;
-      in.costs = FlopProportionalCosts(8, 32, in.model, 312e12);
+      const PlannerInput in = fixtures::PaperEightGpuModel(vocab, v);
       auto plan = BuildPlan(in);
       if (!plan.ok()) return std::printf("%s\n", std::string(plan.status().message()).c_str()), 1;
       auto sim = Simulate(*plan, in);

@@ -20,9 +20,9 @@
 
 namespace vp::runtime::fixtures {
 
-// The plan of `p` ranks and `k` sequence chunks for the model and batch shape of `o`. The costs
-// are fixed small numbers: these tests compare results, not timing.
-inline absl::StatusOr<planner::Plan> PlanFor(planner::Schedule schedule, planner::VocabMethod vocab,
+// The planner's input for `p` ranks and `k` sequence chunks with the model and batch shape of
+// `o`. The costs are fixed small numbers: these tests compare results, not timing.
+inline planner::PlannerInput PlannerInputFor(planner::Schedule schedule, planner::VocabMethod vocab,
                                              int p, int k, const TrainerOptions& o) {
   planner::PlannerInput in;
   in.pipeline = p;
@@ -41,7 +41,13 @@ inline absl::StatusOr<planner::Plan> PlanFor(planner::Schedule schedule, planner
               .tie_embeddings = o.model.tie_embeddings,
               .llama = o.model.llama(),
               .kv_heads = o.model.llama() ? o.model.num_kv_heads() : 0};
-  return planner::BuildPlan(in);
+  return in;
+}
+
+// The plan of PlannerInputFor(schedule, vocab, p, k, o).
+inline absl::StatusOr<planner::Plan> PlanFor(planner::Schedule schedule, planner::VocabMethod vocab,
+                                             int p, int k, const TrainerOptions& o) {
+  return planner::BuildPlan(PlannerInputFor(schedule, vocab, p, k, o));
 }
 
 // A test name "<schedule>_<vocab>_p<p>_k<k><suffix>" with every character GoogleTest refuses

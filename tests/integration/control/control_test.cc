@@ -78,6 +78,19 @@ class ControlTest : public ::testing::Test {
     return resp;
   }
 
+  // Waits up to `seconds` for job `id` on `c` to succeed; a failure names the job's reason and
+  // carries the coordinator's log. *job: the job as it ended.
+  ::testing::AssertionResult Succeeds(CoordinatorProcess& c, const std::string& id, int seconds,
+                                      v1::Job* job) {
+    const bool ok = WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
+                            std::chrono::seconds(seconds));
+    *job = GetJob(c, id);
+    if (ok) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "job " << id << " did not succeed in " << seconds << " s: " << job->reason() << "\n"
+           << c.process().Log();
+  }
+
   // The worker daemon this test started that runs `rank` of job `id` (null if none), and its
   // worker id. The coordinator names workers in registration order, which need not be start
   // order, so the daemon is found by the pid its worker reports.
@@ -100,10 +113,8 @@ class ControlTest : public ::testing::Test {
   void ExpectTheWeightsOfAnUninterruptedRun(CoordinatorProcess& c, const std::string& run,
                                             const v1::SubmitJobRequest& ref,
                                             const std::string& ref_run, int steps) {
-    const std::string id = Submit(c, ref);
-    ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
-                        std::chrono::seconds(60)))
-        << GetJob(c, id).reason();
+    v1::Job job;
+    ASSERT_TRUE(Succeeds(c, Submit(c, ref), 60, &job));
     const std::string step = absl::StrCat("step_", steps);
     const std::string a = ReadWholeFile(dir_ / run / step / "model.safetensors");
     ASSERT_FALSE(a.empty());
@@ -482,11 +493,8 @@ TEST_F(ControlRunTest, AKilledWorkerDaemonRestartsTheJobWhichSucceeds) {
   ASSERT_LT(GetJob(c, id).step(), 40) << "the job ended before the kill; make it longer";
   rank1->Kill(SIGKILL);  // the daemon; its rank process dies with it
   StartWorkers(c, 2);    // a replacement
-  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(60)))
-      << GetJob(c, id).reason() << "\n"
-      << c.process().Log();
-  const v1::Job job = GetJob(c, id);
+  v1::Job job;
+  ASSERT_TRUE(Succeeds(c, id, 60, &job));
   EXPECT_EQ(job.restarts(), 1);
   EXPECT_EQ(job.step(), 40);
   ASSERT_EQ(job.stages_size(), 2);
@@ -534,11 +542,8 @@ TEST_F(ControlRunTest, ASigtermedWorkerDaemonSavesAnEmergencyCheckpointAndTheJob
   const int status = rank1->Kill(SIGTERM);  // returns once the daemon has exited
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << rank1->Log();
   EXPECT_THAT(rank1->Log(), HasSubstr("saves an emergency checkpoint"));
-  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(60)))
-      << GetJob(c, id).reason() << "\n"
-      << c.process().Log();
-  const v1::Job job = GetJob(c, id);
+  v1::Job job;
+  ASSERT_TRUE(Succeeds(c, id, 60, &job));
   EXPECT_EQ(job.restarts(), 1);
   for (const auto& s : job.stages()) EXPECT_NE(s.worker_id(), leaving_id) << "attempt 2 on it";
   // The emergency checkpoint: a step between the signal and the end, every shard verifying.
@@ -616,11 +621,8 @@ TEST_F(ControlRestartTest, AKilledCoordinatorReadoptsTheRunningJobWhichSucceeds)
   // Same address, so the running daemons find it again.
   CoordinatorProcess restarted(dir_, db_, {"--no-profile", "--listen", old_address});
   ASSERT_TRUE(restarted.up()) << restarted.process().Log();
-  ASSERT_TRUE(WaitFor([&] { return GetJob(restarted, id).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(90)))
-      << GetJob(restarted, id).reason() << "\n"
-      << restarted.process().Log();
-  const v1::Job job = GetJob(restarted, id);
+  v1::Job job;
+  ASSERT_TRUE(Succeeds(restarted, id, 90, &job));
   EXPECT_EQ(job.restarts(), 0) << "the ranks were restarted";
   EXPECT_EQ(job.attempt(), attempt);
   EXPECT_EQ(job.step(), 40);
@@ -673,11 +675,8 @@ TEST_F(ControlRestartTest, ARankMissingAfterACoordinatorRestartRestartsTheJob) {
                                {"--no-profile", "--listen", old_address, "--adopt-grace", "2"});
   ASSERT_TRUE(restarted.up()) << restarted.process().Log();
   StartWorkers(restarted, 2);  // the survivor re-registered; a replacement joins
-  ASSERT_TRUE(WaitFor([&] { return GetJob(restarted, id).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(90)))
-      << GetJob(restarted, id).reason() << "\n"
-      << restarted.process().Log();
-  const v1::Job job = GetJob(restarted, id);
+  v1::Job job;
+  ASSERT_TRUE(Succeeds(restarted, id, 90, &job));
   // Restarted once although max_restarts is 0: the coordinator's restart is not the job's
   // failure.
   EXPECT_EQ(job.restarts(), 1);
@@ -713,11 +712,9 @@ TEST_F(ControlRestartTest, TheProgressWatchdogRestartsAStalledJob) {
   ASSERT_LT(GetJob(c, id).step(), 30) << "the job ended before the stop; make it longer";
   ASSERT_EQ(GetJob(c, id).restarts(), 0) << GetJob(c, id).reason();
   ASSERT_EQ(kill(ranks[0], SIGSTOP), 0);
-  ASSERT_TRUE(WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
-                      std::chrono::seconds(90)))
-      << GetJob(c, id).reason() << "\n"
-      << c.process().Log();
-  EXPECT_EQ(GetJob(c, id).restarts(), 1);
+  v1::Job job;
+  ASSERT_TRUE(Succeeds(c, id, 90, &job));
+  EXPECT_EQ(job.restarts(), 1);
   bool watchdog = false;
   for (const v1::JobEvent& e : Watch(c, id)) {
     if (!e.has_step() && e.state() == v1::JOB_STATE_PENDING &&

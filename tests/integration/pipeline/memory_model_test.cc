@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
 #include "tests/support/gloo_threads.h"
+#include "tests/support/training_fixtures.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/runtime/pipeline_rank.h"
 
@@ -38,20 +39,11 @@ TEST_P(MemoryModel, PredictionWithinTenPercentOfMeasuredPeak) {
   o.microbatch_size = 2;
   o.microbatches = 6;
   const int p = 2;
-  planner::PlannerInput in;
-  in.pipeline = p;
-  in.microbatches = o.microbatches;
-  in.layers = o.model.layers;
-  in.schedule = GetParam().schedule;
-  in.vocab = GetParam().vocab;
-  in.model = {.hidden = o.model.hidden,
-              .heads = o.model.heads,
-              .seq_len = o.model.seq_len,
-              .vocab = o.model.vocab,
-              .ffn = o.model.ffn_hidden,
-              .microbatch_size = o.microbatch_size,
-              .tie_embeddings = false,
-              .activation_bytes_per_element = 4};
+  // The plan with this engine's float activations and measured layer activations, and costs
+  // in proportion to FLOPs (the order of passes decides which activations are live together).
+  planner::PlannerInput in =
+      fixtures::PlannerInputFor(GetParam().schedule, GetParam().vocab, p, /*k=*/1, o);
+  in.model.activation_bytes_per_element = 4;
   auto layer_bytes = engine::MeasureLayerActivationBytes(o.model, o.microbatch_size);
   ASSERT_TRUE(layer_bytes.ok()) << layer_bytes.status();
   in.model.layer_activation_bytes = static_cast<double>(layer_bytes->kept);

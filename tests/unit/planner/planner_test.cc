@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/support/paper_model.h"
 
 namespace vp::planner {
 namespace {
@@ -449,25 +450,11 @@ TEST(Planner, AutoPicksTheFastestThatFits) {
   EXPECT_NE(CandidatesTable(*all).find("chosen"), std::string::npos);
 }
 
-// The paper's 8-GPU model: 32 layers, h = 3072, s = 4096, 128 microbatches, 1F1B, A100 peak,
-// costs in proportion to FLOPs.
-PlannerInput PaperModelInput(int64_t vocab, VocabMethod v) {
-  PlannerInput in = Input(8, 128, Schedule::k1F1B, v);
-  in.layers = 32;
-  in.model.hidden = 3072;
-  in.model.heads = 24;
-  in.model.seq_len = 4096;
-  in.model.vocab = vocab;
-  in.model.peak_flops = 312e12;
-  in.costs = FlopProportionalCosts(8, 32, in.model, 312e12);
-  return in;
-}
-
 TEST(Simulator, BaselineMfuFallsWithVocabularyWhileVocabParallelStaysFlat) {
   double base32 = 0, base256 = 0, v1_32 = 0, v1_256 = 0;
   for (int64_t vocab : {32768, 262144}) {
     for (VocabMethod v : {VocabMethod::kBaseline, VocabMethod::kVocab1}) {
-      const PlannerInput in = PaperModelInput(vocab, v);
+      const PlannerInput in = fixtures::PaperEightGpuModel(vocab, v);
       const double mfu = Sim(in).mfu;
       (v == VocabMethod::kBaseline ? (vocab == 32768 ? base32 : base256)
                                    : (vocab == 32768 ? v1_32 : v1_256)) = mfu;
@@ -487,7 +474,7 @@ TEST(Simulator, InterlacedIsLevelWithVocabParallelismInThePaperModel) {
     double mfu[3] = {0, 0, 0}, peak0[3] = {0, 0, 0};
     int i = 0;
     for (VocabMethod v : {VocabMethod::kVocab1, VocabMethod::kVocab2, VocabMethod::kInterlaced}) {
-      const PlannerInput in = PaperModelInput(vocab, v);
+      const PlannerInput in = fixtures::PaperEightGpuModel(vocab, v);
       const SimResult sim = Sim(in);
       mfu[i] = sim.mfu;
       peak0[i++] = sim.ranks[0].peak_activation_microbatches;
