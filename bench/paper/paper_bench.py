@@ -6,13 +6,17 @@ usage: paper_bench.py --vocabpipe BUILD/client/vocabpipe --charts BUILD/bench/pa
          [--worker BUILD/worker/main/vocabpipe-worker] [--grid small|full] [--pipelines 2,4]
          [--steps 5] [--vocabs 32768,...] [--methods baseline,...] [--no-comm] [--workdir DIR]
          [--out results.json] [--img docs/img] [--tables vocab,vshape,seq]
+       paper_bench.py --vocabpipe ... --repredict results.json --workdir DIR [--out new.json]
+         (the rows of an earlier run timed again with the current cost model, from the plan.txt
+         and metrics.jsonl the runs left in DIR and each row's own link profile)
 
 Tables (docs/benchmarks.md, "The papers' tables on real workers"):
   vocab   Table 5 shape: V in {32k, 64k, 128k, 256k} x {baseline, redis, interlaced, vocab1,
-          vocab2} on 1F1B;
+          vocab2} on 1F1B (h = 256, L = 8: --hidden, --heads, --layers);
   vshape  {vhalf, vmin} x {baseline, vocab1, vocab2} against 1f1b x the same (V = 64k; at
           least 2p layers, since a V shape holds two layer groups per rank);
-  seq     Seq1F1B k in {1, 2, 4} at a long sequence against 1F1B (vocab2).
+  seq     Seq1F1B k in {1, 2, 4} at a long sequence against 1F1B (vocab2; s = 1024, h = 128,
+          L = 4: --long-seq, --long-hidden, --long-heads, --long-layers).
 --grid small keeps V in {32k, 128k} for `vocab`, fewer rows elsewhere, and p = 2 unless
 --pipelines names more (`--grid small --pipelines 2,4` runs both in ~15 minutes here).
 
@@ -102,11 +106,73 @@ def comm_costs(a, p, tokens, hidden, cache):
                                f"{tokens},{tokens * hidden}"]))
         cache[key] = prof
     prof = cache[key]
+    return link_items(prof), prof
+
+
+def link_items(prof):
+    """A --profile-comm result as --costs items (none for no profile: comm=0)."""
     items = {}
     for kind, name in (("p2p", "p2p"), ("broadcast", "bcast"), ("allreduce", "ar")):
-        items[f"{name}_lat"] = prof[kind]["latency"]
-        items[f"{name}_bw"] = prof[kind]["bandwidth"]
-    return items, prof
+        if prof:
+            items[f"{name}_lat"] = prof[kind]["latency"]
+            items[f"{name}_bw"] = prof[kind]["bandwidth"]
+    return items
+
+
+def row_name(table, p, sched, k, method, vocab, seq, layers, hidden):
+    return f"{table}_p{p}_{sched}_k{k}_{method}_V{vocab}_s{seq}_L{layers}_h{hidden}"
+
+
+def predict(a, spec, plan_txt, steps, p, layers, comm):
+    """The plan the ranks executed (plan_txt), timed by the planner's simulator with what they
+    measured (the busy seconds per pass of the timed steps) and the link model `comm`: the
+    row's predicted fields."""
+    plan = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json"]))
+    costs = profiled_costs(plan, mean_busy(steps, p), layers, p, comm)
+    pred = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json",
+                           "--costs", costs]))
+    busy_pred = [r["busy"] for r in pred["ranks"]]
+    return plan, {
+        "predicted_step_s": pred["step_time"],
+        "predicted_busy_max_over_mean": max(busy_pred) / statistics.mean(busy_pred),
+        "predicted_peak_mib_per_rank": [
+            (r["state_bytes"] + r["peak_activation_bytes"]) / 2**20 for r in plan["ranks"]],
+        "costs": costs,
+        "predicted_comm_s_per_rank": [r.get("comm", 0) for r in pred["ranks"]],
+    }
+
+
+def read_steps(work, name):
+    with open(os.path.join(work, name, "metrics.jsonl")) as f:
+        steps = [json.loads(line) for line in f][1:]
+    if not steps:
+        sys.exit("need --steps >= 2 (the first step is warm-up)")
+    return steps
+
+
+def repredict(a):
+    """--repredict: the rows of an earlier results file timed again with this file's cost
+    conversion and the link profile each row was measured with; the runs' plan.txt and
+    metrics.jsonl must still be in --workdir."""
+    with open(a.repredict) as f:
+        doc = json.load(f)
+    for row in doc["rows"]:
+        name = row_name(row["table"], row["p"], row["schedule"], row["k"], row["vocab"],
+                        row["V"], row["seq"], row["layers"], row["hidden"])
+        spec = os.path.join(a.workdir, name + ".yaml")
+        _, fields = predict(a, spec, os.path.join(a.workdir, name, "plan.txt"),
+                            read_steps(a.workdir, name), row["p"], row["layers"],
+                            link_items(row.get("comm_profile")))
+        before = row["gap"]
+        row.update(fields)
+        row["gap"] = row["predicted_step_s"] / row["step_s"] - 1
+        print(f"{name}: {row['step_s']:.3f} s/step, predicted {row['predicted_step_s']:.3f} s "
+              f"({100 * row['gap']:+.0f}%, was {100 * before:+.0f}%)", flush=True)
+    out = a.out or a.repredict
+    with open(out + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(out + ".tmp", out)
+    return out
 
 
 def profiled_costs(plan, busy, layers, p, comm):
@@ -122,9 +188,12 @@ def profiled_costs(plan, busy, layers, p, comm):
             if n == 0:
                 continue
             if kind in ("F", "BW", "B", "W"):
+                # The planner's F/B/W cost is one whole microbatch through L/p layers. A rank
+                # runs each microbatch through its nl layers in m_actions / m actions: one
+                # (1F1B), two half-stages (V shapes) or k sequence chunks (Seq1F1B).
                 nl = plan["ranks"][r]["layers"]
                 if nl:
-                    f_layers.append((kind, secs / n / nl * (layers / p)))
+                    f_layers.append((kind, secs / plan["microbatches"] / nl * (layers / p)))
             elif kind == "OPT":
                 per["opt"].append(secs)
             else:
@@ -149,10 +218,11 @@ def profiled_costs(plan, busy, layers, p, comm):
             c[key] = max(per[kind])
     if per["opt"]:
         c["opt"] = max(per["opt"])
-    # Seq1F1B: every pass above is one sequence chunk; the planner's costs are per whole
-    # microbatch (a chunk costs its share, chunks have equal FLOPs by construction).
+    # Seq1F1B: every S/T/IF/IB pass is one sequence chunk; the planner's costs are per whole
+    # microbatch (a chunk costs its share, chunks have equal FLOPs by construction). F/B/W are
+    # per whole microbatch already (above).
     k = plan.get("seq_chunks", 1)
-    for key in ("F", "B", "W", "S", "T", "IF", "IB"):
+    for key in ("S", "T", "IF", "IB"):
         if key in c:
             c[key] *= k
     c["comm"] = 0
@@ -197,11 +267,19 @@ def main():
     ap.add_argument("--workdir", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--img", default="")
+    ap.add_argument("--repredict", default="")
     a = ap.parse_args()
     if not a.worker:
         a.worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(a.vocabpipe))),
                                 "worker", "main", "vocabpipe-worker")
 
+    if a.repredict:
+        if not a.workdir:
+            sys.exit("--repredict needs the --workdir the rows ran in")
+        out = repredict(a)
+        if a.charts and a.img:
+            print(run([a.charts, out, a.img]), end="")
+        return
     work = a.workdir or tempfile.mkdtemp(prefix="vp_paper_bench_")
     os.makedirs(work, exist_ok=True)
     results = []
@@ -214,7 +292,7 @@ def main():
             tokens = max(100000, a.long_seq * a.microbatches * (a.steps + 1) * 2)
             run([a.vocabpipe, "data", "synth", "--vocab", str(vocab), "--tokens", str(tokens),
                  "--out", datas[vocab], "--seed", "1"])
-        name = f"{table}_p{p}_{sched}_k{k}_{method}_V{vocab}_s{seq}_L{layers}_h{hidden}"
+        name = row_name(table, p, sched, k, method, vocab, seq, layers, hidden)
         spec = os.path.join(work, name + ".yaml")
         m = a.microbatches
         with open(spec, "w") as f:
@@ -229,23 +307,15 @@ def main():
                 f"checkpoint: {{dir: {os.path.join(work, name)}, every: 1000000}}\n")
         start = time.time()
         run([a.vocabpipe, "run", spec, "--direct", "--timeout", "600"])
-        with open(os.path.join(work, name, "metrics.jsonl")) as f:
-            steps = [json.loads(line) for line in f][1:]
+        steps = read_steps(work, name)
         # The final checkpoint is not measured and would fill the disk (at V = 256k, h = 256 a
         # row's weights and AdamW moments are ~1.5 GB): keep the run's logs and plan only.
         for entry in os.listdir(os.path.join(work, name)):
             if entry.startswith("step_"):
                 shutil.rmtree(os.path.join(work, name, entry))
-        if not steps:
-            sys.exit("need --steps >= 2 (the first step is warm-up)")
-        # The plan the ranks executed, timed with what they measured.
-        plan_txt = os.path.join(work, name, "plan.txt")
-        plan = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json"]))
         comm, prof = ({}, None) if a.no_comm else comm_costs(a, p, seq, hidden, comm_cache)
-        costs = profiled_costs(plan, mean_busy(steps, p), layers, p, comm)
-        pred = json.loads(run([a.vocabpipe, "plan", spec, "--plan", plan_txt, "--format", "json",
-                               "--costs", costs]))
-        busy_pred = [r["busy"] for r in pred["ranks"]]
+        plan, predicted = predict(a, spec, os.path.join(work, name, "plan.txt"), steps, p, layers,
+                                  comm)
         # Measured per rank: the compute thread's step = busy + waiting + the rest (batch
         # assembly, zeroing gradients, bookkeeping between passes), and the communication
         # thread's seconds (transfers and collectives, including waiting for peers).
@@ -273,12 +343,7 @@ def main():
             "activation_mib_max": max(
                 max(s["stages"][r]["memory"].get("activations", 0) for s in steps)
                 for r in range(p)) / 2**20,
-            "predicted_step_s": pred["step_time"],
-            "predicted_busy_max_over_mean": max(busy_pred) / statistics.mean(busy_pred),
-            "predicted_peak_mib_per_rank": [
-                (r["state_bytes"] + r["peak_activation_bytes"]) / 2**20 for r in plan["ranks"]],
-            "costs": costs,
-            "predicted_comm_s_per_rank": [r.get("comm", 0) for r in pred["ranks"]],
+            **predicted,
             "measured_per_rank": ranks_measured,
             "comm_profile": prof,
             "wall_s": time.time() - start,
