@@ -18,7 +18,8 @@ Tables (docs/benchmarks.md, "The papers' tables on real workers"):
   seq     Seq1F1B k in {1, 2, 4} at a long sequence against 1F1B (vocab2; s = 1024, h = 128,
           L = 4: --long-seq, --long-hidden, --long-heads, --long-layers).
 --grid small keeps V in {32k, 128k} for `vocab`, fewer rows elsewhere, and p = 2 unless
---pipelines names more (`--grid small --pipelines 2,4` runs both in ~15 minutes here).
+--pipelines names more. `--grid full --pipelines 2,4` took 20 minutes on an idle 2-core
+machine here (docs/benchmarks.md, section 9).
 
 Measured per row (steps after the first, the warm-up, averaged): step seconds, tokens/s, MFU
 (against the run's own measured sgemm peak per rank), busy max/mean, peak memory per rank.
