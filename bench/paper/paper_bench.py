@@ -17,6 +17,8 @@ Tables (docs/benchmarks.md, "The papers' tables on real workers"):
           least 2p layers, since a V shape holds two layer groups per rank);
   seq     Seq1F1B k in {1, 2, 4} at a long sequence against 1F1B (vocab2; s = 1024, h = 128,
           L = 4: --long-seq, --long-hidden, --long-heads, --long-layers).
+  flat    (opt-in, --tables flat) the vocabulary table for {baseline, vocab1, vocab2} at the
+          paper's microbatch ratio m = 16p, --flat-steps 3: the MFU trend as V grows.
 --grid small keeps V in {32k, 128k} for `vocab`, fewer rows elsewhere, and p = 2 unless
 --pipelines names more. `--grid full --pipelines 2,4` took 20 minutes on an idle 2-core
 machine here (docs/benchmarks.md, section 9).
@@ -58,9 +60,10 @@ def grid(a):
     ps = [int(p) for p in (a.pipelines or ("2" if small else "2,4")).split(",")]
     methods = a.methods.split(",") if a.methods else []
     keep = lambda m: not methods or m in methods
-    rows = []  # (table, p, schedule, vocab, V, seq, k, layers, hidden, heads)
-    big = (a.hidden, a.heads)  # the vocabulary and V-shape tables
-    long = (a.long_hidden, a.long_heads)  # the Seq1F1B table (s = --long-seq)
+    rows = []  # (table, p, schedule, vocab, V, seq, k, layers, hidden, heads, m, steps)
+    m, steps = a.microbatches, a.steps
+    big = (a.hidden, a.heads, m, steps)  # the vocabulary and V-shape tables
+    long = (a.long_hidden, a.long_heads, m, steps)  # the Seq1F1B table (s = --long-seq)
     if "vocab" in a.tables:
         vs = [32768, 131072] if small else [32768, 65536, 131072, 262144]
         if a.vocabs:
@@ -70,6 +73,19 @@ def grid(a):
                 for m in ["baseline", "redis", "interlaced", "vocab1", "vocab2"]:
                     if keep(m):
                         rows.append(("vocab", p, "1f1b", m, v, a.seq, 1, a.layers, *big))
+    if "flat" in a.tables:
+        # The vocabulary table at the paper's microbatch ratio, m = 16p (its 8-GPU runs: 128
+        # microbatches), where the 1F1B bubble is 1/17 of the transformer work or less: the MFU
+        # trend as V grows without the bubble's shrinking share in it. Opt-in (p = 2: 342 s
+        # here, p = 4: 594 s; docs/benchmarks.md): not part of the default tables.
+        vs = [int(v) for v in a.vocabs.split(",")] if a.vocabs else [32768, 65536, 131072,
+                                                                      262144]
+        for p in ps:
+            for v in vs:
+                for meth in ["baseline", "vocab1", "vocab2"]:
+                    if keep(meth):
+                        rows.append(("flat", p, "1f1b", meth, v, a.seq, 1, a.layers, a.hidden,
+                                     a.heads, 16 * p, a.flat_steps))
     if "vshape" in a.tables:
         for p in ps:
             # Two layer groups per rank: L must divide by 2p (the whole table uses that L).
@@ -261,6 +277,7 @@ def main():
     ap.add_argument("--long-heads", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--flat-steps", type=int, default=3)
     ap.add_argument("--worker", default="")
     ap.add_argument("--vocabs", default="")
     ap.add_argument("--methods", default="")
@@ -287,15 +304,15 @@ def main():
     t0 = time.time()
     datas = {}
     comm_cache = {}
-    for (table, p, sched, method, vocab, seq, k, layers, hidden, heads) in grid(a):
+    for (table, p, sched, method, vocab, seq, k, layers, hidden, heads, m, nsteps) in grid(a):
         if vocab not in datas:
             datas[vocab] = os.path.join(work, f"data_{vocab}.bin")
-            tokens = max(100000, a.long_seq * a.microbatches * (a.steps + 1) * 2)
+            tokens = max(100000, a.long_seq * a.microbatches * (a.steps + 1) * 2,
+                         a.seq * 64 * (a.flat_steps + 1) * 2)
             run([a.vocabpipe, "data", "synth", "--vocab", str(vocab), "--tokens", str(tokens),
                  "--out", datas[vocab], "--seed", "1"])
         name = row_name(table, p, sched, k, method, vocab, seq, layers, hidden)
         spec = os.path.join(work, name + ".yaml")
-        m = a.microbatches
         with open(spec, "w") as f:
             f.write(
                 f"model: {{layers: {layers}, hidden: {hidden}, heads: {heads}, "
@@ -303,7 +320,7 @@ def main():
                 f"parallel: {{pipeline: {p}, schedule: {sched}, vocab: {method}, "
                 f"microbatches: {m}" + (f", seq_chunks: {k}" if sched.startswith("seq") else "")
                 + "}\n"
-                f"train: {{steps: {a.steps}, threads: 1}}\n"
+                f"train: {{steps: {nsteps}, threads: 1}}\n"
                 f"data: {{path: {datas[vocab]}}}\n"
                 f"checkpoint: {{dir: {os.path.join(work, name)}, every: 1000000}}\n")
         start = time.time()

@@ -1,7 +1,7 @@
 // paper_charts RESULTS.json IMG_DIR: renders bench/paper/paper_bench.py's results as SVG charts
 // (client/svg_charts, the code `vocabpipe report` draws with) and prints the markdown tables of
-// docs/benchmarks.md. Writes IMG_DIR/paper_vocab.svg, paper_vshape.svg, paper_seq.svg for the
-// tables that have rows.
+// docs/benchmarks.md. Writes IMG_DIR/paper_vocab.svg, paper_vshape.svg, paper_seq.svg (and
+// paper_flat.svg) for the tables that have rows.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -149,8 +149,10 @@ int main(int argc, char** argv) {
   for (const auto& [name, rows] : tables) {
     double height = 0;
     std::string body, title;
-    if (name == "vocab") {
-      title = "Vocabulary methods on 1F1B as V grows (real workers)";
+    if (name == "vocab" || name == "flat") {
+      title = name == "vocab"
+                  ? "Vocabulary methods on 1F1B as V grows (real workers)"
+                  : "Vocabulary methods as V grows at m = 16p microbatches (real workers)";
       body = TableCharts(
           rows, title,
           [&](const json& r) {
@@ -214,7 +216,8 @@ int main(int argc, char** argv) {
                  "tokens/s | MFU | GFLOP/s (vs V=32k) | busy share | busy max/mean | predicted | "
                  "peak MiB per rank |\n"
               << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    const Baselines base = name == "vocab" ? SmallestVocabRate(rows) : Baselines{};
+    const Baselines base =
+        name == "vocab" || name == "flat" ? SmallestVocabRate(rows) : Baselines{};
     for (const json& r : rows) std::cout << Row(r, base) << "\n";
   }
   return 0;
