@@ -1,13 +1,13 @@
 #include "worker/engine/vocab/output_layer.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/kernels/cpu/fast_exp.h"
 
 namespace vp::engine::vocab {
 namespace {
@@ -38,27 +38,6 @@ absl::Status ExpectPhase(const OutputLayerState& state, OutputLayerState::Phase 
                                                     PhaseName(state.phase())));
 }
 
-// exp(x) for x <= 0 without a libm call, so the loops below vectorize: Cephes' expf
-// reduction x = k·ln2 + r, |r| <= ln2/2, and a degree-6 polynomial; relative error ~2e-7
-// (float rounding). Inputs below -87 (where exp underflows) return ~1e-38, not 0: such a term
-// contributes nothing to a sum that holds exp(0) = 1.
-inline float ExpNonPositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  // k = round(x·log2 e) (x <= 0: truncating t − 0.5 rounds to nearest), |r| <= ~ln2/2.
-  const int32_t ki = static_cast<int32_t>(x * 1.44269504088896341f - 0.5f);
-  const float k = static_cast<float>(ki);
-  const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const int32_t bits = (ki + 127) << 23;  // 2^k, k in [-126, 0]
-  return y * std::bit_cast<float>(bits);
-}
-
 // One token's row of logits y (valid) → P' in place; returns m' and s' and, if label >= 0,
 // the shifted label logit y[label] − m'. Only the `valid` real rows are touched: padding
 // columns stay exactly 0, so they never enter the max, the sum or P'.
@@ -75,7 +54,7 @@ void SoftmaxRowForward(float* y,  // (valid) logits in, P' out
   float m = mx[0];
   for (int q = 1; q < 8; ++q) m = mx[q] > m ? mx[q] : m;
   *z_out = label >= 0 ? y[label] - m : 0.0f;
-  for (j = 0; j < valid; ++j) y[j] = ExpNonPositive(y[j] - m);
+  for (j = 0; j < valid; ++j) y[j] = cpu::ExpNonPositive(y[j] - m);
   // The sum in double (V/p terms <= 1; the loss is log s), four partial sums for throughput.
   double s4[4] = {0, 0, 0, 0};
   for (j = 0; j + 4 <= valid; j += 4) {

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/kernels/cpu/fast_exp.h"
 #include "worker/engine/kernels/cpu/kernels.h"
 #include "worker/engine/kernels/cpu/parallel.h"
 
@@ -67,11 +68,10 @@ void AttentionForward(float* out, float* att, const float* q, int ldq, const flo
       const int visible = shape.q_begin + i + 1;  // keys 0..q_begin+i
       float maxv = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < visible; ++j) maxv = row[j] > maxv ? row[j] : maxv;
+      // The exps in a loop of their own, so it vectorizes; the sum stays in order, one float.
+      for (int j = 0; j < visible; ++j) row[j] = ExpNonPositive(row[j] - maxv);
       float sum = 0.0f;
-      for (int j = 0; j < visible; ++j) {
-        row[j] = std::exp(row[j] - maxv);
-        sum += row[j];
-      }
+      for (int j = 0; j < visible; ++j) sum += row[j];
       const float inv = 1.0f / sum;
       for (int j = 0; j < visible; ++j) row[j] *= inv;
       for (int j = visible; j < tk; ++j) row[j] = 0.0f;

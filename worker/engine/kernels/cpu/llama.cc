@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/kernels/cpu/fast_exp.h"
 #include "worker/engine/kernels/cpu/kernels.h"
 #include "worker/engine/kernels/cpu/parallel.h"
 
@@ -149,7 +150,7 @@ void SwigluForward(float* out, const float* gu, long n, int f) {
     const float* u = g + f;
     float* o = out + r * f;
     for (int j = 0; j < f; ++j) {
-      const float sig = 1.0f / (1.0f + std::exp(-g[j]));
+      const float sig = Sigmoid(g[j]);
       o[j] = g[j] * sig * u[j];
     }
   }
@@ -164,7 +165,7 @@ void SwigluBackward(float* dgu, const float* gu, const float* dout, long n, int 
     float* dg = dgu + r * 2 * f;
     float* du = dg + f;
     for (int j = 0; j < f; ++j) {
-      const float sig = 1.0f / (1.0f + std::exp(-g[j]));
+      const float sig = Sigmoid(g[j]);
       const float silu = g[j] * sig;
       dg[j] = dy[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
       du[j] = dy[j] * silu;
