@@ -33,6 +33,21 @@ int BlockThreads(long units, int tq, int tk) {
   return static_cast<int>(std::max(1L, std::min<long>(units, omp_get_max_threads())));
 }
 
+// One query's row of scores → probabilities in place: softmax over keys [0, visible), zeros in
+// [visible, tk) (the causal mask). The exps have a loop of their own so it vectorizes
+// (parallel.h: VP_ALSO_AVX512); the max and the sum run in order, so the row's bits do not
+// depend on the vector width.
+VP_ALSO_AVX512 void CausalSoftmaxRow(float* row,  // (tk)
+                                     int visible, int tk) {
+  float maxv = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < visible; ++j) maxv = row[j] > maxv ? row[j] : maxv;
+  for (int j = 0; j < visible; ++j) row[j] = ExpNonPositive(row[j] - maxv);
+  float sum = 0.0f;
+  for (int j = 0; j < visible; ++j) sum += row[j];
+  const float inv = 1.0f / sum;
+  for (int j = 0; j < visible; ++j) row[j] *= inv;
+  for (int j = visible; j < tk; ++j) row[j] = 0.0f;
+}
 }  // namespace
 
 long AttentionBackwardScratch(const AttentionShape& shape) {
@@ -66,15 +81,7 @@ void AttentionForward(float* out, float* att, const float* q, int ldq, const flo
     for (int i = 0; i < tq; ++i) {
       float* row = a + static_cast<long>(i) * tk;
       const int visible = shape.q_begin + i + 1;  // keys 0..q_begin+i
-      float maxv = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < visible; ++j) maxv = row[j] > maxv ? row[j] : maxv;
-      // The exps in a loop of their own, so it vectorizes; the sum stays in order, one float.
-      for (int j = 0; j < visible; ++j) row[j] = ExpNonPositive(row[j] - maxv);
-      float sum = 0.0f;
-      for (int j = 0; j < visible; ++j) sum += row[j];
-      const float inv = 1.0f / sum;
-      for (int j = 0; j < visible; ++j) row[j] *= inv;
-      for (int j = visible; j < tk; ++j) row[j] = 0.0f;
+      CausalSoftmaxRow(row, visible, tk);
     }
     // out_h = P · V_h.
     Gemm(false, false, tq, hd, tk, 1.0f, a, tk, vb + kvc, kvw, 0.0f, ob + h * hd, width);

@@ -1,7 +1,9 @@
 // GELU, residual add and position embedding: the elementwise kernels. Each loop is split over
 // the calling thread's OpenMP team (blas.h, "Threads"); every element is computed the same way
 // by whichever thread owns it, so the result does not depend on the thread count. GELU's tanh
-// is fast_exp.h's, so its loops vectorize (this file compiles with -O3, CMakeLists.txt).
+// is fast_exp.h's, so its loops vectorize (-O3, and an AVX-512 clone: parallel.h).
+#include <omp.h>
+
 #include <cmath>
 #include <numbers>
 
@@ -15,20 +17,18 @@ namespace {
 const float kGeluScale = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
 constexpr float kGeluCubic = 0.044715f;
 
-}  // namespace
-
-void GeluForward(float* out, const float* inp, long n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
-  for (long i = 0; i < n; ++i) {
+// Elements [begin, end) of each GELU pass (parallel.h: VP_ALSO_AVX512).
+VP_ALSO_AVX512 void GeluForwardRange(float* out, const float* inp, long begin, long end) {
+  for (long i = begin; i < end; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
     out[i] = 0.5f * x * (1.0f + Tanh(u));
   }
 }
 
-void GeluBackward(float* dinp, const float* inp, const float* dout, long n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
-  for (long i = 0; i < n; ++i) {
+VP_ALSO_AVX512 void GeluBackwardRange(float* dinp, const float* inp, const float* dout, long begin,
+                                      long end) {
+  for (long i = begin; i < end; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
     const float t = Tanh(u);
@@ -36,6 +36,26 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, long n) {
     const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
     dinp[i] = dout[i] * grad;
   }
+}
+
+// Splits elements [0, n) over the calling thread's team, one contiguous range per thread:
+// range(begin, end) runs once per thread (once in all when n is small).
+template <typename RangeFn>
+void SplitElements(long n, RangeFn range) {
+#pragma omp parallel if (n >= kParallelMinWork)
+  {
+    const long id = omp_get_thread_num(), threads = omp_get_num_threads();
+    range(n * id / threads, n * (id + 1) / threads);
+  }
+}
+}  // namespace
+
+void GeluForward(float* out, const float* inp, long n) {
+  SplitElements(n, [&](long begin, long end) { GeluForwardRange(out, inp, begin, end); });
+}
+
+void GeluBackward(float* dinp, const float* inp, const float* dout, long n) {
+  SplitElements(n, [&](long begin, long end) { GeluBackwardRange(dinp, inp, dout, begin, end); });
 }
 
 void ResidualForward(float* out, const float* a, const float* b, long n) {

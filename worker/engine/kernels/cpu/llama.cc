@@ -143,16 +143,34 @@ void RopeBackward(float* dx, int ld, int batch, int t, int heads, int head_dim, 
 // ---------------------------------------------------------------------------------------------
 // SwiGLU.
 
+namespace {
+// One token's SwiGLU, forward and backward (parallel.h: VP_ALSO_AVX512).
+VP_ALSO_AVX512 void SwigluForwardRow(float* o,        // (f)
+                                     const float* g,  // (f) gate
+                                     const float* u,  // (f) up
+                                     int f) {
+  for (int j = 0; j < f; ++j) o[j] = g[j] * Sigmoid(g[j]) * u[j];
+}
+
+VP_ALSO_AVX512 void SwigluBackwardRow(float* dg, float* du,  // (f) each, overwritten
+                                      const float* g, const float* u, const float* dy, int f) {
+  for (int j = 0; j < f; ++j) {
+    const float sig = Sigmoid(g[j]);
+    const float silu = g[j] * sig;
+    dg[j] = dy[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+    du[j] = dy[j] * silu;
+  }
+}
+
+}  // namespace
+
 void SwigluForward(float* out, const float* gu, long n, int f) {
 #pragma omp parallel for schedule(static) if (n * f >= kParallelMinWork)
   for (long r = 0; r < n; ++r) {
     const float* g = gu + r * 2 * f;
     const float* u = g + f;
     float* o = out + r * f;
-    for (int j = 0; j < f; ++j) {
-      const float sig = Sigmoid(g[j]);
-      o[j] = g[j] * sig * u[j];
-    }
+    SwigluForwardRow(o, g, u, f);
   }
 }
 
@@ -164,12 +182,7 @@ void SwigluBackward(float* dgu, const float* gu, const float* dout, long n, int 
     const float* dy = dout + r * f;
     float* dg = dgu + r * 2 * f;
     float* du = dg + f;
-    for (int j = 0; j < f; ++j) {
-      const float sig = Sigmoid(g[j]);
-      const float silu = g[j] * sig;
-      dg[j] = dy[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
-      du[j] = dy[j] * silu;
-    }
+    SwigluBackwardRow(dg, du, g, u, dy, f);
   }
 }
 

@@ -5,6 +5,13 @@
 // column strips for sums over rows), so results are bit-identical for any thread count.
 #pragma once
 
+// A loop function marked VP_ALSO_AVX512 is compiled twice: for AVX-512 hosts (x86-64-v4, 16
+// float lanes) and for the build's x86-64-v2 baseline (4 lanes); the loader picks one (an
+// ifunc). The files that use it compile with -ffp-contract=off (worker/engine/CMakeLists.txt),
+// so neither clone fuses a multiply-add and both give the same bits. Only the elementwise loops
+// get it: OpenBLAS already dispatches its GEMM kernels by host.
+#define VP_ALSO_AVX512 __attribute__((target_clones("arch=x86-64-v4", "default")))
+
 namespace vp::engine::cpu {
 
 // Floats a kernel touches below which it stays on the calling thread: waking the team costs a
