@@ -61,39 +61,38 @@ def grid(a):
     methods = a.methods.split(",") if a.methods else []
     keep = lambda m: not methods or m in methods
     rows = []  # (table, p, schedule, vocab, V, seq, k, layers, hidden, heads, m, steps)
-    m, steps = a.microbatches, a.steps
-    big = (a.hidden, a.heads, m, steps)  # the vocabulary and V-shape tables
-    long = (a.long_hidden, a.long_heads, m, steps)  # the Seq1F1B table (s = --long-seq)
-    if "vocab" in a.tables:
-        vs = [32768, 131072] if small else [32768, 65536, 131072, 262144]
-        if a.vocabs:
-            vs = [int(v) for v in a.vocabs.split(",")]
+    big = (a.hidden, a.heads, a.microbatches, a.steps)  # the vocabulary and V-shape tables
+    long = (a.long_hidden, a.long_heads, a.microbatches, a.steps)  # Seq1F1B (s = --long-seq)
+    all_vs = [32768, 65536, 131072, 262144]
+
+    def vocab_table(table, vs, methods, microbatches, steps):
+        vs = [int(v) for v in a.vocabs.split(",")] if a.vocabs else vs
         for p in ps:
             for v in vs:
-                for m in ["baseline", "redis", "interlaced", "vocab1", "vocab2"]:
-                    if keep(m):
-                        rows.append(("vocab", p, "1f1b", m, v, a.seq, 1, a.layers, *big))
+                for meth in methods:
+                    if keep(meth):
+                        rows.append((table, p, "1f1b", meth, v, a.seq, 1, a.layers, a.hidden,
+                                     a.heads, microbatches(p), steps))
+
+    if "vocab" in a.tables:
+        vocab_table("vocab", [32768, 131072] if small else all_vs,
+                    ["baseline", "redis", "interlaced", "vocab1", "vocab2"],
+                    lambda p: a.microbatches, a.steps)
     if "flat" in a.tables:
         # The vocabulary table at the paper's microbatch ratio, m = 16p (its 8-GPU runs: 128
         # microbatches), where the 1F1B bubble is 1/17 of the transformer work or less: the MFU
-        # trend as V grows without the bubble's shrinking share in it. Opt-in (p = 2: 342 s
-        # here, p = 4: 594 s; docs/benchmarks.md): not part of the default tables.
-        vs = [int(v) for v in a.vocabs.split(",")] if a.vocabs else [32768, 65536, 131072,
-                                                                      262144]
-        for p in ps:
-            for v in vs:
-                for meth in ["baseline", "vocab1", "vocab2"]:
-                    if keep(meth):
-                        rows.append(("flat", p, "1f1b", meth, v, a.seq, 1, a.layers, a.hidden,
-                                     a.heads, 16 * p, a.flat_steps))
+        # trend as V grows without the bubble's shrinking share in it. Opt-in (p = 2: 316 s
+        # here, p = 4: 577 s; docs/benchmarks.md): not part of the default tables.
+        vocab_table("flat", all_vs, ["baseline", "vocab1", "vocab2"], lambda p: 16 * p,
+                    a.flat_steps)
     if "vshape" in a.tables:
         for p in ps:
             # Two layer groups per rank: L must divide by 2p (the whole table uses that L).
             layers = a.layers if a.layers % (2 * p) == 0 else 2 * p * -(-a.layers // (2 * p))
             for sched in ["1f1b", "vhalf"] + ([] if small else ["vmin"]):
-                for m in ["baseline", "vocab1", "vocab2"]:
-                    if keep(m):
-                        rows.append(("vshape", p, sched, m, 65536, a.seq, 1, layers, *big))
+                for meth in ["baseline", "vocab1", "vocab2"]:
+                    if keep(meth):
+                        rows.append(("vshape", p, sched, meth, 65536, a.seq, 1, layers, *big))
     if "seq" in a.tables:
         for p in ps:
             rows.append(("seq", p, "1f1b", "vocab2", 32768, a.long_seq, 1, a.long_layers, *long))
@@ -304,11 +303,13 @@ def main():
     t0 = time.time()
     datas = {}
     comm_cache = {}
-    for (table, p, sched, method, vocab, seq, k, layers, hidden, heads, m, nsteps) in grid(a):
+    rows = grid(a)
+    # Enough tokens for every row's steps plus one (b = 1), twice over, and at least 100k.
+    tokens = max([100000] + [seq * m * (nsteps + 1) * 2 for (*_, seq, _, _, _, _, m, nsteps)
+                             in rows])
+    for (table, p, sched, method, vocab, seq, k, layers, hidden, heads, m, nsteps) in rows:
         if vocab not in datas:
             datas[vocab] = os.path.join(work, f"data_{vocab}.bin")
-            tokens = max(100000, a.long_seq * a.microbatches * (a.steps + 1) * 2,
-                         a.seq * 64 * (a.flat_steps + 1) * 2)
             run([a.vocabpipe, "data", "synth", "--vocab", str(vocab), "--tokens", str(tokens),
                  "--out", datas[vocab], "--seed", "1"])
         name = row_name(table, p, sched, k, method, vocab, seq, layers, hidden)

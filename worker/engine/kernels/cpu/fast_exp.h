@@ -4,8 +4,8 @@
 //
 // Every function is a pure function of its argument, evaluated the same way in a vector lane and
 // in the scalar tail, so results do not depend on the thread count or on how a loop vectorizes.
-// Files whose loops must vectorize compile with -O3 -fno-trapping-math (the -O2 cost model
-// leaves them scalar; without -fno-trapping-math the clamps are not if-converted).
+// Files whose loops must vectorize compile with VP_VECTOR_LOOP_OPTIONS (worker/engine/
+// CMakeLists.txt: -O3 -fno-trapping-math -ffp-contract=off, and why).
 #pragma once
 
 #include <bit>
