@@ -169,6 +169,14 @@ absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec) {
   return runtime::CheckSampling(spec);
 }
 
+absl::StatusOr<std::string> LocalDaemonDevice(const vocabpipe::v1::JobSpec& spec, int rank,
+                                              int cuda_devices) {
+  if (spec.device().empty() || spec.device() == "cpu") return std::string("cpu");
+  auto device = launch::PickCudaDevice(spec.device(), rank, -1, cuda_devices);
+  if (!device.ok()) return device.status();
+  return absl::StrCat("cuda:", *device);
+}
+
 absl::StatusOr<pid_t> SpawnLogged(const std::vector<std::string>& argv,
                                   const std::string& log_path) {
   posix_spawn_file_actions_t actions;

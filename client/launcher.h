@@ -35,6 +35,14 @@ struct LaunchOptions {
 // for data.val_path when given, and the tokenizer that train.sample_every needs.
 absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec);
 
+// The --device of the worker daemon that `vocabpipe run` starts for rank `rank` of a local
+// control-plane run, among `cuda_devices` CUDA devices on this host: "cpu" for a cpu job, else
+// "cuda:N" by the rank's own rule (launch::PickCudaDevice: the spec's cuda:N, else
+// rank % cuda_devices). A daemon registers with the device it is given, and the coordinator
+// places a cuda job only on cuda daemons.
+absl::StatusOr<std::string> LocalDaemonDevice(const vocabpipe::v1::JobSpec& spec, int rank,
+                                              int cuda_devices);
+
 // Starts `argv` with stdin from /dev/null and stdout + stderr to log_path (truncated).
 absl::StatusOr<pid_t> SpawnLogged(const std::vector<std::string>& argv,
                                   const std::string& log_path);

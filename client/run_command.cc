@@ -33,6 +33,7 @@
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
 #include "proto/spec/job_spec.h"
+#include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/step_recorder.h"
 #include "worker/runtime/run_job.h"
@@ -200,9 +201,10 @@ class LocalWorkers {
     for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
   }
   absl::Status Start(const std::string& binary, const std::string& address,
-                     const std::string& log) {
-    auto pid = SpawnLogged(
-        {binary, "--coordinator", address, "--insecure", "--exit-with-parent", "1"}, log);
+                     const std::string& device, const std::string& log) {
+    auto pid = SpawnLogged({binary, "--coordinator", address, "--insecure", "--device", device,
+                            "--exit-with-parent", "1"},
+                           log);
     if (!pid.ok()) return pid.status();
     pids_.push_back(*pid);
     return absl::OkStatus();
@@ -269,9 +271,15 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   }
   const std::string address = absl::StrCat("127.0.0.1:", (*srv)->port());
   LocalWorkers workers;
+  const int cuda_devices = spec.device() == "cpu" ? 0 : launch::CudaDeviceCount();
   for (int r = 0; r < spec.parallel().pipeline(); ++r) {
     const std::string log = (fs::path(dir) / absl::StrCat("daemon_", r, ".log")).string();
-    if (auto st = workers.Start(*binary, address, log); !st.ok()) {
+    auto device = LocalDaemonDevice(spec, r, cuda_devices);
+    if (!device.ok()) {
+      err << "vocabpipe run: " << device.status().message() << "\n";
+      return kExitUsage;
+    }
+    if (auto st = workers.Start(*binary, address, *device, log); !st.ok()) {
       err << "vocabpipe run: " << st.message() << "\n";
       return kExitFailed;
     }

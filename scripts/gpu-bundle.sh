@@ -6,8 +6,10 @@
 #
 # Builds with VOCABPIPE_CUDA=ON (cudart linked statically, cmake/cuda.cmake), then packs into
 # gpu-bundle/vocabpipe-gpu.tar.xz: the programs (vocabpipe, vocabpipe-worker,
-# vocabpipe-coordinator), every CUDA test executable, cuda_bench, a few CPU tests, the example
-# specs of the end-to-end checks, the comparator, and every shared library they load except
+# vocabpipe-coordinator), every CUDA test executable, cuda_bench and the performance baseline
+# (bench/cuda/perf.sh, torch_baseline.py), the example specs of the end-to-end checks, the
+# comparator, the CPU reference runs (refs/: made here by run.sh --make-references, so the GPU
+# host spends no time on them), and every shared library they load except
 #   - glibc (libc, libm, libpthread, libdl, librt, ld-linux, ...): the host's is newer, and
 #     binaries built against an older glibc run on a newer one;
 #   - the CUDA driver (libcuda) and cuBLAS, cuBLASLt, NCCL: hundreds of MiB; the host has them
@@ -38,10 +40,9 @@ CUDA_TESTS=(tests/unit/cuda/cuda_runtime_test tests/unit/cuda/cuda_kernels_test
             tests/unit/cuda_layers/cuda_layer_stack_test
             tests/unit/cuda_vocab/cuda_vocab_shards_test
             tests/integration/cuda_pipeline/cuda_pipeline_test tests/unit/cuda/cuda_nccl_test)
-# CPU tests that need no files from the source or build tree: Gloo, OpenBLAS, the planner.
-CPU_TESTS=(tests/unit/comm/gloo_communicator_test tests/unit/engine/engine_kernels_test
-           tests/unit/runtime/p2p_order_test)
 BENCHES=(bench/cuda/cuda_bench)
+# The performance baseline's scripts (when present), beside cuda_bench in bench/.
+BENCH_SCRIPTS=(bench/cuda/perf.sh bench/cuda/torch_baseline.py)
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   launcher=()
@@ -53,7 +54,7 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVOCABPIPE_CUDA=ON \
     "${launcher[@]}" > /dev/null
   targets=()
-  for t in "${PROGRAMS[@]}" "${CUDA_TESTS[@]}" "${CPU_TESTS[@]}" "${BENCHES[@]}"; do
+  for t in "${PROGRAMS[@]}" "${CUDA_TESTS[@]}" "${BENCHES[@]}"; do
     targets+=("$(basename "$t")")
   done
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}"
@@ -83,12 +84,16 @@ copy_exe() {  # build-relative path, destination folder
   strip --strip-unneeded "$stage/$2/$(basename "$1")"
 }
 for p in "${PROGRAMS[@]}"; do copy_exe "$p" bin; done
-for t in "${CUDA_TESTS[@]}" "${CPU_TESTS[@]}"; do copy_exe "$t" tests; done
+for t in "${CUDA_TESTS[@]}"; do copy_exe "$t" tests; done
 for b in "${BENCHES[@]}"; do copy_exe "$b" bench; done
+for b in "${BENCH_SCRIPTS[@]}"; do
+  if [[ -f "$b" ]]; then cp "$b" "$stage/bench/"; fi
+done
 
 # Every library any executable loads (ldd lists the whole closure).
 declare -A host_libs=()
 for exe in "$stage"/bin/* "$stage"/tests/* "$stage"/bench/*; do
+  [[ "$exe" == *.sh || "$exe" == *.py ]] && continue
   while read -r name path; do
     case "$(classify "$name")" in
       bundle)
@@ -108,6 +113,10 @@ cp scripts/gpu-run.sh "$stage/run.sh"
 cp scripts/gpu_compare.py "$stage/compare.py"
 cp examples/gpu-*.yaml "$stage/examples/"
 chmod +x "$stage/run.sh"
+# The CPU references (20 steps of each fp32 job on the CPU), with the staged programs.
+echo "gpu-bundle: the CPU reference runs (refs/)"
+env LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+  bash "$stage/run.sh" --make-references "$stage/refs"
 {
   echo "vocabpipe GPU bundle"
   echo "built:   $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(ldd --version | head -1)"
@@ -160,6 +169,7 @@ lib="$check/vocabpipe-gpu/lib"
 cuda_dirs=/usr/local/cuda/lib64
 bad=0
 for exe in "$check"/vocabpipe-gpu/{bin,tests,bench}/*; do
+  [[ "$exe" == *.sh || "$exe" == *.py ]] && continue
   while read -r name path; do
     kind=$(classify "$name")
     if [[ "$path" == "not" ]]; then

@@ -1,56 +1,147 @@
 #!/usr/bin/env bash
 # run.sh of the GPU bundle (scripts/gpu-bundle.sh packs this file as vocabpipe-gpu/run.sh next
-# to bin/, tests/, bench/, lib/, examples/ and compare.py). Every CUDA check in one run of under
-# 10 minutes (VP_GPU_BUDGET_S, default 540 s), logs in LOGDIR:
+# to bin/, tests/, bench/, lib/, refs/, examples/ and compare.py). Every CUDA check in one run
+# of about 5 minutes (VP_GPU_BUDGET_S, default 330 s):
 #
-#   bash gpu-bundle/run.sh LOGDIR            on the GPU host (unpacks, then runs this)
-#   run.sh --dry-run LOGDIR                  everything that runs without a GPU (the proof on
-#                                            the build machine): CUDA tests skip their device
-#                                            parts, CPU reference jobs run 3 steps
+#   bash gpu-bundle/run.sh LOGDIR             on the GPU host (unpacks, then runs this)
+#   run.sh --dry-run LOGDIR                   everything that runs without a GPU (the proof on
+#                                             the build machine): CUDA tests skip their device
+#                                             parts, the shipped CPU references are checked
+#   run.sh --make-references REFDIR           (gpu-bundle.sh, on the build machine) the CPU
+#                                             reference jobs, whose metrics the bundle ships
 #
-# In order: the host (nvidia-smi, driver, glibc), the host's cuBLAS/cuBLASLt/NCCL (found in
-# VP_CUDA_LIB_DIRS, the folder of nvcc's toolkit, /usr/local/cuda*, the Python environment's
-# nvidia-* packages; printed), ldd of every executable; the CPU reference jobs start in the
-# background; the test executables (gtest XML + logs); the end-to-end `vocabpipe run` jobs on
-# the GPU (p = 1 fp32 and bf16 for 200 steps, p = 2 vocab1 and vocab2 sharing the GPU for 20
-# steps); cuda_bench; compare.py (the CUDA losses against the CPU ones). Every check prints one
-# PASS / FAIL / SKIP line, collected in LOGDIR/summary.txt. Exit status 0 when nothing failed.
-# Each step runs under `timeout` bounded by the time left, so a hang costs its step, not the run.
+# LOGDIR receives three files only, so that all of it comes back from a host that returns a
+# few files: summary.txt (one PASS / FAIL / SKIP / INFO line per check, then the first lines
+# of each failure's log), logs.tgz (every log, gtest XML, metrics.jsonl and rank log), and
+# perf.txt (the performance table, when bench/perf.sh ran). Standard output carries the same
+# summary, so the end of the output alone is enough to plan the next run.
+#
+# In order of value, so that a run cut short by its budget loses the least useful checks:
+#   1. preflight (seconds): the GPU (nvidia-smi: name, driver, compute mode), the libraries
+#      (the bundle's lib/, the host's cuBLAS/cuBLASLt/NCCL, the driver's libcuda; LD_LIBRARY_PATH
+#      extended, never replaced), glibc versions, and one CUDA context timed; a GPU that CUDA
+#      cannot see stops the device part at once, with the facts (env, ldconfig, nvidia-smi -q);
+#   2. cuda_runtime_test, cuda_kernels_test;
+#   3. `vocabpipe run` p = 1 fp32 (200 steps) through the control plane;
+#   4. cuda_pipeline_test;
+#   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests;
+#   6. cuda_bench, then bench/perf.sh (the performance baseline) when the bundle has it;
+#   7. compare.py: the GPU losses against the CPU references shipped in refs/.
+# The CPU tests are not run here: CI runs them. Each step runs under `timeout` bounded by the
+# time left, so a hang costs its step, not the run.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-DRY=0
-if [[ "${1:-}" == --dry-run ]]; then
-  DRY=1
-  shift
-fi
+MODE=gpu
+case "${1:-}" in
+  --dry-run) MODE=dry; shift ;;
+  --make-references) MODE=refs; shift ;;
+esac
 if [[ $# -ne 1 ]]; then
-  echo "usage: run.sh [--dry-run] LOGDIR" >&2
+  echo "usage: run.sh [--dry-run | --make-references REFDIR] LOGDIR" >&2
   exit 2
 fi
+DRY=0
+[[ "$MODE" != gpu ]] && DRY=1
+REF_STEPS=20      # steps of each CPU reference (and of the fp32 comparison)
+CPU_THREADS=4     # BLAS threads per CPU reference rank
+CPU_REFS=(gpu-p1-fp32 gpu-p2-vocab1 gpu-p2-vocab2 gpu-llama-p2)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vocabpipe-gpu-work.XXXXXX")  # runs, data, specs
+LOGS="$WORK/logs"  # everything that goes into logs.tgz
+mkdir -p "$LOGS"
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}  # an NCCL failure explains itself in the log
+export CUDA_MODULE_LOADING=EAGER       # the programs set it too (worker/launch/cuda_environment.h)
+
+# The learnable corpus every job trains on (a Markov chain with a known entropy floor), and
+# the jobs' specs, in WORK. Prints the synth output.
+make_data() {
+  "$@" data synth --vocab 4096 --tokens 1000000 --out "$WORK/gpu-data.bin" --seed 7 2>&1
+  cp "$HERE"/examples/gpu-*.yaml "$WORK/"
+}
+cpu_spec() {  # NAME: the CPU copy of examples/NAME.yaml (same model, data, seed; fp32 on cpu)
+  sed -e "s/^device: cuda.*/device: cpu/" -e "s/^precision: .*/precision: fp32/" \
+    -e "s/^name: .*/name: $1-cpu/" -e "s#runs/$1,#runs/$1-cpu,#" \
+    -e "s/seed: 1234}/seed: 1234, threads: $CPU_THREADS}/" "$WORK/$1.yaml" > "$WORK/$1-cpu.yaml"
+}
+
+# ---- --make-references REFDIR: the CPU runs the GPU results are compared with (build machine)
+if [[ "$MODE" == refs ]]; then
+  mkdir -p "$1"
+  REFDIR=$(cd "$1" && pwd)
+  VP=(env "LD_LIBRARY_PATH=$HERE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$HERE/bin/vocabpipe")
+  make_data "${VP[@]}" > "$REFDIR/synth.txt" || { cat "$REFDIR/synth.txt" >&2; exit 1; }
+  sha256sum "$WORK/gpu-data.bin" | cut -d' ' -f1 > "$REFDIR/data.sha256"
+  (cd "$WORK" && for n in "${CPU_REFS[@]}"; do
+    cpu_spec "$n"
+    start=$SECONDS
+    if ! "${VP[@]}" run "$n-cpu.yaml" --steps "$REF_STEPS" > "$LOGS/$n-cpu.log" 2>&1; then
+      echo "run.sh: the CPU reference $n failed:" >&2
+      tail -20 "$LOGS/$n-cpu.log" >&2
+      exit 1
+    fi
+    mkdir -p "$REFDIR/$n-cpu"
+    cp "runs/$n-cpu/metrics.jsonl" "$REFDIR/$n-cpu/"
+    echo "run.sh: CPU reference $n: $REF_STEPS steps in $((SECONDS - start)) s"
+  done) || { rm -rf "$WORK"; exit 1; }
+  rm -rf "$WORK"
+  exit 0
+fi
+
 mkdir -p "$1"
 LOGDIR=$(cd "$1" && pwd)
-BUDGET=${VP_GPU_BUDGET_S:-540}
+BUDGET=${VP_GPU_BUDGET_S:-330}
 SUMMARY="$LOGDIR/summary.txt"
 : > "$SUMMARY"
 FAILS=0
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/vocabpipe-gpu-work.XXXXXX")  # run dirs (checkpoints stay here)
+FAIL_LOGS=()  # the log of each failure, for the excerpts at the end
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
-result() {  # PASS|FAIL|SKIP|INFO NAME [DETAIL]
-  [[ "$1" == FAIL ]] && FAILS=$((FAILS + 1))
+result() {  # PASS|FAIL|SKIP|INFO NAME [DETAIL [LOG]]
+  if [[ "$1" == FAIL ]]; then
+    FAILS=$((FAILS + 1))
+    [[ -n "${4:-}" ]] && FAIL_LOGS+=("$4")
+  fi
   say "$1 $2${3:+: $3}"
 }
 left() { echo $((BUDGET - SECONDS)); }
-# capped CAP CMD...: CMD under timeout min(CAP, time left - 20 s); 124 without running when
-# fewer than 10 s would be left.
+# capped CAP CMD...: CMD under timeout min(CAP, time left - 15 s); 124 without running when
+# fewer than 5 s would be left.
 capped() {
   local cap=$1 t
   shift
-  t=$(($(left) - 20))
+  t=$(($(left) - 15))
   ((t > cap)) && t=$cap
-  ((t < 10)) && return 124
-  timeout --kill-after=10 "$t" "$@"
+  ((t < 5)) && return 124
+  timeout --kill-after=5 "$t" "$@"
 }
+# The first lines of a failure in LOG: gtest failures, errors, the tail otherwise.
+excerpt() {
+  local log=$1
+  [[ -f "$log" ]] || return 0
+  echo "---- ${log#"$LOGS"/}"
+  if grep -qE 'Failure|FAILED|[Ee]rror|error:|what\(\)' "$log"; then
+    grep -m6 -B2 -A8 -E 'Failure$|Failure:|\[  FAILED  \]|[Ee]rror|what\(\)' "$log" | head -40
+  else
+    tail -15 "$log"
+  fi
+}
+finish() {  # the archive and the failures' first lines; runs once, also on an early exit
+  trap - EXIT
+  cp "$SUMMARY" "$LOGS/summary.txt" 2> /dev/null
+  tar -C "$WORK" -czf "$LOGDIR/logs.tgz" logs 2> /dev/null
+  if ((${#FAIL_LOGS[@]} > 0)); then
+    say "== the first lines of each failure (all logs in $LOGDIR/logs.tgz)"
+    local seen="" log
+    for log in "${FAIL_LOGS[@]}"; do
+      [[ " $seen " == *" $log "* ]] && continue
+      seen="$seen $log"
+      excerpt "$log" | tee -a "$SUMMARY"
+    done
+  fi
+  say "== $FAILS failed, $SECONDS s; $LOGDIR: summary.txt, logs.tgz$(
+    [[ -f "$LOGDIR/perf.txt" ]] && echo ', perf.txt')"
+  if [[ "${VP_KEEP_WORK:-0}" == 1 ]]; then echo "work folder kept: $WORK"; else rm -rf "$WORK"; fi
+}
+trap finish EXIT
 
 say "== vocabpipe GPU checks, $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET}s$(
   ((DRY)) && echo ', dry run')"
@@ -59,27 +150,31 @@ say "== vocabpipe GPU checks, $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET}s$
   echo "host: $(hostname) $(uname -srm), $(nproc) cores, $(ldd --version 2>&1 | head -1)"
   command -v nvcc > /dev/null && nvcc --version | tail -2
   command -v python3 > /dev/null && python3 --version
-} > "$LOGDIR/env.txt" 2>&1
+} > "$LOGS/env.txt" 2>&1
+say "     bundle: $(sed -n 's/^source: *//p' "$HERE/MANIFEST" 2> /dev/null | head -1)"
 
-# ---- 1. the GPU
-export CUDA_MODULE_LOADING=EAGER  # the programs set it too (worker/launch/cuda_environment.h)
+# ---- 1. preflight: the GPU
 GPUS=0
 if command -v nvidia-smi > /dev/null; then
-  nvidia-smi > "$LOGDIR/nvidia-smi.txt" 2>&1
-  nvidia-smi -L >> "$LOGDIR/nvidia-smi.txt" 2>&1
+  nvidia-smi > "$LOGS/nvidia-smi.txt" 2>&1
+  nvidia-smi -L >> "$LOGS/nvidia-smi.txt" 2>&1
   GPUS=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ' || true)
 fi
 if ((GPUS > 0)); then
-  result INFO nvidia-smi "$(nvidia-smi --query-gpu=name,driver_version,memory.total \
+  result INFO nvidia-smi "$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode \
     --format=csv,noheader 2> /dev/null | head -1) ($GPUS GPU)"
+  if nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2> /dev/null | grep -qi exclusive; then
+    result INFO compute-mode "exclusive: the p = 2 jobs (two processes on one GPU) cannot run"
+  fi
 elif ((DRY)); then
   result SKIP nvidia-smi "no GPU (dry run)"
 else
-  result FAIL nvidia-smi "no GPU visible: running the device-free part only"
+  result FAIL nvidia-smi "no GPU visible: running the device-free part only" "$LOGS/nvidia-smi.txt"
   DRY=1
 fi
 
-# ---- 2. libraries: the bundle's lib/ plus the host's CUDA libraries (host-libs.txt)
+# ---- 1b. preflight: the libraries (the bundle's lib/, then the host's CUDA libraries, then the
+# driver's folder, then whatever the caller had: extended, never replaced)
 cuda_candidates() {
   local d nvcc
   if [[ -n "${VP_CUDA_LIB_DIRS:-}" ]]; then tr ':' '\n' <<< "$VP_CUDA_LIB_DIRS"; fi
@@ -119,8 +214,18 @@ PY
   echo /usr/lib/x86_64-linux-gnu
 }
 mapfile -t candidates < <(cuda_candidates | awk 'NF && !seen[$0]++')
+{
+  echo "== candidate folders"
+  printf '%s\n' "${candidates[@]}"
+  echo "== every libcublas*/libnccl*/libcuda* in them"
+  for d in "${candidates[@]}"; do
+    ls -1 "$d"/libcublas* "$d"/libnccl* "$d"/libcuda.so* 2> /dev/null
+  done
+} > "$LOGS/libraries.txt"
 LIBPATH="$HERE/lib"
+add_path() { [[ ":$LIBPATH:" == *":$1:"* ]] || LIBPATH="$LIBPATH:$1"; }
 missing=""
+find_budget=$((SECONDS + 10))  # the last-resort search of the whole host, 10 s in all
 while read -r soname; do
   [[ -z "$soname" ]] && continue
   found=""
@@ -130,177 +235,241 @@ while read -r soname; do
       break
     fi
   done
-  if [[ -z "$found" ]]; then  # last resort: anywhere on this host (bounded)
-    hit=$(timeout 30 find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$soname" \
-      -print 2> /dev/null | head -1)
+  if [[ -z "$found" ]] && ((SECONDS < find_budget)); then
+    hit=$(timeout $((find_budget - SECONDS)) find / -xdev \( -path /proc -o -path /sys \) -prune \
+      -o -name "$soname" -print 2> /dev/null | head -1)
     [[ -n "$hit" ]] && found=$(cd "$(dirname "$hit")" && pwd -P)
   fi
   if [[ -n "$found" ]]; then
     say "     $soname: $found"
-    [[ ":$LIBPATH:" == *":$found:"* ]] || LIBPATH="$LIBPATH:$found"
+    add_path "$found"
   else
     missing="$missing $soname"
   fi
 done < "$HERE/host-libs.txt"
 if [[ -n "$missing" ]]; then
-  result FAIL host-libraries "not found:$missing (set VP_CUDA_LIB_DIRS=dir1:dir2)"
+  result FAIL host-libraries "not found:$missing (set VP_CUDA_LIB_DIRS=dir1:dir2)" \
+    "$LOGS/libraries.txt"
 else
   result PASS host-libraries "$(tr '\n' ' ' < "$HERE/host-libs.txt")"
 fi
+# The driver (cudart is linked statically and opens libcuda.so.1 at run time): its folder as
+# ldconfig knows it, or the usual mounts.
+libcuda=$(ldconfig -p 2> /dev/null | awk '/libcuda\.so\.1 / { print $NF; exit }')
+for d in ${libcuda:+"$(dirname "$libcuda")"} /usr/local/nvidia/lib64 /usr/local/nvidia/lib \
+  /usr/lib/x86_64-linux-gnu /usr/lib64; do
+  if [[ -e "$d/libcuda.so.1" ]]; then
+    say "     libcuda.so.1: $d"
+    add_path "$(cd "$d" && pwd -P)"
+    break
+  fi
+done
+LIBPATH="$LIBPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Only our executables (and the processes they start) get the path: host tools such as python3
 # must keep loading the host's own libssl, libz, libstdc++.
 VPENV=(env "LD_LIBRARY_PATH=$LIBPATH")
 VP=("${VPENV[@]}" "$HERE/bin/vocabpipe")
 say "     LD_LIBRARY_PATH=$LIBPATH (for the bundle's executables)"
-: > "$LOGDIR/ldd.txt"
-for exe in "$HERE"/bin/* "$HERE"/tests/* "$HERE"/bench/*; do
-  echo "== $exe" >> "$LOGDIR/ldd.txt"
-  "${VPENV[@]}" ldd "$exe" >> "$LOGDIR/ldd.txt" 2>&1
-done
-if grep -q "not found" "$LOGDIR/ldd.txt"; then
-  result FAIL ldd "$(grep 'not found' "$LOGDIR/ldd.txt" | sort -u | tr -s ' \t\n' ' ')"
+check_ldd() {  # all executables; sets LDD_BAD to the unresolved libraries and versions
+  : > "$LOGS/ldd.txt"
+  for exe in "$HERE"/bin/* "$HERE"/tests/* "$HERE"/bench/*; do
+    [[ -f "$exe" && "$exe" != *.sh && "$exe" != *.py ]] || continue
+    echo "== $exe" >> "$LOGS/ldd.txt"
+    "${VPENV[@]}" ldd "$exe" >> "$LOGS/ldd.txt" 2>&1
+  done
+  LDD_BAD=$(grep -E 'not found' "$LOGS/ldd.txt" | sort -u | tr -s ' \t\n' ' ')
+}
+check_ldd
+# The bundled libstdc++/libgcc_s come from the build machine (Debian 12: GLIBC_2.36); on an
+# older glibc they cannot load, and the host's own (if recent enough) must serve instead.
+if [[ "$LDD_BAD" == *"version"*"not found"* ]] && [[ -e "$HERE/lib/libstdc++.so.6" ]]; then
+  mkdir -p "$HERE/lib-aside"
+  mv "$HERE/lib/libstdc++.so.6" "$HERE/lib/libgcc_s.so.1" "$HERE/lib-aside/" 2> /dev/null
+  result INFO glibc "the bundle's libstdc++ needs a newer glibc ($LDD_BAD); using the host's"
+  check_ldd
+fi
+if [[ -n "$LDD_BAD" ]]; then
+  result FAIL ldd "$LDD_BAD" "$LOGS/ldd.txt"
 else
-  result PASS ldd "every library of $(grep -c '^== ' "$LOGDIR/ldd.txt") executables found"
+  result PASS ldd "every library of $(grep -c '^== ' "$LOGS/ldd.txt") executables found"
 fi
 
-# ---- 3. the corpus, the specs, and the CPU reference jobs (background: they need only CPUs)
-CPU_STEPS=${VP_CPU_STEPS:-$( ((DRY)) && echo 3 || echo 20)}
-CPU_THREADS=${VP_CPU_THREADS:-4}
-synth=$("${VP[@]}" data synth --vocab 4096 --tokens 1000000 --out "$WORK/gpu-data.bin" --seed 7 2>&1)
-echo "$synth" > "$LOGDIR/synth.txt"
-FLOOR=$(sed -n 's/.*entropy rate \([0-9.]*\).*/\1/p' <<< "$synth" | head -1)
-cp "$HERE"/examples/gpu-*.yaml "$WORK/"
-cpu_spec() {  # NAME: the CPU copy of examples/NAME.yaml (same model, data, seed; fp32 on cpu)
-  sed -e "s/^device: cuda.*/device: cpu/" -e "s/^precision: .*/precision: fp32/" \
-    -e "s/^name: .*/name: $1-cpu/" -e "s#runs/$1,#runs/$1-cpu,#" \
-    -e "s/seed: 1234}/seed: 1234, threads: $CPU_THREADS}/" "$WORK/$1.yaml" > "$WORK/$1-cpu.yaml"
-}
-CPU_REFS=(gpu-p1-fp32 gpu-p2-vocab1 gpu-p2-vocab2 gpu-llama-p2)
-for n in "${CPU_REFS[@]}"; do cpu_spec "$n"; done
-(
-  for n in "${CPU_REFS[@]}"; do
-    start=$SECONDS
-    capped 300 "${VP[@]}" run "$WORK/$n-cpu.yaml" --steps "$CPU_STEPS" > "$LOGDIR/e2e-$n-cpu.log" 2>&1
-    echo "$n-cpu exit $? after $((SECONDS - start)) s" >> "$LOGDIR/cpu-refs.txt"
-  done
-) &
-CPU_PID=$!
+# ---- 1c. preflight: one CUDA context, timed (module loading is eager: this is what every
+# process pays at its start)
+if ((!DRY)); then
+  t0=$(date +%s.%N)
+  capped 30 "${VPENV[@]}" "$HERE/tests/cuda_runtime_test" \
+    --gtest_filter='DeviceCount.*:StreamQuery.*' > "$LOGS/preflight.log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if ((rc == 0)) && ! grep -q "no CUDA device" "$LOGS/preflight.log"; then
+    result PASS preflight "a CUDA context and a kernel in $secs s (eager module loading)"
+  else
+    {
+      echo "== env"; env | sort
+      echo "== ldconfig -p | grep -i -e cuda -e nvidia"
+      ldconfig -p 2> /dev/null | grep -i -e cuda -e nvidia
+      echo "== nvidia-smi -q"; nvidia-smi -q 2>&1 | head -200
+      echo "== ls /dev/nvidia*"; ls -l /dev/nvidia* 2>&1
+    } > "$LOGS/preflight-facts.txt"
+    result FAIL preflight "CUDA sees no usable device (exit $rc, $secs s): device checks \
+skipped; facts in preflight-facts.txt" "$LOGS/preflight.log"
+    sed -n '1,/== nvidia-smi -q/p' "$LOGS/preflight-facts.txt" | grep -i \
+      -e LD_LIBRARY -e libcuda -e CUDA_ -e NVIDIA | head -20
+    DRY=1
+  fi
+fi
 
-# ---- 4. the test executables
+# ---- the corpus and the specs; the CPU references come with the bundle (refs/)
+synth=$(make_data "${VP[@]}")
+echo "$synth" > "$LOGS/synth.txt"
+FLOOR=$(sed -n 's/.*entropy rate \([0-9.]*\).*/\1/p' <<< "$synth" | head -1)
+if [[ -f "$HERE/refs/data.sha256" ]]; then
+  if [[ "$(sha256sum "$WORK/gpu-data.bin" | cut -d' ' -f1)" == "$(cat "$HERE/refs/data.sha256")" ]]
+  then
+    result PASS corpus "the same tokens as the CPU references' (sha256)"
+  else
+    result FAIL corpus "the synthesized corpus differs from the CPU references'" "$LOGS/synth.txt"
+  fi
+else
+  result FAIL corpus "the bundle has no refs/ (CPU references)"
+fi
+cd "$WORK" || exit 1  # the specs name runs/NAME and gpu-data.bin relative to here
+
+# ---- the test executables
 run_test() {  # NAME CAP
-  local name=$1 cap=$2 rc t0=$SECONDS passed skipped failed detail
+  local name=$1 cap=$2 rc t0=$SECONDS passed skipped failed detail log="$LOGS/$1.log"
   if [[ ! -x "$HERE/tests/$name" ]]; then
     result FAIL "$name" "not in the bundle"
     return
   fi
-  capped "$cap" "${VPENV[@]}" "$HERE/tests/$name" --gtest_output="xml:$LOGDIR/$name.xml" \
-    > "$LOGDIR/$name.log" 2>&1
+  capped "$cap" "${VPENV[@]}" "$HERE/tests/$name" --gtest_output="xml:$LOGS/$name.xml" \
+    > "$log" 2>&1
   rc=$?
-  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$LOGDIR/$name.log" | tail -1)
-  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$LOGDIR/$name.log" | tail -1)
-  failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$LOGDIR/$name.log" | tail -1)
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+  failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
   detail="${passed:-0} passed, ${skipped:-0} skipped, ${failed:-0} failed, $((SECONDS - t0)) s"
   if ((rc == 124 || rc == 137)); then
-    result FAIL "$name" "timed out ($detail; last: $(tail -1 "$LOGDIR/$name.log"))"
+    result FAIL "$name" "timed out ($detail; last: $(tail -1 "$log"))" "$log"
   elif ((rc != 0)); then
-    result FAIL "$name" "exit $rc ($detail; $(grep -m3 '^\[  FAILED  \] [A-Z]' "$LOGDIR/$name.log" |
-      sed 's/^\[  FAILED  \] //' | tr '\n' ' '))"
-  elif ((!DRY)) && grep -q "no CUDA device" "$LOGDIR/$name.log"; then
-    result FAIL "$name" "CUDA sees no device although nvidia-smi does (driver older than the \
-CUDA 13 runtime?) ($detail)"
+    result FAIL "$name" "exit $rc ($detail; $(grep -m3 '^\[  FAILED  \] [A-Z]' "$log" |
+      sed 's/^\[  FAILED  \] //' | tr '\n' ' '))" "$log"
+  elif ((!DRY)) && grep -q "no CUDA device" "$log"; then
+    result FAIL "$name" "skipped its device tests although the preflight saw a GPU ($detail)" "$log"
   else
     result PASS "$name" "$detail"
   fi
 }
-say "== tests"
-run_test cuda_runtime_test 60
-run_test cuda_kernels_test 120
-run_test cuda_layer_stack_test 120
-run_test cuda_vocab_shards_test 120
-run_test cuda_pipeline_test 240
-run_test cuda_nccl_test 60
-for t in gloo_communicator_test engine_kernels_test p2p_order_test; do run_test "$t" 60; done
 
-# ---- 5. end-to-end jobs on the GPU
-keep_run() {  # NAME: metrics and logs of runs/NAME into LOGDIR/runs/NAME
+# ---- end-to-end jobs on the GPU
+keep_run() {  # NAME: metrics and logs of runs/NAME into the logs
   local src="$WORK/runs/$1"
   [[ -d "$src" ]] || return 0
-  mkdir -p "$LOGDIR/runs/$1"
-  cp "$src"/metrics.jsonl "$src"/*.log "$LOGDIR/runs/$1/" 2> /dev/null
+  mkdir -p "$LOGS/runs/$1"
+  cp "$src"/metrics.jsonl "$src"/*.log "$LOGS/runs/$1/" 2> /dev/null
   return 0
 }
-say "== end-to-end (vocabpipe run, device: cuda)"
-if ((DRY)); then
-  capped 60 "${VP[@]}" run "$WORK/gpu-p1-fp32.yaml" > "$LOGDIR/e2e-gpu-p1-fp32.log" 2>&1
+run_job() {  # NAME CAP: `vocabpipe run` through the control plane, as a user runs it
+  local n=$1 cap=$2 t0=$SECONDS rc log="$LOGS/e2e-$1.log"
+  capped "$cap" "${VP[@]}" run "$WORK/$n.yaml" > "$log" 2>&1
   rc=$?
-  if ((rc == 2)) && grep -q "device: cuda" "$LOGDIR/e2e-gpu-p1-fp32.log"; then
-    result PASS e2e-refused-without-gpu "$(tail -1 "$LOGDIR/e2e-gpu-p1-fp32.log")"
+  keep_run "$n"
+  if ((rc == 0)); then
+    result PASS "e2e-$n" "$(grep -m1 '^done:' "$log"), $((SECONDS - t0)) s"
+    return
+  fi
+  result FAIL "e2e-$n" "exit $rc after $((SECONDS - t0)) s: $(tail -1 "$log")" "$log"
+  local rank_log
+  for rank_log in "$WORK/runs/$n"/*.log; do
+    [[ -f "$rank_log" ]] && grep -qiE 'error|fail|what\(\)' "$rank_log" && FAIL_LOGS+=("$rank_log")
+  done
+  # A job that never left PENDING is a placement failure: --direct would only repeat the
+  # device part. Otherwise, without the control plane (rank processes started directly), to
+  # tell a device failure from a control-plane one.
+  if grep -q "waiting for" "$log" && ! grep -q "RUNNING" "$log"; then return; fi
+  sed -e "s#runs/$n,#runs/$n-direct,#" "$WORK/$n.yaml" > "$WORK/$n-direct.yaml"
+  capped "$((cap * 2 / 3))" "${VP[@]}" run --direct "$WORK/$n-direct.yaml" \
+    > "$LOGS/e2e-$n-direct.log" 2>&1
+  rc=$?
+  keep_run "$n-direct"
+  result INFO "e2e-$n --direct" "exit $rc: $(tail -1 "$LOGS/e2e-$n-direct.log")"
+}
+
+if ((DRY)); then
+  say "== tests (device-free parts)"
+  for t in cuda_runtime_test cuda_kernels_test cuda_pipeline_test cuda_layer_stack_test \
+    cuda_vocab_shards_test cuda_nccl_test; do
+    run_test "$t" 120
+  done
+  say "== end-to-end"
+  capped 60 "${VP[@]}" run "$WORK/gpu-p1-fp32.yaml" > "$LOGS/e2e-gpu-p1-fp32.log" 2>&1
+  rc=$?
+  if ((rc == 2)) && grep -q "device: cuda" "$LOGS/e2e-gpu-p1-fp32.log"; then
+    result PASS e2e-refused-without-gpu "$(tail -1 "$LOGS/e2e-gpu-p1-fp32.log")"
   else
-    result FAIL e2e-refused-without-gpu "exit $rc: $(tail -1 "$LOGDIR/e2e-gpu-p1-fp32.log")"
+    result FAIL e2e-refused-without-gpu "exit $rc: $(tail -1 "$LOGS/e2e-gpu-p1-fp32.log")" \
+      "$LOGS/e2e-gpu-p1-fp32.log"
   fi
 else
-  for n in gpu-p1-fp32 gpu-p1-bf16 gpu-p2-vocab1 gpu-p2-vocab2 gpu-llama-p2; do
-    t0=$SECONDS
-    capped 150 "${VP[@]}" run "$WORK/$n.yaml" > "$LOGDIR/e2e-$n.log" 2>&1
-    rc=$?
-    keep_run "$n"
-    if ((rc == 0)); then
-      result PASS "e2e-$n" "$(grep -m1 '^done:' "$LOGDIR/e2e-$n.log"), $((SECONDS - t0)) s"
-    else
-      result FAIL "e2e-$n" "exit $rc after $((SECONDS - t0)) s: $(tail -1 "$LOGDIR/e2e-$n.log")"
-      # Without the control plane (rank processes started directly): separates a device
-      # failure from a control-plane one.
-      sed -e "s#runs/$n,#runs/$n-direct,#" "$WORK/$n.yaml" > "$WORK/$n-direct.yaml"
-      capped 120 "${VP[@]}" run --direct "$WORK/$n-direct.yaml" > "$LOGDIR/e2e-$n-direct.log" 2>&1
-      rc=$?
-      keep_run "$n-direct"
-      result INFO "e2e-$n --direct" "exit $rc: $(tail -1 "$LOGDIR/e2e-$n-direct.log")"
-    fi
-  done
+  say "== tests and jobs, in order of value"
+  run_test cuda_runtime_test 30
+  run_test cuda_kernels_test 60
+  run_job gpu-p1-fp32 75
+  run_test cuda_pipeline_test 90
+  run_job gpu-p1-bf16 60
+  run_job gpu-p2-vocab1 45
+  run_job gpu-p2-vocab2 45
+  run_test cuda_layer_stack_test 45
+  run_test cuda_vocab_shards_test 45
+  run_job gpu-llama-p2 45
+  run_test cuda_nccl_test 30
 fi
 
-# ---- 6. the benchmark
-say "== cuda_bench"
-capped 120 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGDIR/cuda_bench.txt" 2>&1
+# ---- the benchmarks
+say "== benchmarks"
+capped 45 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGS/cuda_bench.txt" 2>&1
 rc=$?
-if ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGDIR/cuda_bench.txt"; then
-  result FAIL cuda_bench "CUDA sees no device although nvidia-smi does"
+if ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGS/cuda_bench.txt"; then
+  result FAIL cuda_bench "CUDA sees no device although the preflight did" "$LOGS/cuda_bench.txt"
 elif ((rc == 0)); then
   result "$( ((DRY)) && echo SKIP || echo PASS)" cuda_bench \
-    "$(grep -c . "$LOGDIR/cuda_bench.txt") lines in cuda_bench.txt ($(head -1 "$LOGDIR/cuda_bench.txt"))"
+    "$(grep -c . "$LOGS/cuda_bench.txt") lines ($(head -1 "$LOGS/cuda_bench.txt"))"
+  ((DRY)) || grep -E 'MFU|TFLOP' "$LOGS/cuda_bench.txt" | head -20 | sed 's/^/     /' | tee -a "$SUMMARY"
 else
-  result FAIL cuda_bench "exit $rc: $(tail -1 "$LOGDIR/cuda_bench.txt")"
+  result FAIL cuda_bench "exit $rc: $(tail -1 "$LOGS/cuda_bench.txt")" "$LOGS/cuda_bench.txt"
+fi
+if [[ -x "$HERE/bench/perf.sh" ]]; then
+  perf_args=("$LOGS/perf")
+  ((DRY)) && perf_args=(--dry-run "${perf_args[@]}")
+  VP_BIN_ENV="${VPENV[*]}" capped 110 bash "$HERE/bench/perf.sh" "${perf_args[@]}" \
+    > "$LOGS/perf.log" 2>&1
+  rc=$?
+  [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
+  if ((rc == 0)); then
+    result "$( ((DRY)) && echo SKIP || echo PASS)" perf "$(tail -1 "$LOGS/perf.log")"
+    [[ -f "$LOGDIR/perf.txt" ]] && sed 's/^/     /' "$LOGDIR/perf.txt" | tee -a "$SUMMARY"
+  else
+    result FAIL perf "exit $rc: $(tail -1 "$LOGS/perf.log")" "$LOGS/perf.log"
+  fi
 fi
 
-# ---- 7. the CPU references, then the comparison
+# ---- the comparison with the CPU references
 say "== comparison"
-while kill -0 "$CPU_PID" 2> /dev/null && (($(left) > 15)); do sleep 2; done
-if kill -0 "$CPU_PID" 2> /dev/null; then
-  kill -- "$CPU_PID" 2> /dev/null
-  result FAIL cpu-references "still running at the end of the budget"
-fi
-wait "$CPU_PID" 2> /dev/null
-for n in "${CPU_REFS[@]}"; do keep_run "$n-cpu"; done
-while read -r line; do
-  case "$line" in
-    *"exit 0 "*) result PASS "e2e-${line%% exit*}" "${line#* exit 0 }" ;;
-    *) result FAIL "e2e-${line%% exit*}" "exit ${line#* exit }" ;;
-  esac
-done < <(cat "$LOGDIR/cpu-refs.txt" 2> /dev/null)
-compare_args=("$LOGDIR/runs" --cpu-steps "$CPU_STEPS")
+compare_args=("$LOGS/runs" --refs "$HERE/refs" --cpu-steps "$REF_STEPS")
 [[ -n "$FLOOR" ]] && compare_args+=(--floor "$FLOOR")
 ((DRY)) && compare_args+=(--cpu-only)
 if command -v python3 > /dev/null; then
-  python3 "$HERE/compare.py" "${compare_args[@]}" > "$LOGDIR/compare.txt" 2>&1
+  python3 "$HERE/compare.py" "${compare_args[@]}" > "$LOGS/compare.txt" 2>&1
   while read -r verdict rest; do
     case "$verdict" in
-      PASS | FAIL | SKIP | INFO) result "$verdict" "$rest" ;;
+      PASS | INFO | SKIP) result "$verdict" "$rest" ;;
+      FAIL) result FAIL "$rest" "" "$LOGS/compare.txt" ;;
     esac
-  done < "$LOGDIR/compare.txt"
+  done < "$LOGS/compare.txt"
 else
   result FAIL compare "no python3 on this host"
 fi
 
-rm -rf "$WORK"
-say "== $FAILS failed, $((SECONDS)) s; logs in $LOGDIR"
+finish
 ((FAILS == 0))

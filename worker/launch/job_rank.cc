@@ -42,24 +42,36 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Gloo(
 
 }  // namespace
 
+absl::StatusOr<int> PickCudaDevice(const std::string& spec_device, int rank, int requested_device,
+                                   int device_count) {
+  if (device_count <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device: ", spec_device, ": no CUDA device on this host"));
+  }
+  int device = requested_device;
+  if (device < 0 && spec_device.rfind("cuda:", 0) == 0) {
+    if (!absl::SimpleAtoi(spec_device.substr(5), &device)) device = -1;
+  }
+  if (device < 0) device = rank % device_count;
+  if (device >= device_count) {
+    return absl::InvalidArgumentError(absl::StrCat("device: cuda:", device, " does not exist (",
+                                                   device_count, " CUDA devices on this host)"));
+  }
+  return device;
+}
+
+int CudaDeviceCount() {
+#ifdef VP_HAVE_CUDA
+  return engine::cuda::DeviceCount();
+#else
+  return 0;
+#endif
+}
+
 absl::StatusOr<int> RankCudaDevice(const vocabpipe::v1::JobSpec& spec, int rank,
                                    int requested_device) {
 #ifdef VP_HAVE_CUDA
-  const int count = engine::cuda::DeviceCount();
-  if (count == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("device: ", spec.device(), ": no CUDA device on this host"));
-  }
-  int device = requested_device;
-  if (device < 0 && spec.device().rfind("cuda:", 0) == 0) {
-    if (!absl::SimpleAtoi(spec.device().substr(5), &device)) device = -1;
-  }
-  if (device < 0) device = rank % count;
-  if (device >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("device: cuda:", device, " does not exist (",
-                                                   count, " CUDA devices on this host)"));
-  }
-  return device;
+  return PickCudaDevice(spec.device(), rank, requested_device, engine::cuda::DeviceCount());
 #else
   (void)rank;
   (void)requested_device;
@@ -130,6 +142,22 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   auto device = RankCudaDevice(spec, options.rank, options.cuda_device);
   if (!device.ok()) return device.status();
   out->cuda_device = *device;
+  runtime::CudaRankOptions cuda;
+  cuda.device = *device;
+  cuda.precision = spec.precision() == "fp32" ? runtime::DevicePrecision::kFp32
+                                              : runtime::DevicePrecision::kBf16;
+  if (p == 1) {
+    // One rank never communicates: the self communicator (identity collectives on device
+    // pointers), so a one-GPU job does not depend on NCCL's bootstrap and topology detection.
+    out->transport = "self";
+    cuda.untagged_p2p = false;
+    out->comms.push_back(comm::MakeSelfCommunicator());
+    auto rank = runtime::CreateCudaPipelineRank(plan, options.rank, trainer, cuda,
+                                                out->comms[0].get(), out->comms[0].get());
+    if (!rank.ok()) return rank.status();
+    out->rank = std::move(*rank);
+    return out;
+  }
   // Which physical GPU this is, host-wide: the transport depends on whether two ranks share one.
   char bus[64] = {0};
   if (cudaDeviceGetPCIBusId(bus, sizeof(bus), *device) != cudaSuccess) {
@@ -153,20 +181,18 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     return absl::DeadlineExceededError(
         absl::StrCat("connect: waiting for every rank's GPU id: ", e.what()));
   }
-  runtime::CudaRankOptions cuda;
-  cuda.device = *device;
-  cuda.precision = spec.precision() == "fp32" ? runtime::DevicePrecision::kFp32
-                                              : runtime::DevicePrecision::kBf16;
   comm::Communicator* p2p = nullptr;
   comm::Communicator* coll = nullptr;
   if (static_cast<int>(ids.size()) == p) {
     out->transport = "nccl";
     cuda.untagged_p2p = true;
-    // NCCL does not promise that kernels of two communicators progress concurrently; if a
-    // cluster shows hangs with the split, VOCABPIPE_NCCL_ONE_COMM=1 puts transfers and barriers
-    // on one communicator (one communication thread, the plan's order).
-    const char* one = std::getenv("VOCABPIPE_NCCL_ONE_COMM");
-    const bool split = one == nullptr || std::string(one) != "1";
+    // One communicator, driven by one communication thread in the plan's order (as Gloo on the
+    // CPU), unless VOCABPIPE_NCCL_SPLIT_COMM=1: then transfers and vocabulary barriers get a
+    // communicator each, driven from two threads. NCCL calls it unsafe to drive two
+    // communicators of one device from two threads at once, and the split has not yet run on
+    // two GPUs, so it stays opt-in until a multi-GPU run validates it.
+    const char* split_env = std::getenv("VOCABPIPE_NCCL_SPLIT_COMM");
+    const bool split = split_env != nullptr && std::string(split_env) == "1";
     for (bool vocab : split ? std::vector<bool>{false, true} : std::vector<bool>{true}) {
       auto nccl = comm::ConnectNccl({.rank = options.rank,
                                      .size = p,

@@ -1,8 +1,10 @@
 // One rank of a job on the device its spec names, with the communicators it runs over:
 //   cpu:          Gloo (one communicator; the executor runs transfers and barriers on one thread)
-//   cuda, cuda:N: NCCL — one communicator for stage-to-stage transfers, one for the vocabulary
-//                 barriers on a high-priority stream — when every rank of the job has a GPU of
-//                 its own; otherwise (several ranks on one GPU, which NCCL refuses) Gloo with
+//   cuda, cuda:N: p = 1: the self communicator (a lone rank never communicates);
+//                 NCCL — one communicator, or with VOCABPIPE_NCCL_SPLIT_COMM=1 one for
+//                 stage-to-stage transfers and one for the vocabulary barriers on a
+//                 high-priority stream — when every rank of the job has a GPU of its own;
+//                 otherwise (several ranks on one GPU, which NCCL refuses) Gloo with
 //                 device buffers staged through host memory (comm::StagedCommunicator).
 // The ranks agree on the transport through the rendezvous store: each publishes its host and
 // the PCI bus id of its device, and all read every rank's before choosing.
@@ -30,6 +32,16 @@ struct JobRank {
 
   ~JobRank() { rank.reset(); }  // the executor's threads use the communicators
 };
+
+// The CUDA device rank `rank` of a job on `spec_device` ("cuda" or "cuda:N") uses among
+// `device_count` devices: `requested_device` when >= 0, else N of "cuda:N", else
+// rank % device_count. InvalidArgument for an index out of range, FailedPrecondition "no CUDA
+// device" when device_count is 0. Pure: the rule RankCudaDevice and the local control plane's
+// daemons share.
+absl::StatusOr<int> PickCudaDevice(const std::string& spec_device, int rank, int requested_device,
+                                   int device_count);
+// CUDA devices visible to this process (0 in a build without CUDA).
+int CudaDeviceCount();
 
 // The CUDA device a rank uses: options.cuda_device when >= 0, else N of "cuda:N", else
 // rank % (devices on this host). InvalidArgument for an out-of-range index; FailedPrecondition

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "gloo/rendezvous/store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
@@ -181,8 +184,17 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     store = *file_store;
   }
   // The rank on the spec's device, with the communicators it needs (job_rank.h).
+  const absl::Time connect_start = absl::Now();
   auto job_rank = ConnectJobRank(spec, plan, *topt, options, store);
   if (!job_rank.ok()) return job_rank.status();
+  // For the operator reading the rank's log: where it runs and how long the connection (on a
+  // GPU: context creation, module loading, the communicators) took.
+  std::cerr << "rank " << options.rank << ": device "
+            << ((*job_rank)->cuda_device >= 0 ? absl::StrCat("cuda:", (*job_rank)->cuda_device)
+                                              : std::string("cpu"))
+            << ", transport " << (*job_rank)->transport << ", connected in "
+            << absl::StrFormat("%.2f", absl::ToDoubleSeconds(absl::Now() - connect_start))
+            << " s" << std::endl;
   runtime::PipelineRank& rank = *(*job_rank)->rank;
   // A device rank keeps parameters and optimizer state on the device: checkpoints go through
   // the host view.
