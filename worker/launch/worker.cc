@@ -4,8 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -193,8 +193,8 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
             << ((*job_rank)->cuda_device >= 0 ? absl::StrCat("cuda:", (*job_rank)->cuda_device)
                                               : std::string("cpu"))
             << ", transport " << (*job_rank)->transport << ", connected in "
-            << absl::StrFormat("%.2f", absl::ToDoubleSeconds(absl::Now() - connect_start))
-            << " s" << std::endl;
+            << absl::StrFormat("%.2f", absl::ToDoubleSeconds(absl::Now() - connect_start)) << " s"
+            << std::endl;
   runtime::PipelineRank& rank = *(*job_rank)->rank;
   // A device rank keeps parameters and optimizer state on the device: checkpoints go through
   // the host view.
