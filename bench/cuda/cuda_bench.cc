@@ -1,7 +1,11 @@
-// CUDA throughput in bf16 (fp32 accumulation), in ms, TFLOP/s and MFU against the device's dense
-// bf16 peak (PeakBf16Tflops of the device name, or --peak). Prints "no CUDA device" and exits 0
-// without a GPU. Four sections (--sections picks some):
+// CUDA throughput in bf16 (fp32 accumulation), in ms, TFLOP/s and MFU against the bf16 GEMM
+// peak measured here (section peak), or --peak, or the device's datasheet figure
+// (PeakBf16Tflops of the device name). Prints "no CUDA device" and exits 0 without a GPU. Six
+// sections (--sections picks some):
 //
+//   peak       the bf16 GEMM peak: a --peak-size³ GEMM (8192³) through the project's GemmRunner
+//              (cuBLASLt), best of 5 timed with events after warm-up. Every later MFU uses it
+//              (unless --peak is given).
 //   layer      the training runtime's real transformer passes: F, B (BackwardInput) and W
 //              (BackwardWeight) of a DeviceLayerStack<bf16> of --layers layers, each timed on
 //              its own (one microbatch of --batch sequences of --seq tokens, one chunk).
@@ -10,19 +14,30 @@
 //              Algorithm 2 and Algorithm 1 (--algorithm); C1 through a 1-rank self communicator
 //              (identity collectives), so it measures the barrier's local kernels only; under
 //              Algorithm 1 also its C2 barrier.
-//   gemm       the layer's four forward linear GEMMs as bare kernels (no LayerNorm, GELU, ...).
+//   gemm       the layer's forward linear GEMMs as bare kernels (no norms, activations, ...).
 //   attention  the flash attention forward/backward kernels over whole causal sequences.
+//   step       one whole p = 1 training step of a --layers-layer model with V = --rows
+//              (untied), --microbatches microbatches of --batch sequences: the runtime's device
+//              classes and kernels in the executor's p = 1 order (RunStep below), fp32 master
+//              weights + AdamW, bf16 compute; tokens/s, MFU and the allocator's peak in-use and
+//              reserved memory.
 //
-// The layer and output sections call the public pass methods the runtime calls; each returns
-// after its stream is idle (device.h: Finish), so the host wall time of one call is what the
-// runtime's schedule sees: the device time plus launch and synchronisation overhead.
+// --arch=llama --kv-heads=K switches every section to the Llama layer (RMSNorm, RoPE, grouped-
+// query attention with K key/value heads, SwiGLU with --ffn hidden units, no biases).
+//
+// The layer, output and step sections call the public pass methods the runtime calls; each
+// returns after its stream is idle (device.h: Finish), so the host wall time of one call is what
+// the runtime's schedule sees: the device time plus launch and synchronisation overhead.
+//
+// Lines starting "PERF " carry the headline numbers as key=value pairs for bench/cuda/perf.sh.
 //
 // Build and run on a GPU machine (see bench/cuda/README.md):
 //   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 //   cmake --build build --target cuda_bench
-//   build/bench/cuda/cuda_bench [--hidden=768] [--heads=12] [--ffn=3072] [--seq=1024]
-//       [--batch=4] [--layers=1] [--rows=32768] [--iters=20] [--warmup=3] [--peak=TFLOPS]
-//       [--algorithm=both|1|2] [--sections=layer,output,gemm,attention]
+//   build/bench/cuda/cuda_bench [--arch=gpt2|llama] [--hidden=768] [--heads=12] [--kv-heads=0]
+//       [--ffn=3072] [--seq=1024] [--batch=4] [--layers=1] [--rows=32768] [--microbatches=2]
+//       [--iters=20] [--warmup=3] [--peak=TFLOPS] [--peak-size=8192] [--algorithm=both|1|2]
+//       [--sections=peak,layer,output,gemm,attention,step] [--print-flops]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -44,8 +59,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "proto/plan/flops.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/config.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
@@ -55,6 +72,7 @@
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/engine/memory.h"
+#include "worker/engine/model/cuda/model_kernels.h"
 #include "worker/engine/transformer/cuda/transformer.h"
 #include "worker/engine/transformer/transformer.h"
 #include "worker/engine/vocab/cuda/vocab_shards.h"
@@ -77,27 +95,50 @@ namespace {
   } while (0)
 
 constexpr const char* kUsage =
-    "usage: cuda_bench [--hidden=768] [--heads=12] [--ffn=3072] [--seq=1024] [--batch=4]\n"
-    "                  [--layers=1] [--rows=32768] [--iters=20] [--warmup=3] [--peak=TFLOPS]\n"
-    "                  [--algorithm=both|1|2] [--sections=layer,output,gemm,attention]\n";
+    "usage: cuda_bench [--arch=gpt2|llama] [--hidden=768] [--heads=12] [--kv-heads=0]\n"
+    "                  [--ffn=3072] [--seq=1024] [--batch=4] [--layers=1] [--rows=32768]\n"
+    "                  [--microbatches=2] [--iters=20] [--warmup=3] [--peak=TFLOPS]\n"
+    "                  [--peak-size=8192] [--algorithm=both|1|2]\n"
+    "                  [--sections=peak,layer,output,gemm,attention,step] [--print-flops]\n";
 
 struct Options {
+  Architecture arch = Architecture::kGpt2;
   int hidden = 768;            // h (GPT-2 small)
   int heads = 12;              // h % heads == 0
-  int ffn = 3072;              // f = 4h
+  int kv_heads = 0;            // llama: key/value heads (0 = heads), divides heads
+  int ffn = 3072;              // f = 4h (GPT-2); SwiGLU's hidden width (Llama)
   int seq = 1024;              // s
   int batch = 4;               // b, sequences per microbatch
-  int layers = 1;              // layers in the timed stack
-  int rows = 32768;            // output-layer shard rows (V = 128k over p = 4)
+  int layers = 1;              // layers in the timed stack (and in the step's model)
+  int rows = 32768;            // output-layer shard rows (V = 128k over p = 4); step: V at p = 1
+  int microbatches = 2;        // m, microbatches of the step section's step
   int iters = 20;              // timed iterations per pass
   int warmup = 3;              // untimed iterations first (cuBLASLt plans, allocator cache)
-  std::optional<double> peak;  // --peak overrides the device table
-  bool layer = true, output = true, gemm = true, attention = true;
+  int peak_size = 8192;        // the peak section's square GEMM
+  std::optional<double> peak;  // --peak overrides the measured peak and the device table
+  bool print_flops = false;    // print the step's FLOP count and parameter count, no device
+  bool peak_section = true, layer = true, output = true, gemm = true, attention = true, step = true;
   std::vector<OutputAlgorithm> algorithms = {OutputAlgorithm::kAlgorithm2,
                                              OutputAlgorithm::kAlgorithm1};
 
   int tokens() const { return batch * seq; }  // n, tokens of one microbatch
+  bool llama() const { return arch == Architecture::kLlama; }
+  int kv_dim() const { return (kv_heads > 0 && llama() ? kv_heads : heads) * (hidden / heads); }
 };
+
+// The engine's model shape for these options (V = rows).
+ModelConfig Config(const Options& o) {
+  ModelConfig cfg;
+  cfg.layers = o.layers;
+  cfg.hidden = o.hidden;
+  cfg.heads = o.heads;
+  cfg.vocab = o.rows;
+  cfg.seq_len = o.seq;
+  cfg.ffn_hidden = o.ffn;
+  cfg.architecture = o.arch;
+  cfg.kv_heads = o.llama() ? o.kv_heads : 0;
+  return cfg;
+}
 
 // absl::string_view here: this absl build has its own string_view type, which StrCat,
 // SimpleAtoi and StrSplit take.
@@ -105,6 +146,10 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
+    if (arg == "--print-flops") {
+      o.print_flops = true;
+      continue;
+    }
     const size_t eq = arg.find('=');
     if (arg.substr(0, 2) != "--" || eq == absl::string_view::npos) {
       return absl::InvalidArgumentError(
@@ -119,10 +164,20 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
       return absl::OkStatus();
     };
     absl::Status s;
-    if (name == "hidden") {
+    if (name == "arch") {
+      if (value == "gpt2") {
+        o.arch = Architecture::kGpt2;
+      } else if (value == "llama") {
+        o.arch = Architecture::kLlama;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("--arch=", value, ": gpt2 or llama"));
+      }
+    } else if (name == "hidden") {
       s = int_flag(o.hidden, 8);
     } else if (name == "heads") {
       s = int_flag(o.heads, 1);
+    } else if (name == "kv-heads") {
+      s = int_flag(o.kv_heads, 0);
     } else if (name == "ffn") {
       s = int_flag(o.ffn, 8);
     } else if (name == "seq") {
@@ -133,10 +188,14 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
       s = int_flag(o.layers, 1);
     } else if (name == "rows") {
       s = int_flag(o.rows, 8);
+    } else if (name == "microbatches") {
+      s = int_flag(o.microbatches, 1);
     } else if (name == "iters") {
       s = int_flag(o.iters, 1);
     } else if (name == "warmup") {
       s = int_flag(o.warmup, 0);
+    } else if (name == "peak-size") {
+      s = int_flag(o.peak_size, 64);
     } else if (name == "peak") {
       double peak = 0;
       if (!absl::SimpleAtod(value, &peak) || !(peak > 0)) {
@@ -155,9 +214,11 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
             absl::StrCat("--algorithm=", value, ": must be 1, 2 or both"));
       }
     } else if (name == "sections") {
-      o.layer = o.output = o.gemm = o.attention = false;
+      o.peak_section = o.layer = o.output = o.gemm = o.attention = o.step = false;
       for (absl::string_view section : absl::StrSplit(value, ',')) {
-        if (section == "layer") {
+        if (section == "peak") {
+          o.peak_section = true;
+        } else if (section == "layer") {
           o.layer = true;
         } else if (section == "output") {
           o.output = true;
@@ -165,9 +226,12 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
           o.gemm = true;
         } else if (section == "attention") {
           o.attention = true;
+        } else if (section == "step") {
+          o.step = true;
         } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--sections: '", section, "' is not one of layer, output, gemm, attention"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("--sections: '", section,
+                           "' is not one of peak, layer, output, gemm, attention, step"));
         }
       }
     } else {
@@ -185,6 +249,17 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
     return absl::InvalidArgumentError(
         "--hidden, --ffn and --rows must be multiples of 8 (cuBLASLt 16-byte alignment)");
   }
+  if (o.llama()) {
+    if (o.kv_heads > 0 && o.heads % o.kv_heads != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv-heads ", o.kv_heads, " must divide --heads ", o.heads));
+    }
+    if ((o.hidden / o.heads) % 2 != 0) {
+      return absl::InvalidArgumentError("--arch=llama: head_dim must be even (RoPE)");
+    }
+  } else if (o.kv_heads != 0 && o.kv_heads != o.heads) {
+    return absl::InvalidArgumentError("--kv-heads: only with --arch=llama");
+  }
   return o;
 }
 
@@ -192,6 +267,12 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
 class Reporter {
  public:
   explicit Reporter(std::optional<double> peak_tflops) : peak_(peak_tflops) {}
+
+  // MFU in percent with one decimal, or "n/a" without a peak (PERF lines).
+  std::string MfuText(double flops, double seconds) const {
+    const std::optional<double> mfu = Mfu(flops, seconds, peak_);
+    return mfu ? absl::StrFormat("%.1f", *mfu * 100) : "n/a";
+  }
 
   void Line(std::string_view what, double flops, double seconds) const {
     if (flops <= 0) {  // barriers: no model FLOPs
@@ -218,32 +299,65 @@ absl::StatusOr<double> Seconds(Pass&& pass) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// `count` bf16 values drawn uniformly from [-scale, scale] on the host and rounded on the device
-// (FloatToBf16): the values do not matter for timing but must be finite.
-absl::StatusOr<DeviceArray<bf16>> RandomBf16(const DeviceContext& ctx, MemoryCategory category,
-                                             size_t count, uint32_t seed, float scale) {
-  std::vector<float> host(count);
+// Fills dst (count elements of E, device) with uniform values in [-scale, scale]: one host
+// block of at most kFillPeriod values drawn with mt19937, uploaded (and rounded on the device
+// for bf16), then repeated by device-to-device copies that double the filled prefix, so that
+// filling a 2.8B-parameter model costs milliseconds instead of minutes. The values do not
+// matter for timing but must be finite and not constant (tensor-core power, and so clocks,
+// depend on the data). The period is odd so that rows of any even width do not repeat exactly.
+constexpr size_t kFillPeriod = (size_t{1} << 20) + 1;
+template <typename E>
+absl::Status FillRandom(const DeviceContext& ctx, E* dst, size_t count, uint32_t seed,
+                        float scale) {
+  const size_t block = std::min(count, kFillPeriod);
+  if (block == 0) return absl::OkStatus();
+  std::vector<float> host(block);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-scale, scale);
   for (float& v : host) v = dist(rng);
-  VP_BENCH_ASSIGN(staging, DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, count,
-                                                      /*zero=*/false));
-  VP_BENCH_ASSIGN(out, DeviceArray<bf16>::Create(ctx, category, count, /*zero=*/false));
-  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host.data(), count * sizeof(float),
+  VP_BENCH_ASSIGN(staging, DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, block,
+                                                      /*zero=*/false));  // (block) fp32
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging.data(), host.data(), block * sizeof(float),
                                           cudaMemcpyHostToDevice, ctx.stream));
-  VP_CUDA_RETURN_IF_ERROR(
-      FloatToBf16(out.data(), staging.data(), static_cast<long>(count), ctx.stream));
-  // The host vector and the staging block must outlive the copy and the conversion.
-  VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+  if constexpr (std::is_same_v<E, float>) {
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, staging.data(), block * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, ctx.stream));
+  } else {
+    VP_CUDA_RETURN_IF_ERROR(FloatToBf16(dst, staging.data(), static_cast<long>(block), ctx.stream));
+  }
+  for (size_t done = block; done < count;) {
+    const size_t k = std::min(done, count - done);
+    VP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst + done, dst, k * sizeof(E), cudaMemcpyDeviceToDevice, ctx.stream));
+    done += k;
+  }
+  // The host vector and the staging block must outlive the copies.
+  return Finish(ctx);
+}
+
+// `count` bf16 values from FillRandom in a new array charged to `category`.
+absl::StatusOr<DeviceArray<bf16>> RandomBf16(const DeviceContext& ctx, MemoryCategory category,
+                                             size_t count, uint32_t seed, float scale) {
+  VP_BENCH_ASSIGN(out, DeviceArray<bf16>::Create(ctx, category, count, /*zero=*/false));
+  VP_BENCH_RETURN_IF_ERROR(FillRandom(ctx, out.data(), count, seed, scale));
   return out;
 }
 
 // True if every element of the device array is finite (a sanity check that the timed passes
-// computed on real numbers).
+// computed on real numbers). Arrays over 4M elements are sampled: 4096 evenly spaced runs of
+// 1024 elements (one strided copy), so a multi-GB gradient is not copied to the host.
 template <typename E>
 absl::StatusOr<bool> AllFinite(const E* dev, size_t count) {
-  std::vector<E> host(count);
-  VP_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), dev, count * sizeof(E), cudaMemcpyDeviceToHost));
+  constexpr size_t kRun = 1024, kRuns = 4096;
+  std::vector<E> host(std::min(count, kRun * kRuns));
+  if (count <= kRun * kRuns) {
+    VP_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(host.data(), dev, count * sizeof(E), cudaMemcpyDeviceToHost));
+  } else {
+    const size_t stride = count / kRuns;  // >= kRun
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpy2D(host.data(), kRun * sizeof(E), dev, stride * sizeof(E),
+                                         kRun * sizeof(E), kRuns, cudaMemcpyDeviceToHost));
+  }
   for (const E& v : host) {
     float f;
     if constexpr (std::is_same_v<E, bf16>) {
@@ -284,27 +398,25 @@ struct BenchDevice {
 // ---------------------------------------------------------------------------------------------
 // Transformer layer passes F, B, W through DeviceLayerStack<bf16>.
 
-// FLOP convention: worker/runtime/flops.cc's TransformerLayerFlops (the paper's Table 4) for one
-// layer and one microbatch of b sequences, forward + backward:
-//   6·b·s·(4h² + 2·h·f) + 12·b·s²·h
+// FLOP convention: worker/runtime/flops.cc's TransformerLayerFlops (the paper's Table 4, the
+// formulas of proto/plan/flops.h) for one layer and one microbatch of b sequences, forward +
+// backward:
+//   GPT-2  6·b·s·(4h² + 2·h·f) + 12·b·s²·h
+//   Llama  6·b·s·(2h² + 2·h·kv + 3·h·f) + 12·b·s²·h      (kv = kv_heads·head_dim)
 // (the attention term counts the full s×s score matrix, Megatron's convention, although the
 // kernel skips the causal upper triangle). Each of F, B and W is credited with one third of it,
-// 2·b·s·(4h² + 2·h·f) + 4·b·s²·h, so F + B + W is exactly the runtime's per-layer model FLOPs
-// and the "F+B+W" MFU line is the runtime's MFU definition. (Really B also carries the attention
-// backward and W none of it; the split only moves credit between the B and W lines.)
-double LayerPassFlops(const Options& o) {
-  const double bs = static_cast<double>(o.batch) * o.seq, h = o.hidden, f = o.ffn;
-  return o.layers * (2.0 * bs * (4.0 * h * h + 2.0 * h * f) + 4.0 * bs * o.seq * h);
+// so F + B + W is exactly the runtime's per-layer model FLOPs and the "F+B+W" MFU line is the
+// runtime's MFU definition; "B+W" is the backward (twice the forward). (Really B also carries
+// the attention backward and W none of it; the split only moves credit between B and W.)
+double LayerFlops(const Options& o, int b) {  // one layer, forward + backward
+  const double s = o.seq, h = o.hidden, f = o.ffn;
+  return o.llama() ? flops::LlamaLayer(b, s, h, f, o.kv_dim())
+                   : flops::TransformerLayer(b, s, h, f);
 }
+double LayerPassFlops(const Options& o) { return o.layers * LayerFlops(o, o.batch) / 3; }
 
 absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
-  ModelConfig cfg;
-  cfg.layers = o.layers;
-  cfg.hidden = o.hidden;
-  cfg.heads = o.heads;
-  cfg.vocab = o.rows;  // unused by the layer stack
-  cfg.seq_len = o.seq;
-  cfg.ffn_hidden = o.ffn;
+  const ModelConfig cfg = Config(o);
   BenchDevice dev;
   VP_BENCH_RETURN_IF_ERROR(dev.Init());
   const DeviceContext& ctx = dev.compute;
@@ -346,14 +458,20 @@ absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
   VP_BENCH_ASSIGN(grads_finite, AllFinite(grads.data(), param_count));
 
   std::printf(
-      "layer passes (DeviceLayerStack<bf16>): %d layer(s), h %d, heads %d, ffn %d, b %d, s %d, "
-      "%d iters after %d warm-up\n",
-      o.layers, o.hidden, o.heads, o.ffn, o.batch, o.seq, o.iters, o.warmup);
+      "layer passes (DeviceLayerStack<bf16>, %s): %d layer(s), h %d, heads %d, kv heads %d, "
+      "ffn %d, b %d, s %d, %d iters after %d warm-up\n",
+      o.llama() ? "llama" : "gpt2", o.layers, o.hidden, o.heads, cfg.num_kv_heads(), o.ffn, o.batch,
+      o.seq, o.iters, o.warmup);
   const double flops = LayerPassFlops(o);
   report.Line("F (Forward)", flops, f_s);
   report.Line("B (BackwardInput)", flops, b_s);
   report.Line("W (BackwardWeight)", flops, w_s);
+  report.Line("B+W (backward)", 2 * flops, b_s + w_s);
   report.Line("F+B+W", 3 * flops, f_s + b_s + w_s);
+  std::printf("PERF section=layer f_ms=%.3f b_ms=%.3f w_ms=%.3f f_mfu=%s bw_mfu=%s fbw_mfu=%s\n",
+              f_s * 1e3, b_s * 1e3, w_s * 1e3, report.MfuText(flops, f_s).c_str(),
+              report.MfuText(2 * flops, b_s + w_s).c_str(),
+              report.MfuText(3 * flops, f_s + b_s + w_s).c_str());
   std::printf("  outputs, input gradients and weight gradients finite: %s\n",
               out_finite && dx_finite && grads_finite ? "yes" : "NO");
   return absl::OkStatus();
@@ -460,6 +578,10 @@ absl::Status RunOutputLayer(const Options& o, OutputAlgorithm algorithm, const R
   }
   std::printf("  losses, grad X and grad W finite: %s; mean loss %.3f (ln rows = %.3f)\n",
               finite && wg_finite ? "yes" : "NO", mean_loss, std::log(double(partition.rows)));
+  const double st_s = s_s + c1_s + t_s + c2_s;
+  std::printf("PERF section=output algorithm=%d s_ms=%.3f t_ms=%.3f st_ms=%.3f st_mfu=%s\n",
+              alg2 ? 2 : 1, s_s * 1e3, t_s * 1e3, st_s * 1e3,
+              report.MfuText(flops.s + flops.t, st_s).c_str());
   return absl::OkStatus();
 }
 
@@ -492,61 +614,75 @@ absl::StatusOr<double> TimeKernels(Body&& body) {
 }
 
 absl::Status RunGemms(const Options& o, const Reporter& report) {
-  const int n = o.tokens(), h = o.hidden, f = o.ffn;
-  const int wide = std::max(3 * h, f);
+  const int n = o.tokens(), h = o.hidden, f = o.ffn, kv = o.kv_dim();
+  // GPT-2: qkv (h→3h), attention proj (h→h), fc (h→f), fc proj (f→h).
+  // Llama: q, k, v fused (h→h+2kv), o (h→h), gate and up fused (h→2f), down (f→h).
+  struct Shape {
+    int in, out;
+  };
+  const std::vector<Shape> shapes =
+      o.llama() ? std::vector<Shape>{{h, h + 2 * kv}, {h, h}, {h, 2 * f}, {f, h}}
+                : std::vector<Shape>{{h, 3 * h}, {h, h}, {h, f}, {f, h}};
+  int wide = 0;
+  double flops = 0;
+  for (const Shape& sh : shapes) {
+    wide = std::max({wide, sh.in, sh.out});
+    flops += 2.0 * n * sh.in * sh.out;
+  }
   VP_BENCH_ASSIGN(gemm, GemmRunner::Create());
   VP_BENCH_ASSIGN(x_mem, Zeroed(size_t(n) * wide * sizeof(bf16)));
   VP_BENCH_ASSIGN(w_mem, Zeroed(size_t(wide) * wide * sizeof(bf16)));
   VP_BENCH_ASSIGN(y_mem, Zeroed(size_t(n) * wide * sizeof(bf16)));
-  auto* x = static_cast<bf16*>(x_mem.get());  // (n, max(3h, f))
-  auto* w = static_cast<bf16*>(w_mem.get());  // (max(3h, f), max(3h, f))
-  auto* y = static_cast<bf16*>(y_mem.get());  // (n, max(3h, f))
-  // qkv (h→3h), attention proj (h→h), fc (h→f), fc proj (f→h).
-  VP_BENCH_ASSIGN(
-      sec, TimeKernels([&]() -> absl::Status {
-        VP_BENCH_RETURN_IF_ERROR(
-            LinearForward<bf16>(*gemm, y, x, w, nullptr, n, h, 3 * h, nullptr));
-        VP_BENCH_RETURN_IF_ERROR(LinearForward<bf16>(*gemm, y, x, w, nullptr, n, h, h, nullptr));
-        VP_BENCH_RETURN_IF_ERROR(LinearForward<bf16>(*gemm, y, x, w, nullptr, n, h, f, nullptr));
-        return LinearForward<bf16>(*gemm, y, x, w, nullptr, n, f, h, nullptr);
-      }));
-  std::printf("kernels: layer linear GEMMs, n %d, h %d, ffn %d\n", n, h, f);
-  report.Line("linear GEMMs (fwd)", 2.0 * n * (4.0 * h * h + 2.0 * h * f), sec);
+  auto* x = static_cast<bf16*>(x_mem.get());  // (n, wide)
+  auto* w = static_cast<bf16*>(w_mem.get());  // (wide, wide)
+  auto* y = static_cast<bf16*>(y_mem.get());  // (n, wide)
+  VP_BENCH_ASSIGN(sec, TimeKernels([&]() -> absl::Status {
+                    for (const Shape& sh : shapes) {
+                      VP_BENCH_RETURN_IF_ERROR(
+                          LinearForward<bf16>(*gemm, y, x, w, nullptr, n, sh.in, sh.out, nullptr));
+                    }
+                    return absl::OkStatus();
+                  }));
+  std::printf("kernels: layer linear GEMMs (%s), n %d, h %d, kv %d, ffn %d\n",
+              o.llama() ? "llama" : "gpt2", n, h, kv, f);
+  report.Line("linear GEMMs (fwd)", flops, sec);
   return absl::OkStatus();
 }
 
 absl::Status RunAttention(const Options& o, const Reporter& report) {
   const int batch = o.batch, seq = o.seq, h = o.hidden, heads = o.heads;
-  const int head_dim = h / heads;
-  // q inside a (b, seq, 3h) qkv buffer as in the model, k/v in their own (b, seq, h) cache.
+  const int head_dim = h / heads, kv = o.kv_dim(), ldq = h + 2 * kv;
+  // q inside a (b, seq, h + 2kv) qkv buffer as in the model, k/v in their own (b, seq, kv)
+  // cache (kv = h without grouping).
   const AttentionShape att{.batch = batch,
                            .heads = heads,
                            .head_dim = head_dim,
                            .q_begin = 0,
                            .q_end = seq,
-                           .kv_rows = seq};
+                           .kv_rows = seq,
+                           .kv_heads = kv / head_dim};
   const size_t rows = size_t(batch) * seq;
-  VP_BENCH_ASSIGN(qkv_mem, Zeroed(rows * 3 * h * sizeof(bf16)));
-  VP_BENCH_ASSIGN(dqkv_mem, Zeroed(rows * 3 * h * sizeof(bf16)));
-  VP_BENCH_ASSIGN(kv_mem, Zeroed(rows * h * sizeof(bf16) * 4));          // k, v, dk, dv
+  VP_BENCH_ASSIGN(qkv_mem, Zeroed(rows * ldq * sizeof(bf16)));
+  VP_BENCH_ASSIGN(dqkv_mem, Zeroed(rows * ldq * sizeof(bf16)));
+  VP_BENCH_ASSIGN(kv_mem, Zeroed(rows * kv * sizeof(bf16) * 4));         // k, v, dk, dv
   VP_BENCH_ASSIGN(out_mem, Zeroed(rows * h * sizeof(bf16) * 2));         // out, dout
   VP_BENCH_ASSIGN(stats_mem, Zeroed(rows * heads * sizeof(float) * 2));  // lse, delta
-  auto* qkv = static_cast<bf16*>(qkv_mem.get());                         // (b, seq, 3h)
-  auto* dqkv = static_cast<bf16*>(dqkv_mem.get());                       // (b, seq, 3h)
-  bf16* k = static_cast<bf16*>(kv_mem.get());                            // (b, seq, h) each
-  bf16 *v = k + rows * h, *dk = k + 2 * rows * h, *dv = k + 3 * rows * h;
+  auto* qkv = static_cast<bf16*>(qkv_mem.get());                         // (b, seq, h + 2kv)
+  auto* dqkv = static_cast<bf16*>(dqkv_mem.get());                       // (b, seq, h + 2kv)
+  bf16* k = static_cast<bf16*>(kv_mem.get());                            // (b, seq, kv) each
+  bf16 *v = k + rows * kv, *dk = k + 2 * rows * kv, *dv = k + 3 * rows * kv;
   bf16* out = static_cast<bf16*>(out_mem.get());  // (b, seq, h) each
   bf16* dout = out + rows * h;
   float* lse = static_cast<float*>(stats_mem.get());  // (b, heads, seq) each
   float* delta = lse + rows * heads;
   VP_BENCH_ASSIGN(
       fwd_s, TimeKernels([&]() -> absl::Status {
-        VP_CUDA_RETURN_IF_ERROR(AttentionForward<bf16>(out, lse, qkv, 3 * h, k, v, att, nullptr));
+        VP_CUDA_RETURN_IF_ERROR(AttentionForward<bf16>(out, lse, qkv, ldq, k, v, att, nullptr));
         return absl::OkStatus();
       }));
   VP_BENCH_ASSIGN(bwd_s, TimeKernels([&]() -> absl::Status {
                     VP_CUDA_RETURN_IF_ERROR(AttentionBackward<bf16>(
-                        dqkv, dk, dv, delta, dout, out, lse, qkv, 3 * h, k, v, att, nullptr));
+                        dqkv, dk, dv, delta, dout, out, lse, qkv, ldq, k, v, att, nullptr));
                     return absl::OkStatus();
                   }));
   // FLOP convention (causal, counting only the visible scores): the forward's two matmuls Q·Kᵀ
@@ -555,11 +691,343 @@ absl::Status RunAttention(const Options& o, const Reporter& report) {
   // the forward, the usual FlashAttention convention.
   const double fwd_flops = 4.0 * batch * heads * (0.5 * seq * (seq + 1.0)) * head_dim;
   const double bwd_flops = 2.5 * fwd_flops;
-  std::printf("kernels: attention, batch %d, seq %d, heads %d, head_dim %d (causal)\n", batch, seq,
-              heads, head_dim);
+  std::printf("kernels: attention, batch %d, seq %d, heads %d, kv heads %d, head_dim %d (causal)\n",
+              batch, seq, heads, att.num_kv_heads(), head_dim);
   report.Line("attention fwd", fwd_flops, fwd_s);
   report.Line("attention bwd", bwd_flops, bwd_s);
   report.Line("attention fwd+bwd", fwd_flops + bwd_flops, fwd_s + bwd_s);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bf16 GEMM peak: Y = X·W with X, W, Y all (n, n) bf16 (fp32 accumulation) through the
+// project's GemmRunner (cuBLASLt, the runtime's heuristic choice), 2 untimed calls, then 5
+// timed groups of 3 calls each between CUDA events on one stream; the best group counts (the
+// clocks' best, as a datasheet figure is). 2·n³ FLOPs per call.
+absl::StatusOr<double> MeasurePeakTflops(const Options& o) {
+  const int n = o.peak_size;
+  const size_t count = static_cast<size_t>(n) * n;
+  BenchDevice dev;
+  VP_BENCH_RETURN_IF_ERROR(dev.Init());
+  const DeviceContext& ctx = dev.compute;
+  VP_BENCH_ASSIGN(x, RandomBf16(ctx, MemoryCategory::kActivations, count, 11, 1.0f));  // (n, n)
+  VP_BENCH_ASSIGN(w, RandomBf16(ctx, MemoryCategory::kActivations, count, 12, 1.0f));  // (n, n)
+  VP_BENCH_ASSIGN(y, DeviceArray<bf16>::Create(ctx, MemoryCategory::kActivations, count,
+                                               /*zero=*/false));  // (n, n)
+  auto gemm = [&]() {
+    return LinearForward<bf16>(*ctx.gemm, y.data(), x.data(), w.data(), nullptr, n, n, n,
+                               ctx.stream);
+  };
+  for (int i = 0; i < 2; ++i) VP_BENCH_RETURN_IF_ERROR(gemm());
+  VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  VP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  VP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  constexpr int kGroups = 5, kCalls = 3;
+  double best = 0;  // seconds per call
+  absl::Status status;
+  for (int g = 0; g < kGroups && status.ok(); ++g) {
+    if (cudaError_t e = cudaEventRecord(start, ctx.stream); e != cudaSuccess) {
+      status = absl::InternalError(cudaGetErrorString(e));
+      break;
+    }
+    for (int c = 0; c < kCalls && status.ok(); ++c) status = gemm();
+    if (!status.ok()) break;
+    float ms = 0;
+    if (cudaEventRecord(stop, ctx.stream) != cudaSuccess ||
+        cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+      status = absl::InternalError(
+          absl::StrCat("peak GEMM events: ", cudaGetErrorString(cudaGetLastError())));
+      break;
+    }
+    const double sec = ms * 1e-3 / kCalls;
+    if (best == 0 || sec < best) best = sec;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  VP_BENCH_RETURN_IF_ERROR(status);
+  VP_BENCH_ASSIGN(finite, AllFinite(y.data(), count));
+  const double tflops = 2.0 * n * static_cast<double>(n) * n / best / 1e12;
+  const std::optional<double> table = PeakBf16Tflops(DeviceName(0).value_or(""));
+  std::printf(
+      "bf16 GEMM peak (GemmRunner/cuBLASLt, %d^3, best of %d groups of %d): %.3f ms, %.1f "
+      "TFLOP/s%s; output finite: %s\n",
+      n, kGroups, kCalls, best * 1e3, tflops,
+      table ? absl::StrFormat(" = %.1f%% of the datasheet %.0f", 100 * tflops / *table, *table)
+                  .c_str()
+            : "",
+      finite ? "yes" : "NO");
+  std::printf("PERF section=peak peak_tflops=%.1f table_tflops=%s\n", tflops,
+              table ? absl::StrCat(*table).c_str() : "n/a");
+  if (!finite) return absl::InternalError("peak GEMM: non-finite output");
+  return tflops;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One whole training step at p = 1.
+
+// The step's model: one flat parameter vector in the runtime's layout order (rank_model.cc):
+//   wte (rows, h) | wpe (s, h), GPT-2 only | layers (L · LayerParamCount) | final norm (h, +h
+//   bias for GPT-2) | lm_head (rows, h), untied.
+struct StepLayout {
+  size_t wte = 0, wpe = 0, layers = 0, lnf = 0, head = 0, count = 0;
+};
+StepLayout MakeStepLayout(const Options& o, int64_t rows) {
+  const ModelConfig cfg = Config(o);
+  const size_t h = o.hidden, vh = static_cast<size_t>(rows) * h;
+  StepLayout l;
+  l.wte = 0;
+  l.wpe = vh;
+  l.layers = l.wpe + (o.llama() ? 0 : static_cast<size_t>(o.seq) * h);
+  l.lnf = l.layers + static_cast<size_t>(o.layers) * LayerParamCount(cfg);
+  l.head = l.lnf + (o.llama() ? h : 2 * h);
+  l.count = l.head + vh;
+  return l;
+}
+
+// Model FLOPs of one step, flops.cc's ModelFlopsPerMicrobatch × m: L layers + the output layer
+// 6·b·s·h·V + the input layer 3·b·s·h (V the real vocabulary, rows at p = 1).
+double StepFlops(const Options& o) {
+  const double b = o.batch, s = o.seq, h = o.hidden;
+  return o.microbatches * (o.layers * LayerFlops(o, o.batch) + flops::OutputLayer(b, s, h, o.rows) +
+                           flops::InputLayer(b, s, h));
+}
+
+// Bytes the step holds from the start: fp32 master, bf16 copy, fp32 gradients, AdamW m and v
+// (fp32) and the decay mask (1 byte) per parameter, as DeviceRankModel holds them.
+constexpr int kStateBytesPerParam = 4 + 2 + 4 + 4 + 4 + 1;
+
+double Gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+// The p = 1 step as the plan executor runs it (rank_executor_actions.h; 1F1B at p = 1 is each
+// microbatch's forward, then its backward): zero the gradients; per microbatch IF (+ its 1-rank
+// IF_REDUCE), the chunk embedding, F of the L layers, the final norm, S, C1, T, the final norm's
+// backward, B+W of the layers, the position gradient (GPT-2), IB_BCAST (1 rank) and IB; then the
+// optimizer: the global gradient norm (SquaredNormPartials, summed on the host), clipping at
+// 1.0, and AdamWStep on the fp32 master weights refreshing the bf16 copy. Every call below is
+// the runtime's own (DeviceInputLayerShard, DeviceLayerStack, DeviceOutputLayerShard, the
+// model kernels); what is not the runtime's is only the bookkeeping around them (no executor
+// threads, no action keys: at p = 1 the executor's communication thread only runs the 1-rank
+// barriers, which here run inline on their own stream). Parameters are filled with random
+// values on the device (FillRandom) instead of the runtime's host initialisation, which takes
+// minutes for a 2.8B-parameter model. Tokens are random, so the loss should stay near ln V.
+absl::Status RunStep(const Options& o, const Reporter& report) {
+  const ModelConfig cfg = Config(o);
+  const int b = o.batch, s = o.seq, h = o.hidden, m = o.microbatches, n = o.tokens();
+  VP_BENCH_ASSIGN(partition, vocab::MakeVocabPartition(o.rows, /*world=*/1, /*rank=*/0));
+  const StepLayout lay = MakeStepLayout(o, partition.rows);
+  const size_t count = lay.count;
+  const double state_bytes = static_cast<double>(count) * kStateBytesPerParam;
+  VP_BENCH_ASSIGN(device_bytes, DeviceMemoryBytes(0));
+  std::printf(
+      "step (p = 1, %s): %d layers, h %d, heads %d, kv heads %d, ffn %d, V %lld (untied), s %d, "
+      "m %d x b %d = %d tokens per step, %d steps after %d warm-up; %.3fB parameters, state "
+      "%.1f GiB (%d bytes/param) of %.1f GiB\n",
+      o.llama() ? "llama" : "gpt2", o.layers, h, o.heads, cfg.num_kv_heads(), o.ffn,
+      static_cast<long long>(partition.vocab), s, m, b, m * n, o.iters, o.warmup, count / 1e9,
+      Gib(state_bytes), kStateBytesPerParam, Gib(static_cast<double>(device_bytes)));
+  if (state_bytes > 0.9 * static_cast<double>(device_bytes)) {
+    return absl::ResourceExhaustedError("step: the model state alone does not fit the device");
+  }
+
+  BenchDevice dev;
+  VP_BENCH_RETURN_IF_ERROR(dev.Init());
+  const DeviceContext& ctx = dev.compute;
+  const cudaStream_t stream = ctx.stream;
+  std::unique_ptr<comm::Communicator> self = comm::MakeSelfCommunicator();
+  // The state, charged as DeviceRankModel charges it.
+  VP_BENCH_ASSIGN(master, DeviceArray<float>::Create(ctx, MemoryCategory::kOptimizer, count,
+                                                     /*zero=*/false));  // (P) fp32
+  VP_BENCH_ASSIGN(params, DeviceArray<bf16>::Create(ctx, MemoryCategory::kParameters, count,
+                                                    /*zero=*/false));  // (P) bf16
+  VP_BENCH_ASSIGN(grads, DeviceArray<float>::Create(ctx, MemoryCategory::kGradients, count));
+  VP_BENCH_ASSIGN(adam_m, DeviceArray<float>::Create(ctx, MemoryCategory::kOptimizer, count));
+  VP_BENCH_ASSIGN(adam_v, DeviceArray<float>::Create(ctx, MemoryCategory::kOptimizer, count));
+  VP_BENCH_ASSIGN(decay, DeviceArray<uint8_t>::Create(ctx, MemoryCategory::kOptimizer, count,
+                                                      /*zero=*/false));  // (P) 1 = decay
+  VP_BENCH_ASSIGN(partials,
+                  DeviceArray<double>::Create(ctx, MemoryCategory::kOptimizer, kSquaredNormBlocks));
+  VP_BENCH_RETURN_IF_ERROR(FillRandom(ctx, master.data(), count, 21, 0.02f));
+  VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(decay.data(), 1, count, stream));
+  VP_CUDA_RETURN_IF_ERROR(
+      FloatToBf16(params.data(), master.data(), static_cast<long>(count), stream));
+  VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+
+  bf16* p = params.data();
+  float* g = grads.data();
+  VP_BENCH_ASSIGN(stack, DeviceLayerStack<bf16>::Create(cfg, 0, o.layers, b, {0, s}, p + lay.layers,
+                                                        g + lay.layers, ctx));
+  VP_BENCH_ASSIGN(input, DeviceInputLayerShard<bf16>::Create(partition, h, p + lay.wte, g + lay.wte,
+                                                             dev.compute, dev.comm));
+  VP_BENCH_ASSIGN(output, DeviceOutputLayerShard<bf16>::Create(
+                              partition, h, OutputAlgorithm::kAlgorithm2, p + lay.head,
+                              g + lay.head, dev.compute, dev.comm));
+  const bf16* wpe = o.llama() ? nullptr : p + lay.wpe;  // (s, h)
+  const bf16* lnf_w = p + lay.lnf;                      // (h)
+  const bf16* lnf_b = p + lay.lnf + h;                  // (h), GPT-2
+  float* wpe_grad = g + lay.wpe;                        // (s, h) fp32, GPT-2
+  float* lnf_wg = g + lay.lnf;                          // (h) fp32
+  float* lnf_bg = g + lay.lnf + h;                      // (h) fp32, GPT-2
+
+  // Random tokens (the same every step): inputs and targets (m, b·s) in [0, V).
+  std::vector<std::vector<int32_t>> inputs(m), targets(m);
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(partition.vocab - 1));
+  for (int j = 0; j < m; ++j) {
+    inputs[j].resize(n);
+    targets[j].resize(n);
+    for (int i = 0; i < n; ++i) inputs[j][i] = token(rng), targets[j][i] = token(rng);
+  }
+  const size_t nh = static_cast<size_t>(n) * h;
+  const float loss_grad = 1.0f / static_cast<float>(m * n);  // mean over the step's tokens
+  auto act = [&](bool zero) {
+    return DeviceArray<bf16>::Create(ctx, MemoryCategory::kActivations, nh, zero);
+  };
+
+  auto microbatch = [&](int j, double* loss) -> absl::Status {
+    // IF and its 1-rank IF_REDUCE; the chunk embedding (+ positions) rounded to bf16.
+    VP_BENCH_ASSIGN(in_state, input->Forward(inputs[j].data(), n));
+    VP_BENCH_RETURN_IF_ERROR(input->ForwardReduce(in_state, *self));
+    VP_BENCH_ASSIGN(x, act(false));  // (b, s, h)
+    VP_CUDA_RETURN_IF_ERROR(
+        EmbedSeqChunkForward<bf16>(x.data(), in_state.output(), wpe, b, s, s, h, 0, stream));
+    VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+    in_state.ReleaseOutput();
+    // F of the layers, then the final norm: X = norm(y).
+    VP_BENCH_ASSIGN(y, act(false));  // (b, s, h) the last layer's output
+    VP_BENCH_RETURN_IF_ERROR(stack->Forward({j, 0}, x.data(), y.data()));
+    x.Reset();
+    VP_BENCH_ASSIGN(xn, act(false));  // (n, h) X, the output layer's input
+    VP_BENCH_ASSIGN(mean, DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, n, false));
+    VP_BENCH_ASSIGN(rstd, DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, n, false));
+    if (o.llama()) {
+      VP_CUDA_RETURN_IF_ERROR(
+          RmsNormForward<bf16>(xn.data(), rstd.data(), y.data(), lnf_w, n, h, cfg.rms_eps, stream));
+    } else {
+      VP_CUDA_RETURN_IF_ERROR(LayerNormForward<bf16>(xn.data(), mean.data(), rstd.data(), y.data(),
+                                                     lnf_w, lnf_b, n, h, stream));
+    }
+    VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+    // S, C1 (1 rank), T: the loss, ∇X (fp32) and the lm_head gradient.
+    VP_BENCH_ASSIGN(out_state, output->S(xn.data(), targets[j].data(), n, loss_grad));
+    VP_BENCH_RETURN_IF_ERROR(output->C1(out_state, *self));
+    VP_BENCH_RETURN_IF_ERROR(output->T(out_state, xn.data()));
+    for (int i = 0; i < n; ++i) *loss += out_state.losses()[i] * loss_grad;
+    xn.Reset();
+    // The final norm's backward: ∇y from ∇X (rounded to bf16, as the engine does).
+    VP_BENCH_ASSIGN(dy, act(true));   // (n, h), accumulated into
+    VP_BENCH_ASSIGN(gx, act(false));  // (n, h) ∇X in bf16
+    VP_CUDA_RETURN_IF_ERROR(
+        FloatToBf16(gx.data(), out_state.grad_input(), static_cast<long>(nh), stream));
+    if (o.llama()) {
+      VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput<bf16>(dy.data(), gx.data(), y.data(), lnf_w,
+                                                         rstd.data(), n, h, stream));
+      VP_CUDA_RETURN_IF_ERROR(
+          RmsNormBackwardWeight<bf16>(lnf_wg, gx.data(), y.data(), rstd.data(), n, h, stream));
+    } else {
+      VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput<bf16>(dy.data(), gx.data(), y.data(), lnf_w,
+                                                           mean.data(), rstd.data(), n, h, stream));
+      VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight<bf16>(
+          lnf_wg, lnf_bg, gx.data(), y.data(), mean.data(), rstd.data(), n, h, stream));
+    }
+    VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+    out_state.Release();
+    y.Reset();
+    gx.Reset();
+    mean.Reset();
+    rstd.Reset();
+    // B+W of the layers; the embedding gradient to the position table and the input layer.
+    VP_BENCH_ASSIGN(dx, act(false));  // (b, s, h)
+    VP_BENCH_RETURN_IF_ERROR(stack->Backward({j, 0}, dy.data(), dx.data()));
+    dy.Reset();
+    if (!o.llama()) {
+      VP_CUDA_RETURN_IF_ERROR(
+          PositionEmbeddingBackward<bf16>(wpe_grad, dx.data(), b, s, h, 0, stream));
+      VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+    }
+    VP_BENCH_RETURN_IF_ERROR(input->BackwardBroadcast(in_state, *self, 0, dx.data()));
+    VP_BENCH_RETURN_IF_ERROR(input->Backward(in_state));
+    dev.alloc.ReleasePending();  // what this thread freed since its last Finish (ActionDone)
+    return absl::OkStatus();
+  };
+
+  // AdamW (the runtime's defaults: β 0.9/0.95, ε 1e-8, weight decay 0.1), lr 3e-4, clip 1.0.
+  std::vector<double> host_partials(kSquaredNormBlocks);
+  auto optimizer = [&](int64_t t, double* grad_norm) -> absl::Status {
+    VP_CUDA_RETURN_IF_ERROR(SquaredNormPartials(partials.data(), g, count, stream));
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_partials.data(), partials.data(),
+                                            kSquaredNormBlocks * sizeof(double),
+                                            cudaMemcpyDeviceToHost, stream));
+    VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+    double sq = 0;
+    for (double v : host_partials) sq += v;
+    *grad_norm = std::sqrt(sq);
+    AdamWParams ap;
+    ap.lr = 3e-4f;
+    ap.grad_scale = *grad_norm > 1.0 ? static_cast<float>(1.0 / *grad_norm) : 1.0f;
+    ap.bc1 = 1.0 - std::pow(static_cast<double>(ap.beta1), static_cast<double>(t));
+    ap.bc2 = 1.0 - std::pow(static_cast<double>(ap.beta2), static_cast<double>(t));
+    VP_CUDA_RETURN_IF_ERROR(AdamWStep(master.data(), params.data(), g, adam_m.data(), adam_v.data(),
+                                      decay.data(), count, ap, stream));
+    return Finish(ctx);
+  };
+
+  double total_s = 0, loss = 0, grad_norm = 0;
+  std::vector<double> step_s;
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    if (i == o.warmup) {  // the peaks of the timed steps only (the state is live throughout)
+      dev.tracker.ResetPeaks();
+      dev.alloc.ResetPeaks();
+    }
+    loss = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g, 0, count * sizeof(float), stream));  // ZeroGrads
+    VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+    for (int j = 0; j < m; ++j) VP_BENCH_RETURN_IF_ERROR(microbatch(j, &loss));
+    VP_BENCH_RETURN_IF_ERROR(optimizer(i + 1, &grad_norm));
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  step %d%s: %.3f s, loss %.4f, grad norm %.4g\n", i,
+                i < o.warmup ? " (warm-up)" : "", sec, loss, grad_norm);
+    if (i >= o.warmup) {
+      total_s += sec;
+      step_s.push_back(sec);
+    }
+  }
+  const double mean_s = total_s / o.iters;
+  std::vector<double> sorted = step_s;
+  std::sort(sorted.begin(), sorted.end());
+  const double median_s = sorted[sorted.size() / 2];
+  VP_BENCH_ASSIGN(master_finite, AllFinite(master.data(), count));
+  const AllocatorStats st = dev.alloc.stats();
+  const double flops = StepFlops(o);
+  const double tokens = static_cast<double>(m) * n;
+  size_t free_b = 0, total_b = 0;
+  VP_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  report.Line("whole step (mean)", flops, mean_s);
+  std::printf(
+      "  %.0f tokens/s (mean of %d steps; median %.3f s); loss %.4f (ln V = %.3f), "
+      "weights finite: %s\n",
+      tokens / mean_s, o.iters, median_s, loss, std::log(double(partition.vocab)),
+      master_finite && std::isfinite(loss) ? "yes" : "NO");
+  std::printf(
+      "  memory (timed steps): peak in use %.2f GiB (parameters %.2f, gradients %.2f, optimizer "
+      "%.2f, activations %.2f), peak reserved %.2f GiB (%.3fx in use); device used %.2f of "
+      "%.2f GiB (context, cuBLAS workspaces included)\n",
+      Gib(st.allocated_peak), Gib(dev.tracker.peak(MemoryCategory::kParameters)),
+      Gib(dev.tracker.peak(MemoryCategory::kGradients)),
+      Gib(dev.tracker.peak(MemoryCategory::kOptimizer)),
+      Gib(dev.tracker.peak(MemoryCategory::kActivations)), Gib(st.reserved_peak),
+      st.allocated_peak > 0 ? static_cast<double>(st.reserved_peak) / st.allocated_peak : 0.0,
+      Gib(static_cast<double>(total_b - free_b)), Gib(static_cast<double>(total_b)));
+  std::printf(
+      "PERF section=step tokens_per_step=%.0f step_s=%.4f median_s=%.4f tokens_per_s=%.0f "
+      "mfu=%s tflops=%.1f peak_inuse_gib=%.2f peak_reserved_gib=%.2f loss=%.4f params=%zu\n",
+      tokens, mean_s, median_s, tokens / mean_s, report.MfuText(flops, mean_s).c_str(),
+      flops / mean_s / 1e12, Gib(st.allocated_peak), Gib(st.reserved_peak), loss, count);
+  if (!master_finite || !std::isfinite(loss)) {
+    return absl::InternalError("step: non-finite loss or weights");
+  }
   return absl::OkStatus();
 }
 
@@ -575,30 +1043,69 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n%s", std::string(opts.status().message()).c_str(), kUsage);
     return 2;
   }
+  const Options& o = *opts;
+  if (o.print_flops) {  // no device needed: the FLOP convention, for torch_baseline.py's test
+    absl::StatusOr<vocab::VocabPartition> partition = vocab::MakeVocabPartition(o.rows, 1, 0);
+    if (!partition.ok()) {
+      std::fprintf(stderr, "%s\n", partition.status().ToString().c_str());
+      return 2;
+    }
+    // Parameters without the padding rows a shard may carry (the model's own count).
+    const StepLayout lay = MakeStepLayout(o, o.rows);
+    std::printf(
+        "FLOPS layer_per_microbatch=%.17g step=%.17g tokens_per_step=%d params=%zu "
+        "padded_rows=%lld\n",
+        LayerFlops(o, o.batch), StepFlops(o), o.microbatches * o.tokens(), lay.count,
+        static_cast<long long>(partition->rows));
+    return 0;
+  }
   if (DeviceCount() == 0) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  const Options& o = *opts;
   const std::string name = DeviceName(0).value_or("unknown");
-  const std::optional<double> peak = o.peak ? o.peak : PeakBf16Tflops(name);
-  std::printf("GPU %s, dense bf16 peak %s TFLOP/s%s\n", name.c_str(),
-              peak ? absl::StrCat(*peak).c_str() : "unknown",
-              o.peak ? " (--peak)" : (peak ? " (table)" : ""));
-  const Reporter report(peak);
   int failures = 0;
   auto run = [&](const char* section, const absl::Status& s) {
     if (!s.ok()) {
       std::fprintf(stderr, "%s: %s\n", section, s.ToString().c_str());
+      std::printf("PERF section=%s FAIL %s\n", section, std::string(s.message()).c_str());
       ++failures;
     }
   };
-  if (o.layer) run("layer", RunLayerPasses(o, report));
-  if (o.output) {
-    for (OutputAlgorithm a : o.algorithms) run("output", RunOutputLayer(o, a, report));
+  // The MFU peak: --peak, else the one measured here, else the datasheet table.
+  std::optional<double> peak = o.peak;
+  std::string source = "--peak";
+  if (o.peak_section) {
+    absl::StatusOr<double> measured = MeasurePeakTflops(o);
+    run("peak", measured.status());
+    if (measured.ok() && !peak) {
+      peak = *measured;
+      source = "measured";
+    }
   }
-  if (o.gemm) run("gemm", RunGemms(o, report));
-  if (o.attention) run("attention", RunAttention(o, report));
+  if (!peak) {
+    peak = PeakBf16Tflops(name);
+    source = peak ? "datasheet table" : "";
+  }
+  std::printf("GPU %s, MFU against %s TFLOP/s%s\n", name.c_str(),
+              peak ? absl::StrFormat("%.1f", *peak).c_str() : "unknown",
+              peak ? absl::StrCat(" (", source, ")").c_str() : "");
+  std::printf("PERF section=config gpu=\"%s\" mfu_peak_tflops=%s peak_source=\"%s\"\n",
+              name.c_str(), peak ? absl::StrFormat("%.1f", *peak).c_str() : "n/a", source.c_str());
+  std::fflush(stdout);
+  const Reporter report(peak);
+  // Each section flushes its lines before the next starts: perf.sh may stop the program.
+  auto flushed = [&](const char* section, const absl::Status& s) {
+    run(section, s);
+    std::fflush(stdout);
+  };
+  if (o.layer) flushed("layer", RunLayerPasses(o, report));
+  if (o.output) {
+    for (OutputAlgorithm a : o.algorithms) flushed("output", RunOutputLayer(o, a, report));
+  }
+  if (o.gemm) flushed("gemm", RunGemms(o, report));
+  if (o.attention) flushed("attention", RunAttention(o, report));
+  if (o.step) flushed("step", RunStep(o, report));
   return failures == 0 ? 0 : 1;
 }
 

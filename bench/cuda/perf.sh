@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# perf.sh: issue 28's GPU performance measurement in one short command: cuda_bench (measured
+# bf16 GEMM peak, transformer layer F and B+W MFU, output layer S+T MFU, a whole p = 1 training
+# step's tokens/s, MFU and peak in-use/reserved memory) and torch_baseline.py (the same models
+# and batches in PyTorch eager bf16) for three models, then one table.
+#
+#   bench/cuda/perf.sh OUTDIR [--quick]     on the GPU host (about 40-60 s on an H100, < 95 s
+#                                           by construction: see the budget below)
+#   bench/cuda/perf.sh --dry-run OUTDIR     anywhere: checks that everything is present, runs
+#                                           the device-free parts, prints what it would run
+#
+# Models (torch_baseline.py MODELS; cuda_bench gets its flags from there): 8 layers, s = 2048,
+# 8192 tokens per step, untied embeddings, fp32 master weights + AdamW, bf16 compute:
+#   gpt2-50k   h 2048, 16 heads, ffn 8192, V 50304,   m 2 x b 2   0.61B parameters
+#   gpt2-256k  h 2048, 16 heads, ffn 8192, V 256000,  m 2 x b 2   1.46B parameters
+#   llama      h 4096, 32 heads, 8 KV heads, SwiGLU 14336, RMSNorm, RoPE, V 128256,
+#              m 4 x b 1                                            2.80B parameters
+# Memory on an 80 GB H100 (GiB = 2^30 bytes; state = what is held from the start):
+#   vocabpipe: 19 bytes/parameter (fp32 master 4, bf16 copy 2, fp32 grads 4, Adam m, v 8, decay
+#     mask 1): 10.8 / 25.8 / 49.5 GiB; plus one microbatch's activations (at p = 1 each
+#     microbatch's forward is followed by its backward, so m adds nothing): about 1-2 GiB for
+#     GPT-2 b = 2 (~34·b·s·h bytes per layer) and 2-3 GiB for Llama b = 1 (~130 KB per token
+#     per layer), plus the bf16 logits n·V·2 bytes (0.4 / 2.0 / 0.5 GiB) and a backward's
+#     working set: peaks of about 13 / 30 / 54 GiB, at least 25 GiB below 80.
+#   PyTorch eager: 16 bytes/parameter (fp32 weights, grads, m, v) = 9.1 / 21.7 / 41.7 GiB, plus
+#     autocast's bf16 weight copies (2 bytes/parameter), fp32 residual-stream activations
+#     (~3 / 3 / 4.5 GiB) and the fp32 logits, log-softmax and their gradients (~4·n·V·4 bytes:
+#     3 / 16 / 4 GiB): peaks of about 17 / 43 / 56 GiB. (b = 2 for Llama would add ~8 GiB to
+#     torch's peak; b = 1, m = 4 keeps it near 60 with the same tokens.)
+#
+# Budget: the whole script stops within PERF_BUDGET_S (92) seconds: every program runs under
+# `timeout`, given min(its cap, what is left of the budget), and 30 s stay reserved for the
+# torch run until it has run. A program that fails or times out prints FAIL with its first
+# error line; the script goes on and the table shows what was measured.
+#
+# Environment:
+#   VP_BIN_ENV               prefix for our binaries, e.g. "env LD_LIBRARY_PATH=/x/lib" (split
+#                            on spaces); python3 never gets it.
+#   VP_HOST_LD_LIBRARY_PATH  if set, python3 runs with LD_LIBRARY_PATH set to it (unset when
+#                            empty) instead of the inherited one.
+#   CUDA_BENCH               the cuda_bench binary (default: beside this script, as in the GPU
+#                            bundle's bench/, else build-cuda/ or build/ of the source tree).
+#   PYTHON (python3), PERF_BUDGET_S (92).
+# Output: OUTDIR/perf.txt (the table, also on stdout), OUTDIR/cuda_bench-MODEL.log,
+# OUTDIR/torch.log.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+dry_run=0
+quick=0
+outdir=""
+for a in "$@"; do
+  case "$a" in
+    --dry-run) dry_run=1 ;;
+    --quick) quick=1 ;;
+    -h | --help)
+      sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+      exit 0
+      ;;
+    -*)
+      echo "perf.sh: unknown option $a" >&2
+      exit 2
+      ;;
+    *)
+      [[ -z "$outdir" ]] || {
+        echo "perf.sh: one OUTDIR only" >&2
+        exit 2
+      }
+      outdir=$a
+      ;;
+  esac
+done
+[[ -n "$outdir" ]] || {
+  echo "usage: perf.sh OUTDIR [--quick] | perf.sh --dry-run OUTDIR" >&2
+  exit 2
+}
+mkdir -p "$outdir" || exit 2
+outdir=$(cd "$outdir" && pwd)
+
+budget=${PERF_BUDGET_S:-92}
+t_start=$SECONDS
+models=(gpt2-50k gpt2-256k llama)
+read -r -a bin_env <<< "${VP_BIN_ENV:-}"
+python=${PYTHON:-python3}
+py_env=()
+if [[ -n "${VP_HOST_LD_LIBRARY_PATH+x}" ]]; then
+  if [[ -n "$VP_HOST_LD_LIBRARY_PATH" ]]; then
+    py_env=(env "LD_LIBRARY_PATH=$VP_HOST_LD_LIBRARY_PATH")
+  else
+    py_env=(env -u LD_LIBRARY_PATH)
+  fi
+fi
+baseline=$here/torch_baseline.py
+bench=${CUDA_BENCH:-}
+if [[ -z "$bench" ]]; then
+  for c in "$here/cuda_bench" "$here/../../build-cuda/bench/cuda/cuda_bench" \
+    "$here/../../build/bench/cuda/cuda_bench"; do
+    if [[ -x "$c" ]]; then
+      bench=$c
+      break
+    fi
+  done
+fi
+if ((quick)); then
+  warmup=1 iters=2 sections=peak,layer,output,step
+else
+  warmup=2 iters=3 sections=peak,layer,output,gemm,attention,step
+fi
+
+missing=0
+[[ -n "$bench" && -x "$bench" ]] || {
+  echo "perf.sh: cuda_bench not found (beside perf.sh, build-cuda/, build/ or \$CUDA_BENCH)" >&2
+  missing=1
+}
+[[ -f "$baseline" ]] || {
+  echo "perf.sh: $baseline not found" >&2
+  missing=1
+}
+command -v "$python" > /dev/null || {
+  echo "perf.sh: $python not found" >&2
+  missing=1
+}
+((missing == 0)) || exit 1
+
+# The first line of a log that looks like an error, else its last line.
+first_error() {
+  local line
+  line=$(grep -m1 -E 'FAIL|[Ee]rror:|what\(\)|terminate|Aborted|Killed|Segmentation' "$1")
+  [[ -n "$line" ]] || line=$(tail -n 1 "$1")
+  echo "${line:0:200}"
+}
+
+# run NAME CAP LOG CMD...: CMD under timeout with min(CAP, budget left - reserve) seconds.
+reserve=30  # for the torch run, until it has run
+run() {
+  local name=$1 cap=$2 log=$3
+  shift 3
+  # 3 s for timeout's -k 2 and the start-up around it.
+  local left=$((budget - (SECONDS - t_start) - reserve - 3))
+  local limit=$((cap < left ? cap : left))
+  if ((limit < 5)); then
+    echo "== $name: SKIP (budget: ${left}s left)" | tee "$log"
+    return 1
+  fi
+  echo "== $name (timeout ${limit}s): $*" > "$log"
+  local t0=$SECONDS rc
+  timeout -k 2 "$limit" "$@" >> "$log" 2>&1
+  rc=$?
+  if ((rc == 0)); then
+    echo "== $name: ok in $((SECONDS - t0))s"
+  elif ((rc == 124 || rc == 137)); then
+    echo "== $name: FAIL timeout after ${limit}s; $(first_error "$log")"
+  else
+    echo "== $name: FAIL rc=$rc; $(first_error "$log")"
+  fi
+  return $rc
+}
+
+# kv FILE TAG KEY: KEY's value on the first line starting with TAG ("PERF section=step", ...).
+kv() {
+  awk -v tag="$2" -v key="$3" 'index($0, tag) == 1 {
+      for (i = 1; i <= NF; ++i) if (index($i, key "=") == 1) { print substr($i, length(key) + 2); exit }
+    }' "$1" 2> /dev/null
+}
+
+flags_of() { "${py_env[@]}" "$python" "$baseline" --cuda-bench-flags "$1"; }
+
+if ((dry_run)); then
+  echo "perf.sh --dry-run: cuda_bench $bench"
+  echo "perf.sh --dry-run: torch_baseline $baseline (python: ${py_env[*]} $python)"
+  echo "perf.sh --dry-run: our binaries run with prefix: ${bin_env[*]:-(none)}"
+  status=0
+  for m in "${models[@]}"; do
+    flags=$(flags_of "$m") || {
+      echo "FAIL: torch_baseline.py --cuda-bench-flags $m"
+      status=1
+      continue
+    }
+    # shellcheck disable=SC2086  # flags are words
+    vp=$("${bin_env[@]}" "$bench" --print-flops $flags 2>&1) || {
+      echo "FAIL: cuda_bench --print-flops $flags: $vp"
+      status=1
+      continue
+    }
+    py=$("${py_env[@]}" "$python" "$baseline" --print-flops --models "$m")
+    echo "  $m: cuda_bench $vp"
+    echo "  $m: torch_baseline $py"
+    [[ "$(kv <(echo "$vp") FLOPS step)" == "$(kv <(echo "$py") FLOPS step)" ]] || {
+      echo "FAIL: $m: the two programs count different step FLOPs"
+      status=1
+    }
+    echo "  would run: timeout ... ${bin_env[*]} $bench --sections=$sections --algorithm=2" \
+      "--warmup=$warmup --iters=$iters $flags [--peak=<measured> after the first model]"
+  done
+  echo "  would run: timeout ... ${py_env[*]} $python $baseline --models $(
+    IFS=,
+    echo "${models[*]}"
+  ) --warmup $warmup --iters $iters --peak-tflops <measured>"
+  dev=$("${bin_env[@]}" "$bench" --sections=peak --peak-size=64 2>&1 | head -n 1)
+  echo "perf.sh --dry-run: cuda_bench on this machine: $dev"
+  if "${py_env[@]}" "$python" -c 'import torch' 2> /dev/null; then
+    echo "perf.sh --dry-run: torch importable here"
+  else
+    echo "perf.sh --dry-run: torch not importable here (needed on the GPU host only)"
+  fi
+  exit $status
+fi
+
+echo "perf.sh: logs in $outdir; budget ${budget}s; warm-up $warmup, timed $iters"
+peak=""
+caps=(25 25 32)
+for i in "${!models[@]}"; do
+  m=${models[$i]}
+  flags=$(flags_of "$m")
+  secs=$sections
+  extra=()
+  if [[ -n "$peak" ]]; then
+    secs=${sections/peak,/}
+    extra=(--peak="$peak")
+  fi
+  # shellcheck disable=SC2086  # flags are words
+  run "cuda_bench $m" "${caps[$i]}" "$outdir/cuda_bench-$m.log" "${bin_env[@]}" "$bench" \
+    --sections="$secs" --algorithm=2 --warmup=$warmup --iters=$iters $flags "${extra[@]}"
+  if [[ -z "$peak" ]]; then
+    peak=$(kv "$outdir/cuda_bench-$m.log" "PERF section=peak" peak_tflops)
+  fi
+done
+reserve=0
+peak_args=()
+[[ -n "$peak" ]] && peak_args=(--peak-tflops "$peak")
+run "torch eager (all models)" 60 "$outdir/torch.log" "${py_env[@]}" "$python" "$baseline" \
+  --models "$(
+    IFS=,
+    echo "${models[*]}"
+  )" --warmup $warmup --iters $iters "${peak_args[@]}"
+
+# The table.
+pct() { [[ -n "$1" && "$1" != n/a ]] && echo "$1%" || echo "-"; }
+or_dash() { [[ -n "$1" ]] && echo "$1" || echo "-"; }
+{
+  gpu=$(grep -m1 -o 'gpu="[^"]*"' "$outdir/cuda_bench-${models[0]}.log" 2> /dev/null | cut -d'"' -f2)
+  echo "vocabpipe vs PyTorch eager, one GPU (${gpu:-unknown}); MFU against the measured bf16" \
+    "GEMM peak ${peak:-?} TFLOP/s (cuBLASLt 8192^3); 8192 tokens/step; warm-up $warmup," \
+    "mean of $iters timed steps"
+  printf '%-10s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' model "layerF" "layerBW" \
+    "outS+T" "vp tok/s" "MFU" "GiB use/res" "pt tok/s" "MFU" "GiB use/res" "vp/torch"
+  for m in "${models[@]}"; do
+    f=$outdir/cuda_bench-$m.log
+    t=$outdir/torch.log
+    vtps=$(kv "$f" "PERF section=step" tokens_per_s)
+    ttps=$(kv "$t" "TORCH model=$m " tokens_per_s)
+    ratio="-"
+    [[ -n "$vtps" && -n "$ttps" ]] && ratio=$(awk -v a="$vtps" -v b="$ttps" 'BEGIN { printf "%.2fx", a / b }')
+    printf '%-10s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' "$m" \
+      "$(pct "$(kv "$f" "PERF section=layer" f_mfu)")" \
+      "$(pct "$(kv "$f" "PERF section=layer" bw_mfu)")" \
+      "$(pct "$(kv "$f" "PERF section=output" st_mfu)")" \
+      "$(or_dash "$vtps")" "$(pct "$(kv "$f" "PERF section=step" mfu)")" \
+      "$(or_dash "$(kv "$f" "PERF section=step" peak_inuse_gib)")/$(or_dash "$(kv "$f" "PERF section=step" peak_reserved_gib)")" \
+      "$(or_dash "$ttps")" "$(pct "$(kv "$t" "TORCH model=$m " mfu)")" \
+      "$(or_dash "$(kv "$t" "TORCH model=$m " peak_alloc_gib)")/$(or_dash "$(kv "$t" "TORCH model=$m " peak_reserved_gib)")" \
+      "$ratio"
+  done
+  echo "layerF/layerBW: DeviceLayerStack forward, backward (B+W); outS+T: output layer S+C1+T" \
+    "(Algorithm 2); vp: cuda_bench step (runtime passes, p = 1); pt: torch autocast bf16 +" \
+    "fp32 master, fused AdamW, SDPA. GiB: peak allocated / reserved over the timed steps."
+  for f in "$outdir"/cuda_bench-*.log "$outdir/torch.log"; do
+    [[ -f "$f" ]] || continue
+    grep -h -E '^(PERF section=[a-z]+ FAIL|TORCH model=[^ ]+ FAIL|TORCH no CUDA|no CUDA device)|SKIP' "$f" |
+      sed "s|^|note ($(basename "$f")): |"
+  done
+  echo "total $((SECONDS - t_start))s of budget ${budget}s"
+} | tee "$outdir/perf.txt"
