@@ -442,8 +442,8 @@ fi
 if [[ -x "$HERE/bench/perf.sh" ]]; then
   perf_args=("$LOGS/perf")
   ((DRY)) && perf_args=(--dry-run "${perf_args[@]}")
-  VP_BIN_ENV="${VPENV[*]}" capped 110 bash "$HERE/bench/perf.sh" "${perf_args[@]}" \
-    > "$LOGS/perf.log" 2>&1
+  export VP_BIN_ENV="${VPENV[*]}"  # perf.sh's prefix for our binaries; python3 runs plain
+  capped 110 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
   rc=$?
   [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
   if ((rc == 0)); then
