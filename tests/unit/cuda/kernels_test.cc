@@ -85,6 +85,55 @@ TEST(CudaKernels, LayerNormMatchesCpu) {
   ExpectClose(gdb.Get(), db, 1e-5, 1e-4, "dbias");
 }
 
+// GELU's backward in float64: the reference both float implementations are held to.
+std::vector<double> GeluBackwardExact(const std::vector<float>& x, const std::vector<float>& dy) {
+  constexpr double kScale = 0.7978845608028654, kCubic = 0.044715;
+  std::vector<double> dx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i], u = kScale * (xi + kCubic * xi * xi * xi), t = std::tanh(u);
+    const double du = kScale * (1.0 + 3.0 * kCubic * xi * xi);
+    dx[i] = dy[i] * (0.5 * (1.0 + t) + 0.5 * xi * (1.0 - t * t) * du);
+  }
+  return dx;
+}
+
+// What a float implementation of 0.5·(1 + t) + 0.5·x·(1 − t²)·u' can be held to: its tanh t is
+// good to a few ulps *of 1* (both the CPU's exp-based Tanh and the device's 1 − 2/(e^{2u} + 1)),
+// and for x ≪ 0 the two terms are differences of numbers near 1 (1 + t with t → −1), so the
+// error is absolute, ~1e-6·|dy|·(0.5 + |x·u'|), not relative: at x ≈ −4.5 the true value is
+// ~1e-4·dy and a few ulps of t are 2% of it (the first GPU run measured 1.9% between the two).
+double GeluBackwardBound(float x, float dy, double exact) {
+  const double du = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * double(x) * x);
+  return 1e-6 + 1e-5 * std::abs(exact) + 1e-6 * std::abs(dy) * (0.5 + std::abs(x * du));
+}
+
+void ExpectGeluBackward(const std::vector<float>& got, const std::vector<float>& x,
+                        const std::vector<float>& dy, const char* what) {
+  const std::vector<double> exact = GeluBackwardExact(x, dy);
+  ASSERT_EQ(got.size(), exact.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], exact[i], GeluBackwardBound(x[i], dy[i], exact[i]))
+        << what << " at " << i << ", x " << x[i] << ", dy " << dy[i];
+  }
+}
+
+// Device-free: the CPU kernel (the reference of the device one in CI's CPU tests) is within the
+// bound of the float64 GELU backward; and the bound is tight enough to matter: a relative error
+// of 1e-3 everywhere exceeds it.
+TEST(GeluBackwardReference, CpuKernelIsWithinTheFloatTanhBound) {
+  const long n = 5000;
+  auto x = Random(n, 5, 3.0f), dy = Random(n, 6);
+  std::vector<float> dx(n);
+  cpu::GeluBackward(dx.data(), x.data(), dy.data(), n);
+  ExpectGeluBackward(dx, x, dy, "cpu gelu backward");
+  const std::vector<double> exact = GeluBackwardExact(x, dy);
+  int outside = 0;
+  for (long i = 0; i < n; ++i) {
+    outside += std::abs(1e-3 * exact[i]) > GeluBackwardBound(x[i], dy[i], exact[i]);
+  }
+  EXPECT_GT(outside, n / 2);
+}
+
 TEST(CudaKernels, GeluAndResidualMatchCpu) {
   SKIP_WITHOUT_DEVICE();
   const long n = 5000;
@@ -101,7 +150,7 @@ TEST(CudaKernels, GeluAndResidualMatchCpu) {
   ASSERT_EQ(ResidualForward(gres.p, gx.p, gy.p, n, nullptr), cudaSuccess);
   ASSERT_EQ(ResidualBackward(gda.p, gdb.p, gdy.p, n, nullptr), cudaSuccess);
   ExpectClose(gout.Get(), out, 1e-5, 1e-6, "gelu");
-  ExpectClose(gdx.Get(), dx, 1e-5, 1e-6, "gelu backward");
+  ExpectGeluBackward(gdx.Get(), x, dy, "gelu backward");
   ExpectClose(gres.Get(), res, 0, 0, "residual");
   ExpectClose(gda.Get(), da, 0, 0, "da");
   ExpectClose(gdb.Get(), dbv, 0, 0, "db");
@@ -199,7 +248,7 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
   Dev<float> glse(stat_n), gdelta(stat_n);
 
   std::vector<float> out(o_n), att(size_t(cs.batch) * cs.heads * ql * cs.q_end),
-      scratch(size_t(ql) * cs.q_end);
+      scratch(cpu::AttentionBackwardScratch(cs));  // a block per thread the CPU uses
   cpu::AttentionForward(out.data(), att.data(), q.data(), ldq, k.data(), v.data(), cs);
   ASSERT_EQ(AttentionForward(gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s, nullptr), cudaSuccess);
   // The backward reads the device's own forward output, as in training (for bf16 it is the
