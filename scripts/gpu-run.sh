@@ -337,13 +337,14 @@ fi
 cd "$WORK" || exit 1  # the specs name runs/NAME and gpu-data.bin relative to here
 
 # ---- the test executables
-run_test() {  # NAME CAP
-  local name=$1 cap=$2 rc t0=$SECONDS passed skipped failed detail log="$LOGS/$1.log"
+run_test() {  # NAME CAP [TAG]: the log and XML are NAME[-TAG].log/.xml, the check NAME[-TAG]
+  local name=$1 cap=$2 rc t0=$SECONDS passed skipped failed detail
+  local check="$1${3:+-$3}" log="$LOGS/$1${3:+-$3}.log"
   if [[ ! -x "$HERE/tests/$name" ]]; then
-    result FAIL "$name" "not in the bundle"
+    result FAIL "$check" "not in the bundle"
     return
   fi
-  capped "$cap" "${VPENV[@]}" "$HERE/tests/$name" --gtest_output="xml:$LOGS/$name.xml" \
+  capped "$cap" "${VPENV[@]}" "$HERE/tests/$name" --gtest_output="xml:$LOGS/$check.xml" \
     > "$log" 2>&1
   rc=$?
   passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
@@ -351,14 +352,14 @@ run_test() {  # NAME CAP
   failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
   detail="${passed:-0} passed, ${skipped:-0} skipped, ${failed:-0} failed, $((SECONDS - t0)) s"
   if ((rc == 124 || rc == 137)); then
-    result FAIL "$name" "timed out ($detail; last: $(tail -1 "$log"))" "$log"
+    result FAIL "$check" "timed out ($detail; last: $(tail -1 "$log"))" "$log"
   elif ((rc != 0)); then
-    result FAIL "$name" "exit $rc ($detail; $(grep -m3 '^\[  FAILED  \] [A-Z]' "$log" |
+    result FAIL "$check" "exit $rc ($detail; $(grep -m3 '^\[  FAILED  \] [A-Z]' "$log" |
       sed 's/^\[  FAILED  \] //' | tr '\n' ' '))" "$log"
   elif ((!DRY)) && grep -q "no CUDA device" "$log"; then
-    result FAIL "$name" "skipped its device tests although the preflight saw a GPU ($detail)" "$log"
+    result FAIL "$check" "skipped its device tests although the preflight saw a GPU ($detail)" "$log"
   else
-    result PASS "$name" "$detail"
+    result PASS "$check" "$detail"
   fi
 }
 
@@ -424,10 +425,32 @@ else
   run_test cuda_vocab_shards_test 45
   run_job gpu-llama-p2 45
   run_test cuda_nccl_test 30
+  # The tensor-core attention kernels (bf16): their own tests, then the layer stack, the
+  # pipeline (every schedule × vocabulary method against the CPU) and the 200-step bf16 job with
+  # VOCABPIPE_ATTENTION=tensor-core.
+  say "== tensor-core attention (VOCABPIPE_ATTENTION=tensor-core)"
+  if "$HERE/tests/cuda_kernels_test" --gtest_list_tests 2> /dev/null | grep -q TensorCore; then
+    GTEST_FILTER='*TensorCore*:AttentionKernelsDefault.*' run_test cuda_kernels_test 30 tc
+    export VOCABPIPE_ATTENTION=tensor-core
+    run_test cuda_layer_stack_test 45 tc
+    run_test cuda_pipeline_test 90 tc
+    sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-tc,#" -e "s/^name: .*/name: gpu-p1-bf16-tc/" \
+      "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-tc.yaml"
+    run_job gpu-p1-bf16-tc 60
+    unset VOCABPIPE_ATTENTION
+  else
+    result SKIP tensor-core "this bundle's cuda_kernels_test has no tensor-core tests"
+  fi
 fi
 
 # ---- the benchmarks
 say "== benchmarks"
+if ((!DRY)); then  # the attention and layer sections with the tensor-core kernels, first
+  VOCABPIPE_ATTENTION=tensor-core capped 30 "${VPENV[@]}" "$HERE/bench/cuda_bench" \
+    --sections=layer,attention > "$LOGS/cuda_bench-tc.txt" 2>&1
+  result INFO cuda_bench-tc "exit $?, VOCABPIPE_ATTENTION=tensor-core"
+  grep -E 'MFU' "$LOGS/cuda_bench-tc.txt" | head -12 | sed 's/^/     /' | tee -a "$SUMMARY"
+fi
 capped 45 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGS/cuda_bench.txt" 2>&1
 rc=$?
 if ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGS/cuda_bench.txt"; then
@@ -443,7 +466,9 @@ if [[ -x "$HERE/bench/perf.sh" ]]; then
   perf_args=("$LOGS/perf")
   ((DRY)) && perf_args=(--dry-run "${perf_args[@]}")
   export VP_BIN_ENV="${VPENV[*]}"  # perf.sh's prefix for our binaries; python3 runs plain
-  capped 110 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
+  # With the tensor-core attention kernels unless VP_PERF_ATTENTION says otherwise.
+  VOCABPIPE_ATTENTION=${VP_PERF_ATTENTION:-tensor-core} capped 110 bash "$HERE/bench/perf.sh" \
+    "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
   rc=$?
   [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
   if ((rc == 0)); then

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -226,7 +228,8 @@ struct AttentionTolerance {
 // its q columns to check that only those are written. lse is checked against a float64
 // log-sum-exp of the scaled scores over each row's causal prefix.
 template <typename T>
-void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const AttentionTolerance& tol) {
+void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const AttentionTolerance& tol,
+                    AttentionKernels kernels = AttentionKernels::kFma) {
   const AttentionShape s{cs.batch, cs.heads,   cs.head_dim, cs.q_begin,
                          cs.q_end, cs.kv_rows, cs.kv_heads};
   const int w = cs.width(), kvw = cs.kv_width(), ldq = 3 * w, ql = cs.q_len(), hd = cs.head_dim;
@@ -250,11 +253,12 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
   std::vector<float> out(o_n), att(size_t(cs.batch) * cs.heads * ql * cs.q_end),
       scratch(cpu::AttentionBackwardScratch(cs));  // a block per thread the CPU uses
   cpu::AttentionForward(out.data(), att.data(), q.data(), ldq, k.data(), v.data(), cs);
-  ASSERT_EQ(AttentionForward(gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s, nullptr), cudaSuccess);
+  ASSERT_EQ(AttentionForward(gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s, nullptr, kernels),
+            cudaSuccess);
   // The backward reads the device's own forward output, as in training (for bf16 it is the
   // rounded out that delta = Σ dO·O sees; the CPU uses its fp32 probabilities).
   ASSERT_EQ(AttentionBackward(gdq.p, gdk.p, gdv.p, gdelta.p, gdo.p, gout.p, glse.p, gq.p, ldq, gk.p,
-                              gv.p, s, nullptr),
+                              gv.p, s, nullptr, kernels),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), att.data(),
@@ -378,6 +382,74 @@ TEST(CudaKernels, GroupedQueryAttentionMatchesCpu) {
                         .kv_rows = 128,
                         .kv_heads = 2},
                        130, kBf16Tol);
+}
+
+// The tensor-core kernels (bf16 WMMA, 64-row tiles, P and dS rounded to bf16 before their
+// products) against the CPU on the same bf16-rounded inputs, with the bf16 tolerance of the FMA
+// kernels: several 64-row tiles with a partial last one, Seq1F1B chunks starting off the tile
+// grid (the dK/dV kernel's first query tile is unaligned), both head_dim buckets (64, 128) and a
+// head_dim that is no multiple of 8 (element loads instead of 16-byte ones), grouped-query
+// attention, and a kv cache longer than the chunk.
+TEST(CudaKernels, TensorCoreAttentionMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
+  constexpr auto kTc = AttentionKernels::kTensorCore;
+  // Whole sequences of 200 rows: 4 tiles, the last of 8 rows; GPT-2's head_dim.
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 300,
+      kTol, kTc);
+  // A Seq1F1B middle chunk off the tile grid, kv cache longer than q_end.
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 3, .head_dim = 32, .q_begin = 70, .q_end = 150, .kv_rows = 192}, 310,
+      kTol, kTc);
+  // head_dim 128 (Llama) and 80 (the 128 bucket with zero columns).
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 128, .q_begin = 0, .q_end = 130, .kv_rows = 130}, 320,
+      kTol, kTc);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 80, .q_begin = 20, .q_end = 90, .kv_rows = 96}, 330,
+      kTol, kTc);
+  // head_dim 20: no multiple of 8, element loads.
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 20, .q_begin = 5, .q_end = 77, .kv_rows = 80}, 340, kTol,
+      kTc);
+  // One row, and one whole tile.
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 1, .head_dim = 64, .q_begin = 40, .q_end = 41, .kv_rows = 48}, 350,
+      kTol, kTc);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 1, .head_dim = 64, .q_begin = 64, .q_end = 128, .kv_rows = 128}, 360,
+      kTol, kTc);
+  // Grouped-query attention: 8 query heads on 2 key/value heads, 4 on 1, 128 columns.
+  CheckAttention<bf16>({.batch = 2,
+                        .heads = 8,
+                        .head_dim = 64,
+                        .q_begin = 33,
+                        .q_end = 161,
+                        .kv_rows = 192,
+                        .kv_heads = 2},
+                       370, kTol, kTc);
+  CheckAttention<bf16>({.batch = 1,
+                        .heads = 4,
+                        .head_dim = 128,
+                        .q_begin = 0,
+                        .q_end = 100,
+                        .kv_rows = 100,
+                        .kv_heads = 1},
+                       380, kTol, kTc);
+}
+
+// The environment picks the bf16 kernels when the caller does not.
+TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
+  const char* saved = std::getenv("VOCABPIPE_ATTENTION");
+  const std::string restore = saved != nullptr ? saved : "";
+  setenv("VOCABPIPE_ATTENTION", "tensor-core", 1);
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kTensorCore);
+  setenv("VOCABPIPE_ATTENTION", "fma", 1);
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFma);
+  unsetenv("VOCABPIPE_ATTENTION");
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFma);
+  if (saved != nullptr) setenv("VOCABPIPE_ATTENTION", restore.c_str(), 1);
 }
 
 TEST(CudaKernels, GroupedQueryAttentionRejectsUnevenGroups) {

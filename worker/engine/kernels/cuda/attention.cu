@@ -19,7 +19,11 @@
 // Shared-memory rows have a stride of D + 1 floats: the 8 rows a warp reads at the same column d
 // then fall in distinct banks.
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
 
+#include "worker/engine/kernels/cuda/attention_tc.h"
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/kernels.h"
 
@@ -429,12 +433,36 @@ cudaError_t LaunchBackward(T* dq, T* dk, T* dv, const float* delta, const T* dou
   return cudaGetLastError();
 }
 
+// True when bf16 attention runs on the tensor-core kernels (attention_tc.cu).
+template <typename T>
+bool UseTensorCores(AttentionKernels kernels) {
+  if constexpr (!std::is_same_v<T, bf16>) {
+    return false;
+  } else {
+    if (kernels == AttentionKernels::kDefault) kernels = DefaultAttentionKernels();
+    return kernels == AttentionKernels::kTensorCore;
+  }
+}
+
 }  // namespace
+
+AttentionKernels DefaultAttentionKernels() {
+  const char* env = std::getenv("VOCABPIPE_ATTENTION");
+  if (env != nullptr && std::string_view(env) == "tensor-core")
+    return AttentionKernels::kTensorCore;
+  return AttentionKernels::kFma;
+}
 
 template <typename T>
 cudaError_t AttentionForward(T* out, float* lse, const T* q, int ldq, const T* k, const T* v,
-                             const AttentionShape& shape, cudaStream_t stream) {
+                             const AttentionShape& shape, cudaStream_t stream,
+                             AttentionKernels kernels) {
   if (BadShape(shape)) return cudaErrorInvalidValue;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (UseTensorCores<T>(kernels)) {
+      return AttentionForwardTensorCore(out, lse, q, ldq, k, v, shape, stream);
+    }
+  }
   // Two head_dim buckets: GPT-2's 64 (and the small test sizes), and up to 128.
   if (shape.head_dim <= 64) return LaunchForward<T, 64>(out, lse, q, ldq, k, v, shape, stream);
   return LaunchForward<T, 128>(out, lse, q, ldq, k, v, shape, stream);
@@ -443,24 +471,30 @@ cudaError_t AttentionForward(T* out, float* lse, const T* q, int ldq, const T* k
 template <typename T>
 cudaError_t AttentionBackward(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out,
                               const float* lse, const T* q, int ldq, const T* k, const T* v,
-                              const AttentionShape& shape, cudaStream_t stream) {
+                              const AttentionShape& shape, cudaStream_t stream,
+                              AttentionKernels kernels) {
   if (BadShape(shape)) return cudaErrorInvalidValue;
   const long rows = static_cast<long>(shape.batch) * shape.heads * shape.q_len();
   AttentionDeltaKernel<T>
       <<<CeilDiv(rows, kThreads / 32), kThreads, 0, stream>>>(delta, dout, out, shape);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (UseTensorCores<T>(kernels)) {
+      return AttentionBackwardTensorCore(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+    }
+  }
   if (shape.head_dim <= 64) {
     return LaunchBackward<T, 64>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
   }
   return LaunchBackward<T, 128>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
 }
 
-#define VP_INSTANTIATE(T)                                                                         \
-  template cudaError_t AttentionForward<T>(T*, float*, const T*, int, const T*, const T*,         \
-                                           const AttentionShape&, cudaStream_t);                  \
-  template cudaError_t AttentionBackward<T>(T*, T*, T*, float*, const T*, const T*, const float*, \
-                                            const T*, int, const T*, const T*,                    \
-                                            const AttentionShape&, cudaStream_t);
+#define VP_INSTANTIATE(T)                                                                          \
+  template cudaError_t AttentionForward<T>(T*, float*, const T*, int, const T*, const T*,          \
+                                           const AttentionShape&, cudaStream_t, AttentionKernels); \
+  template cudaError_t AttentionBackward<T>(                                                       \
+      T*, T*, T*, float*, const T*, const T*, const float*, const T*, int, const T*, const T*,     \
+      const AttentionShape&, cudaStream_t, AttentionKernels);
 VP_INSTANTIATE(float)
 VP_INSTANTIATE(bf16)
 #undef VP_INSTANTIATE

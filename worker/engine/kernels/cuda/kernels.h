@@ -146,6 +146,15 @@ struct AttentionShape {
   __host__ __device__ int kv_width() const { return num_kv_heads() * head_dim; }
 };
 
+// Which kernels compute bf16 attention. kFma: fp32 FMA on CUDA cores over bf16 inputs (the first
+// kernels, exact fp32 arithmetic); kTensorCore: bf16 tensor cores (WMMA) with fp32 accumulation,
+// P and dS rounded to bf16 before their products as in FlashAttention. kDefault: the
+// VOCABPIPE_ATTENTION environment variable ("fma" or "tensor-core"), else kFma. fp32 attention
+// always uses kFma: its results must equal the CPU's to fp32 rounding.
+enum class AttentionKernels { kDefault, kFma, kTensorCore };
+// The kernels kDefault resolves to for bf16 now (reads VOCABPIPE_ATTENTION).
+AttentionKernels DefaultAttentionKernels();
+
 // k, v, dk, dv rows are kv_width() wide (= width() without grouping); with kv_heads < heads the
 // backward sums dK, dV over the heads/kv_heads query heads that share a key/value head.
 // Flash-style (tiled, online softmax): the (q_len × q_end) probabilities are never stored. The
@@ -158,7 +167,8 @@ cudaError_t AttentionForward(T* out,      // (batch, q_len, heads*head_dim)
                              int ldq,
                              const T* k,  // (batch, kv_rows, kv_heads*head_dim)
                              const T* v,  // (batch, kv_rows, kv_heads*head_dim)
-                             const AttentionShape& shape, cudaStream_t stream);
+                             const AttentionShape& shape, cudaStream_t stream,
+                             AttentionKernels kernels = AttentionKernels::kDefault);
 
 // dq overwritten; dk, dv accumulated (+=) for key positions [0, q_end) (rows a later chunk's
 // backward already filled keep their contribution). delta is scratch for Σ_d dout·out per row.
@@ -175,7 +185,8 @@ cudaError_t AttentionBackward(T* dq,             // (batch, q_len, ldq)
                               int ldq,
                               const T* k,  // (batch, kv_rows, kv_heads*head_dim)
                               const T* v,  // (batch, kv_rows, kv_heads*head_dim)
-                              const AttentionShape& shape, cudaStream_t stream);
+                              const AttentionShape& shape, cudaStream_t stream,
+                              AttentionKernels kernels = AttentionKernels::kDefault);
 
 // ---------------------------------------------------------------------------------------------
 // Llama ops (llama.cu), same rules as cpu::RmsNorm*, cpu::Rope*, cpu::Swiglu*. Statistics and
