@@ -429,7 +429,8 @@ else
   # pipeline (every schedule × vocabulary method against the CPU) and the 200-step bf16 job with
   # VOCABPIPE_ATTENTION=tensor-core.
   say "== tensor-core attention (VOCABPIPE_ATTENTION=tensor-core)"
-  if "$HERE/tests/cuda_kernels_test" --gtest_list_tests 2> /dev/null | grep -q TensorCore; then
+  if "${VPENV[@]}" "$HERE/tests/cuda_kernels_test" --gtest_list_tests 2> /dev/null |
+    grep -q TensorCore; then
     GTEST_FILTER='*TensorCore*:AttentionKernelsDefault.*' run_test cuda_kernels_test 30 tc
     export VOCABPIPE_ATTENTION=tensor-core
     run_test cuda_layer_stack_test 45 tc
