@@ -120,13 +120,18 @@ bool ParseRunFlags(const Args& args, std::ostream& err, RunFlags* f) {
   return true;
 }
 
-void PrintSummary(const runtime::RunSummary& s, bool per_rank, std::ostream& out) {
+// The peak MFU is measured against: the CPU's measured sgemm rate, or the GPU's dense bf16
+// tensor-core rate from the device table (job_rank.h CudaPeakFlops).
+void PrintSummary(const runtime::RunSummary& s, bool per_rank, bool cuda, std::ostream& out) {
+  const std::string peak =
+      cuda ? absl::StrFormat("the GPU's dense bf16 peak, %.0f TFLOP/s", s.peak_flops / 1e12)
+           : absl::StrFormat("a measured %.1f GFLOP/s sgemm peak", s.peak_flops / 1e9);
   out << absl::StrFormat(
-      "done: %d steps, loss %.4f -> %.4f%s, %.0f tokens/s, MFU %.1f%% of a measured %.1f "
-      "GFLOP/s sgemm peak%s, peak memory %.1f MiB\nmetrics: %s\ncheckpoint: %s\n",
+      "done: %d steps, loss %.4f -> %.4f%s, %.0f tokens/s, MFU %.1f%% of %s%s, peak memory %.1f "
+      "MiB\nmetrics: %s\ncheckpoint: %s\n",
       s.steps_run, s.first_loss, s.final_loss,
       s.has_val_loss ? absl::StrFormat(", validation loss %.4f", s.final_val_loss) : "",
-      s.tokens_per_s, 100.0 * s.mfu, s.peak_flops / 1e9, per_rank ? " per rank" : "",
+      s.tokens_per_s, 100.0 * s.mfu, peak, per_rank ? " per rank" : "",
       s.peak_memory_bytes / 1048576.0, s.metrics_path, s.last_checkpoint);
 }
 
@@ -152,7 +157,7 @@ int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std:
                ? kExitUsage
                : kExitFailed;
   }
-  PrintSummary(*summary, spec.parallel().pipeline() > 1, out);
+  PrintSummary(*summary, spec.parallel().pipeline() > 1, spec.device() != "cpu", out);
   return kExitOk;
 }
 
@@ -321,7 +326,9 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   runtime::RunSummary summary = recorder.Finish(counted > 0 ? peak / counted : 0);
   switch (r.last_state) {
     case v1::JOB_STATE_SUCCEEDED:
-      if (!f.json) PrintSummary(summary, spec.parallel().pipeline() > 1, out);
+      if (!f.json) {
+        PrintSummary(summary, spec.parallel().pipeline() > 1, spec.device() != "cpu", out);
+      }
       return kExitOk;
     case v1::JOB_STATE_CANCELLED:
       err << "vocabpipe run: cancelled: " << r.last_reason << "\n";

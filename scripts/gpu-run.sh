@@ -24,7 +24,9 @@
 #   2. cuda_runtime_test, cuda_kernels_test;
 #   3. `vocabpipe run` p = 1 fp32 (200 steps) through the control plane;
 #   4. cuda_pipeline_test;
-#   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests;
+#   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
+#      then the layer stack, the pipeline test and the bf16 job with the FMA attention kernels
+#      (VOCABPIPE_ATTENTION=fma; the tensor-core ones are the default);
 #   6. cuda_bench, then bench/perf.sh (the performance baseline) when the bundle has it;
 #   7. compare.py: the GPU losses against the CPU references shipped in refs/.
 # The CPU tests are not run here: CI runs them. Each step runs under `timeout` bounded by the
@@ -425,32 +427,27 @@ else
   run_test cuda_vocab_shards_test 45
   run_job gpu-llama-p2 45
   run_test cuda_nccl_test 30
-  # The tensor-core attention kernels (bf16): their own tests, then the layer stack, the
-  # pipeline (every schedule × vocabulary method against the CPU) and the 200-step bf16 job with
-  # VOCABPIPE_ATTENTION=tensor-core.
-  say "== tensor-core attention (VOCABPIPE_ATTENTION=tensor-core)"
-  if "${VPENV[@]}" "$HERE/tests/cuda_kernels_test" --gtest_list_tests 2> /dev/null |
-    grep -q TensorCore; then
-    GTEST_FILTER='*TensorCore*:AttentionKernelsDefault.*' run_test cuda_kernels_test 30 tc
-    export VOCABPIPE_ATTENTION=tensor-core
-    run_test cuda_layer_stack_test 45 tc
-    run_test cuda_pipeline_test 90 tc
-    sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-tc,#" -e "s/^name: .*/name: gpu-p1-bf16-tc/" \
-      "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-tc.yaml"
-    run_job gpu-p1-bf16-tc 60
-    unset VOCABPIPE_ATTENTION
-  else
-    result SKIP tensor-core "this bundle's cuda_kernels_test has no tensor-core tests"
-  fi
+  # bf16 attention runs on the tensor-core kernels by default; the first kernels (fp32 FMA on
+  # CUDA cores) stay selectable with VOCABPIPE_ATTENTION=fma: the layer stack, the pipeline
+  # (every schedule × vocabulary method against the CPU) and the 200-step bf16 job with them.
+  # (cuda_kernels_test checks both kernels explicitly.)
+  say "== the FMA attention kernels (VOCABPIPE_ATTENTION=fma)"
+  export VOCABPIPE_ATTENTION=fma
+  run_test cuda_layer_stack_test 45 fma
+  run_test cuda_pipeline_test 90 fma
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-fma,#" -e "s/^name: .*/name: gpu-p1-bf16-fma/" \
+    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-fma.yaml"
+  run_job gpu-p1-bf16-fma 60
+  unset VOCABPIPE_ATTENTION
 fi
 
 # ---- the benchmarks
 say "== benchmarks"
-if ((!DRY)); then  # the attention and layer sections with the tensor-core kernels, first
-  VOCABPIPE_ATTENTION=tensor-core capped 30 "${VPENV[@]}" "$HERE/bench/cuda_bench" \
-    --sections=layer,attention > "$LOGS/cuda_bench-tc.txt" 2>&1
-  result INFO cuda_bench-tc "exit $?, VOCABPIPE_ATTENTION=tensor-core"
-  grep -E 'MFU' "$LOGS/cuda_bench-tc.txt" | head -12 | sed 's/^/     /' | tee -a "$SUMMARY"
+if ((!DRY)); then  # the attention and layer sections with the FMA kernels, for comparison
+  VOCABPIPE_ATTENTION=fma capped 30 "${VPENV[@]}" "$HERE/bench/cuda_bench" \
+    --sections=layer,attention > "$LOGS/cuda_bench-fma.txt" 2>&1
+  result INFO cuda_bench-fma "exit $?, VOCABPIPE_ATTENTION=fma"
+  grep -E 'MFU' "$LOGS/cuda_bench-fma.txt" | head -12 | sed 's/^/     /' | tee -a "$SUMMARY"
 fi
 capped 45 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGS/cuda_bench.txt" 2>&1
 rc=$?
@@ -467,9 +464,7 @@ if [[ -x "$HERE/bench/perf.sh" ]]; then
   perf_args=("$LOGS/perf")
   ((DRY)) && perf_args=(--dry-run "${perf_args[@]}")
   export VP_BIN_ENV="${VPENV[*]}"  # perf.sh's prefix for our binaries; python3 runs plain
-  # With the tensor-core attention kernels unless VP_PERF_ATTENTION says otherwise.
-  VOCABPIPE_ATTENTION=${VP_PERF_ATTENTION:-tensor-core} capped 110 bash "$HERE/bench/perf.sh" \
-    "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
+  capped 110 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
   rc=$?
   [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
   if ((rc == 0)); then

@@ -448,7 +448,7 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   setenv("VOCABPIPE_ATTENTION", "fma", 1);
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFma);
   unsetenv("VOCABPIPE_ATTENTION");
-  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFma);
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kTensorCore);
   if (saved != nullptr) setenv("VOCABPIPE_ATTENTION", restore.c_str(), 1);
 }
 

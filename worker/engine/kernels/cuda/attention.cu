@@ -448,9 +448,8 @@ bool UseTensorCores(AttentionKernels kernels) {
 
 AttentionKernels DefaultAttentionKernels() {
   const char* env = std::getenv("VOCABPIPE_ATTENTION");
-  if (env != nullptr && std::string_view(env) == "tensor-core")
-    return AttentionKernels::kTensorCore;
-  return AttentionKernels::kFma;
+  if (env != nullptr && std::string_view(env) == "fma") return AttentionKernels::kFma;
+  return AttentionKernels::kTensorCore;
 }
 
 template <typename T>

@@ -146,11 +146,12 @@ struct AttentionShape {
   __host__ __device__ int kv_width() const { return num_kv_heads() * head_dim; }
 };
 
-// Which kernels compute bf16 attention. kFma: fp32 FMA on CUDA cores over bf16 inputs (the first
-// kernels, exact fp32 arithmetic); kTensorCore: bf16 tensor cores (WMMA) with fp32 accumulation,
-// P and dS rounded to bf16 before their products as in FlashAttention. kDefault: the
-// VOCABPIPE_ATTENTION environment variable ("fma" or "tensor-core"), else kFma. fp32 attention
-// always uses kFma: its results must equal the CPU's to fp32 rounding.
+// Which kernels compute bf16 attention. kTensorCore: bf16 tensor cores (WMMA) with fp32
+// accumulation, P and dS rounded to bf16 before their products as in FlashAttention
+// (attention_tc.cu); kFma: fp32 FMA on CUDA cores over bf16 inputs (the first kernels, exact fp32
+// arithmetic, ~3x slower). kDefault: the VOCABPIPE_ATTENTION environment variable ("fma" or
+// "tensor-core"), else kTensorCore. fp32 attention always uses kFma: its results must equal the
+// CPU's to fp32 rounding.
 enum class AttentionKernels { kDefault, kFma, kTensorCore };
 // The kernels kDefault resolves to for bf16 now (reads VOCABPIPE_ATTENTION).
 AttentionKernels DefaultAttentionKernels();
