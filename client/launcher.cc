@@ -23,7 +23,9 @@
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/spec_input.h"
 #include "proto/runlog/step_lines.h"
+#include "proto/spec/job_spec.h"
 #include "worker/data/token_file.h"
+#include "worker/data/token_shards.h"
 #include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/transformer/transformer.h"
@@ -154,17 +156,28 @@ absl::Status CheckJobRunsHere(const vocabpipe::v1::JobSpec& spec) {
                  : absl::UnimplementedError(device.status().message());
     }
   }
-  if (absl::Status st = data::CheckDataTokenizer(spec.data().path(), spec.model().vocab_size());
+  // The shards' headers only (the ranks map the tokens): every shard there, valid, one token
+  // width, a recorded vocabulary bound within model.vocab_size; and the tokenizer beside them.
+  const int64_t vocab = spec.model().vocab_size();
+  const std::vector<std::string> entries = spec::DataPathEntries(spec.data());
+  if (absl::Status st = data::CheckDataTokenizer(entries.front(), vocab); !st.ok()) return st;
+  if (auto st = data::CheckTokenShardEntries(
+                    spec.data().paths().empty() ? "data.path" : "data.paths", entries, vocab)
+                    .status();
       !st.ok()) {
     return st;
   }
-  if (auto st = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size()).status();
-      !st.ok()) {
-    return st;
-  }
-  // The validation file and the sampling tokenizer, before any rank starts.
-  if (spec.data().has_val_path()) {
-    if (auto val = runtime::OpenValidationBatches(spec); !val.ok()) return val.status();
+  // The validation tokens and the sampling tokenizer, before any rank starts.
+  if (spec::HasValidationData(spec.data())) {
+    const std::vector<std::string> val = spec::ValPathEntries(spec.data());
+    if (absl::Status st = data::CheckDataTokenizer(val.front(), vocab); !st.ok()) return st;
+    if (auto st =
+            data::CheckTokenShardEntries(
+                spec.data().val_paths().empty() ? "data.val_path" : "data.val_paths", val, vocab)
+                .status();
+        !st.ok()) {
+      return st;
+    }
   }
   return runtime::CheckSampling(spec);
 }

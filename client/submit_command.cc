@@ -58,12 +58,15 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
   // before submitting (the worker checks again when it opens the data).
   if (auto spec = spec::ParseJobSpec(req.spec_text(), req.base_dir()); spec.ok()) {
     const int64_t vocab = spec->model().vocab_size();
-    if (absl::Status st = data::CheckDataTokenizer(spec->data().path(), vocab); !st.ok()) {
+    if (absl::Status st =
+            data::CheckDataTokenizer(spec::DataPathEntries(spec->data()).front(), vocab);
+        !st.ok()) {
       err << "vocabpipe submit: " << path << ": " << st.message() << "\n";
       return kExitUsage;
     }
-    if (spec->data().has_val_path() && !spec->data().val_path().empty()) {
-      if (absl::Status st = data::CheckDataTokenizer(spec->data().val_path(), vocab); !st.ok()) {
+    const std::vector<std::string> val = spec::ValPathEntries(spec->data());
+    if (!val.empty() && !val.front().empty()) {
+      if (absl::Status st = data::CheckDataTokenizer(val.front(), vocab); !st.ok()) {
         err << "vocabpipe submit: " << path << ": data.val_path: " << st.message() << "\n";
         return kExitUsage;
       }

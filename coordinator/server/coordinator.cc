@@ -60,7 +60,9 @@ v1::StepMetrics StepMetricsFromLine(const nlohmann::json& line,
     const int rank = stage.value("rank", 0);
     s->set_rank(rank);
     if (rank < static_cast<int>(workers.size())) s->set_worker_id(workers[rank]);
-    s->set_peak_memory_bytes(stage["memory"].value("total", int64_t{0}));
+    // The rank's real peak when it measured one (memory.footprint), else the engine's total.
+    s->set_peak_memory_bytes(
+        stage["memory"].value("footprint", stage["memory"].value("total", int64_t{0})));
     s->set_busy_seconds(stage.value("busy_seconds", 0.0));
     s->set_comm_seconds(stage.value("comm_seconds", 0.0));
     s->set_predicted_memory_bytes(stage.value("predicted_memory_total", int64_t{0}));
@@ -129,6 +131,21 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
   if (auto st = MakeAbsolute(spec.mutable_data()->mutable_path(), request.base_dir(), "data.path");
       !st.ok()) {
     return st;
+  }
+  for (const char* many : {"data.paths", "data.val_paths"}) {
+    auto* list = std::string_view(many) == "data.paths" ? spec.mutable_data()->mutable_paths()
+                                                        : spec.mutable_data()->mutable_val_paths();
+    for (int i = 0; i < list->size(); ++i) {
+      if (auto st =
+              MakeAbsolute(list->Mutable(i), request.base_dir(), absl::StrCat(many, "[", i, "]"));
+          !st.ok()) {
+        return st;
+      }
+      if (list->Get(i).size() > spec::kMaxPathBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            many, "[", i, "]: must be at most ", spec::kMaxPathBytes, " bytes once resolved"));
+      }
+    }
   }
   if (spec.data().has_val_path()) {
     if (auto st = MakeAbsolute(spec.mutable_data()->mutable_val_path(), request.base_dir(),

@@ -43,11 +43,16 @@ json ObjectOrEmpty(const json& line, const char* key) {
   return it != line.end() && it->is_object() ? *it : json::object();
 }
 
-int64_t MemoryTotal(const json& line) {
+// A rank's peak memory as status shows it: memory.footprint (the process's real peak, for
+// ranks that measure it), else memory.total (the engine's accounting).
+int64_t MemoryFootprint(const json& line) {
   auto it = line.find("memory");
   if (it == line.end() || !it->is_object()) return 0;
-  auto t = it->find("total");
-  return t != it->end() && t->is_number_integer() ? t->get<int64_t>() : 0;
+  for (const char* key : {"footprint", "total"}) {
+    auto t = it->find(key);
+    if (t != it->end() && t->is_number_integer()) return t->get<int64_t>();
+  }
+  return 0;
 }
 
 std::string FormatDuration(double seconds) {
@@ -130,7 +135,7 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
     seconds = std::max(seconds, s);
     busy_max = std::max(busy_max, busy);
     busy_sum += busy;
-    const int64_t mem = MemoryTotal(line);
+    const int64_t mem = MemoryFootprint(line);
     mem_max = std::max(mem_max, mem);
     mem_min = std::min(mem_min, mem);
     if (loss_rank == nullptr && line.value("has_loss", false)) loss_rank = &line;

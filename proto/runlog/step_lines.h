@@ -2,7 +2,8 @@
 //
 // Every rank appends one *rank line* per step to rank_<R>.jsonl (worker/launch/worker.h writes it):
 //   {"step": 0-based, "rank", "seconds", "busy_seconds", "busy": {pass: s}, "comm": {kind: s},
-//    "compute_wait_seconds", "comm_seconds", "memory": {category: bytes, "total"}, "lr",
+//    "compute_wait_seconds", "comm_seconds", "memory": {category: bytes, "total", and where
+//    measured "data", "process", "footprint": worker.h RankStepJson}, "lr",
 //    "grad_norm", "has_loss", "loss" (on the rank that holds the loss),
 //    "checkpoint_step" (when the rank saved its shard after this step),
 //    "val_loss" and "eval_seconds" (when an evaluation followed the step; val_loss on every
@@ -10,7 +11,8 @@
 // The p rank lines of a step merge into one *step line*, the metrics.jsonl object that the
 // local launcher writes, the coordinator stores with the step's event and `vocabpipe run`
 // writes from those events:
-//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_bytes",
+//   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_bytes" (the largest
+//    rank footprint, else total),
 //    "step_seconds" (slowest rank), "busy_max_over_mean", "memory_max_over_min",
 //    "checkpoint_step" (when every rank saved), "val_loss" (when evaluated), "sample", "stages":
 //    [per rank: seconds, busy_seconds, busy, compute_wait_seconds, comm_seconds, comm, memory,

@@ -652,8 +652,8 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     add("train.sample_tokens",
         absl::StrCat("must be <= model.seq_len (", t.sample_tokens(), " > ", m.seq_len(), ")"));
   }
-  if (t.eval_every() > 0 && !s.data().has_val_path()) {
-    add("train.eval_every", "needs data.val_path (the validation token file)");
+  if (t.eval_every() > 0 && !HasValidationData(s.data())) {
+    add("train.eval_every", "needs data.val_path or data.val_paths (the validation tokens)");
   }
   // Evaluation runs the step's plan forward only, m microbatches at a time.
   if (t.eval_batches() >= 1 && p.microbatches() >= 1 && t.eval_batches() % p.microbatches() != 0) {
@@ -662,19 +662,43 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
                      t.eval_batches(), "): evaluation runs the plan's microbatches as a whole"));
   }
 
-  if (s.data().path().empty()) add("data.path", "required (must be a non-empty path)");
-  if (s.data().path().size() > kMaxPathBytes) {
-    add("data.path", absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ",
-                                  s.data().path().size(), ")"));
-  }
-  if (s.data().has_val_path()) {
-    if (s.data().val_path().empty()) {
-      add("data.val_path", "must be a non-empty path when given");
-    } else if (s.data().val_path().size() > kMaxPathBytes) {
-      add("data.val_path", absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ",
-                                        s.data().val_path().size(), ")"));
+  const auto check_entries = [&](const std::string& one, const std::string& many,
+                                 const std::string& value, bool has_one,
+                                 const google::protobuf::RepeatedPtrField<std::string>& list,
+                                 bool required) {
+    if (has_one && !list.empty()) {
+      add(many, absl::StrCat("give either ", one, " or ", many, ", not both"));
+      return;
     }
-  }
+    if (!list.empty()) {
+      if (list.size() > kMaxDataPaths) {
+        add(many, absl::StrCat("at most ", kMaxDataPaths, " entries (got ", list.size(), ")"));
+      }
+      for (int i = 0; i < list.size(); ++i) {
+        const std::string field = absl::StrCat(many, "[", i, "]");
+        if (list[i].empty()) add(field, "must be a non-empty path");
+        if (list[i].size() > kMaxPathBytes) {
+          add(field,
+              absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ", list[i].size(), ")"));
+        }
+      }
+      return;
+    }
+    if (!has_one) {
+      if (required)
+        add(one, absl::StrCat("required (a token file, a folder or a glob; or ", many,
+                              ": a list of them)"));
+      return;
+    }
+    if (value.empty()) add(one, "must be a non-empty path");
+    if (value.size() > kMaxPathBytes) {
+      add(one, absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ", value.size(), ")"));
+    }
+  };
+  check_entries("data.path", "data.paths", s.data().path(), !s.data().path().empty(),
+                s.data().paths(), true);
+  check_entries("data.val_path", "data.val_paths", s.data().val_path(), s.data().has_val_path(),
+                s.data().val_paths(), false);
 
   if (s.checkpoint().dir().empty()) add("checkpoint.dir", "must be non-empty");
   if (s.checkpoint().dir().size() > kMaxPathBytes) {
@@ -907,6 +931,21 @@ void ApplyDefaults(JobSpec* spec) {
   if (!c->has_keep_last()) c->set_keep_last(0);
 }
 
+std::vector<std::string> DataPathEntries(const vocabpipe::v1::DataSpec& data) {
+  if (!data.paths().empty()) return {data.paths().begin(), data.paths().end()};
+  return {data.path()};
+}
+
+std::vector<std::string> ValPathEntries(const vocabpipe::v1::DataSpec& data) {
+  if (!data.val_paths().empty()) return {data.val_paths().begin(), data.val_paths().end()};
+  if (data.has_val_path()) return {data.val_path()};
+  return {};
+}
+
+bool HasValidationData(const vocabpipe::v1::DataSpec& data) {
+  return data.has_val_path() || !data.val_paths().empty();
+}
+
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   const std::vector<FieldError> errors = CollectValidationErrors(spec);
   if (errors.empty()) return absl::OkStatus();
@@ -977,8 +1016,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
       }
     }
   }
-  if (!mapper.present.contains("data.path") && !Covered("data.path", mapper.failed)) {
-    errors.push_back(FieldError{"data.path", "required"});
+  if (!mapper.present.contains("data.path") && !mapper.present.contains("data.paths") &&
+      !Covered("data.path", mapper.failed) && !Covered("data.paths", mapper.failed)) {
+    errors.push_back(FieldError{"data.path", "required (or data.paths: a list of shards)"});
     skip.insert("data.path");
   }
   for (FieldError& e : CollectValidationErrors(spec)) {
@@ -994,10 +1034,14 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
     return absl::InvalidArgumentError(absl::StrCat("(root): cannot resolve base directory \"",
                                                    std::string(base_dir), "\": ", ec.message()));
   }
-  spec.mutable_data()->set_path(ResolvePath(spec.data().path(), base));
+  if (!spec.data().path().empty()) {
+    spec.mutable_data()->set_path(ResolvePath(spec.data().path(), base));
+  }
+  for (std::string& p : *spec.mutable_data()->mutable_paths()) p = ResolvePath(p, base);
   if (spec.data().has_val_path()) {
     spec.mutable_data()->set_val_path(ResolvePath(spec.data().val_path(), base));
   }
+  for (std::string& p : *spec.mutable_data()->mutable_val_paths()) p = ResolvePath(p, base);
   spec.mutable_checkpoint()->set_dir(ResolvePath(spec.checkpoint().dir(), base));
   if (!spec.model().init_from().empty()) {
     spec.mutable_model()->set_init_from(ResolvePath(spec.model().init_from(), base));

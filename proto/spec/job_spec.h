@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,6 +47,15 @@ inline constexpr int64_t kMaxSteps = 100'000'000;  // train.steps, warmup_steps,
 inline constexpr int64_t kMaxThreads = 1024;
 inline constexpr size_t kMaxPathBytes = 4096;        // data.path, data.val_path, checkpoint.dir
 inline constexpr int64_t kMaxEvalBatches = 1 << 20;  // train.eval_batches
+
+inline constexpr int kMaxDataPaths = 4096;  // entries of data.paths / data.val_paths
+
+// The entries naming the training tokens: {data.path} or data.paths (each a file, a folder or
+// a glob; worker/data/token_shards.h resolves them into shards).
+std::vector<std::string> DataPathEntries(const vocabpipe::v1::DataSpec& data);
+// The validation tokens' entries: {data.val_path}, data.val_paths, or none.
+std::vector<std::string> ValPathEntries(const vocabpipe::v1::DataSpec& data);
+bool HasValidationData(const vocabpipe::v1::DataSpec& data);
 
 // Parses YAML or JSON text into a JobSpec, applies defaults and validates it.
 // base_dir resolves relative data.path and checkpoint.dir (made absolute).

@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "proto/spec/job_spec.h"
 
 namespace vp::spec {
 namespace fs = std::filesystem;
@@ -55,11 +56,25 @@ absl::Status CheckInsideRoot(const std::string& path, const std::string& root,
 
 absl::Status CheckSpecPaths(const vocabpipe::v1::JobSpec& spec, const std::string& root) {
   if (root.empty()) return absl::OkStatus();
-  if (auto st = CheckInsideRoot(spec.data().path(), root, "data.path"); !st.ok()) return st;
-  if (spec.data().has_val_path()) {
-    if (auto st = CheckInsideRoot(spec.data().val_path(), root, "data.val_path"); !st.ok()) {
-      return st;
+  // Each entry (a file, a folder or a glob: its folder must resolve inside the root; the
+  // shards in it are opened without following links, worker/data/token_shards.h).
+  const auto check_all = [&](const std::vector<std::string>& entries, const std::string& one,
+                             const std::string& many, bool listed) -> absl::Status {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::string field = listed ? absl::StrCat(many, "[", i, "]") : one;
+      if (auto st = CheckInsideRoot(entries[i], root, field); !st.ok()) return st;
     }
+    return absl::OkStatus();
+  };
+  if (auto st = check_all(DataPathEntries(spec.data()), "data.path", "data.paths",
+                          !spec.data().paths().empty());
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = check_all(ValPathEntries(spec.data()), "data.val_path", "data.val_paths",
+                          !spec.data().val_paths().empty());
+      !st.ok()) {
+    return st;
   }
   return CheckInsideRoot(spec.checkpoint().dir(), root, "checkpoint.dir");
 }

@@ -99,7 +99,7 @@ absl::Status SampleReader::Fill(int64_t step, int64_t microbatch, int32_t* input
     int64_t filled = 0;
     while (filled < s + 1) {
       const int64_t len = std::min(s + 1 - filled, num_tokens_ - pos);
-      tokens_->Read(pos, len, window.data() + filled);
+      if (absl::Status st = tokens_->Read(pos, len, window.data() + filled); !st.ok()) return st;
       filled += len;
       pos = 0;
     }

@@ -22,9 +22,10 @@ std::string ErrnoText() { return std::error_code(errno, std::generic_category())
 
 int BytesPerToken(TokenFormat f) { return f == TokenFormat::kUint16V1 ? 2 : 4; }
 
-// Checks magic, version and count of a header against the file size.
-absl::StatusOr<TokenFileHeader> CheckHeader(const std::string& path, const int32_t* h,
-                                            int64_t file_bytes) {
+}  // namespace
+
+absl::StatusOr<TokenFileHeader> CheckTokenFileHeader(const std::string& path, const int32_t* h,
+                                                     int64_t file_bytes) {
   TokenFileHeader header;
   header.magic = h[0];
   header.version = h[1];
@@ -51,6 +52,12 @@ absl::StatusOr<TokenFileHeader> CheckHeader(const std::string& path, const int32
                                                    " for uint32 tokens); not an llm.c token file"));
   }
   header.bytes_per_token = BytesPerToken(header.format);
+  header.vocab_bound = h[3];
+  if (h[3] < 0 || (header.format == TokenFormat::kUint16V1 && h[3] > 65536)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": vocabulary bound ", h[3], " in header[3] is not in [0, ",
+                     header.format == TokenFormat::kUint16V1 ? "65536" : "2^31", "]"));
+  }
   if (header.num_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": negative token count ", header.num_tokens, " in the header"));
@@ -68,6 +75,8 @@ absl::StatusOr<TokenFileHeader> CheckHeader(const std::string& path, const int32
   }
   return header;
 }
+
+namespace {
 
 struct OpenFile {
   std::ifstream in;
@@ -97,7 +106,7 @@ absl::StatusOr<TokenFileHeader> OpenAndReadHeader(const std::string& path, OpenF
   if (!f->in.read(reinterpret_cast<char*>(h), kHeaderBytes)) {
     return absl::DataLossError(absl::StrCat(path, ": cannot read the header"));
   }
-  return CheckHeader(path, h, f->bytes);
+  return CheckTokenFileHeader(path, h, f->bytes);
 }
 
 }  // namespace
@@ -137,13 +146,20 @@ absl::StatusOr<TokenFile> TokenFile::Load(const std::string& path, int64_t vocab
   } else if (!f.in.read(reinterpret_cast<char*>(file.tokens_.data()), n * 4)) {
     return absl::DataLossError(absl::StrCat(path, ": short read of ", n, " tokens"));
   }
-  // Every id must index a row of the embedding; a bad id would read out of bounds later.
+  // Every id must index a row of the embedding; a bad id would read out of bounds later. A
+  // recorded bound must hold too: readers of memory-mapped shards trust it instead of checking.
+  const int64_t bound = header->vocab_bound;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t id = file.tokens_[static_cast<size_t>(i)];
     if (vocab_size > 0 && static_cast<int64_t>(id) >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": token ", i, " (byte offset ", kHeaderBytes + i * header->bytes_per_token,
           ") has id ", id, ", not < vocab size ", vocab_size));
+    }
+    if (bound > 0 && static_cast<int64_t>(id) >= bound) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": token ", i, " (byte offset ", kHeaderBytes + i * header->bytes_per_token,
+          ") has id ", id, ", not < the vocabulary bound ", bound, " its header records"));
     }
     file.max_id_ = std::max(file.max_id_, id);
   }
@@ -162,8 +178,9 @@ TokenFile TokenFile::FromTokens(std::vector<uint32_t> tokens) {
   return file;
 }
 
-void TokenFile::Read(int64_t start, int64_t count, uint32_t* out) const {
+absl::Status TokenFile::Read(int64_t start, int64_t count, uint32_t* out) const {
   std::copy_n(tokens_.data() + start, count, out);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TokenFormat> WriteTokenFile(const std::string& path,
@@ -190,6 +207,10 @@ absl::StatusOr<TokenFormat> WriteTokenFile(const std::string& path,
   h[0] = format == TokenFormat::kUint16V1 ? kMagicV1 : kMagicV7;
   h[1] = format == TokenFormat::kUint16V1 ? kVersionV1 : kVersionV7;
   h[2] = static_cast<int32_t>(n);
+  // The vocabulary bound (max id + 1, at most 2^31 - 1): readers check it against the model's
+  // vocabulary from the header alone.
+  const uint32_t max_id = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
+  h[3] = tokens.empty() ? 0 : static_cast<int32_t>(std::min<uint64_t>(max_id + 1ull, INT32_MAX));
 
   // Write a temporary file and rename it into place, so a reader never sees half a file.
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());

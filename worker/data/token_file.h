@@ -1,5 +1,7 @@
 // llm.c token files (.bin): a 1024-byte header of 256 little-endian int32
-//   [0] magic, [1] version, [2] token count, [3..255] zero
+//   [0] magic, [1] version, [2] token count,
+//   [3] vocabulary bound: every id < it (vocabpipe writes max id + 1; 0 = not recorded, as
+//       llm.c and other writers leave it), [4..255] zero
 // followed by the tokens:
 //   magic 20240520, version 1: uint16 tokens (vocabularies up to 65536, GPT-2)
 //   magic 20240801, version 7: uint32 tokens (larger vocabularies, e.g. Llama 3)
@@ -34,6 +36,7 @@ struct TokenFileHeader {
   int32_t magic = 0;
   int32_t version = 0;
   int64_t num_tokens = 0;                   // header[2]
+  int64_t vocab_bound = 0;                  // header[3]: every id < it; 0 = not recorded
   int bytes_per_token = 0;                  // 2 (v1) or 4 (v7)
   int64_t file_bytes = 0;                   // the file's size on disk
   TokenFormat format = TokenFormat::kAuto;  // kUint16V1 or kUint32V7 once validated
@@ -42,15 +45,20 @@ struct TokenFileHeader {
 // "uint16, version 1" / "uint32, version 7".
 std::string FormatName(TokenFormat format);
 
-// Where the tokens of a sample come from. The sample reader only needs random access to
-// token ranges, so a streaming (pread-based) source for files larger than memory can be added
-// later without touching it.
+// Checks a header (h: its 256 ints) against the file's size: magic, version, a count that
+// matches the size exactly, a vocabulary bound that fits the token width. Errors start with path.
+absl::StatusOr<TokenFileHeader> CheckTokenFileHeader(const std::string& path, const int32_t* h,
+                                                     int64_t file_bytes);
+
+// Where the tokens of a sample come from: random access to token ranges (an in-memory file,
+// or memory-mapped shards, token_shards.h).
 class TokenSource {
  public:
   virtual ~TokenSource() = default;
   virtual int64_t size() const = 0;
-  // Copies tokens [start, start + count) into out; 0 <= start, start + count <= size().
-  virtual void Read(int64_t start, int64_t count, uint32_t* out) const = 0;
+  // Copies tokens [start, start + count) into out; 0 <= start, start + count <= size(). Fails
+  // for an id the source finds out of range (naming the file and the token's offset).
+  virtual absl::Status Read(int64_t start, int64_t count, uint32_t* out) const = 0;
 };
 
 // A token file loaded into memory and fully validated.
@@ -70,7 +78,7 @@ class TokenFile final : public TokenSource {
   uint32_t max_id() const { return max_id_; }
 
   int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
-  void Read(int64_t start, int64_t count, uint32_t* out) const override;
+  absl::Status Read(int64_t start, int64_t count, uint32_t* out) const override;
 
  private:
   std::string path_;
@@ -82,7 +90,8 @@ class TokenFile final : public TokenSource {
 // Reads and validates only the header against the file size (no token data is read).
 absl::StatusOr<TokenFileHeader> ReadTokenFileHeader(const std::string& path);
 
-// Writes tokens as an llm.c .bin file, atomically (a temporary file renamed into place).
+// Writes tokens as an llm.c .bin file, atomically (a temporary file renamed into place), with the
+// vocabulary bound max id + 1 in header[3].
 // kAuto picks v1 when every id < 65536 and v7 otherwise; an explicit kUint16V1 with an id
 // >= 65536 is an error naming the token. At most 2^31 - 1 tokens (the header count is int32).
 // Returns the format written.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/data/token_shards.h"
 
 namespace vp::data {
 namespace {
@@ -174,7 +175,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(std::span<const uint32_t> ids) con
 
 absl::Status CheckDataTokenizer(const std::string& data_path, int64_t model_vocab_size) {
   const std::filesystem::path model =
-      std::filesystem::path(data_path).parent_path() / "tokenizer.model";
+      std::filesystem::path(DataFolder(data_path)) / "tokenizer.model";
   std::error_code ec;
   if (!std::filesystem::exists(model, ec)) return absl::OkStatus();
   absl::StatusOr<Tokenizer> tok = Tokenizer::Load(model.string());

@@ -54,10 +54,11 @@ class Tokenizer {
   std::vector<int> marker_bytes_;  // byte ids of U+2581, which SentencePiece decodes as ' '
 };
 
-// When the folder of the token file `data_path` holds a tokenizer.model (as `vocabpipe data
-// tokenize` writes it), the model's vocabulary must be exactly the tokenizer's: ids past it
-// would never occur, and a smaller one cannot hold the data's ids. The error names
-// model.vocab_size and the tokenizer's path and size. No tokenizer.model: nothing to check.
+// When the folder of the data path `data_path` (a token file's or a glob's folder, or the folder
+// itself: DataFolder) holds a tokenizer.model (as `vocabpipe data tokenize` writes it), the model's
+// vocabulary must be exactly the tokenizer's: ids past it would never occur, and a smaller one
+// cannot hold the data's ids. The error names model.vocab_size and the tokenizer's path and size.
+// No tokenizer.model: nothing to check.
 absl::Status CheckDataTokenizer(const std::string& data_path, int64_t model_vocab_size);
 
 // Checks that `text` is valid UTF-8 (no overlong forms, surrogates or values > U+10FFFF).

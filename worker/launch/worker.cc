@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -25,13 +26,14 @@
 #include "worker/launch/shard_checkpoint.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/job_options.h"
+#include "worker/runtime/process_memory.h"
 #include "worker/runtime/run_job.h"
 
 namespace vp::launch {
 namespace fs = std::filesystem;
 
 std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step,
-                         const runtime::RankEvalResult* eval) {
+                         const runtime::RankEvalResult* eval, const RankFootprint& footprint) {
   nlohmann::json busy = nlohmann::json::object(), comm = nlohmann::json::object();
   double comm_total = 0;
   for (int k = 0; k < planner::kNumActionKinds; ++k) {
@@ -59,6 +61,14 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
         {"activations", r.peak_activations},
         {"total", r.peak_total}}},
   };
+  if (footprint.data >= 0) j["memory"]["data"] = footprint.data;
+  if (footprint.process_peak >= 0) {
+    j["memory"]["process"] = footprint.process_peak;
+    // What the rank really holds, the figure status and the dashboards show: on a CPU rank the
+    // process's peak (it includes the engine's buffers), on a CUDA rank the device's.
+    j["memory"]["footprint"] =
+        footprint.device ? r.peak_total : std::max(r.peak_total, footprint.process_peak);
+  }
   if (r.has_loss) j["loss"] = r.loss;
   if (checkpoint_step >= 0) j["checkpoint_step"] = checkpoint_step;
   if (eval != nullptr) {
@@ -165,7 +175,8 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
 
   // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
   // shards need the targets), so each rank opens the token file itself.
-  auto batches_or = runtime::OpenJobBatches(spec);
+  runtime::ResidentFn data_resident;
+  auto batches_or = runtime::OpenJobBatches(spec, &data_resident);
   if (!batches_or.ok()) return batches_or.status();
   const runtime::BatchFn batches = std::move(*batches_or);
   if (auto st = runtime::CheckSampling(spec); !st.ok()) return st;
@@ -313,8 +324,11 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     // The line is written after the save: whoever reads checkpoint_step in every rank's line
     // of a step finds every rank's shard verified on disk; the merged checkpoint follows (its
     // DONE marks it complete) and is complete when the ranks have exited.
+    const RankFootprint footprint{.data = data_resident ? data_resident() : -1,
+                                  .process_peak = runtime::PeakResidentBytes(),
+                                  .device = (*job_rank)->cuda_device >= 0};
     std::string rank_line =
-        RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr);
+        RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr, footprint);
     if (!sample_text.empty()) {
       nlohmann::json j = nlohmann::json::parse(rank_line);
       j["sample"] = sample_text;

@@ -10,30 +10,41 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/spec/job_spec.h"
 #include "worker/data/sample_reader.h"
 #include "worker/data/token_file.h"
+#include "worker/data/token_shards.h"
 #include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/flops.h"
 #include "worker/runtime/job_options.h"
+#include "worker/runtime/process_memory.h"
 
 namespace vp::runtime {
 namespace fs = std::filesystem;
 
-absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
-  if (absl::Status st = data::CheckDataTokenizer(spec.data().path(), spec.model().vocab_size());
+absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec,
+                                       ResidentFn* data_resident) {
+  const std::vector<std::string> entries = spec::DataPathEntries(spec.data());
+  if (absl::Status st = data::CheckDataTokenizer(entries.front(), spec.model().vocab_size());
       !st.ok()) {
     return st;
   }
-  auto file = data::TokenFile::Load(spec.data().path(), spec.model().vocab_size());
-  if (!file.ok()) return file.status();
-  auto reader = data::SampleReader::Create(std::make_shared<data::TokenFile>(std::move(*file)),
-                                           {.seq_len = spec.model().seq_len(),
-                                            .microbatch_size = spec.parallel().microbatch_size(),
-                                            .microbatches = spec.parallel().microbatches(),
-                                            .shuffle = spec.data().shuffle(),
-                                            .seed = spec.train().seed()});
+  // Memory-mapped shards: the rank never holds the corpus in memory (token_shards.h).
+  auto tokens = data::OpenTokenShards(
+      spec.data().paths().empty() ? "data.path" : "data.paths", entries, spec.model().vocab_size(),
+      spec.data().shuffle() ? data::TokenAccess::kRandom : data::TokenAccess::kSequential);
+  if (!tokens.ok()) return tokens.status();
+  if (data_resident != nullptr) {
+    *data_resident = [shards = *tokens] { return shards->ResidentBytes(); };
+  }
+  auto reader =
+      data::SampleReader::Create(*tokens, {.seq_len = spec.model().seq_len(),
+                                           .microbatch_size = spec.parallel().microbatch_size(),
+                                           .microbatches = spec.parallel().microbatches(),
+                                           .shuffle = spec.data().shuffle(),
+                                           .seed = spec.train().seed()});
   if (!reader.ok()) return reader.status();
   auto shared = std::make_shared<data::SampleReader>(std::move(*reader));
   return BatchFn([shared](int64_t step, int j, int32_t* inputs, int32_t* targets) {
@@ -42,25 +53,25 @@ absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
 }
 
 absl::StatusOr<BatchFn> OpenValidationBatches(const vocabpipe::v1::JobSpec& spec) {
-  if (!spec.data().has_val_path() || spec.data().val_path().empty()) {
+  const std::vector<std::string> entries = spec::ValPathEntries(spec.data());
+  if (entries.empty() || entries.front().empty()) {
     return absl::InvalidArgumentError("data.val_path: required for evaluation");
   }
-  const std::string& path = spec.data().val_path();
-  if (absl::Status st = data::CheckDataTokenizer(path, spec.model().vocab_size()); !st.ok()) {
+  const std::string field = spec.data().val_paths().empty() ? "data.val_path" : "data.val_paths";
+  if (absl::Status st = data::CheckDataTokenizer(entries.front(), spec.model().vocab_size());
+      !st.ok()) {
     return st;
   }
-  auto file = data::TokenFile::Load(path, spec.model().vocab_size());
-  if (!file.ok()) {
-    return absl::Status(file.status().code(),
-                        absl::StrCat("data.val_path: ", file.status().message()));
-  }
+  auto tokens = data::OpenTokenShards(field, entries, spec.model().vocab_size(),
+                                      data::TokenAccess::kSequential);
+  if (!tokens.ok()) return tokens.status();
   // One microbatch per "step" of the reader: microbatch r·m + j is the reader's step r·m + j.
-  auto reader = data::SampleReader::Create(std::make_shared<data::TokenFile>(std::move(*file)),
-                                           {.seq_len = spec.model().seq_len(),
-                                            .microbatch_size = spec.parallel().microbatch_size(),
-                                            .microbatches = 1,
-                                            .shuffle = false,
-                                            .seed = 0});
+  auto reader =
+      data::SampleReader::Create(*tokens, {.seq_len = spec.model().seq_len(),
+                                           .microbatch_size = spec.parallel().microbatch_size(),
+                                           .microbatches = 1,
+                                           .shuffle = false,
+                                           .seed = 0});
   if (!reader.ok()) return reader.status();
   auto shared = std::make_shared<data::SampleReader>(std::move(*reader));
   const int64_t m = spec.parallel().microbatches();
@@ -75,7 +86,9 @@ bool EvaluatesAfter(const vocabpipe::v1::JobSpec& spec, int64_t done) {
 }
 
 std::string DataTokenizerPath(const vocabpipe::v1::JobSpec& spec) {
-  return (fs::path(spec.data().path()).parent_path() / "tokenizer.model").string();
+  return (fs::path(data::DataFolder(spec::DataPathEntries(spec.data()).front())) /
+          "tokenizer.model")
+      .string();
 }
 
 absl::Status CopyDataTokenizer(const vocabpipe::v1::JobSpec& spec, const std::string& step_dir) {
@@ -132,7 +145,8 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   if (!topt.ok()) return topt.status();
   engine::cpu::SetBlasThreads(spec.train().threads());
 
-  auto batches_or = OpenJobBatches(spec);
+  ResidentFn data_resident;
+  auto batches_or = OpenJobBatches(spec, &data_resident);
   if (!batches_or.ok()) return batches_or.status();
   const BatchFn batches = std::move(*batches_or);
 
@@ -211,7 +225,11 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
     }
     const double tps = tokens_per_step / r->seconds;
     const double mfu = flops_per_step / r->seconds / summary.peak_flops;
-    const int64_t peak = tr.memory().total_peak();
+    // The run's real footprint: the process's peak resident memory so far (the engine's
+    // buffers, the program, the mapped token pages, allocator slack and the start-up's
+    // transients such as the sgemm peak probe), never less than the engine's own.
+    const int64_t process_peak = PeakResidentBytes();
+    const int64_t peak = std::max(tr.memory().total_peak(), process_peak);
     nlohmann::json line = {
         {"step", step},
         {"loss", r->loss},
@@ -225,7 +243,9 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
          {{"parameters", tr.memory().peak(engine::MemoryCategory::kParameters)},
           {"gradients", tr.memory().peak(engine::MemoryCategory::kGradients)},
           {"optimizer", tr.memory().peak(engine::MemoryCategory::kOptimizer)},
-          {"activations", tr.memory().peak(engine::MemoryCategory::kActivations)}}},
+          {"activations", tr.memory().peak(engine::MemoryCategory::kActivations)},
+          {"data", data_resident ? data_resident() : 0},
+          {"process", process_peak}}},
     };
     std::string val_text;
     if (EvaluatesAfter(spec, step + 1)) {

@@ -145,7 +145,12 @@ class LaunchTest : public testing::TestWithParam<std::string> {
         EXPECT_EQ(int(s["rank"]), r);
         EXPECT_GT(double(s["busy_seconds"]), 0.0);
         EXPECT_GT(int64_t(s["memory"]["parameters"]), 0);
-        max_total = std::max(max_total, int64_t(s["memory"]["total"]));
+        // The stage's figure in status: the rank's real footprint (its process's peak resident
+        // memory, never below the engine's accounting).
+        ASSERT_TRUE(s["memory"].contains("footprint")) << s.dump();
+        EXPECT_GE(int64_t(s["memory"]["footprint"]), int64_t(s["memory"]["total"]));
+        EXPECT_GE(int64_t(s["memory"]["data"]), 0);
+        max_total = std::max(max_total, int64_t(s["memory"]["footprint"]));
         // The planner's prediction (with the engine's measured layer activation size) is
         // within 10% of the allocator's measured peak.
         EXPECT_NEAR(double(s["predicted_memory_total"]) / double(s["memory"]["total"]), 1.0, 0.1)
