@@ -1,6 +1,7 @@
 #include "proto/spec/storage_root.h"
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
@@ -61,7 +62,74 @@ absl::Status CheckSpecPaths(const vocabpipe::v1::JobSpec& spec, const std::strin
       return st;
     }
   }
+  if (!spec.model().init_from().empty()) {
+    if (auto st = CheckInsideRoot(spec.model().init_from(), root, "model.init_from"); !st.ok()) {
+      return st;
+    }
+  }
   return CheckInsideRoot(spec.checkpoint().dir(), root, "checkpoint.dir");
+}
+
+namespace {
+
+// The owner recorded in the folder at `path`, if it is a folder with one (nullopt otherwise).
+absl::StatusOr<std::optional<std::string>> OwnerOf(const std::string& path) {
+  auto dir = safefs::Dir::Open(path);
+  if (!dir.ok()) {
+    if (absl::IsNotFound(dir.status()) || absl::IsFailedPrecondition(dir.status())) {
+      return std::nullopt;  // missing, or not a folder: nobody's run
+    }
+    return dir.status();
+  }
+  auto owner = safefs::ReadOwner(*dir);
+  if (absl::IsNotFound(owner.status())) return std::nullopt;
+  if (!owner.ok()) return owner.status();
+  return std::optional<std::string>(std::move(*owner));
+}
+
+}  // namespace
+
+absl::Status CheckSpecOwners(const vocabpipe::v1::JobSpec& spec, bool resume,
+                             const safefs::RunUser& user, const std::string& root) {
+  // checkpoint.dir: the folder itself (a link there is refused by Dir::Open, naming it).
+  const std::string& dir = spec.checkpoint().dir();
+  if (!dir.empty()) {
+    auto owner = OwnerOf(dir);
+    if (!owner.ok()) {
+      return absl::Status(owner.status().code(),
+                          absl::StrCat("checkpoint.dir: ", owner.status().message()));
+    }
+    if (*owner) {
+      if (auto st = safefs::CheckOwner(**owner, user, "checkpoint.dir", dir,
+                                       resume ? "resume from or write into" : "write into");
+          !st.ok()) {
+        return st;
+      }
+    }
+  }
+  const std::string& init = spec.model().init_from();
+  if (init.empty() || !fs::path(init).is_absolute()) return absl::OkStatus();
+  std::error_code ec;
+  fs::path at = fs::weakly_canonical(init, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("model.init_from: \"", absl::CHexEscape(init),
+                                                    "\" cannot be resolved: ", ec.message()));
+  }
+  const fs::path top = root.empty() ? fs::path("/") : fs::path(root);
+  for (;;) {
+    auto owner = OwnerOf(at.string());
+    if (!owner.ok()) {
+      return absl::Status(owner.status().code(),
+                          absl::StrCat("model.init_from: ", owner.status().message()));
+    }
+    if (*owner) {
+      return safefs::CheckOwner(**owner, user, "model.init_from", at.string(),
+                                "read the weights of");
+    }
+    if (at == top || at == at.parent_path() || !at.has_relative_path()) break;
+    at = at.parent_path();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace vp::spec
