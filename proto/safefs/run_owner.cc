@@ -4,6 +4,8 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -34,10 +36,6 @@ absl::StatusOr<std::string> ReadOwner(const Dir& dir) {
   }
   std::string name = *text;
   if (!name.empty() && name.back() == '\n') name.pop_back();
-  if (name.empty()) {
-    // Created but not written yet (a claim in progress, or one that crashed right there).
-    return absl::NotFoundError(absl::StrCat(dir.PathOf(kOwnerFile), ": empty"));
-  }
   if (!ValidOwnerName(name)) {
     return absl::DataLossError(absl::StrCat(dir.PathOf(kOwnerFile),
                                             ": not a run folder's owner file (one user name "
@@ -62,24 +60,54 @@ absl::Status ClaimOwner(const Dir& dir, const RunUser& user, std::string_view fi
     return absl::InvalidArgumentError(absl::StrCat("run owner: \"", absl::CEscape(user.name),
                                                    "\" is not a user name of [A-Za-z0-9._@-]"));
   }
-  auto owner = ReadOwner(dir);
-  if (owner.ok()) return CheckOwner(*owner, user, field, dir.path(), use);
-  if (!absl::IsNotFound(owner.status())) return owner.status();
-  // No owner yet: this run's user becomes it. An empty OWNER (a claim that crashed before its
-  // write) is replaced; O_EXCL on the new name makes sure nothing else is written through.
-  if (auto st = dir.Remove(kOwnerFile); !st.ok() && dir.KindOf(kOwnerFile) == Kind::kFile) {
-    return st;
+  for (int tries = 0; tries < 2; ++tries) {
+    auto owner = ReadOwner(dir);
+    if (owner.ok()) return CheckOwner(*owner, user, field, dir.path(), use);
+    if (!absl::IsNotFound(owner.status()) || dir.KindOf(kOwnerFile) != Kind::kMissing) {
+      return owner.status();
+    }
+    // No owner yet: this run's user becomes it. The file is written in full under a fresh
+    // name (O_CREAT|O_EXCL|O_NOFOLLOW) and then given its name with link(2), which never
+    // replaces or follows an existing entry: a reader sees no OWNER or a complete one, and of
+    // two claims racing for a fresh folder exactly one wins (the other reads the winner).
+    const std::string tmp = Dir::TempName(kOwnerFile);
+    {
+      auto fd = dir.OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+      if (!fd.ok()) return fd.status();
+      const std::string line = user.name + "\n";
+      absl::Status st = WriteAll(fd->get(), line.data(), line.size(), dir.PathOf(kOwnerFile));
+      if (st.ok() && fsync(fd->get()) != 0) {
+        st = absl::InternalError(absl::StrCat(dir.PathOf(kOwnerFile), ": fsync failed"));
+      }
+      if (!st.ok()) {
+        dir.Remove(tmp).IgnoreError();
+        return st;
+      }
+    }
+    const int rc = linkat(dir.fd(), tmp.c_str(), dir.fd(), kOwnerFile, 0);
+    const int err = errno;
+    dir.Remove(tmp).IgnoreError();
+    if (rc == 0) return dir.Sync();
+    if (err == EEXIST) continue;  // another claim won: check against its owner
+    if (err != EPERM && err != ENOTSUP && err != EOPNOTSUPP && err != EMLINK) {
+      return absl::InternalError(
+          absl::StrCat(dir.PathOf(kOwnerFile), ": cannot create: ", std::strerror(err)));
+    }
+    // A file system without hard links: create the name itself exclusively (the run lock
+    // keeps other claims out meanwhile).
+    auto fd = dir.OpenFile(kOwnerFile, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (absl::IsAlreadyExists(fd.status())) continue;
+    if (!fd.ok()) return fd.status();
+    const std::string line = user.name + "\n";
+    if (auto st = WriteAll(fd->get(), line.data(), line.size(), dir.PathOf(kOwnerFile)); !st.ok()) {
+      return st;
+    }
+    if (fsync(fd->get()) != 0) {
+      return absl::InternalError(absl::StrCat(dir.PathOf(kOwnerFile), ": fsync failed"));
+    }
+    return dir.Sync();
   }
-  auto fd = dir.OpenFile(kOwnerFile, O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (!fd.ok()) return fd.status();
-  const std::string line = user.name + "\n";
-  if (auto st = WriteAll(fd->get(), line.data(), line.size(), dir.PathOf(kOwnerFile)); !st.ok()) {
-    return st;
-  }
-  if (fsync(fd->get()) != 0) {
-    return absl::InternalError(absl::StrCat(dir.PathOf(kOwnerFile), ": fsync failed"));
-  }
-  return dir.Sync();
+  return absl::AbortedError(absl::StrCat(dir.PathOf(kOwnerFile), ": claimed concurrently; retry"));
 }
 
 std::string LocalUserName() {

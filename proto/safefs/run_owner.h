@@ -26,9 +26,8 @@ struct RunUser {
 // A name as recorded in OWNER: 1 to 64 bytes of [A-Za-z0-9._@-] (the token users' alphabet).
 bool ValidOwnerName(std::string_view name);
 
-// The owner recorded in an open folder. NotFound when it has no OWNER (or one still being
-// written, empty); DataLoss for a file that is not one valid name (its content is never shown);
-// PermissionDenied for a link.
+// The owner recorded in an open folder. NotFound when it has no OWNER; DataLoss for a file that
+// is not one valid name (its content is never shown); PermissionDenied for a link.
 absl::StatusOr<std::string> ReadOwner(const Dir& dir);
 
 // OK when `user` may use a folder that belongs to `owner`: the same name, or an admin. Else
@@ -37,8 +36,9 @@ absl::Status CheckOwner(std::string_view owner, const RunUser& user, std::string
                         const std::string& path, std::string_view use);
 
 // A run claims `dir`: records user.name as its owner when the folder has none, else checks the
-// recorded owner (CheckOwner). Call it with the folder's lock held (run_lock.h), so that two
-// claims of a fresh folder cannot both write OWNER.
+// recorded owner (CheckOwner). OWNER appears complete or not at all (written under a fresh
+// name, then linked into place without replacing anything), so of two racing claims of a
+// fresh folder one wins and the other is judged against it.
 absl::Status ClaimOwner(const Dir& dir, const RunUser& user,
                         std::string_view field = "checkpoint.dir",
                         std::string_view use = "write into");
