@@ -13,6 +13,52 @@
 #include "absl/strings/str_cat.h"
 
 namespace vp::safefs {
+namespace {
+
+// Names of the top level of a run folder that a run uses.
+bool IsRunName(const std::string& name) {
+  static constexpr const char* kFixed[] = {"LOCK",     "OWNER",         "job.yaml",
+                                           "plan.txt", "metrics.jsonl", "store"};
+  for (const char* f : kFixed) {
+    if (name == f) return true;
+  }
+  for (const char* prefix : {"plan_rank_", "rank_", "daemon_", "step_", "."}) {
+    if (name.rfind(prefix, 0) == 0) return true;  // "." : the writers' temporaries
+  }
+  return false;
+}
+
+absl::Status LinkFound(const std::string& path) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      "checkpoint.dir: ", path,
+      " is a symbolic link where a run file belongs: the run folder is refused (files of a run "
+      "are never opened through a link; remove the link, or give the job another "
+      "checkpoint.dir)"));
+}
+
+// Every entry below `dir` (a step folder), depth-first; a link anywhere is refused.
+absl::Status NoLinksBelow(const Dir& dir, int depth) {
+  auto names = dir.List();
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    switch (dir.KindOf(name)) {
+      case Kind::kLink:
+        return LinkFound(dir.PathOf(name));
+      case Kind::kDirectory:
+        if (depth > 0) {
+          auto sub = dir.Sub(name);
+          if (!sub.ok()) return sub.status();
+          if (auto st = NoLinksBelow(*sub, depth - 1); !st.ok()) return st;
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 bool ValidOwnerName(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
@@ -108,6 +154,23 @@ absl::Status ClaimOwner(const Dir& dir, const RunUser& user, std::string_view fi
     return dir.Sync();
   }
   return absl::AbortedError(absl::StrCat(dir.PathOf(kOwnerFile), ": claimed concurrently; retry"));
+}
+
+absl::Status CheckRunFolderLinks(const Dir& dir) {
+  auto names = dir.List();
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (!IsRunName(name)) continue;
+    const Kind kind = dir.KindOf(name);
+    if (kind == Kind::kLink) return LinkFound(dir.PathOf(name));
+    // step_N/rank_R/<files>: two levels below a step folder.
+    if (kind == Kind::kDirectory && name.rfind("step_", 0) == 0) {
+      auto sub = dir.Sub(name);
+      if (!sub.ok()) return sub.status();
+      if (auto st = NoLinksBelow(*sub, 1); !st.ok()) return st;
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string LocalUserName() {

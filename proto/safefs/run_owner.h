@@ -43,6 +43,12 @@ absl::Status ClaimOwner(const Dir& dir, const RunUser& user,
                         std::string_view field = "checkpoint.dir",
                         std::string_view use = "write into");
 
+// OK when no entry of the run folder that a run creates, reads or removes (LOCK, OWNER,
+// job.yaml, plan files, rank_R.pid/.log/.jsonl, daemon_R.log, metrics.jsonl, store, step_N and
+// everything below step_N) is a symbolic link; else PermissionDenied naming the first one
+// found ("checkpoint.dir: PATH is a symbolic link where a run file belongs ...").
+absl::Status CheckRunFolderLinks(const Dir& dir);
+
 // The name of the account running this process (the owner of a local run), or "uid-N" when the
 // account has no name (or one outside the OWNER alphabet).
 std::string LocalUserName();

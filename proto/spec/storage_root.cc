@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace vp::spec {
@@ -67,19 +68,33 @@ absl::Status CheckSpecPaths(const vocabpipe::v1::JobSpec& spec, const std::strin
       return st;
     }
   }
+  // The tokenizer beside the data is read and copied into every checkpoint: it is a path of the
+  // spec too, and a link there must not reach out of the root.
+  std::error_code ec;
+  const fs::path tokenizer = fs::path(spec.data().path()).parent_path() / "tokenizer.model";
+  if (fs::symlink_status(tokenizer, ec).type() != fs::file_type::not_found && !ec) {
+    if (auto st = CheckInsideRoot(tokenizer.string(), root, "data.path's tokenizer.model");
+        !st.ok()) {
+      return st;
+    }
+  }
   return CheckInsideRoot(spec.checkpoint().dir(), root, "checkpoint.dir");
 }
 
 namespace {
 
 // The owner recorded in the folder at `path`, if it is a folder with one (nullopt otherwise).
-absl::StatusOr<std::optional<std::string>> OwnerOf(const std::string& path) {
+// links: the folder must also hold no link where a run file belongs.
+absl::StatusOr<std::optional<std::string>> OwnerOf(const std::string& path, bool links = false) {
   auto dir = safefs::Dir::Open(path);
   if (!dir.ok()) {
     if (absl::IsNotFound(dir.status()) || absl::IsFailedPrecondition(dir.status())) {
       return std::nullopt;  // missing, or not a folder: nobody's run
     }
     return dir.status();
+  }
+  if (links) {
+    if (auto st = safefs::CheckRunFolderLinks(*dir); !st.ok()) return st;
   }
   auto owner = safefs::ReadOwner(*dir);
   if (absl::IsNotFound(owner.status())) return std::nullopt;
@@ -94,8 +109,9 @@ absl::Status CheckSpecOwners(const vocabpipe::v1::JobSpec& spec, bool resume,
   // checkpoint.dir: the folder itself (a link there is refused by Dir::Open, naming it).
   const std::string& dir = spec.checkpoint().dir();
   if (!dir.empty()) {
-    auto owner = OwnerOf(dir);
+    auto owner = OwnerOf(dir, /*links=*/true);
     if (!owner.ok()) {
+      if (absl::StartsWith(owner.status().message(), "checkpoint.dir: ")) return owner.status();
       return absl::Status(owner.status().code(),
                           absl::StrCat("checkpoint.dir: ", owner.status().message()));
     }

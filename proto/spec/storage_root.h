@@ -27,7 +27,8 @@ absl::Status CheckInsideRoot(const std::string& path, const std::string& root,
                              const std::string& field);
 
 // CheckInsideRoot for data.path, data.val_path, checkpoint.dir and model.init_from of a spec
-// with absolute paths. An empty root allows every path (no confinement configured).
+// with absolute paths, and for the tokenizer.model beside data.path when there is one. An empty
+// root allows every path (no confinement configured).
 absl::Status CheckSpecPaths(const vocabpipe::v1::JobSpec& spec, const std::string& root);
 
 // The run folders a spec uses must belong to `user` (safefs/run_owner.h), unless they are an

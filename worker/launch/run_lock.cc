@@ -26,70 +26,10 @@ std::string ReadOwner(int fd) {
   return std::string(absl::StripAsciiWhitespace(out));
 }
 
-// Names of the top level of a run folder that a run uses.
-bool IsRunName(const std::string& name) {
-  static constexpr const char* kFixed[] = {"LOCK",     "OWNER",         "job.yaml",
-                                           "plan.txt", "metrics.jsonl", "store"};
-  for (const char* f : kFixed) {
-    if (name == f) return true;
-  }
-  for (const char* prefix : {"plan_rank_", "rank_", "daemon_", "step_", "."}) {
-    if (name.rfind(prefix, 0) == 0) return true;  // "." : the writers' temporaries
-  }
-  return false;
-}
-
-absl::Status LinkFound(const std::string& path) {
-  return absl::PermissionDeniedError(absl::StrCat(
-      "checkpoint.dir: ", path,
-      " is a symbolic link where a run file belongs: the run folder is refused (files of a run "
-      "are never opened through a link; remove the link, or give the job another "
-      "checkpoint.dir)"));
-}
-
-// Every entry below `dir` (a step folder), depth-first; a link anywhere is refused.
-absl::Status NoLinksBelow(const safefs::Dir& dir, int depth) {
-  auto names = dir.List();
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    switch (dir.KindOf(name)) {
-      case safefs::Kind::kLink:
-        return LinkFound(dir.PathOf(name));
-      case safefs::Kind::kDirectory:
-        if (depth > 0) {
-          auto sub = dir.Sub(name);
-          if (!sub.ok()) return sub.status();
-          if (auto st = NoLinksBelow(*sub, depth - 1); !st.ok()) return st;
-        }
-        break;
-      default:
-        break;
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::string LockPath(const std::string& dir) {
   return (std::filesystem::path(dir) / "LOCK").string();
-}
-
-absl::Status RunFolderLinks(const safefs::Dir& dir) {
-  auto names = dir.List();
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    if (!IsRunName(name)) continue;
-    const safefs::Kind kind = dir.KindOf(name);
-    if (kind == safefs::Kind::kLink) return LinkFound(dir.PathOf(name));
-    // step_N/rank_R/<files>: two levels below a step folder.
-    if (kind == safefs::Kind::kDirectory && name.rfind("step_", 0) == 0) {
-      auto sub = dir.Sub(name);
-      if (!sub.ok()) return sub.status();
-      if (auto st = NoLinksBelow(*sub, 1); !st.ok()) return st;
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<RunDirLock> RunDirLock::Acquire(const std::string& dir, const std::string& run_id,
@@ -107,7 +47,7 @@ absl::StatusOr<RunDirLock> RunDirLock::Acquire(const std::string& dir, const std
     return absl::InternalError(absl::StrCat(dir, ": cannot lock: ", std::strerror(errno)));
   }
   if (owner) {
-    if (auto st = RunFolderLinks(*folder); !st.ok()) return st;
+    if (auto st = safefs::CheckRunFolderLinks(*folder); !st.ok()) return st;
     if (auto st = safefs::ClaimOwner(*folder, *owner); !st.ok()) return st;
   }
   auto fd = folder->OpenFile("LOCK", O_RDWR | O_CREAT, 0644);

@@ -13,8 +13,8 @@
 // The run that claims the folder (the launcher or the worker daemon, given the job's user)
 // also claims its owner (proto/safefs/run_owner.h): <dir>/OWNER is written on the first claim
 // and checked on every later one, under the same directory lock. Before anything is written
-// the folder is searched for links where run files belong (RunFolderLinks); the folder and
-// LOCK are opened without following links.
+// the folder is searched for links where run files belong (safefs::CheckRunFolderLinks); the
+// folder and LOCK are opened without following links.
 #pragma once
 
 #include <optional>
@@ -50,10 +50,5 @@ class RunDirLock {
 };
 
 std::string LockPath(const std::string& dir);
-
-// OK when no entry of the run folder that a run creates, reads or removes (LOCK, OWNER,
-// job.yaml, plan files, rank_R.pid/.log/.jsonl, metrics.jsonl, store, step_N and everything
-// below step_N) is a symbolic link; else PermissionDenied naming the first one found.
-absl::Status RunFolderLinks(const safefs::Dir& dir);
 
 }  // namespace vp::launch

@@ -108,6 +108,17 @@ TEST_F(StorageRootTest, InitFromIsConfinedLikeTheOtherPaths) {
   EXPECT_TRUE(CheckSpecPaths(spec, root_).ok());
 }
 
+TEST_F(StorageRootTest, TheTokenizerBesideTheDataIsConfinedToo) {
+  const auto spec = Spec(base_ / "root/data/tokens.bin", base_ / "root/runs/new");
+  EXPECT_TRUE(CheckSpecPaths(spec, root_).ok());
+  std::ofstream(base_ / "outside" / "secret.model") << "not yours";
+  fs::create_symlink(base_ / "outside" / "secret.model", base_ / "root/data/tokenizer.model");
+  const absl::Status st = CheckSpecPaths(spec, root_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(st.message(), HasSubstr("data.path's tokenizer.model: "));
+  EXPECT_THAT(st.message(), Not(HasSubstr("not yours")));
+}
+
 // Run folders and their owners (proto/safefs/run_owner.h) at submit.
 class RunOwnerTest : public StorageRootTest {
  protected:
@@ -159,6 +170,24 @@ TEST_F(RunOwnerTest, InitFromAnotherUsersRunIsRefused) {
   EXPECT_TRUE(CheckSpecOwners(Into("runs/r", "runs/alice/step_10"), false, root_user_, root_).ok());
   fs::create_directories(base_ / "root/models/hf");
   EXPECT_TRUE(CheckSpecOwners(Into("runs/bob3", "models/hf"), false, bob_, root_).ok());
+}
+
+TEST_F(RunOwnerTest, ALinkWhereARunFileBelongsIsRefusedAtSubmit) {
+  fs::create_directories(base_ / "root/runs/evil");
+  fs::create_symlink(base_ / "outside" / "secret.bin", base_ / "root/runs/evil/rank_1.log");
+  absl::Status st = CheckSpecOwners(Into("runs/evil"), false, bob_, root_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(st.message(), HasSubstr("checkpoint.dir: "));
+  EXPECT_THAT(st.message(), HasSubstr("runs/evil/rank_1.log is a symbolic link"));
+  // Below a step folder any link counts; elsewhere a user's own link is left alone.
+  fs::remove(base_ / "root/runs/evil/rank_1.log");
+  fs::create_symlink(base_ / "outside", base_ / "root/runs/evil/notes");
+  EXPECT_TRUE(CheckSpecOwners(Into("runs/evil"), false, bob_, root_).ok());
+  fs::create_directories(base_ / "root/runs/evil/step_2/rank_0");
+  fs::create_symlink(base_ / "outside" / "secret.bin",
+                     base_ / "root/runs/evil/step_2/rank_0/model.safetensors");
+  st = CheckSpecOwners(Into("runs/evil"), false, bob_, root_);
+  EXPECT_THAT(st.message(), HasSubstr("step_2/rank_0/model.safetensors is a symbolic link"));
 }
 
 TEST_F(RunOwnerTest, ALinkInPlaceOfTheRunFolderIsRefused) {
