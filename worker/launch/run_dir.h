@@ -3,6 +3,9 @@
 // with nothing but the folder. Every file is opened from a handle of the folder, never
 // through a link (proto/safefs/dir.h).
 //
+//   <dir>/OWNER                       the user whose run first claimed the folder
+//                                     (proto/safefs/run_owner.h)
+//   <dir>/LOCK                        the id of the run that holds the folder (run_lock.h)
 //   <dir>/job.yaml                    the job spec as run (block YAML, absolute paths)
 //   <dir>/plan.txt                    the plan every rank executes (planner::PlanToText),
 //                                     written by the local launcher (`vocabpipe run`)

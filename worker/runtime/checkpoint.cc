@@ -110,8 +110,9 @@ std::string HfConfigJson(const engine::ModelConfig& cfg) {
 
 absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
                             const engine::RankModel& model, engine::AdamW& optimizer) {
-  // The run folder and its step folder by handle: a link planted in either is refused.
-  auto run = safefs::Dir::Open(run_dir);
+  // The run folder (made when missing) and its step folder by handle: a link planted in
+  // either is refused.
+  auto run = safefs::Dir::Create(run_dir);
   if (!run.ok()) return run.status();
   auto dir = run->Sub(absl::StrCat("step_", step), /*create=*/true);
   if (!dir.ok()) return dir.status();
