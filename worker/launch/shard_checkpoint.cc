@@ -419,11 +419,12 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
   std::map<std::string, const runtime::Tensor*> whole;  // name -> tensor
   std::vector<std::string> order;                       // first-seen order
   for (int r = 0; r < world; ++r) {
-    auto dir = ExistingShard(run_dir, step, r);
-    if (!dir.ok()) return dir.status();
-    if (dir->KindOf(kManifest) == safefs::Kind::kMissing) {
-      return absl::FailedPreconditionError(absl::StrCat(dir->path(), ": no ", kManifest, "; rank ",
-                                                        r, " has not saved step ", step));
+    auto dir = ShardFolder(run_dir, step, r, /*create=*/false);
+    if (!dir.ok() && !absl::IsNotFound(dir.status())) return dir.status();
+    if (!dir.ok() || dir->KindOf(kManifest) == safefs::Kind::kMissing) {
+      return absl::FailedPreconditionError(absl::StrCat(ShardDir(run_dir, step, r), ": no ",
+                                                        kManifest, "; rank ", r,
+                                                        " has not saved step ", step));
     }
     if (auto id = VerifyShardIn(*dir, step, r, world); !id.ok()) return id.status();
     const std::string path = dir->PathOf("model.safetensors");
