@@ -20,10 +20,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/spec_input.h"
 #include "proto/runlog/step_lines.h"
+#include "proto/safefs/dir.h"
+#include "proto/safefs/run_owner.h"
 #include "proto/spec/job_spec.h"
+#include "proto/spec/storage_root.h"
 #include "worker/data/token_file.h"
 #include "worker/data/token_shards.h"
 #include "worker/data/tokenizer.h"
@@ -70,12 +74,16 @@ struct Worker {
 
 // Reads what the worker appended to its jsonl since the last call.
 absl::Status ReadNewLines(Worker& w) {
-  std::ifstream f(w.jsonl, std::ios::binary);
-  if (!f) return absl::OkStatus();  // not created yet
-  f.seekg(w.offset);
-  std::ostringstream s;
-  s << f.rdbuf();
-  const std::string text = s.str();
+  // By handle, never through a link (the rank creates the file the same way).
+  const fs::path path(w.jsonl);
+  auto f = launch::OpenRunFile(path.parent_path().string(), path.filename().string(), O_RDONLY);
+  if (absl::IsNotFound(f.status())) return absl::OkStatus();  // not created yet
+  if (!f.ok()) return f.status();
+  std::string text;
+  char buf[1 << 16];
+  for (ssize_t n; (n = pread(f->get(), buf, sizeof(buf), w.offset + text.size())) > 0;) {
+    text.append(buf, static_cast<size_t>(n));
+  }
   w.offset += static_cast<int64_t>(text.size());
   w.partial += text;
   size_t start = 0;
@@ -97,10 +105,14 @@ absl::Status ReadNewLines(Worker& w) {
 
 // The last non-empty line of a rank's log: the worker's error message.
 std::string LastLogLine(const std::string& path) {
-  std::ifstream f(path);
-  std::string line, last;
-  while (std::getline(f, line)) {
-    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  const fs::path p(path);
+  auto f = launch::OpenRunFile(p.parent_path().string(), p.filename().string(), O_RDONLY);
+  if (!f.ok()) return "";  // a link is not followed into another file's text
+  auto text = safefs::ReadAll(f->get(), path, size_t{256} << 20);
+  if (!text.ok()) return "";
+  std::string last;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (line.find_first_not_of(" \t\r") != absl::string_view::npos) last = std::string(line);
   }
   return last;
 }
@@ -192,12 +204,16 @@ absl::StatusOr<std::string> LocalDaemonDevice(const vocabpipe::v1::JobSpec& spec
 
 absl::StatusOr<pid_t> SpawnLogged(const std::vector<std::string>& argv,
                                   const std::string& log_path) {
+  // The log lives in the run folder: opened here by handle, never through a link.
+  const fs::path log(log_path);
+  auto fd = launch::OpenRunFile(log.parent_path().string(), log.filename().string(),
+                                O_WRONLY | O_CREAT | O_TRUNC);
+  if (!fd.ok()) return fd.status();
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawn_file_actions_adddup2(&actions, fd->get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, fd->get(), 2);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -270,7 +286,11 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   // This launch's id: its store keys, and the run that owns the directory while it runs (the
   // ranks join the lock under the same id).
   const std::string attempt = absl::StrCat(getpid(), "-", absl::ToUnixMillis(absl::Now()));
-  auto lock = launch::RunDirLock::Acquire(dir, attempt);
+  // A local run's folders are this account's (OWNER): another user's run folder, as
+  // checkpoint.dir or model.init_from, is refused like a submitted job's.
+  const safefs::RunUser user{safefs::LocalUserName(), false};
+  if (auto st = spec::CheckSpecOwners(spec, options.resume, user, ""); !st.ok()) return st;
+  auto lock = launch::RunDirLock::Acquire(dir, attempt, user);
   if (!lock.ok()) return lock.status();
   int64_t first_step = 0;
   if (options.resume) {
@@ -293,10 +313,14 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     return summary;
   }
 
-  // A fresh store per launch (the attempt id in the key prefix guards against leftovers too).
-  fs::remove_all(launch::StoreDir(dir), ec);
-  fs::create_directories(launch::StoreDir(dir), ec);
-  if (ec) return absl::InternalError(absl::StrCat(launch::StoreDir(dir), ": ", ec.message()));
+  // A fresh store per launch (the attempt id in the key prefix guards against leftovers too),
+  // removed and made by handle: a link in its place is removed as a link.
+  {
+    auto folder = safefs::Dir::Open(dir);
+    if (!folder.ok()) return folder.status();
+    if (auto st = folder->RemoveTree("store"); !st.ok()) return st;
+    if (auto store = folder->Sub("store", /*create=*/true); !store.ok()) return store.status();
+  }
   for (int r = 0; r < p; ++r) fs::remove(launch::RankMetricsPath(dir, r), ec);
   if (auto st = launch::WriteRunFiles(dir, spec, plan); !st.ok()) return st;
 

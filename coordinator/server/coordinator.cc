@@ -159,11 +159,17 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
       !st.ok()) {
     return st;
   }
+  if (auto st = MakeAbsolute(spec.mutable_model()->mutable_init_from(), request.base_dir(),
+                             "model.init_from");
+      !st.ok()) {
+    return st;
+  }
   // The resolved paths obey the same bound as the written ones.
   for (const auto& [field, path] :
        {std::pair<const char*, const std::string*>{"data.path", &spec.data().path()},
         {"data.val_path", &spec.data().val_path()},
-        {"checkpoint.dir", &spec.checkpoint().dir()}}) {
+        {"checkpoint.dir", &spec.checkpoint().dir()},
+        {"model.init_from", &spec.model().init_from()}}) {
     if (path->size() > spec::kMaxPathBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": must be at most ", spec::kMaxPathBytes, " bytes once resolved"));
@@ -430,9 +436,16 @@ void Coordinator::FailOrRestart(v1::Job& job, std::string reason, const std::str
 }
 
 absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume,
-                                                const std::string& owner) {
+                                                const std::string& owner,
+                                                const safefs::RunUser& run_user) {
   // Confined storage: checked before anything is stored (the workers check again).
   if (auto st = spec::CheckSpecPaths(spec, options_.storage_root); !st.ok()) return st;
+  // Run folders belong to their user: another user's checkpoint.dir, resume or init_from is
+  // refused here where the coordinator sees the folder (and again when the run claims it).
+  const safefs::RunUser folder_user{run_user.name.empty() ? owner : run_user.name, run_user.admin};
+  if (auto st = spec::CheckSpecOwners(spec, resume, folder_user, options_.storage_root); !st.ok()) {
+    return st;
+  }
   // Memory admission: the planner's memory model, off the lock and under a deadline.
   absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, std::nullopt);
   if (!plan.ok()) {
@@ -475,6 +488,8 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   *job.mutable_spec() = spec;
   job.set_resume(resume);
   job.set_owner(owner);
+  job.set_run_owner(folder_user.name);
+  job.set_owner_admin(folder_user.admin);
   job.set_total_steps(spec.train().steps());
   job.set_created_unix_ms(NowMs());
   if (auto st = SetState(job, v1::JOB_STATE_PENDING,
@@ -762,6 +777,8 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     run->set_plan_text(planner::PlanToText(planner::RankSlice(plan->plan, r)));
     run->set_timeout_ms(absl::ToInt64Milliseconds(options_.rank_timeout));
     run->set_resume(job.resume());
+    run->set_run_owner(job.run_owner().empty() ? job.owner() : job.run_owner());
+    run->set_run_owner_admin(job.owner_admin());
     if (job.restarts() > 0) {
       run->set_resume_limited(true);
       run->set_resume_max_step(job.step());

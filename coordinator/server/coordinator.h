@@ -38,6 +38,7 @@
 #include "coordinator/server/job_plan.h"
 #include "coordinator/server/job_store.h"
 #include "coordinator/server/kv_store.h"
+#include "proto/safefs/run_owner.h"
 #include "vocabpipe/v1/service.pb.h"
 
 namespace vp::server {
@@ -109,8 +110,13 @@ class Coordinator {
   // resume: the ranks continue from the latest step all of them saved in
   // checkpoint.dir (SubmitJobRequest.resume).
   // owner: the submitting user, recorded on the job (Job.owner).
+  // run_user: who the job's run folders are claimed for and whether they are an admin
+  // (Job.run_owner, Job.owner_admin; an empty name: owner). A checkpoint.dir or
+  // model.init_from inside another user's run folder is PermissionDenied naming the field and
+  // the owner (spec::CheckSpecOwners), unless run_user is an admin.
   absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec, bool resume = false,
-                                     const std::string& owner = "local");
+                                     const std::string& owner = "local",
+                                     const safefs::RunUser& run_user = {});
   absl::StatusOr<vocabpipe::v1::Job> GetJob(const std::string& id);
   std::vector<vocabpipe::v1::Job> ListJobs(int limit);  // newest first
   absl::StatusOr<vocabpipe::v1::Job> Cancel(const std::string& id, const std::string& reason);

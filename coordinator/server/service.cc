@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/server/kv_store.h"
+#include "proto/safefs/run_owner.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 
 namespace vp::server {
@@ -155,7 +156,11 @@ class JobServiceImpl final : public v1::JobService::Service {
     if (!user.ok()) return ToGrpc(user.status());
     auto spec = SpecFromRequest(*req);
     if (!spec.ok()) return ToGrpc(spec.status());
-    auto id = c_->Submit(*spec, req->resume(), user->name);
+    // Run folders are claimed for the token's user; an insecure (local) coordinator's caller
+    // is this account, so its folders carry the account's name, as a --direct run's do.
+    const safefs::RunUser run_user{guard_->secure() ? user->name : safefs::LocalUserName(),
+                                   user->admin};
+    auto id = c_->Submit(*spec, req->resume(), user->name, run_user);
     if (!id.ok()) return ToGrpc(id.status());
     resp->set_job_id(*id);
     return grpc::Status::OK;

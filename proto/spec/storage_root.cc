@@ -1,9 +1,11 @@
 #include "proto/spec/storage_root.h"
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proto/spec/job_spec.h"
 
@@ -76,7 +78,94 @@ absl::Status CheckSpecPaths(const vocabpipe::v1::JobSpec& spec, const std::strin
       !st.ok()) {
     return st;
   }
+  if (!spec.model().init_from().empty()) {
+    if (auto st = CheckInsideRoot(spec.model().init_from(), root, "model.init_from"); !st.ok()) {
+      return st;
+    }
+  }
+  // The tokenizer beside the data is read and copied into every checkpoint: it is a path of the
+  // spec too, and a link there must not reach out of the root.
+  // Its folder: the first data entry itself when that is a folder, else the entry's folder (the
+  // rule worker/data's DataFolder applies when it reads the tokenizer).
+  std::error_code ec;
+  const fs::path first(DataPathEntries(spec.data()).front());
+  const bool is_folder = first.filename().string().find_first_of("*?[") == std::string::npos &&
+                         fs::is_directory(fs::symlink_status(first, ec));
+  const fs::path tokenizer = (is_folder ? first : first.parent_path()) / "tokenizer.model";
+  if (fs::symlink_status(tokenizer, ec).type() != fs::file_type::not_found && !ec) {
+    if (auto st = CheckInsideRoot(tokenizer.string(), root, "data.path's tokenizer.model");
+        !st.ok()) {
+      return st;
+    }
+  }
   return CheckInsideRoot(spec.checkpoint().dir(), root, "checkpoint.dir");
+}
+
+namespace {
+
+// The owner recorded in the folder at `path`, if it is a folder with one (nullopt otherwise).
+// links: the folder must also hold no link where a run file belongs.
+absl::StatusOr<std::optional<std::string>> OwnerOf(const std::string& path, bool links = false) {
+  auto dir = safefs::Dir::Open(path);
+  if (!dir.ok()) {
+    if (absl::IsNotFound(dir.status()) || absl::IsFailedPrecondition(dir.status())) {
+      return std::nullopt;  // missing, or not a folder: nobody's run
+    }
+    return dir.status();
+  }
+  if (links) {
+    if (auto st = safefs::CheckRunFolderLinks(*dir); !st.ok()) return st;
+  }
+  auto owner = safefs::ReadOwner(*dir);
+  if (absl::IsNotFound(owner.status())) return std::nullopt;
+  if (!owner.ok()) return owner.status();
+  return std::optional<std::string>(std::move(*owner));
+}
+
+}  // namespace
+
+absl::Status CheckSpecOwners(const vocabpipe::v1::JobSpec& spec, bool resume,
+                             const safefs::RunUser& user, const std::string& root) {
+  // checkpoint.dir: the folder itself (a link there is refused by Dir::Open, naming it).
+  const std::string& dir = spec.checkpoint().dir();
+  if (!dir.empty()) {
+    auto owner = OwnerOf(dir, /*links=*/true);
+    if (!owner.ok()) {
+      if (absl::StartsWith(owner.status().message(), "checkpoint.dir: ")) return owner.status();
+      return absl::Status(owner.status().code(),
+                          absl::StrCat("checkpoint.dir: ", owner.status().message()));
+    }
+    if (*owner) {
+      if (auto st = safefs::CheckOwner(**owner, user, "checkpoint.dir", dir,
+                                       resume ? "resume from or write into" : "write into");
+          !st.ok()) {
+        return st;
+      }
+    }
+  }
+  const std::string& init = spec.model().init_from();
+  if (init.empty() || !fs::path(init).is_absolute()) return absl::OkStatus();
+  std::error_code ec;
+  fs::path at = fs::weakly_canonical(init, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("model.init_from: \"", absl::CHexEscape(init),
+                                                    "\" cannot be resolved: ", ec.message()));
+  }
+  const fs::path top = root.empty() ? fs::path("/") : fs::path(root);
+  for (;;) {
+    auto owner = OwnerOf(at.string());
+    if (!owner.ok()) {
+      return absl::Status(owner.status().code(),
+                          absl::StrCat("model.init_from: ", owner.status().message()));
+    }
+    if (*owner) {
+      return safefs::CheckOwner(**owner, user, "model.init_from", at.string(),
+                                "read the weights of");
+    }
+    if (at == top || at == at.parent_path() || !at.has_relative_path()) break;
+    at = at.parent_path();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace vp::spec

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proto/plan/plan.h"
+#include "proto/safefs/run_owner.h"
 #include "proto/spec/storage_root.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 #include "worker/daemon/log_tail.h"
@@ -342,6 +343,13 @@ class Daemon {
     if (auto st = spec::CheckSpecPaths(run.spec(), options_.storage_root); !st.ok()) {
       return fail(absl::StrCat("worker storage root: ", st.message()));
     }
+    // The run folders this rank reads belong to the job's user (checked at submit too).
+    const safefs::RunUser user{run.run_owner().empty() ? safefs::LocalUserName() : run.run_owner(),
+                               run.run_owner_admin()};
+    if (auto st = spec::CheckSpecOwners(run.spec(), run.resume(), user, options_.storage_root);
+        !st.ok()) {
+      return fail(std::string(st.message()));
+    }
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return fail(absl::StrCat("checkpoint.dir ", dir, ": ", ec.message()));
@@ -354,7 +362,7 @@ class Daemon {
     }
     // Before anything is written: another job's run directory is refused, naming it.
     const std::string run_id = run.run_id().empty() ? run.job_id() : run.run_id();
-    auto lock = launch::RunDirLock::Acquire(dir, run_id);
+    auto lock = launch::RunDirLock::Acquire(dir, run_id, user);
     if (!lock.ok()) return fail(std::string(lock.status().message()));
     if (auto st = launch::WriteRankRunFiles(dir, run.spec(), *plan, run.rank()); !st.ok()) {
       return fail(std::string(st.message()));
@@ -433,8 +441,10 @@ class Daemon {
     }
     envp.push_back(const_cast<char*>(secret_var.c_str()));
     envp.push_back(nullptr);
-    const int log = open(t.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log < 0) return fail(absl::StrCat(t.log_path, ": cannot open"));
+    // Never through a link planted under the log's name (launch::OpenRankLog).
+    auto log_fd = launch::OpenRankLog(dir, run.rank());
+    if (!log_fd.ok()) return fail(std::string(log_fd.status().message()));
+    const int log = log_fd->release();
     const pid_t pid = fork();
     if (pid == 0) {   // child: only async-signal-safe calls until exec
       sigset_t none;  // whatever the forking thread blocks, the rank must not
@@ -539,12 +549,14 @@ class Daemon {
       const uintmax_t size = fs::file_size(task.metrics_path, ec);
       if (ec || size <= task.offset) return true;
       task.last_sent = absl::Now();
-      std::ifstream f(task.metrics_path, std::ios::binary);
-      if (!f) return true;
-      f.seekg(static_cast<std::streamoff>(task.offset));
+      // By handle, never through a link (the rank created the file the same way).
+      const fs::path metrics(task.metrics_path);
+      auto f = launch::OpenRunFile(metrics.parent_path().string(), metrics.filename().string(),
+                                   O_RDONLY);
+      if (!f.ok()) return true;
       std::string rest(std::min<uintmax_t>(size - task.offset, kMaxReportBytes), '\0');
-      f.read(rest.data(), static_cast<std::streamsize>(rest.size()));
-      rest.resize(static_cast<size_t>(f.gcount()));
+      const ssize_t got = pread(f->get(), rest.data(), rest.size(), task.offset);
+      rest.resize(got > 0 ? static_cast<size_t>(got) : 0);
       const size_t end = rest.rfind('\n');
       if (end == std::string::npos) return true;  // no complete line yet
       v1::ReportMetricsRequest req;

@@ -1,12 +1,13 @@
 #include "worker/launch/run_dir.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "proto/spec/job_spec.h"
 #include "worker/runtime/checkpoint.h"
 
@@ -37,54 +38,79 @@ std::string ShardDir(const std::string& dir, int64_t step, int rank) {
 
 namespace {
 
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+// A run file read by handle: a link in its place is refused, never followed.
+absl::StatusOr<std::string> ReadRunFile(const safefs::Dir& dir, const std::string& name) {
+  auto text = dir.ReadFile(name);
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat(dir.PathOf(name), ": cannot open"));
+  }
+  return text;
 }
 
 }  // namespace
 
+absl::StatusOr<safefs::UniqueFd> OpenRunFile(const std::string& dir, const std::string& name,
+                                             int flags) {
+  auto folder = safefs::Dir::Open(dir);
+  if (!folder.ok()) return folder.status();
+  return folder->OpenFile(name, flags, 0644);
+}
+
+absl::StatusOr<safefs::UniqueFd> OpenRankLog(const std::string& dir, int rank) {
+  return OpenRunFile(dir, absl::StrCat("rank_", rank, ".log"), O_WRONLY | O_CREAT | O_APPEND);
+}
+
 absl::Status WriteRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,
                            const planner::Plan& plan) {
+  auto folder = safefs::Dir::Open(dir);
+  if (!folder.ok()) return folder.status();
   // Slices a daemon left here would take precedence over plan.txt for their rank: drop them.
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("plan_rank_", 0) == 0 && entry.path().extension() == ".txt") {
-      fs::remove(entry.path(), ec);
+  auto names = folder->List();
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (name.rfind("plan_rank_", 0) == 0 && fs::path(name).extension() == ".txt") {
+      if (auto st = folder->Remove(name); !st.ok()) return st;
     }
   }
-  if (auto st = runtime::WriteTextFileAtomically(SpecPath(dir), spec::JobSpecToYaml(spec));
-      !st.ok())
+  if (auto st = folder->WriteFileAtomically("job.yaml", spec::JobSpecToYaml(spec)); !st.ok()) {
     return st;
-  return runtime::WriteTextFileAtomically(PlanPath(dir), planner::PlanToText(plan));
+  }
+  return folder->WriteFileAtomically("plan.txt", planner::PlanToText(plan));
 }
 
 absl::Status WriteRankRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,
                                const planner::Plan& slice, int rank) {
-  if (auto st = runtime::WriteTextFileAtomically(SpecPath(dir), spec::JobSpecToYaml(spec));
-      !st.ok())
+  auto folder = safefs::Dir::Open(dir);
+  if (!folder.ok()) return folder.status();
+  if (auto st = folder->WriteFileAtomically("job.yaml", spec::JobSpecToYaml(spec)); !st.ok()) {
     return st;
-  return runtime::WriteTextFileAtomically(RankPlanPath(dir, rank), planner::PlanToText(slice));
+  }
+  return folder->WriteFileAtomically(absl::StrCat("plan_rank_", rank, ".txt"),
+                                     planner::PlanToText(slice));
 }
 
 absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank) {
-  auto spec_text = ReadTextFile(SpecPath(dir));
+  auto folder = safefs::Dir::Open(dir);
+  if (!folder.ok()) return folder.status();
+  auto spec_text = ReadRunFile(*folder, "job.yaml");
   if (!spec_text.ok()) return spec_text.status();
   auto spec = spec::ParseJobSpec(*spec_text, dir);
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(SpecPath(dir), ": ", spec.status().message()));
   }
-  std::string plan_path = PlanPath(dir);
-  if (rank >= 0 && fs::exists(RankPlanPath(dir, rank))) {
-    plan_path = RankPlanPath(dir, rank);
-  } else if (rank < 0 && !fs::exists(plan_path) && fs::exists(RankPlanPath(dir, 0))) {
-    plan_path = RankPlanPath(dir, 0);  // every slice has the whole layout
+  // Present means present under that name, link or not: a link is then refused by the read.
+  auto present = [&](const std::string& name) {
+    return folder->KindOf(name) != safefs::Kind::kMissing;
+  };
+  std::string plan_name = "plan.txt";
+  const std::string rank_plan = absl::StrCat("plan_rank_", rank, ".txt");
+  if (rank >= 0 && present(rank_plan)) {
+    plan_name = rank_plan;
+  } else if (rank < 0 && !present(plan_name) && present("plan_rank_0.txt")) {
+    plan_name = "plan_rank_0.txt";  // every slice has the whole layout
   }
-  auto plan_text = ReadTextFile(plan_path);
+  const std::string plan_path = folder->PathOf(plan_name);
+  auto plan_text = ReadRunFile(*folder, plan_name);
   if (!plan_text.ok()) return plan_text.status();
   auto plan = planner::PlanFromText(*plan_text);
   if (!plan.ok()) {
@@ -99,20 +125,22 @@ absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank) {
 }
 
 absl::Status KeepMetricsBefore(const std::string& path, int64_t first_step) {
-  std::vector<std::string> keep;
-  {
-    std::ifstream f(path);
-    for (std::string line; std::getline(f, line);) {
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  const fs::path p(path);
+  auto folder = safefs::Dir::Open(p.parent_path().string());
+  if (!folder.ok()) return folder.status();
+  const std::string name = p.filename().string();
+  std::string kept;
+  auto text = folder->ReadFile(name, size_t{1} << 30);
+  if (!text.ok() && !absl::IsNotFound(text.status())) return text.status();
+  if (text.ok()) {
+    for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+      nlohmann::json j = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
       if (!j.is_discarded() && j.is_object() && j.value("step", int64_t{-1}) < first_step) {
-        keep.push_back(line);
+        absl::StrAppend(&kept, line, "\n");
       }
     }
   }
-  std::ofstream f(path, std::ios::trunc);
-  for (const std::string& line : keep) f << line << "\n";
-  if (!f) return absl::InternalError(absl::StrCat(path, ": cannot rewrite"));
-  return absl::OkStatus();
+  return folder->WriteFileAtomically(name, kept);
 }
 
 }  // namespace vp::launch

@@ -1,7 +1,11 @@
 // The run directory of a pipeline run (checkpoint.dir): what the launcher and its worker
 // processes share. Everything is a plain file, so a run can be inspected, exported and resumed
-// with nothing but the folder.
+// with nothing but the folder. Every file is opened from a handle of the folder, never
+// through a link (proto/safefs/dir.h).
 //
+//   <dir>/OWNER                       the user whose run first claimed the folder
+//                                     (proto/safefs/run_owner.h)
+//   <dir>/LOCK                        the id of the run that holds the folder (run_lock.h)
 //   <dir>/job.yaml                    the job spec as run (block YAML, absolute paths)
 //   <dir>/plan.txt                    the plan every rank executes (planner::PlanToText),
 //                                     written by the local launcher (`vocabpipe run`)
@@ -27,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/plan/plan.h"
+#include "proto/safefs/dir.h"
 #include "vocabpipe/v1/job.pb.h"
 
 namespace vp::launch {
@@ -41,6 +46,14 @@ std::string RankMetricsPath(const std::string& dir, int rank);
 std::string MetricsPath(const std::string& dir);
 // <dir>/step_<N>/rank_<R>
 std::string ShardDir(const std::string& dir, int64_t step, int rank);
+
+// A file of the run folder `dir`, opened by handle without following a link
+// (proto/safefs/dir.h): the folder with O_DIRECTORY|O_NOFOLLOW, the file with O_NOFOLLOW plus
+// `flags`; a link in either place is PermissionDenied naming it.
+absl::StatusOr<safefs::UniqueFd> OpenRunFile(const std::string& dir, const std::string& name,
+                                             int flags);
+// rank_<R>.log for appending (the rank's stdout and stderr), as OpenRunFile opens it.
+absl::StatusOr<safefs::UniqueFd> OpenRankLog(const std::string& dir, int rank);
 
 // Writes job.yaml and plan.txt (atomically: temporary file, then rename).
 absl::Status WriteRunFiles(const std::string& dir, const vocabpipe::v1::JobSpec& spec,

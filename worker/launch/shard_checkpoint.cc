@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "proto/safefs/dir.h"
 #include "worker/launch/run_dir.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/safetensors.h"
@@ -34,40 +35,38 @@ constexpr char kManifestFormat[] = "vocabpipe-shard-manifest";
 // The files a manifest lists, in the order they are written.
 constexpr const char* kShardFiles[] = {"model.safetensors", "optimizer.safetensors", "DONE"};
 
-// fsync of a file or a directory: a checkpoint must survive a power loss once its manifest
-// is in place, so its data (and the directory entries naming it) reach the disk first.
-absl::Status Sync(const std::string& path, bool directory) {
-  const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": cannot open for fsync"));
-  const int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) return absl::InternalError(absl::StrCat(path, ": fsync failed"));
-  return absl::OkStatus();
-}
-
 struct FileDigest {
   int64_t bytes = 0;
   std::string sha256;  // lowercase hex
 };
 
-// SHA-256 of a file (OpenSSL's libcrypto), read in 1 MiB blocks.
-absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+// SHA-256 of a file of `dir` (OpenSSL's libcrypto), read in 1 MiB blocks, by handle. With
+// `sync` the file is fsynced first: a checkpoint must survive a power loss once its manifest
+// is in place, so its data (and the directory entries naming it) reach the disk first.
+absl::StatusOr<FileDigest> DigestFile(const safefs::Dir& dir, const std::string& name,
+                                      bool sync = false) {
+  auto fd = dir.OpenFile(name, O_RDONLY);
+  if (!fd.ok()) {
+    if (absl::IsNotFound(fd.status())) {
+      return absl::NotFoundError(absl::StrCat(dir.PathOf(name), ": cannot open"));
+    }
+    return fd.status();
+  }
+  if (sync && fsync(fd->get()) != 0) {
+    return absl::InternalError(absl::StrCat(dir.PathOf(name), ": fsync failed"));
+  }
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
-    close(fd);
     return absl::InternalError("SHA-256: cannot initialise libcrypto's digest");
   }
   std::vector<unsigned char> buf(1 << 20);
   FileDigest d;
   ssize_t n = 0;
-  while ((n = read(fd, buf.data(), buf.size())) > 0) {
+  while ((n = read(fd->get(), buf.data(), buf.size())) > 0) {
     EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
     d.bytes += n;
   }
-  close(fd);
-  if (n < 0) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  if (n < 0) return absl::DataLossError(absl::StrCat(dir.PathOf(name), ": read failed"));
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &len);
@@ -79,15 +78,28 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   return d;
 }
 
+std::string StepName(int64_t step) { return absl::StrCat("step_", step); }
+std::string RankName(int rank) { return absl::StrCat("rank_", rank); }
+
+// <run_dir>/step_<N>/rank_<R> by handle, one component at a time (create: made when missing).
+absl::StatusOr<safefs::Dir> ShardFolder(const std::string& run_dir, int64_t step, int rank,
+                                        bool create) {
+  auto run = safefs::Dir::Open(run_dir);
+  if (!run.ok()) return run.status();
+  return run->Walk(absl::StrCat(StepName(step), "/", RankName(rank)), create);
+}
+
 // The step_<N> folders of a run, newest first.
-std::vector<int64_t> StepFolders(const std::string& run_dir) {
+// A link named step_<N> is one too (it is refused, by name, when it is opened).
+std::vector<int64_t> StepFolders(const safefs::Dir& run) {
   std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  auto names = run.List();
+  if (!names.ok()) return steps;
+  for (const std::string& name : *names) {
     int64_t v = 0;
+    const safefs::Kind kind = run.KindOf(name);
     if (name.rfind("step_", 0) == 0 && absl::SimpleAtoi(name.substr(5), &v) && v >= 0 &&
-        entry.is_directory()) {
+        (kind == safefs::Kind::kDirectory || kind == safefs::Kind::kLink)) {
       steps.push_back(v);
     }
   }
@@ -139,12 +151,17 @@ absl::StatusOr<ShardRows> ParseShardRows(const std::string& file, const std::str
 absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            const engine::RankModel& model, engine::AdamW& optimizer,
                            const std::string& run_id) {
-  const std::string dir = ShardDir(run_dir, step, rank);
-  std::error_code ec;
-  fs::remove(fs::path(dir) / kManifest, ec);  // first: the shard no longer counts
-  fs::remove(fs::path(dir) / "DONE", ec);
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  // The run, step and shard folders by handle (created when missing): a link planted in
+  // place of any of them, or of a file below, is refused and nothing is written through it.
+  auto run = safefs::Dir::Open(run_dir);
+  if (!run.ok()) return run.status();
+  auto step_dir = run->Sub(StepName(step), /*create=*/true);
+  if (!step_dir.ok()) return step_dir.status();
+  auto dir = step_dir->Sub(RankName(rank), /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  // First: the shard no longer counts.
+  if (auto st = dir->Remove(kManifest); !st.ok()) return st;
+  if (auto st = dir->Remove("DONE"); !st.ok()) return st;
   std::vector<runtime::TensorView> weights, moments;
   std::map<std::string, std::string> meta = {{"format", "vocabpipe-shard"},
                                              {"rank", absl::StrCat(rank)},
@@ -159,27 +176,18 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
       meta[kShardKey + t.name] = absl::StrCat(t.global_row_begin, " ", t.valid_rows);
     }
   }
-  if (auto st =
-          runtime::WriteSafetensors((fs::path(dir) / "model.safetensors").string(), weights, meta);
+  if (auto st = runtime::WriteSafetensorsAt(*dir, "model.safetensors", weights, meta); !st.ok()) {
+    return st;
+  }
+  if (auto st = runtime::WriteSafetensorsAt(*dir, "optimizer.safetensors", moments,
+                                            {{"adamw_step", absl::StrCat(optimizer.step())}});
       !st.ok()) {
     return st;
   }
-  if (auto st =
-          runtime::WriteSafetensors((fs::path(dir) / "optimizer.safetensors").string(), moments,
-                                    {{"adamw_step", absl::StrCat(optimizer.step())}});
-      !st.ok()) {
-    return st;
-  }
-  if (auto st = runtime::WriteTextFileAtomically((fs::path(dir) / "DONE").string(),
-                                                 absl::StrCat(step, "\n"));
-      !st.ok()) {
-    return st;
-  }
+  if (auto st = dir->WriteFileAtomically("DONE", absl::StrCat(step, "\n")); !st.ok()) return st;
   nlohmann::json files = nlohmann::json::object();
   for (const char* name : kShardFiles) {
-    const std::string path = (fs::path(dir) / name).string();
-    if (auto st = Sync(path, false); !st.ok()) return st;
-    auto d = DigestFile(path);
+    auto d = DigestFile(*dir, name, /*sync=*/true);
     if (!d.ok()) return d.status();
     files[name] = {{"bytes", d->bytes}, {"sha256", d->sha256}};
   }
@@ -192,30 +200,31 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
                                    {"files", files}};
   // The manifest goes in by rename once its content is on disk; then the directories, so the
   // names survive too.
-  const std::string path = (fs::path(dir) / kManifest).string();
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  if (auto st = runtime::WriteTextFileAtomically(tmp, manifest.dump(2) + "\n"); !st.ok()) {
+  if (auto st = dir->WriteFileAtomically(kManifest, manifest.dump(2) + "\n", /*sync=*/true);
+      !st.ok()) {
     return st;
   }
-  if (auto st = Sync(tmp, false); !st.ok()) return st;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
-  for (const std::string& d : {dir, runtime::CheckpointDir(run_dir, step), run_dir}) {
-    if (auto st = Sync(d, true); !st.ok()) return st;
+  for (const safefs::Dir* d : {&*dir, &*step_dir, &*run}) {
+    if (auto st = d->Sync(); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t step, int rank,
-                                            int world) {
-  const std::string dir = ShardDir(run_dir, step, rank);
-  const std::string path = (fs::path(dir) / kManifest).string();
-  std::ifstream f(path);
-  if (!f) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, ": no ", kManifest, "; the shard is incomplete"));
+namespace {
+
+// VerifyRankShard on an open shard folder.
+absl::StatusOr<std::string> VerifyShardIn(const safefs::Dir& dir, int64_t step, int rank,
+                                          int world) {
+  const std::string path = dir.PathOf(kManifest);
+  auto text = dir.ReadFile(kManifest, 1 << 20);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir.path(), ": no ", kManifest, "; the shard is incomplete"));
+    }
+    return text.status();
   }
-  const nlohmann::json m = nlohmann::json::parse(f, nullptr, false);
+  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, false);
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat(path, ": ", why));
   };
@@ -239,10 +248,12 @@ absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t 
         !(*it)["sha256"].is_string()) {
       return bad(absl::StrCat("files.", name, " is missing or malformed"));
     }
-    const std::string file = (fs::path(dir) / name).string();
-    auto d = DigestFile(file);
-    if (!d.ok())
+    const std::string file = dir.PathOf(name);
+    auto d = DigestFile(dir, name);
+    if (!d.ok()) {
+      if (absl::IsPermissionDenied(d.status())) return d.status();  // a link: named as such
       return absl::DataLossError(absl::StrCat(file, ": listed in the manifest, missing"));
+    }
     if (d->bytes != (*it)["bytes"].get<int64_t>() ||
         d->sha256 != (*it)["sha256"].get<std::string>()) {
       return absl::DataLossError(
@@ -253,12 +264,32 @@ absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t 
   return m["run_id"].get<std::string>();
 }
 
+// The shard folder for reading; a missing one is "incomplete" like a missing manifest.
+absl::StatusOr<safefs::Dir> ExistingShard(const std::string& run_dir, int64_t step, int rank) {
+  auto dir = ShardFolder(run_dir, step, rank, /*create=*/false);
+  if (absl::IsNotFound(dir.status())) {
+    return absl::FailedPreconditionError(absl::StrCat(ShardDir(run_dir, step, rank), ": no ",
+                                                      kManifest, "; the shard is incomplete"));
+  }
+  return dir;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t step, int rank,
+                                            int world) {
+  auto dir = ExistingShard(run_dir, step, rank);
+  if (!dir.ok()) return dir.status();
+  return VerifyShardIn(*dir, step, rank, world);
+}
+
 absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            engine::RankModel& model, engine::AdamW* optimizer) {
-  const std::string dir = ShardDir(run_dir, step, rank);
-  if (auto id = VerifyRankShard(run_dir, step, rank, world); !id.ok()) return id.status();
-  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
-  auto weights = runtime::ReadSafetensors(model_path);
+  auto dir = ExistingShard(run_dir, step, rank);
+  if (!dir.ok()) return dir.status();
+  if (auto id = VerifyShardIn(*dir, step, rank, world); !id.ok()) return id.status();
+  const std::string model_path = dir->PathOf("model.safetensors");
+  auto weights = runtime::ReadSafetensorsAt(*dir, "model.safetensors");
   if (!weights.ok()) return weights.status();
   std::vector<std::pair<const runtime::Tensor*, float*>> copies;
   for (const engine::ParamTensor& t : model.tensors()) {
@@ -284,8 +315,8 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
   absl::StatusOr<runtime::SafetensorsFile> moments;
   int64_t adamw_step = 0;
   if (optimizer != nullptr) {
-    const std::string opt_path = (fs::path(dir) / "optimizer.safetensors").string();
-    moments = runtime::ReadSafetensors(opt_path);
+    const std::string opt_path = dir->PathOf("optimizer.safetensors");
+    moments = runtime::ReadSafetensorsAt(*dir, "optimizer.safetensors");
     if (!moments.ok()) return moments.status();
     auto it = moments->metadata.find("adamw_step");
     if (it == moments->metadata.end() || !absl::SimpleAtoi(it->second, &adamw_step) ||
@@ -311,14 +342,21 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
 absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
                                                 int64_t max_step) {
   VerifiedStep out;
+  auto run = safefs::Dir::Open(run_dir);
+  if (!run.ok() && !absl::IsNotFound(run.status())) return run.status();
   // The newest candidate whose shards are there but do not match their manifests (DataLoss),
   // as opposed to a save that never finished (no manifest yet: FailedPrecondition).
   std::string corrupt;
-  for (const int64_t step : StepFolders(run_dir)) {
+  for (const int64_t step : run.ok() ? StepFolders(*run) : std::vector<int64_t>{}) {
     if (max_step >= 0 && step > max_step) continue;
     // A folder without any rank's shard (a standalone run's, or an export) is no candidate.
-    bool any = false;
-    for (int r = 0; r < world && !any; ++r) any = fs::exists(ShardDir(run_dir, step, r));
+    // A link in place of the step folder is one: its verification names it.
+    bool any = run->KindOf(StepName(step)) == safefs::Kind::kLink;
+    if (auto sd = run->Sub(StepName(step)); sd.ok()) {
+      for (int r = 0; r < world && !any; ++r) {
+        any = sd->KindOf(RankName(r)) != safefs::Kind::kMissing;
+      }
+    }
     if (!any) continue;
     auto run = VerifyStep(run_dir, step, world);
     if (run.ok()) {
@@ -355,21 +393,19 @@ absl::StatusOr<int64_t> LatestShardedStep(const std::string& run_dir, int world)
 
 absl::Status PruneCheckpoints(const std::string& run_dir, int64_t step, int world, int keep_last) {
   if (keep_last <= 0) return absl::OkStatus();
+  auto run = safefs::Dir::Open(run_dir);
+  if (!run.ok()) return run.status();
   int kept = 0;
-  for (const int64_t s : StepFolders(run_dir)) {
+  for (const int64_t s : StepFolders(*run)) {
     if (s > step) continue;  // newer than this save: not ours to judge
     if (kept < keep_last) {
       if (VerifyStep(run_dir, s, world).ok()) ++kept;  // a bad step does not count
       continue;
     }
-    std::error_code ec;
-    fs::remove_all(runtime::CheckpointDir(run_dir, s), ec);
-    if (ec) {
-      return absl::InternalError(
-          absl::StrCat(runtime::CheckpointDir(run_dir, s), ": cannot remove: ", ec.message()));
-    }
+    // By handle, depth first: a link below is removed as a link, its target left alone.
+    if (auto st = run->RemoveTree(StepName(s)); !st.ok()) return st;
   }
-  return Sync(run_dir, true);
+  return run->Sync();
 }
 
 absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
@@ -383,14 +419,16 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
   std::map<std::string, const runtime::Tensor*> whole;  // name -> tensor
   std::vector<std::string> order;                       // first-seen order
   for (int r = 0; r < world; ++r) {
-    const std::string dir = ShardDir(run_dir, step, r);
-    if (!fs::exists(fs::path(dir) / kManifest)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(dir, ": no ", kManifest, "; rank ", r, " has not saved step ", step));
+    auto dir = ShardFolder(run_dir, step, r, /*create=*/false);
+    if (!dir.ok() && !absl::IsNotFound(dir.status())) return dir.status();
+    if (!dir.ok() || dir->KindOf(kManifest) == safefs::Kind::kMissing) {
+      return absl::FailedPreconditionError(absl::StrCat(ShardDir(run_dir, step, r), ": no ",
+                                                        kManifest, "; rank ", r,
+                                                        " has not saved step ", step));
     }
-    if (auto id = VerifyRankShard(run_dir, step, r, world); !id.ok()) return id.status();
-    const std::string path = (fs::path(dir) / "model.safetensors").string();
-    auto f = runtime::ReadSafetensors(path);
+    if (auto id = VerifyShardIn(*dir, step, r, world); !id.ok()) return id.status();
+    const std::string path = dir->PathOf("model.safetensors");
+    auto f = runtime::ReadSafetensorsAt(*dir, "model.safetensors");
     if (!f.ok()) return f.status();
     files[r] = std::move(*f);
     for (const auto& [name, tensor] : files[r].tensors) {
@@ -450,28 +488,26 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     }
     views.push_back({"lm_head.weight", wte->second.shape, wte->second.data.data()});
   }
-  const std::string out_dir = runtime::CheckpointDir(run_dir, step);
-  std::error_code ec;
-  fs::remove(fs::path(out_dir) / "DONE", ec);
-  if (auto st = runtime::WriteSafetensors((fs::path(out_dir) / "model.safetensors").string(), views,
-                                          {{"format", "pt"}, {"step", absl::StrCat(step)}});
+  auto run = safefs::Dir::Open(run_dir);
+  if (!run.ok()) return run.status();
+  auto out = run->Sub(StepName(step));
+  if (!out.ok()) return out.status();
+  if (auto st = out->Remove("DONE"); !st.ok()) return st;
+  if (auto st = runtime::WriteSafetensorsAt(*out, "model.safetensors", views,
+                                            {{"format", "pt"}, {"step", absl::StrCat(step)}});
       !st.ok()) {
     return st;
   }
-  if (auto st = runtime::WriteTextFileAtomically((fs::path(out_dir) / "config.json").string(),
-                                                 runtime::HfConfigJson(config));
+  if (auto st = out->WriteFileAtomically("config.json", runtime::HfConfigJson(config),
+                                         /*sync=*/true);
       !st.ok()) {
     return st;
   }
-  if (auto st = runtime::WriteTextFileAtomically((fs::path(out_dir) / "DONE").string(),
-                                                 absl::StrCat(step, "\n"));
+  if (auto st = out->WriteFileAtomically("DONE", absl::StrCat(step, "\n"), /*sync=*/true);
       !st.ok()) {
     return st;
   }
-  for (const char* name : {"model.safetensors", "config.json", "DONE"}) {
-    if (auto st = Sync((fs::path(out_dir) / name).string(), false); !st.ok()) return st;
-  }
-  return Sync(out_dir, true);
+  return out->Sync();
 }
 
 }  // namespace vp::launch

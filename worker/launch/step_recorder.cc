@@ -1,5 +1,7 @@
 #include "worker/launch/step_recorder.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -21,26 +23,30 @@ StepRecorder::StepRecorder(const std::string& dir, int64_t total_steps, bool res
 
 absl::Status StepRecorder::Start() {
   if (resume_) return absl::OkStatus();  // trimmed when the first step arrives
-  std::ofstream f(summary_.metrics_path, std::ios::trunc);
-  if (!f) return absl::InternalError(absl::StrCat(summary_.metrics_path, ": cannot create"));
-  return absl::OkStatus();
+  auto f = OpenRunFile(dir_, "metrics.jsonl", O_WRONLY | O_CREAT | O_TRUNC);
+  return f.status();
 }
 
 absl::Status StepRecorder::Record(const nlohmann::json& line) {
   const int64_t step = line.value("step", int64_t{0});
   const double seconds = line.value("step_seconds", 0.0);
   const double loss = line.value("loss", 0.0);
-  if (!file_.is_open()) {
+  if (!file_.valid()) {
     if (resume_) {
       if (auto st = KeepMetricsBefore(summary_.metrics_path, step); !st.ok()) return st;
     }
-    file_.open(summary_.metrics_path, std::ios::app);
+    auto f = OpenRunFile(dir_, "metrics.jsonl", O_WRONLY | O_CREAT | O_APPEND);
+    if (!f.ok()) return f.status();
+    file_ = std::move(*f);
     summary_.first_step = step;
     summary_.first_loss = loss;
   }
-  file_ << line.dump() << "\n";
-  file_.flush();
-  if (!file_) return absl::InternalError(absl::StrCat(summary_.metrics_path, ": write failed"));
+  const std::string json_line = line.dump() + "\n";
+  if (auto st = safefs::WriteAll(file_.get(), json_line.data(), json_line.size(),
+                                 summary_.metrics_path);
+      !st.ok()) {
+    return st;
+  }
   summary_.final_loss = loss;
   if (auto it = line.find("val_loss"); it != line.end() && it->is_number()) {
     summary_.has_val_loss = true;

@@ -5,12 +5,12 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 
 #include "absl/status/status.h"
+#include "proto/safefs/dir.h"
 #include "worker/runtime/run_job.h"
 
 namespace vp::launch {
@@ -40,7 +40,7 @@ class StepRecorder {
   const int64_t total_steps_;
   const bool resume_, interactive_;
   std::ostream& progress_;
-  std::ofstream file_;
+  safefs::UniqueFd file_;  // metrics.jsonl, opened without following a link
   runtime::RunSummary summary_;
   bool line_open_ = false;  // an interactive progress line waits for its newline
   double elapsed_ = 0, timed_seconds_ = 0, timed_tokens_ = 0, timed_mfu_seconds_ = 0;

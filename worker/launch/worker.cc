@@ -1,10 +1,10 @@
 #include "worker/launch/worker.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "gloo/rendezvous/store.h"
+#include "proto/safefs/dir.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
@@ -170,7 +171,16 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   // For operators and tests: which process is this rank (the launcher and daemons start it).
-  std::ofstream(RankPidPath(dir, options.rank)) << getpid() << "\n";
+  // By handle, replacing the name: a link planted there is never written through.
+  {
+    auto folder = safefs::Dir::Open(dir);
+    if (!folder.ok()) return folder.status();
+    if (auto st = folder->WriteFileAtomically(absl::StrCat("rank_", options.rank, ".pid"),
+                                              absl::StrCat(getpid(), "\n"));
+        !st.ok()) {
+      return st;
+    }
+  }
   engine::cpu::SetBlasThreads(runtime::WorkerThreads(spec));
 
   // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
@@ -234,8 +244,9 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     if (auto st = rank.PushState(); !st.ok()) return fatal(st);
   }
   const std::string metrics_path = RankMetricsPath(dir, options.rank);
-  std::ofstream metrics(metrics_path, std::ios::trunc);
-  if (!metrics) return fatal(absl::InternalError(absl::StrCat(metrics_path, ": cannot open")));
+  auto metrics =
+      OpenRunFile(dir, absl::StrCat("rank_", options.rank, ".jsonl"), O_WRONLY | O_CREAT | O_TRUNC);
+  if (!metrics.ok()) return fatal(metrics.status());
 
   const int64_t steps = spec.train().steps();
   const int every = spec.checkpoint().every();
@@ -334,10 +345,11 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
       j["sample"] = sample_text;
       rank_line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }
-    metrics << rank_line << "\n";
-    metrics.flush();
-    if (!metrics) {
-      return fatal(absl::InternalError(absl::StrCat(metrics_path, ": write failed")));
+    rank_line += "\n";
+    if (auto st =
+            safefs::WriteAll(metrics->get(), rank_line.data(), rank_line.size(), metrics_path);
+        !st.ok()) {
+      return fatal(st);
     }
     if (preempted) {
       if (auto st = merging.Join(); !st.ok()) return fatal(st);

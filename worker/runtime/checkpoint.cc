@@ -5,13 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/safefs/dir.h"
 #include "worker/runtime/safetensors.h"
 
 namespace vp::runtime {
@@ -44,16 +44,10 @@ std::vector<Export> ExportTable(const engine::RankModel& model) {
 }  // namespace
 
 absl::Status WriteTextFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f) return absl::InternalError(absl::StrCat(path, ": write failed"));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": rename failed: ", ec.message()));
-  return absl::OkStatus();
+  const fs::path p(path);
+  auto dir = safefs::Dir::Open(p.has_parent_path() ? p.parent_path().string() : ".");
+  if (!dir.ok()) return dir.status();
+  return dir->WriteFileAtomically(p.filename().string(), text);
 }
 
 std::string CheckpointDir(const std::string& run_dir, int64_t step) {
@@ -116,11 +110,13 @@ std::string HfConfigJson(const engine::ModelConfig& cfg) {
 
 absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
                             const engine::RankModel& model, engine::AdamW& optimizer) {
-  const std::string dir = CheckpointDir(run_dir, step);
-  std::error_code ec;
-  fs::remove(fs::path(dir) / "DONE", ec);
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  // The run folder (made when missing) and its step folder by handle: a link planted in
+  // either is refused.
+  auto run = safefs::Dir::Create(run_dir);
+  if (!run.ok()) return run.status();
+  auto dir = run->Sub(absl::StrCat("step_", step), /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  if (auto st = dir->Remove("DONE"); !st.ok()) return st;
 
   std::vector<TensorView> weights, moments;
   const std::vector<Export> table = ExportTable(model);
@@ -133,22 +129,20 @@ absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
     moments.push_back({"exp_avg." + t.name, shape, optimizer.m().data() + t.offset});
     moments.push_back({"exp_avg_sq." + t.name, shape, optimizer.v().data() + t.offset});
   }
-  if (auto st = WriteSafetensors((fs::path(dir) / "model.safetensors").string(), weights,
-                                 {{"format", "pt"}, {"step", absl::StrCat(step)}});
+  if (auto st = WriteSafetensorsAt(*dir, "model.safetensors", weights,
+                                   {{"format", "pt"}, {"step", absl::StrCat(step)}});
       !st.ok()) {
     return st;
   }
-  if (auto st = WriteSafetensors((fs::path(dir) / "optimizer.safetensors").string(), moments,
-                                 {{"adamw_step", absl::StrCat(optimizer.step())}});
+  if (auto st = WriteSafetensorsAt(*dir, "optimizer.safetensors", moments,
+                                   {{"adamw_step", absl::StrCat(optimizer.step())}});
       !st.ok()) {
     return st;
   }
-  if (auto st = WriteTextFileAtomically((fs::path(dir) / "config.json").string(),
-                                        HfConfigJson(model.config()));
-      !st.ok()) {
+  if (auto st = dir->WriteFileAtomically("config.json", HfConfigJson(model.config())); !st.ok()) {
     return st;
   }
-  return WriteTextFileAtomically((fs::path(dir) / "DONE").string(), absl::StrCat(step, "\n"));
+  return dir->WriteFileAtomically("DONE", absl::StrCat(step, "\n"));
 }
 
 namespace {
@@ -173,15 +167,26 @@ struct Wanted {
 
 absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
   const engine::ModelConfig& cfg = model.config();
-  const std::string config_path = (fs::path(dir) / "config.json").string();
-  std::ifstream cf(config_path);
-  if (!cf) {
+  // The folder and its files by handle, never through a link (a file of another user's run,
+  // or one outside the storage root, is not read by linking it here).
+  auto folder = safefs::Dir::Open(dir);
+  if (!folder.ok()) {
+    return absl::Status(folder.status().code(),
+                        absl::StrCat("model.init_from: ", folder.status().message()));
+  }
+  const std::string config_path = folder->PathOf("config.json");
+  auto config_text = folder->ReadFile("config.json", 1 << 20);
+  if (!config_text.ok()) {
+    if (!absl::IsNotFound(config_text.status())) {
+      return absl::Status(config_text.status().code(),
+                          absl::StrCat("model.init_from: ", config_text.status().message()));
+    }
     return absl::NotFoundError(
         absl::StrCat("model.init_from: ", config_path,
                      ": cannot open (need a Hugging Face "
                      "model folder with config.json and model.safetensors)"));
   }
-  nlohmann::json j = nlohmann::json::parse(cf, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(*config_text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.init_from: ", config_path, ": not a JSON object"));
@@ -227,8 +232,8 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
   }
   const bool file_tied = j.value("tie_word_embeddings", !cfg.llama());
 
-  const std::string path = (fs::path(dir) / "model.safetensors").string();
-  auto file = ReadSafetensors(path);
+  const std::string path = folder->PathOf("model.safetensors");
+  auto file = ReadSafetensorsAt(*folder, "model.safetensors");
   if (!file.ok()) {
     return absl::Status(file.status().code(),
                         absl::StrCat("model.init_from: ", file.status().message()));
@@ -318,10 +323,18 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
 
 absl::StatusOr<int64_t> LatestCheckpointStep(const std::string& run_dir) {
   int64_t best = -1;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(run_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step_", 0) != 0 || !fs::exists(entry.path() / "DONE")) continue;
+  auto run = safefs::Dir::Open(run_dir);
+  if (!run.ok()) {
+    if (!absl::IsNotFound(run.status())) return run.status();
+    return absl::NotFoundError(absl::StrCat(run_dir, ": no complete checkpoint"));
+  }
+  auto names = run->List();
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    // A step folder counts by its own entries only: links are not followed to find DONE.
+    if (name.rfind("step_", 0) != 0 || run->KindOf(name) != safefs::Kind::kDirectory) continue;
+    auto step = run->Sub(name);
+    if (!step.ok() || step->KindOf("DONE") != safefs::Kind::kFile) continue;
     char* end = nullptr;
     const long long v = std::strtoll(name.c_str() + 5, &end, 10);
     if (end != nullptr && *end == '\0' && v > best) best = v;
@@ -332,12 +345,26 @@ absl::StatusOr<int64_t> LatestCheckpointStep(const std::string& run_dir) {
 
 absl::Status LoadCheckpoint(const std::string& step_dir, engine::RankModel& model,
                             engine::AdamW* optimizer) {
-  if (!fs::exists(fs::path(step_dir) / "DONE")) {
+  auto dir = safefs::Dir::Open(step_dir);
+  if (!dir.ok()) {
+    if (!absl::IsNotFound(dir.status())) return dir.status();
     return absl::FailedPreconditionError(
         absl::StrCat(step_dir, ": no DONE marker; the checkpoint is incomplete"));
   }
-  const std::string model_path = (fs::path(step_dir) / "model.safetensors").string();
-  auto weights = ReadSafetensors(model_path);
+  switch (dir->KindOf("DONE")) {
+    case safefs::Kind::kFile:
+      break;
+    case safefs::Kind::kLink:
+      return absl::PermissionDeniedError(
+          absl::StrCat(dir->PathOf("DONE"),
+                       " is a symbolic link: files of a run folder are never "
+                       "opened through a link"));
+    default:
+      return absl::FailedPreconditionError(
+          absl::StrCat(step_dir, ": no DONE marker; the checkpoint is incomplete"));
+  }
+  const std::string model_path = dir->PathOf("model.safetensors");
+  auto weights = ReadSafetensorsAt(*dir, "model.safetensors");
   if (!weights.ok()) return weights.status();
   // Validate everything first, copy afterwards: a bad checkpoint leaves the model untouched.
   std::vector<std::pair<const Tensor*, size_t>> copies;
@@ -350,8 +377,8 @@ absl::Status LoadCheckpoint(const std::string& step_dir, engine::RankModel& mode
   absl::StatusOr<SafetensorsFile> moments;
   int64_t adamw_step = 0;
   if (optimizer != nullptr) {
-    const std::string opt_path = (fs::path(step_dir) / "optimizer.safetensors").string();
-    moments = ReadSafetensors(opt_path);
+    const std::string opt_path = dir->PathOf("optimizer.safetensors");
+    moments = ReadSafetensorsAt(*dir, "optimizer.safetensors");
     if (!moments.ok()) return moments.status();
     auto it = moments->metadata.find("adamw_step");
     if (it == moments->metadata.end() || !absl::SimpleAtoi(it->second, &adamw_step) ||

@@ -1,5 +1,6 @@
 #include "worker/runtime/run_job.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/safefs/dir.h"
 #include "proto/spec/job_spec.h"
 #include "worker/data/sample_reader.h"
 #include "worker/data/token_file.h"
@@ -92,17 +94,21 @@ std::string DataTokenizerPath(const vocabpipe::v1::JobSpec& spec) {
 }
 
 absl::Status CopyDataTokenizer(const vocabpipe::v1::JobSpec& spec, const std::string& step_dir) {
-  const std::string from = DataTokenizerPath(spec);
-  std::error_code ec;
-  if (!fs::exists(from, ec)) return absl::OkStatus();
-  const fs::path to = fs::path(step_dir) / "tokenizer.model";
-  const fs::path tmp = fs::path(step_dir) / absl::StrCat(".tokenizer.model.", getpid());
-  fs::copy_file(from, tmp, fs::copy_options::overwrite_existing, ec);
-  if (!ec) fs::rename(tmp, to, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    return absl::InternalError(
-        absl::StrCat(to.string(), ": cannot copy the tokenizer from ", from, ": ", ec.message()));
+  // The data's folder was confined by the storage-root check; the tokenizer in it is read
+  // without following a link (a link there could name a model outside the root, which would
+  // then be copied into the run), and written into the step folder by handle.
+  auto data_dir = safefs::Dir::OpenFollowing(fs::path(DataTokenizerPath(spec)).parent_path());
+  if (!data_dir.ok()) return absl::OkStatus();  // no data folder: nothing to copy
+  if (data_dir->KindOf("tokenizer.model") == safefs::Kind::kMissing) return absl::OkStatus();
+  auto text = data_dir->ReadFile("tokenizer.model", size_t{1} << 30);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("the tokenizer beside data.path: ", text.status().message()));
+  }
+  auto to = safefs::Dir::Open(step_dir);
+  if (!to.ok()) return to.status();
+  if (auto st = to->WriteFileAtomically("tokenizer.model", *text); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("cannot copy the tokenizer: ", st.message()));
   }
   return absl::OkStatus();
 }
@@ -170,11 +176,10 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   }
 
   const std::string run_dir = spec.checkpoint().dir();
-  std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("checkpoint.dir: cannot create ", run_dir, ": ", ec.message()));
+  auto run = safefs::Dir::Create(run_dir);
+  if (!run.ok()) {
+    return absl::Status(run.status().code(),
+                        absl::StrCat("checkpoint.dir: ", run.status().message()));
   }
   RunSummary summary;
   int64_t first_step = 0;
@@ -196,8 +201,9 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   summary.first_step = first_step;
   summary.metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
   // A fresh run starts a new metrics file; a resumed one appends to it.
-  std::ofstream metrics(summary.metrics_path, first_step > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics) return absl::InternalError(absl::StrCat(summary.metrics_path, ": cannot open"));
+  auto metrics = run->OpenFile("metrics.jsonl",
+                               O_WRONLY | O_CREAT | O_APPEND | (first_step > 0 ? 0 : O_TRUNC));
+  if (!metrics.ok()) return metrics.status();
 
   const int64_t steps = spec.train().steps();
   const int every = spec.checkpoint().every();
@@ -271,8 +277,13 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
       sample_text = sample->text;
     }
     // A sample may end inside a multi-byte character: such bytes are written as U+FFFD.
-    metrics << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    metrics.flush();
+    const std::string metrics_line =
+        line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    if (auto st = safefs::WriteAll(metrics->get(), metrics_line.data(), metrics_line.size(),
+                                   summary.metrics_path);
+        !st.ok()) {
+      return st;
+    }
     if (step == first_step) summary.first_loss = r->loss;
     summary.final_loss = r->loss;
     summary.peak_memory_bytes = std::max(summary.peak_memory_bytes, peak);

@@ -1,6 +1,7 @@
 #include "worker/runtime/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -39,8 +40,11 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The file's bytes: header length, header, then every tensor's data.
+absl::Status WriteContent(int fd, const std::string& path, const std::vector<TensorView>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   uint64_t offset = 0;
   for (const TensorView& t : tensors) {
@@ -61,22 +65,31 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
   std::string text = header.dump();
   // Pad the header with spaces so the data section starts 8-byte aligned.
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');
-
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", strerror(errno)));
   uint64_t n = text.size();
   unsigned char len_le[8];
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(n >> (8 * i));
-  absl::Status st = WriteAll(fd, len_le, 8, tmp);
-  if (st.ok()) st = WriteAll(fd, text.data(), text.size(), tmp);
+  absl::Status st = WriteAll(fd, len_le, 8, path);
+  if (st.ok()) st = WriteAll(fd, text.data(), text.size(), path);
   for (const TensorView& t : tensors) {
     if (!st.ok()) break;
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
-    st = WriteAll(fd, t.data, static_cast<size_t>(numel) * sizeof(float), tmp);
+    st = WriteAll(fd, t.data, static_cast<size_t>(numel) * sizeof(float), path);
   }
-  if (st.ok() && ::fsync(fd) != 0) st = absl::InternalError(absl::StrCat(tmp, ": fsync failed"));
+  if (st.ok() && ::fsync(fd) != 0) st = absl::InternalError(absl::StrCat(path, ": fsync failed"));
+  return st;
+}
+
+}  // namespace
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  const std::string tmp = path + ".tmp";
+  // A fresh temporary (a stale one is removed first): O_EXCL never writes through a link.
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", strerror(errno)));
+  absl::Status st = WriteContent(fd, tmp, tensors, metadata);
   ::close(fd);
   if (!st.ok()) {
     std::remove(tmp.c_str());
@@ -88,18 +101,74 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
   return absl::OkStatus();
 }
 
+absl::Status WriteSafetensorsAt(const safefs::Dir& dir, const std::string& name,
+                                const std::vector<TensorView>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
+  const std::string tmp = safefs::Dir::TempName(name);
+  absl::Status st;
+  {
+    auto fd = dir.OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (!fd.ok()) return fd.status();
+    st = WriteContent(fd->get(), dir.PathOf(name), tensors, metadata);
+  }
+  if (st.ok()) st = dir.Rename(tmp, name);
+  if (!st.ok()) dir.Remove(tmp).IgnoreError();
+  return st;
+}
+
+namespace {
+
+absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path);
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> ReadSafetensorsAt(const safefs::Dir& dir, const std::string& name) {
+  auto fd = dir.OpenFile(name, O_RDONLY);
+  if (!fd.ok()) {
+    if (absl::IsNotFound(fd.status())) {
+      return absl::NotFoundError(absl::StrCat(dir.PathOf(name), ": cannot open"));
+    }
+    return fd.status();
+  }
+  return ReadContent(fd->get(), dir.PathOf(name));
+}
+
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::error_code ec;
-  const uint64_t file_size = std::filesystem::file_size(path, ec);
-  if (ec) return absl::InternalError(absl::StrCat(path, ": cannot stat: ", ec.message()));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  auto out = ReadContent(fd, path);
+  ::close(fd);
+  return out;
+}
+
+namespace {
+
+absl::Status ReadAt(int fd, void* data, size_t bytes, uint64_t offset) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::DataLossError("short read");
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path) {
+  struct stat sb;
+  if (::fstat(fd, &sb) != 0) {
+    return absl::InternalError(absl::StrCat(path, ": cannot stat: ", strerror(errno)));
+  }
+  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
   if (file_size < 8) {
     return absl::DataLossError(absl::StrCat(path, ": truncated: ", file_size,
                                             " bytes, shorter than the 8-byte header length"));
   }
   unsigned char len_le[8];
-  in.read(reinterpret_cast<char*>(len_le), 8);
+  if (!ReadAt(fd, len_le, 8, 0).ok())
+    return absl::DataLossError(absl::StrCat(path, ": short read"));
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len_le[i]) << (8 * i);
   if (header_len > kMaxHeaderBytes || 8 + header_len > file_size) {
@@ -107,7 +176,9 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
                                             " does not fit in the file (", file_size, " bytes)"));
   }
   std::string text(header_len, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_len));
+  if (!ReadAt(fd, text.data(), header_len, 8).ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": short read"));
+  }
   json header = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return absl::DataLossError(absl::StrCat(path, ": header is not a JSON object"));
@@ -172,9 +243,9 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
     }
     ranges.emplace_back(begin, end);
     t.data.resize(numel);
-    in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
-    in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(end - begin));
-    if (!in) return absl::DataLossError(absl::StrCat(where, ": short read"));
+    if (!ReadAt(fd, t.data.data(), end - begin, 8 + header_len + begin).ok()) {
+      return absl::DataLossError(absl::StrCat(where, ": short read"));
+    }
     out.tensors.emplace(name, std::move(t));
   }
   std::sort(ranges.begin(), ranges.end());
@@ -185,6 +256,8 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   }
   return out;
 }
+
+}  // namespace
 
 absl::StatusOr<const Tensor*> CheckedTensor(const std::string& path, const SafetensorsFile& file,
                                             const std::string& name,

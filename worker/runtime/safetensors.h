@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "proto/safefs/dir.h"
 
 namespace vp::runtime {
 
@@ -26,7 +27,8 @@ struct Tensor {
   int64_t numel() const;
 };
 
-// Writes atomically: to `path.tmp`, fsync, then rename over `path`.
+// Writes atomically: to a fresh `path.tmp` (never through a link), fsync, then rename over
+// `path`.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
@@ -36,6 +38,13 @@ struct SafetensorsFile {
 };
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// The same inside a run folder: `name` in `dir`, never through a link (safefs/dir.h). The
+// write goes to a fresh temporary (O_EXCL), is fsynced and renamed over `name`.
+absl::Status WriteSafetensorsAt(const safefs::Dir& dir, const std::string& name,
+                                const std::vector<TensorView>& tensors,
+                                const std::map<std::string, std::string>& metadata = {});
+absl::StatusOr<SafetensorsFile> ReadSafetensorsAt(const safefs::Dir& dir, const std::string& name);
 
 // The tensor `name` of a file read from `path`, checked for loading into a model: present,
 // of exactly `shape`, every value finite. Errors name the file and the tensor.

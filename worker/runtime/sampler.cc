@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "proto/safefs/dir.h"
 #include "worker/comm/communicator.h"
 #include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/kernels.h"
@@ -29,13 +30,19 @@ std::vector<int> PerPositionBounds(int s) {
   return bounds;
 }
 
+// Read by handle without following a link, like the weights LoadCheckpoint reads after it.
 absl::StatusOr<nlohmann::json> ReadConfig(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  auto dir = safefs::Dir::Open(step_dir);
+  absl::StatusOr<std::string> text =
+      dir.ok() ? dir->ReadFile("config.json", 1 << 20) : absl::StatusOr<std::string>(dir.status());
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    }
+    return text.status();
+  }
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
   return j;
 }

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
+#include "proto/safefs/run_owner.h"
 #include "tests/support/vocabpipe_cli.h"
 #include "worker/runtime/safetensors.h"
 
@@ -574,6 +575,30 @@ TEST_P(LaunchTest, SecondJobInTheSameRunDirectoryIsRefused) {
   // Once it is gone, the directory is free again.
   Result third = Vocabpipe(Run() + other + " --timeout 10");
   EXPECT_EQ(third.code, 0) << third.output;
+}
+
+// A link planted in the run folder where a rank's log belongs is refused, naming it, before
+// anything runs; its target is neither written nor truncated. Without it the run goes on and
+// the folder gets its owner: the account that runs it.
+TEST_P(LaunchTest, ALinkPlantedInTheRunFolderIsRefused) {
+  const std::string spec = NoRestarts(Spec("evil", 2, 2, "vocab2", false, /*steps=*/2));
+  const fs::path victim = dir_ / "victim.txt";
+  std::ofstream(victim) << "not a log\n";
+  const auto mtime = fs::last_write_time(victim);
+  fs::create_directories(dir_ / "evil");
+  fs::create_symlink(victim, dir_ / "evil" / "rank_0.log");
+  Result refused = Vocabpipe(Run() + spec + " --timeout 10");
+  EXPECT_NE(refused.code, 0) << refused.output;
+  EXPECT_THAT(refused.output,
+              HasSubstr((dir_ / "evil" / "rank_0.log").string() + " is a symbolic link"));
+  EXPECT_EQ(ReadFile(victim), "not a log\n");
+  EXPECT_EQ(fs::last_write_time(victim), mtime);
+  EXPECT_FALSE(fs::exists(dir_ / "evil" / "job.yaml"));
+  fs::remove(dir_ / "evil" / "rank_0.log");
+  Result ok = Vocabpipe(Run() + spec + " --timeout 10");
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_EQ(ReadFile(dir_ / "evil" / "OWNER"), vp::safefs::LocalUserName() + "\n");
+  EXPECT_FALSE(fs::is_symlink(dir_ / "evil" / "rank_0.log"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LaunchTest, testing::Values("control-plane", "direct"),
