@@ -82,10 +82,6 @@ absl::Status MakeAbsolute(std::string* path, const std::string& base_dir,
   return absl::OkStatus();
 }
 
-bool IsLoopbackAddress(const std::string& a) {
-  return a == "localhost" || a == "::1" || a.rfind("127.", 0) == 0;
-}
-
 bool DeviceMatches(const std::string& job_device, const std::string& worker_device) {
   if (job_device.empty() || job_device == "cpu") return worker_device == "cpu";
   return worker_device.rfind("cuda", 0) == 0;
@@ -580,7 +576,7 @@ void Coordinator::Schedule() {
       std::string loopback;
       for (int r = 0; r < p && loopback.empty(); ++r) {
         const v1::WorkerInfo& w = free[r].second->info;
-        if (IsLoopbackAddress(w.address())) {
+        if (auth::IsLoopbackHost(w.address())) {
           loopback = absl::StrCat("rank ", r, " (", w.worker_id(), " on ", w.hostname(),
                                   ") advertises loopback address ", w.address());
         }
