@@ -428,13 +428,17 @@ std::string CoordinatorServer::FileVersion(const std::string& path) {
 
 void CoordinatorServer::Watch(absl::Duration every) {
   std::unique_lock<std::mutex> lock(watch_mu_);
+  std::pair<std::string, std::string> previous = last_seen_;
   while (!stop_watching_) {
     watch_cv_.wait_for(lock, absl::ToChronoMilliseconds(every));
     if (stop_watching_) break;
     const std::pair<std::string, std::string> now = {FileVersion(tokens_path_),
                                                      FileVersion(revoked_path_)};
-    if (now == last_seen_) continue;
-    last_seen_ = now;
+    // A file is read once it has stopped changing (the same inode, size and mtime at two
+    // checks in a row), never while an editor or a copy is still writing it.
+    const bool settled = now == previous;
+    previous = now;
+    if (now == last_seen_ || !settled) continue;
     lock.unlock();
     Reload().IgnoreError();  // logged
     lock.lock();
@@ -443,6 +447,11 @@ void CoordinatorServer::Watch(absl::Duration every) {
 
 absl::Status CoordinatorServer::Reload() {
   std::lock_guard<std::mutex> lock(reload_mu_);
+  {
+    // What this reload reads: the watcher does not read the same versions again.
+    std::lock_guard<std::mutex> watch(watch_mu_);
+    last_seen_ = {FileVersion(tokens_path_), FileVersion(revoked_path_)};
+  }
   absl::Status result;
   if (!tokens_path_.empty()) {
     auto tokens = auth::TokenTable::Load(tokens_path_);

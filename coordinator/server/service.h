@@ -44,8 +44,9 @@ struct ServerOptions {
   // certificate revoked". Optional.
   std::shared_ptr<const auth::RevocationList> revoked;
   // The files `tokens` and `revoked` came from: reloaded by Reload() (SIGHUP) and, when
-  // reload_interval > 0, whenever they change (checked that often). A file that no longer
-  // loads leaves the previous table in force.
+  // reload_interval > 0, whenever they change (checked that often; read once two checks in a
+  // row see the same version, so a file being written is not read half done). A file that no
+  // longer loads (an empty tokens file included) leaves the previous table in force.
   std::string tokens_path, revoked_path;
   absl::Duration reload_interval = absl::Seconds(1);
 };

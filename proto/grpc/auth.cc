@@ -283,6 +283,15 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     }
     table.entries_.push_back({std::move(user), parts[2]});
   }
+  // An empty table locks every user out, the admins included; it is far more often a file
+  // truncated by mistake, or caught half written, than a wish.
+  if (table.entries_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokens: ", path,
+        " holds no token; an empty table would lock every user out (an admin adds one with "
+        "`vocabpipe certs token USER --tokens ",
+        path, "`)"));
+  }
   return table;
 }
 

@@ -103,7 +103,8 @@ struct User {
 // The tokens file: one line per token, "USER ROLE SHA256HEX [EXPIRES]" (role user|admin;
 // EXPIRES an RFC 3339 time such as 2027-01-31T00:00:00Z, after which the token is refused);
 // '#' starts a comment. Only hashes are stored: the file does not let its reader call the
-// coordinator.
+// coordinator. A file without a single token is refused (InvalidArgument): it would lock
+// everyone out.
 class TokenTable {
  public:
   static absl::StatusOr<TokenTable> Load(const std::string& path);
