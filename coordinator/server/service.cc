@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <iostream>
+#include <map>
 #include <mutex>
 
 #include "absl/strings/ascii.h"
@@ -146,8 +147,12 @@ absl::StatusOr<absl::Time> StoreDeadline(int64_t timeout_ms, grpc::ServerContext
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Coordinator* c, int max_watchers, const Guard* guard)
-      : c_(c), max_watchers_(max_watchers), guard_(guard) {}
+  JobServiceImpl(Coordinator* c, int max_watchers, int max_watchers_per_user, const Guard* guard)
+      : c_(c),
+        max_watchers_(max_watchers),
+        max_watchers_per_user_(max_watchers_per_user > 0 ? max_watchers_per_user
+                                                         : std::max(1, max_watchers / 4)),
+        guard_(guard) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override {
@@ -188,17 +193,41 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     if (req->after_event() < 0) return Invalid("after_event: must be >= 0");
+    auto user = guard_->User(ctx);
+    if (!user.ok()) return ToGrpc(user.status());
     if (auto job = OwnedJob(ctx, req->job_id()); !job.ok()) return ToGrpc(job.status());
-    if (watchers_.fetch_add(1) >= max_watchers_) {
-      watchers_.fetch_sub(1);
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("watchers: ", max_watchers_,
-                                       " WatchJob streams are open, the limit; try again later"));
+    // On a secure server each user has a share of the streams, so one user holding many
+    // cannot lock the others out; the global cap stays (an insecure server has one user).
+    const std::string who = guard_->secure() ? user->name : std::string();
+    {
+      std::lock_guard<std::mutex> lock(watchers_mu_);
+      int& mine = watchers_by_user_[who];
+      if (watchers_ >= max_watchers_) {
+        if (mine == 0) watchers_by_user_.erase(who);
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("watchers: ", max_watchers_,
+                                         " WatchJob streams are open, the limit; try again later"));
+      }
+      if (!who.empty() && mine >= max_watchers_per_user_) {
+        if (mine == 0) watchers_by_user_.erase(who);
+        return grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("watchers: user ", who, " has ", mine,
+                         " WatchJob streams open, the limit per user (--max-watchers-per-user ",
+                         max_watchers_per_user_, "); close one or try again later"));
+      }
+      ++mine;
+      ++watchers_;
     }
     struct Release {
-      std::atomic<int>& n;
-      ~Release() { n.fetch_sub(1); }
-    } release{watchers_};
+      JobServiceImpl* self;
+      std::string who;
+      ~Release() {
+        std::lock_guard<std::mutex> lock(self->watchers_mu_);
+        --self->watchers_;
+        if (--self->watchers_by_user_[who] <= 0) self->watchers_by_user_.erase(who);
+      }
+    } release{this, who};
     int64_t after = req->after_event();
     while (!ctx->IsCancelled()) {
       // The token is checked again at every poll: a token removed from the file (or expired)
@@ -252,9 +281,11 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
   Coordinator* c_;
-  const int max_watchers_;
+  const int max_watchers_, max_watchers_per_user_;
   const Guard* guard_;
-  std::atomic<int> watchers_{0};
+  std::mutex watchers_mu_;
+  int watchers_ = 0;                                 // open streams
+  std::map<std::string, int> watchers_by_user_;  // open streams per user (secure servers)
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -387,7 +418,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->guard_ = std::make_unique<Guard>(secure, options.tokens, options.revoked);
   s->tokens_path_ = options.tokens_path;
   s->revoked_path_ = options.revoked_path;
-  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers, s->guard_.get());
+  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers,
+                                              options.max_watchers_per_user, s->guard_.get());
   s->workers_ = std::make_unique<WorkerServiceImpl>(coordinator, s->guard_.get());
   s->store_ = std::make_unique<StoreServiceImpl>(coordinator, s->guard_.get());
   grpc::EnableDefaultHealthCheckService(true);

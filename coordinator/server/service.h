@@ -32,6 +32,9 @@ inline constexpr int kMaxResponseBytes = 64 << 20;
 struct ServerOptions {
   // Open WatchJob streams at most (each holds a server thread); more get RESOURCE_EXHAUSTED.
   int max_watchers = 64;
+  // Open WatchJob streams of one user at most, on a secure server (0: a quarter of
+  // max_watchers, at least 1): one user cannot take every stream.
+  int max_watchers_per_user = 0;
   // TLS (docs/operations.md, "Security"): cert + key + ca. With them, WorkerService's worker
   // calls and StoreService need a client certificate of the CA with OU=worker
   // (UNAUTHENTICATED "worker certificate required") and JobService a bearer token of `tokens`

@@ -356,7 +356,7 @@ TEST(StoreLimits, KeysAndBytesPerRun) {
 }
 
 TEST_F(SecurityTest, WatchersAreCapped) {
-  auto cp = StartCoordinator({"--max-watchers", "2"});
+  auto cp = StartCoordinator({"--max-watchers", "2", "--max-watchers-per-user", "2"});
   ASSERT_TRUE(cp->up());
   CoordinatorProcess& c = *cp;
   std::string id;
