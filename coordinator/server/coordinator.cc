@@ -258,27 +258,47 @@ Coordinator::~Coordinator() {
 }
 
 absl::StatusOr<JobPlan> Coordinator::PlanWithDeadline(const v1::JobSpec& spec,
-                                                      std::optional<v1::PassCosts> costs) {
-  std::shared_ptr<std::atomic<int>> running = running_plans_;
-  if (running->fetch_add(1) >= options_.max_concurrent_plans) {
-    running->fetch_sub(1);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("planner busy: ", options_.max_concurrent_plans,
-                     " plans are being computed; try again shortly"));
+                                                      std::optional<v1::PassCosts> costs,
+                                                      const std::string& user) {
+  std::shared_ptr<PlanSlots> slots = plan_slots_;
+  {
+    std::lock_guard<std::mutex> lock(slots->mu);
+    if (!user.empty() && slots->users.count(user)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "planner: user ", user,
+          " already has a plan being computed; one plan per user at a time (a submit or a "
+          "dry run); try again once it is done"));
+    }
+    if (slots->running >= options_.max_concurrent_plans) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("planner busy: ", options_.max_concurrent_plans,
+                       " plans are being computed; try again shortly"));
+    }
+    ++slots->running;
+    if (!user.empty()) slots->users.insert(user);
   }
   auto promise = std::make_shared<std::promise<absl::StatusOr<JobPlan>>>();
   std::future<absl::StatusOr<JobPlan>> result = promise->get_future();
-  // The thread owns copies of everything it reads: after a timed-out wait it finishes alone.
-  std::thread([promise, running, spec, costs, flops = options_.flops_per_second] {
-    absl::StatusOr<JobPlan> plan = PlanForJob(spec, costs ? &*costs : nullptr, flops);
-    running->fetch_sub(1);
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  // The thread owns copies of everything it reads: after a timed-out wait it is cancelled and
+  // finishes alone, at the planner's next check. The user's slot and the global one are held
+  // until it has really stopped, so a user cannot pile up plans past their deadline.
+  std::thread([promise, slots, cancel, user, spec, costs, flops = options_.flops_per_second] {
+    absl::StatusOr<JobPlan> plan =
+        PlanForJob(spec, costs ? &*costs : nullptr, flops, cancel.get());
+    {
+      std::lock_guard<std::mutex> lock(slots->mu);
+      --slots->running;
+      if (!user.empty()) slots->users.erase(user);
+    }
     promise->set_value(std::move(plan));
   }).detach();
   if (result.wait_for(absl::ToChronoMilliseconds(options_.planning_deadline)) !=
       std::future_status::ready) {
+    cancel->store(true);
     return absl::DeadlineExceededError(
         absl::StrCat("planning took longer than its deadline of ",
-                     absl::FormatDuration(options_.planning_deadline)));
+                     absl::FormatDuration(options_.planning_deadline), " and was stopped"));
   }
   return result.get();
 }
@@ -408,29 +428,37 @@ void Coordinator::FailOrRestart(v1::Job& job, std::string reason, const std::str
   job.set_state(v1::JOB_STATE_PENDING);
 }
 
+absl::Status Coordinator::CheckQueue(const std::string& owner) {
+  if (options_.max_queued_per_user <= 0) return absl::OkStatus();
+  int queued = 0;
+  for (const auto& [id, j] : jobs_) {
+    queued += j.owner() == owner && j.state() == v1::JOB_STATE_PENDING;
+  }
+  if (queued < options_.max_queued_per_user) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("queue: user ", owner, " has ", queued, " queued (PENDING) jobs, the limit of ",
+                   options_.max_queued_per_user,
+                   " per user (--max-queued-per-user); cancel one or wait until one starts"));
+}
+
 absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume,
                                                 const std::string& owner) {
   // Confined storage: checked before anything is stored (the workers check again).
   if (auto st = spec::CheckSpecPaths(spec, options_.storage_root); !st.ok()) return st;
+  // The user's limits come before the planner: a user at their limit costs no planning.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto st = CheckQueue(owner); !st.ok()) return st;
+  }
   // Memory admission: the planner's memory model, off the lock and under a deadline.
-  absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, std::nullopt);
+  absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, std::nullopt, owner);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(), absl::StrCat("planning: ", plan.status().message()));
   }
   const std::vector<int64_t> need = PredictedRankBytes(*plan);
   std::lock_guard<std::mutex> lock(mu_);
-  if (options_.max_queued_per_user > 0) {
-    int queued = 0;
-    for (const auto& [id, j] : jobs_) {
-      queued += j.owner() == owner && j.state() == v1::JOB_STATE_PENDING;
-    }
-    if (queued >= options_.max_queued_per_user) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("queue: user ", owner, " has ", queued,
-                       " queued (PENDING) jobs, the limit of ", options_.max_queued_per_user,
-                       " per user (--max-queued-per-user); cancel one or wait until one starts"));
-    }
-  }
+  // Again: a job of the user may have been queued while this one was planned.
+  if (auto st = CheckQueue(owner); !st.ok()) return st;
   int64_t largest = 0;
   for (const auto& [wid, w] : workers_) {
     if (DeviceMatches(spec.device(), w.info.device())) {
@@ -522,8 +550,9 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(const std::str
   }
 }
 
-absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& spec) {
-  auto plan = PlanWithDeadline(spec, std::nullopt);
+absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& spec,
+                                                            const std::string& user) {
+  auto plan = PlanWithDeadline(spec, std::nullopt, user);
   if (!plan.ok()) return plan.status();
   v1::PlanJobResponse out;
   *out.mutable_plan() = plan->summary;
@@ -665,7 +694,7 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
   planners_.emplace(
       n, std::thread([this, n, id, attempt, spec = job.spec(),
                       costs = profiled ? std::optional<v1::PassCosts>(costs) : std::nullopt] {
-        absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, costs);
+        absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, costs, "");
         std::lock_guard<std::mutex> lock(mu_);
         finished_planners_.push_back(n);
         if (!stopping_) FinishPlanning(id, attempt, std::move(plan));

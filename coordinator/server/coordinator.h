@@ -28,6 +28,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,7 +123,9 @@ class Coordinator {
                                                                   bool* terminal);
   // Dry run of the plan a job would get (profiled costs of the last profile of the same shape
   // when the coordinator has one).
-  absl::StatusOr<vocabpipe::v1::PlanJobResponse> PlanDryRun(const vocabpipe::v1::JobSpec& spec);
+  // user: the caller (at most one plan per user at a time, like Submit's).
+  absl::StatusOr<vocabpipe::v1::PlanJobResponse> PlanDryRun(const vocabpipe::v1::JobSpec& spec,
+                                                            const std::string& user = "local");
 
   // Workers.
   // identity: the name in the caller's worker certificate ("" without TLS); the worker's later
@@ -226,9 +229,14 @@ class Coordinator {
   void FinishPlanning(const std::string& job_id, const std::string& attempt,
                       absl::StatusOr<JobPlan> plan);
   void JoinFinishedPlanners();
-  // PlanForJob with the deadline and concurrency cap of the options. Call WITHOUT mu_.
+  // PlanForJob with the deadline and concurrency cap of the options; a plan past its deadline
+  // is cancelled (the planner stops at its next check). `user` (empty for the scheduler's own
+  // plans): at most one plan of theirs at a time, else ResourceExhausted. Call WITHOUT mu_.
   absl::StatusOr<JobPlan> PlanWithDeadline(const vocabpipe::v1::JobSpec& spec,
-                                           std::optional<vocabpipe::v1::PassCosts> costs);
+                                           std::optional<vocabpipe::v1::PassCosts> costs,
+                                           const std::string& user);
+  // ResourceExhausted "queue: ..." when `owner` has max_queued_per_user PENDING jobs.
+  absl::Status CheckQueue(const std::string& owner);
   void ExpireWorkers();
   void SettleFailures();  // jobs whose held-back failure is due
   void NotifyWorkers();
@@ -250,8 +258,14 @@ class Coordinator {
   std::map<int64_t, std::thread> planners_;
   std::vector<int64_t> finished_planners_;
   int64_t next_planner_ = 0;
-  // Plans running now (shared with the threads, which may outlive a timed-out wait).
-  std::shared_ptr<std::atomic<int>> running_plans_ = std::make_shared<std::atomic<int>>(0);
+  // Plans being computed now, and whose (shared with the planning threads, which may outlive a
+  // timed-out wait until the planner notices its cancellation).
+  struct PlanSlots {
+    std::mutex mu;
+    int running = 0;
+    std::set<std::string> users;  // users with a plan being computed (Submit, PlanDryRun)
+  };
+  std::shared_ptr<PlanSlots> plan_slots_ = std::make_shared<PlanSlots>();
   std::condition_variable stop_cv_;
   std::thread monitor_;
 };

@@ -259,10 +259,11 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   grpc::Status PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                        v1::PlanJobResponse* resp) override {
-    if (auto user = guard_->User(ctx); !user.ok()) return ToGrpc(user.status());
+    auto user = guard_->User(ctx);
+    if (!user.ok()) return ToGrpc(user.status());
     auto spec = SpecFromRequest(*req);
     if (!spec.ok()) return ToGrpc(spec.status());
-    auto plan = c_->PlanDryRun(*spec);
+    auto plan = c_->PlanDryRun(*spec, user->name);
     if (!plan.ok()) return ToGrpc(plan.status());
     *resp = std::move(*plan);
     return grpc::Status::OK;
