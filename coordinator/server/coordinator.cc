@@ -484,6 +484,7 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   job.set_owner(owner);
   job.set_total_steps(spec.train().steps());
   job.set_created_unix_ms(NowMs());
+  for (int64_t bytes : need) job.add_predicted_rank_bytes(bytes);
   if (auto st = SetState(job, v1::JOB_STATE_PENDING,
                          absl::StrCat("waiting for ", spec.parallel().pipeline(), " free ",
                                       spec.device().empty() ? "cpu" : spec.device(), " workers"));
@@ -617,6 +618,21 @@ void Coordinator::Schedule() {
                             "); start its workers with --address auto or a routable IP"));
         continue;
       }
+    }
+    // Memory admission against the workers the job is about to get, before it profiles at
+    // its full shape there (submit only compared with the largest worker registered then).
+    std::string short_of;
+    for (int r = 0; r < p && r < job.predicted_rank_bytes_size() && short_of.empty(); ++r) {
+      const v1::WorkerInfo& w = free[r].second->info;
+      if (w.memory_bytes() > 0 && job.predicted_rank_bytes(r) > w.memory_bytes()) {
+        short_of = absl::StrCat("memory: needs ", GiB(job.predicted_rank_bytes(r)), " on rank ", r,
+                                ", its worker ", w.worker_id(), " (", w.hostname(), ") has ",
+                                GiB(w.memory_bytes()));
+      }
+    }
+    if (!short_of.empty()) {
+      Finish(job, v1::JOB_STATE_FAILED, short_of);
+      continue;
     }
     ActiveJob& a = active_[id];
     a = ActiveJob{};
@@ -872,7 +888,17 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     return absl::UnavailableError(absl::StrCat("job store: ", st.message()));
   }
   w.info.set_device(d);
-  w.info.set_memory_bytes(req.memory_bytes());
+  // Memory is self-reported: the operator's cap bounds what a worker certificate can claim, so
+  // a worker that overstates cannot get jobs admitted that no real worker can hold.
+  int64_t memory = req.memory_bytes();
+  if (options_.max_worker_memory > 0 && memory > options_.max_worker_memory) {
+    std::cerr << "vocabpipe-coordinator: worker " << w.info.worker_id() << " (\"" << identity
+              << "\" on " << req.hostname().substr(0, 255) << ") reports " << GiB(memory)
+              << " of memory, more than --max-worker-memory; counted as "
+              << GiB(options_.max_worker_memory) << std::endl;
+    memory = options_.max_worker_memory;
+  }
+  w.info.set_memory_bytes(memory);
   w.info.set_address(req.address());
   w.info.set_hostname(req.hostname());
   w.info.set_pid(req.pid());

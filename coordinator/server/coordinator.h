@@ -78,6 +78,9 @@ struct CoordinatorOptions {
   std::string storage_root;
   // A user's PENDING jobs at most (ResourceExhausted "queue: ..." beyond); 0: no limit.
   int max_queued_per_user = 16;
+  // The most memory a worker may report (RegisterWorkerRequest.memory_bytes is the worker's
+  // own word): a larger report is counted as this many bytes, and logged. 0: no cap.
+  int64_t max_worker_memory = 0;
   // After a restart, how long a RUNNING job waits for all its ranks to re-register before it
   // is restarted from its checkpoint instead.
   absl::Duration adopt_grace = absl::Seconds(30);
