@@ -217,9 +217,13 @@ int main(int argc, char** argv) {
     std::cerr << "vocabpipe-coordinator: " << server.status().message() << std::endl;
     return absl::IsInvalidArgument(server.status()) ? 2 : 1;
   }
-  const std::string host = listen.substr(0, listen.rfind(':'));
-  std::cout << "vocabpipe-coordinator: listening on " << host << ":" << (*server)->port()
-            << std::endl;
+  if (listen.rfind("unix:", 0) == 0) {
+    std::cout << "vocabpipe-coordinator: listening on " << listen << std::endl;
+  } else {
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    std::cout << "vocabpipe-coordinator: listening on " << host << ":" << (*server)->port()
+              << std::endl;
+  }
   std::thread stopper([&] {
     int sig = 0;
     while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {

@@ -285,7 +285,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   const int max_watchers_, max_watchers_per_user_;
   const Guard* guard_;
   std::mutex watchers_mu_;
-  int watchers_ = 0;                                 // open streams
+  int watchers_ = 0;                             // open streams
   std::map<std::string, int> watchers_by_user_;  // open streams per user (secure servers)
 };
 
@@ -435,7 +435,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(s->workers_.get());
   builder.RegisterService(s->store_.get());
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
+  // A unix socket has no port (gRPC reports 1 for it); only a TCP listen must have bound one.
+  const bool unix_socket = listen.rfind("unix:", 0) == 0;
+  if (s->server_ == nullptr || (s->port_ == 0 && !unix_socket)) {
     return absl::UnavailableError(absl::StrCat("--listen ", listen, ": cannot listen there"));
   }
   if (auto* health = s->server_->GetHealthCheckService()) {
