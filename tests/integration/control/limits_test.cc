@@ -8,6 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <mutex>
@@ -477,6 +480,58 @@ TEST_F(LimitsTest, StoreWritesBeyondARunsLimitsAreNeverPersisted) {
   EXPECT_EQ(rows, stored);
   EXPECT_LE(bytes, 16 << 20);
   EXPECT_EQ(JobCount(*c), 1);
+}
+
+// Probe 20: the coordinator `vocabpipe run` starts in-process (plaintext, every caller its
+// admin) is on a unix socket in a 0700 folder, not on a loopback port another local user can
+// reach; its daemons still connect, and the run succeeds untouched.
+TEST_F(LimitsTest, LocalRunCoordinatorIsClosedToOtherLocalUsers) {
+  CliResult synth =
+      Vocabpipe("", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
+                                 (dir_ / "data.bin").string()));
+  ASSERT_EQ(synth.code, 0) << synth.output;
+  std::ofstream(dir_ / "local.yaml")
+      << "name: local\nmodel: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n"
+      << "parallel: {pipeline: 2, microbatch_size: 2, microbatches: 2}\n"
+      << "train: {steps: 20, lr: 0.003, threads: 1}\ndata: {path: data.bin}\n";
+  Process run({Bin("client/vocabpipe"), "run", (dir_ / "local.yaml").string()}, dir_ / "run.log");
+  const fs::path daemon_log = dir_ / "runs" / "local" / "daemon_0.log";
+  const std::string marker = " with unix:";
+  ASSERT_TRUE(WaitFor([&] { return ReadWholeFile(daemon_log).find(marker) != std::string::npos; },
+                      std::chrono::seconds(60)))
+      << run.Log();
+  std::string log = ReadWholeFile(daemon_log);
+  std::string socket = log.substr(log.find(marker) + marker.size());
+  socket = socket.substr(0, socket.find(','));
+  const fs::path folder = fs::path(socket).parent_path();
+  struct stat st {};
+  ASSERT_EQ(stat(folder.c_str(), &st), 0) << folder;
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(st.st_uid, getuid());
+  EXPECT_THAT(ReadWholeFile(dir_ / "runs" / "local" / "daemon_1.log"), HasSubstr(marker));
+  // Another local user cannot even connect (search permission on the folder); run as root,
+  // the test checks it as uid 65534 in a child process.
+  if (getuid() == 0) {
+    sockaddr_un addr{};  // built before the fork: the child only makes system calls
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", socket.c_str());
+    const pid_t child = fork();
+    if (child == 0) {
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+      const int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+      _exit(rc == 0 ? 1 : errno == EACCES ? 0 : 2);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "1: connected; 2: another error; 3: setuid failed";
+  }
+  int status = 0;
+  waitpid(run.pid(), &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << run.Log();
+  EXPECT_THAT(run.Log(), HasSubstr("job-1: SUCCEEDED"));
+  EXPECT_FALSE(fs::exists(folder)) << "the socket's folder outlived the run";
 }
 
 }  // namespace
