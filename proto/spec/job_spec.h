@@ -47,7 +47,13 @@ inline constexpr int64_t kMaxThreads = 1024;
 inline constexpr size_t kMaxPathBytes = 4096;        // data.path, data.val_path, checkpoint.dir
 inline constexpr int64_t kMaxEvalBatches = 1 << 20;  // train.eval_batches
 
-// Parses YAML or JSON text into a JobSpec, applies defaults and validates it.
+// A job spec is UTF-8 text (the coordinator's SubmitJobRequest.spec_text is a proto3 string,
+// which gRPC refuses to carry otherwise). InvalidArgument naming `field`, the byte offset, line
+// and column of the first byte that is not valid UTF-8 (overlong forms, surrogates and values
+// past U+10FFFF included); never the bytes themselves.
+absl::Status CheckUtf8(std::string_view text, std::string_view field = "(root)");
+
+// Parses YAML or JSON text into a JobSpec, applies defaults and validates it (CheckUtf8 first).
 // base_dir resolves relative data.path and checkpoint.dir (made absolute).
 absl::StatusOr<vocabpipe::v1::JobSpec> ParseJobSpec(std::string_view text,
                                                     std::string_view base_dir);
