@@ -6,6 +6,7 @@
 // is checked for its status and message and for what it left stored: the job count, the
 // store's rows in the SQLite file, the files.
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <sys/socket.h>
@@ -13,10 +14,12 @@
 #include <sys/un.h>
 
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <thread>
 
 #include "proto/grpc/auth.h"
+#include "proto/spec/job_spec.h"
 #include "tests/integration/control/control_harness.h"
 
 namespace {
@@ -532,6 +535,54 @@ TEST_F(LimitsTest, LocalRunCoordinatorIsClosedToOtherLocalUsers) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << run.Log();
   EXPECT_THAT(run.Log(), HasSubstr("job-1: SUCCEEDED"));
   EXPECT_FALSE(fs::exists(folder)) << "the socket's folder outlived the run";
+}
+
+// Probe 32: a spec that is not UTF-8 (in a name, a comment or a path) is refused naming where,
+// by the CLI before it sends anything (spec_text is a proto3 string, which gRPC cannot carry
+// otherwise); a raw client that sends such bytes anyway is refused by gRPC's parser before the
+// coordinator sees the request. Nothing is stored either way.
+TEST_F(LimitsTest, NonUtf8SpecIsRefusedNamingWhere) {
+  auto c = StartCoordinator({"--storage-root", (dir_ / "root").string()});
+  ASSERT_TRUE(c->up());
+  const fs::path file = dir_ / "root" / "nonutf.yaml";
+  std::ofstream(file, std::ios::binary)
+      << "# caf\xc3\xa9 is fine, the next line is not\nname: caf\xe9\n"
+      << "model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n"
+      << "data: {path: data.bin}\n";
+  CliResult r = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
+                          absl::StrCat("submit ", file.string(), " --coordinator ", c->address(),
+                                       " --tls-ca ", pki_->Path("ca.pem")));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(root): byte 47 (line 2, column 10) is not valid UTF-8"));
+  EXPECT_THAT(r.output, Not(HasSubstr("libprotobuf")));
+  CliResult plan = Vocabpipe("", absl::StrCat("plan ", file.string()));
+  EXPECT_EQ(plan.code, 2) << plan.output;
+  EXPECT_THAT(plan.output, HasSubstr("line 2, column 10) is not valid UTF-8"));
+  // Overlong forms and surrogates are not UTF-8 either.
+  for (const char* bad : {"name: \xc0\xae\n", "name: \xed\xa0\x80\n", "name: \xf4\x90\x80\x80\n",
+                          "name: x\xe2\x82\n"}) {
+    EXPECT_EQ(vp::spec::CheckUtf8(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_TRUE(vp::spec::CheckUtf8("name: \xe2\x82\xac\xf0\x9f\x98\x80\n").ok());
+  // A raw client: SubmitJobRequest.spec_text (field 2) with the same bytes, sent as they are.
+  const std::string text = ReadWholeFile(file);
+  std::string wire = "\x12";
+  for (size_t n = text.size();; n >>= 7) {  // varint length
+    wire.push_back(static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0)));
+    if (n < 0x80) break;
+  }
+  wire += text;
+  grpc::Slice slice(wire);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::GenericStub generic(grpc::CreateChannel(c->address(), pki_->Credentials("", alice_)));
+  auto ctx = Ctx();
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(ctx.get(), "/vocabpipe.v1.JobService/SubmitJob", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status st) { done.set_value(st); });
+  const grpc::Status st = done.get_future().get();
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(JobCount(*c), 0);
+  EXPECT_EQ(kill(c->process().pid(), 0), 0);
 }
 
 }  // namespace
