@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <future>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -87,6 +88,14 @@ bool DeviceMatches(const std::string& job_device, const std::string& worker_devi
   return worker_device.rfind("cuda", 0) == 0;
 }
 
+// The ordinal of a job id ("job-<ordinal>"), 0 for anything else.
+int64_t JobOrdinal(const std::string& id) {
+  int64_t n = 0;
+  const size_t dash = id.find('-');
+  if (dash == std::string::npos || !absl::SimpleAtoi(id.substr(dash + 1), &n)) return 0;
+  return n;
+}
+
 std::string GiB(int64_t bytes) {
   return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
 }
@@ -168,7 +177,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(*store)));
   {
     std::lock_guard<std::mutex> lock(c->mu_);
-    c->next_job_ = c->store_->MaxOrdinal() + 1;
+    // Finished jobs may have been deleted (retention): their numbers are not given again.
+    auto next_job = c->store_->LoadCounter("next_job");
+    if (!next_job.ok()) return next_job.status();
+    c->next_job_ = std::max(c->store_->MaxOrdinal() + 1, *next_job);
     // Worker ids go on from the previous process's: a daemon still holding an old id must get
     // NOT_FOUND (and register again), never another worker's identity.
     auto next_worker = c->store_->LoadCounter("next_worker");
@@ -284,8 +296,7 @@ absl::StatusOr<JobPlan> Coordinator::PlanWithDeadline(const v1::JobSpec& spec,
   // finishes alone, at the planner's next check. The user's slot and the global one are held
   // until it has really stopped, so a user cannot pile up plans past their deadline.
   std::thread([promise, slots, cancel, user, spec, costs, flops = options_.flops_per_second] {
-    absl::StatusOr<JobPlan> plan =
-        PlanForJob(spec, costs ? &*costs : nullptr, flops, cancel.get());
+    absl::StatusOr<JobPlan> plan = PlanForJob(spec, costs ? &*costs : nullptr, flops, cancel.get());
     {
       std::lock_guard<std::mutex> lock(slots->mu);
       --slots->running;
@@ -326,6 +337,43 @@ void Coordinator::MonitorLoop() {
     CheckDeadlines();
     Schedule();
     NotifyWorkers();
+    if (absl::Now() >= next_purge_) {
+      PurgeFinished();
+      next_purge_ = absl::Now() + absl::Seconds(1);
+    }
+  }
+}
+
+void Coordinator::PurgeFinished() {
+  if (options_.finished_ttl <= absl::ZeroDuration() && options_.max_finished_per_user <= 0) return;
+  const int64_t oldest_kept_ms = options_.finished_ttl > absl::ZeroDuration()
+                                     ? absl::ToUnixMillis(absl::Now() - options_.finished_ttl)
+                                     : std::numeric_limits<int64_t>::min();
+  // Each user's finished jobs, newest first.
+  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> finished;
+  for (const auto& [id, job] : jobs_) {
+    if (IsTerminal(job.state())) finished[job.owner()].push_back({JobOrdinal(id), id});
+  }
+  std::vector<std::string> doomed;
+  for (auto& [owner, list] : finished) {
+    std::sort(list.begin(), list.end(), std::greater<>());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const v1::Job& job = jobs_[list[i].second];
+      const bool over_cap = options_.max_finished_per_user > 0 &&
+                            i >= static_cast<size_t>(options_.max_finished_per_user);
+      if (over_cap || job.updated_unix_ms() < oldest_kept_ms) doomed.push_back(list[i].second);
+    }
+  }
+  if (doomed.empty()) return;
+  // Job ids are never given twice: the next number is kept even when the newest job goes.
+  if (auto st = store_->SaveCounter("next_job", next_job_); !st.ok()) return;
+  if (auto st = store_->DeleteJobs(doomed); !st.ok()) {
+    std::cerr << "vocabpipe-coordinator: retention: " << st.message() << std::endl;
+    return;
+  }
+  for (const std::string& id : doomed) {
+    jobs_.erase(id);
+    restart_after_.erase(id);
   }
 }
 
@@ -505,15 +553,37 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
   return *job;
 }
 
-std::vector<v1::Job> Coordinator::ListJobs(int limit) {
+absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const std::string& owner,
+                                                           const std::string& page_token,
+                                                           int page_size, size_t max_bytes,
+                                                           std::string* next_page_token) {
+  int64_t before = std::numeric_limits<int64_t>::max();
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &before) || before <= 0)) {
+    return absl::InvalidArgumentError(
+        "page_token: not a token of ListJobs (give an answer's next_page_token, or none)");
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  // Only the page is copied: the records (with their plan text) stay where they are.
+  std::vector<std::pair<int64_t, const v1::Job*>> visible;
+  for (const auto& [id, job] : jobs_) {
+    if (!owner.empty() && job.owner() != owner) continue;
+    const int64_t n = JobOrdinal(id);
+    if (n < before) visible.push_back({n, &job});
+  }
+  std::sort(visible.begin(), visible.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<v1::Job> out;
-  for (const auto& [id, job] : jobs_) out.push_back(job);
-  std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
-    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() > b.created_unix_ms()
-                                                      : a.id() > b.id();
-  });
-  if (limit > 0 && static_cast<int>(out.size()) > limit) out.resize(limit);
+  size_t bytes = 0;
+  next_page_token->clear();
+  for (const auto& [n, job] : visible) {
+    if (static_cast<int>(out.size()) >= page_size ||
+        (!out.empty() && bytes + job->ByteSizeLong() > max_bytes)) {
+      *next_page_token = absl::StrCat(out.empty() ? n + 1 : JobOrdinal(out.back().id()));
+      break;
+    }
+    bytes += job->ByteSizeLong();
+    out.push_back(*job);
+  }
   return out;
 }
 

@@ -89,6 +89,12 @@ struct CoordinatorOptions {
   // Progress watchdog: a RUNNING job whose step count does not advance for this long is
   // restarted (or fails, when no restarts are left); zero disables it.
   absl::Duration progress_timeout = absl::Minutes(30);
+  // Retention of finished (SUCCEEDED, FAILED, CANCELLED) jobs: a job finished longer ago than
+  // finished_ttl is deleted with its events and steps (zero: kept forever), and of each user's
+  // finished jobs only the newest max_finished_per_user are kept (0: no cap), so no user can
+  // grow the job table without bound.
+  absl::Duration finished_ttl = absl::Hours(24 * 30);
+  int max_finished_per_user = 1000;
 };
 
 bool IsTerminal(vocabpipe::v1::JobState state);
@@ -116,7 +122,14 @@ class Coordinator {
   absl::StatusOr<std::string> Submit(const vocabpipe::v1::JobSpec& spec, bool resume = false,
                                      const std::string& owner = "local");
   absl::StatusOr<vocabpipe::v1::Job> GetJob(const std::string& id);
-  std::vector<vocabpipe::v1::Job> ListJobs(int limit);  // newest first
+  // Newest first: the jobs of `owner` (empty: every job) older than page_token's (empty: from
+  // the newest), at most page_size of them and, beyond the first, at most max_bytes of records.
+  // *next_page_token: where the next page starts (empty: no more). InvalidArgument for a token
+  // that is not one of ours.
+  absl::StatusOr<std::vector<vocabpipe::v1::Job>> ListJobs(const std::string& owner,
+                                                           const std::string& page_token,
+                                                           int page_size, size_t max_bytes,
+                                                           std::string* next_page_token);
   absl::StatusOr<vocabpipe::v1::Job> Cancel(const std::string& id, const std::string& reason);
   // The job's events with seq > after_seq; waits up to max_wait for one when there is none
   // yet. *terminal: the job had reached a terminal state (its last event is included).
@@ -241,6 +254,8 @@ class Coordinator {
   // ResourceExhausted "queue: ..." when `owner` has max_queued_per_user PENDING jobs.
   absl::Status CheckQueue(const std::string& owner);
   void ExpireWorkers();
+  // Deletes finished jobs past finished_ttl or beyond a user's max_finished_per_user.
+  void PurgeFinished();
   void SettleFailures();  // jobs whose held-back failure is due
   void NotifyWorkers();
   void MonitorLoop();
@@ -256,6 +271,7 @@ class Coordinator {
   std::map<std::string, absl::Time> restart_after_;  // restarted PENDING jobs: not before
   std::map<std::string, Worker> workers_;
   int64_t next_job_ = 1, next_worker_ = 1;
+  absl::Time next_purge_ = absl::InfinitePast();
   bool stopping_ = false;
   // Planning threads by number; finished ones are joined by the monitor loop.
   std::map<int64_t, std::thread> planners_;

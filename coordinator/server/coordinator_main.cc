@@ -7,6 +7,7 @@
 //     [--max-watchers N] [--max-watchers-per-user N] [--metrics-keep-finished N]
 //     [--max-queued-per-user N] [--max-worker-memory BYTES] [--revoked FILE]
 //     [--adopt-grace S] [--profiling-deadline S] [--progress-timeout S]
+//     [--finished-ttl S] [--max-finished-per-user N]
 // The control plane daemon (docs/operations.md, "Control plane"). Prints
 // "vocabpipe-coordinator: listening on HOST:PORT" once it serves (port 0 picks one), and
 // stops cleanly on SIGINT/SIGTERM; SIGHUP reloads --tokens and --revoked (which are also
@@ -38,7 +39,7 @@ constexpr char kUsage[] =
     "         [--max-watchers N] [--max-watchers-per-user N] [--metrics-keep-finished N]\n"
     "         [--max-queued-per-user N] [--max-worker-memory BYTES]\n"
     "         [--revoked FILE] [--adopt-grace S] [--profiling-deadline S]\n"
-    "         [--progress-timeout S]\n";
+    "         [--progress-timeout S] [--finished-ttl S] [--max-finished-per-user N]\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-coordinator: " << why << "\n" << kUsage;
@@ -136,6 +137,16 @@ int main(int argc, char** argv) {
         return Usage("--progress-timeout: need seconds >= 0 (0: no watchdog)");
       }
       options.progress_timeout = absl::Seconds(x);
+    } else if (a == "--finished-ttl") {
+      if (!absl::SimpleAtod(v, &x) || !(x >= 0)) {
+        return Usage("--finished-ttl: need seconds >= 0 (0: keep finished jobs forever)");
+      }
+      options.finished_ttl = absl::Seconds(x);
+    } else if (a == "--max-finished-per-user") {
+      if (!absl::SimpleAtoi(v, &options.max_finished_per_user) ||
+          options.max_finished_per_user < 0) {
+        return Usage("--max-finished-per-user: need an integer >= 0 (0: no cap)");
+      }
     } else if (a == "--planning-deadline") {
       if (!number) return Usage("--planning-deadline: need seconds > 0");
       options.planning_deadline = absl::Seconds(x);

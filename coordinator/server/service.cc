@@ -180,12 +180,17 @@ class JobServiceImpl final : public v1::JobService::Service {
     auto user = guard_->User(ctx);
     if (!user.ok()) return ToGrpc(user.status());
     if (req->limit() < 0) return Invalid("limit: must be >= 0");
+    if (req->page_size() < 0) return Invalid("page_size: must be >= 0");
+    if (req->page_token().size() > 64) return Invalid("page_token: longer than 64 bytes");
+    int page = req->page_size() == 0 ? kMaxJobsPage : std::min(req->page_size(), kMaxJobsPage);
+    if (req->limit() > 0) page = std::min(page, req->limit());
     // A user sees their own jobs, an admin every job.
-    for (auto& job : c_->ListJobs(0)) {
-      if (!Guard::MayUse(*user, job).ok()) continue;
-      if (req->limit() > 0 && resp->jobs_size() >= req->limit()) break;
-      *resp->add_jobs() = std::move(job);
-    }
+    std::string next;
+    auto jobs = c_->ListJobs(user->admin ? std::string() : user->name, req->page_token(), page,
+                             kMaxJobsPageBytes, &next);
+    if (!jobs.ok()) return ToGrpc(jobs.status());
+    for (auto& job : *jobs) *resp->add_jobs() = std::move(job);
+    resp->set_next_page_token(next);
     return grpc::Status::OK;
   }
 

@@ -28,6 +28,10 @@ namespace vp::server {
 // limit to kMaxResponseBytes.
 inline constexpr int kMaxRequestBytes = 4 << 20;
 inline constexpr int kMaxResponseBytes = 64 << 20;
+// ListJobs answers in pages: at most this many jobs, and beyond the first job at most this many
+// bytes of records (half the answer limit: a page never runs into it however many jobs exist).
+inline constexpr int kMaxJobsPage = 500;
+inline constexpr size_t kMaxJobsPageBytes = 32 << 20;
 
 struct ServerOptions {
   // Open WatchJob streams at most (each holds a server thread); more get RESOURCE_EXHAUSTED.
