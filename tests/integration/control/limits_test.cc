@@ -49,6 +49,22 @@ std::pair<int64_t, int64_t> KvRows(const fs::path& db) {
   return out;
 }
 
+// The result of one integer query on the coordinator's SQLite file (-1 on error).
+int64_t DbInt(const fs::path& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  int64_t out = -1;
+  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+      out = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+  }
+  sqlite3_close(h);
+  return out;
+}
+
 // A worker that is only the test speaking WorkerService with a worker certificate: it reports
 // whatever it is told to and heartbeats on a thread of its own, collecting the commands.
 class FakeWorker {
@@ -583,6 +599,92 @@ TEST_F(LimitsTest, NonUtf8SpecIsRefusedNamingWhere) {
   EXPECT_FALSE(st.ok());
   EXPECT_EQ(JobCount(*c), 0);
   EXPECT_EQ(kill(c->process().pid(), 0), 0);
+}
+
+// Probe 45: finished jobs have a per-user cap and a retention period (user churn cannot grow
+// the job table without bound, and prunes nobody else's history), and ListJobs answers in pages.
+TEST_F(LimitsTest, FinishedJobsAreCappedPerUserExpireAndListInPages) {
+  std::vector<std::string> flags = {"--max-finished-per-user", "5", "--max-queued-per-user", "0"};
+  auto c = StartCoordinator(flags);
+  ASSERT_TRUE(c->up());
+  auto alice = Jobs(*c, alice_), bob = Jobs(*c, bob_);
+  v1::SubmitJobResponse resp;
+  ASSERT_TRUE(bob->SubmitJob(Ctx().get(), TinyJob("bob"), &resp).ok());
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(resp.job_id());
+  v1::Job cancelled;
+  ASSERT_TRUE(bob->CancelJob(Ctx().get(), cancel, &cancelled).ok());
+  for (int i = 0; i < 20; ++i) {  // alice: submit and cancel, over and over
+    ASSERT_TRUE(alice->SubmitJob(Ctx().get(), TinyJob(absl::StrCat("a", i)), &resp).ok());
+    cancel.set_job_id(resp.job_id());
+    ASSERT_TRUE(alice->CancelJob(Ctx().get(), cancel, &cancelled).ok());
+  }
+  ASSERT_TRUE(alice->SubmitJob(Ctx().get(), TinyJob("pending"), &resp).ok());  // not finished
+  EXPECT_TRUE(WaitFor([&] { return DbInt(db_, "SELECT COUNT(*) FROM jobs") == 7; },
+                      std::chrono::seconds(5)))
+      << DbInt(db_, "SELECT COUNT(*) FROM jobs");
+  // Alice keeps her newest 5 finished jobs and the pending one; bob's job is untouched; the
+  // deleted jobs' events went with them.
+  v1::ListJobsResponse mine;
+  ASSERT_TRUE(alice->ListJobs(Ctx().get(), v1::ListJobsRequest(), &mine).ok());
+  ASSERT_EQ(mine.jobs_size(), 6);
+  EXPECT_EQ(mine.jobs(0).id(), "job-22");
+  EXPECT_EQ(mine.jobs(5).id(), "job-17");
+  EXPECT_EQ(DbInt(db_, "SELECT COUNT(*) FROM jobs WHERE id = 'job-1'"), 1);
+  EXPECT_EQ(DbInt(db_, "SELECT COUNT(DISTINCT job_id) FROM events"), 7);
+  // Pages: the admin sees all 7, two at a time, newest first, in the same order as one page.
+  v1::ListJobsResponse all;
+  ASSERT_TRUE(c->jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &all).ok());
+  ASSERT_EQ(all.jobs_size(), 7);
+  EXPECT_TRUE(all.next_page_token().empty());
+  std::vector<std::string> paged;
+  v1::ListJobsRequest page_req;
+  page_req.set_page_size(2);
+  int pages = 0;
+  do {
+    v1::ListJobsResponse page;
+    ASSERT_TRUE(c->jobs->ListJobs(Ctx().get(), page_req, &page).ok());
+    EXPECT_LE(page.jobs_size(), 2);
+    for (const v1::Job& j : page.jobs()) paged.push_back(j.id());
+    page_req.set_page_token(page.next_page_token());
+    ++pages;
+  } while (!page_req.page_token().empty() && pages < 10);
+  EXPECT_EQ(pages, 4);
+  ASSERT_EQ(paged.size(), 7u);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(paged[i], all.jobs(i).id());
+  page_req.set_page_token("job-3; DROP TABLE jobs");
+  v1::ListJobsResponse bad;
+  grpc::Status st = c->jobs->ListJobs(Ctx().get(), page_req, &bad);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("page_token: not a token of ListJobs"));
+  // The CLI follows the pages.
+  CliResult cli = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", admin_),
+                            absl::StrCat("status --output json --coordinator ", c->address(),
+                                         " --tls-ca ", pki_->Path("ca.pem")));
+  EXPECT_EQ(cli.code, 0) << cli.output;
+  EXPECT_THAT(cli.output, HasSubstr("\"job-22\""));
+  EXPECT_THAT(cli.output, HasSubstr("\"job-1\""));
+  // Retention: restarted with a 1 s TTL, every finished job goes; the pending one stays, and
+  // the next job does not reuse a deleted job's number.
+  c.reset();
+  flags.insert(flags.end(), {"--finished-ttl", "1"});
+  c = StartCoordinator(flags);
+  ASSERT_TRUE(c->up());
+  EXPECT_TRUE(WaitFor([&] { return DbInt(db_, "SELECT COUNT(*) FROM jobs") == 1; },
+                      std::chrono::seconds(10)));
+  EXPECT_EQ(DbInt(db_, "SELECT COUNT(*) FROM jobs WHERE id = 'job-22'"), 1);
+  EXPECT_EQ(DbInt(db_, "SELECT COUNT(*) FROM events WHERE job_id <> 'job-22'"), 0);
+  alice = Jobs(*c, alice_);
+  v1::CancelJobRequest last;
+  last.set_job_id("job-22");
+  ASSERT_TRUE(alice->CancelJob(Ctx().get(), last, &cancelled).ok());
+  EXPECT_TRUE(WaitFor([&] { return DbInt(db_, "SELECT COUNT(*) FROM jobs") == 0; },
+                      std::chrono::seconds(10)));
+  c.reset();
+  c = StartCoordinator(flags);
+  ASSERT_TRUE(c->up());
+  ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), TinyJob("after"), &resp).ok());
+  EXPECT_EQ(resp.job_id(), "job-23");
 }
 
 }  // namespace
