@@ -18,6 +18,7 @@
 #include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
 #include "proto/spec/storage_root.h"
+#include "worker/data/tokenizer.h"
 
 namespace vp::server {
 namespace v1 = vocabpipe::v1;
@@ -86,6 +87,32 @@ absl::Status MakeAbsolute(std::string* path, const std::string& base_dir,
 bool DeviceMatches(const std::string& job_device, const std::string& worker_device) {
   if (job_device.empty() || job_device == "cpu") return worker_device == "cpu";
   return worker_device.rfind("cuda", 0) == 0;
+}
+
+// The job's token files as far as the coordinator can see them: with a storage root it sees
+// the cluster's shared storage, so a file that is there is checked now (its header and the
+// tokenizer beside it), and a bad one fails the submit instead of every attempt of the job. A
+// file not there (yet) is left to the workers, which check it before they start a rank.
+absl::Status CheckInputFiles(const v1::JobSpec& spec, const std::string& root) {
+  if (root.empty()) return absl::OkStatus();
+  for (const auto& [field, path] :
+       {std::pair<std::string, const std::string*>{"data.path", &spec.data().path()},
+        {"data.val_path", &spec.data().val_path()}}) {
+    std::error_code ec;
+    if (path->empty() || !fs::exists(*path, ec)) continue;
+    // The tokenizer beside it is read too: it must be inside the root like the file.
+    const fs::path tokenizer = fs::path(*path).parent_path() / "tokenizer.model";
+    if (fs::exists(fs::symlink_status(tokenizer, ec))) {
+      if (auto st = spec::CheckInsideRoot(tokenizer.string(), root, field + " (tokenizer.model)");
+          !st.ok()) {
+        return st;
+      }
+    }
+    if (auto st = data::CheckDataFile(*path, spec.model().vocab_size(), field); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The ordinal of a job id ("job-<ordinal>"), 0 for anything else.
@@ -493,6 +520,7 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
                                                 const std::string& owner) {
   // Confined storage: checked before anything is stored (the workers check again).
   if (auto st = spec::CheckSpecPaths(spec, options_.storage_root); !st.ok()) return st;
+  if (auto st = CheckInputFiles(spec, options_.storage_root); !st.ok()) return st;
   // The user's limits come before the planner: a user at their limit costs no planning.
   {
     std::lock_guard<std::mutex> lock(mu_);

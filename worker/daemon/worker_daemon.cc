@@ -22,6 +22,7 @@
 #include "vocabpipe/v1/service.grpc.pb.h"
 #include "worker/daemon/log_tail.h"
 #include "worker/daemon/profile.h"
+#include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
@@ -41,6 +42,19 @@ constexpr absl::Duration kMetricsBatch = absl::Milliseconds(500);
 constexpr uintmax_t kMaxReportBytes = 1 << 20;
 
 void Log(const std::string& msg) { std::cerr << "vocabpipe-worker: " << msg << std::endl; }
+
+// The job's token files as this worker sees them (data::CheckDataFile): what would fail every
+// attempt of the rank alike.
+absl::Status CheckRunInputs(const v1::JobSpec& spec) {
+  if (auto st = data::CheckDataFile(spec.data().path(), spec.model().vocab_size(), "data.path");
+      !st.ok()) {
+    return st;
+  }
+  if (spec.data().has_val_path() && !spec.data().val_path().empty()) {
+    return data::CheckDataFile(spec.data().val_path(), spec.model().vocab_size(), "data.val_path");
+  }
+  return absl::OkStatus();
+}
 
 // Best of three 1024^3 SGEMMs on this process's BLAS threads: the peak a rank can reach here.
 double MeasurePeakFlops() {
@@ -342,6 +356,9 @@ class Daemon {
     if (auto st = spec::CheckSpecPaths(run.spec(), options_.storage_root); !st.ok()) {
       return fail(absl::StrCat("worker storage root: ", st.message()));
     }
+    // A token file that is missing, truncated or not one, or a tokenizer that does not match,
+    // fails the same way in every attempt: refused here, before the fork, it is not retried.
+    if (auto st = CheckRunInputs(run.spec()); !st.ok()) return fail(std::string(st.message()));
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return fail(absl::StrCat("checkpoint.dir ", dir, ": ", ec.message()));

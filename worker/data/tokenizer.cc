@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/data/token_file.h"
 
 namespace vp::data {
 namespace {
@@ -187,6 +188,18 @@ absl::Status CheckDataTokenizer(const std::string& data_path, int64_t model_voca
         absl::StrCat("model.vocab_size: ", model_vocab_size,
                      " does not match the tokenizer beside the data (", model.string(), " has ",
                      tok->vocab_size(), " tokens); set model.vocab_size: ", tok->vocab_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDataFile(const std::string& path, int64_t model_vocab_size,
+                           const std::string& field) {
+  absl::StatusOr<TokenFileHeader> header = ReadTokenFileHeader(path);
+  if (!header.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", header.status().message()));
+  }
+  if (absl::Status st = CheckDataTokenizer(path, model_vocab_size); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " (", path, "): ", st.message()));
   }
   return absl::OkStatus();
 }

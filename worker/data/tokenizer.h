@@ -60,6 +60,15 @@ class Tokenizer {
 // model.vocab_size and the tokenizer's path and size. No tokenizer.model: nothing to check.
 absl::Status CheckDataTokenizer(const std::string& data_path, int64_t model_vocab_size);
 
+// What can be known of a job's token file without reading its tokens: its header against its
+// size (ReadTokenFileHeader: magic, version, a truncated or padded file) and the tokenizer
+// beside it (CheckDataTokenizer). InvalidArgument starting with `field`, never quoting the file.
+// Checked before a job's ranks start (at submit, and by the worker daemon before it forks), so
+// a bad file fails the job once instead of at every restart. Token ids against the vocabulary
+// need the whole file: the rank checks them (TokenFile::Load).
+absl::Status CheckDataFile(const std::string& path, int64_t model_vocab_size,
+                           const std::string& field);
+
 // Checks that `text` is valid UTF-8 (no overlong forms, surrogates or values > U+10FFFF).
 // Returns the byte offset of the first invalid sequence, or -1.
 int64_t FirstInvalidUtf8(std::string_view text);
