@@ -687,4 +687,79 @@ TEST_F(LimitsTest, FinishedJobsAreCappedPerUserExpireAndListInPages) {
   EXPECT_EQ(resp.job_id(), "job-23");
 }
 
+// Defect 16 (probes 26 and 38): a token file that is truncated, empty or not one fails the
+// submit when the coordinator can see it (inside its storage root), naming the field and never
+// quoting the file; a tokenizer beside it that links out of the root is refused; a bad file the
+// coordinator could not see is refused by the worker daemon before it forks the rank, and the
+// job fails once, with no restart, although train.max_restarts allows three.
+TEST_F(LimitsTest, BadInputFilesFailOnceNotAtEveryRestart) {
+  const fs::path root = dir_ / "root";
+  CliResult synth =
+      Vocabpipe("", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
+                                 (root / "data.bin").string()));
+  ASSERT_EQ(synth.code, 0) << synth.output;
+  const std::string good = ReadWholeFile(root / "data.bin");
+  std::ofstream(root / "trunc.bin", std::ios::binary) << good.substr(0, good.size() - 1001);
+  std::ofstream(root / "magic.bin", std::ios::binary) << "secret words " << std::string(2000, 'x');
+  std::ofstream(root / "empty.bin", std::ios::binary).close();
+  fs::create_directories(root / "linked");
+  fs::create_directories(dir_ / "outside");
+  std::ofstream(dir_ / "outside" / "secret.txt") << "not for you\n";
+  fs::copy_file(root / "data.bin", root / "linked" / "data.bin");
+  fs::create_symlink(dir_ / "outside" / "secret.txt", root / "linked" / "tokenizer.model");
+  auto c = StartCoordinator({"--no-profile", "--storage-root", root.string()});
+  ASSERT_TRUE(c->up());
+  auto alice = Jobs(*c, alice_);
+  auto job = [&](const std::string& name, const std::string& data) {
+    v1::SubmitJobRequest req;
+    req.set_spec_text(absl::StrCat(
+        "name: ", name, "\nmodel: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
+        "train: {steps: 2, lr: 0.003, threads: 1, max_restarts: 3}\n", "data: {path: ", data,
+        "}\ncheckpoint: {dir: runs/", name, "}\n"));
+    req.set_base_dir(root.string());
+    return req;
+  };
+  v1::SubmitJobResponse resp;
+  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
+           {"trunc.bin", "bytes"}, {"magic.bin", "bad magic"}, {"empty.bin", ""}}) {
+    grpc::Status st = alice->SubmitJob(Ctx().get(), job("bad", file), &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << file;
+    EXPECT_THAT(st.error_message(), HasSubstr("data.path: " + (root / file).string())) << file;
+    EXPECT_THAT(st.error_message(), HasSubstr(why)) << file;
+    EXPECT_THAT(st.error_message(), Not(HasSubstr("secret words")));
+  }
+  grpc::Status st = alice->SubmitJob(Ctx().get(), job("linked", "linked/data.bin"), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("data.path (tokenizer.model)"));
+  EXPECT_THAT(st.error_message(), HasSubstr("is outside the storage root"));
+  EXPECT_THAT(st.error_message(), Not(HasSubstr("not for you")));
+  EXPECT_EQ(JobCount(*c), 0);
+  // Not there at submit (the coordinator cannot tell), truncated by the time a worker runs it.
+  ASSERT_TRUE(alice->SubmitJob(Ctx().get(), job("later", "later.bin"), &resp).ok());
+  std::ofstream(root / "later.bin", std::ios::binary) << good.substr(0, good.size() - 1001);
+  std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"),
+                                   "--coordinator",
+                                   c->address(),
+                                   "--exit-with-parent",
+                                   "1",
+                                   "--storage-root",
+                                   root.string()};
+  for (const std::string& f : pki_->WorkerFlags()) args.push_back(f);
+  Process worker(args, dir_ / "worker.log");
+  v1::Job failed;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        v1::GetJobRequest get;
+        get.set_job_id(resp.job_id());
+        return alice->GetJob(Ctx().get(), get, &failed).ok() &&
+               failed.state() == v1::JOB_STATE_FAILED;
+      },
+      std::chrono::seconds(30)))
+      << failed.DebugString() << worker.Log();
+  EXPECT_EQ(failed.restarts(), 0);
+  EXPECT_THAT(failed.reason(), HasSubstr("data.path: " + (root / "later.bin").string()));
+  EXPECT_FALSE(fs::exists(root / "runs" / "later")) << "the rank's folder was made";
+  EXPECT_EQ(JobCount(*c), 1);
+}
+
 }  // namespace
