@@ -48,9 +48,12 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
     return kExitUsage;
   }
   // spec_text and base_dir are proto3 strings: bytes that are not UTF-8 cannot even be sent
-  // (the call would fail with an empty INTERNAL), so they are refused here, naming where.
+  // (the call would fail with an empty INTERNAL), so they are refused here, naming the field
+  // (the parser's message) or, outside any field, the byte.
   if (absl::Status st = spec::CheckUtf8(text); !st.ok()) {
-    err << "vocabpipe submit: " << path << ": " << st.message() << "\n";
+    absl::StatusOr<v1::JobSpec> parsed = spec::ParseJobSpec(text, "/");
+    err << "vocabpipe submit: " << path << ": "
+        << (parsed.ok() ? st.message() : parsed.status().message()) << "\n";
     return kExitUsage;
   }
   v1::SubmitJobRequest req;

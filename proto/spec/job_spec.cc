@@ -962,10 +962,6 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
                                                    " bytes, more than the limit of ",
                                                    kMaxJobSpecBytes, " bytes"));
   }
-  // Before YAML: yaml-cpp takes any bytes, and a non-UTF-8 name or path would only fail later,
-  // without a reason, when the spec is sent or stored as a proto3 string.
-  if (absl::Status st = CheckUtf8(text); !st.ok()) return st;
-  if (absl::Status st = CheckUtf8(base_dir, "base_dir"); !st.ok()) return st;
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -1032,6 +1028,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
     if (!Covered(e.path, skip)) errors.push_back(std::move(e));
   }
   if (!errors.empty()) return absl::InvalidArgumentError(JoinErrors(errors));
+  // Every string field was checked above, naming the field; bytes that are not UTF-8 can still
+  // sit in a comment or a key, and the text (a proto3 string when it is sent) must be UTF-8.
+  if (absl::Status st = CheckUtf8(text); !st.ok()) return st;
+  if (absl::Status st = CheckUtf8(base_dir, "base_dir"); !st.ok()) return st;
 
   ApplyDefaults(&spec);
   std::error_code ec;

@@ -53,7 +53,9 @@ inline constexpr int64_t kMaxEvalBatches = 1 << 20;  // train.eval_batches
 // past U+10FFFF included); never the bytes themselves.
 absl::Status CheckUtf8(std::string_view text, std::string_view field = "(root)");
 
-// Parses YAML or JSON text into a JobSpec, applies defaults and validates it (CheckUtf8 first).
+// Parses YAML or JSON text into a JobSpec, applies defaults and validates it. A string field
+// that is not UTF-8 is an error naming the field; other bytes that are not (in a comment)
+// fail CheckUtf8.
 // base_dir resolves relative data.path and checkpoint.dir (made absolute).
 absl::StatusOr<vocabpipe::v1::JobSpec> ParseJobSpec(std::string_view text,
                                                     std::string_view base_dir);

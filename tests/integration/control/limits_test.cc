@@ -569,11 +569,25 @@ TEST_F(LimitsTest, NonUtf8SpecIsRefusedNamingWhere) {
                           absl::StrCat("submit ", file.string(), " --coordinator ", c->address(),
                                        " --tls-ca ", pki_->Path("ca.pem")));
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("(root): byte 47 (line 2, column 10) is not valid UTF-8"));
+  EXPECT_THAT(r.output, HasSubstr("nonutf.yaml: name: expected a UTF-8 string, got other bytes"));
   EXPECT_THAT(r.output, Not(HasSubstr("libprotobuf")));
   CliResult plan = Vocabpipe("", absl::StrCat("plan ", file.string()));
   EXPECT_EQ(plan.code, 2) << plan.output;
-  EXPECT_THAT(plan.output, HasSubstr("line 2, column 10) is not valid UTF-8"));
+  EXPECT_THAT(plan.output, HasSubstr("name: expected a UTF-8 string"));
+  // Outside every field (a comment): named by its byte, line and column.
+  std::ofstream(file, std::ios::binary)
+      << "name: cafe\n# caf\xe9\n"
+      << "model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n"
+      << "data: {path: data.bin}\n";
+  r = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
+                absl::StrCat("submit ", file.string(), " --coordinator ", c->address(),
+                             " --tls-ca ", pki_->Path("ca.pem")));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(root): byte 16 (line 2, column 6) is not valid UTF-8"));
+  EXPECT_THAT(r.output, Not(HasSubstr("libprotobuf")));
+  plan = Vocabpipe("", absl::StrCat("plan ", file.string()));
+  EXPECT_EQ(plan.code, 2) << plan.output;
+  EXPECT_THAT(plan.output, HasSubstr("(root): byte 16 (line 2, column 6) is not valid UTF-8"));
   // Overlong forms and surrogates are not UTF-8 either.
   for (const char* bad : {"name: \xc0\xae\n", "name: \xed\xa0\x80\n", "name: \xf4\x90\x80\x80\n",
                           "name: x\xe2\x82\n"}) {
