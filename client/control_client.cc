@@ -102,6 +102,41 @@ Stubs Connect(const std::string& address, std::shared_ptr<grpc::ChannelCredentia
   return s;
 }
 
+namespace {
+
+const char* StatusCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return "other";
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<grpc::ClientContext> CallContext(int seconds) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
@@ -110,6 +145,13 @@ std::unique_ptr<grpc::ClientContext> CallContext(int seconds) {
 
 int ReportRpcError(const std::string& cmd, const grpc::Status& st, const std::string& address,
                    std::ostream& err) {
+  if (st.error_message().empty()) {
+    // gRPC's own failures (a message that could not be serialized or parsed) come without a
+    // reason: say at least what kind of failure it was.
+    err << "vocabpipe " << cmd << ": the call failed with status " << st.error_code() << " ("
+        << StatusCodeName(st.error_code()) << ") and no message\n";
+    return st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? kExitUsage : kExitFailed;
+  }
   switch (st.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
       err << "vocabpipe " << cmd << ": invalid: " << st.error_message() << "\n";

@@ -11,7 +11,8 @@
 // proto/runlog), with one progress line per step and a summary at the end.
 //   --coordinator HOST:PORT  submit to a running coordinator instead and watch the job (TLS
 //                            with --tls-ca and $VOCABPIPE_TOKEN, or --insecure on loopback).
-// The in-process coordinator serves plaintext on 127.0.0.1 only (its daemons get --insecure).
+// The in-process coordinator serves plaintext on a unix socket in a 0700 folder of $TMPDIR (or
+// /tmp), so no other local user can reach it (its daemons get --insecure).
 //   --direct                 no control plane: p = 1 trains in this process
 //                            (runtime::RunStandaloneJob), p > 1 starts the rank processes
 //                            itself (RunPipelineJob). Same files, same numbers.
@@ -19,6 +20,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -194,6 +198,42 @@ int SubmitAndWatch(const v1::JobSpec& spec, const RunFlags& f, std::ostream& out
   return RunWatchCommand(watch, out, err);
 }
 
+// A folder of mode 0700 for the local coordinator's unix socket, removed (with the socket) on
+// scope exit. In $TMPDIR (else /tmp): a socket path must stay short (108 bytes on Linux), which
+// checkpoint.dir may not be.
+class SocketDir {
+ public:
+  explicit SocketDir(std::string path) : path_(std::move(path)) {}
+  SocketDir(SocketDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  SocketDir(const SocketDir&) = delete;
+  SocketDir& operator=(const SocketDir&) = delete;
+  ~SocketDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+absl::StatusOr<SocketDir> PrivateSocketDir() {
+  std::string base = "/tmp";
+  if (const char* tmp = std::getenv("TMPDIR");
+      tmp != nullptr && *tmp == '/' && std::string(tmp).size() < 64) {
+    base = tmp;
+  }
+  std::string templ = base + "/vocabpipe-run-XXXXXX";
+  // mkdtemp creates the folder with mode 0700, owned by this user.
+  if (mkdtemp(templ.data()) == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create a private folder in ", base,
+                     " for the local coordinator's socket: ", std::strerror(errno)));
+  }
+  return SocketDir(templ);
+}
+
 // Worker daemons started for a local run: SIGTERM and reaped on scope exit (their rank
 // processes die with them).
 class LocalWorkers {
@@ -269,12 +309,20 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
     err << "vocabpipe run: " << coordinator.status().message() << "\n";
     return kExitFailed;
   }
-  auto srv = server::CoordinatorServer::Start(coordinator->get(), "127.0.0.1:0");
+  // The coordinator serves plaintext with every caller its admin: on a loopback port any local
+  // user could list, register or cancel. A unix socket in a folder only this user can enter
+  // keeps them out (connecting needs search permission on the folder).
+  auto socket_dir = PrivateSocketDir();
+  if (!socket_dir.ok()) {
+    err << "vocabpipe run: " << socket_dir.status().message() << "\n";
+    return kExitFailed;
+  }
+  const std::string address = absl::StrCat("unix:", socket_dir->path(), "/coordinator.sock");
+  auto srv = server::CoordinatorServer::Start(coordinator->get(), address);
   if (!srv.ok()) {
     err << "vocabpipe run: " << srv.status().message() << "\n";
     return kExitFailed;
   }
-  const std::string address = absl::StrCat("127.0.0.1:", (*srv)->port());
   LocalWorkers workers;
   const int cuda_devices = spec.device() == "cpu" ? 0 : launch::CudaDeviceCount();
   for (int r = 0; r < spec.parallel().pipeline(); ++r) {
@@ -291,7 +339,7 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   }
 
   // From here on, the same gRPC calls as `vocabpipe submit` + `vocabpipe watch`.
-  Stubs s = Connect(address, grpc::InsecureChannelCredentials());  // loopback, this process
+  Stubs s = Connect(address, grpc::InsecureChannelCredentials());  // this user's socket
   v1::SubmitJobResponse submitted;
   grpc::Status st = s.jobs->SubmitJob(CallContext().get(), SubmitRequest(spec, f), &submitted);
   if (!st.ok()) return ReportRpcError("run", st, address, err);

@@ -78,18 +78,24 @@ int RunStatusCommand(const Args& args, std::ostream& out, std::ostream& err) {
     }
     return kExitOk;
   }
-  v1::ListJobsRequest req;
+  int limit = 0;
   if (auto it = a.values.find("--limit"); it != a.values.end()) {
-    int limit = 0;
     if (!absl::SimpleAtoi(it->second, &limit) || limit < 0) {
       err << "vocabpipe status: --limit needs an integer >= 0\n";
       return kExitUsage;
     }
-    req.set_limit(limit);
   }
+  // The coordinator answers in pages (newest first): follow them to the end or to --limit.
   v1::ListJobsResponse resp;
-  grpc::Status st = s.jobs->ListJobs(CallContext().get(), req, &resp);
-  if (!st.ok()) return ReportRpcError("status", st, a.coordinator, err);
+  v1::ListJobsRequest req;
+  do {
+    if (limit > 0) req.set_limit(limit - resp.jobs_size());
+    v1::ListJobsResponse page;
+    grpc::Status st = s.jobs->ListJobs(CallContext().get(), req, &page);
+    if (!st.ok()) return ReportRpcError("status", st, a.coordinator, err);
+    for (v1::Job& job : *page.mutable_jobs()) *resp.add_jobs() = std::move(job);
+    req.set_page_token(page.next_page_token());
+  } while (!req.page_token().empty() && (limit == 0 || resp.jobs_size() < limit));
   if (a.json) {
     nlohmann::json list = nlohmann::json::array();
     for (const v1::Job& job : resp.jobs()) list.push_back(JobJson(job));

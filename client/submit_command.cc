@@ -47,11 +47,24 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
         << spec::kMaxJobSpecBytes << " bytes\n";
     return kExitUsage;
   }
+  // spec_text and base_dir are proto3 strings: bytes that are not UTF-8 cannot even be sent
+  // (the call would fail with an empty INTERNAL), so they are refused here, naming the field
+  // (the parser's message) or, outside any field, the byte.
+  if (absl::Status st = spec::CheckUtf8(text); !st.ok()) {
+    absl::StatusOr<v1::JobSpec> parsed = spec::ParseJobSpec(text, "/");
+    err << "vocabpipe submit: " << path << ": "
+        << (parsed.ok() ? st.message() : parsed.status().message()) << "\n";
+    return kExitUsage;
+  }
   v1::SubmitJobRequest req;
   req.set_spec_text(std::move(text));
   req.set_resume(resume);
   std::error_code ec;
   req.set_base_dir(std::filesystem::absolute(path, ec).parent_path().string());
+  if (absl::Status st = spec::CheckUtf8(req.base_dir(), "the job file's folder"); !st.ok()) {
+    err << "vocabpipe submit: " << st.message() << "\n";
+    return kExitUsage;
+  }
   // The coordinator validates the spec; the data may live on the workers only. When the spec
   // parses here and its data folder (or the validation file's) is visible here with a
   // tokenizer.model in it, a model vocabulary that does not match the tokenizer is refused

@@ -131,6 +131,8 @@ absl::StatusOr<AutoChoice> ChoosePlan(const PlannerInput& in, bool schedule_auto
         cand.vocab = v;
         cand.seq_chunks = k;
         Candidate c{s, v, k, false, ""};
+        // A choice over many candidates is the planner's longest work: stop between them.
+        if (absl::Status st = CheckCancelled(in); !st.ok()) return st;
         absl::StatusOr<SimulatedPlan> built = BuildAndSimulate(cand);
         if (!built.ok()) {
           c.error = std::string(built.status().message());

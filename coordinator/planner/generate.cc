@@ -232,7 +232,15 @@ absl::StatusOr<Plan> BuildUnvalidated(const PlannerInput& in) {
 
 }  // namespace
 
+absl::Status CheckCancelled(const PlannerInput& in) {
+  if (in.cancel != nullptr && in.cancel->load(std::memory_order_relaxed)) {
+    return absl::CancelledError("planner: stopped before it finished (its deadline passed)");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
+  if (absl::Status st = CheckCancelled(in); !st.ok()) return st;
   absl::StatusOr<Plan> plan = BuildUnvalidated(in);
   if (!plan.ok()) return plan.status();
   if (absl::Status s = ValidatePlan(*plan); !s.ok())
@@ -241,8 +249,10 @@ absl::StatusOr<Plan> BuildPlan(const PlannerInput& in) {
 }
 
 absl::StatusOr<SimulatedPlan> BuildAndSimulate(const PlannerInput& in) {
+  if (absl::Status st = CheckCancelled(in); !st.ok()) return st;
   absl::StatusOr<Plan> plan = BuildUnvalidated(in);
   if (!plan.ok()) return plan.status();
+  if (absl::Status st = CheckCancelled(in); !st.ok()) return st;
   absl::StatusOr<SimResult> sim = Simulate(*plan, in);
   if (!sim.ok())
     return absl::InternalError(

@@ -2,6 +2,7 @@
 // simulator, automatic choice and renderers (docs/planner.md). No tensor code.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -100,7 +101,14 @@ struct PlannerInput {
   int comm_lanes = 1;
   Costs costs;
   ModelShape model;
+  // Polled between the expensive steps (each candidate of an auto choice, building and timing
+  // a plan): once it reads true the planner stops with Cancelled. Null: never. The caller
+  // owns it and keeps it alive until the planner returns (a deadline's watchdog sets it).
+  const std::atomic<bool>* cancel = nullptr;
 };
+
+// Cancelled when in.cancel is set (the planner's deadline passed), else OK.
+absl::Status CheckCancelled(const PlannerInput& in);
 
 // Costs proportional to the paper's FLOP counts (Table 4) at `flops_per_second` per device:
 // F = B = W = one stage's transformer forward FLOPs, S = 2bshV/p, T = 4bshV/p (the output

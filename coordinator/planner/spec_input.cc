@@ -42,6 +42,7 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
       static_cast<double>(options.activations.backward_transient);
   in.model.peak_flops = options.flops_per_second;
   in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, options.flops_per_second);
+  in.cancel = options.cancel;
   if (const Costs* m = options.measured_costs; m != nullptr) {
     // Measured seconds replace the estimate pass by pass: what the workers really spend is
     // what decides between a vocabulary-parallel plan and the plain schedule.
@@ -89,6 +90,7 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
   absl::StatusOr<Plan> plan = BuildPlan(in);
   if (!plan.ok()) return plan.status();
   out.plan = std::move(*plan);
+  in.cancel = nullptr;  // the caller's flag: the plan outlives it
   return out;
 }
 

@@ -31,6 +31,8 @@ struct SpecPlanOptions {
   // Per-pass costs profiled on the job's workers (seconds): each entry > 0 replaces the
   // FLOP-proportional estimate of that pass. Null: none.
   const Costs* measured_costs = nullptr;
+  // PlannerInput::cancel: polled between the planner's steps (null: never stops early).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct SpecPlan {

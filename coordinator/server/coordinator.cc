@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <future>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -17,6 +18,8 @@
 #include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
 #include "proto/spec/storage_root.h"
+#include "worker/data/token_shards.h"
+#include "worker/data/tokenizer.h"
 
 namespace vp::server {
 namespace v1 = vocabpipe::v1;
@@ -84,13 +87,48 @@ absl::Status MakeAbsolute(std::string* path, const std::string& base_dir,
   return absl::OkStatus();
 }
 
-bool IsLoopbackAddress(const std::string& a) {
-  return a == "localhost" || a == "::1" || a.rfind("127.", 0) == 0;
-}
-
 bool DeviceMatches(const std::string& job_device, const std::string& worker_device) {
   if (job_device.empty() || job_device == "cpu") return worker_device == "cpu";
   return worker_device.rfind("cuda", 0) == 0;
+}
+
+// The job's token files as far as the coordinator can see them: with a storage root it sees
+// the cluster's shared storage, so a file that is there is checked now (its header and the
+// tokenizer beside it), and a bad one fails the submit instead of every attempt of the job. A
+// file not there (yet) is left to the workers, which check it before they start a rank.
+absl::Status CheckInputFiles(const v1::JobSpec& spec, const std::string& root) {
+  if (root.empty()) return absl::OkStatus();
+  const bool listed = !spec.data().paths().empty(), val_listed = !spec.data().val_paths().empty();
+  for (const auto& [field, entries] :
+       {std::pair<std::string, std::vector<std::string>>{listed ? "data.paths" : "data.path",
+                                                         spec::DataPathEntries(spec.data())},
+        {val_listed ? "data.val_paths" : "data.val_path", spec::ValPathEntries(spec.data())}}) {
+    if (entries.empty() || entries.front().empty()) continue;
+    // Not visible here (yet): the workers check it before they start a rank.
+    std::error_code ec;
+    const fs::path folder = data::DataFolder(entries.front());
+    if (!fs::exists(folder, ec)) continue;
+    // The tokenizer beside the data is read too: it must be inside the root like the data.
+    const fs::path tokenizer = folder / "tokenizer.model";
+    if (fs::exists(fs::symlink_status(tokenizer, ec))) {
+      if (auto st = spec::CheckInsideRoot(tokenizer.string(), root, field + " (tokenizer.model)");
+          !st.ok()) {
+        return st;
+      }
+    }
+    if (auto st = data::CheckDataFiles(entries, spec.model().vocab_size(), field); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The ordinal of a job id ("job-<ordinal>"), 0 for anything else.
+int64_t JobOrdinal(const std::string& id) {
+  int64_t n = 0;
+  const size_t dash = id.find('-');
+  if (dash == std::string::npos || !absl::SimpleAtoi(id.substr(dash + 1), &n)) return 0;
+  return n;
 }
 
 std::string GiB(int64_t bytes) {
@@ -195,7 +233,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
   std::unique_ptr<Coordinator> c(new Coordinator(options, std::move(*store)));
   {
     std::lock_guard<std::mutex> lock(c->mu_);
-    c->next_job_ = c->store_->MaxOrdinal() + 1;
+    // Finished jobs may have been deleted (retention): their numbers are not given again.
+    auto next_job = c->store_->LoadCounter("next_job");
+    if (!next_job.ok()) return next_job.status();
+    c->next_job_ = std::max(c->store_->MaxOrdinal() + 1, *next_job);
     // Worker ids go on from the previous process's: a daemon still holding an old id must get
     // NOT_FOUND (and register again), never another worker's identity.
     auto next_worker = c->store_->LoadCounter("next_worker");
@@ -285,27 +326,46 @@ Coordinator::~Coordinator() {
 }
 
 absl::StatusOr<JobPlan> Coordinator::PlanWithDeadline(const v1::JobSpec& spec,
-                                                      std::optional<v1::PassCosts> costs) {
-  std::shared_ptr<std::atomic<int>> running = running_plans_;
-  if (running->fetch_add(1) >= options_.max_concurrent_plans) {
-    running->fetch_sub(1);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("planner busy: ", options_.max_concurrent_plans,
-                     " plans are being computed; try again shortly"));
+                                                      std::optional<v1::PassCosts> costs,
+                                                      const std::string& user) {
+  std::shared_ptr<PlanSlots> slots = plan_slots_;
+  {
+    std::lock_guard<std::mutex> lock(slots->mu);
+    if (!user.empty() && slots->users.count(user)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "planner: user ", user,
+          " already has a plan being computed; one plan per user at a time (a submit or a "
+          "dry run); try again once it is done"));
+    }
+    if (slots->running >= options_.max_concurrent_plans) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("planner busy: ", options_.max_concurrent_plans,
+                       " plans are being computed; try again shortly"));
+    }
+    ++slots->running;
+    if (!user.empty()) slots->users.insert(user);
   }
   auto promise = std::make_shared<std::promise<absl::StatusOr<JobPlan>>>();
   std::future<absl::StatusOr<JobPlan>> result = promise->get_future();
-  // The thread owns copies of everything it reads: after a timed-out wait it finishes alone.
-  std::thread([promise, running, spec, costs, flops = options_.flops_per_second] {
-    absl::StatusOr<JobPlan> plan = PlanForJob(spec, costs ? &*costs : nullptr, flops);
-    running->fetch_sub(1);
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  // The thread owns copies of everything it reads: after a timed-out wait it is cancelled and
+  // finishes alone, at the planner's next check. The user's slot and the global one are held
+  // until it has really stopped, so a user cannot pile up plans past their deadline.
+  std::thread([promise, slots, cancel, user, spec, costs, flops = options_.flops_per_second] {
+    absl::StatusOr<JobPlan> plan = PlanForJob(spec, costs ? &*costs : nullptr, flops, cancel.get());
+    {
+      std::lock_guard<std::mutex> lock(slots->mu);
+      --slots->running;
+      if (!user.empty()) slots->users.erase(user);
+    }
     promise->set_value(std::move(plan));
   }).detach();
   if (result.wait_for(absl::ToChronoMilliseconds(options_.planning_deadline)) !=
       std::future_status::ready) {
+    cancel->store(true);
     return absl::DeadlineExceededError(
         absl::StrCat("planning took longer than its deadline of ",
-                     absl::FormatDuration(options_.planning_deadline)));
+                     absl::FormatDuration(options_.planning_deadline), " and was stopped"));
   }
   return result.get();
 }
@@ -333,6 +393,43 @@ void Coordinator::MonitorLoop() {
     CheckDeadlines();
     Schedule();
     NotifyWorkers();
+    if (absl::Now() >= next_purge_) {
+      PurgeFinished();
+      next_purge_ = absl::Now() + absl::Seconds(1);
+    }
+  }
+}
+
+void Coordinator::PurgeFinished() {
+  if (options_.finished_ttl <= absl::ZeroDuration() && options_.max_finished_per_user <= 0) return;
+  const int64_t oldest_kept_ms = options_.finished_ttl > absl::ZeroDuration()
+                                     ? absl::ToUnixMillis(absl::Now() - options_.finished_ttl)
+                                     : std::numeric_limits<int64_t>::min();
+  // Each user's finished jobs, newest first.
+  std::map<std::string, std::vector<std::pair<int64_t, std::string>>> finished;
+  for (const auto& [id, job] : jobs_) {
+    if (IsTerminal(job.state())) finished[job.owner()].push_back({JobOrdinal(id), id});
+  }
+  std::vector<std::string> doomed;
+  for (auto& [owner, list] : finished) {
+    std::sort(list.begin(), list.end(), std::greater<>());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const v1::Job& job = jobs_[list[i].second];
+      const bool over_cap = options_.max_finished_per_user > 0 &&
+                            i >= static_cast<size_t>(options_.max_finished_per_user);
+      if (over_cap || job.updated_unix_ms() < oldest_kept_ms) doomed.push_back(list[i].second);
+    }
+  }
+  if (doomed.empty()) return;
+  // Job ids are never given twice: the next number is kept even when the newest job goes.
+  if (auto st = store_->SaveCounter("next_job", next_job_); !st.ok()) return;
+  if (auto st = store_->DeleteJobs(doomed); !st.ok()) {
+    std::cerr << "vocabpipe-coordinator: retention: " << st.message() << std::endl;
+    return;
+  }
+  for (const std::string& id : doomed) {
+    jobs_.erase(id);
+    restart_after_.erase(id);
   }
 }
 
@@ -435,6 +532,19 @@ void Coordinator::FailOrRestart(v1::Job& job, std::string reason, const std::str
   job.set_state(v1::JOB_STATE_PENDING);
 }
 
+absl::Status Coordinator::CheckQueue(const std::string& owner) {
+  if (options_.max_queued_per_user <= 0) return absl::OkStatus();
+  int queued = 0;
+  for (const auto& [id, j] : jobs_) {
+    queued += j.owner() == owner && j.state() == v1::JOB_STATE_PENDING;
+  }
+  if (queued < options_.max_queued_per_user) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("queue: user ", owner, " has ", queued, " queued (PENDING) jobs, the limit of ",
+                   options_.max_queued_per_user,
+                   " per user (--max-queued-per-user); cancel one or wait until one starts"));
+}
+
 absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool resume,
                                                 const std::string& owner,
                                                 const safefs::RunUser& run_user) {
@@ -446,25 +556,21 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   if (auto st = spec::CheckSpecOwners(spec, resume, folder_user, options_.storage_root); !st.ok()) {
     return st;
   }
+  if (auto st = CheckInputFiles(spec, options_.storage_root); !st.ok()) return st;
+  // The user's limits come before the planner: a user at their limit costs no planning.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto st = CheckQueue(owner); !st.ok()) return st;
+  }
   // Memory admission: the planner's memory model, off the lock and under a deadline.
-  absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, std::nullopt);
+  absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, std::nullopt, owner);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(), absl::StrCat("planning: ", plan.status().message()));
   }
   const std::vector<int64_t> need = PredictedRankBytes(*plan);
   std::lock_guard<std::mutex> lock(mu_);
-  if (options_.max_queued_per_user > 0) {
-    int queued = 0;
-    for (const auto& [id, j] : jobs_) {
-      queued += j.owner() == owner && j.state() == v1::JOB_STATE_PENDING;
-    }
-    if (queued >= options_.max_queued_per_user) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("queue: user ", owner, " has ", queued,
-                       " queued (PENDING) jobs, the limit of ", options_.max_queued_per_user,
-                       " per user (--max-queued-per-user); cancel one or wait until one starts"));
-    }
-  }
+  // Again: a job of the user may have been queued while this one was planned.
+  if (auto st = CheckQueue(owner); !st.ok()) return st;
   int64_t largest = 0;
   for (const auto& [wid, w] : workers_) {
     if (DeviceMatches(spec.device(), w.info.device())) {
@@ -492,6 +598,7 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   job.set_owner_admin(folder_user.admin);
   job.set_total_steps(spec.train().steps());
   job.set_created_unix_ms(NowMs());
+  for (int64_t bytes : need) job.add_predicted_rank_bytes(bytes);
   if (auto st = SetState(job, v1::JOB_STATE_PENDING,
                          absl::StrCat("waiting for ", spec.parallel().pipeline(), " free ",
                                       spec.device().empty() ? "cpu" : spec.device(), " workers"));
@@ -512,15 +619,37 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {
   return *job;
 }
 
-std::vector<v1::Job> Coordinator::ListJobs(int limit) {
+absl::StatusOr<std::vector<v1::Job>> Coordinator::ListJobs(const std::string& owner,
+                                                           const std::string& page_token,
+                                                           int page_size, size_t max_bytes,
+                                                           std::string* next_page_token) {
+  int64_t before = std::numeric_limits<int64_t>::max();
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &before) || before <= 0)) {
+    return absl::InvalidArgumentError(
+        "page_token: not a token of ListJobs (give an answer's next_page_token, or none)");
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  // Only the page is copied: the records (with their plan text) stay where they are.
+  std::vector<std::pair<int64_t, const v1::Job*>> visible;
+  for (const auto& [id, job] : jobs_) {
+    if (!owner.empty() && job.owner() != owner) continue;
+    const int64_t n = JobOrdinal(id);
+    if (n < before) visible.push_back({n, &job});
+  }
+  std::sort(visible.begin(), visible.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<v1::Job> out;
-  for (const auto& [id, job] : jobs_) out.push_back(job);
-  std::sort(out.begin(), out.end(), [](const v1::Job& a, const v1::Job& b) {
-    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() > b.created_unix_ms()
-                                                      : a.id() > b.id();
-  });
-  if (limit > 0 && static_cast<int>(out.size()) > limit) out.resize(limit);
+  size_t bytes = 0;
+  next_page_token->clear();
+  for (const auto& [n, job] : visible) {
+    if (static_cast<int>(out.size()) >= page_size ||
+        (!out.empty() && bytes + job->ByteSizeLong() > max_bytes)) {
+      *next_page_token = absl::StrCat(out.empty() ? n + 1 : JobOrdinal(out.back().id()));
+      break;
+    }
+    bytes += job->ByteSizeLong();
+    out.push_back(*job);
+  }
   return out;
 }
 
@@ -558,8 +687,9 @@ absl::StatusOr<std::vector<v1::JobEvent>> Coordinator::WaitEvents(const std::str
   }
 }
 
-absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& spec) {
-  auto plan = PlanWithDeadline(spec, std::nullopt);
+absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& spec,
+                                                            const std::string& user) {
+  auto plan = PlanWithDeadline(spec, std::nullopt, user);
   if (!plan.ok()) return plan.status();
   v1::PlanJobResponse out;
   *out.mutable_plan() = plan->summary;
@@ -612,7 +742,7 @@ void Coordinator::Schedule() {
       std::string loopback;
       for (int r = 0; r < p && loopback.empty(); ++r) {
         const v1::WorkerInfo& w = free[r].second->info;
-        if (IsLoopbackAddress(w.address())) {
+        if (auth::IsLoopbackHost(w.address())) {
           loopback = absl::StrCat("rank ", r, " (", w.worker_id(), " on ", w.hostname(),
                                   ") advertises loopback address ", w.address());
         }
@@ -624,6 +754,21 @@ void Coordinator::Schedule() {
                             "); start its workers with --address auto or a routable IP"));
         continue;
       }
+    }
+    // Memory admission against the workers the job is about to get, before it profiles at
+    // its full shape there (submit only compared with the largest worker registered then).
+    std::string short_of;
+    for (int r = 0; r < p && r < job.predicted_rank_bytes_size() && short_of.empty(); ++r) {
+      const v1::WorkerInfo& w = free[r].second->info;
+      if (w.memory_bytes() > 0 && job.predicted_rank_bytes(r) > w.memory_bytes()) {
+        short_of = absl::StrCat("memory: needs ", GiB(job.predicted_rank_bytes(r)), " on rank ", r,
+                                ", its worker ", w.worker_id(), " (", w.hostname(), ") has ",
+                                GiB(w.memory_bytes()));
+      }
+    }
+    if (!short_of.empty()) {
+      Finish(job, v1::JOB_STATE_FAILED, short_of);
+      continue;
     }
     ActiveJob& a = active_[id];
     a = ActiveJob{};
@@ -701,7 +846,7 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
   planners_.emplace(
       n, std::thread([this, n, id, attempt, spec = job.spec(),
                       costs = profiled ? std::optional<v1::PassCosts>(costs) : std::nullopt] {
-        absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, costs);
+        absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, costs, "");
         std::lock_guard<std::mutex> lock(mu_);
         finished_planners_.push_back(n);
         if (!stopping_) FinishPlanning(id, attempt, std::move(plan));
@@ -881,7 +1026,17 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     return absl::UnavailableError(absl::StrCat("job store: ", st.message()));
   }
   w.info.set_device(d);
-  w.info.set_memory_bytes(req.memory_bytes());
+  // Memory is self-reported: the operator's cap bounds what a worker certificate can claim, so
+  // a worker that overstates cannot get jobs admitted that no real worker can hold.
+  int64_t memory = req.memory_bytes();
+  if (options_.max_worker_memory > 0 && memory > options_.max_worker_memory) {
+    std::cerr << "vocabpipe-coordinator: worker " << w.info.worker_id() << " (\"" << identity
+              << "\" on " << req.hostname().substr(0, 255) << ") reports " << GiB(memory)
+              << " of memory, more than --max-worker-memory; counted as "
+              << GiB(options_.max_worker_memory) << std::endl;
+    memory = options_.max_worker_memory;
+  }
+  w.info.set_memory_bytes(memory);
   w.info.set_address(req.address());
   w.info.set_hostname(req.hostname());
   w.info.set_pid(req.pid());

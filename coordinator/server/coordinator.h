@@ -28,6 +28,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,9 @@ struct CoordinatorOptions {
   std::string storage_root;
   // A user's PENDING jobs at most (ResourceExhausted "queue: ..." beyond); 0: no limit.
   int max_queued_per_user = 16;
+  // The most memory a worker may report (RegisterWorkerRequest.memory_bytes is the worker's
+  // own word): a larger report is counted as this many bytes, and logged. 0: no cap.
+  int64_t max_worker_memory = 0;
   // After a restart, how long a RUNNING job waits for all its ranks to re-register before it
   // is restarted from its checkpoint instead.
   absl::Duration adopt_grace = absl::Seconds(30);
@@ -86,6 +90,12 @@ struct CoordinatorOptions {
   // Progress watchdog: a RUNNING job whose step count does not advance for this long is
   // restarted (or fails, when no restarts are left); zero disables it.
   absl::Duration progress_timeout = absl::Minutes(30);
+  // Retention of finished (SUCCEEDED, FAILED, CANCELLED) jobs: a job finished longer ago than
+  // finished_ttl is deleted with its events and steps (zero: kept forever), and of each user's
+  // finished jobs only the newest max_finished_per_user are kept (0: no cap), so no user can
+  // grow the job table without bound.
+  absl::Duration finished_ttl = absl::Hours(24 * 30);
+  int max_finished_per_user = 1000;
 };
 
 bool IsTerminal(vocabpipe::v1::JobState state);
@@ -118,7 +128,14 @@ class Coordinator {
                                      const std::string& owner = "local",
                                      const safefs::RunUser& run_user = {});
   absl::StatusOr<vocabpipe::v1::Job> GetJob(const std::string& id);
-  std::vector<vocabpipe::v1::Job> ListJobs(int limit);  // newest first
+  // Newest first: the jobs of `owner` (empty: every job) older than page_token's (empty: from
+  // the newest), at most page_size of them and, beyond the first, at most max_bytes of records.
+  // *next_page_token: where the next page starts (empty: no more). InvalidArgument for a token
+  // that is not one of ours.
+  absl::StatusOr<std::vector<vocabpipe::v1::Job>> ListJobs(const std::string& owner,
+                                                           const std::string& page_token,
+                                                           int page_size, size_t max_bytes,
+                                                           std::string* next_page_token);
   absl::StatusOr<vocabpipe::v1::Job> Cancel(const std::string& id, const std::string& reason);
   // The job's events with seq > after_seq; waits up to max_wait for one when there is none
   // yet. *terminal: the job had reached a terminal state (its last event is included).
@@ -128,7 +145,9 @@ class Coordinator {
                                                                   bool* terminal);
   // Dry run of the plan a job would get (profiled costs of the last profile of the same shape
   // when the coordinator has one).
-  absl::StatusOr<vocabpipe::v1::PlanJobResponse> PlanDryRun(const vocabpipe::v1::JobSpec& spec);
+  // user: the caller (at most one plan per user at a time, like Submit's).
+  absl::StatusOr<vocabpipe::v1::PlanJobResponse> PlanDryRun(const vocabpipe::v1::JobSpec& spec,
+                                                            const std::string& user = "local");
 
   // Workers.
   // identity: the name in the caller's worker certificate ("" without TLS); the worker's later
@@ -232,10 +251,17 @@ class Coordinator {
   void FinishPlanning(const std::string& job_id, const std::string& attempt,
                       absl::StatusOr<JobPlan> plan);
   void JoinFinishedPlanners();
-  // PlanForJob with the deadline and concurrency cap of the options. Call WITHOUT mu_.
+  // PlanForJob with the deadline and concurrency cap of the options; a plan past its deadline
+  // is cancelled (the planner stops at its next check). `user` (empty for the scheduler's own
+  // plans): at most one plan of theirs at a time, else ResourceExhausted. Call WITHOUT mu_.
   absl::StatusOr<JobPlan> PlanWithDeadline(const vocabpipe::v1::JobSpec& spec,
-                                           std::optional<vocabpipe::v1::PassCosts> costs);
+                                           std::optional<vocabpipe::v1::PassCosts> costs,
+                                           const std::string& user);
+  // ResourceExhausted "queue: ..." when `owner` has max_queued_per_user PENDING jobs.
+  absl::Status CheckQueue(const std::string& owner);
   void ExpireWorkers();
+  // Deletes finished jobs past finished_ttl or beyond a user's max_finished_per_user.
+  void PurgeFinished();
   void SettleFailures();  // jobs whose held-back failure is due
   void NotifyWorkers();
   void MonitorLoop();
@@ -251,13 +277,20 @@ class Coordinator {
   std::map<std::string, absl::Time> restart_after_;  // restarted PENDING jobs: not before
   std::map<std::string, Worker> workers_;
   int64_t next_job_ = 1, next_worker_ = 1;
+  absl::Time next_purge_ = absl::InfinitePast();
   bool stopping_ = false;
   // Planning threads by number; finished ones are joined by the monitor loop.
   std::map<int64_t, std::thread> planners_;
   std::vector<int64_t> finished_planners_;
   int64_t next_planner_ = 0;
-  // Plans running now (shared with the threads, which may outlive a timed-out wait).
-  std::shared_ptr<std::atomic<int>> running_plans_ = std::make_shared<std::atomic<int>>(0);
+  // Plans being computed now, and whose (shared with the planning threads, which may outlive a
+  // timed-out wait until the planner notices its cancellation).
+  struct PlanSlots {
+    std::mutex mu;
+    int running = 0;
+    std::set<std::string> users;  // users with a plan being computed (Submit, PlanDryRun)
+  };
+  std::shared_ptr<PlanSlots> plan_slots_ = std::make_shared<PlanSlots>();
   std::condition_variable stop_cv_;
   std::thread monitor_;
 };

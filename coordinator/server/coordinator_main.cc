@@ -1,10 +1,13 @@
 // vocabpipe-coordinator [--listen HOST:PORT] --db FILE
-//     (--tls-cert FILE --tls-key FILE --tls-ca FILE --tokens FILE | --insecure)
+//     (--tls-cert FILE --tls-key FILE --tls-ca FILE --tokens FILE --storage-root DIR|none
+//      | --insecure)
 //     [--heartbeat-interval S] [--heartbeat-timeout S] [--rank-timeout S] [--no-profile]
 //     [--flops-per-second X]
-//     [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]
-//     [--max-watchers N] [--metrics-keep-finished N] [--max-queued-per-user N] [--revoked FILE]
+//     [--metrics-listen HOST:PORT] [--storage-root DIR|none] [--planning-deadline S]
+//     [--max-watchers N] [--max-watchers-per-user N] [--metrics-keep-finished N]
+//     [--max-queued-per-user N] [--max-worker-memory BYTES] [--revoked FILE]
 //     [--adopt-grace S] [--profiling-deadline S] [--progress-timeout S]
+//     [--finished-ttl S] [--max-finished-per-user N]
 // The control plane daemon (docs/operations.md, "Control plane"). Prints
 // "vocabpipe-coordinator: listening on HOST:PORT" once it serves (port 0 picks one), and
 // stops cleanly on SIGINT/SIGTERM; SIGHUP reloads --tokens and --revoked (which are also
@@ -32,10 +35,11 @@ constexpr char kUsage[] =
     "         (--tls-cert FILE --tls-key FILE --tls-ca FILE --tokens FILE | --insecure)\n"
     "         [--heartbeat-interval S]\n"
     "         [--heartbeat-timeout S] [--rank-timeout S] [--no-profile] [--flops-per-second X]\n"
-    "         [--metrics-listen HOST:PORT] [--storage-root DIR] [--planning-deadline S]\n"
-    "         [--max-watchers N] [--metrics-keep-finished N] [--max-queued-per-user N]\n"
+    "         [--metrics-listen HOST:PORT] [--storage-root DIR|none] [--planning-deadline S]\n"
+    "         [--max-watchers N] [--max-watchers-per-user N] [--metrics-keep-finished N]\n"
+    "         [--max-queued-per-user N] [--max-worker-memory BYTES]\n"
     "         [--revoked FILE] [--adopt-grace S] [--profiling-deadline S]\n"
-    "         [--progress-timeout S]\n";
+    "         [--progress-timeout S] [--finished-ttl S] [--max-finished-per-user N]\n";
 
 int Usage(const std::string& why) {
   std::cerr << "vocabpipe-coordinator: " << why << "\n" << kUsage;
@@ -47,7 +51,7 @@ int Usage(const std::string& why) {
 int main(int argc, char** argv) {
   vp::server::CoordinatorOptions options;
   std::string listen = "127.0.0.1:50051", metrics_listen, tokens_path, revoked_path;
-  bool insecure = false;
+  bool insecure = false, storage_root_given = false;
   vp::server::ServerOptions server_options;
   int keep_finished = 100;
   for (int i = 1; i < argc; ++i) {
@@ -84,11 +88,17 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &options.max_queued_per_user) || options.max_queued_per_user < 0) {
         return Usage("--max-queued-per-user: need an integer >= 0 (0: no limit)");
       }
+    } else if (a == "--max-worker-memory") {
+      if (!absl::SimpleAtoi(v, &options.max_worker_memory) || options.max_worker_memory < 0) {
+        return Usage("--max-worker-memory: need bytes >= 0 (0: no cap)");
+      }
     } else if (a == "--exit-with-parent") {
       if (v == "1") prctl(PR_SET_PDEATHSIG, SIGTERM);  // tests and wrappers: end with them
     } else if (a == "--metrics-listen") {
       metrics_listen = v;
     } else if (a == "--storage-root") {
+      storage_root_given = true;
+      if (v == "none") continue;  // explicitly unconfined
       auto root = vp::spec::ResolveStorageRoot(v);
       if (!root.ok()) return Usage(std::string(root.status().message()));
       options.storage_root = *root;
@@ -107,6 +117,11 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &server_options.max_watchers) || server_options.max_watchers < 1) {
         return Usage("--max-watchers: need an integer >= 1");
       }
+    } else if (a == "--max-watchers-per-user") {
+      if (!absl::SimpleAtoi(v, &server_options.max_watchers_per_user) ||
+          server_options.max_watchers_per_user < 1) {
+        return Usage("--max-watchers-per-user: need an integer >= 1");
+      }
     } else if (a == "--metrics-keep-finished") {
       if (!absl::SimpleAtoi(v, &keep_finished) || keep_finished < 0) {
         return Usage("--metrics-keep-finished: need an integer >= 0");
@@ -122,6 +137,16 @@ int main(int argc, char** argv) {
         return Usage("--progress-timeout: need seconds >= 0 (0: no watchdog)");
       }
       options.progress_timeout = absl::Seconds(x);
+    } else if (a == "--finished-ttl") {
+      if (!absl::SimpleAtod(v, &x) || !(x >= 0)) {
+        return Usage("--finished-ttl: need seconds >= 0 (0: keep finished jobs forever)");
+      }
+      options.finished_ttl = absl::Seconds(x);
+    } else if (a == "--max-finished-per-user") {
+      if (!absl::SimpleAtoi(v, &options.max_finished_per_user) ||
+          options.max_finished_per_user < 0) {
+        return Usage("--max-finished-per-user: need an integer >= 0 (0: no cap)");
+      }
     } else if (a == "--planning-deadline") {
       if (!number) return Usage("--planning-deadline: need seconds > 0");
       options.planning_deadline = absl::Seconds(x);
@@ -150,6 +175,13 @@ int main(int argc, char** argv) {
     }
     if (tokens_path.empty())
       return Usage("--tokens FILE: required with TLS (vocabpipe certs token)");
+    // A coordinator that users reach over the network must say where their jobs may read and
+    // write: left out, any spec could name any file the workers can reach.
+    if (!storage_root_given) {
+      return Usage(
+          "--storage-root DIR: required with TLS (the folder every data.path and checkpoint.dir "
+          "must be inside), or --storage-root none to leave the paths unconfined");
+    }
     auto tokens = vp::auth::TokenTable::Load(tokens_path);
     if (!tokens.ok()) return Usage(std::string(tokens.status().message()));
     server_options.tokens = std::make_shared<const vp::auth::TokenTable>(std::move(*tokens));
@@ -196,9 +228,13 @@ int main(int argc, char** argv) {
     std::cerr << "vocabpipe-coordinator: " << server.status().message() << std::endl;
     return absl::IsInvalidArgument(server.status()) ? 2 : 1;
   }
-  const std::string host = listen.substr(0, listen.rfind(':'));
-  std::cout << "vocabpipe-coordinator: listening on " << host << ":" << (*server)->port()
-            << std::endl;
+  if (listen.rfind("unix:", 0) == 0) {
+    std::cout << "vocabpipe-coordinator: listening on " << listen << std::endl;
+  } else {
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    std::cout << "vocabpipe-coordinator: listening on " << host << ":" << (*server)->port()
+              << std::endl;
+  }
   std::thread stopper([&] {
     int sig = 0;
     while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {

@@ -41,7 +41,7 @@ void MergeSlowestLink(const vocabpipe::v1::PassCosts& worker, vocabpipe::v1::Pas
 
 absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                                    const vocabpipe::v1::PassCosts* profiled,
-                                   double flops_per_second) {
+                                   double flops_per_second, const std::atomic<bool>* cancel) {
   planner::Costs measured;
   if (profiled != nullptr) {
     measured = {.f = profiled->f(),
@@ -61,6 +61,7 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
   planner::SpecPlanOptions options;
   options.flops_per_second = flops_per_second;
   options.measured_costs = profiled != nullptr ? &measured : nullptr;
+  options.cancel = cancel;
   if (profiled != nullptr) {
     options.activations = {.kept = profiled->layer_activation_kept_bytes(),
                            .backward_transient = profiled->layer_activation_transient_bytes()};
@@ -76,6 +77,9 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
     row.set_chosen(c.ok && c.schedule == in.schedule && c.vocab == in.vocab &&
                    c.seq_chunks == in.seq_chunks);
     out.candidates.push_back(std::move(row));
+  }
+  if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+    return absl::CancelledError("planner: stopped before it finished (its deadline passed)");
   }
   auto sim = planner::Simulate(out.plan, in);
   if (!sim.ok()) return sim.status();

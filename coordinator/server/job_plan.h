@@ -4,6 +4,7 @@
 // and the candidate table the job record shows.
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,12 @@ struct JobPlan {
 // Costs in seconds. `profiled` (null: none) replaces the FLOP-proportional pass costs; its
 // zero entries keep the FLOP estimate. flops_per_second sets the FLOP-proportional scale.
 // Errors: InvalidArgument naming the field (parallel.schedule, parallel.vocab, ...).
+// cancel (null: never): polled between the planner's steps; once set the planner stops with
+// Cancelled (the coordinator's planning deadline).
 absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                                    const vocabpipe::v1::PassCosts* profiled,
-                                   double flops_per_second);
+                                   double flops_per_second,
+                                   const std::atomic<bool>* cancel = nullptr);
 
 // Folds one worker's profiled link model into `merged`, keeping the slowest: the larger
 // latency and the smaller bandwidth (0 means the size is free, so any measured one is slower).

@@ -38,6 +38,10 @@ class Statement {
   void BindNull(int i) { sqlite3_bind_null(stmt_, i); }
   // SQLITE_ROW, SQLITE_DONE or an error code.
   int Step() { return sqlite3_step(stmt_); }
+  void Reset() {  // to run again with new bindings
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
   std::string ColumnBlob(int i) const {
     const void* p = sqlite3_column_blob(stmt_, i);
     return std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, i));
@@ -301,6 +305,29 @@ absl::Status JobStore::DropKeys(const std::string& prefix) {
     return absl::UnavailableError(absl::StrCat("store keys: ", sqlite3_errmsg(db_)));
   }
   return absl::OkStatus();
+}
+
+absl::Status JobStore::DeleteJobs(const std::vector<std::string>& ids) {
+  if (ids.empty()) return absl::OkStatus();
+  if (auto st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  for (const char* sql : {"DELETE FROM jobs WHERE id = ?", "DELETE FROM events WHERE job_id = ?",
+                          "DELETE FROM steps WHERE job_id = ?"}) {
+    Statement del(db_, sql);
+    if (!del.status().ok()) {
+      Exec("ROLLBACK").IgnoreError();
+      return del.status();
+    }
+    for (const std::string& id : ids) {
+      del.Reset();
+      del.BindText(1, id);
+      if (del.Step() != SQLITE_DONE) {
+        const std::string why = sqlite3_errmsg(db_);
+        Exec("ROLLBACK").IgnoreError();
+        return absl::UnavailableError(absl::StrCat("delete job ", id, ": ", why));
+      }
+    }
+  }
+  return Exec("COMMIT");
 }
 
 absl::Status JobStore::SaveCounter(const std::string& name, int64_t value) {

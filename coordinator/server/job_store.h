@@ -54,6 +54,8 @@ class JobStore {
   // The job's events with seq > after_seq, in order.
   absl::StatusOr<std::vector<vocabpipe::v1::JobEvent>> Events(const std::string& id,
                                                               int64_t after_seq);
+  // Removes jobs with their events and steps, in one transaction (retention of finished jobs).
+  absl::Status DeleteJobs(const std::vector<std::string>& ids);
   // The largest job ordinal stored (job ids are "job-<ordinal>"), 0 when empty.
   int64_t MaxOrdinal() const { return max_ordinal_; }
 

@@ -23,36 +23,59 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
     return absl::InvalidArgumentError(
         absl::StrCat("value: longer than ", kMaxValueBytes, " bytes"));
   }
+  const std::string run = RunOf(key);
+  // The limits are checked, and the write's share reserved, before it is persisted: a refused
+  // write must not reach the durable store (a full run's writes would otherwise go on growing
+  // the database). The reservation counts the key as new and its whole value, so concurrent
+  // writes cannot together pass a limit that each passed alone.
+  const size_t reserved_bytes = key.size() + value.size();
   std::function<absl::Status(const std::string&, const std::string&)> persist;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (key.rfind("vocabpipe/", 0) == 0) persist = persist_;
-  }
-  if (persist) {
-    if (auto st = persist(key, value); !st.ok()) return st;
-  }
+  bool reserved_key = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kv_.find(key);
-    if (kv_.size() >= kMaxKeys && it == kv_.end()) {
+    reserved_key = it == kv_.end();
+    if (reserved_key && kv_.size() + pending_keys_ >= kMaxKeys) {
       return absl::ResourceExhaustedError(absl::StrCat("store holds ", kMaxKeys, " keys"));
     }
-    const std::string run = RunOf(key);
     Usage& u = usage_[run];
     const size_t old_bytes = it == kv_.end() ? 0 : key.size() + it->second.size();
-    const size_t keys = u.keys + (it == kv_.end() ? 1 : 0);
-    const size_t bytes = u.bytes - old_bytes + key.size() + value.size();
+    const size_t keys = u.keys + u.pending_keys + (reserved_key ? 1 : 0);
+    const size_t bytes = u.bytes + u.pending_bytes - old_bytes + reserved_bytes;
     if (keys > kMaxKeysPerRun || bytes > kMaxBytesPerRun) {
-      if (u.keys == 0) usage_.erase(run);
+      if (u.keys == 0 && u.pending_keys == 0 && u.pending_bytes == 0) usage_.erase(run);
       return absl::ResourceExhaustedError(
           absl::StrCat("key: run \"", run, "\" would hold ", keys, " keys of ", bytes,
                        " bytes; the limit per run is ", kMaxKeysPerRun, " keys and ",
                        kMaxBytesPerRun, " bytes"));
     }
-    u.keys = keys;
-    u.bytes = bytes;
-    kv_[key] = std::move(value);
+    u.pending_keys += reserved_key ? 1 : 0;
+    u.pending_bytes += reserved_bytes;
+    pending_keys_ += reserved_key ? 1 : 0;
+    if (key.rfind("vocabpipe/", 0) == 0) persist = persist_;
   }
+  absl::Status persisted = persist ? persist(key, value) : absl::OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Usage& u = usage_[run];
+    u.pending_keys -= reserved_key ? 1 : 0;
+    u.pending_bytes -= reserved_bytes;
+    pending_keys_ -= reserved_key ? 1 : 0;
+    if (persisted.ok()) {
+      // What the key really adds now (another write may have set or replaced it meanwhile).
+      auto it = kv_.find(key);
+      if (it == kv_.end()) {
+        u.keys += 1;
+        u.bytes += reserved_bytes;
+        kv_.emplace(key, std::move(value));
+      } else {
+        u.bytes = u.bytes - it->second.size() + value.size();
+        it->second = std::move(value);
+      }
+    }
+    if (u.keys == 0 && u.pending_keys == 0 && u.pending_bytes == 0) usage_.erase(run);
+  }
+  if (!persisted.ok()) return persisted;
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -108,7 +131,9 @@ void KvStore::Forget(const std::string& key, const std::string& value) {
   if (u == usage_.end()) return;
   u->second.keys -= 1;
   u->second.bytes -= key.size() + value.size();
-  if (u->second.keys == 0) usage_.erase(u);
+  if (u->second.keys == 0 && u->second.pending_keys == 0 && u->second.pending_bytes == 0) {
+    usage_.erase(u);
+  }
 }
 
 void KvStore::DropPrefix(const std::string& prefix) {

@@ -47,7 +47,8 @@ class KvStore {
                               const std::string& field, bool runs_only = false) const;
   size_t size() const;
   // Called with every ranks' key (its run in the "vocabpipe/" namespace) before Set stores it,
-  // outside the store's lock; an error fails the Set and stores nothing.
+  // outside the store's lock, and only once the key and byte limits have admitted the write
+  // (a refused write is never persisted); an error fails the Set and stores nothing.
   void SetPersist(
       std::function<absl::Status(const std::string& key, const std::string& value)> persist);
   // A key read back from durable storage (not persisted again; limits still counted).
@@ -61,6 +62,8 @@ class KvStore {
  private:
   struct Usage {
     size_t keys = 0, bytes = 0;
+    // Reserved by writes being persisted (Set): counted against the limits until they land.
+    size_t pending_keys = 0, pending_bytes = 0;
   };
   void Forget(const std::string& key, const std::string& value);  // requires mu_
 
@@ -68,6 +71,7 @@ class KvStore {
   std::condition_variable cv_;
   std::map<std::string, std::string> kv_;
   std::map<std::string, Usage> usage_;          // per run
+  size_t pending_keys_ = 0;                     // new keys reserved by writes being persisted
   std::map<std::string, std::string> secrets_;  // per run
   std::function<absl::Status(const std::string&, const std::string&)> persist_;
 };

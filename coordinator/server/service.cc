@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <iostream>
+#include <map>
 #include <mutex>
 
 #include "absl/strings/ascii.h"
@@ -147,8 +148,12 @@ absl::StatusOr<absl::Time> StoreDeadline(int64_t timeout_ms, grpc::ServerContext
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Coordinator* c, int max_watchers, const Guard* guard)
-      : c_(c), max_watchers_(max_watchers), guard_(guard) {}
+  JobServiceImpl(Coordinator* c, int max_watchers, int max_watchers_per_user, const Guard* guard)
+      : c_(c),
+        max_watchers_(max_watchers),
+        max_watchers_per_user_(max_watchers_per_user > 0 ? max_watchers_per_user
+                                                         : std::max(1, max_watchers / 4)),
+        guard_(guard) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override {
@@ -180,12 +185,17 @@ class JobServiceImpl final : public v1::JobService::Service {
     auto user = guard_->User(ctx);
     if (!user.ok()) return ToGrpc(user.status());
     if (req->limit() < 0) return Invalid("limit: must be >= 0");
+    if (req->page_size() < 0) return Invalid("page_size: must be >= 0");
+    if (req->page_token().size() > 64) return Invalid("page_token: longer than 64 bytes");
+    int page = req->page_size() == 0 ? kMaxJobsPage : std::min(req->page_size(), kMaxJobsPage);
+    if (req->limit() > 0) page = std::min(page, req->limit());
     // A user sees their own jobs, an admin every job.
-    for (auto& job : c_->ListJobs(0)) {
-      if (!Guard::MayUse(*user, job).ok()) continue;
-      if (req->limit() > 0 && resp->jobs_size() >= req->limit()) break;
-      *resp->add_jobs() = std::move(job);
-    }
+    std::string next;
+    auto jobs = c_->ListJobs(user->admin ? std::string() : user->name, req->page_token(), page,
+                             kMaxJobsPageBytes, &next);
+    if (!jobs.ok()) return ToGrpc(jobs.status());
+    for (auto& job : *jobs) *resp->add_jobs() = std::move(job);
+    resp->set_next_page_token(next);
     return grpc::Status::OK;
   }
 
@@ -193,17 +203,41 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     if (req->job_id().empty()) return Invalid("job_id: must not be empty");
     if (req->after_event() < 0) return Invalid("after_event: must be >= 0");
+    auto user = guard_->User(ctx);
+    if (!user.ok()) return ToGrpc(user.status());
     if (auto job = OwnedJob(ctx, req->job_id()); !job.ok()) return ToGrpc(job.status());
-    if (watchers_.fetch_add(1) >= max_watchers_) {
-      watchers_.fetch_sub(1);
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("watchers: ", max_watchers_,
-                                       " WatchJob streams are open, the limit; try again later"));
+    // On a secure server each user has a share of the streams, so one user holding many
+    // cannot lock the others out; the global cap stays (an insecure server has one user).
+    const std::string who = guard_->secure() ? user->name : std::string();
+    {
+      std::lock_guard<std::mutex> lock(watchers_mu_);
+      int& mine = watchers_by_user_[who];
+      if (watchers_ >= max_watchers_) {
+        if (mine == 0) watchers_by_user_.erase(who);
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("watchers: ", max_watchers_,
+                                         " WatchJob streams are open, the limit; try again later"));
+      }
+      if (!who.empty() && mine >= max_watchers_per_user_) {
+        if (mine == 0) watchers_by_user_.erase(who);
+        return grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("watchers: user ", who, " has ", mine,
+                         " WatchJob streams open, the limit per user (--max-watchers-per-user ",
+                         max_watchers_per_user_, "); close one or try again later"));
+      }
+      ++mine;
+      ++watchers_;
     }
     struct Release {
-      std::atomic<int>& n;
-      ~Release() { n.fetch_sub(1); }
-    } release{watchers_};
+      JobServiceImpl* self;
+      std::string who;
+      ~Release() {
+        std::lock_guard<std::mutex> lock(self->watchers_mu_);
+        --self->watchers_;
+        if (--self->watchers_by_user_[who] <= 0) self->watchers_by_user_.erase(who);
+      }
+    } release{this, who};
     int64_t after = req->after_event();
     while (!ctx->IsCancelled()) {
       // The token is checked again at every poll: a token removed from the file (or expired)
@@ -235,10 +269,11 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   grpc::Status PlanJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                        v1::PlanJobResponse* resp) override {
-    if (auto user = guard_->User(ctx); !user.ok()) return ToGrpc(user.status());
+    auto user = guard_->User(ctx);
+    if (!user.ok()) return ToGrpc(user.status());
     auto spec = SpecFromRequest(*req);
     if (!spec.ok()) return ToGrpc(spec.status());
-    auto plan = c_->PlanDryRun(*spec);
+    auto plan = c_->PlanDryRun(*spec, user->name);
     if (!plan.ok()) return ToGrpc(plan.status());
     *resp = std::move(*plan);
     return grpc::Status::OK;
@@ -257,9 +292,11 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
   Coordinator* c_;
-  const int max_watchers_;
+  const int max_watchers_, max_watchers_per_user_;
   const Guard* guard_;
-  std::atomic<int> watchers_{0};
+  std::mutex watchers_mu_;
+  int watchers_ = 0;                             // open streams
+  std::map<std::string, int> watchers_by_user_;  // open streams per user (secure servers)
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -392,7 +429,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->guard_ = std::make_unique<Guard>(secure, options.tokens, options.revoked);
   s->tokens_path_ = options.tokens_path;
   s->revoked_path_ = options.revoked_path;
-  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers, s->guard_.get());
+  s->jobs_ = std::make_unique<JobServiceImpl>(coordinator, options.max_watchers,
+                                              options.max_watchers_per_user, s->guard_.get());
   s->workers_ = std::make_unique<WorkerServiceImpl>(coordinator, s->guard_.get());
   s->store_ = std::make_unique<StoreServiceImpl>(coordinator, s->guard_.get());
   grpc::EnableDefaultHealthCheckService(true);
@@ -407,7 +445,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.RegisterService(s->workers_.get());
   builder.RegisterService(s->store_.get());
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
+  // A unix socket has no port (gRPC reports 1 for it); only a TCP listen must have bound one.
+  const bool unix_socket = listen.rfind("unix:", 0) == 0;
+  if (s->server_ == nullptr || (s->port_ == 0 && !unix_socket)) {
     return absl::UnavailableError(absl::StrCat("--listen ", listen, ": cannot listen there"));
   }
   if (auto* health = s->server_->GetHealthCheckService()) {
@@ -433,13 +473,17 @@ std::string CoordinatorServer::FileVersion(const std::string& path) {
 
 void CoordinatorServer::Watch(absl::Duration every) {
   std::unique_lock<std::mutex> lock(watch_mu_);
+  std::pair<std::string, std::string> previous = last_seen_;
   while (!stop_watching_) {
     watch_cv_.wait_for(lock, absl::ToChronoMilliseconds(every));
     if (stop_watching_) break;
     const std::pair<std::string, std::string> now = {FileVersion(tokens_path_),
                                                      FileVersion(revoked_path_)};
-    if (now == last_seen_) continue;
-    last_seen_ = now;
+    // A file is read once it has stopped changing (the same inode, size and mtime at two
+    // checks in a row), never while an editor or a copy is still writing it.
+    const bool settled = now == previous;
+    previous = now;
+    if (now == last_seen_ || !settled) continue;
     lock.unlock();
     Reload().IgnoreError();  // logged
     lock.lock();
@@ -448,6 +492,11 @@ void CoordinatorServer::Watch(absl::Duration every) {
 
 absl::Status CoordinatorServer::Reload() {
   std::lock_guard<std::mutex> lock(reload_mu_);
+  {
+    // What this reload reads: the watcher does not read the same versions again.
+    std::lock_guard<std::mutex> watch(watch_mu_);
+    last_seen_ = {FileVersion(tokens_path_), FileVersion(revoked_path_)};
+  }
   absl::Status result;
   if (!tokens_path_.empty()) {
     auto tokens = auth::TokenTable::Load(tokens_path_);

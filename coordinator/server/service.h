@@ -28,10 +28,17 @@ namespace vp::server {
 // limit to kMaxResponseBytes.
 inline constexpr int kMaxRequestBytes = 4 << 20;
 inline constexpr int kMaxResponseBytes = 64 << 20;
+// ListJobs answers in pages: at most this many jobs, and beyond the first job at most this many
+// bytes of records (half the answer limit: a page never runs into it however many jobs exist).
+inline constexpr int kMaxJobsPage = 500;
+inline constexpr size_t kMaxJobsPageBytes = 32 << 20;
 
 struct ServerOptions {
   // Open WatchJob streams at most (each holds a server thread); more get RESOURCE_EXHAUSTED.
   int max_watchers = 64;
+  // Open WatchJob streams of one user at most, on a secure server (0: a quarter of
+  // max_watchers, at least 1): one user cannot take every stream.
+  int max_watchers_per_user = 0;
   // TLS (docs/operations.md, "Security"): cert + key + ca. With them, WorkerService's worker
   // calls and StoreService need a client certificate of the CA with OU=worker
   // (UNAUTHENTICATED "worker certificate required") and JobService a bearer token of `tokens`
@@ -44,8 +51,9 @@ struct ServerOptions {
   // certificate revoked". Optional.
   std::shared_ptr<const auth::RevocationList> revoked;
   // The files `tokens` and `revoked` came from: reloaded by Reload() (SIGHUP) and, when
-  // reload_interval > 0, whenever they change (checked that often). A file that no longer
-  // loads leaves the previous table in force.
+  // reload_interval > 0, whenever they change (checked that often; read once two checks in a
+  // row see the same version, so a file being written is not read half done). A file that no
+  // longer loads (an empty tokens file included) leaves the previous table in force.
   std::string tokens_path, revoked_path;
   absl::Duration reload_interval = absl::Seconds(1);
 };

@@ -1,5 +1,6 @@
 #include "proto/grpc/auth.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
@@ -61,13 +62,27 @@ bool ValidUserName(const std::string& user) {
 
 }  // namespace
 
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 bool IsLoopbackAddress(const std::string& address) {
+  // gRPC's unix-domain form; "unix-abstract:" names have no file, so no permissions guard them.
+  if (address.rfind("unix:", 0) == 0) return address.size() > 5;
   const size_t colon = address.rfind(':');
   std::string host = colon == std::string::npos ? address : address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  return IsLoopbackHost(host);
 }
 
 absl::Status CheckInsecure(const TlsFiles& files, const std::string& address,
@@ -78,7 +93,8 @@ absl::Status CheckInsecure(const TlsFiles& files, const std::string& address,
   if (!IsLoopbackAddress(address)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--insecure: only on loopback, but ", what, " is \"", address,
-        "\" (use 127.0.0.1, ::1 or localhost, or TLS: --tls-cert/--tls-key/--tls-ca)"));
+        "\" (use a numeric 127.x.y.z or ::1, localhost, or unix:PATH; or TLS: "
+        "--tls-cert/--tls-key/--tls-ca)"));
   }
   return absl::OkStatus();
 }
@@ -266,6 +282,15 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
       }
     }
     table.entries_.push_back({std::move(user), parts[2]});
+  }
+  // An empty table locks every user out, the admins included; it is far more often a file
+  // truncated by mistake, or caught half written, than a wish.
+  if (table.entries_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokens: ", path,
+        " holds no token; an empty table would lock every user out (an admin adds one with "
+        "`vocabpipe certs token USER --tokens ",
+        path, "`)"));
   }
   return table;
 }

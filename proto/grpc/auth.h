@@ -38,7 +38,13 @@ struct TlsFiles {
   bool any() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
-// "HOST:PORT" whose host is 127.0.0.0/8, ::1 or localhost.
+// A host that is this machine by its form alone: the name "localhost", or a numeric IPv4
+// address in 127.0.0.0/8 or the IPv6 address ::1 (also as ::ffff:127.x.y.z), parsed with
+// inet_pton. A name is never judged by its spelling ("127.evil.example" is not loopback: it
+// resolves wherever its DNS or /etc/hosts says).
+bool IsLoopbackHost(const std::string& host);
+// "HOST:PORT" (or "[V6]:PORT") whose host is IsLoopbackHost, or a gRPC "unix:PATH" address (a
+// socket file on this machine, guarded by the permissions of its folder).
 bool IsLoopbackAddress(const std::string& address);
 // The rule of --insecure: no TLS flags with it, and only on a loopback address.
 // `what` names the address's flag ("--listen", "--coordinator").
@@ -97,7 +103,8 @@ struct User {
 // The tokens file: one line per token, "USER ROLE SHA256HEX [EXPIRES]" (role user|admin;
 // EXPIRES an RFC 3339 time such as 2027-01-31T00:00:00Z, after which the token is refused);
 // '#' starts a comment. Only hashes are stored: the file does not let its reader call the
-// coordinator.
+// coordinator. A file without a single token is refused (InvalidArgument): it would lock
+// everyone out.
 class TokenTable {
  public:
   static absl::StatusOr<TokenTable> Load(const std::string& path);

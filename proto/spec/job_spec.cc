@@ -952,6 +952,49 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   return absl::InvalidArgumentError(JoinErrors(errors));
 }
 
+absl::Status CheckUtf8(std::string_view text, std::string_view field) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      len = 2, cp = c & 0x1f, min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3, cp = c & 0x0f, min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (p[i + k] & 0xc0) == 0x80;
+      cp = (cp << 6) | (p[i + k] & 0x3f);
+    }
+    ok = ok && cp >= min && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+    if (!ok) {
+      size_t line = 1, column = 1;
+      for (size_t k = 0; k < i; ++k) {
+        if (p[k] == '\n') {
+          ++line;
+          column = 1;
+        } else if ((p[k] & 0xc0) != 0x80) {
+          ++column;  // columns count characters, not bytes
+        }
+      }
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: byte %d (line %d, column %d) is not valid UTF-8; a job spec must be UTF-8 text",
+          field, i, line, column));
+    }
+    i += len;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view base_dir) {
   if (text.size() > kMaxJobSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat("(root): the job spec has ", text.size(),
@@ -1025,6 +1068,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
     if (!Covered(e.path, skip)) errors.push_back(std::move(e));
   }
   if (!errors.empty()) return absl::InvalidArgumentError(JoinErrors(errors));
+  // Every string field was checked above, naming the field; bytes that are not UTF-8 can still
+  // sit in a comment or a key, and the text (a proto3 string when it is sent) must be UTF-8.
+  if (absl::Status st = CheckUtf8(text); !st.ok()) return st;
+  if (absl::Status st = CheckUtf8(base_dir, "base_dir"); !st.ok()) return st;
 
   ApplyDefaults(&spec);
   std::error_code ec;

@@ -57,7 +57,15 @@ std::vector<std::string> DataPathEntries(const vocabpipe::v1::DataSpec& data);
 std::vector<std::string> ValPathEntries(const vocabpipe::v1::DataSpec& data);
 bool HasValidationData(const vocabpipe::v1::DataSpec& data);
 
-// Parses YAML or JSON text into a JobSpec, applies defaults and validates it.
+// A job spec is UTF-8 text (the coordinator's SubmitJobRequest.spec_text is a proto3 string,
+// which gRPC refuses to carry otherwise). InvalidArgument naming `field`, the byte offset, line
+// and column of the first byte that is not valid UTF-8 (overlong forms, surrogates and values
+// past U+10FFFF included); never the bytes themselves.
+absl::Status CheckUtf8(std::string_view text, std::string_view field = "(root)");
+
+// Parses YAML or JSON text into a JobSpec, applies defaults and validates it. A string field
+// that is not UTF-8 is an error naming the field; other bytes that are not (in a comment)
+// fail CheckUtf8.
 // base_dir resolves relative data.path and checkpoint.dir (made absolute).
 absl::StatusOr<vocabpipe::v1::JobSpec> ParseJobSpec(std::string_view text,
                                                     std::string_view base_dir);

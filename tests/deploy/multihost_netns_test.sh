@@ -55,7 +55,7 @@ export VOCABPIPE_TOKEN="$("$vp" certs token test --role admin --tokens "$dir/tok
 export VOCABPIPE_TLS_CA="$dir/certs/ca.pem"
 ip netns exec "$ns_hub" "$coordinator_bin" --listen 10.213.7.1:0 --db "$dir/c.db" --no-profile \
   --tls-cert "$dir/certs/server.pem" --tls-key "$dir/certs/server-key.pem" \
-  --tls-ca "$dir/certs/ca.pem" --tokens "$dir/tokens" \
+  --tls-ca "$dir/certs/ca.pem" --tokens "$dir/tokens" --storage-root none \
   --heartbeat-interval 0.2 --heartbeat-timeout 3 --rank-timeout 30 > "$dir/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "proto/grpc/auth.h"
 
 namespace vp::daemon {
 namespace {
@@ -64,9 +65,7 @@ absl::Status CanBind(const std::string& what, const std::string& ip) {
 
 }  // namespace
 
-bool IsLoopback(const std::string& address) {
-  return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0;
-}
+bool IsLoopback(const std::string& address) { return auth::IsLoopbackHost(address); }
 
 absl::StatusOr<std::string> RouteSourceAddress(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
@@ -119,6 +118,8 @@ absl::StatusOr<std::string> ChooseAddress(const std::string& flag, const std::st
     if (auto st = CanBind("$POD_IP", pod_ip); !st.ok()) return st;
     return pod_ip;
   }
+  // A coordinator on a unix socket is on this host, and so is every rank it can reach.
+  if (coordinator.rfind("unix:", 0) == 0) return std::string("127.0.0.1");
   auto ip = RouteSourceAddress(coordinator);
   if (!ip.ok()) return ip.status();
   if (auto st = CanBind("--address auto", *ip); !st.ok()) return st;

@@ -3,7 +3,8 @@
 //
 //   --address auto (the default): the source address of this host's route to the coordinator
 //       (a UDP socket connect()ed to it, no packet sent); on a pod or node that reaches the
-//       coordinator over its network interface this is the IP its peers can reach.
+//       coordinator over its network interface this is the IP its peers can reach. A
+//       coordinator on a unix socket ("unix:PATH") is on this host: 127.0.0.1.
 //   $POD_IP (when set and --address was not given): the pod IP Kubernetes hands a container.
 //   --address IP: that IP.
 // The IP must be an address of this host (a socket can bind to it) and numeric: Gloo binds to it.
@@ -26,7 +27,7 @@ absl::StatusOr<std::string> RouteSourceAddress(const std::string& host_port);
 // The network interface that holds ip (for NCCL_SOCKET_IFNAME); empty when none does.
 std::string InterfaceOf(const std::string& ip);
 
-// 127.0.0.0/8, ::1 or "localhost".
+// A numeric 127.0.0.0/8 or ::1, or "localhost" (auth::IsLoopbackHost: never by a name's prefix).
 bool IsLoopback(const std::string& address);
 
 }  // namespace vp::daemon

@@ -19,10 +19,12 @@
 #include "absl/strings/str_split.h"
 #include "proto/plan/plan.h"
 #include "proto/safefs/run_owner.h"
+#include "proto/spec/job_spec.h"
 #include "proto/spec/storage_root.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
 #include "worker/daemon/log_tail.h"
 #include "worker/daemon/profile.h"
+#include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/run_dir.h"
@@ -42,6 +44,23 @@ constexpr absl::Duration kMetricsBatch = absl::Milliseconds(500);
 constexpr uintmax_t kMaxReportBytes = 1 << 20;
 
 void Log(const std::string& msg) { std::cerr << "vocabpipe-worker: " << msg << std::endl; }
+
+// The job's token files as this worker sees them (data::CheckDataFile): what would fail every
+// attempt of the rank alike.
+absl::Status CheckRunInputs(const v1::JobSpec& spec) {
+  const int64_t vocab = spec.model().vocab_size();
+  if (auto st = data::CheckDataFiles(spec::DataPathEntries(spec.data()), vocab,
+                                     spec.data().paths().empty() ? "data.path" : "data.paths");
+      !st.ok()) {
+    return st;
+  }
+  if (spec::HasValidationData(spec.data())) {
+    return data::CheckDataFiles(
+        spec::ValPathEntries(spec.data()), vocab,
+        spec.data().val_paths().empty() ? "data.val_path" : "data.val_paths");
+  }
+  return absl::OkStatus();
+}
 
 // Best of three 1024^3 SGEMMs on this process's BLAS threads: the peak a rank can reach here.
 double MeasurePeakFlops() {
@@ -350,6 +369,9 @@ class Daemon {
         !st.ok()) {
       return fail(std::string(st.message()));
     }
+    // A token file that is missing, truncated or not one, or a tokenizer that does not match,
+    // fails the same way in every attempt: refused here, before the fork, it is not retried.
+    if (auto st = CheckRunInputs(run.spec()); !st.ok()) return fail(std::string(st.message()));
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) return fail(absl::StrCat("checkpoint.dir ", dir, ": ", ec.message()));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/data/token_file.h"
 #include "worker/data/token_shards.h"
 
 namespace vp::data {
@@ -188,6 +189,22 @@ absl::Status CheckDataTokenizer(const std::string& data_path, int64_t model_voca
         absl::StrCat("model.vocab_size: ", model_vocab_size,
                      " does not match the tokenizer beside the data (", model.string(), " has ",
                      tok->vocab_size(), " tokens); set model.vocab_size: ", tok->vocab_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDataFiles(const std::vector<std::string>& entries, int64_t model_vocab_size,
+                            const std::string& field) {
+  if (entries.empty() || entries.front().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": no token files"));
+  }
+  // The shards' headers (messages start with the field and name the shard).
+  if (auto shards = CheckTokenShardEntries(field, entries, model_vocab_size); !shards.ok()) {
+    return absl::InvalidArgumentError(shards.status().message());
+  }
+  if (absl::Status st = CheckDataTokenizer(entries.front(), model_vocab_size); !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " (", entries.front(), "): ", st.message()));
   }
   return absl::OkStatus();
 }

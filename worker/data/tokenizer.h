@@ -61,6 +61,17 @@ class Tokenizer {
 // No tokenizer.model: nothing to check.
 absl::Status CheckDataTokenizer(const std::string& data_path, int64_t model_vocab_size);
 
+// What can be known of a job's token files without reading their tokens: every shard the
+// entries name ({data.path} or data.paths: files, folders, globs) with its header against its
+// size, one token width, a recorded vocabulary bound within model_vocab_size
+// (CheckTokenShardEntries), and the tokenizer beside the first (CheckDataTokenizer).
+// InvalidArgument starting with `field`, naming the shard, never quoting a file. Checked before a
+// job's ranks start (at submit, and by the worker daemon before it forks), so a bad file fails
+// the job once instead of at every restart. Ids of shards without a recorded bound are checked
+// by the rank as it reads them.
+absl::Status CheckDataFiles(const std::vector<std::string>& entries, int64_t model_vocab_size,
+                            const std::string& field);
+
 // Checks that `text` is valid UTF-8 (no overlong forms, surrogates or values > U+10FFFF).
 // Returns the byte offset of the first invalid sequence, or -1.
 int64_t FirstInvalidUtf8(std::string_view text);

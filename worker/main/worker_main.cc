@@ -139,6 +139,14 @@ int DaemonMain(int argc, char** argv) {
     options.worker_binary.assign(self, n);
   }
   if (options.coordinator.empty()) return Usage("--coordinator: HOST:PORT required");
+  // Plaintext only to a loopback coordinator, checked before the address (whose resolution
+  // of the coordinator's name would otherwise decide what the refusal says).
+  if (options.insecure) {
+    if (auto st = vp::auth::CheckInsecure(options.tls, options.coordinator, "--coordinator");
+        !st.ok()) {
+      return Usage(std::string(st.message()));
+    }
+  }
   const char* pod_ip = std::getenv("POD_IP");
   auto address = vp::daemon::ChooseAddress(address_flag, pod_ip ? pod_ip : "", options.coordinator);
   if (!address.ok()) return Usage(std::string(address.status().message()));

@@ -108,6 +108,9 @@ class CoordinatorProcess {
     args.insert(args.end(), extra.begin(), extra.end());
     if (std::find(extra.begin(), extra.end(), "--tls-cert") == extra.end()) {
       args.push_back("--insecure");
+    } else if (std::find(extra.begin(), extra.end(), "--storage-root") == extra.end()) {
+      // TLS needs the storage root named; tests that do not confine paths say so.
+      args.insert(args.end(), {"--storage-root", "none"});
     }
     const fs::path log = dir / absl::StrCat("coordinator_", ++count_, ".log");
     process_ = std::make_unique<Process>(args, log);

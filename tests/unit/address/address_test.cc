@@ -62,6 +62,19 @@ TEST(IsLoopback, RecognisesLoopbackForms) {
   EXPECT_TRUE(IsLoopback("::1"));
   EXPECT_TRUE(IsLoopback("localhost"));
   EXPECT_FALSE(IsLoopback("10.0.0.5"));
+  // By the numeric address, never by a name's spelling (a name resolves where DNS says).
+  EXPECT_FALSE(IsLoopback("127.evil.example"));
+  EXPECT_FALSE(IsLoopback("127.0.0.1.nip.io"));
+  EXPECT_FALSE(IsLoopback("localhost.evil.example"));
+  EXPECT_FALSE(IsLoopback("::2"));
+  EXPECT_TRUE(IsLoopback("::ffff:127.0.0.1"));
+  EXPECT_FALSE(IsLoopback("::ffff:10.0.0.1"));
+}
+
+TEST(ChooseAddress, UnixSocketCoordinatorIsThisHost) {
+  auto ip = ChooseAddress("", "", "unix:/tmp/some/coordinator.sock");
+  ASSERT_TRUE(ip.ok()) << ip.status();
+  EXPECT_EQ(*ip, "127.0.0.1");
 }
 
 }  // namespace
