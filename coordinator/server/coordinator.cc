@@ -104,10 +104,15 @@ absl::Status CheckInputFiles(const v1::JobSpec& spec, const std::string& root) {
                                                          spec::DataPathEntries(spec.data())},
         {val_listed ? "data.val_paths" : "data.val_path", spec::ValPathEntries(spec.data())}}) {
     if (entries.empty() || entries.front().empty()) continue;
-    // Not visible here (yet): the workers check it before they start a rank.
+    // Not all visible here (yet): the workers check them before they start a rank. An entry is
+    // visible when it exists (a file or a folder), or for a glob when its folder does.
     std::error_code ec;
+    const bool visible = std::all_of(entries.begin(), entries.end(), [&](const std::string& e) {
+      const bool glob = fs::path(e).filename().string().find_first_of("*?[") != std::string::npos;
+      return fs::exists(glob ? fs::path(e).parent_path() : fs::path(e), ec);
+    });
+    if (!visible) continue;
     const fs::path folder = data::DataFolder(entries.front());
-    if (!fs::exists(folder, ec)) continue;
     // The tokenizer beside the data is read too: it must be inside the root like the data.
     const fs::path tokenizer = folder / "tokenizer.model";
     if (fs::exists(fs::symlink_status(tokenizer, ec))) {

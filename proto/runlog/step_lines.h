@@ -3,7 +3,7 @@
 // Every rank appends one *rank line* per step to rank_<R>.jsonl (worker/launch/worker.h writes it):
 //   {"step": 0-based, "rank", "seconds", "busy_seconds", "busy": {pass: s}, "comm": {kind: s},
 //    "compute_wait_seconds", "comm_seconds", "memory": {category: bytes, "total", and where
-//    measured "data", "process", "footprint": worker.h RankStepJson}, "lr",
+//    measured "process", "footprint": worker.h RankStepJson}, "lr",
 //    "grad_norm", "has_loss", "loss" (on the rank that holds the loss),
 //    "checkpoint_step" (when the rank saved its shard after this step),
 //    "val_loss" and "eval_seconds" (when an evaluation followed the step; val_loss on every

@@ -2,21 +2,16 @@
 
 #include <fcntl.h>
 #include <fnmatch.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 
 namespace vp::data {
 namespace fs = std::filesystem;
@@ -198,19 +193,19 @@ absl::StatusOr<std::vector<TokenShard>> CheckTokenShards(const std::string& fiel
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<MappedTokenShards>> MappedTokenShards::Open(
+absl::StatusOr<std::shared_ptr<TokenShards>> TokenShards::Open(
     const std::string& field, const std::vector<std::string>& shards, int64_t vocab_size,
     TokenAccess access) {
-  std::shared_ptr<MappedTokenShards> out(new MappedTokenShards());
+  std::shared_ptr<TokenShards> out(new TokenShards());
   out->vocab_size_ = vocab_size;
   int64_t total = 0;
   for (const std::string& path : shards) {
     int64_t bytes = 0;
     auto fd = OpenShard(field, path, &bytes);
     if (!fd.ok()) return fd.status();
+    out->fds_.push_back(*fd);  // closed by the destructor from here on
     auto header = HeaderOf(path, *fd, bytes);
     if (!header.ok()) {
-      close(*fd);
       return absl::Status(header.status().code(),
                           absl::StrCat(field, ": ", header.status().message()));
     }
@@ -218,20 +213,10 @@ absl::StatusOr<std::shared_ptr<MappedTokenShards>> MappedTokenShards::Open(
                                out->shards_.empty() ? nullptr : &out->shards_[0].header,
                                out->shards_.empty() ? "" : out->shards_[0].path, vocab_size);
         !st.ok()) {
-      close(*fd);
       return st;
     }
-    // The mapping keeps the file open; the descriptor is not needed after mmap.
-    void* base = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, *fd, 0);
-    const int err = errno;
-    close(*fd);
-    if (base == MAP_FAILED) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(field, ": ", path, ": cannot map the file: ", ErrnoText(err)));
-    }
-    madvise(base, static_cast<size_t>(bytes),
-            access == TokenAccess::kRandom ? MADV_RANDOM : MADV_SEQUENTIAL);
-    out->maps_.push_back({static_cast<const unsigned char*>(base), static_cast<size_t>(bytes)});
+    posix_fadvise(*fd, 0, 0,
+                  access == TokenAccess::kRandom ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
     out->shards_.push_back({.path = path, .header = *header, .first_token = total});
     total += header->num_tokens;
   }
@@ -242,24 +227,30 @@ absl::StatusOr<std::shared_ptr<MappedTokenShards>> MappedTokenShards::Open(
   return out;
 }
 
-MappedTokenShards::~MappedTokenShards() {
-  for (const Mapping& m : maps_) munmap(const_cast<unsigned char*>(m.base), m.bytes);
+TokenShards::~TokenShards() {
+  for (int fd : fds_) close(fd);
 }
 
-absl::Status MappedTokenShards::ReadShard(size_t shard, int64_t start, int64_t count,
-                                          uint32_t* out) const {
+absl::Status TokenShards::ReadShard(size_t shard, int64_t start, int64_t count,
+                                    uint32_t* out) const {
   const TokenShard& s = shards_[shard];
   const int width = s.header.bytes_per_token;
-  const unsigned char* first = maps_[shard].base + kHeaderBytes + start * width;
-  if (width == 2) {
-    for (int64_t i = 0; i < count; ++i) {
-      uint16_t v;
-      std::memcpy(&v, first + 2 * i, 2);
-      out[i] = v;
+  const off_t offset = kHeaderBytes + start * width;
+  // uint32 tokens land in `out` directly; uint16 ones go through a buffer and are widened.
+  std::vector<uint16_t> narrow(width == 2 ? static_cast<size_t>(count) : 0);
+  char* dst = width == 2 ? reinterpret_cast<char*>(narrow.data()) : reinterpret_cast<char*>(out);
+  const size_t bytes = static_cast<size_t>(count) * width;
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = pread(fds_[shard], dst + done, bytes - done, offset + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat(s.path, ": cannot read tokens ", start, "..",
+                                              start + count, ": ",
+                                              n < 0 ? ErrnoText(errno) : "the file got shorter"));
     }
-  } else {
-    std::memcpy(out, first, static_cast<size_t>(count) * 4);
+    done += static_cast<size_t>(n);
   }
+  if (width == 2) std::copy(narrow.begin(), narrow.end(), out);
   // Ids are checked here unless the header's bound already vouched for them at Open.
   if (vocab_size_ > 0 && s.header.vocab_bound == 0) {
     for (int64_t i = 0; i < count; ++i) {
@@ -270,23 +261,10 @@ absl::Status MappedTokenShards::ReadShard(size_t shard, int64_t start, int64_t c
       }
     }
   }
-  // Release the pages from this process (not from the page cache): without it, a long run maps
-  // in every page it ever read and its resident size grows to the corpus's. Whole aligned 2 MiB
-  // blocks around the range are released, not just the pages read: a page fault maps in its
-  // neighbours too (the kernel's fault-around, 64 KiB by default), including pages an earlier
-  // read already released, which a page-exact release would leave mapped for good.
-  constexpr uintptr_t kBlock = uintptr_t{2} << 20;
-  const auto map_lo = reinterpret_cast<uintptr_t>(maps_[shard].base);
-  const auto map_hi = map_lo + maps_[shard].bytes;
-  const auto lo = std::max(map_lo, reinterpret_cast<uintptr_t>(first) & ~(kBlock - 1));
-  const auto hi =
-      std::min(map_hi, (reinterpret_cast<uintptr_t>(first + count * width) + kBlock - 1) &
-                           ~(kBlock - 1));
-  madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
   return absl::OkStatus();
 }
 
-absl::Status MappedTokenShards::Read(int64_t start, int64_t count, uint32_t* out) const {
+absl::Status TokenShards::Read(int64_t start, int64_t count, uint32_t* out) const {
   // The shard holding `start`: the last one whose first token is <= start.
   auto it = std::upper_bound(shards_.begin(), shards_.end(), start,
                              [](int64_t v, const TokenShard& s) { return v < s.first_token; });
@@ -306,38 +284,6 @@ absl::Status MappedTokenShards::Read(int64_t start, int64_t count, uint32_t* out
   return absl::OkStatus();
 }
 
-int64_t MappedTokenShards::ResidentBytes() const {
-  std::vector<const void*> bases;
-  for (const Mapping& m : maps_) bases.push_back(m.base);
-  return ResidentBytesOfMappings(bases);
-}
-
-int64_t ResidentBytesOfMappings(const std::vector<const void*>& bases) {
-  std::ifstream smaps("/proc/self/smaps");
-  if (!smaps) return 0;
-  int64_t total = 0;
-  bool ours = false;
-  std::string line;
-  while (std::getline(smaps, line)) {
-    // A mapping's first line is "start-end perms offset dev inode [path]"; its fields follow as
-    // "Name:   value kB" lines.
-    const size_t dash = line.find('-');
-    const size_t space = line.find(' ');
-    if (dash != std::string::npos && space != std::string::npos && dash < space &&
-        std::isxdigit(static_cast<unsigned char>(line[0]))) {
-      uint64_t lo = 0;
-      ours =
-          absl::SimpleHexAtoi(line.substr(0, dash), &lo) &&
-          std::find(bases.begin(), bases.end(), reinterpret_cast<const void*>(lo)) != bases.end();
-    } else if (ours && line.starts_with("Rss:")) {
-      const std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      int64_t kb = 0;
-      if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kb)) total += kb * 1024;
-    }
-  }
-  return total;
-}
-
 }  // namespace vp::data
 
 namespace vp::data {
@@ -351,12 +297,12 @@ absl::StatusOr<std::vector<std::string>> ResolveEntries(const std::string& field
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<MappedTokenShards>> OpenTokenShards(
+absl::StatusOr<std::shared_ptr<TokenShards>> OpenTokenShards(
     const std::string& field, const std::vector<std::string>& entries, int64_t vocab_size,
     TokenAccess access) {
   auto shards = ResolveEntries(field, entries);
   if (!shards.ok()) return shards.status();
-  return MappedTokenShards::Open(field, *shards, vocab_size, access);
+  return TokenShards::Open(field, *shards, vocab_size, access);
 }
 
 absl::StatusOr<std::vector<TokenShard>> CheckTokenShardEntries(

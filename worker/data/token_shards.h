@@ -1,5 +1,10 @@
-// A corpus of llm.c token shards (token_file.h), read through read-only memory maps: the tokens
-// are never copied whole into memory, so a rank's resident memory does not grow with the corpus.
+// A corpus of llm.c token shards (token_file.h), read in place: each sample's tokens are read
+// from the open shard with pread, so the tokens are never copied whole into memory, nothing is
+// mapped, and a rank's resident memory does not grow with the corpus (the kernel's page cache,
+// shared and evictable, holds what was read recently). Why not a memory map: a mapping's pages
+// stay in the process's resident set once touched, so it must release them (MADV_DONTNEED) to
+// stay flat, and on the development VM a shuffled read then cost a page fault and a release:
+// 1.8M tokens/s against pread's ~90M (docs/benchmarks.md, "Data loading").
 //
 // A data path names its shards in one of three ways (ResolveTokenShards):
 //   a file          data/train.bin                       that one shard;
@@ -22,7 +27,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,50 +65,37 @@ absl::StatusOr<std::vector<TokenShard>> CheckTokenShards(const std::string& fiel
 // How a corpus will be read: kRandom (shuffled samples) tells the kernel not to read ahead.
 enum class TokenAccess { kSequential, kRandom };
 
-// The shards, memory-mapped read-only. Thread-safe for concurrent Reads.
-class MappedTokenShards final : public TokenSource {
+// The shards, open read-only. Thread-safe for concurrent Reads.
+class TokenShards final : public TokenSource {
  public:
-  static absl::StatusOr<std::shared_ptr<MappedTokenShards>> Open(
-      const std::string& field, const std::vector<std::string>& shards, int64_t vocab_size,
-      TokenAccess access);
-  ~MappedTokenShards() override;
-  MappedTokenShards(const MappedTokenShards&) = delete;
-  MappedTokenShards& operator=(const MappedTokenShards&) = delete;
+  static absl::StatusOr<std::shared_ptr<TokenShards>> Open(const std::string& field,
+                                                           const std::vector<std::string>& shards,
+                                                           int64_t vocab_size, TokenAccess access);
+  ~TokenShards() override;
+  TokenShards(const TokenShards&) = delete;
+  TokenShards& operator=(const TokenShards&) = delete;
 
   int64_t size() const override { return total_tokens_; }
   // Copies tokens [start, start + count), across shard boundaries, and checks their ids when
-  // the shard's header records no vocabulary bound. The pages read are then released from this
-  // process's mapping (they stay in the page cache), so the mapping's resident size stays near
-  // zero however much of the corpus a run reads.
+  // the shard's header records no vocabulary bound.
   absl::Status Read(int64_t start, int64_t count, uint32_t* out) const override;
 
   const std::vector<TokenShard>& shards() const { return shards_; }
-  // Bytes of the mappings resident in this process right now (Rss of their /proc/self/smaps
-  // entries); 0 when smaps cannot be read.
-  int64_t ResidentBytes() const;
 
  private:
-  struct Mapping {
-    const unsigned char* base = nullptr;  // the whole file, header included
-    size_t bytes = 0;
-  };
-  MappedTokenShards() = default;
+  TokenShards() = default;
   absl::Status ReadShard(size_t shard, int64_t start, int64_t count, uint32_t* out) const;
 
   std::vector<TokenShard> shards_;
-  std::vector<Mapping> maps_;
+  std::vector<int> fds_;  // one open descriptor per shard (O_RDONLY, no link followed)
   int64_t total_tokens_ = 0;
   int64_t vocab_size_ = 0;
 };
 
-// Bytes of this process's memory mappings starting at `bases` that are resident now: the Rss of
-// their /proc/self/smaps entries (0 when smaps cannot be read).
-int64_t ResidentBytesOfMappings(const std::vector<const void*>& bases);
-
-// Resolves data path entries ({data.path}, or data.paths), checks the headers and maps the
+// Resolves data path entries ({data.path}, or data.paths), checks the headers and opens the
 // shards: what a rank reads its samples from. `field` names the spec field in errors
 // ("data.path" / "data.paths" from one entry or several).
-absl::StatusOr<std::shared_ptr<MappedTokenShards>> OpenTokenShards(
+absl::StatusOr<std::shared_ptr<TokenShards>> OpenTokenShards(
     const std::string& field, const std::vector<std::string>& entries, int64_t vocab_size,
     TokenAccess access);
 // The same up to the headers (no mapping): the launcher's and the submit's check.

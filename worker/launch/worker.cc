@@ -62,7 +62,6 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
         {"activations", r.peak_activations},
         {"total", r.peak_total}}},
   };
-  if (footprint.data >= 0) j["memory"]["data"] = footprint.data;
   if (footprint.process_peak >= 0) {
     j["memory"]["process"] = footprint.process_peak;
     // What the rank really holds, the figure status and the dashboards show: on a CPU rank the
@@ -185,8 +184,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
 
   // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
   // shards need the targets), so each rank opens the token file itself.
-  runtime::ResidentFn data_resident;
-  auto batches_or = runtime::OpenJobBatches(spec, &data_resident);
+  auto batches_or = runtime::OpenJobBatches(spec);
   if (!batches_or.ok()) return batches_or.status();
   const runtime::BatchFn batches = std::move(*batches_or);
   if (auto st = runtime::CheckSampling(spec); !st.ok()) return st;
@@ -335,8 +333,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     // The line is written after the save: whoever reads checkpoint_step in every rank's line
     // of a step finds every rank's shard verified on disk; the merged checkpoint follows (its
     // DONE marks it complete) and is complete when the ranks have exited.
-    const RankFootprint footprint{.data = data_resident ? data_resident() : -1,
-                                  .process_peak = runtime::PeakResidentBytes(),
+    const RankFootprint footprint{.process_peak = runtime::PeakResidentBytes(),
                                   .device = (*job_rank)->cuda_device >= 0};
     std::string rank_line =
         RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr, footprint);

@@ -68,7 +68,6 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options);
 
 // What a rank process holds beyond the engine's accounting, for one step (-1: not measured).
 struct RankFootprint {
-  int64_t data = -1;          // the token shards' resident pages, at the step's end
   int64_t process_peak = -1;  // the process's peak resident memory so far (VmHWM)
   bool device = false;        // a CUDA rank: memory.total stays the device's
 };
@@ -76,7 +75,7 @@ struct RankFootprint {
 // The JSON object a worker appends for one step (one line of rank_<R>.jsonl); `eval`, when not
 // null, is the evaluation that followed the step ("val_loss", "eval_seconds"). memory holds the
 // engine's categories and their peak "total" (what the planner predicts), and from `footprint`
-// "data", "process" and "footprint": the rank's real peak (a CPU rank: the larger of the
+// "process" and "footprint": the rank's real peak (a CPU rank: the larger of the
 // engine's and the process's; a CUDA rank: the device's), which status and the dashboards show.
 std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step,
                          const runtime::RankEvalResult* eval = nullptr,

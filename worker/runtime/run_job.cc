@@ -26,21 +26,17 @@
 namespace vp::runtime {
 namespace fs = std::filesystem;
 
-absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec,
-                                       ResidentFn* data_resident) {
+absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
   const std::vector<std::string> entries = spec::DataPathEntries(spec.data());
   if (absl::Status st = data::CheckDataTokenizer(entries.front(), spec.model().vocab_size());
       !st.ok()) {
     return st;
   }
-  // Memory-mapped shards: the rank never holds the corpus in memory (token_shards.h).
+  // The shards are read in place: the rank never holds the corpus in memory (token_shards.h).
   auto tokens = data::OpenTokenShards(
       spec.data().paths().empty() ? "data.path" : "data.paths", entries, spec.model().vocab_size(),
       spec.data().shuffle() ? data::TokenAccess::kRandom : data::TokenAccess::kSequential);
   if (!tokens.ok()) return tokens.status();
-  if (data_resident != nullptr) {
-    *data_resident = [shards = *tokens] { return shards->ResidentBytes(); };
-  }
   auto reader =
       data::SampleReader::Create(*tokens, {.seq_len = spec.model().seq_len(),
                                            .microbatch_size = spec.parallel().microbatch_size(),
@@ -151,8 +147,7 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   if (!topt.ok()) return topt.status();
   engine::cpu::SetBlasThreads(spec.train().threads());
 
-  ResidentFn data_resident;
-  auto batches_or = OpenJobBatches(spec, &data_resident);
+  auto batches_or = OpenJobBatches(spec);
   if (!batches_or.ok()) return batches_or.status();
   const BatchFn batches = std::move(*batches_or);
 
@@ -232,8 +227,8 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
     const double tps = tokens_per_step / r->seconds;
     const double mfu = flops_per_step / r->seconds / summary.peak_flops;
     // The run's real footprint: the process's peak resident memory so far (the engine's
-    // buffers, the program, the mapped token pages, allocator slack and the start-up's
-    // transients such as the sgemm peak probe), never less than the engine's own.
+    // buffers, the program and its libraries, allocator slack, the start-up's transients such as
+    // the sgemm peak probe), never less than the engine's own.
     const int64_t process_peak = PeakResidentBytes();
     const int64_t peak = std::max(tr.memory().total_peak(), process_peak);
     nlohmann::json line = {
@@ -250,7 +245,6 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
           {"gradients", tr.memory().peak(engine::MemoryCategory::kGradients)},
           {"optimizer", tr.memory().peak(engine::MemoryCategory::kOptimizer)},
           {"activations", tr.memory().peak(engine::MemoryCategory::kActivations)},
-          {"data", data_resident ? data_resident() : 0},
           {"process", process_peak}}},
     };
     std::string val_text;

@@ -33,16 +33,11 @@ struct RunSummary {
   std::string last_checkpoint;
 };
 
-// Bytes of the job's token shards resident in this process now (their mapped pages).
-using ResidentFn = std::function<int64_t()>;
-
-// Opens the job's token shards (data.path or data.paths: memory-mapped, headers checked against
+// Opens the job's token shards (data.path or data.paths: read in place, headers checked against
 // the vocabulary, worker/data/token_shards.h) and returns the function that fills microbatch j
 // of a step in the spec's sample order. Every pipeline rank calls this: all ranks read the same
-// microbatches (inputs for IF, targets for S/T). `data_resident`, when given, receives a
-// function measuring the shards' resident bytes (the rank's memory.data).
-absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec,
-                                       ResidentFn* data_resident = nullptr);
+// microbatches (inputs for IF, targets for S/T).
+absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec);
 
 // Opens data.val_path (validated against the vocabulary and its tokenizer.model like
 // data.path) and returns the function that fills evaluation microbatch j of round r: validation

@@ -17,6 +17,8 @@
 namespace vp::spec {
 namespace {
 
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using vocabpipe::v1::JobSpec;
@@ -322,7 +324,8 @@ TEST(ParseJobSpec, MissingRequiredFields) {
   e = ErrorOf(Edit("data:\n  path: data.bin\n  shuffle: false\n", ""));
   EXPECT_THAT(e, HasSubstr("data.path: required"));
   e = ErrorOf(Edit("  path: data.bin", "  path: \"\""));
-  EXPECT_THAT(e, HasSubstr("data.path: required (must be a non-empty path)"));
+  EXPECT_THAT(e, HasSubstr("data.path: required (a token file, a folder or a glob; or "
+                           "data.paths: a list of them)"));
 
   e = ErrorOf("data: {path: x}\n");
   EXPECT_THAT(e, HasSubstr("model: required"));
@@ -606,7 +609,35 @@ TEST(ParseJobSpec, Validation) {
               HasSubstr("train.eval_batches: must be a multiple of parallel.microbatches (2; "
                         "got 3)"));
   EXPECT_THAT(ErrorOf(Edit("  shuffle: false\n", "  shuffle: false\n  val_path: \"\"\n")),
-              HasSubstr("data.val_path: must be a non-empty path when given"));
+              HasSubstr("data.val_path: must be a non-empty path"));
+}
+
+// data.paths: a list of shard entries instead of data.path (not both), each non-empty; made
+// absolute against the spec's folder like data.path; the accessors give the entries in order.
+TEST(ParseJobSpec, DataPathsList) {
+  const std::string listed =
+      Edit("  path: data.bin\n", "  paths: [a/x_*.bin, b, c.bin]\n  val_paths: [v.bin]\n");
+  auto spec = ParseJobSpec(listed, "/base");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().path(), "");
+  EXPECT_THAT(DataPathEntries(spec->data()),
+              ElementsAre("/base/a/x_*.bin", "/base/b", "/base/c.bin"));
+  EXPECT_THAT(ValPathEntries(spec->data()), ElementsAre("/base/v.bin"));
+  EXPECT_TRUE(HasValidationData(spec->data()));
+  // Round trip through the YAML rendering.
+  auto again = ParseJobSpec(JobSpecToYaml(*spec), "/elsewhere");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(DataPathEntries(again->data()), ElementsAreArray(DataPathEntries(spec->data())));
+
+  EXPECT_THAT(ErrorOf(Edit("  path: data.bin\n", "  path: data.bin\n  paths: [b.bin]\n")),
+              HasSubstr("data.paths: give either data.path or data.paths, not both"));
+  EXPECT_THAT(ErrorOf(Edit("  path: data.bin\n", "  paths: [a.bin, \"\"]\n")),
+              HasSubstr("data.paths[1]: must be a non-empty path"));
+  EXPECT_THAT(ErrorOf(Edit("  path: data.bin\n", "  paths: []\n")),
+              HasSubstr("data.path: required"));
+  EXPECT_THAT(ErrorOf(Edit("  shuffle: false\n",
+                           "  shuffle: false\n  val_path: v.bin\n  val_paths: [w.bin]\n")),
+              HasSubstr("data.val_paths: give either data.val_path or data.val_paths"));
 }
 
 TEST(ParseJobSpec, AcceptedValues) {
