@@ -744,7 +744,7 @@ TEST_F(LimitsTest, BadInputFilesFailOnceNotAtEveryRestart) {
   }
   grpc::Status st = alice->SubmitJob(Ctx().get(), job("linked", "linked/data.bin"), &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(st.error_message(), HasSubstr("data.path (tokenizer.model)"));
+  EXPECT_THAT(st.error_message(), HasSubstr("data.path's tokenizer.model"));
   EXPECT_THAT(st.error_message(), HasSubstr("is outside the storage root"));
   EXPECT_THAT(st.error_message(), Not(HasSubstr("not for you")));
   EXPECT_EQ(JobCount(*c), 0);
