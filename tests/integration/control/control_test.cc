@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/server/job_store.h"
 #include "gloo/common/error.h"
+#include "proto/grpc/auth.h"
 #include "tests/integration/control/control_harness.h"
 #include "worker/launch/grpc_store.h"
 #include "worker/launch/shard_checkpoint.h"
@@ -762,6 +763,174 @@ TEST_P(CoordinatorRestartTest, ARankMissingAfterACoordinatorRestartRestartsTheJo
   EXPECT_TRUE(restart_event);
   ASSERT_EQ(steps.size(), 40u) << absl::StrJoin(steps, " ");
   for (int i = 0; i < 40; ++i) EXPECT_EQ(steps[i], i + 1);
+}
+
+// The rendezvous secret of a rank process, as root on its host could read it.
+std::string RankSecret(pid_t rank) {
+  const std::string env = ReadWholeFile(absl::StrCat("/proc/", rank, "/environ"));
+  const std::string var = absl::StrCat(vp::auth::kRunSecretEnv, "=");
+  for (size_t at = 0; at < env.size();) {
+    const size_t end = env.find('\0', at);
+    const std::string entry = env.substr(at, end == std::string::npos ? end : end - at);
+    if (entry.rfind(var, 0) == 0) return entry.substr(var.size());
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return "";
+}
+
+// Issue 29, item 4 (probe 52): after a restart, a rank goes back only to the worker it was
+// assigned to (its certificate name, stored with the attempt) presenting the attempt's secret
+// (its SHA-256, stored with the attempt). The real daemons are frozen (SIGSTOP; their ranks
+// train on) so that impostors register first: another worker certificate with an
+// attacker-chosen secret, the same with the real secret (TLS: the certificate alone refuses
+// it), and the rank's own certificate with the wrong secret. Each is PERMISSION_DENIED naming
+// the rule, registers nothing, and changes neither the stored holders nor the run's store keys;
+// its secret opens none of them. Then the real daemons are re-adopted and the job SUCCEEDS as
+// the same attempt.
+TEST_P(CoordinatorRestartTest, OnlyTheRanksOwnWorkerWithItsSecretIsReadopted) {
+  const bool tls = GetParam() == Transport::kTls;
+  MakeData();
+  auto c = StartCoordinator({"--no-profile"});
+  ASSERT_TRUE(c->up());
+  StartWorkers(*c, 2);
+  const std::string id = Submit(*c, TinyJob("guarded", 2, 150, ", vocab: vocab2"));
+  ASSERT_TRUE(WaitFor([&] { return GetJob(*c, id).step() >= 2; }, std::chrono::seconds(30)));
+  const std::string attempt = GetJob(*c, id).attempt();
+  Process* daemon0 = DaemonOfRank(*c, id, 0);
+  ASSERT_NE(daemon0, nullptr);
+  // Each rank's certificate name (StartWorkers gave worker k the certificate node<k>).
+  std::string cert[2];
+  for (int r = 0; r < 2; ++r) {
+    Process* d = DaemonOfRank(*c, id, r);
+    ASSERT_NE(d, nullptr);
+    for (size_t k = 0; k < workers_.size(); ++k) {
+      if (tls && workers_[k].get() == d) cert[r] = absl::StrCat("node", k);
+    }
+  }
+  const std::vector<pid_t> rank0 = ChildrenOf(daemon0->pid());
+  ASSERT_EQ(rank0.size(), 1u);
+  const std::string secret = RankSecret(rank0[0]);
+  ASSERT_EQ(secret.size(), 64u) << "no rendezvous secret in rank 0's environment";
+  ASSERT_LT(GetJob(*c, id).step(), 100) << "the job is nearly done; make it longer";
+  for (auto& w : workers_) ASSERT_EQ(kill(w->pid(), SIGSTOP), 0);
+  c->process().Kill(SIGKILL);
+  const std::string old_address = c->address();
+  c.reset();
+  auto sql = [&](const std::string& query) {
+    const fs::path out = dir_ / "sql.txt";
+    const std::string cmd =
+        absl::StrCat("sqlite3 ", db_.string(), " \"", query, "\" > ", out.string(), " 2>&1");
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadWholeFile(out);
+    return ReadWholeFile(out);
+  };
+  const std::string kHolders =
+      "SELECT attempt, rank, identity, secret_sha256 FROM rank_holders ORDER BY rank";
+  const std::string kKeys = "SELECT key, hex(value) FROM kv ORDER BY key";
+  const std::string holders = sql(kHolders), keys = sql(kKeys);
+  // Stored: the attempt, each rank's certificate name and the secret's hash, never the secret.
+  const std::string hash = vp::auth::Sha256Hex(secret);
+  EXPECT_EQ(holders, absl::StrCat(attempt, "|0|", cert[0], "|", hash, "\n", attempt, "|1|", cert[1],
+                                  "|", hash, "\n"));
+  EXPECT_EQ(holders.find(secret), std::string::npos);
+  ASSERT_THAT(keys, HasSubstr(absl::StrCat("vocabpipe/", attempt, "/")));
+  const std::string key = keys.substr(0, keys.find('|'));
+
+  auto restarted = StartCoordinator({"--no-profile", "--listen", old_address});
+  ASSERT_TRUE(restarted->up()) << restarted->process().Log();
+  struct Impostor {
+    std::string cert;  // the worker certificate it presents ("" without TLS)
+    std::string secret;
+  };
+  std::vector<Impostor> impostors = {{tls ? "intruder" : "", "attacker-chosen-secret"}};
+  if (tls) {
+    CliResult r = Vocabpipe("", "certs worker intruder " + pki_->certs().string());
+    ASSERT_EQ(r.code, 0) << r.output;
+    impostors.push_back({"intruder", secret});
+    impostors.push_back({cert[0], "attacker-chosen-secret"});  // rank 0's own certificate
+  }
+  for (const Impostor& who : impostors) {
+    auto channel =
+        grpc::CreateChannel(restarted->address(),
+                            tls ? pki_->Credentials(who.cert) : grpc::InsecureChannelCredentials());
+    auto workers = v1::WorkerService::NewStub(channel);
+    v1::RegisterWorkerRequest req;
+    req.set_device("cpu");
+    req.set_address("127.0.0.1");
+    req.set_memory_bytes(int64_t{1} << 34);
+    req.mutable_held()->set_job_id(id);
+    req.mutable_held()->set_attempt(attempt);
+    req.mutable_held()->set_rank(0);
+    req.mutable_held()->set_store_secret(who.secret);
+    v1::RegisterWorkerResponse resp;
+    grpc::Status st = workers->RegisterWorker(Ctx().get(), req, &resp);
+    const std::string label =
+        absl::StrCat("certificate \"", who.cert, "\", ",
+                     who.secret == secret ? "the real" : "a wrong", " secret");
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << label;
+    EXPECT_THAT(st.error_message(),
+                HasSubstr(absl::StrCat("held: rank 0 of ", id, " (attempt ", attempt,
+                                       ") is re-adopted only by the worker certificate it was "
+                                       "assigned to, presenting its attempt's rendezvous secret")))
+        << label;
+    EXPECT_EQ(st.error_message().find(who.secret), std::string::npos) << "the secret echoed";
+    EXPECT_TRUE(resp.worker_id().empty()) << label;
+    // Its secret opens none of the run's keys.
+    auto store = v1::StoreService::NewStub(channel);
+    grpc::ClientContext get_ctx, set_ctx;
+    for (grpc::ClientContext* ctx : {&get_ctx, &set_ctx}) {
+      ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      ctx->AddMetadata(vp::auth::kRunSecretMetadata, who.secret);
+    }
+    v1::StoreGetRequest get;
+    get.set_key(key);
+    v1::StoreGetResponse got;
+    EXPECT_EQ(store->Get(&get_ctx, get, &got).error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << label;
+    v1::StoreSetRequest set;
+    set.set_key(absl::StrCat("vocabpipe/", attempt, "/injected"));
+    set.set_value("x");
+    v1::StoreSetResponse setr;
+    EXPECT_EQ(store->Set(&set_ctx, set, &setr).error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << label;
+  }
+  EXPECT_EQ(ListWorkers(*restarted).workers_size(), 0) << "an impostor was registered";
+  EXPECT_EQ(sql(kHolders), holders) << "the stored holders changed";
+  EXPECT_EQ(sql(kKeys), keys) << "the run's store keys changed";
+  EXPECT_THAT(restarted->process().Log(),
+              HasSubstr(absl::StrCat("refused to re-adopt ", id, " rank 0")));
+
+  // The real daemons come back and get their ranks; the impostors' secret still opens nothing
+  // (the secret installed is the attempt's own).
+  for (auto& w : workers_) ASSERT_EQ(kill(w->pid(), SIGCONT), 0);
+  ExpectTheDaemonsBackWithin30s(*restarted, id, 2);
+  {
+    auto channel =
+        grpc::CreateChannel(restarted->address(), tls ? pki_->Credentials("intruder")
+                                                      : grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.AddMetadata(vp::auth::kRunSecretMetadata, "attacker-chosen-secret");
+    v1::StoreGetRequest get;
+    get.set_key(key);
+    v1::StoreGetResponse got;
+    grpc::Status st = v1::StoreService::NewStub(channel)->Get(&ctx, get, &got);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    if (GetJob(*restarted, id).state() == v1::JOB_STATE_RUNNING) {
+      EXPECT_THAT(st.error_message(), HasSubstr("wrong rendezvous secret"));
+    }
+  }
+  v1::Job job;
+  ASSERT_TRUE(Succeeds(*restarted, id, 120, &job));
+  EXPECT_EQ(job.restarts(), 0) << "the ranks were restarted";
+  EXPECT_EQ(job.attempt(), attempt);
+  bool readopted = false;
+  for (const v1::JobEvent& e : Watch(*restarted, id)) {
+    readopted = readopted ||
+                e.message().find("re-adopted after the coordinator restart") != std::string::npos;
+  }
+  EXPECT_TRUE(readopted);
+  EXPECT_EQ(sql("SELECT COUNT(*) FROM rank_holders"), "0\n") << "kept after the job ended";
 }
 
 // Issue 16, item 4: a job whose step stops advancing (a rank process frozen with SIGSTOP: its
