@@ -81,7 +81,8 @@ std::string DescribeUnreachable(const grpc::Status& status, const std::string& t
   return detail.empty() ? kind : absl::StrCat(kind, ": ", detail);
 }
 
-ReachTracker::Verdict ReachTracker::Note(const grpc::Status& status, absl::Time now) {
+ReachTracker::Verdict ReachTracker::Note(const grpc::Status& status, absl::Time now,
+                                         absl::Time started) {
   Verdict v;
   if (!Unreached(status)) {
     if (failures_ > 0) {
@@ -105,7 +106,7 @@ ReachTracker::Verdict ReachTracker::Note(const grpc::Status& status, absl::Time 
     }
     return v;
   }
-  if (failures_++ == 0) first_failure_ = now;
+  if (failures_++ == 0) first_failure_ = std::min(started, now);
   ++since_fresh_;
   const std::string reason = DescribeUnreachable(status, target_);
   if (since_fresh_ >= fresh_after_) {
@@ -149,11 +150,11 @@ std::shared_ptr<CoordinatorLink::Stub> CoordinatorLink::CurrentStub() {
   return stub_;
 }
 
-void CoordinatorLink::Note(const grpc::Status& status) {
+void CoordinatorLink::Note(const grpc::Status& status, absl::Time started) {
   ReachTracker::Verdict v;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    v = tracker_.Note(status, absl::Now());
+    v = tracker_.Note(status, absl::Now(), started);
     if (v.fresh_channel) {
       // Calls in flight keep the old channel (their stub holds it) until they return.
       channel_ = NewCoordinatorChannel(target_, credentials_);

@@ -68,8 +68,10 @@ class ReachTracker {
     std::string log;             // a line to log now ("" for none)
     bool fresh_channel = false;  // replace the channel before the next call
   };
-  // The outcome of one call at `now`.
-  Verdict Note(const grpc::Status& status, absl::Time now);
+  // The outcome at `now` of one call started at `started` (an outage is timed from the start
+  // of its first failed call, which may have waited for the channel).
+  Verdict Note(const grpc::Status& status, absl::Time now, absl::Time started);
+  Verdict Note(const grpc::Status& status, absl::Time now) { return Note(status, now, now); }
   int failures() const { return failures_; }
 
  private:
@@ -117,7 +119,7 @@ class CoordinatorLink {
       // Still down at the deadline: the reason is the channel's, not "deadline exceeded".
       if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) st = why;
     }
-    Note(st);
+    Note(st, deadline - rpc_deadline_);
     return st;
   }
 
@@ -137,7 +139,7 @@ class CoordinatorLink {
     return ((*stub).*call)(&ctx, req, resp);
   }
   std::shared_ptr<Stub> CurrentStub();
-  void Note(const grpc::Status& status);
+  void Note(const grpc::Status& status, absl::Time started);
 
   const std::string target_;
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;

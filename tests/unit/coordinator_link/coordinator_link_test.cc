@@ -90,7 +90,9 @@ TEST(ReachTracker, LogsTheFirstFailureAChangedReasonAndThenAtMostEveryPeriod) {
   EXPECT_EQ(v.log, "reached the coordinator at c:1 again after 34.0s (7 calls failed)");
   EXPECT_EQ(t.failures(), 0);
   EXPECT_EQ(t.Note(grpc::Status::OK, t0 + absl::Seconds(35)).log, "");
-  EXPECT_THAT(t.Note(kRefused, t0 + absl::Seconds(36)).log, HasSubstr("for 0.0s (1 call)"));
+  // A failed call that waited for the channel: the outage is timed from its start.
+  EXPECT_THAT(t.Note(kRefused, t0 + absl::Seconds(41), t0 + absl::Seconds(36)).log,
+              HasSubstr("for 5.0s (1 call)"));
 }
 
 TEST(ReachTracker, ARefusalOfThisWorkerIsLoggedRateLimitedButNeverReplacesTheChannel) {
