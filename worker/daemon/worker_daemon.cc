@@ -120,7 +120,7 @@ class Daemon {
         Log(absl::StrCat("stopping: rank ", task_->rank, " of ", task_->job_id,
                          " saves an emergency checkpoint (grace ",
                          absl::FormatDuration(options_.preempt_grace), ")"));
-        Beat();
+        Beat(/*wait=*/false);  // the rank's grace must not wait for an unreachable coordinator
         if (task_) kill(task_->pid, SIGTERM);
       }
       if (leaving_) {
@@ -230,7 +230,9 @@ class Daemon {
     return absl::OkStatus();
   }
 
-  void Beat() {
+  // wait: wait for the channel while it is down (CoordinatorLink::Keepalive), which drives
+  // the reconnection; else one fail-fast try.
+  void Beat(bool wait = true) {
     v1::HeartbeatRequest req;
     req.set_worker_id(worker_id_);
     if (task_) {
@@ -240,7 +242,8 @@ class Daemon {
     req.set_leaving(leaving_);
     req.set_acked_seq(acked_seq_);
     v1::HeartbeatResponse resp;
-    grpc::Status st = link_.Keepalive(&v1::WorkerService::Stub::Heartbeat, req, &resp);
+    grpc::Status st = wait ? link_.Keepalive(&v1::WorkerService::Stub::Heartbeat, req, &resp)
+                           : link_.Call(&v1::WorkerService::Stub::Heartbeat, req, &resp);
     if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
       // The coordinator restarted or dropped this worker. The rank keeps running: the new
       // registration names it, and the coordinator re-adopts it or tells us to cancel it.

@@ -595,6 +595,7 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
 // with a certificate per daemon and a bearer token (issue 29: re-adoption held only in
 // plaintext, as the TLS daemons never registered again).
 enum class Transport { kInsecure, kTls };
+void PrintTo(Transport t, std::ostream* os) { *os << (t == Transport::kTls ? "TLS" : "insecure"); }
 
 class CoordinatorRestartTest : public ControlTest, public ::testing::WithParamInterface<Transport> {
  protected:
