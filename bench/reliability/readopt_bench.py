@@ -137,9 +137,24 @@ class Cluster:
     def job(self, job_id):
         return json.loads(self.ctl("status", job_id, "--output", "json"))
 
-    def events(self, job_id):
-        out = self.ctl("watch", job_id, "--output", "json")
-        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    def events(self, job_id, limit=20):
+        """The job's events; `watch` follows a job that is not over, so it is cut at `limit`."""
+        extra = ["--insecure"] if self.a.insecure else []
+        p = subprocess.Popen([self.cli, "watch", job_id, "--output", "json", "--coordinator",
+                              self.address, *extra], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=self.env)
+        try:
+            out, _ = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        events = []
+        for line in out.splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:  # not an event, or cut short
+                pass
+        return events
 
     def stop(self):
         for p in self.daemons + [self.coordinator]:
@@ -233,7 +248,6 @@ def main():
                 skipped.append(f"{job_id}: {j['state']} before the kill step {target} was seen")
                 print(skipped[-1], flush=True)
                 continue
-            attempt = j.get("attempt", "")
             row["kill_step"] = j.get("step", 0)
             cluster.kill()
             killed_at = time.time()
@@ -241,23 +255,29 @@ def main():
             cluster.start()
             j = wait_state(cluster, job_id, TERMINAL, max(1.0, end - time.time()))
             events = cluster.events(job_id)
+            # The CLI's job record has no attempt: the events tell. A restart is a PENDING
+            # event "restart N: attempt ..."; the attempt the restarted coordinator waits for
+            # is named in its first event, and stays the job's unless a restart follows.
             restarted_ms = adopted_ms = None
-            steps = []
+            steps, restarts, waited_for = [], 0, None
             for e in events:
                 msg = e.get("message", "")
                 if "step" in e and isinstance(e["step"], dict):
                     steps.append(e["step"].get("step"))
                 elif msg.startswith("coordinator restarted: waiting") and restarted_ms is None:
                     restarted_ms = e["unix_ms"]
+                    waited_for = msg.split(" of attempt ")[-1].split(" ")[0]
                 elif "re-adopted after the coordinator restart" in msg and adopted_ms is None:
                     adopted_ms = e["unix_ms"]
+                elif e.get("state") == "PENDING" and msg.startswith("restart "):
+                    restarts += 1
             if restarted_ms is not None and adopted_ms is not None:
                 row["rereg"] = (adopted_ms - restarted_ms) / 1000.0
                 row["kill_to_adopted"] = adopted_ms / 1000.0 - killed_at
             weights = os.path.join(work, name, f"step_{a.steps}", "model.safetensors")
             row.update({
-                "state": j["state"], "restarts": j.get("restarts", 0),
-                "same_attempt": j.get("attempt", "") == attempt,
+                "state": j["state"], "restarts": restarts,
+                "same_attempt": waited_for is not None and restarts == 0,
                 "steps_once": steps == list(range(1, a.steps + 1)),
                 "same_weights": os.path.exists(weights) and sha256(weights) == ref_sha,
                 "reason": j.get("reason", "")})
