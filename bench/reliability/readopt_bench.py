@@ -245,7 +245,7 @@ def main():
                    "state": j["state"], "restarts": None, "same_attempt": False,
                    "steps_once": False, "same_weights": False, "reason": ""}
             if j["state"] != "RUNNING":
-                skipped.append(f"{job_id}: {j['state']} before the kill step {target} was seen")
+                skipped.append(f"{job_id}: {j['state']} when its kill step {target} was due")
                 print(skipped[-1], flush=True)
                 continue
             row["kill_step"] = j.get("step", 0)
@@ -315,7 +315,7 @@ def main():
     if back:
         print(f"; re-registration median {statistics.median(back):.2f} s, max {max(back):.2f} s",
               end="")
-    print(f"; {len(skipped)} jobs ended before their kill (not counted); wall time "
+    print(f"; {len(skipped)} jobs not RUNNING at their kill step (not counted); wall time "
           f"{elapsed / 60:.1f} min")
     sys.exit(0 if rows and all(good(r) for r in rows) else 1)
 
