@@ -266,6 +266,18 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
           a.predicted_memory.resize(p, 0);
           a.predicted_memory[s.rank()] = s.predicted_memory_bytes();
         }
+        // Only the worker each rank was assigned to, with the attempt's secret, gets it back.
+        auto holders = c->store_->LoadRankHolders(id, a.attempt);
+        if (!holders.ok()) return holders.status();
+        for (JobStore::RankHolder& h : *holders) {
+          if (h.rank >= 0 && h.rank < p) a.holders[h.rank] = std::move(h);
+        }
+        if (a.holders.empty()) {
+          std::cerr << "vocabpipe-coordinator: warning: job " << id
+                    << ": no rank holders stored for attempt " << a.attempt
+                    << " (a database from before they were); its ranks are not re-adopted"
+                    << std::endl;
+        }
         a.adopting = true;
         a.adopt_deadline = absl::Now() + options.adopt_grace;
         const std::string reason = absl::StrCat(
@@ -502,6 +514,7 @@ void Coordinator::Release(v1::Job& job, const std::string& except_worker) {
   }
   kv_.DropPrefix(absl::StrCat("vocabpipe/", a.attempt, "/"));
   store_->DropKeys(absl::StrCat("vocabpipe/", a.attempt, "/")).IgnoreError();  // stale at worst
+  store_->DropRankHolders(job.id()).IgnoreError();  // a later attempt replaces them anyway
   active_.erase(it);
 }
 
@@ -895,20 +908,37 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
   a.model_flops_per_step = plan->summary.model_flops_per_step();
   a.predicted_memory = need;
   a.since = absl::Now();
-  job.set_attempt(a.attempt);  // stored with the state: a restarted coordinator re-adopts it
-  if (!SetState(job, v1::JOB_STATE_RUNNING,
-                absl::StrCat(plan->summary.schedule(), " + ", plan->summary.vocab(), " on ",
-                             absl::StrJoin(a.workers, ", ")))
-           .ok()) {
-    Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
-    return;
-  }
   // The attempt's rendezvous secret: only its ranks (given it with the task) use its keys.
   absl::StatusOr<std::string> secret = auth::RandomHex(32);
   if (!secret.ok()) {
     Finish(job, v1::JOB_STATE_FAILED,
            absl::StrCat("rendezvous secret: ", secret.status().message()));
     Schedule();
+    return;
+  }
+  // Who holds each rank, stored before any rank starts: after a restart only that worker (its
+  // certificate name) with this secret (its hash) is re-adopted (CheckHolder).
+  std::vector<JobStore::RankHolder> holders;
+  a.holders.clear();
+  for (int r = 0; r < p; ++r) {
+    auto w = workers_.find(a.workers[r]);
+    JobStore::RankHolder h{.rank = r,
+                           .identity = w == workers_.end() ? "" : w->second.identity,
+                           .secret_sha256 = auth::Sha256Hex(*secret)};
+    holders.push_back(h);
+    a.holders[r] = std::move(h);
+  }
+  if (auto st = store_->SaveRankHolders(job.id(), a.attempt, holders); !st.ok()) {
+    Finish(job, v1::JOB_STATE_FAILED, absl::StrCat("job store write failed: ", st.message()));
+    Schedule();
+    return;
+  }
+  job.set_attempt(a.attempt);  // stored with the state: a restarted coordinator re-adopts it
+  if (!SetState(job, v1::JOB_STATE_RUNNING,
+                absl::StrCat(plan->summary.schedule(), " + ", plan->summary.vocab(), " on ",
+                             absl::StrJoin(a.workers, ", ")))
+           .ok()) {
+    Finish(job, v1::JOB_STATE_FAILED, "job store write failed");
     return;
   }
   kv_.SetRunSecret(absl::StrCat("vocabpipe/", a.attempt, "/"), *secret);
@@ -1024,6 +1054,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (req.has_held()) {
+    if (auto st = CheckHolder(req.held(), identity); !st.ok()) return st;  // nothing registered
+  }
   Worker w;
   w.identity = identity;
   w.info.set_worker_id(absl::StrCat("worker-", next_worker_++));
@@ -1067,8 +1100,9 @@ void Coordinator::Adopt(Worker& w, const v1::HeldTask& held) {
   if (job == nullptr || job->state() != v1::JOB_STATE_RUNNING || it == active_.end() ||
       it->second.attempt != held.attempt() ||
       held.rank() >= static_cast<int>(it->second.workers.size()) ||
-      !it->second.workers[held.rank()].empty()) {
-    // A launch that no longer runs here (ended, restarted, or the rank is taken): stop it.
+      !it->second.holders.count(held.rank())) {
+    // A launch that no longer runs here (ended, restarted, or nobody known to hold the rank):
+    // stop it.
     v1::WorkerCommand cmd;
     cmd.mutable_cancel()->set_job_id(held.job_id());
     cmd.mutable_cancel()->set_attempt(held.attempt());
@@ -1077,15 +1111,23 @@ void Coordinator::Adopt(Worker& w, const v1::HeldTask& held) {
   }
   ActiveJob& a = it->second;
   const int r = held.rank();
+  // CheckHolder passed: this is the rank's worker. Holding the rank under an older id already,
+  // it registered again (the answer to its first registration was lost): that id is dropped,
+  // not expired (which would restart the job), and answers NOT_FOUND from now on.
+  if (const std::string old = a.workers[r]; !old.empty() && old != wid) {
+    if (auto o = workers_.find(old); o != workers_.end()) {
+      a.peak_flops -= o->second.info.peak_flops();
+      workers_.erase(o);
+    }
+  }
   a.workers[r] = wid;
   a.peak_flops += w.info.peak_flops();
   w.info.set_job_id(job->id());
   w.info.set_rank(r);
   // The store is rebuilt from the ranks' daemons: the attempt's keys are readable again with
-  // its secret (a rank that is still in its rendezvous sets its keys again on retry).
-  if (!held.store_secret().empty()) {
-    kv_.SetRunSecret(absl::StrCat("vocabpipe/", a.attempt, "/"), held.store_secret());
-  }
+  // its secret (a rank that is still in its rendezvous sets its keys again on retry). The
+  // secret was checked against the stored hash, so this installs the attempt's own.
+  kv_.SetRunSecret(absl::StrCat("vocabpipe/", a.attempt, "/"), held.store_secret());
   bool staged = false;
   for (v1::StageStats& s : *job->mutable_stages()) {
     if (s.rank() == r) {
@@ -1098,13 +1140,45 @@ void Coordinator::Adopt(Worker& w, const v1::HeldTask& held) {
     s->set_rank(r);
     s->set_worker_id(wid);
   }
-  if (std::find(a.workers.begin(), a.workers.end(), "") != a.workers.end()) return;
+  // Once, when the last rank is back (a rank taken over by its worker's newer registration
+  // afterwards is no news).
+  if (!a.adopting || std::find(a.workers.begin(), a.workers.end(), "") != a.workers.end()) {
+    return;
+  }
   a.adopting = false;
   a.since = absl::Now();
   SetState(*job, v1::JOB_STATE_RUNNING,
            absl::StrCat("re-adopted after the coordinator restart: ranks on ",
                         absl::StrJoin(a.workers, ", ")))
       .IgnoreError();  // logged; the job goes on either way
+}
+
+absl::Status Coordinator::CheckHolder(const v1::HeldTask& held, const std::string& identity) {
+  auto it = active_.find(held.job_id());
+  if (it == active_.end() || it->second.attempt != held.attempt()) return absl::OkStatus();
+  auto h = it->second.holders.find(held.rank());
+  if (h == it->second.holders.end()) return absl::OkStatus();
+  const bool same_worker = h->second.identity == identity;
+  // Hashes of equal length, compared in constant time.
+  const bool same_secret =
+      auth::SecretEquals(auth::Sha256Hex(held.store_secret()), h->second.secret_sha256);
+  if (same_worker && same_secret) return absl::OkStatus();
+  // The operator's log says which part differed; the caller learns the rule only.
+  std::cerr << "vocabpipe-coordinator: refused to re-adopt " << held.job_id() << " rank "
+            << held.rank() << " (attempt " << held.attempt() << ") to the certificate \""
+            << identity << "\": "
+            << (same_worker ? ""
+                            : absl::StrCat("the rank was assigned to \"", h->second.identity, "\"",
+                                           same_secret ? "" : "; "))
+            << (same_secret ? "" : "not the attempt's rendezvous secret") << std::endl;
+  return absl::PermissionDeniedError(absl::StrCat(
+      "held: rank ", held.rank(), " of ", held.job_id(), " (attempt ", held.attempt(),
+      ") is re-adopted only by the worker certificate it was assigned to, presenting its "
+      "attempt's rendezvous secret; ",
+      identity.empty()
+          ? "this secret does not match"
+          : absl::StrCat("the certificate \"", identity, "\" or the secret does not match"),
+      " (docs/operations.md, \"Security\")"));
 }
 
 void Coordinator::CheckDeadlines() {

@@ -205,6 +205,10 @@ class Coordinator {
     // The failure was reported during the re-adoption: it happened while the coordinator was
     // away, so the restart it causes is forced (not refused by train.max_restarts).
     bool failed_while_away = false;
+    // Who may take each rank back after a restart (by rank, from the job store): the
+    // certificate name its worker registered with and the SHA-256 of the attempt's secret.
+    // A rank without an entry is not re-adopted.
+    std::map<int, JobStore::RankHolder> holders;
     double peak_flops = 0;  // sum over the job's workers
     double model_flops_per_step = 0;
     std::vector<int64_t> predicted_memory;  // per rank: the planner's state + activations
@@ -241,6 +245,10 @@ class Coordinator {
   // A re-registering worker holds `held`: take it as that rank of the job when the job is
   // RUNNING that attempt and the rank is not adopted yet; otherwise tell the worker to cancel.
   void Adopt(Worker& worker, const vocabpipe::v1::HeldTask& held);
+  // PermissionDenied unless the rank `held` names goes back to a worker with this certificate
+  // name and the attempt's secret (when the coordinator knows who holds it; else Adopt
+  // cancels the rank). Requires mu_.
+  absl::Status CheckHolder(const vocabpipe::v1::HeldTask& held, const std::string& identity);
   // Deadlines: PROFILING too long, a re-adoption whose grace ran out, a RUNNING job without
   // progress for progress_timeout.
   void CheckDeadlines();

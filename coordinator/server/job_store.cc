@@ -96,6 +96,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
            "CREATE INDEX IF NOT EXISTS steps_by_seq ON steps (job_id, seq)",
            "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL)",
            "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+           // Added for issue 29 (re-adoption checks the worker and the secret): a running job
+           // of an older database has no rows, so its ranks are not re-adopted (it restarts
+           // from its checkpoint after --adopt-grace).
+           "CREATE TABLE IF NOT EXISTS rank_holders (job_id TEXT NOT NULL, attempt TEXT NOT NULL, "
+           "rank INTEGER NOT NULL, identity TEXT NOT NULL, secret_sha256 TEXT NOT NULL, "
+           "PRIMARY KEY (job_id, attempt, rank))",
        }) {
     if (auto st = store->Exec(sql); !st.ok()) {
       return absl::UnavailableError(absl::StrCat("--db ", path, ": ", st.message()));
@@ -346,6 +352,64 @@ absl::StatusOr<int64_t> JobStore::LoadCounter(const std::string& name) {
   if (!q.status().ok()) return q.status();
   q.BindText(1, name);
   return q.Step() == SQLITE_ROW ? q.ColumnInt(0) : 0;
+}
+
+absl::Status JobStore::SaveRankHolders(const std::string& job_id, const std::string& attempt,
+                                       const std::vector<RankHolder>& holders) {
+  if (auto st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto fail = [&](const char* what) {
+    absl::Status st = absl::UnavailableError(absl::StrCat(what, ": ", sqlite3_errmsg(db_)));
+    Exec("ROLLBACK").IgnoreError();
+    return st;
+  };
+  {
+    Statement del(db_, "DELETE FROM rank_holders WHERE job_id = ?");
+    if (!del.status().ok()) return fail("rank holders");
+    del.BindText(1, job_id);
+    if (del.Step() != SQLITE_DONE) return fail("rank holders");
+  }
+  for (const RankHolder& h : holders) {
+    Statement put(db_,
+                  "INSERT INTO rank_holders (job_id, attempt, rank, identity, secret_sha256) "
+                  "VALUES (?, ?, ?, ?, ?)");
+    if (!put.status().ok()) return fail("rank holders");
+    put.BindText(1, job_id);
+    put.BindText(2, attempt);
+    put.BindInt(3, h.rank);
+    put.BindText(4, h.identity);
+    put.BindText(5, h.secret_sha256);
+    if (put.Step() != SQLITE_DONE) return fail("rank holders");
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::vector<JobStore::RankHolder>> JobStore::LoadRankHolders(
+    const std::string& job_id, const std::string& attempt) {
+  Statement q(db_,
+              "SELECT rank, identity, secret_sha256 FROM rank_holders WHERE job_id = ? AND "
+              "attempt = ? ORDER BY rank");
+  if (!q.status().ok()) return q.status();
+  q.BindText(1, job_id);
+  q.BindText(2, attempt);
+  std::vector<RankHolder> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    out.push_back({.rank = static_cast<int>(q.ColumnInt(0)),
+                   .identity = q.ColumnBlob(1),
+                   .secret_sha256 = q.ColumnBlob(2)});
+  }
+  if (rc != SQLITE_DONE) return SqlError(db_, "load rank holders");
+  return out;
+}
+
+absl::Status JobStore::DropRankHolders(const std::string& job_id) {
+  Statement del(db_, "DELETE FROM rank_holders WHERE job_id = ?");
+  if (!del.status().ok()) return del.status();
+  del.BindText(1, job_id);
+  if (del.Step() != SQLITE_DONE) {
+    return absl::UnavailableError(absl::StrCat("rank holders: ", sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace vp::server

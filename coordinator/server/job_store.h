@@ -10,6 +10,9 @@
 //   quarantine(id TEXT, record BLOB, reason TEXT)   job rows that failed to parse at load
 //   kv(key TEXT PRIMARY KEY, value BLOB)   the running launches' rendezvous store keys
 //   counters(name TEXT PRIMARY KEY, value INTEGER)   e.g. the next worker number
+//   rank_holders(job_id TEXT, attempt TEXT, rank INTEGER, identity TEXT, secret_sha256 TEXT,
+//                PRIMARY KEY(job_id, attempt, rank))   who may take a running rank back after
+//                a coordinator restart (RankHolder)
 // A step's metrics are one row of `steps` (attempt = the job's restarts when it ran): recording
 // a step does not rewrite the job row, and the same step reported again is recorded once. The
 // job's step summary (step, loss, MFU, tokens/s, stages, last_event) is brought up to date
@@ -67,6 +70,23 @@ class JobStore {
   // A named counter that survives restarts (0 when never saved).
   absl::Status SaveCounter(const std::string& name, int64_t value);
   absl::StatusOr<int64_t> LoadCounter(const std::string& name);
+
+  // Who holds each rank of a running attempt, for re-adoption after a restart: the name in the
+  // certificate of the worker the rank was assigned to ("" on an insecure coordinator) and the
+  // SHA-256 (hex) of the attempt's rendezvous secret (never the secret itself).
+  struct RankHolder {
+    int rank = 0;
+    std::string identity;
+    std::string secret_sha256;
+  };
+  // Replaces every row of the job (an earlier attempt's) with the attempt's, in one
+  // transaction.
+  absl::Status SaveRankHolders(const std::string& job_id, const std::string& attempt,
+                               const std::vector<RankHolder>& holders);
+  // The attempt's rows by rank (none: an empty vector).
+  absl::StatusOr<std::vector<RankHolder>> LoadRankHolders(const std::string& job_id,
+                                                          const std::string& attempt);
+  absl::Status DropRankHolders(const std::string& job_id);
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

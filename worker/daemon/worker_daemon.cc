@@ -22,6 +22,7 @@
 #include "proto/spec/job_spec.h"
 #include "proto/spec/storage_root.h"
 #include "vocabpipe/v1/service.grpc.pb.h"
+#include "worker/daemon/coordinator_link.h"
 #include "worker/daemon/log_tail.h"
 #include "worker/daemon/profile.h"
 #include "worker/data/tokenizer.h"
@@ -105,27 +106,11 @@ struct Ended {
   absl::Time next_try = absl::InfinitePast();
 };
 
-// A channel to the coordinator that reconnects within a second after the coordinator comes
-// back: gRPC's default reconnect backoff grows to minutes, which would keep a worker away from
-// a restarted coordinator long after it is serving again.
-std::shared_ptr<grpc::Channel> CoordinatorChannel(
-    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // A heartbeat answer carries whole RunTasks (spec and plan text): the coordinator's answers
-  // are at most 64 MiB (coordinator/server/service.h).
-  args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, credentials, args);
-}
-
 class Daemon {
  public:
   Daemon(const DaemonOptions& options, std::shared_ptr<grpc::ChannelCredentials> credentials)
       : options_(options),
-        channel_(CoordinatorChannel(options.coordinator, std::move(credentials))),
-        stub_(v1::WorkerService::NewStub(channel_)) {}
+        link_(options.coordinator, std::move(credentials), options.rpc_deadline, Log) {}
 
   ~Daemon() {
     KillAll();
@@ -155,7 +140,7 @@ class Daemon {
         Log(absl::StrCat("stopping: rank ", task_->rank, " of ", task_->job_id,
                          " saves an emergency checkpoint (grace ",
                          absl::FormatDuration(options_.preempt_grace), ")"));
-        Beat();
+        Beat(/*wait=*/false);  // the rank's grace must not wait for an unreachable coordinator
         if (task_) kill(task_->pid, SIGTERM);
       }
       if (leaving_) {
@@ -172,9 +157,13 @@ class Daemon {
       if (worker_id_.empty()) {
         if (now >= next_beat) {
           if (auto st = Register(); !st.ok()) {
-            if (!warned)
+            // The link logs, rate-limited, why the coordinator cannot be reached or refuses
+            // this worker; any other refusal (a bad field) is logged once.
+            if (!warned && !absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st) &&
+                !absl::IsUnauthenticated(st) && !absl::IsPermissionDenied(st)) {
               Log(absl::StrCat("register with ", options_.coordinator, ": ", st.message(),
                                " (retrying)"));
+            }
             warned = true;
             next_beat = now + absl::Seconds(1);
           } else {
@@ -198,11 +187,10 @@ class Daemon {
   }
 
  private:
+  // Reports (fail-fast: they are resent until acknowledged).
   template <typename Request, typename Response, typename Call>
   grpc::Status Unary(Call call, const Request& req, Response* resp) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
-    return ((*stub_).*call)(&ctx, req, resp);
+    return link_.Call(call, req, resp);
   }
 
   absl::Status Register() {
@@ -230,8 +218,20 @@ class Daemon {
       req.mutable_held()->set_store_secret(held->store_secret);
     }
     v1::RegisterWorkerResponse resp;
-    grpc::Status st = Unary(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
-    if (!st.ok()) return absl::UnavailableError(st.error_message());
+    // Waits for the channel (bounded), which drives the reconnection after a restart; the link
+    // logs why the coordinator cannot be reached (coordinator_link.h).
+    grpc::Status st = link_.Keepalive(&v1::WorkerService::Stub::RegisterWorker, req, &resp);
+    if (st.error_code() == grpc::StatusCode::PERMISSION_DENIED && req.has_held()) {
+      // The coordinator will not give this rank back to this worker (another certificate or
+      // another secret than the rank was assigned with): it cannot be part of its job any more.
+      Log(absl::StrCat("the coordinator refused to re-adopt ", req.held().job_id(), " rank ",
+                       req.held().rank(), ": ", st.error_message(), "; stopping the rank"));
+      if (task_) Kill();
+      ended_.reset();
+    }
+    if (!st.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+    }
     worker_id_ = resp.worker_id();
     acked_seq_ = 0;  // command numbers start again with each registration
     // A restarted coordinator acknowledged step lines it then lost (a step is merged only once
@@ -250,7 +250,9 @@ class Daemon {
     return absl::OkStatus();
   }
 
-  void Beat() {
+  // wait: wait for the channel while it is down (CoordinatorLink::Keepalive), which drives
+  // the reconnection; else one fail-fast try.
+  void Beat(bool wait = true) {
     v1::HeartbeatRequest req;
     req.set_worker_id(worker_id_);
     if (task_) {
@@ -260,7 +262,8 @@ class Daemon {
     req.set_leaving(leaving_);
     req.set_acked_seq(acked_seq_);
     v1::HeartbeatResponse resp;
-    grpc::Status st = Unary(&v1::WorkerService::Stub::Heartbeat, req, &resp);
+    grpc::Status st = wait ? link_.Keepalive(&v1::WorkerService::Stub::Heartbeat, req, &resp)
+                           : link_.Call(&v1::WorkerService::Stub::Heartbeat, req, &resp);
     if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
       // The coordinator restarted or dropped this worker. The rank keeps running: the new
       // registration names it, and the coordinator re-adopts it or tells us to cancel it.
@@ -271,7 +274,7 @@ class Daemon {
       worker_id_.clear();
       return;
     }
-    if (!st.ok()) return;  // transient: the next beat retries
+    if (!st.ok()) return;  // the next beat retries; the link logged why (rate-limited)
     for (const v1::WorkerCommand& cmd : resp.commands()) {
       // A command resent because our acknowledgement had not arrived yet: handled already.
       if (cmd.seq() > 0 && cmd.seq() <= acked_seq_) continue;
@@ -633,8 +636,7 @@ class Daemon {
   };
   std::vector<Dying> dying_;
   const DaemonOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  CoordinatorLink link_;  // the channel to the coordinator (coordinator_link.h)
   std::string worker_id_;
   absl::Duration interval_ = absl::Seconds(1);
   double peak_flops_ = 0;

@@ -41,12 +41,14 @@ grpc::Status Retrying(std::chrono::system_clock::time_point until, Call call) {
 }
 
 // Reconnects within a second after the coordinator is back (gRPC's default backoff grows to
-// minutes).
+// minutes). The minimum backoff is also gRPC's deadline for one connection attempt: 5 s, so a
+// TLS handshake on a loaded host is not cut short (the calls wait for the channel, so they
+// drive the attempt: docs/operations.md, "Fault tolerance", tells why that matters).
 std::shared_ptr<grpc::Channel> StoreChannel(const std::string& address,
                                             std::shared_ptr<grpc::ChannelCredentials> creds) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, std::move(creds), args);
 }

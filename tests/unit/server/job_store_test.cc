@@ -191,3 +191,38 @@ TEST_F(JobStoreTest, ADatabaseFromBeforeTheStepsTableStillReads) {
 }
 
 }  // namespace
+
+// Issue 29: who holds each rank of a running attempt (certificate name, SHA-256 of the
+// attempt's secret) survives a reopen; a new attempt replaces the job's rows; a drop removes
+// them; another job's rows are untouched.
+TEST_F(JobStoreTest, RankHoldersAreStoredPerAttemptAndReplacedByTheNext) {
+  const std::string hash(64, 'a'), other(64, 'b');
+  {
+    auto store = JobStore::Open(db_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)
+                    ->SaveRankHolders("job-1", "job-1.1",
+                                      {{.rank = 0, .identity = "node0", .secret_sha256 = hash},
+                                       {.rank = 1, .identity = "node1", .secret_sha256 = hash}})
+                    .ok());
+    ASSERT_TRUE((*store)->SaveRankHolders("job-2", "job-2.1", {{0, "node2", other}}).ok());
+  }
+  auto store = JobStore::Open(db_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto held = (*store)->LoadRankHolders("job-1", "job-1.1");
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(held->size(), 2u);
+  EXPECT_EQ((*held)[1].rank, 1);
+  EXPECT_EQ((*held)[1].identity, "node1");
+  EXPECT_EQ((*held)[1].secret_sha256, hash);
+  // Another attempt of the job: nothing (the rows name the attempt they belong to).
+  EXPECT_TRUE((*store)->LoadRankHolders("job-1", "job-1.2")->empty());
+  // The next attempt replaces the job's rows.
+  ASSERT_TRUE((*store)->SaveRankHolders("job-1", "job-1.2", {{0, "node3", other}}).ok());
+  EXPECT_TRUE((*store)->LoadRankHolders("job-1", "job-1.1")->empty());
+  EXPECT_EQ((*store)->LoadRankHolders("job-1", "job-1.2")->size(), 1u);
+  EXPECT_EQ(Count("SELECT COUNT(*) FROM rank_holders WHERE job_id = 'job-1'"), 1);
+  ASSERT_TRUE((*store)->DropRankHolders("job-1").ok());
+  EXPECT_EQ(Count("SELECT COUNT(*) FROM rank_holders WHERE job_id = 'job-1'"), 0);
+  EXPECT_EQ((*store)->LoadRankHolders("job-2", "job-2.1")->size(), 1u);
+}
