@@ -44,9 +44,11 @@ class Cluster(ClusterBase):
             token = self.run_cli("certs", "token", "bench", "--role", "admin", "--tokens", tokens)
             self.env["VOCABPIPE_TOKEN"] = token.strip().splitlines()[-1]
             self.env["VOCABPIPE_TLS_CA"] = os.path.join(certs, "ca.pem")
+            # A TLS coordinator confines data.path and checkpoint.dir to its storage root.
             self.server_flags = ["--tls-cert", os.path.join(certs, "server.pem"),
                                  "--tls-key", os.path.join(certs, "server-key.pem"),
-                                 "--tls-ca", os.path.join(certs, "ca.pem"), "--tokens", tokens]
+                                 "--tls-ca", os.path.join(certs, "ca.pem"), "--tokens", tokens,
+                                 "--storage-root", work]
         else:
             self.server_flags = ["--insecure"]
         self.start()
