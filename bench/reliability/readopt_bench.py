@@ -18,43 +18,24 @@ to that event; the outcome. Prints a markdown table; exits 1 if any repetition d
 as the same attempt with the uninterrupted run's weights, or took more than 30 s to re-adopt.
 """
 import argparse
-import hashlib
 import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import TERMINAL, Cluster as ClusterBase, prepare_workdir, sha256  # noqa: E402
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-class Cluster:
+class Cluster(ClusterBase):
     """The coordinator (restarted by kill()/start()) and the daemons, all this script's."""
 
     def __init__(self, a, work):
-        self.a = a
-        self.work = work
-        self.address = f"127.0.0.1:{free_port()}"
-        self.cli = os.path.join(a.bin, "client", "vocabpipe")
-        self.env = dict(os.environ)
-        self.coordinator = None
+        super().__init__(a, work, ["--insecure"] if a.insecure else [])
         self.starts = 0
         certs = os.path.join(work, "certs")
         if not a.insecure:
@@ -63,13 +44,14 @@ class Cluster:
             token = self.run_cli("certs", "token", "bench", "--role", "admin", "--tokens", tokens)
             self.env["VOCABPIPE_TOKEN"] = token.strip().splitlines()[-1]
             self.env["VOCABPIPE_TLS_CA"] = os.path.join(certs, "ca.pem")
+            # A TLS coordinator confines data.path and checkpoint.dir to its storage root.
             self.server_flags = ["--tls-cert", os.path.join(certs, "server.pem"),
                                  "--tls-key", os.path.join(certs, "server-key.pem"),
-                                 "--tls-ca", os.path.join(certs, "ca.pem"), "--tokens", tokens]
+                                 "--tls-ca", os.path.join(certs, "ca.pem"), "--tokens", tokens,
+                                 "--storage-root", work]
         else:
             self.server_flags = ["--insecure"]
         self.start()
-        self.daemons = []
         for k in range(a.pipeline):
             if a.insecure:
                 flags = ["--insecure"]
@@ -80,32 +62,16 @@ class Cluster:
                          "--tls-cert", os.path.join(certs, f"{name}.pem"),
                          "--tls-key", os.path.join(certs, f"{name}-key.pem")]
             log = open(os.path.join(work, f"worker_{k}.log"), "w")
-            self.daemons.append(subprocess.Popen(
-                [os.path.join(a.bin, "worker", "main", "vocabpipe-worker"), "--coordinator",
-                 self.address, *flags], stdout=log, stderr=subprocess.STDOUT))
+            self.daemons.append(subprocess.Popen(self.worker_args(*flags), stdout=log,
+                                                 stderr=subprocess.STDOUT))
         self.wait_workers(a.pipeline)
-
-    def run_cli(self, *args):
-        r = subprocess.run([self.cli, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env=getattr(self, "env", os.environ))
-        if r.returncode != 0:
-            raise RuntimeError(f"vocabpipe {' '.join(args)}: {r.stdout}")
-        return r.stdout
-
-    def ctl(self, *args):
-        extra = ["--insecure"] if self.a.insecure else []
-        return self.run_cli(*args, "--coordinator", self.address, *extra)
 
     def start(self):
         """Starts the coordinator on the database and address; returns when it listens."""
         self.starts += 1
         log_path = os.path.join(self.work, f"coordinator_{self.starts}.log")
-        self.coordinator = subprocess.Popen(
-            [os.path.join(self.a.bin, "coordinator", "server", "vocabpipe-coordinator"),
-             "--listen", self.address, "--db", os.path.join(self.work, "coordinator.db"),
-             "--no-profile", "--heartbeat-interval", "0.25", "--heartbeat-timeout", "2",
-             "--rank-timeout", "10", *self.server_flags],
-            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+        self.coordinator = subprocess.Popen(self.coordinator_args(10, *self.server_flags),
+                                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
         end = time.time() + 30
         while time.time() < end:
             with open(log_path) as f:
@@ -120,28 +86,10 @@ class Cluster:
         self.coordinator.send_signal(signal.SIGKILL)
         self.coordinator.wait()
 
-    def workers(self):
-        return json.loads(self.ctl("workers", "--output", "json"))
-
-    def wait_workers(self, n, limit=30):
-        end = time.time() + limit
-        while time.time() < end:
-            try:
-                if len(self.workers()) >= n:
-                    return
-            except RuntimeError:
-                pass
-            time.sleep(0.2)
-        sys.exit(f"fewer than {n} workers registered within {limit} s")
-
-    def job(self, job_id):
-        return json.loads(self.ctl("status", job_id, "--output", "json"))
-
     def events(self, job_id, limit=20):
         """The job's events; `watch` follows a job that is not over, so it is cut at `limit`."""
-        extra = ["--insecure"] if self.a.insecure else []
-        p = subprocess.Popen([self.cli, "watch", job_id, "--output", "json", "--coordinator",
-                              self.address, *extra], stdout=subprocess.PIPE,
+        p = subprocess.Popen([self.cli, "watch", job_id, "--output", "json",
+                              *self.coordinator_flags()], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env=self.env)
         try:
             out, _ = p.communicate(timeout=limit)
@@ -155,46 +103,6 @@ class Cluster:
             except ValueError:  # not an event, or cut short
                 pass
         return events
-
-    def stop(self):
-        for p in self.daemons + [self.coordinator]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.daemons + [self.coordinator]:
-            try:
-                p.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def spec_text(a, name):
-    return (f"name: {name}\n"
-            f"model: {{layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}}\n"
-            f"parallel: {{pipeline: {a.pipeline}, microbatch_size: 2, microbatches: 4, "
-            f"vocab: vocab2, schedule: 1f1b}}\n"
-            f"train: {{steps: {a.steps}, lr: 0.003, threads: 1}}\n"
-            f"data: {{path: data.bin}}\ncheckpoint: {{dir: {name}, every: {a.every}}}\n")
-
-
-def submit(cluster, work, a, name):
-    path = os.path.join(work, f"{name}.yaml")
-    with open(path, "w") as f:
-        f.write(spec_text(a, name))
-    return cluster.ctl("submit", path).strip().splitlines()[-1].strip()
-
-
-def wait_state(cluster, job_id, states, limit):
-    end = time.time() + limit
-    while time.time() < end:
-        j = cluster.job(job_id)
-        if j["state"] in states:
-            return j
-        time.sleep(0.1)
-    return cluster.job(job_id)
-
-
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def main():
@@ -212,21 +120,13 @@ def main():
     ap.add_argument("--timeout-per-job", type=float, default=120)
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    work = a.workdir or tempfile.mkdtemp(prefix="vp_readopt_")
-    os.makedirs(work, exist_ok=True)
-    subprocess.run([os.path.join(a.bin, "client", "vocabpipe"), "data", "synth", "--vocab", "64",
-                    "--tokens", "20000", "--seed", "5", "--out", os.path.join(work, "data.bin")],
-                   check=True, stdout=subprocess.DEVNULL)
+    work = prepare_workdir(a, "vp_readopt_")
     started = time.time()
     cluster = Cluster(a, work)
     rows = []
     skipped = []  # jobs that ended before their kill
     try:
-        ref_id = submit(cluster, work, a, "reference")
-        ref = wait_state(cluster, ref_id, TERMINAL, a.timeout_per_job)
-        if ref["state"] != "SUCCEEDED":
-            sys.exit(f"reference job {ref['state']}: {ref.get('reason', '')}")
-        ref_sha = sha256(os.path.join(work, "reference", f"step_{a.steps}", "model.safetensors"))
+        _, ref_sha = cluster.reference()
         # A job that ends before its kill step is seen (the CLI polls about twice a second)
         # is not a repetition: jobs go on until n kills were made (at most 2n jobs).
         i = 0
@@ -234,7 +134,7 @@ def main():
             name = f"restart{i}"
             i += 1
             target = rng.randint(2, a.steps // 2)  # kill after this many recorded steps
-            job_id = submit(cluster, work, a, name)
+            job_id = cluster.submit(name)
             end = time.time() + a.timeout_per_job
             j = cluster.job(job_id)
             while time.time() < end and j["state"] not in TERMINAL and not (
@@ -253,7 +153,7 @@ def main():
             killed_at = time.time()
             time.sleep(a.down)
             cluster.start()
-            j = wait_state(cluster, job_id, TERMINAL, max(1.0, end - time.time()))
+            j = cluster.wait_state(job_id, TERMINAL, max(1.0, end - time.time()))
             events = cluster.events(job_id)
             # The CLI's job record has no attempt: the events tell. A restart is a PENDING
             # event "restart N: attempt ..."; the attempt the restarted coordinator waits for
@@ -274,7 +174,7 @@ def main():
             if restarted_ms is not None and adopted_ms is not None:
                 row["rereg"] = (adopted_ms - restarted_ms) / 1000.0
                 row["kill_to_adopted"] = adopted_ms / 1000.0 - killed_at
-            weights = os.path.join(work, name, f"step_{a.steps}", "model.safetensors")
+            weights = cluster.weights(name)
             row.update({
                 "state": j["state"], "restarts": restarts,
                 "same_attempt": waited_for is not None and restarts == 0,

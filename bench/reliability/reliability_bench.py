@@ -18,48 +18,27 @@ the same spec (final loss, and the final weights' SHA-256). Prints a markdown ta
 if any job did not succeed.
 """
 import argparse
-import hashlib
 import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import TERMINAL, Cluster as ClusterBase, prepare_workdir, sha256  # noqa: E402
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-class Cluster:
+class Cluster(ClusterBase):
     """The coordinator and the worker daemons, all started (and stopped) by this script."""
 
     def __init__(self, a, work):
-        self.a = a
-        self.work = work
-        self.address = f"127.0.0.1:{free_port()}"
-        self.cli = os.path.join(a.bin, "client", "vocabpipe")
-        self.daemons = []  # Popen objects of live daemons
+        super().__init__(a, work, ["--insecure"])
         self.started = 0
         self.coordinator = subprocess.Popen(
-            [os.path.join(a.bin, "coordinator", "server", "vocabpipe-coordinator"),
-             "--listen", self.address, "--insecure", "--db", os.path.join(work, "coordinator.db"),
-             "--no-profile", "--heartbeat-interval", "0.25", "--heartbeat-timeout", "2",
-             "--rank-timeout", "5"],
+            self.coordinator_args(5, "--insecure"),
             stdout=open(os.path.join(work, "coordinator.log"), "w"), stderr=subprocess.STDOUT)
         for _ in range(a.pipeline + a.spares):
             self.start_daemon()
@@ -69,74 +48,12 @@ class Cluster:
         self.started += 1
         log = open(os.path.join(self.work, f"worker_{self.started}.log"), "w")
         self.daemons.append(subprocess.Popen(
-            [os.path.join(self.a.bin, "worker", "main", "vocabpipe-worker"), "--coordinator",
-             self.address, "--insecure", "--exit-with-parent", "1"],
+            self.worker_args("--insecure", "--exit-with-parent", "1"),
             stdout=log, stderr=subprocess.STDOUT))
-
-    def ctl(self, *args):
-        r = subprocess.run([self.cli, *args, "--coordinator", self.address, "--insecure"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"vocabpipe {' '.join(args)}: {r.stdout}")
-        return r.stdout
-
-    def workers(self):
-        return json.loads(self.ctl("workers", "--output", "json"))
-
-    def wait_workers(self, n, limit=30):
-        end = time.time() + limit
-        while time.time() < end:
-            try:
-                if len(self.workers()) >= n:
-                    return
-            except RuntimeError:
-                pass
-            time.sleep(0.2)
-        sys.exit(f"fewer than {n} workers registered within {limit} s")
-
-    def job(self, job_id):
-        return json.loads(self.ctl("status", job_id, "--output", "json"))
 
     def events(self, job_id):
         out = self.ctl("watch", job_id, "--output", "json")
         return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-    def stop(self):
-        for p in self.daemons + [self.coordinator]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.daemons + [self.coordinator]:
-            try:
-                p.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def spec_text(a, name, max_restarts):
-    return (f"name: {name}\n"
-            f"model: {{layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}}\n"
-            f"parallel: {{pipeline: {a.pipeline}, microbatch_size: 2, microbatches: 4, "
-            f"vocab: vocab2, schedule: 1f1b}}\n"
-            f"train: {{steps: {a.steps}, lr: 0.003, threads: 1, max_restarts: {max_restarts}}}\n"
-            f"data: {{path: data.bin}}\ncheckpoint: {{dir: {name}, every: {a.every}}}\n")
-
-
-def submit(cluster, work, a, name, max_restarts):
-    path = os.path.join(work, f"{name}.yaml")
-    with open(path, "w") as f:
-        f.write(spec_text(a, name, max_restarts))
-    return cluster.ctl("submit", path).strip().splitlines()[-1].strip()
-
-
-def wait_state(cluster, job_id, states, limit):
-    end = time.time() + limit
-    while time.time() < end:
-        j = cluster.job(job_id)
-        if j["state"] in states:
-            return j
-        time.sleep(0.1)
-    return cluster.job(job_id)
 
 
 def main():
@@ -152,22 +69,13 @@ def main():
     ap.add_argument("--timeout-per-job", type=float, default=120)
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    work = a.workdir or tempfile.mkdtemp(prefix="vp_reliability_")
-    os.makedirs(work, exist_ok=True)
-    subprocess.run([os.path.join(a.bin, "client", "vocabpipe"), "data", "synth", "--vocab", "64",
-                    "--tokens", "20000", "--seed", "5", "--out", os.path.join(work, "data.bin")],
-                   check=True, stdout=subprocess.DEVNULL)
+    work = prepare_workdir(a, "vp_reliability_")
     started = time.time()
     cluster = Cluster(a, work)
     rows = []
     try:
         # The uninterrupted reference.
-        ref_id = submit(cluster, work, a, "reference", 0)
-        ref = wait_state(cluster, ref_id, {"SUCCEEDED", "FAILED", "CANCELLED"},
-                         a.timeout_per_job)
-        if ref["state"] != "SUCCEEDED":
-            sys.exit(f"reference job {ref['state']}: {ref.get('reason', '')}")
-        ref_sha = sha256(os.path.join(work, "reference", f"step_{a.steps}", "model.safetensors"))
+        ref, ref_sha = cluster.reference(max_restarts=0)
         # A job that ends before its kill step is seen (a slow poll) counts as a job, not a
         # kill: jobs go on until n daemons were killed (at most 2n jobs).
         i = 0
@@ -176,12 +84,12 @@ def main():
             i += 1
             target = rng.randint(1, a.steps - 2)  # kill after this many recorded steps
             victim_rank = rng.randrange(a.pipeline)
-            job_id = submit(cluster, work, a, name, 10)
+            job_id = cluster.submit(name, max_restarts=10)
             end = time.time() + a.timeout_per_job
             killed_pid, killed_at, kill_step = None, None, None
             while time.time() < end and killed_pid is None:
                 j = cluster.job(job_id)
-                if j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                if j["state"] in TERMINAL:
                     break
                 if j["state"] == "RUNNING" and j.get("step", 0) >= target:
                     for w in cluster.workers():
@@ -205,8 +113,7 @@ def main():
                 while time.time() < drop_end and any(
                         w.get("pid") == killed_pid for w in cluster.workers()):
                     time.sleep(0.2)
-            j = wait_state(cluster, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"},
-                           max(1.0, end - time.time()))
+            j = cluster.wait_state(job_id, TERMINAL, max(1.0, end - time.time()))
             events = cluster.events(job_id)
             # recorded: the last step the coordinator recorded before the job's last restart.
             recorded, last, lost, back_after = 0, 0, None, None
@@ -230,7 +137,7 @@ def main():
                 pass
             if restarted and resumed is not None:
                 lost = recorded - resumed
-            weights = os.path.join(work, name, f"step_{a.steps}", "model.safetensors")
+            weights = cluster.weights(name)
             same = os.path.exists(weights) and sha256(weights) == ref_sha
             rows.append({
                 "job": job_id, "state": j["state"], "restarts": restarts,

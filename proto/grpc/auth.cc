@@ -20,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "proto/safefs/run_owner.h"
 
 namespace vp::auth {
 namespace {
@@ -49,16 +50,8 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& 
   return text;
 }
 
-bool ValidUserName(const std::string& user) {
-  if (user.empty() || user.size() > 64) return false;
-  for (char c : user) {
-    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
-          c == '@')) {
-      return false;
-    }
-  }
-  return true;
-}
+// A token's user is the owner its runs record in their folders' OWNER files: one alphabet.
+bool ValidUserName(const std::string& user) { return safefs::ValidOwnerName(user); }
 
 }  // namespace
 

@@ -23,7 +23,8 @@ struct RunUser {
   bool admin = false;
 };
 
-// A name as recorded in OWNER: 1 to 64 bytes of [A-Za-z0-9._@-] (the token users' alphabet).
+// A name as recorded in OWNER: 1 to 64 bytes of [A-Za-z0-9._@-]. Also the check of a token's
+// user name (vp::auth), as a run's owner is its user.
 bool ValidOwnerName(std::string_view name);
 
 // The owner recorded in an open folder. NotFound when it has no OWNER; DataLoss for a file that

@@ -17,16 +17,8 @@ using ::testing::HasSubstr;
 class ControlCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("vp_control_cli_",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_",
-                        getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    ASSERT_EQ(Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
-                                     (dir_ / "data.bin").string()))
-                  .code,
-              0);
+    dir_ = FreshTestDir("vp_control_cli_");
+    ASSERT_EQ(SynthData(dir_ / "data.bin").code, 0);
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);

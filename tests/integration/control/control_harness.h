@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -18,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +76,23 @@ class Process {
 };
 
 inline std::string Bin(const std::string& rel) { return absl::StrCat(VP_BINARY_DIR, "/", rel); }
+
+// The running test's own folder, TMP/<prefix><test name>_<pid> ('/' in a parameterized test's
+// name made '_'), emptied and created.
+inline fs::path FreshTestDir(const std::string& prefix) {
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(name.begin(), name.end(), '/', '_');
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat(prefix, name, "_", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// The tests' token file (V = 64, 20000 tokens, seed 5) written to `out` by `vocabpipe data synth`.
+inline CliResult SynthData(const fs::path& out) {
+  return Vocabpipe(
+      "", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ", out.string()));
+}
 
 // Polls `pred` every 20 ms until it holds or `timeout` passes.
 template <typename Pred>
@@ -209,5 +228,100 @@ inline std::unique_ptr<grpc::ClientContext> Ctx(int seconds = 10) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
   return ctx;
 }
+
+// A fixture over TLS: a folder of the test's own (dir_, with an empty storage root dir_/root), the
+// certificates and tokens of `vocabpipe certs` in it with an admin token (admin_), coordinators on
+// dir_/coordinator.db and worker daemons with the worker certificate.
+class TlsClusterTest : public ::testing::Test {
+ protected:
+  // prefix: the start of the folder's name (FreshTestDir).
+  explicit TlsClusterTest(std::string prefix) : prefix_(std::move(prefix)) {}
+
+  // A subclass's SetUp calls this first and returns if HasFatalFailure().
+  void SetUp() override {
+    dir_ = FreshTestDir(prefix_);
+    root_ = dir_ / "root";
+    fs::create_directories(root_);
+    db_ = dir_ / "coordinator.db";
+    pki_ = std::make_unique<TestPki>(dir_);
+    ASSERT_TRUE(pki_->ok()) << pki_->init_output();
+    admin_ = pki_->Token("root", "admin");
+    ASSERT_EQ(admin_.size(), 64u);
+  }
+  // Stops the daemons; keeps the folder of a failed test.
+  void TearDown() override {
+    workers_.clear();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // A TLS coordinator (client certificates verified, tokens) with the flags `extra`; its stubs
+  // present the worker certificate and the admin's token.
+  std::unique_ptr<CoordinatorProcess> StartCoordinator(std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = pki_->ServerFlags();
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    auto c =
+        std::make_unique<CoordinatorProcess>(dir_, db_, flags, pki_->Credentials("worker", admin_));
+    EXPECT_TRUE(c->up()) << c->process().Log();
+    return c;
+  }
+  // A user's JobService over TLS with their token.
+  std::unique_ptr<v1::JobService::Stub> Jobs(CoordinatorProcess& c, const std::string& token) {
+    return v1::JobService::NewStub(grpc::CreateChannel(c.address(), pki_->Credentials("", token)));
+  }
+
+  // One more worker daemon with the worker certificate and the flags `extra`; returns once c
+  // lists it (a fatal failure after 30 s).
+  void StartWorker(CoordinatorProcess& c, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
+                                     c.address(), "--exit-with-parent", "1"};
+    for (const std::string& f : pki_->WorkerFlags()) args.push_back(f);
+    args.insert(args.end(), extra.begin(), extra.end());
+    const size_t n = workers_.size();
+    workers_.push_back(std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", n, ".log")));
+    ASSERT_TRUE(WaitFor([&] { return ListWorkers(c).workers_size() >= static_cast<int>(n) + 1; },
+                        std::chrono::seconds(30)))
+        << workers_.back()->Log();
+  }
+
+  v1::ListWorkersResponse ListWorkers(CoordinatorProcess& c) {
+    v1::ListWorkersResponse resp;
+    c.workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &resp).ok();
+    return resp;
+  }
+  // The number of jobs the admin sees (every job).
+  int JobCount(CoordinatorProcess& c) {
+    v1::ListJobsResponse list;
+    EXPECT_TRUE(c.jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
+    return list.jobs_size();
+  }
+  // The job `id` as the admin sees it (empty if the call failed).
+  v1::Job GetJob(CoordinatorProcess& c, const std::string& id) {
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    v1::Job job;
+    c.jobs->GetJob(Ctx().get(), get, &job).ok();
+    return job;
+  }
+  // Waits up to `seconds` for a terminal state; returns the job as last seen.
+  v1::Job WaitTerminal(CoordinatorProcess& c, const std::string& id, int seconds = 120) {
+    v1::Job job;
+    WaitFor(
+        [&] {
+          job = GetJob(c, id);
+          return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+                 job.state() == v1::JOB_STATE_CANCELLED;
+        },
+        std::chrono::seconds(seconds));
+    return job;
+  }
+
+  fs::path dir_, root_, db_;
+  std::unique_ptr<TestPki> pki_;
+  std::string admin_;                              // the admin root's token
+  std::vector<std::unique_ptr<Process>> workers_;  // StartWorker
+
+ private:
+  std::string prefix_;
+};
 
 }  // namespace vp::testing

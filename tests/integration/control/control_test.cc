@@ -26,12 +26,7 @@ using ::testing::HasSubstr;
 class ControlTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // A parameterized test's name has a '/' (AKilled.../Tls): one folder per test all the same.
-    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::replace(name.begin(), name.end(), '/', '_');
-    dir_ = fs::temp_directory_path() / absl::StrCat("vp_control_", name, "_", getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = FreshTestDir("vp_control_");
     db_ = dir_ / "coordinator.db";
   }
   void TearDown() override {
@@ -40,10 +35,8 @@ class ControlTest : public ::testing::Test {
   }
 
   void MakeData() {
-    const std::string cmd = absl::StrCat(Bin("client/vocabpipe"), " data synth --vocab 64 ",
-                                         "--tokens 20000 --seed 5 --out ",
-                                         (dir_ / "data.bin").string(), " > /dev/null 2>&1");
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    const CliResult r = SynthData(dir_ / "data.bin");
+    ASSERT_EQ(r.code, 0) << r.output;
   }
 
   // A tiny p-rank job: V = 64, h = 32, s = 16, m = 4 microbatches of b = 2.

@@ -125,43 +125,19 @@ class FakeWorker {
   std::vector<v1::WorkerCommand> commands_;
 };
 
-class LimitsTest : public ::testing::Test {
+class LimitsTest : public TlsClusterTest {
  protected:
+  LimitsTest() : TlsClusterTest("vp_limits_") {}
+
   void SetUp() override {
-    dir_ =
-        fs::temp_directory_path() /
-        absl::StrCat("vp_limits_", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
-                     "_", getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "root");
-    db_ = dir_ / "coordinator.db";
-    pki_ = std::make_unique<TestPki>(dir_);
-    ASSERT_TRUE(pki_->ok()) << pki_->init_output();
-    admin_ = pki_->Token("root", "admin");
+    TlsClusterTest::SetUp();
+    if (HasFatalFailure()) return;
     alice_ = pki_->Token("alice");
     bob_ = pki_->Token("bob");
-    ASSERT_EQ(admin_.size(), 64u);
     ASSERT_EQ(alice_.size(), 64u);
     ASSERT_EQ(bob_.size(), 64u);
   }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
 
-  // A TLS coordinator (client certificates verified, tokens); its stubs present the worker
-  // certificate and the admin's token.
-  std::unique_ptr<CoordinatorProcess> StartCoordinator(std::vector<std::string> extra = {}) {
-    std::vector<std::string> flags = pki_->ServerFlags();
-    flags.insert(flags.end(), extra.begin(), extra.end());
-    auto c =
-        std::make_unique<CoordinatorProcess>(dir_, db_, flags, pki_->Credentials("worker", admin_));
-    EXPECT_TRUE(c->up()) << c->process().Log();
-    return c;
-  }
-  // A user's JobService over TLS with their token.
-  std::unique_ptr<v1::JobService::Stub> Jobs(CoordinatorProcess& c, const std::string& token) {
-    return v1::JobService::NewStub(grpc::CreateChannel(c.address(), pki_->Credentials("", token)));
-  }
   // A process that must refuse to start: its exit code and output.
   std::pair<int, std::string> Refused(const std::vector<std::string>& args) {
     Process p(args, dir_ / "refused.log");
@@ -184,15 +160,8 @@ class LimitsTest : public ::testing::Test {
   v1::SubmitJobRequest TinyJob(const std::string& name, int pipeline = 1) {
     return Job(name, "{layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}", pipeline);
   }
-  int JobCount(CoordinatorProcess& c) {
-    v1::ListJobsResponse list;
-    EXPECT_TRUE(c.jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
-    return list.jobs_size();
-  }
 
-  fs::path dir_, db_;
-  std::unique_ptr<TestPki> pki_;
-  std::string admin_, alice_, bob_;
+  std::string alice_, bob_;
 };
 
 // Probe 19: a host name that merely starts with "127." resolves wherever its DNS says; only a
@@ -505,9 +474,7 @@ TEST_F(LimitsTest, StoreWritesBeyondARunsLimitsAreNeverPersisted) {
 // admin) is on a unix socket in a 0700 folder, not on a loopback port another local user can
 // reach; its daemons still connect, and the run succeeds untouched.
 TEST_F(LimitsTest, LocalRunCoordinatorIsClosedToOtherLocalUsers) {
-  CliResult synth =
-      Vocabpipe("", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
-                                 (dir_ / "data.bin").string()));
+  CliResult synth = SynthData(dir_ / "data.bin");
   ASSERT_EQ(synth.code, 0) << synth.output;
   std::ofstream(dir_ / "local.yaml")
       << "name: local\nmodel: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n"
@@ -714,9 +681,7 @@ TEST_F(LimitsTest, FinishedJobsAreCappedPerUserExpireAndListInPages) {
 // job fails once, with no restart, although train.max_restarts allows three.
 TEST_F(LimitsTest, BadInputFilesFailOnceNotAtEveryRestart) {
   const fs::path root = dir_ / "root";
-  CliResult synth =
-      Vocabpipe("", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
-                                 (root / "data.bin").string()));
+  CliResult synth = SynthData(root / "data.bin");
   ASSERT_EQ(synth.code, 0) << synth.output;
   const std::string good = ReadWholeFile(root / "data.bin");
   std::ofstream(root / "trunc.bin", std::ios::binary) << good.substr(0, good.size() - 1001);

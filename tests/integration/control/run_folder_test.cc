@@ -55,65 +55,33 @@ struct Target {
   fs::file_time_type mtime;
 };
 
-class RunFolderTest : public ::testing::Test {
+class RunFolderTest : public TlsClusterTest {
  protected:
+  RunFolderTest() : TlsClusterTest("vp_runfolder_") {}
+
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("vp_runfolder_",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_",
-                        getpid());
-    fs::remove_all(dir_);
-    root_ = dir_ / "root";
+    TlsClusterTest::SetUp();
+    if (HasFatalFailure()) return;
     fs::create_directories(root_ / "data");
     fs::create_directories(dir_ / "outside");
-    pki_ = std::make_unique<TestPki>(dir_);
-    ASSERT_TRUE(pki_->ok()) << pki_->init_output();
-    admin_ = pki_->Token("root", "admin");
     alice_ = pki_->Token("alice");
     bob_ = pki_->Token("bob");
     ASSERT_EQ(bob_.size(), 64u);
-    CliResult r = Vocabpipe("", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
-                                             (root_ / "data" / "data.bin").string()));
+    CliResult r = SynthData(root_ / "data" / "data.bin");
     ASSERT_EQ(r.code, 0) << r.output;
-    coordinator_ = std::make_unique<CoordinatorProcess>(dir_, dir_ / "coordinator.db", Flags(),
-                                                        pki_->Credentials("worker", admin_));
-    ASSERT_TRUE(coordinator_->up()) << coordinator_->process().Log();
+    coordinator_ = StartCoordinator({"--no-profile", "--storage-root", root_.string()});
+    ASSERT_TRUE(coordinator_->up());
   }
   void TearDown() override {
     workers_.clear();
     coordinator_.reset();
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
-  std::vector<std::string> Flags() {
-    std::vector<std::string> flags = pki_->ServerFlags();
-    for (const char* f : {"--no-profile", "--storage-root"}) flags.push_back(f);
-    flags.push_back(root_.string());
-    return flags;
+    TlsClusterTest::TearDown();
   }
 
   void StartWorkers(int n) {
-    CoordinatorProcess& c = *coordinator_;
     for (int i = 0; i < n; ++i) {
-      std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"),
-                                       "--coordinator",
-                                       c.address(),
-                                       "--exit-with-parent",
-                                       "1",
-                                       "--storage-root",
-                                       root_.string()};
-      for (const std::string& f : pki_->WorkerFlags()) args.push_back(f);
-      const size_t k = workers_.size();
-      workers_.push_back(
-          std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", k, ".log")));
-      ASSERT_TRUE(WaitFor(
-          [&] {
-            v1::ListWorkersResponse resp;
-            c.workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &resp).ok();
-            return resp.workers_size() >= static_cast<int>(k) + 1;
-          },
-          std::chrono::seconds(30)))
-          << workers_.back()->Log();
+      StartWorker(*coordinator_, {"--storage-root", root_.string()});
+      if (HasFatalFailure()) return;
     }
   }
 
@@ -134,38 +102,10 @@ class RunFolderTest : public ::testing::Test {
 
   grpc::Status Submit(const std::string& token, const v1::SubmitJobRequest& req,
                       std::string* id = nullptr) {
-    auto jobs = v1::JobService::NewStub(
-        grpc::CreateChannel(coordinator_->address(), pki_->Credentials("", token)));
     v1::SubmitJobResponse resp;
-    grpc::Status st = jobs->SubmitJob(Ctx().get(), req, &resp);
+    grpc::Status st = Jobs(*coordinator_, token)->SubmitJob(Ctx().get(), req, &resp);
     if (id != nullptr) *id = resp.job_id();
     return st;
-  }
-
-  int JobCount() {
-    v1::ListJobsResponse list;
-    EXPECT_TRUE(coordinator_->jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
-    return list.jobs_size();
-  }
-
-  v1::Job GetJob(const std::string& id) {
-    v1::GetJobRequest get;
-    get.set_job_id(id);
-    v1::Job job;
-    coordinator_->jobs->GetJob(Ctx().get(), get, &job).ok();
-    return job;
-  }
-
-  v1::Job WaitTerminal(const std::string& id, int seconds = 120) {
-    v1::Job job;
-    WaitFor(
-        [&] {
-          job = GetJob(id);
-          return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
-                 job.state() == v1::JOB_STATE_CANCELLED;
-        },
-        std::chrono::seconds(seconds));
-    return job;
   }
 
   // A file outside the root, and a link to it at `link`.
@@ -181,11 +121,8 @@ class RunFolderTest : public ::testing::Test {
     EXPECT_EQ(fs::last_write_time(t.path), t.mtime) << t.path;
   }
 
-  fs::path dir_, root_;
-  std::unique_ptr<TestPki> pki_;
-  std::string admin_, alice_, bob_;
+  std::string alice_, bob_;
   std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::vector<std::unique_ptr<Process>> workers_;
 };
 
 // Probes 27 and 24: bob names alice's finished run as checkpoint.dir, resumes from it, starts
@@ -195,13 +132,13 @@ TEST_F(RunFolderTest, AFinishedRunBelongsToItsUser) {
   StartWorkers(2);
   std::string id;
   ASSERT_TRUE(Submit(alice_, Job("runs/alice"), &id).ok());
-  v1::Job job = WaitTerminal(id);
+  v1::Job job = WaitTerminal(*coordinator_, id);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(ReadWholeFile(root_ / "runs/alice/OWNER"), "alice\n");
   ASSERT_TRUE(fs::exists(root_ / "runs/alice/step_4/model.safetensors"));
   ASSERT_TRUE(fs::exists(root_ / "runs/alice/step_2/rank_1/MANIFEST.json"));
   const auto before = Snapshot(root_ / "runs/alice");
-  const int jobs = JobCount();
+  const int jobs = JobCount(*coordinator_);
 
   grpc::Status st = Submit(bob_, Job("runs/alice", 2, "", "every: 4, keep_last: 1"));
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
@@ -225,13 +162,13 @@ TEST_F(RunFolderTest, AFinishedRunBelongsToItsUser) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(st.error_message(), HasSubstr("belongs to alice"));
 
-  EXPECT_EQ(JobCount(), jobs) << "a refused submit stored a job";
+  EXPECT_EQ(JobCount(*coordinator_), jobs) << "a refused submit stored a job";
   EXPECT_FALSE(fs::exists(root_ / "runs/bob"));
   EXPECT_EQ(Snapshot(root_ / "runs/alice"), before) << "alice's run folder changed";
 
   // An admin may; the new folder is the admin's, alice's stays hers and unchanged.
   ASSERT_TRUE(Submit(admin_, Job("runs/copy", 2, "runs/alice/step_4"), &id).ok());
-  job = WaitTerminal(id);
+  job = WaitTerminal(*coordinator_, id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(ReadWholeFile(root_ / "runs/copy/OWNER"), "root\n");
   EXPECT_EQ(Snapshot(root_ / "runs/alice"), before);
@@ -247,7 +184,7 @@ TEST_F(RunFolderTest, TheWorkerChecksTheOwnerWhenTheRunClaimsTheFolder) {
   std::ofstream(root_ / "runs/late/OWNER") << "alice\n";
   const auto before = Snapshot(root_ / "runs/late");
   StartWorkers(1);
-  const v1::Job job = WaitTerminal(id);
+  const v1::Job job = WaitTerminal(*coordinator_, id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("checkpoint.dir: "));
   EXPECT_THAT(job.reason(), HasSubstr("belongs to alice; user bob may not"));
@@ -260,14 +197,14 @@ TEST_F(RunFolderTest, TheWorkerChecksTheOwnerWhenTheRunClaimsTheFolder) {
 TEST_F(RunFolderTest, InitFromIsConfinedToTheStorageRoot) {
   fs::create_directories(dir_ / "outside" / "hf");
   std::ofstream(dir_ / "outside" / "hf" / "config.json") << "{}";
-  const int jobs = JobCount();
+  const int jobs = JobCount(*coordinator_);
   grpc::Status st = Submit(bob_, Job("runs/bob", 1, (dir_ / "outside" / "hf").string()));
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(st.error_message(), HasSubstr("model.init_from: "));
   EXPECT_THAT(st.error_message(), HasSubstr("is outside the storage root"));
   st = Submit(bob_, Job("runs/bob", 1, "../outside/hf"));
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(JobCount(), jobs);
+  EXPECT_EQ(JobCount(*coordinator_), jobs);
 
   fs::create_directories(root_ / "models" / "hf");
   std::string id;
@@ -275,7 +212,7 @@ TEST_F(RunFolderTest, InitFromIsConfinedToTheStorageRoot) {
   fs::remove(root_ / "models" / "hf");
   fs::create_directory_symlink(dir_ / "outside" / "hf", root_ / "models" / "hf");
   StartWorkers(1);
-  const v1::Job job = WaitTerminal(id);
+  const v1::Job job = WaitTerminal(*coordinator_, id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("worker storage root: model.init_from: "));
   EXPECT_FALSE(fs::exists(root_ / "runs" / "bob")) << "the worker touched checkpoint.dir";
@@ -288,7 +225,7 @@ TEST_F(RunFolderTest, InitFromIsConfinedToTheStorageRoot) {
 TEST_F(RunFolderTest, PlantedLinksAreRefusedAndTheirTargetsUntouched) {
   std::vector<Target> targets;
   const std::vector<std::string> links = {"LOCK", "rank_0.pid", "rank_1.log", "step_2"};
-  const int jobs = JobCount();
+  const int jobs = JobCount(*coordinator_);
   for (size_t i = 0; i < links.size(); ++i) {
     const fs::path run = root_ / absl::StrCat("runs/evil", i);
     if (links[i] == "step_2") {
@@ -313,7 +250,7 @@ TEST_F(RunFolderTest, PlantedLinksAreRefusedAndTheirTargetsUntouched) {
   grpc::Status st = Submit(bob_, tok);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(st.error_message(), HasSubstr("data.path's tokenizer.model: "));
-  EXPECT_EQ(JobCount(), jobs);
+  EXPECT_EQ(JobCount(*coordinator_), jobs);
 
   // Planted after the submit, while the job waits for its workers.
   std::string id;
@@ -322,7 +259,7 @@ TEST_F(RunFolderTest, PlantedLinksAreRefusedAndTheirTargetsUntouched) {
     targets.push_back(Plant(root_ / "runs/evil_late" / name, "late_" + name));
   }
   StartWorkers(2);
-  const v1::Job job = WaitTerminal(id);
+  const v1::Job job = WaitTerminal(*coordinator_, id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(), HasSubstr("is a symbolic link where a run file belongs"));
   EXPECT_EQ(job.restarts(), 0);

@@ -27,42 +27,13 @@ using ::testing::Not;
 // OPENBLAS_NUM_THREADS=1 keeps the child's data size independent of the machine's cores.
 constexpr int64_t kProfileLimit = 768ll << 20;
 
-class SecurityTest : public ::testing::Test {
+class SecurityTest : public TlsClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("vp_security_",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_",
-                        getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "root");
-    db_ = dir_ / "coordinator.db";
-    pki_ = std::make_unique<TestPki>(dir_);
-    ASSERT_TRUE(pki_->ok()) << pki_->init_output();
-    admin_ = pki_->Token("root", "admin");
-    ASSERT_EQ(admin_.size(), 64u);
-  }
-
-  // A coordinator over TLS (server certificate, client certificates verified, tokens); its
-  // stubs present the worker certificate and the admin's token.
-  std::unique_ptr<CoordinatorProcess> StartCoordinator(std::vector<std::string> extra = {}) {
-    std::vector<std::string> flags = pki_->ServerFlags();
-    flags.insert(flags.end(), extra.begin(), extra.end());
-    auto c =
-        std::make_unique<CoordinatorProcess>(dir_, db_, flags, pki_->Credentials("worker", admin_));
-    EXPECT_TRUE(c->up()) << c->process().Log();
-    return c;
-  }
-  void TearDown() override {
-    workers_.clear();
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
+  SecurityTest() : TlsClusterTest("vp_security_") {}
 
   void MakeData(const fs::path& out) {
-    const std::string cmd =
-        absl::StrCat(Bin("client/vocabpipe"), " data synth --vocab 64 ",
-                     "--tokens 20000 --seed 5 --out ", out.string(), " > /dev/null 2>&1");
-    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    const CliResult r = SynthData(out);
+    ASSERT_EQ(r.code, 0) << r.output;
   }
 
   // A tiny job whose relative paths resolve against `base`.
@@ -79,24 +50,6 @@ class SecurityTest : public ::testing::Test {
     return req;
   }
 
-  void StartWorker(CoordinatorProcess& c, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {Bin("worker/main/vocabpipe-worker"), "--coordinator",
-                                     c.address(), "--exit-with-parent", "1"};
-    for (const std::string& f : pki_->WorkerFlags()) args.push_back(f);
-    args.insert(args.end(), extra.begin(), extra.end());
-    const size_t n = workers_.size();
-    workers_.push_back(std::make_unique<Process>(args, dir_ / absl::StrCat("worker_", n, ".log")));
-    ASSERT_TRUE(WaitFor([&] { return ListWorkers(c).workers_size() >= static_cast<int>(n) + 1; },
-                        std::chrono::seconds(30)))
-        << workers_.back()->Log();
-  }
-
-  v1::ListWorkersResponse ListWorkers(CoordinatorProcess& c) {
-    v1::ListWorkersResponse resp;
-    c.workers->ListWorkers(Ctx().get(), v1::ListWorkersRequest(), &resp).ok();
-    return resp;
-  }
-
   v1::ListJobsResponse ListJobs(CoordinatorProcess& c) {
     v1::ListJobsResponse list;
     EXPECT_TRUE(c.jobs->ListJobs(Ctx().get(), v1::ListJobsRequest(), &list).ok());
@@ -109,27 +62,6 @@ class SecurityTest : public ::testing::Test {
     *id = resp.job_id();
     return st;
   }
-
-  // Waits for a terminal state.
-  v1::Job WaitTerminal(CoordinatorProcess& c, const std::string& id, int seconds = 120) {
-    v1::Job job;
-    WaitFor(
-        [&] {
-          v1::GetJobRequest get;
-          get.set_job_id(id);
-          job.Clear();
-          c.jobs->GetJob(Ctx().get(), get, &job).ok();
-          return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
-                 job.state() == v1::JOB_STATE_CANCELLED;
-        },
-        std::chrono::seconds(seconds));
-    return job;
-  }
-
-  fs::path dir_, db_;
-  std::unique_ptr<TestPki> pki_;
-  std::string admin_;
-  std::vector<std::unique_ptr<Process>> workers_;
 };
 
 TEST_F(SecurityTest, CoordinatorStorageRootRefusesOutsidePathsAtSubmit) {

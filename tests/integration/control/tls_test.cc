@@ -24,11 +24,7 @@ using ::testing::HasSubstr;
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           absl::StrCat("vp_tls_", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
-                        "_", getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = FreshTestDir("vp_tls_");
     pki_ = std::make_unique<TestPki>(dir_);
     ASSERT_TRUE(pki_->ok()) << pki_->init_output();  // `vocabpipe certs init` exited 0
     certs_ = pki_->certs();
@@ -101,8 +97,7 @@ class TlsTest : public ::testing::Test {
   }
 
   void MakeData() {
-    CliResult r = Vocabpipe("", absl::StrCat("data synth --vocab 64 --tokens 20000 --seed 5 --out ",
-                                             (dir_ / "data.bin").string()));
+    CliResult r = SynthData(dir_ / "data.bin");
     ASSERT_EQ(r.code, 0) << r.output;
   }
 
