@@ -37,6 +37,35 @@ TEST(SampleReader, SequentialOrderAndWrapAround) {
   EXPECT_EQ(r->SampleIndex(3, 1, 1), (3 * 2 + 1) * 2 + 1);
 }
 
+// The documented rule for a corpus extended with new shards (docs/formats.md §3): a resumed
+// run continues at sample k = first_step * m * b. Unshuffled, the samples that did not wrap in
+// the old corpus read the same tokens in the extended one, so a run resumed before wrapping
+// reads on into the new tokens with no sample repeated or skipped; shuffled, the new epoch
+// order covers every start of the extended corpus once.
+TEST(SampleReader, AnExtendedCorpusContinuesAtTheNextSample) {
+  const SampleOrder plain{8, 2, 2, false, 3}, shuffled{8, 2, 2, true, 3};
+  absl::StatusOr<SampleReader> before = SampleReader::Create(Iota(100), plain);
+  absl::StatusOr<SampleReader> after = SampleReader::Create(Iota(260), plain);
+  ASSERT_TRUE(before.ok() && after.ok());
+  // Steps 0-2 (12 samples, starts 0..88) ran on the old corpus; the run resumes at step 3.
+  for (int64_t k = 0; k < 12; ++k) EXPECT_EQ(before->SampleStart(k), after->SampleStart(k)) << k;
+  EXPECT_EQ(after->SampleIndex(3, 0, 0), 12);
+  std::vector<int32_t> in(16), tg(16);
+  ASSERT_TRUE(after->Fill(3, 0, in.data(), tg.data()).ok());
+  EXPECT_EQ(in[0], 96);   // sample 12 starts at 12 * 8 = 96 and reads on past the old end
+  EXPECT_EQ(in[8], 104);  // sample 13: wholly new tokens, where the old corpus would wrap
+  EXPECT_EQ(before->SampleStart(13), 4);
+  // Shuffled: every later epoch of the extended corpus visits each of its starts once.
+  absl::StatusOr<SampleReader> grown = SampleReader::Create(Iota(260), shuffled);
+  ASSERT_TRUE(grown.ok());
+  const int64_t e = grown->samples_per_epoch();
+  ASSERT_EQ(e, 33);  // ceil(260 / 8)
+  std::set<int64_t> starts;
+  for (int64_t k = 2 * e; k < 3 * e; ++k) starts.insert(grown->SampleStart(k));
+  EXPECT_EQ(static_cast<int64_t>(starts.size()), e);
+  EXPECT_EQ(*starts.rbegin(), (e - 1) * 8);
+}
+
 TEST(SampleReader, StreamShorterThanASample) {
   absl::StatusOr<SampleReader> r = SampleReader::Create(Iota(3), {5, 1, 1, false, 0});
   ASSERT_TRUE(r.ok());
