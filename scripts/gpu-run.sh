@@ -464,7 +464,7 @@ if [[ -x "$HERE/bench/perf.sh" ]]; then
   perf_args=("$LOGS/perf")
   ((DRY)) && perf_args=(--dry-run "${perf_args[@]}")
   export VP_BIN_ENV="${VPENV[*]}"  # perf.sh's prefix for our binaries; python3 runs plain
-  capped 110 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
+  capped 145 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
   rc=$?
   [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
   if ((rc == 0)); then

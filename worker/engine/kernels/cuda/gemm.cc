@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/phase_timer.h"
 
 namespace vp::engine::cuda {
 namespace {
@@ -165,7 +166,10 @@ absl::Status LinearForward(GemmRunner& gemm, T* out, const T* inp, const T* weig
       !s.ok()) {
     return s;
   }
-  if (bias != nullptr) VP_CUDA_RETURN_IF_ERROR(AddBias(out, bias, n, out_dim, stream));
+  if (bias != nullptr) {
+    MarkPhase(stream, Phase::kElementwise);  // the caller marks its next step again
+    VP_CUDA_RETURN_IF_ERROR(AddBias(out, bias, n, out_dim, stream));
+  }
   return absl::OkStatus();
 }
 
@@ -186,7 +190,10 @@ absl::Status LinearBackwardWeight(GemmRunner& gemm, float* dweight, float* dbias
       !s.ok()) {
     return s;
   }
-  if (dbias != nullptr) VP_CUDA_RETURN_IF_ERROR(BiasBackward(dbias, dout, n, out_dim, stream));
+  if (dbias != nullptr) {
+    MarkPhase(stream, Phase::kElementwise);
+    VP_CUDA_RETURN_IF_ERROR(BiasBackward(dbias, dout, n, out_dim, stream));
+  }
   return absl::OkStatus();
 }
 
@@ -197,6 +204,7 @@ absl::Status OutputLayerS(GemmRunner& gemm, T* probs, float* local_max, float* l
                           cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
   const int r = static_cast<int>(rows), vld = static_cast<int>(valid);
+  MarkPhase(stream, Phase::kOutGemm);
   if (valid > 0) {
     // Y (n, valid) = X (n, h) · W_rᵀ (h, valid); padding columns are zeroed by the softmax.
     if (absl::Status s =
@@ -205,8 +213,10 @@ absl::Status OutputLayerS(GemmRunner& gemm, T* probs, float* local_max, float* l
       return s;
     }
   }
+  MarkPhase(stream, Phase::kOutSoftmax);
   VP_CUDA_RETURN_IF_ERROR(VocabSoftmaxForward(probs, local_max, local_sum, label_logit, local_label,
                                               n, rows, valid, stream));
+  MarkPhase(stream, Phase::kOutGemm);
   if (a_out != nullptr) {
     if (valid == 0) {
       VP_CUDA_RETURN_IF_ERROR(
@@ -227,8 +237,10 @@ absl::Status OutputLayerT(GemmRunner& gemm, T* probs, float* weight_grad, float*
                           int64_t valid, cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
   const int r = static_cast<int>(rows), vld = static_cast<int>(valid);
+  MarkPhase(stream, Phase::kOutSoftmax);
   VP_CUDA_RETURN_IF_ERROR(
       VocabSoftmaxBackward(probs, scale, local_label, d, n, rows, valid, stream));
+  MarkPhase(stream, Phase::kOutGemm);
   if (valid > 0) {
     // ∇W_r (valid, h) += gradᵀ (valid, n) · X (n, h); padding rows are never written.
     if (absl::Status s = gemm.Gemm(true, false, vld, h, n, 1.0f, probs, r, x, h, 1.0f, weight_grad,
