@@ -26,8 +26,10 @@
 #   4. cuda_pipeline_test;
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
 #      then the layer stack, the pipeline test and the bf16 job with the FMA attention kernels
-#      (VOCABPIPE_ATTENTION=fma; the tensor-core ones are the default);
-#   6. cuda_bench, then bench/perf.sh (the performance baseline) when the bundle has it;
+#      (VOCABPIPE_ATTENTION=fma; the tensor-core ones are the default), and the layer stack and
+#      the bf16 job with the mma.sync flash kernels (VOCABPIPE_ATTENTION=flash, opt-in);
+#   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
+#      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it;
 #   7. compare.py: the GPU losses against the CPU references shipped in refs/.
 # The CPU tests are not run here: CI runs them. Each step runs under `timeout` bounded by the
 # time left, so a hang costs its step, not the run.
@@ -438,6 +440,15 @@ else
   sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-fma,#" -e "s/^name: .*/name: gpu-p1-bf16-fma/" \
     "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-fma.yaml"
   run_job gpu-p1-bf16-fma 60
+  # The mma.sync flash kernels (opt-in until this run proves them; cuda_kernels_test checks them
+  # against the CPU explicitly): the layer stack and the 200-step bf16 job with them; perf.sh
+  # times them beside the default (PERF_VARIANTS).
+  say "== the flash attention kernels (VOCABPIPE_ATTENTION=flash)"
+  export VOCABPIPE_ATTENTION=flash
+  run_test cuda_layer_stack_test 45 flash
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-flash,#" -e "s/^name: .*/name: gpu-p1-bf16-flash/" \
+    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-flash.yaml"
+  run_job gpu-p1-bf16-flash 60
   unset VOCABPIPE_ATTENTION
 fi
 
