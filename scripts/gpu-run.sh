@@ -27,7 +27,8 @@
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
 #      then the layer stack, the pipeline test and the bf16 job with the FMA attention kernels
 #      (VOCABPIPE_ATTENTION=fma; the tensor-core ones are the default), and the layer stack and
-#      the bf16 job with the mma.sync flash kernels (VOCABPIPE_ATTENTION=flash, opt-in);
+#      the bf16 job with the mma.sync flash kernels (VOCABPIPE_ATTENTION=flash, opt-in), and
+#      the layer stack with the cuBLASLt bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias, opt-in);
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
 #      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it;
 #   7. compare.py: the GPU losses against the CPU references shipped in refs/.
@@ -450,6 +451,11 @@ else
     "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-flash.yaml"
   run_job gpu-p1-bf16-flash 60
   unset VOCABPIPE_ATTENTION
+  # The linear layers' bias in the cuBLASLt epilogue (opt-in, VOCABPIPE_GEMM_EPILOGUE=bias).
+  say "== the bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias)"
+  export VOCABPIPE_GEMM_EPILOGUE=bias
+  run_test cuda_layer_stack_test 45 bias
+  unset VOCABPIPE_GEMM_EPILOGUE
 fi
 
 # ---- the benchmarks

@@ -6,7 +6,7 @@
 # under each variant (environment switches, PERF_VARIANTS) as extra table rows, and the
 # per-phase breakdown of every model and variant (cuda_bench's BREAKDOWN lines).
 #
-#   bench/cuda/perf.sh OUTDIR [--quick]     on the GPU host (about 60-80 s on an H100, < 135 s
+#   bench/cuda/perf.sh OUTDIR [--quick]     on the GPU host (about 70-90 s on an H100, < 135 s
 #                                           by construction: see the budget below)
 #   bench/cuda/perf.sh --dry-run OUTDIR     anywhere: checks that everything is present, runs
 #                                           the device-free parts, prints what it would run
@@ -36,9 +36,10 @@
 # times out prints FAIL with its first error line; the script goes on and the table shows what
 # was measured.
 #
-# Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries (default
-# "flash:VOCABPIPE_ATTENTION=flash", the mma.sync flash attention kernels of attention_flash.cu;
-# "" for none). Each runs cuda_bench's layer, attention and step sections for every model with
+# Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries ("" for none);
+# by default flash (VOCABPIPE_ATTENTION=flash: the mma.sync flash attention kernels of
+# attention_flash.cu), bias (VOCABPIPE_GEMM_EPILOGUE=bias: the linear layers' bias in the
+# cuBLASLt epilogue) and flash+bias (both). Each runs cuda_bench's layer, attention and step sections for every model with
 # those variables set (the peak measured above; the output layer is the baseline's), as the
 # table row MODEL+NAME.
 #
@@ -87,7 +88,7 @@ mkdir -p "$outdir" || exit 2
 outdir=$(cd "$outdir" && pwd)
 
 budget=${PERF_BUDGET_S:-130}
-read -r -a variants <<< "${PERF_VARIANTS-flash:VOCABPIPE_ATTENTION=flash}"
+read -r -a variants <<< "${PERF_VARIANTS-flash:VOCABPIPE_ATTENTION=flash bias:VOCABPIPE_GEMM_EPILOGUE=bias flash+bias:VOCABPIPE_ATTENTION=flash,VOCABPIPE_GEMM_EPILOGUE=bias}"
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
 read -r -a bin_env <<< "${VP_BIN_ENV:-}"

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -217,6 +218,43 @@ std::vector<float> Download(const Dev<T>& src) {
     EXPECT_EQ(Bf16ToFloat(tmp.p, src.p, static_cast<long>(src.n), nullptr), cudaSuccess);
     return tmp.Get();
   }
+}
+
+// VOCABPIPE_GEMM_EPILOGUE=bias: the bias added in cuBLASLt's epilogue equals the separate
+// kernel's result (fp32: to rounding; bf16: one rounding fewer, so within bf16 rounding), for a
+// small shape and GPT-2's c_attn at h 2048 over 512 tokens.
+TEST(CudaKernels, LinearBiasEpilogueMatchesSeparateBias) {
+  SKIP_WITHOUT_DEVICE();
+  const char* saved = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
+  const std::string restore = saved != nullptr ? saved : "";
+  for (const auto& [n, in, out_dim] : {std::tuple{24, 64, 48}, std::tuple{512, 2048, 6144}}) {
+    auto x = Random(size_t(n) * in, 12), w = Random(size_t(in) * out_dim, 13, 0.05f),
+         b = Random(out_dim, 14);
+    auto gemm = GemmRunner::Create();
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    Dev<float> gx(x), gw(w), gb(b), separate(size_t(n) * out_dim), fused(size_t(n) * out_dim);
+    unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+    EXPECT_FALSE(FusedBiasEpilogue());
+    ASSERT_TRUE(LinearForward(**gemm, separate.p, gx.p, gw.p, gb.p, n, in, out_dim, nullptr).ok());
+    setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+    EXPECT_TRUE(FusedBiasEpilogue());
+    ASSERT_TRUE(LinearForward(**gemm, fused.p, gx.p, gw.p, gb.p, n, in, out_dim, nullptr).ok());
+    ExpectClose(fused.Get(), separate.Get(), 1e-5, 1e-5, "fp32 fused bias");
+    Dev<bf16> hx(size_t(n) * in), hw(size_t(in) * out_dim), hb(out_dim), hsep(size_t(n) * out_dim),
+        hfused(size_t(n) * out_dim);
+    ASSERT_EQ(FloatToBf16(hx.p, gx.p, long(n) * in, nullptr), cudaSuccess);
+    ASSERT_EQ(FloatToBf16(hw.p, gw.p, long(in) * out_dim, nullptr), cudaSuccess);
+    ASSERT_EQ(FloatToBf16(hb.p, gb.p, out_dim, nullptr), cudaSuccess);
+    unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+    ASSERT_TRUE(LinearForward(**gemm, hsep.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
+    setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+    ASSERT_TRUE(LinearForward(**gemm, hfused.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // Two roundings against one: within 2 bf16 ulps (2^-7 relative) plus a floor near 0.
+    ExpectClose(Download(hfused), Download(hsep), 1.0 / 64, 1e-2, "bf16 fused bias");
+  }
+  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
 }
 
 struct AttentionTolerance {
