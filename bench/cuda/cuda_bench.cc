@@ -46,6 +46,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -519,6 +520,9 @@ absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
   report.Line("W (BackwardWeight)", flops, w_s);
   report.Line("B+W (backward)", 2 * flops, b_s + w_s);
   report.Line("F+B+W", 3 * flops, f_s + b_s + w_s);
+  std::printf("  attention kernels: %s; bias epilogue: %s\n",
+              std::getenv("VOCABPIPE_ATTENTION") ? std::getenv("VOCABPIPE_ATTENTION") : "default",
+              FusedBiasEpilogue() ? "cuBLASLt" : "separate kernel");
   std::printf("PERF section=layer f_ms=%.3f b_ms=%.3f w_ms=%.3f f_mfu=%s bw_mfu=%s fbw_mfu=%s\n",
               f_s * 1e3, b_s * 1e3, w_s * 1e3, report.MfuText(flops, f_s).c_str(),
               report.MfuText(2 * flops, b_s + w_s).c_str(),
@@ -765,8 +769,13 @@ absl::Status RunAttention(const Options& o, const Reporter& report) {
   // the forward, the usual FlashAttention convention.
   const double fwd_flops = 4.0 * batch * heads * (0.5 * seq * (seq + 1.0)) * head_dim;
   const double bwd_flops = 2.5 * fwd_flops;
-  std::printf("kernels: attention, batch %d, seq %d, heads %d, kv heads %d, head_dim %d (causal)\n",
-              batch, seq, heads, att.num_kv_heads(), head_dim);
+  const AttentionKernels kernels = DefaultAttentionKernels();  // VOCABPIPE_ATTENTION
+  const char* kernel_name = kernels == AttentionKernels::kFlash ? "flash (mma.sync)"
+                            : kernels == AttentionKernels::kFma ? "fma"
+                                                                : "tensor-core (wmma)";
+  std::printf(
+      "kernels: attention (%s), batch %d, seq %d, heads %d, kv heads %d, head_dim %d (causal)\n",
+      kernel_name, batch, seq, heads, att.num_kv_heads(), head_dim);
   report.Line("attention fwd", fwd_flops, fwd_s);
   report.Line("attention bwd", bwd_flops, bwd_s);
   report.Line("attention fwd+bwd", fwd_flops + bwd_flops, fwd_s + bwd_s);
