@@ -765,13 +765,14 @@ TEST(PhaseTimer, ChargesDeviceTimeToTheMarkedPhases) {
   ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
-// Last in the file: a fault in these opt-in kernels would be sticky and fail every later test.
+// Last in the file and in a suite of its own, so it runs last: a fault in these opt-in kernels
+// would be sticky and fail every later test.
 // The mma.sync flash kernels (attention_flash.cu, VOCABPIPE_ATTENTION=flash) on the tensor-core
 // test's shapes, which cover partial tiles, chunks off the tile grid, both head_dim buckets,
 // element loads and grouped-query attention, plus the model's head_dims over sequences of
 // 1000 rows (16 tiles, the last partial; the causal skip of whole tiles, the heaviest-first
 // block order).
-TEST(CudaKernels, FlashAttentionMatchesCpu) {
+TEST(CudaFlashAttention, MatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
   constexpr auto kFlash = AttentionKernels::kFlash;
