@@ -26,8 +26,11 @@
 #   4. cuda_pipeline_test;
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
 #      then the layer stack, the pipeline test and the bf16 job with the FMA attention kernels
-#      (VOCABPIPE_ATTENTION=fma; the tensor-core ones are the default);
-#   6. cuda_bench, then bench/perf.sh (the performance baseline) when the bundle has it;
+#      (VOCABPIPE_ATTENTION=fma; the tensor-core ones are the default), and the layer stack and
+#      the bf16 job with the mma.sync flash kernels (VOCABPIPE_ATTENTION=flash, opt-in), and
+#      the layer stack with the cuBLASLt bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias, opt-in);
+#   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
+#      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it;
 #   7. compare.py: the GPU losses against the CPU references shipped in refs/.
 # The CPU tests are not run here: CI runs them. Each step runs under `timeout` bounded by the
 # time left, so a hang costs its step, not the run.
@@ -438,7 +441,21 @@ else
   sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-fma,#" -e "s/^name: .*/name: gpu-p1-bf16-fma/" \
     "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-fma.yaml"
   run_job gpu-p1-bf16-fma 60
+  # The mma.sync flash kernels (opt-in until this run proves them; cuda_kernels_test checks them
+  # against the CPU explicitly): the layer stack and the 200-step bf16 job with them; perf.sh
+  # times them beside the default (PERF_VARIANTS).
+  say "== the flash attention kernels (VOCABPIPE_ATTENTION=flash)"
+  export VOCABPIPE_ATTENTION=flash
+  run_test cuda_layer_stack_test 45 flash
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-flash,#" -e "s/^name: .*/name: gpu-p1-bf16-flash/" \
+    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-flash.yaml"
+  run_job gpu-p1-bf16-flash 60
   unset VOCABPIPE_ATTENTION
+  # The linear layers' bias in the cuBLASLt epilogue (opt-in, VOCABPIPE_GEMM_EPILOGUE=bias).
+  say "== the bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias)"
+  export VOCABPIPE_GEMM_EPILOGUE=bias
+  run_test cuda_layer_stack_test 45 bias
+  unset VOCABPIPE_GEMM_EPILOGUE
 fi
 
 # ---- the benchmarks
@@ -464,7 +481,7 @@ if [[ -x "$HERE/bench/perf.sh" ]]; then
   perf_args=("$LOGS/perf")
   ((DRY)) && perf_args=(--dry-run "${perf_args[@]}")
   export VP_BIN_ENV="${VPENV[*]}"  # perf.sh's prefix for our binaries; python3 runs plain
-  capped 110 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
+  capped 145 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
   rc=$?
   [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
   if ((rc == 0)); then

@@ -46,6 +46,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -70,6 +71,7 @@
 #include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/phase_timer.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/engine/memory.h"
 #include "worker/engine/model/cuda/model_kernels.h"
@@ -396,6 +398,56 @@ struct BenchDevice {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Phase breakdowns (phase_timer.h): after a section's timed iterations, one more pass runs with
+// a CUDA event at every phase mark, so the marks' launch cost never touches the timed numbers.
+// Each becomes one "BREAKDOWN" line (perf.sh copies them into perf.txt):
+//   BREAKDOWN <what> <device ms> ms: <phase> <share>% ...   (phases >= 0.5%, largest first)
+// A phase's time runs from its mark to the next mark on the stream: its kernels plus any launch
+// gap inside it; "idle" runs from a Finish (stream synchronisation) to the next mark: host work,
+// synchronisation and other streams (C1's collectives) while the compute stream waits.
+void PrintBreakdown(std::string_view what, const PhaseTimer::Breakdown& b, int dropped,
+                    std::string_view suffix = "") {
+  const double total = b.total_ms();
+  std::vector<int> order;
+  for (int i = 0; i < kPhaseCount; ++i) {
+    if (total > 0 && b.ms[i] >= 0.005 * total) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](int a, int c) { return b.ms[a] > b.ms[c]; });
+  std::string text = absl::StrFormat("BREAKDOWN %-8s %8.2f ms:", what, total);
+  for (int i : order) {
+    absl::StrAppendFormat(&text, " %s %.1f%%", PhaseName(static_cast<Phase>(i)),
+                          100 * b.ms[i] / total);
+  }
+  const int idle = static_cast<int>(Phase::kIdle);
+  if (b.marks[idle] > 0 && b.ms[idle] >= 0.001 * total) {
+    absl::StrAppendFormat(&text, " (%d syncs, %.0f us each)", b.marks[idle],
+                          1e3 * b.ms[idle] / b.marks[idle]);
+  }
+  if (dropped > 0) absl::StrAppendFormat(&text, " [%d marks dropped]", dropped);
+  std::printf("%s%.*s\n", text.c_str(), static_cast<int>(suffix.size()), suffix.data());
+}
+
+// A breakdown that fails (say, the timer's events) prints one line and does not fail its
+// section: the section's own numbers are already out.
+absl::Status BreakdownStatus(std::string_view section, const absl::Status& s) {
+  if (!s.ok()) {
+    std::printf("BREAKDOWN %.*s FAIL %s\n", static_cast<int>(section.size()), section.data(),
+                std::string(s.message()).c_str());
+  }
+  return absl::OkStatus();
+}
+
+// Runs `pass` between two Collects of `timer` and prints its breakdown as `what`.
+template <typename Pass>
+absl::Status Profile(PhaseTimer& timer, std::string_view what, Pass&& pass) {
+  VP_BENCH_RETURN_IF_ERROR(timer.Collect().status());  // drop what came before
+  VP_BENCH_RETURN_IF_ERROR(pass());
+  VP_BENCH_ASSIGN(b, timer.Collect());
+  PrintBreakdown(what, b, timer.dropped());
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Transformer layer passes F, B, W through DeviceLayerStack<bf16>.
 
 // FLOP convention: worker/runtime/flops.cc's TransformerLayerFlops (the paper's Table 4, the
@@ -468,13 +520,25 @@ absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
   report.Line("W (BackwardWeight)", flops, w_s);
   report.Line("B+W (backward)", 2 * flops, b_s + w_s);
   report.Line("F+B+W", 3 * flops, f_s + b_s + w_s);
+  std::printf("  attention kernels: %s; bias epilogue: %s\n",
+              std::getenv("VOCABPIPE_ATTENTION") ? std::getenv("VOCABPIPE_ATTENTION") : "default",
+              FusedBiasEpilogue() ? "cuBLASLt" : "separate kernel");
   std::printf("PERF section=layer f_ms=%.3f b_ms=%.3f w_ms=%.3f f_mfu=%s bw_mfu=%s fbw_mfu=%s\n",
               f_s * 1e3, b_s * 1e3, w_s * 1e3, report.MfuText(flops, f_s).c_str(),
               report.MfuText(2 * flops, b_s + w_s).c_str(),
               report.MfuText(3 * flops, f_s + b_s + w_s).c_str());
   std::printf("  outputs, input gradients and weight gradients finite: %s\n",
               out_finite && dx_finite && grads_finite ? "yes" : "NO");
-  return absl::OkStatus();
+  // Where F, B and W spend their device time (one more microbatch, profiled).
+  return BreakdownStatus("layer", [&]() -> absl::Status {
+    VP_BENCH_ASSIGN(timer, PhaseTimer::Start(ctx.stream));
+    const SlotKey slot{o.warmup + o.iters, 0};
+    VP_BENCH_RETURN_IF_ERROR(
+        Profile(*timer, "layer.F", [&] { return stack->Forward(slot, x.data(), out.data()); }));
+    VP_BENCH_RETURN_IF_ERROR(Profile(
+        *timer, "layer.B", [&] { return stack->BackwardInput(slot, dout.data(), dx.data()); }));
+    return Profile(*timer, "layer.W", [&] { return stack->BackwardWeight(slot); });
+  }());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -582,7 +646,21 @@ absl::Status RunOutputLayer(const Options& o, OutputAlgorithm algorithm, const R
   std::printf("PERF section=output algorithm=%d s_ms=%.3f t_ms=%.3f st_ms=%.3f st_mfu=%s\n",
               alg2 ? 2 : 1, s_s * 1e3, t_s * 1e3, st_s * 1e3,
               report.MfuText(flops.s + flops.t, st_s).c_str());
-  return absl::OkStatus();
+  // Where S and T spend their device time: GEMMs vs the softmax passes over the logits.
+  return BreakdownStatus("output", [&]() -> absl::Status {
+    VP_BENCH_ASSIGN(timer, PhaseTimer::Start(ctx.stream));
+    DeviceOutputLayerState<bf16> state;
+    VP_BENCH_RETURN_IF_ERROR(Profile(*timer, "out.S", [&]() -> absl::Status {
+      auto st = shard->S(x.data(), labels.data(), n, d);
+      if (!st.ok()) return st.status();
+      state = std::move(*st);
+      return absl::OkStatus();
+    }));
+    VP_BENCH_RETURN_IF_ERROR(shard->C1(state, *self));
+    VP_BENCH_RETURN_IF_ERROR(Profile(*timer, "out.T", [&] { return shard->T(state, x.data()); }));
+    if (!alg2) VP_BENCH_RETURN_IF_ERROR(shard->C2(state, *self));
+    return absl::OkStatus();
+  }());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -691,8 +769,13 @@ absl::Status RunAttention(const Options& o, const Reporter& report) {
   // the forward, the usual FlashAttention convention.
   const double fwd_flops = 4.0 * batch * heads * (0.5 * seq * (seq + 1.0)) * head_dim;
   const double bwd_flops = 2.5 * fwd_flops;
-  std::printf("kernels: attention, batch %d, seq %d, heads %d, kv heads %d, head_dim %d (causal)\n",
-              batch, seq, heads, att.num_kv_heads(), head_dim);
+  const AttentionKernels kernels = DefaultAttentionKernels();  // VOCABPIPE_ATTENTION
+  const char* kernel_name = kernels == AttentionKernels::kFlash ? "flash (mma.sync)"
+                            : kernels == AttentionKernels::kFma ? "fma"
+                                                                : "tensor-core (wmma)";
+  std::printf(
+      "kernels: attention (%s), batch %d, seq %d, heads %d, kv heads %d, head_dim %d (causal)\n",
+      kernel_name, batch, seq, heads, att.num_kv_heads(), head_dim);
   report.Line("attention fwd", fwd_flops, fwd_s);
   report.Line("attention bwd", bwd_flops, bwd_s);
   report.Line("attention fwd+bwd", fwd_flops + bwd_flops, fwd_s + bwd_s);
@@ -886,10 +969,13 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
   };
 
   auto microbatch = [&](int j, double* loss) -> absl::Status {
-    // IF and its 1-rank IF_REDUCE; the chunk embedding (+ positions) rounded to bf16.
+    // IF and its 1-rank IF_REDUCE; the chunk embedding (+ positions) rounded to bf16. (Work
+    // enqueued outside the instrumented passes is marked "other" for the step's breakdown.)
+    MarkPhase(stream, Phase::kOther);
     VP_BENCH_ASSIGN(in_state, input->Forward(inputs[j].data(), n));
     VP_BENCH_RETURN_IF_ERROR(input->ForwardReduce(in_state, *self));
     VP_BENCH_ASSIGN(x, act(false));  // (b, s, h)
+    MarkPhase(stream, Phase::kOther);
     VP_CUDA_RETURN_IF_ERROR(
         EmbedSeqChunkForward<bf16>(x.data(), in_state.output(), wpe, b, s, s, h, 0, stream));
     VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
@@ -901,6 +987,7 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
     VP_BENCH_ASSIGN(xn, act(false));  // (n, h) X, the output layer's input
     VP_BENCH_ASSIGN(mean, DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, n, false));
     VP_BENCH_ASSIGN(rstd, DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, n, false));
+    MarkPhase(stream, Phase::kNorm);
     if (o.llama()) {
       VP_CUDA_RETURN_IF_ERROR(
           RmsNormForward<bf16>(xn.data(), rstd.data(), y.data(), lnf_w, n, h, cfg.rms_eps, stream));
@@ -918,8 +1005,10 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
     // The final norm's backward: ∇y from ∇X (rounded to bf16, as the engine does).
     VP_BENCH_ASSIGN(dy, act(true));   // (n, h), accumulated into
     VP_BENCH_ASSIGN(gx, act(false));  // (n, h) ∇X in bf16
+    MarkPhase(stream, Phase::kOther);
     VP_CUDA_RETURN_IF_ERROR(
         FloatToBf16(gx.data(), out_state.grad_input(), static_cast<long>(nh), stream));
+    MarkPhase(stream, Phase::kNorm);
     if (o.llama()) {
       VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput<bf16>(dy.data(), gx.data(), y.data(), lnf_w,
                                                          rstd.data(), n, h, stream));
@@ -941,12 +1030,14 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
     VP_BENCH_ASSIGN(dx, act(false));  // (b, s, h)
     VP_BENCH_RETURN_IF_ERROR(stack->Backward({j, 0}, dy.data(), dx.data()));
     dy.Reset();
+    MarkPhase(stream, Phase::kOther);
     if (!o.llama()) {
       VP_CUDA_RETURN_IF_ERROR(
           PositionEmbeddingBackward<bf16>(wpe_grad, dx.data(), b, s, h, 0, stream));
       VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
     }
     VP_BENCH_RETURN_IF_ERROR(input->BackwardBroadcast(in_state, *self, 0, dx.data()));
+    MarkPhase(stream, Phase::kOther);
     VP_BENCH_RETURN_IF_ERROR(input->Backward(in_state));
     dev.alloc.ReleasePending();  // what this thread freed since its last Finish (ActionDone)
     return absl::OkStatus();
@@ -955,6 +1046,7 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
   // AdamW (the runtime's defaults: β 0.9/0.95, ε 1e-8, weight decay 0.1), lr 3e-4, clip 1.0.
   std::vector<double> host_partials(kSquaredNormBlocks);
   auto optimizer = [&](int64_t t, double* grad_norm) -> absl::Status {
+    MarkPhase(stream, Phase::kOther);
     VP_CUDA_RETURN_IF_ERROR(SquaredNormPartials(partials.data(), g, count, stream));
     VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_partials.data(), partials.data(),
                                             kSquaredNormBlocks * sizeof(double),
@@ -968,6 +1060,7 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
     ap.grad_scale = *grad_norm > 1.0 ? static_cast<float>(1.0 / *grad_norm) : 1.0f;
     ap.bc1 = 1.0 - std::pow(static_cast<double>(ap.beta1), static_cast<double>(t));
     ap.bc2 = 1.0 - std::pow(static_cast<double>(ap.beta2), static_cast<double>(t));
+    MarkPhase(stream, Phase::kOther);
     VP_CUDA_RETURN_IF_ERROR(AdamWStep(master.data(), params.data(), g, adam_m.data(), adam_v.data(),
                                       decay.data(), count, ap, stream));
     return Finish(ctx);
@@ -1028,7 +1121,27 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
   if (!master_finite || !std::isfinite(loss)) {
     return absl::InternalError("step: non-finite loss or weights");
   }
-  return absl::OkStatus();
+  // Where a whole step's time goes: one more step, profiled. "busy" is the compute stream's
+  // marked phases, "idle" its waits after each Finish (host work, syncs, C1 on the comm stream).
+  return BreakdownStatus("step", [&]() -> absl::Status {
+    VP_BENCH_ASSIGN(timer, PhaseTimer::Start(stream));
+    VP_BENCH_RETURN_IF_ERROR(timer->Collect().status());
+    const auto t0 = std::chrono::steady_clock::now();
+    double profiled_loss = 0;
+    MarkPhase(stream, Phase::kOther);
+    VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g, 0, count * sizeof(float), stream));
+    VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
+    for (int j = 0; j < m; ++j) VP_BENCH_RETURN_IF_ERROR(microbatch(j, &profiled_loss));
+    VP_BENCH_RETURN_IF_ERROR(optimizer(o.warmup + o.iters + 1, &grad_norm));
+    const double wall_ms =
+        1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    VP_BENCH_ASSIGN(phases, timer->Collect());
+    // The wall time includes host work before the first mark (none is left unmarked after).
+    PrintBreakdown("step", phases, timer->dropped(),
+                   absl::StrFormat("; wall %.1f ms (unprofiled %.1f), stream busy %.1f%% of it",
+                                   wall_ms, mean_s * 1e3, 100 * phases.busy_ms() / wall_ms));
+    return absl::OkStatus();
+  }());
 }
 
 int Main(int argc, char** argv) {

@@ -2,9 +2,11 @@
 # perf.sh: issue 28's GPU performance measurement in one short command: cuda_bench (measured
 # bf16 GEMM peak, transformer layer F and B+W MFU, output layer S+T MFU, a whole p = 1 training
 # step's tokens/s, MFU and peak in-use/reserved memory) and torch_baseline.py (the same models
-# and batches in PyTorch eager bf16) for three models, then one table.
+# and batches in PyTorch eager bf16) for three models, then one table; then the same models
+# under each variant (environment switches, PERF_VARIANTS) as extra table rows, and the
+# per-phase breakdown of every model and variant (cuda_bench's BREAKDOWN lines).
 #
-#   bench/cuda/perf.sh OUTDIR [--quick]     on the GPU host (about 40-60 s on an H100, < 95 s
+#   bench/cuda/perf.sh OUTDIR [--quick]     on the GPU host (about 70-90 s on an H100, < 135 s
 #                                           by construction: see the budget below)
 #   bench/cuda/perf.sh --dry-run OUTDIR     anywhere: checks that everything is present, runs
 #                                           the device-free parts, prints what it would run
@@ -28,10 +30,18 @@
 #     3 / 16 / 4 GiB): peaks of about 17 / 43 / 56 GiB. (b = 2 for Llama would add ~8 GiB to
 #     torch's peak; b = 1, m = 4 keeps it near 60 with the same tokens.)
 #
-# Budget: the whole script stops within PERF_BUDGET_S (92) seconds: every program runs under
+# Budget: the whole script stops within PERF_BUDGET_S (130) seconds: every program runs under
 # `timeout`, given min(its cap, what is left of the budget), and 30 s stay reserved for the
-# torch run until it has run. A program that fails or times out prints FAIL with its first
-# error line; the script goes on and the table shows what was measured.
+# torch run until it has run; the variants run last, in what is left. A program that fails or
+# times out prints FAIL with its first error line; the script goes on and the table shows what
+# was measured.
+#
+# Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries ("" for none);
+# by default flash (VOCABPIPE_ATTENTION=flash: the mma.sync flash attention kernels of
+# attention_flash.cu), bias (VOCABPIPE_GEMM_EPILOGUE=bias: the linear layers' bias in the
+# cuBLASLt epilogue) and flash+bias (both). Each runs cuda_bench's layer, attention and step sections for every model with
+# those variables set (the peak measured above; the output layer is the baseline's), as the
+# table row MODEL+NAME.
 #
 # Environment:
 #   VP_BIN_ENV               prefix for our binaries, e.g. "env LD_LIBRARY_PATH=/x/lib" (split
@@ -40,9 +50,9 @@
 #                            empty) instead of the inherited one.
 #   CUDA_BENCH               the cuda_bench binary (default: beside this script, as in the GPU
 #                            bundle's bench/, else build-cuda/ or build/ of the source tree).
-#   PYTHON (python3), PERF_BUDGET_S (92).
-# Output: OUTDIR/perf.txt (the table, also on stdout), OUTDIR/cuda_bench-MODEL.log,
-# OUTDIR/torch.log.
+#   PYTHON (python3), PERF_BUDGET_S (130), PERF_VARIANTS (above).
+# Output: OUTDIR/perf.txt (the table and the breakdowns, also on stdout),
+# OUTDIR/cuda_bench-MODEL.log, OUTDIR/cuda_bench-MODEL+VARIANT.log, OUTDIR/torch.log.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -77,7 +87,8 @@ done
 mkdir -p "$outdir" || exit 2
 outdir=$(cd "$outdir" && pwd)
 
-budget=${PERF_BUDGET_S:-92}
+budget=${PERF_BUDGET_S:-130}
+read -r -a variants <<< "${PERF_VARIANTS-flash:VOCABPIPE_ATTENTION=flash bias:VOCABPIPE_GEMM_EPILOGUE=bias flash+bias:VOCABPIPE_ATTENTION=flash,VOCABPIPE_GEMM_EPILOGUE=bias}"
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
 read -r -a bin_env <<< "${VP_BIN_ENV:-}"
@@ -192,6 +203,15 @@ if ((dry_run)); then
     echo "  would run: timeout ... ${bin_env[*]} $bench --sections=$sections --algorithm=2" \
       "--warmup=$warmup --iters=$iters $flags [--peak=<measured> after the first model]"
   done
+  for v in "${variants[@]}"; do
+    [[ "$v" == *:*=* ]] || {
+      echo "FAIL: PERF_VARIANTS entry '$v' is not NAME:VAR=VALUE[,VAR=VALUE]"
+      status=1
+      continue
+    }
+    echo "  would run variant ${v%%:*}: env ${v#*:} (commas: separate variables) ... $bench" \
+      "--sections=layer,attention,step ... for ${models[*]}"
+  done
   echo "  would run: timeout ... ${py_env[*]} $python $baseline --models $(
     IFS=,
     echo "${models[*]}"
@@ -234,6 +254,23 @@ run "torch eager (all models)" 60 "$outdir/torch.log" "${py_env[@]}" "$python" "
     echo "${models[*]}"
   )" --warmup $warmup --iters $iters "${peak_args[@]}"
 
+# The variants, in what is left of the budget (each model's row MODEL+NAME).
+rows=("${models[@]}")
+for v in "${variants[@]}"; do
+  name=${v%%:*}
+  IFS=, read -r -a assigns <<< "${v#*:}"
+  for m in "${models[@]}"; do
+    flags=$(flags_of "$m")
+    extra=()
+    [[ -n "$peak" ]] && extra=(--peak="$peak")
+    # shellcheck disable=SC2086  # flags are words
+    run "cuda_bench $m+$name" 20 "$outdir/cuda_bench-$m+$name.log" env "${assigns[@]}" \
+      "${bin_env[@]}" "$bench" --sections=layer,attention,step --warmup=$warmup \
+      --iters=$iters $flags "${extra[@]}"
+    rows+=("$m+$name")
+  done
+done
+
 # The table.
 pct() { [[ -n "$1" && "$1" != n/a ]] && echo "$1%" || echo "-"; }
 or_dash() { [[ -n "$1" ]] && echo "$1" || echo "-"; }
@@ -242,28 +279,37 @@ or_dash() { [[ -n "$1" ]] && echo "$1" || echo "-"; }
   echo "vocabpipe vs PyTorch eager, one GPU (${gpu:-unknown}); MFU against the measured bf16" \
     "GEMM peak ${peak:-?} TFLOP/s (cuBLASLt 8192^3); 8192 tokens/step; warm-up $warmup," \
     "mean of $iters timed steps"
-  printf '%-10s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' model "layerF" "layerBW" \
+  printf '%-15s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' model "layerF" "layerBW" \
     "outS+T" "vp tok/s" "MFU" "GiB use/res" "pt tok/s" "MFU" "GiB use/res" "vp/torch"
-  for m in "${models[@]}"; do
+  for m in "${rows[@]}"; do
     f=$outdir/cuda_bench-$m.log
     t=$outdir/torch.log
+    [[ -f "$f" ]] || continue
     vtps=$(kv "$f" "PERF section=step" tokens_per_s)
-    ttps=$(kv "$t" "TORCH model=$m " tokens_per_s)
+    ttps=$(kv "$t" "TORCH model=${m%%+*} " tokens_per_s)
     ratio="-"
     [[ -n "$vtps" && -n "$ttps" ]] && ratio=$(awk -v a="$vtps" -v b="$ttps" 'BEGIN { printf "%.2fx", a / b }')
-    printf '%-10s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' "$m" \
+    printf '%-15s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' "$m" \
       "$(pct "$(kv "$f" "PERF section=layer" f_mfu)")" \
       "$(pct "$(kv "$f" "PERF section=layer" bw_mfu)")" \
       "$(pct "$(kv "$f" "PERF section=output" st_mfu)")" \
       "$(or_dash "$vtps")" "$(pct "$(kv "$f" "PERF section=step" mfu)")" \
       "$(or_dash "$(kv "$f" "PERF section=step" peak_inuse_gib)")/$(or_dash "$(kv "$f" "PERF section=step" peak_reserved_gib)")" \
-      "$(or_dash "$ttps")" "$(pct "$(kv "$t" "TORCH model=$m " mfu)")" \
-      "$(or_dash "$(kv "$t" "TORCH model=$m " peak_alloc_gib)")/$(or_dash "$(kv "$t" "TORCH model=$m " peak_reserved_gib)")" \
+      "$(or_dash "$ttps")" "$(pct "$(kv "$t" "TORCH model=${m%%+*} " mfu)")" \
+      "$(or_dash "$(kv "$t" "TORCH model=${m%%+*} " peak_alloc_gib)")/$(or_dash "$(kv "$t" "TORCH model=${m%%+*} " peak_reserved_gib)")" \
       "$ratio"
   done
   echo "layerF/layerBW: DeviceLayerStack forward, backward (B+W); outS+T: output layer S+C1+T" \
     "(Algorithm 2); vp: cuda_bench step (runtime passes, p = 1); pt: torch autocast bf16 +" \
-    "fp32 master, fused AdamW, SDPA. GiB: peak allocated / reserved over the timed steps."
+    "fp32 master, fused AdamW, SDPA. GiB: peak allocated / reserved over the timed steps." \
+    "MODEL+NAME: the variant NAME (PERF_VARIANTS: ${variants[*]:-none}); outS+T is not rerun."
+  echo "where the time goes (one profiled pass after the timed ones, CUDA events per phase; %" \
+    "of the pass's device time; idle = the stream waiting after a sync):"
+  for m in "${rows[@]}"; do
+    f=$outdir/cuda_bench-$m.log
+    [[ -f "$f" ]] || continue
+    grep -h '^BREAKDOWN ' "$f" | sed "s/^BREAKDOWN /$(printf '%-15s' "$m") /"
+  done
   for f in "$outdir"/cuda_bench-*.log "$outdir/torch.log"; do
     [[ -f "$f" ]] || continue
     grep -h -E '^(PERF section=[a-z]+ FAIL|TORCH model=[^ ]+ FAIL|TORCH no CUDA|no CUDA device)|SKIP' "$f" |

@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/phase_timer.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/engine/optimizer.h"
 
@@ -216,6 +218,43 @@ std::vector<float> Download(const Dev<T>& src) {
     EXPECT_EQ(Bf16ToFloat(tmp.p, src.p, static_cast<long>(src.n), nullptr), cudaSuccess);
     return tmp.Get();
   }
+}
+
+// VOCABPIPE_GEMM_EPILOGUE=bias: the bias added in cuBLASLt's epilogue equals the separate
+// kernel's result (fp32: to rounding; bf16: one rounding fewer, so within bf16 rounding), for a
+// small shape and GPT-2's c_attn at h 2048 over 512 tokens.
+TEST(CudaKernels, LinearBiasEpilogueMatchesSeparateBias) {
+  SKIP_WITHOUT_DEVICE();
+  const char* saved = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
+  const std::string restore = saved != nullptr ? saved : "";
+  for (const auto& [n, in, out_dim] : {std::tuple{24, 64, 48}, std::tuple{512, 2048, 6144}}) {
+    auto x = Random(size_t(n) * in, 12), w = Random(size_t(in) * out_dim, 13, 0.05f),
+         b = Random(out_dim, 14);
+    auto gemm = GemmRunner::Create();
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    Dev<float> gx(x), gw(w), gb(b), separate(size_t(n) * out_dim), fused(size_t(n) * out_dim);
+    unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+    EXPECT_FALSE(FusedBiasEpilogue());
+    ASSERT_TRUE(LinearForward(**gemm, separate.p, gx.p, gw.p, gb.p, n, in, out_dim, nullptr).ok());
+    setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+    EXPECT_TRUE(FusedBiasEpilogue());
+    ASSERT_TRUE(LinearForward(**gemm, fused.p, gx.p, gw.p, gb.p, n, in, out_dim, nullptr).ok());
+    ExpectClose(fused.Get(), separate.Get(), 1e-5, 1e-5, "fp32 fused bias");
+    Dev<bf16> hx(size_t(n) * in), hw(size_t(in) * out_dim), hb(out_dim), hsep(size_t(n) * out_dim),
+        hfused(size_t(n) * out_dim);
+    ASSERT_EQ(FloatToBf16(hx.p, gx.p, long(n) * in, nullptr), cudaSuccess);
+    ASSERT_EQ(FloatToBf16(hw.p, gw.p, long(in) * out_dim, nullptr), cudaSuccess);
+    ASSERT_EQ(FloatToBf16(hb.p, gb.p, out_dim, nullptr), cudaSuccess);
+    unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+    ASSERT_TRUE(LinearForward(**gemm, hsep.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
+    setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+    ASSERT_TRUE(LinearForward(**gemm, hfused.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // Two roundings against one: within 2 bf16 ulps (2^-7 relative) plus a floor near 0.
+    ExpectClose(Download(hfused), Download(hsep), 1.0 / 64, 1e-2, "bf16 fused bias");
+  }
+  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
 }
 
 struct AttentionTolerance {
@@ -447,6 +486,8 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kTensorCore);
   setenv("VOCABPIPE_ATTENTION", "fma", 1);
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFma);
+  setenv("VOCABPIPE_ATTENTION", "flash", 1);
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   unsetenv("VOCABPIPE_ATTENTION");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kTensorCore);
   if (saved != nullptr) setenv("VOCABPIPE_ATTENTION", restore.c_str(), 1);
@@ -667,6 +708,127 @@ TEST(CudaKernels, AdamWMatchesCpuOptimizer) {
   Dev<float> back(count);
   ASSERT_EQ(Bf16ToFloat(back.p, gbf.p, count, nullptr), cudaSuccess);
   ExpectClose(back.Get(), cpu_p, 1.0 / 256, 0, "bf16 params");
+}
+
+// cuda_bench's breakdown: without a timer MarkPhase does nothing; with one, the time between
+// marks on its stream goes to the earlier mark's phase, marks on other streams are ignored and
+// Collect starts a new window.
+TEST(PhaseTimer, NamesAreDistinctAndMarksWithoutATimerAreFree) {
+  std::vector<std::string> names;
+  for (int i = 0; i < kPhaseCount; ++i) names.emplace_back(PhaseName(static_cast<Phase>(i)));
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::unique(names.begin(), names.end()), names.end());
+  MarkPhase(nullptr, Phase::kAttention);  // no timer: no CUDA call, so no device needed
+}
+
+TEST(PhaseTimer, ChargesDeviceTimeToTheMarkedPhases) {
+  SKIP_WITHOUT_DEVICE();
+  cudaStream_t stream = nullptr, other = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&other), cudaSuccess);
+  constexpr long kN = 1 << 24;  // 64 MiB of fp32 → 32 MiB of bf16: tens of microseconds
+  Dev<float> src(kN);
+  Dev<bf16> dst(kN);
+  {
+    auto timer = PhaseTimer::Start(stream, 16);
+    ASSERT_TRUE(timer.ok()) << timer.status();
+    EXPECT_FALSE(PhaseTimer::Start(stream).ok());  // one at a time
+    MarkPhase(stream, Phase::kAttention);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(FloatToBf16(dst.p, src.p, kN, stream), cudaSuccess);
+    MarkPhase(other, Phase::kCopy);  // another stream: ignored
+    MarkPhase(stream, Phase::kNorm);
+    ASSERT_EQ(FloatToBf16(dst.p, src.p, kN, stream), cudaSuccess);
+    auto b = (*timer)->Collect();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->marks[static_cast<int>(Phase::kAttention)], 1);
+    EXPECT_EQ(b->marks[static_cast<int>(Phase::kNorm)], 1);
+    EXPECT_EQ(b->marks[static_cast<int>(Phase::kCopy)], 0);
+    EXPECT_GT(b->ms[static_cast<int>(Phase::kAttention)], 0.0);
+    EXPECT_GT(b->ms[static_cast<int>(Phase::kNorm)], 0.0);
+    // Four conversions against one (generous: launch gaps and clocks vary).
+    EXPECT_GT(b->ms[static_cast<int>(Phase::kAttention)],
+              1.5 * b->ms[static_cast<int>(Phase::kNorm)]);
+    EXPECT_EQ((*timer)->dropped(), 0);
+    auto empty = (*timer)->Collect();  // a new window: nothing marked since
+    ASSERT_TRUE(empty.ok());
+    EXPECT_EQ(empty->total_ms(), 0.0);
+    // Over capacity: the marks past it are dropped and counted.
+    for (int i = 0; i < 20; ++i) MarkPhase(stream, Phase::kOther);
+    auto full = (*timer)->Collect();
+    ASSERT_TRUE(full.ok());
+    EXPECT_GT((*timer)->dropped(), 0);
+  }
+  auto again = PhaseTimer::Start(stream, 4);  // the first one deactivated itself
+  EXPECT_TRUE(again.ok());
+  again->reset();
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
+// Last in the file and in a suite of its own, so it runs last: a fault in these opt-in kernels
+// would be sticky and fail every later test.
+// The mma.sync flash kernels (attention_flash.cu, VOCABPIPE_ATTENTION=flash) on the tensor-core
+// test's shapes, which cover partial tiles, chunks off the tile grid, both head_dim buckets,
+// element loads and grouped-query attention, plus the model's head_dims over sequences of
+// 1000 rows (16 tiles, the last partial; the causal skip of whole tiles, the heaviest-first
+// block order).
+TEST(CudaFlashAttention, MatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
+  constexpr auto kFlash = AttentionKernels::kFlash;
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400,
+      kTol, kFlash);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 3, .head_dim = 32, .q_begin = 70, .q_end = 150, .kv_rows = 192}, 410,
+      kTol, kFlash);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 128, .q_begin = 0, .q_end = 130, .kv_rows = 130}, 420,
+      kTol, kFlash);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 80, .q_begin = 20, .q_end = 90, .kv_rows = 96}, 430,
+      kTol, kFlash);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 20, .q_begin = 5, .q_end = 77, .kv_rows = 80}, 440, kTol,
+      kFlash);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 1, .head_dim = 64, .q_begin = 40, .q_end = 41, .kv_rows = 48}, 450,
+      kTol, kFlash);
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 1, .head_dim = 64, .q_begin = 64, .q_end = 128, .kv_rows = 128}, 460,
+      kTol, kFlash);
+  CheckAttention<bf16>({.batch = 2,
+                        .heads = 8,
+                        .head_dim = 64,
+                        .q_begin = 33,
+                        .q_end = 161,
+                        .kv_rows = 192,
+                        .kv_heads = 2},
+                       470, kTol, kFlash);
+  CheckAttention<bf16>({.batch = 1,
+                        .heads = 4,
+                        .head_dim = 128,
+                        .q_begin = 0,
+                        .q_end = 100,
+                        .kv_rows = 100,
+                        .kv_heads = 1},
+                       480, kTol, kFlash);
+  // GPT-2 (head_dim 128 at h 2048 / 16 heads; 64 at GPT-2 small) and Llama (128, 4 → 1 here)
+  // over 1000 rows.
+  CheckAttention<bf16>(
+      {.batch = 1, .heads = 2, .head_dim = 128, .q_begin = 0, .q_end = 1000, .kv_rows = 1000}, 490,
+      kTol, kFlash);
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 1, .head_dim = 64, .q_begin = 0, .q_end = 1000, .kv_rows = 1000}, 500,
+      kTol, kFlash);
+  CheckAttention<bf16>({.batch = 1,
+                        .heads = 4,
+                        .head_dim = 128,
+                        .q_begin = 0,
+                        .q_end = 1000,
+                        .kv_rows = 1000,
+                        .kv_heads = 1},
+                       510, kTol, kFlash);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "worker/engine/kernels/cuda/attention_flash.h"
 #include "worker/engine/kernels/cuda/attention_tc.h"
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/kernels.h"
@@ -433,14 +434,14 @@ cudaError_t LaunchBackward(T* dq, T* dk, T* dv, const float* delta, const T* dou
   return cudaGetLastError();
 }
 
-// True when bf16 attention runs on the tensor-core kernels (attention_tc.cu).
+// The kernels T's attention runs on: fp32 always on the FMA ones; bf16 as asked, kDefault
+// resolved through VOCABPIPE_ATTENTION.
 template <typename T>
-bool UseTensorCores(AttentionKernels kernels) {
+AttentionKernels Resolve(AttentionKernels kernels) {
   if constexpr (!std::is_same_v<T, bf16>) {
-    return false;
+    return AttentionKernels::kFma;
   } else {
-    if (kernels == AttentionKernels::kDefault) kernels = DefaultAttentionKernels();
-    return kernels == AttentionKernels::kTensorCore;
+    return kernels == AttentionKernels::kDefault ? DefaultAttentionKernels() : kernels;
   }
 }
 
@@ -449,6 +450,7 @@ bool UseTensorCores(AttentionKernels kernels) {
 AttentionKernels DefaultAttentionKernels() {
   const char* env = std::getenv("VOCABPIPE_ATTENTION");
   if (env != nullptr && std::string_view(env) == "fma") return AttentionKernels::kFma;
+  if (env != nullptr && std::string_view(env) == "flash") return AttentionKernels::kFlash;
   return AttentionKernels::kTensorCore;
 }
 
@@ -458,8 +460,13 @@ cudaError_t AttentionForward(T* out, float* lse, const T* q, int ldq, const T* k
                              AttentionKernels kernels) {
   if (BadShape(shape)) return cudaErrorInvalidValue;
   if constexpr (std::is_same_v<T, bf16>) {
-    if (UseTensorCores<T>(kernels)) {
-      return AttentionForwardTensorCore(out, lse, q, ldq, k, v, shape, stream);
+    switch (Resolve<T>(kernels)) {
+      case AttentionKernels::kTensorCore:
+        return AttentionForwardTensorCore(out, lse, q, ldq, k, v, shape, stream);
+      case AttentionKernels::kFlash:
+        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream);
+      default:
+        break;
     }
   }
   // Two head_dim buckets: GPT-2's 64 (and the small test sizes), and up to 128.
@@ -478,8 +485,14 @@ cudaError_t AttentionBackward(T* dq, T* dk, T* dv, float* delta, const T* dout, 
       <<<CeilDiv(rows, kThreads / 32), kThreads, 0, stream>>>(delta, dout, out, shape);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if constexpr (std::is_same_v<T, bf16>) {
-    if (UseTensorCores<T>(kernels)) {
-      return AttentionBackwardTensorCore(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+    switch (Resolve<T>(kernels)) {
+      case AttentionKernels::kTensorCore:
+        return AttentionBackwardTensorCore(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape,
+                                           stream);
+      case AttentionKernels::kFlash:
+        return AttentionBackwardFlash(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+      default:
+        break;
     }
   }
   if (shape.head_dim <= 64) {

@@ -4,10 +4,12 @@
 
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/phase_timer.h"
 
 namespace vp::engine::cuda {
 
 absl::Status Finish(const DeviceContext& ctx) {
+  MarkPhase(ctx.stream, Phase::kIdle);  // cuda_bench's breakdown: the stream waits from here
   VP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
   if (ctx.alloc != nullptr) ctx.alloc->ReleasePending();
   return absl::OkStatus();

@@ -1,10 +1,13 @@
 #include "worker/engine/kernels/cuda/gemm.h"
 
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/phase_timer.h"
 
 namespace vp::engine::cuda {
 namespace {
@@ -48,7 +51,7 @@ void GemmRunner::Destroy(Plan& p) {
 // (trans_a ? m×k : k×m), op = trans_a).
 absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
-  const auto [ta, tb, m, n, k, lda, ldb, ldc, ab, ct] = key;
+  const auto [ta, tb, m, n, k, lda, ldb, ldc, ab, ct, with_bias] = key;
   const cudaDataType_t ab_type = ToCuda(static_cast<DType>(ab));
   const cudaDataType_t c_type = ToCuda(static_cast<DType>(ct));
   Plan p;
@@ -60,6 +63,13 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
                                                              &op_first, sizeof(op_first)));
     VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                              &op_second, sizeof(op_second)));
+    if (with_bias) {
+      // D is the column-major (n × m) Cᵀ: a bias over D's rows is one value per column of the
+      // row-major C, added to every row. Its type defaults to D's; the pointer is set per call.
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    }
     // Layouts are (rows, cols, ld) of the stored column-major matrices.
     VP_CUBLAS_RETURN_IF_ERROR(
         cublasLtMatrixLayoutCreate(&p.b, ab_type, tb ? k : n, tb ? n : k, ldb));
@@ -85,6 +95,10 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
                                                              pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     VP_CUBLAS_RETURN_IF_ERROR(hs);
+    if (found == 0 && with_bias) {
+      return absl::UnimplementedError(absl::StrCat(
+          "cuBLASLt has no bias-epilogue algorithm for gemm m ", m, " n ", n, " k ", k));
+    }
     if (found == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cuBLASLt has no algorithm for gemm m ", m, " n ", n, " k ", k, " lda ", lda, " ldb ",
@@ -113,22 +127,50 @@ absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, f
                                                    ldb, " ldc ", ldc, " too small for m ", m, " n ",
                                                    n, " k ", k));
   }
-  const Key key{trans_a,
-                trans_b,
-                m,
-                n,
-                k,
-                lda,
-                ldb,
-                ldc,
-                static_cast<int>(ab_type),
-                static_cast<int>(c_type)};
+  const Key key{
+      trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
+      false};
+  return Run(key, alpha, a, b, beta, c, nullptr, stream);
+}
+
+absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                                  const void* a, int lda, const void* b, int ldb, float beta,
+                                  void* c, int ldc, DType ab_type, DType c_type, const void* bias,
+                                  cudaStream_t stream) {
+  if (bias == nullptr) return absl::InvalidArgumentError("gemm: bias must not be null");
+  if (m < 0 || n < 0 || k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gemm: m ", m, ", n ", n, ", k ", k, " must be >= 0"));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (lda < (trans_a ? m : k) || ldb < (trans_b ? k : n) || ldc < n) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions lda ", lda, " ldb ",
+                                                   ldb, " ldc ", ldc, " too small for m ", m, " n ",
+                                                   n, " k ", k));
+  }
+  const Key key{
+      trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
+      true};
+  return Run(key, alpha, a, b, beta, c, bias, stream);
+}
+
+absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const void* b, float beta,
+                             void* c, const void* bias, cudaStream_t stream) {
   absl::StatusOr<Plan*> plan = GetPlan(key);
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
+  if (bias != nullptr) {
+    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
   VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p.desc, &alpha, b, p.b, a, p.a, &beta, c, p.c,
                                            c, p.c, &p.algo, workspace_, workspace_bytes_, stream));
   return absl::OkStatus();
+}
+
+bool FusedBiasEpilogue() {
+  const char* env = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
+  return env != nullptr && std::string_view(env) == "bias";
 }
 
 // Llama's nn.Linear layout [out, in], no bias (cpu::LinearT*): the same three GEMMs with the
@@ -160,12 +202,21 @@ template <typename T>
 absl::Status LinearForward(GemmRunner& gemm, T* out, const T* inp, const T* weight, const T* bias,
                            int n, int in_dim, int out_dim, cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
+  if (bias != nullptr && FusedBiasEpilogue()) {
+    // The bias in the GEMM's epilogue: one pass over out fewer, and one bf16 rounding fewer.
+    absl::Status s = gemm.GemmBias(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight,
+                                   out_dim, 0.0f, out, out_dim, t, t, bias, stream);
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+  }
   if (absl::Status s = gemm.Gemm(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight,
                                  out_dim, 0.0f, out, out_dim, t, t, stream);
       !s.ok()) {
     return s;
   }
-  if (bias != nullptr) VP_CUDA_RETURN_IF_ERROR(AddBias(out, bias, n, out_dim, stream));
+  if (bias != nullptr) {
+    MarkPhase(stream, Phase::kElementwise);  // the caller marks its next step again
+    VP_CUDA_RETURN_IF_ERROR(AddBias(out, bias, n, out_dim, stream));
+  }
   return absl::OkStatus();
 }
 
@@ -186,7 +237,10 @@ absl::Status LinearBackwardWeight(GemmRunner& gemm, float* dweight, float* dbias
       !s.ok()) {
     return s;
   }
-  if (dbias != nullptr) VP_CUDA_RETURN_IF_ERROR(BiasBackward(dbias, dout, n, out_dim, stream));
+  if (dbias != nullptr) {
+    MarkPhase(stream, Phase::kElementwise);
+    VP_CUDA_RETURN_IF_ERROR(BiasBackward(dbias, dout, n, out_dim, stream));
+  }
   return absl::OkStatus();
 }
 
@@ -197,6 +251,7 @@ absl::Status OutputLayerS(GemmRunner& gemm, T* probs, float* local_max, float* l
                           cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
   const int r = static_cast<int>(rows), vld = static_cast<int>(valid);
+  MarkPhase(stream, Phase::kOutGemm);
   if (valid > 0) {
     // Y (n, valid) = X (n, h) · W_rᵀ (h, valid); padding columns are zeroed by the softmax.
     if (absl::Status s =
@@ -205,8 +260,10 @@ absl::Status OutputLayerS(GemmRunner& gemm, T* probs, float* local_max, float* l
       return s;
     }
   }
+  MarkPhase(stream, Phase::kOutSoftmax);
   VP_CUDA_RETURN_IF_ERROR(VocabSoftmaxForward(probs, local_max, local_sum, label_logit, local_label,
                                               n, rows, valid, stream));
+  MarkPhase(stream, Phase::kOutGemm);
   if (a_out != nullptr) {
     if (valid == 0) {
       VP_CUDA_RETURN_IF_ERROR(
@@ -227,8 +284,10 @@ absl::Status OutputLayerT(GemmRunner& gemm, T* probs, float* weight_grad, float*
                           int64_t valid, cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
   const int r = static_cast<int>(rows), vld = static_cast<int>(valid);
+  MarkPhase(stream, Phase::kOutSoftmax);
   VP_CUDA_RETURN_IF_ERROR(
       VocabSoftmaxBackward(probs, scale, local_label, d, n, rows, valid, stream));
+  MarkPhase(stream, Phase::kOutGemm);
   if (valid > 0) {
     // ∇W_r (valid, h) += gradᵀ (valid, n) · X (n, h); padding rows are never written.
     if (absl::Status s = gemm.Gemm(true, false, vld, h, n, 1.0f, probs, r, x, h, 1.0f, weight_grad,

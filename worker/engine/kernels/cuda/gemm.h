@@ -40,10 +40,19 @@ class GemmRunner {
                     int lda, const void* b, int ldb, float beta, void* c, int ldc, DType ab_type,
                     DType c_type, cudaStream_t stream);
 
+  // The same with bias (n elements of c_type, device) added to every row of C in the GEMM's
+  // epilogue (CUBLASLT_EPILOGUE_BIAS: in fp32, before C is rounded). Unimplemented when
+  // cuBLASLt has no algorithm with the epilogue for the shape; the caller then adds the bias
+  // itself.
+  absl::Status GemmBias(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
+                        int lda, const void* b, int ldb, float beta, void* c, int ldc,
+                        DType ab_type, DType c_type, const void* bias, cudaStream_t stream);
+
   size_t cached_plans() const { return plans_.size(); }
 
  private:
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, int, int>;
+  // trans_a, trans_b, m, n, k, lda, ldb, ldc, ab type, c type, bias epilogue.
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, int, int, bool>;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -51,6 +60,8 @@ class GemmRunner {
   };
   GemmRunner() = default;
   absl::StatusOr<Plan*> GetPlan(const Key& key);
+  absl::Status Run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c,
+                   const void* bias, cudaStream_t stream);
   static void Destroy(Plan& plan);
 
   cublasLtHandle_t handle_ = nullptr;
@@ -58,6 +69,10 @@ class GemmRunner {
   size_t workspace_bytes_ = 0;
   std::map<Key, Plan> plans_;
 };
+
+// True when VOCABPIPE_GEMM_EPILOGUE=bias: LinearForward adds its bias in the GEMM's cuBLASLt
+// epilogue instead of a separate kernel (opt-in until measured on a GPU; read at every call).
+bool FusedBiasEpilogue();
 
 // Linear layer, weight in Conv1D layout [in, out] (the CPU engine's layout), T float or bf16.
 // out = inp · weight (+ bias).

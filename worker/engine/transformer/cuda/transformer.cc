@@ -23,6 +23,7 @@
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/phase_timer.h"
 
 // Propagates a non-OK absl::Status (the GEMM wrappers and DeviceArray::Create return one).
 #define VP_LS_RETURN_IF_ERROR(expr)                                 \
@@ -148,13 +149,16 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln1));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_mean));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_rstd));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(),
                                              acts.ln1_rstd.data(), x, p_.ln1_w, p_.ln1_b, n, h,
                                              st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, 3 * nh, acts.qkv));
+    MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(LinearForward(gemm, acts.qkv.data(), acts.ln1.data(), p_.attn_w,
                                         p_.attn_b, n, h, 3 * h, st));
     // Append this chunk's keys and values to the cache so later chunks can attend to them.
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
         CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true, st));
     VP_CUDA_RETURN_IF_ERROR(
@@ -162,27 +166,35 @@ class DeviceLayer {
     const AttentionShape shape{b, heads, cfg_.head_dim(), seq.begin, seq.end, s};
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.atty));
+    MarkPhase(st, Phase::kAttention);
     VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(),
                                              3 * h, kv.k.data(), kv.v.data(), shape, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.res1));
+    MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(LinearForward(gemm, acts.res1.data(), acts.atty.data(), p_.attn_proj_w,
                                         p_.attn_proj_b, n, h, h, st));
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
     // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_mean));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_rstd));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormForward(acts.ln2.data(), acts.ln2_mean.data(),
                                              acts.ln2_rstd.data(), acts.res1.data(), p_.ln2_w,
                                              p_.ln2_b, n, h, st));
     const long nf = static_cast<long>(n) * f;
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch));
+    MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(
         LinearForward(gemm, acts.fch.data(), acts.ln2.data(), p_.fc_w, p_.fc_b, n, h, f, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch_gelu));
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(GeluForward(acts.fch_gelu.data(), acts.fch.data(), nf, st));
+    MarkPhase(st, Phase::kGemmFc2);
     VP_LS_RETURN_IF_ERROR(
         LinearForward(gemm, out, acts.fch_gelu.data(), p_.proj_w, p_.proj_b, n, f, h, st));
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), nh, st));
     acts.forward_done = true;
     return absl::OkStatus();
@@ -206,25 +218,32 @@ class DeviceLayer {
     // MLP sub-block. The layer output gradient is both the skip-path gradient of res1 and the
     // output gradient of mlp.c_proj (stashed for W: the caller's dout need not outlive B).
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_out));
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, nh, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.d_fch));
+    MarkPhase(st, Phase::kGemmFc2);
     VP_LS_RETURN_IF_ERROR(
         LinearBackwardInput(gemm, acts.d_fch.data(), dout, p_.proj_w, n, f, h, st));
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(
         GeluBackward(acts.d_fch.data(), acts.fch.data(), acts.d_fch.data(), nf, st));
     acts.fch.Reset();  // W needs only the GELU output
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln2));
+    MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(
         LinearBackwardInput(gemm, acts.d_ln2.data(), acts.d_fch.data(), p_.fc_w, n, h, f, st));
     // LayerNormBackwardInput accumulates: start d_res1 from the skip path's gradient, dout.
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_res1));
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, nh, st));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
                                                    acts.res1.data(), p_.ln2_w, acts.ln2_mean.data(),
                                                    acts.ln2_rstd.data(), n, h, st));
     // Attention sub-block.
     DeviceArray<T> d_atty;  // (b, t, h)
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, d_atty));
+    MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(
         LinearBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), p_.attn_proj_w, n, h, h, st));
     if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
@@ -238,6 +257,7 @@ class DeviceLayer {
       DeviceArray<float> delta;  // (b, heads, t) scratch: Σ_d dout·out per query row
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, delta));
       const AttentionShape shape{b, heads, cfg_.head_dim(), seq.begin, seq.end, s};
+      MarkPhase(st, Phase::kAttention);
       VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
                                                 delta.data(), d_atty.data(), acts.atty.data(),
                                                 acts.lse.data(), acts.qkv.data(), 3 * h,
@@ -246,6 +266,7 @@ class DeviceLayer {
     // Later chunks (already run backward) and this chunk have now added everything they owe to
     // the keys/values at this chunk's positions; earlier chunks never see them. So the
     // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
         CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, seq.begin, false, st));
     VP_CUDA_RETURN_IF_ERROR(
@@ -255,10 +276,13 @@ class DeviceLayer {
     acts.lse.Reset();
     acts.qkv.Reset();
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln1));
+    MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(LinearBackwardInput(gemm, acts.d_ln1.data(), acts.d_qkv.data(), p_.attn_w,
                                               n, h, 3 * h, st));
     // dx = d_res1 (the skip path) + ln_1's input gradient (accumulated by the kernel).
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), nh, st));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w,
                                                    acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h,
                                                    st));
@@ -274,18 +298,24 @@ class DeviceLayer {
     const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
     cudaStream_t st = ctx.stream;
     GemmRunner& gemm = *ctx.gemm;
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
                                                     acts.ln1_mean.data(), acts.ln1_rstd.data(), n,
                                                     h, st));
+    MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.attn_w, g_.attn_b, acts.d_qkv.data(),
                                                acts.ln1.data(), n, h, 3 * h, st));
+    MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.attn_proj_w, g_.attn_proj_b,
                                                acts.d_res1.data(), acts.atty.data(), n, h, h, st));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight(g_.ln2_w, g_.ln2_b, acts.d_ln2.data(),
                                                     acts.res1.data(), acts.ln2_mean.data(),
                                                     acts.ln2_rstd.data(), n, h, st));
+    MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.fc_w, g_.fc_b, acts.d_fch.data(),
                                                acts.ln2.data(), n, h, f, st));
+    MarkPhase(st, Phase::kGemmFc2);
     VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.proj_w, g_.proj_b, acts.d_out.data(),
                                                acts.fch_gelu.data(), n, f, h, st));
     acts = DeviceLayerActivations<T>();
@@ -316,16 +346,20 @@ class DeviceLayer {
     // Attention: res1 = x + o_proj(attn(rope(q), rope(k), v)), q|k|v = rms(x)·Wqkvᵀ.
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln1));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_rstd));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x,
                                            lp_.attn_norm_w, n, h, cfg_.rms_eps, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * qd, acts.qkv));
+    MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(
         LinearTForward(gemm, acts.qkv.data(), acts.ln1.data(), lp_.wqkv, n, h, qd, st));
     // q and k rotated at absolute positions seq.begin + j, so keys enter the cache rotated.
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(
         RopeForward(acts.qkv.data(), qd, b, t, heads, hd, seq.begin, cfg_.rope_theta, st));
     VP_CUDA_RETURN_IF_ERROR(
         RopeForward(acts.qkv.data() + h, qd, b, t, kv_heads, hd, seq.begin, cfg_.rope_theta, st));
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
         CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, kvd, qd, h, seq.begin, true, st));
     VP_CUDA_RETURN_IF_ERROR(
@@ -333,24 +367,32 @@ class DeviceLayer {
     const AttentionShape shape{b, heads, hd, seq.begin, seq.end, s, kv_heads};
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.atty));
+    MarkPhase(st, Phase::kAttention);
     VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
                                              kv.k.data(), kv.v.data(), shape, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.res1));
+    MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(
         LinearTForward(gemm, acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h, st));
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
     // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_rstd));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormForward(acts.ln2.data(), acts.ln2_rstd.data(), acts.res1.data(),
                                            lp_.mlp_norm_w, n, h, cfg_.rms_eps, st));
     const long nf = static_cast<long>(n) * f;
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, 2 * nf, acts.fch));
+    MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(
         LinearTForward(gemm, acts.fch.data(), acts.ln2.data(), lp_.wgu, n, h, 2 * f, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch_gelu));
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(SwigluForward(acts.fch_gelu.data(), acts.fch.data(), n, f, st));
+    MarkPhase(st, Phase::kGemmFc2);
     VP_LS_RETURN_IF_ERROR(LinearTForward(gemm, out, acts.fch_gelu.data(), lp_.wdown, n, f, h, st));
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), nh, st));
     acts.forward_done = true;
     return absl::OkStatus();
@@ -369,27 +411,34 @@ class DeviceLayer {
     GemmRunner& gemm = *ctx.gemm;
     // MLP. dout is both res1's skip-path gradient and down_proj's output gradient (kept for W).
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_out));
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, nh, st));
     {
       DeviceArray<T> d_act;  // (b, t, f) gradient of the SwiGLU output
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, d_act));
+      MarkPhase(st, Phase::kGemmFc2);
       VP_LS_RETURN_IF_ERROR(LinearTBackwardInput(gemm, d_act.data(), dout, lp_.wdown, n, f, h, st));
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, 2 * nf, acts.d_fch));
+      MarkPhase(st, Phase::kElementwise);
       VP_CUDA_RETURN_IF_ERROR(
           SwigluBackward(acts.d_fch.data(), acts.fch.data(), d_act.data(), n, f, st));
     }
     acts.fch.Reset();  // W needs only the SwiGLU output
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln2));
+    MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(
         LinearTBackwardInput(gemm, acts.d_ln2.data(), acts.d_fch.data(), lp_.wgu, n, h, 2 * f, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_res1));
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, nh, st));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
                                                  acts.res1.data(), lp_.mlp_norm_w,
                                                  acts.ln2_rstd.data(), n, h, st));
     // Attention.
     DeviceArray<T> d_atty;  // (b, t, h)
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, d_atty));
+    MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(
         LinearTBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), lp_.wo, n, h, h, st));
     if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
@@ -401,17 +450,20 @@ class DeviceLayer {
       DeviceArray<float> delta;  // (b, heads, t)
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, delta));
       const AttentionShape shape{b, heads, hd, seq.begin, seq.end, s, kv_heads};
+      MarkPhase(st, Phase::kAttention);
       VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
                                                 delta.data(), d_atty.data(), acts.atty.data(),
                                                 acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
                                                 kv.v.data(), shape, st));
     }
     // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now.
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
         CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h, seq.begin, false, st));
     VP_CUDA_RETURN_IF_ERROR(
         CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, false, st));
     // Gradients of the rotated q, k: rotate back to the projections' gradients.
+    MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(
         RopeBackward(acts.d_qkv.data(), qd, b, t, heads, hd, seq.begin, cfg_.rope_theta, st));
     VP_CUDA_RETURN_IF_ERROR(RopeBackward(acts.d_qkv.data() + h, qd, b, t, kv_heads, hd, seq.begin,
@@ -419,9 +471,12 @@ class DeviceLayer {
     acts.lse.Reset();
     acts.qkv.Reset();
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln1));
+    MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(
         LinearTBackwardInput(gemm, acts.d_ln1.data(), acts.d_qkv.data(), lp_.wqkv, n, h, qd, st));
+    MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), nh, st));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, lp_.attn_norm_w,
                                                  acts.ln1_rstd.data(), n, h, st));
     if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
@@ -435,16 +490,22 @@ class DeviceLayer {
     const int qd = h + 2 * cfg_.kv_dim();
     cudaStream_t st = ctx.stream;
     GemmRunner& gemm = *ctx.gemm;
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardWeight(lg_.attn_norm_w, acts.d_ln1.data(), acts.inp,
                                                   acts.ln1_rstd.data(), n, h, st));
+    MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(
         LinearTBackwardWeight(gemm, lg_.wqkv, acts.d_qkv.data(), acts.ln1.data(), n, h, qd, st));
+    MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(
         LinearTBackwardWeight(gemm, lg_.wo, acts.d_res1.data(), acts.atty.data(), n, h, h, st));
+    MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardWeight(
         lg_.mlp_norm_w, acts.d_ln2.data(), acts.res1.data(), acts.ln2_rstd.data(), n, h, st));
+    MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(
         LinearTBackwardWeight(gemm, lg_.wgu, acts.d_fch.data(), acts.ln2.data(), n, h, 2 * f, st));
+    MarkPhase(st, Phase::kGemmFc2);
     VP_LS_RETURN_IF_ERROR(LinearTBackwardWeight(gemm, lg_.wdown, acts.d_out.data(),
                                                 acts.fch_gelu.data(), n, f, h, st));
     acts = DeviceLayerActivations<T>();
@@ -496,6 +557,7 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
       st.inputs.resize(count);
       for (int i = 0; i < count; ++i) VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, st.inputs[i]));
       // W reads each layer's input; the caller's x need not live that long.
+      MarkPhase(ctx.stream, Phase::kCopy);
       VP_CUDA_RETURN_IF_ERROR(CopyDevice(st.inputs[0].data(), x, nh, ctx.stream));
       for (int i = 0; i < count; ++i) {
         T* y = i + 1 < count ? st.inputs[i + 1].data() : out;

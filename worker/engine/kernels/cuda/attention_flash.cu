@@ -1,0 +1,555 @@
+// Causal flash attention on mma.sync tensor cores (FlashAttention-2 style), bf16 only, behind
+// VOCABPIPE_ATTENTION=flash (AttentionKernels::kFlash): the same rules, shapes and lse/delta
+// contract as attention.cu and attention_tc.cu (kernels.h).
+//
+// Why a third kernel set: the WMMA kernels (attention_tc.cu) keep scores, probabilities and the
+// output accumulator in shared memory, because a WMMA fragment's element layout is opaque, and
+// do the softmax with two lanes per row; on an H100 they reach ~25-30 TFLOP/s, so attention is
+// over half of a GPT-2 layer (docs/benchmarks.md §7.4). Here every product is an
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate) whose accumulator layout is documented, so scores,
+// probabilities, the output and the dK/dV/dQ accumulators stay in registers: a score tile's
+// accumulator is reused in place as the next product's A operand (no shared-memory round trip),
+// and the softmax statistics are reduced with two shuffles per row.
+//
+// Letters: D the head_dim bucket (64 or 128; columns [head_dim, D) are zero in shared memory),
+// kRows = 64 rows per query or key tile, 4 warps of 16 rows each (warp w: tile rows [16w, +16)).
+// Per lane: g = lane / 4 (rows g and g + 8 of the warp's 16), t = lane % 4 (columns 2t, 2t + 1
+// of every 8-column tile), the m16n8k16 register layout:
+//   A (16×16 row-major): a0 = A[g][2t..], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B (16×8, k × n):     b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+//   C (16×8 fp32):       c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]
+// (two bf16 in a register: the lower index in the low half). A B operand whose n index runs
+// along a shared row (Kᵀ for Q·Kᵀ) is two 32-bit loads; one whose k index runs along the rows
+// (V for P·V) comes from ldmatrix.trans.
+//
+// Work split (as attention_tc.cu):
+//   forward  one block per (query tile, head, sequence), the heaviest (last) query tiles first;
+//            loop over the visible key tiles: S = Q·Kᵀ, online softmax in the exp2 domain (m, l
+//            per row in fp32), O = O·corr + P·V with P rounded to bf16; out = O / l, lse.
+//   dK/dV    one block per (key tile, key/value head, sequence), loop over the group's query
+//            heads and the query tiles that see the tile: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ,
+//            Pᵀ = exp(scale·Sᵀ − lse), dSᵀ = Pᵀ∘(dPᵀ − delta), dV += Pᵀ·dO, dK += dSᵀ·Q; added
+//            into dk, dv once at the end (no atomics, deterministic).
+//   dQ       one block per (query tile, head, sequence): S, dP = dO·Vᵀ, dS, dQ += dS·K; dq
+//            overwritten.
+// Shared memory: the forward 2 bf16 tiles (34 KiB at D = 128; the queries stay in registers),
+// the backward kernels 4 (68 KiB, opt-in above the 48 KiB default). No cp.async double
+// buffering yet: several blocks per SM hide the tile loads.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "worker/engine/kernels/cuda/attention_flash.h"
+#include "worker/engine/kernels/cuda/common.cuh"
+
+namespace vp::engine::cuda {
+namespace {
+
+constexpr int kRows = 64;              // rows of a query or key tile
+constexpr int kWarps = 4;              // warp w owns tile rows [16w, 16w + 16)
+constexpr int kThreads = kWarps * 32;  // 128
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D>
+__host__ __device__ constexpr int Ld() {
+  return D + 8;  // bf16 tile row stride: 16-byte aligned rows, conflict-free 32-bit fragment loads
+}
+
+// One warp: c (16×8 fp32) += a (16×16 bf16) · b (16×8 bf16).
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The B operands of two adjacent 8-column tiles from a row-major (k rows, n columns) shared tile
+// at `p` = &tile[k0 + (lane % 16)][n0 + (lane / 16)·8]: r0, r1 for columns [n0, n0+8), r2, r3
+// for [n0+8, n0+16). Row addresses must be 16-byte aligned.
+__device__ __forceinline__ void LoadBTransposed(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ uint32_t Load32(const bf16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The A operand (16×16) of rows [r0, r0+16), columns [c0, c0+16) of a row-major shared tile.
+template <int D>
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* tile, int r0, int c0) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const bf16* p = tile + (r0 + g) * Ld<D>() + c0 + 2 * t;
+  a[0] = Load32(p);
+  a[1] = Load32(p + 8 * Ld<D>());
+  a[2] = Load32(p + 8);
+  a[3] = Load32(p + 8 * Ld<D>() + 8);
+}
+
+// The B operand (16×8, k × n) = rowsᵀ for n = rows [n0, n0+8) and k = columns [k0, k0+16) of a
+// row-major shared tile (B[k][n] = tile[n0 + n][k0 + k]): the Kᵀ of Q·Kᵀ.
+template <int D>
+__device__ __forceinline__ void LoadBRows(uint32_t& b0, uint32_t& b1, const bf16* tile, int n0,
+                                          int k0) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const bf16* p = tile + (n0 + g) * Ld<D>() + k0 + 2 * t;
+  b0 = Load32(p);
+  b1 = Load32(p + 8);
+}
+
+// dst (kRows, Ld<D>) ← rows [first, first + kRows) of src (columns [0, head_dim)); rows >= limit
+// and columns [head_dim, D) are zero. 16-byte copies when the rows allow them.
+template <int D>
+__device__ void LoadTile(bf16* dst, const bf16* src, long ld, int first, int limit, int head_dim) {
+  const bool vec = head_dim % 8 == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  if (vec) {
+    constexpr int kChunks = D / 8;
+    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += blockDim.x) {
+      const int r = idx / kChunks, d = (idx % kChunks) * 8, row = first + r;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (row < limit && d < head_dim) {
+        val = *reinterpret_cast<const uint4*>(src + static_cast<long>(row) * ld + d);
+      }
+      *reinterpret_cast<uint4*>(dst + r * Ld<D>() + d) = val;
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D, row = first + r;
+    dst[r * Ld<D>() + d] =
+        row < limit && d < head_dim ? src[static_cast<long>(row) * ld + d] : __float2bfloat16(0.0f);
+  }
+}
+
+// acc[nt] (16 rows × 8 columns [8nt, 8nt+8)) += p (16 × 64, as 8 score accumulators, rounded to
+// bf16) · rows (64 × D, row-major shared): the P·V / Pᵀ·dO / dSᵀ·Q / dS·K products.
+template <int D>
+__device__ __forceinline__ void AccumulateScoresTimesRows(float (&acc)[D / 8][4],
+                                                          const float (&p)[kRows / 8][4],
+                                                          const bf16* rows) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kRows / 16; ++kk) {
+    // A for keys [16kk, 16kk+16): two score tiles' accumulators, in place.
+    const uint32_t a[4] = {Pack(p[2 * kk][0], p[2 * kk][1]), Pack(p[2 * kk][2], p[2 * kk][3]),
+                           Pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           Pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int n2 = 0; n2 < D / 16; ++n2) {
+      uint32_t b[4];
+      LoadBTransposed(b, rows + (16 * kk + lane % 16) * Ld<D>() + 16 * n2 + (lane / 16) * 8);
+      Mma(acc[2 * n2], a, b[0], b[1]);
+      Mma(acc[2 * n2 + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// s[nt] (16 × 8 columns [8nt, 8nt+8) of a 64-column tile) = a_rows (rows [r0, r0+16) of a shared
+// (., D) tile) · b_rows (64 rows of a shared (64, D) tile)ᵀ: Q·Kᵀ, K·Qᵀ, V·dOᵀ, dO·Vᵀ.
+template <int D>
+__device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const bf16* a_tile, int r0,
+                                          const bf16* b_rows) {
+#pragma unroll
+  for (int nt = 0; nt < kRows / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    LoadA<D>(a, a_tile, r0, 16 * kk);
+#pragma unroll
+    for (int nt = 0; nt < kRows / 8; ++nt) {
+      uint32_t b0, b1;
+      LoadBRows<D>(b0, b1, b_rows, 8 * nt, 16 * kk);
+      Mma(s[nt], a, b0, b1);
+    }
+  }
+}
+
+// The same with the A rows already in registers (a[kk]: columns [16kk, 16kk+16)).
+template <int D>
+__device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const uint32_t (&a)[D / 16][4],
+                                          const bf16* b_rows) {
+#pragma unroll
+  for (int nt = 0; nt < kRows / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int nt = 0; nt < kRows / 8; ++nt) {
+      uint32_t b0, b1;
+      LoadBRows<D>(b0, b1, b_rows, 8 * nt, 16 * kk);
+      Mma(s[nt], a[kk], b0, b1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: out = softmax(scale·Q·Kᵀ, causal)·V and lse per query row.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardKernel(bf16* out,      // (batch, q_len, heads*head_dim)
+                       float* lse,     // (batch, heads, q_len)
+                       const bf16* q,  // (batch, q_len, ldq)
+                       int ldq,
+                       const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
+                       const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
+                       AttentionShape s, float scale_log2) {
+  // 2 tiles, 34 KiB at D = 128: the queries live in registers (staged through ks).
+  __shared__ __align__(128) bf16 ks[kRows * Ld<D>()];  // (64, D+8) key tile
+  __shared__ __align__(128) bf16 vs[kRows * Ld<D>()];  // (64, D+8) value tile
+  const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first (causal)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int w0 = warp * 16;
+  const int n_keys = s.q_begin + min(i0 + kRows, q_len);  // keys the tile's last real row sees
+  const bool warp_real = i0 + w0 < q_len;
+  const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;  // its last real row's key
+  // Absolute positions of this lane's two rows (padding rows compute garbage, never written).
+  const int pos0 = s.q_begin + i0 + w0 + g, pos1 = pos0 + 8;
+  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
+  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
+  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+
+  LoadTile<D>(ks, qh, ldq, i0, q_len, hd);
+  __syncthreads();
+  uint32_t qf[D / 16][4];  // the warp's 16 query rows as A operands
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) LoadA<D>(qf[kk], ks, w0, 16 * kk);
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY;  // running row max of the log2-scaled scores
+  float l0 = 0.0f, l1 = 0.0f;            // this lane's part of the running Σ 2^(x − m)
+
+  for (int j0 = 0; j0 < n_keys; j0 += kRows) {
+    __syncthreads();  // the previous tile's reads are done (on entry: orders the Q load)
+    LoadTile<D>(ks, kh, kvw, j0, n_keys, hd);
+    LoadTile<D>(vs, vh, kvw, j0, n_keys, hd);
+    __syncthreads();
+    if (!warp_real || j0 > warp_last) continue;  // nothing visible to the warp's rows
+    float sc[kRows / 8][4];
+    ScoreTile<D>(sc, qf, ks);
+    const bool diagonal = j0 + kRows - 1 > pos0 - g;  // some key may lie after some row
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kRows / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j0 + 8 * nt + 2 * t + (e & 1);
+        const int pos = e < 2 ? pos0 : pos1;
+        float x = sc[nt][e] * scale_log2;
+        if (diagonal && (key > pos || key >= n_keys)) x = -INFINITY;
+        sc[nt][e] = x;
+      }
+      mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+    }
+    // The 4 lanes of a row (same g) hold its 64 columns.
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // Every row sees key 0 in the first tile, so m is finite from then on and a fully masked
+    // row of a later tile keeps m (exp2(−inf − m) = 0).
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);  // 0 on the first tile
+    m0 = mn0;
+    m1 = mn1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kRows / 8; ++nt) {
+      sc[nt][0] = exp2f(sc[nt][0] - mn0);
+      sc[nt][1] = exp2f(sc[nt][1] - mn0);
+      sc[nt][2] = exp2f(sc[nt][2] - mn1);
+      sc[nt][3] = exp2f(sc[nt][3] - mn1);
+      sum0 += sc[nt][0] + sc[nt][1];
+      sum1 += sc[nt][2] + sc[nt][3];
+    }
+    l0 = l0 * corr0 + sum0;
+    l1 = l1 * corr1 + sum1;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      o[nt][0] *= corr0;
+      o[nt][1] *= corr0;
+      o[nt][2] *= corr1;
+      o[nt][3] *= corr1;
+    }
+    AccumulateScoresTimesRows<D>(o, sc, vs);
+  }
+
+  if (!warp_real) return;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;  // l >= 1: the row max contributes 2^0
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = i0 + w0 + g + 8 * half;  // chunk-relative query row
+    if (i >= q_len) continue;
+    const float inv = half == 0 ? inv0 : inv1;
+    bf16* orow = out + (static_cast<long>(b) * q_len + i) * width + h * hd;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const int d = 8 * nt + 2 * t;
+      if (d < hd) orow[d] = __float2bfloat16(o[nt][2 * half] * inv);
+      if (d + 1 < hd) orow[d + 1] = __float2bfloat16(o[nt][2 * half + 1] * inv);
+    }
+    if (t == 0) {
+      const float m = half == 0 ? m0 : m1, l = half == 0 ? l0 : l1;
+      lse[(static_cast<long>(b) * s.heads + h) * q_len + i] = (m + log2f(l)) * kLn2;
+    }
+  }
+}
+
+// Adds (or stores, accumulate = false) scale·acc of a warp's 16 rows [row0, row0+16) into dst
+// (row stride ld) for rows < limit and columns < head_dim.
+template <int D>
+__device__ void WriteRows(bf16* dst, long ld, int row0, int limit, int head_dim,
+                          const float (&acc)[D / 8][4], float scale, bool accumulate) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    if (row >= limit) continue;
+    bf16* r = dst + static_cast<long>(row) * ld;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * nt + 2 * t + e;
+        if (d >= head_dim) continue;
+        const float value = scale * acc[nt][2 * half + e];
+        r[d] = __float2bfloat16(accumulate ? __bfloat162float(r[d]) + value : value);
+      }
+    }
+  }
+}
+
+// Backward, dK/dV: one block per key tile of one key/value head (warp rows = keys).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardKeyValueKernel(bf16* dk,            // (batch, kv_rows, kv_heads*head_dim)
+                                bf16* dv,            // (batch, kv_rows, kv_heads*head_dim)
+                                const bf16* dout,    // (batch, q_len, heads*head_dim)
+                                const float* lse,    // (batch, heads, q_len)
+                                const float* delta,  // (batch, heads, q_len)
+                                const bf16* q,       // (batch, q_len, ldq)
+                                int ldq,
+                                const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
+                                const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
+                                AttentionShape s, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];  // BackwardSmem<D>()
+  bf16* ks = reinterpret_cast<bf16*>(smem);               // (64, D+8) keys
+  bf16* vs = ks + kRows * Ld<D>();                        // (64, D+8) values
+  bf16* qs = vs + kRows * Ld<D>();                        // (64, D+8) query tile
+  bf16* dos = qs + kRows * Ld<D>();                       // (64, D+8) dout tile
+  __shared__ float lse_s[kRows], delta_s[kRows];          // the query tile's, lse in log2 units
+  const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
+  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int group = s.heads / s.num_kv_heads(), kvw = s.kv_width();
+  const int j0 = blockIdx.x * kRows;  // first key; the first tiles are the busiest (causal)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int w0 = warp * 16;
+  const int key0 = j0 + w0 + g, key1 = key0 + 8;  // this lane's two keys (rows of Sᵀ)
+  const long kv_head = static_cast<long>(b) * s.kv_rows * kvw + kvh * hd;
+  const float scale_log2 = scale * kLog2e;
+
+  LoadTile<D>(ks, k + kv_head, kvw, j0, s.q_end, hd);
+  LoadTile<D>(vs, v + kv_head, kvw, j0, s.q_end, hd);
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];  // the warp's 16 keys × D, summed over the group
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[nt][e] = dv_acc[nt][e] = 0.0f;
+  }
+
+  const int i_first = max(0, j0 - s.q_begin);  // query row i sees key j0 iff q_begin + i >= j0
+  for (int hg = 0; hg < group; ++hg) {
+    const int h = kvh * group + hg;
+    const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
+    const bf16* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
+    const long stats = (static_cast<long>(b) * s.heads + h) * q_len;
+    for (int i0 = i_first; i0 < q_len; i0 += kRows) {
+      __syncthreads();  // the previous query tile's reads are done; on entry: orders K/V
+      LoadTile<D>(qs, qh, ldq, i0, q_len, hd);
+      LoadTile<D>(dos, doh, width, i0, q_len, hd);
+      for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
+        const int i = i0 + r;  // padding rows: P is masked to 0
+        lse_s[r] = i < q_len ? lse[stats + i] * kLog2e : 0.0f;
+        delta_s[r] = i < q_len ? delta[stats + i] : 0.0f;
+      }
+      __syncthreads();
+      const int last_query = s.q_begin + min(i0 + kRows, q_len) - 1;  // absolute
+      if (j0 + w0 >= s.q_end || j0 + w0 > last_query) continue;       // the warp sees nothing
+      float st[kRows / 8][4], dpt[kRows / 8][4];
+      ScoreTile<D>(st, ks, w0, qs);    // Sᵀ = K·Qᵀ (16 keys × 64 queries)
+      ScoreTile<D>(dpt, vs, w0, dos);  // dPᵀ = V·dOᵀ
+#pragma unroll
+      for (int nt = 0; nt < kRows / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * nt + 2 * t + (e & 1), i = i0 + c;  // query (column)
+          const int key = e < 2 ? key0 : key1;
+          const bool visible = i < q_len && key < s.q_end && key <= s.q_begin + i;
+          const float p = visible ? exp2f(st[nt][e] * scale_log2 - lse_s[c]) : 0.0f;
+          st[nt][e] = p;                               // Pᵀ
+          dpt[nt][e] = p * (dpt[nt][e] - delta_s[c]);  // dSᵀ
+        }
+      }
+      AccumulateScoresTimesRows<D>(dv_acc, st, dos);  // dV += Pᵀ·dO
+      AccumulateScoresTimesRows<D>(dk_acc, dpt, qs);  // dK += dSᵀ·Q
+    }
+  }
+  WriteRows<D>(dk + kv_head, kvw, j0 + w0, s.q_end, hd, dk_acc, scale, true);
+  WriteRows<D>(dv + kv_head, kvw, j0 + w0, s.q_end, hd, dv_acc, 1.0f, true);
+}
+
+// Backward, dQ: one block per query tile of one head (warp rows = queries).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardQueryKernel(bf16* dq,            // (batch, q_len, ldq)
+                             const bf16* dout,    // (batch, q_len, heads*head_dim)
+                             const float* lse,    // (batch, heads, q_len)
+                             const float* delta,  // (batch, heads, q_len)
+                             const bf16* q,       // (batch, q_len, ldq)
+                             int ldq,
+                             const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
+                             const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
+                             AttentionShape s, float scale) {
+  extern __shared__ __align__(128) unsigned char smem[];  // BackwardSmem<D>()
+  bf16* qs = reinterpret_cast<bf16*>(smem);               // (64, D+8) queries
+  bf16* dos = qs + kRows * Ld<D>();                       // (64, D+8) dout rows
+  bf16* ks = dos + kRows * Ld<D>();                       // (64, D+8) key tile
+  bf16* vs = ks + kRows * Ld<D>();                        // (64, D+8) value tile
+  const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int w0 = warp * 16;
+  const int n_keys = s.q_begin + min(i0 + kRows, q_len);
+  const bool warp_real = i0 + w0 < q_len;
+  const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;
+  const int pos0 = s.q_begin + i0 + w0 + g, pos1 = pos0 + 8;
+  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
+  const bf16* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
+  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
+  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const float scale_log2 = scale * kLog2e;
+  // This lane's two rows' statistics (padding rows: 0, their P is masked).
+  const long stat = (static_cast<long>(b) * s.heads + h) * q_len + i0 + w0 + g;
+  const bool real0 = i0 + w0 + g < q_len, real1 = i0 + w0 + g + 8 < q_len;
+  const float lse0 = real0 ? lse[stat] * kLog2e : 0.0f,
+              lse1 = real1 ? lse[stat + 8] * kLog2e : 0.0f;
+  const float delta0 = real0 ? delta[stat] : 0.0f, delta1 = real1 ? delta[stat + 8] : 0.0f;
+
+  LoadTile<D>(qs, qh, ldq, i0, q_len, hd);
+  LoadTile<D>(dos, doh, width, i0, q_len, hd);
+  float dq_acc[D / 8][4];  // the warp's 16 queries × D
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt)
+    dq_acc[nt][0] = dq_acc[nt][1] = dq_acc[nt][2] = dq_acc[nt][3] = 0.0f;
+
+  for (int j0 = 0; j0 < n_keys; j0 += kRows) {
+    __syncthreads();  // the previous key tile's reads are done; on entry: orders Q/dO
+    LoadTile<D>(ks, kh, kvw, j0, n_keys, hd);
+    LoadTile<D>(vs, vh, kvw, j0, n_keys, hd);
+    __syncthreads();
+    if (!warp_real || j0 > warp_last) continue;
+    float sc[kRows / 8][4], dp[kRows / 8][4];
+    ScoreTile<D>(sc, qs, w0, ks);   // S = Q·Kᵀ
+    ScoreTile<D>(dp, dos, w0, vs);  // dP = dO·Vᵀ
+#pragma unroll
+    for (int nt = 0; nt < kRows / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j0 + 8 * nt + 2 * t + (e & 1);
+        const bool lower = e < 2;
+        const bool visible =
+            (lower ? real0 : real1) && key <= (lower ? pos0 : pos1) && key < n_keys;
+        const float p = visible ? exp2f(sc[nt][e] * scale_log2 - (lower ? lse0 : lse1)) : 0.0f;
+        sc[nt][e] = p * (dp[nt][e] - (lower ? delta0 : delta1));  // dS
+      }
+    }
+    AccumulateScoresTimesRows<D>(dq_acc, sc, ks);  // dQ += dS·K
+  }
+  if (!warp_real) return;
+  WriteRows<D>(dq + static_cast<long>(b) * q_len * ldq + h * hd, ldq, i0 + w0, q_len, hd, dq_acc,
+               scale, false);
+}
+
+// Both backward kernels: 4 bf16 tiles, 68 KiB at D = 128 (opt-in above the 48 KiB default).
+template <int D>
+constexpr size_t BackwardSmem() {
+  return 4 * size_t(kRows) * Ld<D>() * sizeof(bf16);
+}
+
+template <typename Kernel>
+cudaError_t AllowSharedMemory(Kernel kernel, size_t bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
+float Scale(const AttentionShape& s) { return 1.0f / std::sqrt(static_cast<float>(s.head_dim)); }
+
+template <int D>
+cudaError_t LaunchForward(bf16* out, float* lse, const bf16* q, int ldq, const bf16* k,
+                          const bf16* v, const AttentionShape& s, cudaStream_t stream) {
+  const dim3 grid(CeilDiv(s.q_len(), kRows), s.heads, s.batch);
+  FlashForwardKernel<D>
+      <<<grid, kThreads, 0, stream>>>(out, lse, q, ldq, k, v, s, Scale(s) * kLog2e);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const float* delta, const bf16* dout,
+                           const float* lse, const bf16* q, int ldq, const bf16* k, const bf16* v,
+                           const AttentionShape& s, cudaStream_t stream) {
+  constexpr size_t smem = BackwardSmem<D>();
+  if (cudaError_t e = AllowSharedMemory(FlashBackwardKeyValueKernel<D>, smem); e != cudaSuccess) {
+    return e;
+  }
+  if (cudaError_t e = AllowSharedMemory(FlashBackwardQueryKernel<D>, smem); e != cudaSuccess) {
+    return e;
+  }
+  FlashBackwardKeyValueKernel<D>
+      <<<dim3(CeilDiv(s.q_end, kRows), s.num_kv_heads(), s.batch), kThreads, smem, stream>>>(
+          dk, dv, dout, lse, delta, q, ldq, k, v, s, Scale(s));
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  FlashBackwardQueryKernel<D>
+      <<<dim3(CeilDiv(s.q_len(), kRows), s.heads, s.batch), kThreads, smem, stream>>>(
+          dq, dout, lse, delta, q, ldq, k, v, s, Scale(s));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t AttentionForwardFlash(bf16* out, float* lse, const bf16* q, int ldq, const bf16* k,
+                                  const bf16* v, const AttentionShape& shape, cudaStream_t stream) {
+  if (shape.head_dim <= 64) return LaunchForward<64>(out, lse, q, ldq, k, v, shape, stream);
+  return LaunchForward<128>(out, lse, q, ldq, k, v, shape, stream);
+}
+
+cudaError_t AttentionBackwardFlash(bf16* dq, bf16* dk, bf16* dv, const float* delta,
+                                   const bf16* dout, const float* lse, const bf16* q, int ldq,
+                                   const bf16* k, const bf16* v, const AttentionShape& shape,
+                                   cudaStream_t stream) {
+  if (shape.head_dim <= 64) {
+    return LaunchBackward<64>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+  }
+  return LaunchBackward<128>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+}
+
+}  // namespace vp::engine::cuda

@@ -1,0 +1,34 @@
+// The mma.sync flash attention kernels (attention_flash.cu), bf16 only, behind AttentionForward /
+// AttentionBackward (kernels.h) with AttentionKernels::kFlash (VOCABPIPE_ATTENTION=flash), which
+// check the shape and compute delta first. Internal to the CUDA kernels.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "worker/engine/kernels/cuda/kernels.h"
+
+namespace vp::engine::cuda {
+
+// The shape is valid (AttentionForward checked it).
+cudaError_t AttentionForwardFlash(bf16* out,      // (batch, q_len, heads*head_dim)
+                                  float* lse,     // (batch, heads, q_len)
+                                  const bf16* q,  // (batch, q_len, ldq)
+                                  int ldq,
+                                  const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
+                                  const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
+                                  const AttentionShape& shape, cudaStream_t stream);
+
+// delta (Σ_d dout·out per row) already computed; dq overwritten, dk/dv accumulated.
+cudaError_t AttentionBackwardFlash(bf16* dq,            // (batch, q_len, ldq)
+                                   bf16* dk,            // (batch, kv_rows, kv_width)
+                                   bf16* dv,            // (batch, kv_rows, kv_width)
+                                   const float* delta,  // (batch, heads, q_len)
+                                   const bf16* dout,    // (batch, q_len, heads*head_dim)
+                                   const float* lse,    // (batch, heads, q_len)
+                                   const bf16* q,       // (batch, q_len, ldq)
+                                   int ldq,
+                                   const bf16* k,  // (batch, kv_rows, kv_width)
+                                   const bf16* v,  // (batch, kv_rows, kv_width)
+                                   const AttentionShape& shape, cudaStream_t stream);
+
+}  // namespace vp::engine::cuda
