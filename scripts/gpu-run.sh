@@ -25,10 +25,9 @@
 #   3. `vocabpipe run` p = 1 fp32 (200 steps) through the control plane;
 #   4. cuda_pipeline_test;
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
-#      then the layer stack, the pipeline test and the bf16 job with the FMA attention kernels
-#      (VOCABPIPE_ATTENTION=fma; the tensor-core ones are the default), and the layer stack and
-#      the bf16 job with the mma.sync flash kernels (VOCABPIPE_ATTENTION=flash, opt-in), and
-#      the layer stack with the cuBLASLt bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias, opt-in);
+#      then the layer stack and the bf16 job with the tensor-core and the FMA attention kernels
+#      (VOCABPIPE_ATTENTION=tensor-core / fma; the flash ones are the default) and with the
+#      cuBLASLt bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias, opt-in);
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
 #      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it;
 #   7. compare.py: the GPU losses against the CPU references shipped in refs/.
@@ -430,42 +429,32 @@ else
   run_test cuda_vocab_shards_test 45
   run_job gpu-llama-p2 45
   run_test cuda_nccl_test 30
-  # bf16 attention runs on the tensor-core kernels by default; the first kernels (fp32 FMA on
-  # CUDA cores) stay selectable with VOCABPIPE_ATTENTION=fma: the layer stack, the pipeline
-  # (every schedule × vocabulary method against the CPU) and the 200-step bf16 job with them.
-  # (cuda_kernels_test checks both kernels explicitly.)
-  say "== the FMA attention kernels (VOCABPIPE_ATTENTION=fma)"
-  export VOCABPIPE_ATTENTION=fma
-  run_test cuda_layer_stack_test 45 fma
-  run_test cuda_pipeline_test 90 fma
-  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-fma,#" -e "s/^name: .*/name: gpu-p1-bf16-fma/" \
-    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-fma.yaml"
-  run_job gpu-p1-bf16-fma 60
-  # The mma.sync flash kernels (opt-in until this run proves them; cuda_kernels_test checks them
-  # against the CPU explicitly): the layer stack and the 200-step bf16 job with them; perf.sh
-  # times them beside the default (PERF_VARIANTS).
-  say "== the flash attention kernels (VOCABPIPE_ATTENTION=flash)"
-  export VOCABPIPE_ATTENTION=flash
-  run_test cuda_layer_stack_test 45 flash
-  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-flash,#" -e "s/^name: .*/name: gpu-p1-bf16-flash/" \
-    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-flash.yaml"
-  run_job gpu-p1-bf16-flash 60
+  # bf16 attention runs on the flash kernels by default (mma.sync, registers; the third GPU run
+  # measured them fastest); the tensor-core (WMMA) and FMA ones stay selectable with
+  # VOCABPIPE_ATTENTION: the layer stack and the 200-step bf16 job with each (cuda_kernels_test
+  # checks every kernel set explicitly).
+  for kernels in tensor-core fma; do
+    say "== the $kernels attention kernels (VOCABPIPE_ATTENTION=$kernels)"
+    export VOCABPIPE_ATTENTION=$kernels
+    run_test cuda_layer_stack_test 45 "$kernels"
+    sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-$kernels,#" \
+      -e "s/^name: .*/name: gpu-p1-bf16-$kernels/" \
+      "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-$kernels.yaml"
+    run_job "gpu-p1-bf16-$kernels" 60
+  done
   unset VOCABPIPE_ATTENTION
   # The linear layers' bias in the cuBLASLt epilogue (opt-in, VOCABPIPE_GEMM_EPILOGUE=bias).
   say "== the bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias)"
   export VOCABPIPE_GEMM_EPILOGUE=bias
   run_test cuda_layer_stack_test 45 bias
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-bias,#" -e "s/^name: .*/name: gpu-p1-bf16-bias/" \
+    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-bias.yaml"
+  run_job gpu-p1-bf16-bias 60
   unset VOCABPIPE_GEMM_EPILOGUE
 fi
 
 # ---- the benchmarks
 say "== benchmarks"
-if ((!DRY)); then  # the attention and layer sections with the FMA kernels, for comparison
-  VOCABPIPE_ATTENTION=fma capped 30 "${VPENV[@]}" "$HERE/bench/cuda_bench" \
-    --sections=layer,attention > "$LOGS/cuda_bench-fma.txt" 2>&1
-  result INFO cuda_bench-fma "exit $?, VOCABPIPE_ATTENTION=fma"
-  grep -E 'MFU' "$LOGS/cuda_bench-fma.txt" | head -12 | sed 's/^/     /' | tee -a "$SUMMARY"
-fi
 capped 45 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGS/cuda_bench.txt" 2>&1
 rc=$?
 if ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGS/cuda_bench.txt"; then

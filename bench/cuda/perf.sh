@@ -37,9 +37,9 @@
 # was measured.
 #
 # Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries ("" for none);
-# by default flash (VOCABPIPE_ATTENTION=flash: the mma.sync flash attention kernels of
-# attention_flash.cu), bias (VOCABPIPE_GEMM_EPILOGUE=bias: the linear layers' bias in the
-# cuBLASLt epilogue) and flash+bias (both). Each runs cuda_bench's layer, attention and step sections for every model with
+# by default tc (VOCABPIPE_ATTENTION=tensor-core: the WMMA attention kernels, the default before
+# the flash ones) and bias (VOCABPIPE_GEMM_EPILOGUE=bias: the linear layers' bias in the cuBLASLt
+# epilogue). Each runs cuda_bench's layer, attention and step sections for every model with
 # those variables set (the peak measured above; the output layer is the baseline's), as the
 # table row MODEL+NAME.
 #
@@ -88,7 +88,7 @@ mkdir -p "$outdir" || exit 2
 outdir=$(cd "$outdir" && pwd)
 
 budget=${PERF_BUDGET_S:-130}
-read -r -a variants <<< "${PERF_VARIANTS-flash:VOCABPIPE_ATTENTION=flash bias:VOCABPIPE_GEMM_EPILOGUE=bias flash+bias:VOCABPIPE_ATTENTION=flash,VOCABPIPE_GEMM_EPILOGUE=bias}"
+read -r -a variants <<< "${PERF_VARIANTS-tc:VOCABPIPE_ATTENTION=tensor-core bias:VOCABPIPE_GEMM_EPILOGUE=bias}"
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
 read -r -a bin_env <<< "${VP_BIN_ENV:-}"

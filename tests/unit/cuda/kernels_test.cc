@@ -250,8 +250,15 @@ TEST(CudaKernels, LinearBiasEpilogueMatchesSeparateBias) {
     setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
     ASSERT_TRUE(LinearForward(**gemm, hfused.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    // Two roundings against one: within 2 bf16 ulps (2^-7 relative) plus a floor near 0.
-    ExpectClose(Download(hfused), Download(hsep), 1.0 / 64, 1e-2, "bf16 fused bias");
+    // Two roundings against one. The separate path rounds x·W to bf16 before adding b, so its
+    // error scales with |x·W| + |b|, not with the sum, which cancels to near 0 at some entries
+    // (the first GPU run saw 1 ulp of |x·W| ≈ 3 at an output of -0.28): within 2 bf16 ulps
+    // (2^-7) of |x·W| + |b|, from the fp32 product, plus a floor.
+    const std::vector<float> got = Download(hfused), want = Download(hsep), f32 = separate.Get();
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double bias = b[i % out_dim], magnitude = std::abs(f32[i] - bias) + std::abs(bias);
+      ASSERT_NEAR(got[i], want[i], 1e-2 + magnitude / 128) << "bf16 fused bias at " << i;
+    }
   }
   unsetenv("VOCABPIPE_GEMM_EPILOGUE");
   if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
@@ -489,7 +496,7 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   setenv("VOCABPIPE_ATTENTION", "flash", 1);
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   unsetenv("VOCABPIPE_ATTENTION");
-  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kTensorCore);
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   if (saved != nullptr) setenv("VOCABPIPE_ATTENTION", restore.c_str(), 1);
 }
 

@@ -450,8 +450,8 @@ AttentionKernels Resolve(AttentionKernels kernels) {
 AttentionKernels DefaultAttentionKernels() {
   const char* env = std::getenv("VOCABPIPE_ATTENTION");
   if (env != nullptr && std::string_view(env) == "fma") return AttentionKernels::kFma;
-  if (env != nullptr && std::string_view(env) == "flash") return AttentionKernels::kFlash;
-  return AttentionKernels::kTensorCore;
+  if (env != nullptr && std::string_view(env) == "tensor-core") return AttentionKernels::kTensorCore;
+  return AttentionKernels::kFlash;  // measured fastest on an H100 (docs/benchmarks.md §7.4)
 }
 
 template <typename T>
