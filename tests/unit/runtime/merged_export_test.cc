@@ -191,7 +191,7 @@ class MergedExportTest : public ::testing::TestWithParam<bool> {
 
 TEST_P(MergedExportTest, SingleFileIsByteIdenticalToTheInMemoryMerge) {
   const std::string golden = InMemoryMerge(run_, kStep, 2, cfg_, run_ / "golden.safetensors");
-  ASSERT_GT(golden.size(), 100000u);
+  ASSERT_GT(golden.size(), 50000u);
   ASSERT_TRUE(MergeShards(run_.string(), kStep, 2, cfg_).ok());
   EXPECT_EQ(ReadBytes(StepDir() / "model.safetensors"), golden);
   EXPECT_FALSE(fs::exists(StepDir() / runtime::kHfIndexFile));
@@ -263,11 +263,18 @@ TEST_P(MergedExportTest, ResumeReadsTheShardsBackExactly) {
     Rank fresh = MakeRank(cfg_, r, 40 + r);
     ASSERT_TRUE(LoadRankShard(run_.string(), kStep, r, 2, *fresh.model, &*fresh.optimizer).ok());
     EXPECT_EQ(Params(*fresh.model), Params(*ranks_[r].model)) << "rank " << r;
-    const size_t n = fresh.model->param_count();
-    EXPECT_TRUE(std::equal(fresh.optimizer->m().data(), fresh.optimizer->m().data() + n,
-                           ranks_[r].optimizer->m().data()));
-    EXPECT_TRUE(std::equal(fresh.optimizer->v().data(), fresh.optimizer->v().data() + n,
-                           ranks_[r].optimizer->v().data()));
+    // The moments of every saved element (vocabulary shards without their padding rows).
+    for (const engine::ParamTensor& t : fresh.model->tensors()) {
+      const size_t n = static_cast<size_t>(t.valid_rows) * (t.count() / t.shape[0]);
+      EXPECT_TRUE(std::equal(fresh.optimizer->m().data() + t.offset,
+                             fresh.optimizer->m().data() + t.offset + n,
+                             ranks_[r].optimizer->m().data() + t.offset))
+          << t.name;
+      EXPECT_TRUE(std::equal(fresh.optimizer->v().data() + t.offset,
+                             fresh.optimizer->v().data() + t.offset + n,
+                             ranks_[r].optimizer->v().data() + t.offset))
+          << t.name;
+    }
     EXPECT_EQ(fresh.optimizer->step(), 7);
   }
 }
