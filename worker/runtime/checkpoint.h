@@ -81,11 +81,14 @@ class HfWeights {
 };
 
 // Starts `model` (any rank's slice) from a Hugging Face model folder: config.json must be the
-// model's architecture (GPT2LMHeadModel / LlamaForCausalLM) with the same sizes, and
-// model.safetensors must hold every tensor of the model under its HF name with the global
+// model's architecture (GPT2LMHeadModel / LlamaForCausalLM) with the same sizes, and the
+// weights (model.safetensors, or the sharded form: HfWeights) must hold every tensor of the
+// model under its HF name with the global
 // shape (vocabulary tensors [V, h]; GPT-2's wpe may have more positions than seq_len, the first
 // seq_len are taken). Tied embeddings read the embedding (lm_head may be absent). Errors name
 // the file, the key or tensor and the rule; nothing is copied unless everything checks out.
+// Only this rank's part is read (its tensors, its vocabulary rows), by pread straight into
+// the model after a check pass in bounded pieces: no copy of the file is held.
 absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model);
 
 // The GPT-2 config.json text for a model.
