@@ -240,8 +240,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
       return fatal(st);
     }
     // For the operator (and bench/checkpoint): how long reading the shard back took.
-    std::cerr << "rank " << options.rank << ": resumed from step " << options.resume_step
-              << " in "
+    std::cerr << "rank " << options.rank << ": resumed from step " << options.resume_step << " in "
               << absl::StrFormat("%.2f", absl::ToDoubleSeconds(absl::Now() - load_start)) << " s"
               << std::endl;
     if (auto st = rank.PushState(); !st.ok()) return fatal(st);
