@@ -1,5 +1,6 @@
 // vocabpipe export RUN_DIR [--step N]: merges the per-rank checkpoint shards of a pipeline
-// run into step_<N>/model.safetensors + config.json + DONE (latest complete step by default),
+// run into step_<N>/model.safetensors + config.json + DONE (latest complete step by default;
+// above checkpoint.max_shard_bytes model-0000k-of-0000n.safetensors + the index instead),
 // with the run's tokenizer.model (the one next to data.path, if any) beside it, so that
 // `vocabpipe sample` finds it.
 #include <filesystem>
@@ -69,7 +70,11 @@ int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe export: " << topt.status().message() << "\n";
     return 2;
   }
-  if (auto st = launch::MergeShards(dir, step, world, topt->model); !st.ok()) {
+  // checkpoint.max_shard_bytes of the run: above it the export is Hugging Face's sharded form.
+  const int64_t max_shard_bytes = files->spec.checkpoint().max_shard_bytes() > 0
+                                      ? files->spec.checkpoint().max_shard_bytes()
+                                      : runtime::kDefaultMaxShardBytes;
+  if (auto st = launch::MergeShards(dir, step, world, topt->model, max_shard_bytes); !st.ok()) {
     err << "vocabpipe export: " << st.message() << "\n";
     return 1;
   }
@@ -78,8 +83,11 @@ int RunExportCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe export: " << st.message() << "\n";
     return 1;
   }
+  // The single file, or the index of the sharded form.
+  const std::filesystem::path step_dir(runtime::CheckpointDir(dir, step));
+  const std::filesystem::path index = step_dir / runtime::kHfIndexFile;
   out << "exported step " << step << " of " << world << " ranks: "
-      << (std::filesystem::path(runtime::CheckpointDir(dir, step)) / "model.safetensors").string()
+      << (std::filesystem::exists(index) ? index : step_dir / runtime::kHfSingleFile).string()
       << "\n";
   return 0;
 }

@@ -91,6 +91,9 @@ absl::Status CheckRankLine(const json& line, const std::string& where) {
   if (auto it = line.find("checkpoint_step"); it != line.end() && !IsNonNegativeInteger(*it)) {
     return Bad(where, "checkpoint_step", "must be an integer >= 0");
   }
+  if (auto it = line.find("checkpoint_seconds"); it != line.end() && !IsNonNegativeNumber(*it)) {
+    return Bad(where, "checkpoint_seconds", "must be a number >= 0");
+  }
   if (auto it = line.find("has_loss"); it != line.end()) {
     if (!it->is_boolean()) return Bad(where, "has_loss", "must be true or false");
     if (it->get<bool>()) {
@@ -113,7 +116,7 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
   const int p = static_cast<int>(ranks.size());
   if (p == 0) return absl::InvalidArgumentError("ranks: no rank lines to merge");
   const int64_t step = ranks.front().value("step", int64_t{-1});
-  double seconds = 0, busy_max = 0, busy_sum = 0;
+  double seconds = 0, busy_max = 0, busy_sum = 0, checkpoint_seconds = 0;
   int64_t mem_max = 0, mem_min = INT64_MAX, checkpoint_step = -1;
   bool all_saved = true;
   const json* loss_rank = nullptr;
@@ -144,6 +147,7 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
     const int64_t saved = line.value("checkpoint_step", int64_t{-1});
     if (saved < 0 || (checkpoint_step >= 0 && saved != checkpoint_step)) all_saved = false;
     checkpoint_step = saved;
+    checkpoint_seconds = std::max(checkpoint_seconds, Number(line, "checkpoint_seconds"));
     const int64_t predicted =
         r < static_cast<int>(context.predicted_memory.size()) ? context.predicted_memory[r] : 0;
     stages.push_back({{"rank", r},
@@ -155,6 +159,9 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
                       {"comm", ObjectOrEmpty(line, "comm")},
                       {"memory", ObjectOrEmpty(line, "memory")},
                       {"predicted_memory_total", predicted}});
+    if (line.contains("checkpoint_seconds")) {
+      stages.back()["checkpoint_seconds"] = Number(line, "checkpoint_seconds");
+    }
   }
   const json& head = loss_rank != nullptr ? *loss_rank : ranks.front();
   const double secs = std::max(seconds, 1e-9);
@@ -172,7 +179,11 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
   if (loss_rank != nullptr) out["loss"] = Number(*loss_rank, "loss");
   if (val_rank != nullptr) out["val_loss"] = Number(*val_rank, "val_loss");
   if (sample_rank != nullptr) out["sample"] = (*sample_rank)["sample"];
-  if (all_saved) out["checkpoint_step"] = checkpoint_step;
+  if (all_saved) {
+    out["checkpoint_step"] = checkpoint_step;
+    // The time the step was held by the save: the slowest rank's.
+    out["checkpoint_seconds"] = checkpoint_seconds;
+  }
   return out;
 }
 

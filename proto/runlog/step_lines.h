@@ -5,7 +5,8 @@
 //    "compute_wait_seconds", "comm_seconds", "memory": {category: bytes, "total", and where
 //    measured "process", "footprint": worker.h RankStepJson}, "lr",
 //    "grad_norm", "has_loss", "loss" (on the rank that holds the loss),
-//    "checkpoint_step" (when the rank saved its shard after this step),
+//    "checkpoint_step" (when the rank saved its shard after this step) and "checkpoint_seconds"
+//    (how long that save held the step: shard written, fsynced, manifest, marked),
 //    "val_loss" and "eval_seconds" (when an evaluation followed the step; val_loss on every
 //    rank that holds output-layer rows), "sample" (rank 0, when a sample followed the step)}
 // The p rank lines of a step merge into one *step line*, the metrics.jsonl object that the
@@ -14,9 +15,10 @@
 //   {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_bytes" (the largest
 //    rank footprint, else total),
 //    "step_seconds" (slowest rank), "busy_max_over_mean", "memory_max_over_min",
-//    "checkpoint_step" (when every rank saved), "val_loss" (when evaluated), "sample", "stages":
+//    "checkpoint_step" and "checkpoint_seconds" (the slowest rank's) when every rank saved,
+//    "val_loss" (when evaluated), "sample", "stages":
 //    [per rank: seconds, busy_seconds, busy, compute_wait_seconds, comm_seconds, comm, memory,
-//    predicted_memory_total]}
+//    predicted_memory_total, checkpoint_seconds when the rank saved]}
 #pragma once
 
 #include <cstdint>

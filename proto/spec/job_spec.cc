@@ -707,6 +707,10 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   }
   in_range("checkpoint.every", s.checkpoint().every(), 0, kMaxSteps);
   in_range("checkpoint.keep_last", s.checkpoint().keep_last(), 0, kMaxSteps);
+  // At least 1 MiB: a smaller limit only multiplies files (a tensor larger than the limit gets a
+  // file of its own anyway); at most 1 PiB.
+  in_range("checkpoint.max_shard_bytes", s.checkpoint().max_shard_bytes(), int64_t{1} << 20,
+           int64_t{1} << 50);
   in_range("train.max_restarts", s.train().max_restarts(), 0, 1000);
 
   if (!ValidDevice(s.device())) {
@@ -929,6 +933,7 @@ void ApplyDefaults(JobSpec* spec) {
   if (!c->has_dir()) c->set_dir(absl::StrCat("runs/", spec->name()));
   if (!c->has_every()) c->set_every(0);
   if (!c->has_keep_last()) c->set_keep_last(0);
+  if (!c->has_max_shard_bytes()) c->set_max_shard_bytes(5'000'000'000);
 }
 
 std::vector<std::string> DataPathEntries(const vocabpipe::v1::DataSpec& data) {

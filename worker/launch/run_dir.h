@@ -22,7 +22,9 @@
 //   <dir>/step_<N>/rank_<R>/          rank R's shard at step N: model.safetensors,
 //                                     optimizer.safetensors, DONE (the resume state)
 //   <dir>/step_<N>/model.safetensors  merged Hugging Face GPT-2 checkpoint, config.json, DONE
-//                                     (merged by rank 0 once every rank saved its shard)
+//                                     (merged by rank 0 once every rank saved its shard; above
+//                                     checkpoint.max_shard_bytes model-0000k-of-0000n.safetensors
+//                                     + model.safetensors.index.json instead)
 #pragma once
 
 #include <cstdint>

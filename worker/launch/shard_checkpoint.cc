@@ -288,16 +288,35 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
   auto dir = ExistingShard(run_dir, step, rank);
   if (!dir.ok()) return dir.status();
   if (auto id = VerifyShardIn(*dir, step, rank, world); !id.ok()) return id.status();
-  const std::string model_path = dir->PathOf("model.safetensors");
-  auto weights = runtime::ReadSafetensorsAt(*dir, "model.safetensors");
+  // The shard's files are read in pieces, straight into the model and the optimizer state:
+  // headers first, every tensor's shape and values checked (in bounded chunks), then copied,
+  // so a bad shard leaves the rank untouched and no second copy of the state is resident.
+  auto weights = runtime::SafetensorsReader::OpenAt(*dir, "model.safetensors");
   if (!weights.ok()) return weights.status();
-  std::vector<std::pair<const runtime::Tensor*, float*>> copies;
+  const std::string& model_path = weights->path();
+  struct Copy {
+    const runtime::SafetensorsReader* file;
+    const runtime::TensorEntry* entry;
+    float* dst;
+  };
+  std::vector<Copy> copies;
+  auto check = [&](const runtime::SafetensorsReader& f, const std::string& name,
+                   const std::vector<int64_t>& shape, float* dst) -> absl::Status {
+    auto e = runtime::CheckedEntry(f, name, shape);
+    if (!e.ok()) return e.status();
+    if (auto st = f.CheckFinite(name, **e, 0, static_cast<uint64_t>((*e)->numel())); !st.ok()) {
+      return st;
+    }
+    copies.push_back({&f, *e, dst});
+    return absl::OkStatus();
+  };
   for (const engine::ParamTensor& t : model.tensors()) {
-    auto w = runtime::CheckedTensor(model_path, *weights, t.name, SavedShape(t));
-    if (!w.ok()) return w.status();
+    if (auto st = check(*weights, t.name, SavedShape(t), model.params() + t.offset); !st.ok()) {
+      return st;
+    }
     if (t.vocab_shard) {
-      auto it = weights->metadata.find(kShardKey + t.name);
-      if (it == weights->metadata.end()) {
+      auto it = weights->metadata().find(kShardKey + t.name);
+      if (it == weights->metadata().end()) {
         return absl::DataLossError(
             absl::StrCat(model_path, ": metadata ", kShardKey, t.name, " is missing"));
       }
@@ -310,30 +329,36 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
                          " (the checkpoint was written under another plan)"));
       }
     }
-    copies.emplace_back(*w, model.params() + t.offset);
   }
-  absl::StatusOr<runtime::SafetensorsFile> moments;
+  absl::StatusOr<runtime::SafetensorsReader> moments = absl::UnknownError("unread");
   int64_t adamw_step = 0;
   if (optimizer != nullptr) {
     const std::string opt_path = dir->PathOf("optimizer.safetensors");
-    moments = runtime::ReadSafetensorsAt(*dir, "optimizer.safetensors");
+    moments = runtime::SafetensorsReader::OpenAt(*dir, "optimizer.safetensors");
     if (!moments.ok()) return moments.status();
-    auto it = moments->metadata.find("adamw_step");
-    if (it == moments->metadata.end() || !absl::SimpleAtoi(it->second, &adamw_step) ||
+    auto it = moments->metadata().find("adamw_step");
+    if (it == moments->metadata().end() || !absl::SimpleAtoi(it->second, &adamw_step) ||
         adamw_step < 0) {
       return absl::DataLossError(absl::StrCat(opt_path, ": metadata adamw_step missing or bad"));
     }
     for (const engine::ParamTensor& t : model.tensors()) {
-      auto m = runtime::CheckedTensor(opt_path, *moments, "exp_avg." + t.name, SavedShape(t));
-      if (!m.ok()) return m.status();
-      auto v = runtime::CheckedTensor(opt_path, *moments, "exp_avg_sq." + t.name, SavedShape(t));
-      if (!v.ok()) return v.status();
-      copies.emplace_back(*m, optimizer->m().data() + t.offset);
-      copies.emplace_back(*v, optimizer->v().data() + t.offset);
+      if (auto st =
+              check(*moments, "exp_avg." + t.name, SavedShape(t), optimizer->m().data() + t.offset);
+          !st.ok()) {
+        return st;
+      }
+      if (auto st = check(*moments, "exp_avg_sq." + t.name, SavedShape(t),
+                          optimizer->v().data() + t.offset);
+          !st.ok()) {
+        return st;
+      }
     }
   }
-  for (auto& [t, dst] : copies) {
-    std::memcpy(dst, t->data.data(), t->data.size() * sizeof(float));
+  for (const Copy& c : copies) {
+    if (auto st = c.file->Read(*c.entry, 0, static_cast<uint64_t>(c.entry->numel()), c.dst);
+        !st.ok()) {
+      return st;
+    }
   }
   if (optimizer != nullptr) optimizer->set_step(adamw_step);
   return absl::OkStatus();
@@ -409,15 +434,27 @@ absl::Status PruneCheckpoints(const std::string& run_dir, int64_t step, int worl
 }
 
 absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
-                         const engine::ModelConfig& config) {
+                         const engine::ModelConfig& config, int64_t max_shard_bytes) {
+  if (max_shard_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.max_shard_bytes: must be positive, got ", max_shard_bytes));
+  }
+  // Where a piece of an output tensor comes from: a tensor of a rank's open shard file.
+  struct Source {
+    const runtime::SafetensorsReader* file = nullptr;
+    const runtime::TensorEntry* entry = nullptr;
+  };
   struct Piece {
     int64_t begin = 0;
-    const runtime::Tensor* tensor = nullptr;
+    Source source;
   };
-  std::vector<runtime::SafetensorsFile> files(world);
-  std::map<std::string, std::vector<Piece>> sharded;    // name -> pieces
-  std::map<std::string, const runtime::Tensor*> whole;  // name -> tensor
-  std::vector<std::string> order;                       // first-seen order
+  // Only the shards' headers are read here; the data is copied below in bounded chunks, so the
+  // merge's memory does not grow with the model.
+  std::vector<safefs::Dir> dirs;
+  std::vector<std::unique_ptr<runtime::SafetensorsReader>> files;
+  std::map<std::string, std::vector<Piece>> sharded;  // name -> pieces
+  std::map<std::string, Source> whole;                // name -> tensor
+  std::vector<std::string> order;                     // first-seen order
   for (int r = 0; r < world; ++r) {
     auto dir = ShardFolder(run_dir, step, r, /*create=*/false);
     if (!dir.ok() && !absl::IsNotFound(dir.status())) return dir.status();
@@ -427,43 +464,51 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
                                                         " has not saved step ", step));
     }
     if (auto id = VerifyShardIn(*dir, step, r, world); !id.ok()) return id.status();
-    const std::string path = dir->PathOf("model.safetensors");
-    auto f = runtime::ReadSafetensorsAt(*dir, "model.safetensors");
+    auto f = runtime::SafetensorsReader::OpenAt(*dir, "model.safetensors");
     if (!f.ok()) return f.status();
-    files[r] = std::move(*f);
-    for (const auto& [name, tensor] : files[r].tensors) {
+    files.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*f)));
+    dirs.push_back(std::move(*dir));
+    const runtime::SafetensorsReader& file = *files.back();
+    for (const auto& [name, entry] : file.tensors()) {
       // With tied embeddings the output copy of a non-sharded plan is wte's twin: skip it.
       if (config.tie_embeddings && name == "lm_head.weight") continue;
       if (!sharded.contains(name) && !whole.contains(name)) order.push_back(name);
-      auto meta = files[r].metadata.find(kShardKey + name);
-      if (meta != files[r].metadata.end()) {
-        auto rows = ParseShardRows(path, name, meta->second);
+      auto meta = file.metadata().find(kShardKey + name);
+      if (meta != file.metadata().end()) {
+        auto rows = ParseShardRows(file.path(), name, meta->second);
         if (!rows.ok()) return rows.status();
-        if (tensor.shape.size() != 2 || tensor.shape[0] != rows->rows) {
-          return absl::DataLossError(absl::StrCat(
-              path, ": tensor ", name, " does not have the metadata's ", rows->rows, " rows"));
+        if (entry.shape.size() != 2 || entry.shape[0] != rows->rows) {
+          return absl::DataLossError(absl::StrCat(file.path(), ": tensor ", name,
+                                                  " does not have the metadata's ", rows->rows,
+                                                  " rows"));
         }
-        sharded[name].push_back({rows->begin, &tensor});
+        sharded[name].push_back({rows->begin, {&file, &entry}});
       } else {
-        whole.emplace(name, &tensor);  // duplicates (tied copies) keep the first
+        whole.emplace(name, Source{&file, &entry});  // duplicates (tied copies) keep the first
       }
     }
   }
-  std::map<std::string, runtime::Tensor> merged;
+  // Every output tensor: its global shape and the pieces that make it, in row order.
+  struct Output {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<Source> sources;
+  };
+  std::map<std::string, Output> merged;
   for (auto& [name, pieces] : sharded) {
     std::sort(pieces.begin(), pieces.end(),
               [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
-    const int64_t cols = pieces.front().tensor->shape[1];
-    runtime::Tensor out;
+    const int64_t cols = pieces.front().source.entry->shape[1];
+    Output out{name, {}, {}};
     int64_t next = 0;
     for (const Piece& p : pieces) {
-      if (p.begin != next || p.tensor->shape[1] != cols) {
+      if (p.begin != next || p.source.entry->shape[1] != cols) {
         return absl::DataLossError(absl::StrCat(
             runtime::CheckpointDir(run_dir, step), ": vocabulary shards of ", name,
             " do not tile the rows: expected global row ", next, ", a shard starts at ", p.begin));
       }
-      out.data.insert(out.data.end(), p.tensor->data.begin(), p.tensor->data.end());
-      next += p.tensor->shape[0];
+      out.sources.push_back(p.source);
+      next += p.source.entry->shape[0];
     }
     if (next != config.vocab) {
       return absl::DataLossError(absl::StrCat(runtime::CheckpointDir(run_dir, step), ": shards of ",
@@ -473,11 +518,15 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     out.shape = {next, cols};
     merged.emplace(name, std::move(out));
   }
-  std::vector<runtime::TensorView> views;
+  std::vector<Output> outputs;
   for (const std::string& name : order) {
     auto m = merged.find(name);
-    const runtime::Tensor* t = m != merged.end() ? &m->second : whole.at(name);
-    views.push_back({name, t->shape, t->data.data()});
+    if (m != merged.end()) {
+      outputs.push_back(m->second);
+    } else {
+      const Source& s = whole.at(name);
+      outputs.push_back({name, s.entry->shape, {s}});
+    }
   }
   if (config.tie_embeddings) {
     const std::string wte_name = engine::EmbeddingTensorName(config);
@@ -486,18 +535,59 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
       return absl::DataLossError(
           absl::StrCat(runtime::CheckpointDir(run_dir, step), ": no rank holds ", wte_name));
     }
-    views.push_back({"lm_head.weight", wte->second.shape, wte->second.data.data()});
+    outputs.push_back({"lm_head.weight", wte->second.shape, wte->second.sources});
   }
+  // The files: one model.safetensors when the tensors fit in max_shard_bytes, else Hugging
+  // Face's greedy split in tensor order (a file is closed when the next tensor would take it
+  // past the limit; a tensor larger than the limit gets a file of its own).
+  std::vector<uint64_t> bytes;
+  uint64_t total = 0;
+  for (const Output& o : outputs) {
+    bytes.push_back(runtime::TensorLayout{o.name, o.shape}.bytes());
+    total += bytes.back();
+  }
+  const std::vector<std::vector<size_t>> groups = runtime::HfShardGroups(bytes, max_shard_bytes);
+  if (groups.size() > 99999) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.max_shard_bytes: ", max_shard_bytes, " splits the model into ",
+                     groups.size(), " files, more than the 99999 the file names allow"));
+  }
+
   auto run = safefs::Dir::Open(run_dir);
   if (!run.ok()) return run.status();
   auto out = run->Sub(StepName(step));
   if (!out.ok()) return out.status();
   if (auto st = out->Remove("DONE"); !st.ok()) return st;
-  if (auto st = runtime::WriteSafetensorsAt(*out, "model.safetensors", views,
-                                            {{"format", "pt"}, {"step", absl::StrCat(step)}});
-      !st.ok()) {
-    return st;
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"step", absl::StrCat(step)}};
+  // One copy buffer for the whole merge: the only memory it adds, whatever the model's size.
+  std::vector<char> buffer(kMergeChunkBytes);
+  std::vector<std::string> written;
+  std::map<std::string, std::string> weight_map;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string name = runtime::HfWeightsFileName(g, groups.size());
+    std::vector<runtime::TensorLayout> layout;
+    for (size_t i : groups[g]) {
+      layout.push_back({outputs[i].name, outputs[i].shape});
+      weight_map[outputs[i].name] = name;
+    }
+    runtime::SafetensorsWriter writer(*out, name);
+    if (auto st = writer.Begin(layout, meta); !st.ok()) return st;
+    for (size_t i : groups[g]) {
+      for (const Source& src : outputs[i].sources) {
+        for (uint64_t done = 0; done < src.entry->bytes;) {
+          const uint64_t n = std::min<uint64_t>(buffer.size(), src.entry->bytes - done);
+          if (auto st = src.file->ReadBytes(*src.entry, done, n, buffer.data()); !st.ok()) {
+            return st;
+          }
+          if (auto st = writer.Append(buffer.data(), n); !st.ok()) return st;
+          done += n;
+        }
+      }
+    }
+    if (auto st = writer.Commit(); !st.ok()) return st;
+    written.push_back(name);
   }
+  if (auto st = runtime::FinishHfWeights(*out, written, weight_map, total); !st.ok()) return st;
   if (auto st = out->WriteFileAtomically("config.json", runtime::HfConfigJson(config),
                                          /*sync=*/true);
       !st.ok()) {

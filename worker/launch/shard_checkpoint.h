@@ -26,6 +26,7 @@
 #include "worker/engine/config.h"
 #include "worker/engine/model/rank_model.h"
 #include "worker/engine/optimizer.h"
+#include "worker/runtime/checkpoint.h"
 
 namespace vp::launch {
 
@@ -68,8 +69,17 @@ absl::StatusOr<int64_t> LatestShardedStep(const std::string& run_dir, int world)
 // anything newer) and removes every older step_<N> folder. keep_last <= 0 keeps everything.
 absl::Status PruneCheckpoints(const std::string& run_dir, int64_t step, int world, int keep_last);
 
-// Merges step `step`'s shards into <dir>/step_<N>/{model.safetensors, config.json, DONE}.
+// Merges step `step`'s shards into <dir>/step_<N>/{model.safetensors, config.json, DONE}, or,
+// when the tensors take more than max_shard_bytes (checkpoint.max_shard_bytes), into Hugging
+// Face's sharded form: model-0000k-of-0000n.safetensors files of at most max_shard_bytes of
+// tensor data each (a larger tensor alone in its file) plus model.safetensors.index.json. The
+// merge streams: the output headers come from the shards' headers, and every tensor's bytes
+// (vocabulary rows concatenated across ranks) are copied from the rank files in chunks of
+// kMergeChunkBytes, so its resident memory is bounded whatever the model's size. The single
+// file is byte-identical to what the in-memory merge wrote before.
+inline constexpr size_t kMergeChunkBytes = 32 << 20;
 absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
-                         const engine::ModelConfig& config);
+                         const engine::ModelConfig& config,
+                         int64_t max_shard_bytes = runtime::kDefaultMaxShardBytes);
 
 }  // namespace vp::launch

@@ -34,7 +34,8 @@ namespace vp::launch {
 namespace fs = std::filesystem;
 
 std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step,
-                         const runtime::RankEvalResult* eval, const RankFootprint& footprint) {
+                         const runtime::RankEvalResult* eval, const RankFootprint& footprint,
+                         double checkpoint_seconds) {
   nlohmann::json busy = nlohmann::json::object(), comm = nlohmann::json::object();
   double comm_total = 0;
   for (int k = 0; k < planner::kNumActionKinds; ++k) {
@@ -71,6 +72,7 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
   }
   if (r.has_loss) j["loss"] = r.loss;
   if (checkpoint_step >= 0) j["checkpoint_step"] = checkpoint_step;
+  if (checkpoint_seconds >= 0) j["checkpoint_seconds"] = checkpoint_seconds;
   if (eval != nullptr) {
     j["eval_seconds"] = eval->seconds;
     if (eval->has_loss) j["val_loss"] = eval->loss;
@@ -97,7 +99,8 @@ absl::Status MarkShard(gloo::rendezvous::Store& store, const WorkerOptions& opti
 // job's own processes, works the same for local runs and daemon runs: the ranks already share
 // checkpoint.dir (each writes its shard there).
 absl::Status MergeStep(gloo::rendezvous::Store& store, const WorkerOptions& options, int world,
-                       int64_t step, const engine::ModelConfig& config, int keep_last) {
+                       int64_t step, const engine::ModelConfig& config, int keep_last,
+                       int64_t max_shard_bytes) {
   const std::string prefix = absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/");
   try {
     std::vector<std::string> keys;
@@ -107,7 +110,9 @@ absl::Status MergeStep(gloo::rendezvous::Store& store, const WorkerOptions& opti
     return absl::DeadlineExceededError(
         absl::StrCat("waiting for every rank's shard of step ", step, ": ", e.what()));
   }
-  if (auto st = MergeShards(options.run_dir, step, world, config); !st.ok()) return st;
+  if (auto st = MergeShards(options.run_dir, step, world, config, max_shard_bytes); !st.ok()) {
+    return st;
+  }
   return PruneCheckpoints(options.run_dir, step, world, keep_last);
 }
 
@@ -228,11 +233,16 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
 
   int64_t first_step = 0;
   if (options.resume_step >= 0) {
+    const absl::Time load_start = absl::Now();
     if (auto st = LoadRankShard(dir, options.resume_step, options.rank, p, rank.model(),
                                 &rank.optimizer());
         !st.ok()) {
       return fatal(st);
     }
+    // For the operator (and bench/checkpoint): how long reading the shard back took.
+    std::cerr << "rank " << options.rank << ": resumed from step " << options.resume_step << " in "
+              << absl::StrFormat("%.2f", absl::ToDoubleSeconds(absl::Now() - load_start)) << " s"
+              << std::endl;
     if (auto st = rank.PushState(); !st.ok()) return fatal(st);
     first_step = options.resume_step;
   } else if (!spec.model().init_from().empty()) {  // a fresh run from HF weights: this slice
@@ -255,13 +265,17 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
                                  options.rank, p, options.preempt, options.preempt_poll);
   WorkerOutcome outcome;
   const int keep_last = spec.checkpoint().keep_last();
+  const int64_t max_shard_bytes = spec.checkpoint().max_shard_bytes() > 0
+                                      ? spec.checkpoint().max_shard_bytes()
+                                      : runtime::kDefaultMaxShardBytes;
   if (steps == 0) {  // steps: 0 saves the initial model and stops (like a standalone run)
     if (auto st = save(0); !st.ok()) {
       return fatal(st);
     }
     if (auto st = MarkShard(*store, options, 0); !st.ok()) return fatal(st);
     if (options.rank == 0) {
-      if (auto st = MergeStep(*store, options, p, 0, topt->model, keep_last); !st.ok()) {
+      if (auto st = MergeStep(*store, options, p, 0, topt->model, keep_last, max_shard_bytes);
+          !st.ok()) {
         return fatal(st);
       }
       if (auto st = runtime::CopyDataTokenizer(spec, runtime::CheckpointDir(dir, 0)); !st.ok()) {
@@ -297,7 +311,11 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     // A sample is drawn from the merged checkpoint: sample steps save one too.
     const bool sample = runtime::SamplesAfter(spec, done);
     std::string sample_text;
+    double checkpoint_seconds = -1;
     if ((every > 0 && done % every == 0) || done == steps || sample || preempted) {
+      // What the save holds the step for: the rank's shard written, fsynced and its manifest in
+      // place, then marked (rank 0's merge runs after, off the training path).
+      const absl::Time save_start = absl::Now();
       if (auto st = save(done); !st.ok()) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
@@ -307,11 +325,12 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
       checkpoint_step = done;
+      checkpoint_seconds = absl::ToDoubleSeconds(absl::Now() - save_start);
       if (options.rank == 0) {
         const std::string step_dir = runtime::CheckpointDir(dir, done);
-        auto merge = [&options, &spec, store, p, done, step_dir, model = topt->model,
-                      keep_last]() -> absl::Status {
-          absl::Status st = MergeStep(*store, options, p, done, model, keep_last);
+        auto merge = [&options, &spec, store, p, done, step_dir, model = topt->model, keep_last,
+                      max_shard_bytes]() -> absl::Status {
+          absl::Status st = MergeStep(*store, options, p, done, model, keep_last, max_shard_bytes);
           if (st.ok()) st = runtime::CopyDataTokenizer(spec, step_dir);
           if (st.ok()) return st;
           return absl::Status(st.code(),
@@ -335,8 +354,8 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     // DONE marks it complete) and is complete when the ranks have exited.
     const RankFootprint footprint{.process_peak = runtime::PeakResidentBytes(),
                                   .device = (*job_rank)->cuda_device >= 0};
-    std::string rank_line =
-        RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr, footprint);
+    std::string rank_line = RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr,
+                                         footprint, checkpoint_seconds);
     if (!sample_text.empty()) {
       nlohmann::json j = nlohmann::json::parse(rank_line);
       j["sample"] = sample_text;

@@ -79,6 +79,6 @@ struct RankFootprint {
 // engine's and the process's; a CUDA rank: the device's), which status and the dashboards show.
 std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t checkpoint_step,
                          const runtime::RankEvalResult* eval = nullptr,
-                         const RankFootprint& footprint = {});
+                         const RankFootprint& footprint = {}, double checkpoint_seconds = -1);
 
 }  // namespace vp::launch

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -52,6 +54,136 @@ absl::Status WriteTextFileAtomically(const std::string& path, const std::string&
 
 std::string CheckpointDir(const std::string& run_dir, int64_t step) {
   return (fs::path(run_dir) / absl::StrCat("step_", step)).string();
+}
+
+std::string HfShardFileName(int k, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d.safetensors", k, n);
+  return buf;
+}
+
+bool IsHfShardFileName(const std::string& name) {
+  // model-NNNNN-of-NNNNN.safetensors
+  if (name.size() != 32 || name.rfind("model-", 0) != 0 || name.substr(11, 4) != "-of-" ||
+      name.substr(20) != ".safetensors") {
+    return false;
+  }
+  for (size_t i : {6, 7, 8, 9, 10, 15, 16, 17, 18, 19}) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  return true;
+}
+
+std::vector<std::vector<size_t>> HfShardGroups(const std::vector<uint64_t>& bytes,
+                                               int64_t max_shard_bytes) {
+  uint64_t total = 0;
+  for (uint64_t b : bytes) total += b;
+  const uint64_t limit = static_cast<uint64_t>(std::max<int64_t>(max_shard_bytes, 1));
+  std::vector<std::vector<size_t>> groups;
+  uint64_t in_group = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (groups.empty() || (total > limit && in_group > 0 && in_group + bytes[i] > limit)) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    groups.back().push_back(i);
+    in_group += bytes[i];
+  }
+  return groups;
+}
+
+std::string HfWeightsFileName(size_t group, size_t groups) {
+  if (groups <= 1) return kHfSingleFile;
+  return HfShardFileName(static_cast<int>(group) + 1, static_cast<int>(groups));
+}
+
+absl::Status FinishHfWeights(const safefs::Dir& dir, const std::vector<std::string>& files,
+                             const std::map<std::string, std::string>& weight_map,
+                             uint64_t total_size) {
+  const bool single = files.size() == 1 && files[0] == kHfSingleFile;
+  auto names = dir.List();
+  if (!names.ok()) return names.status();
+  for (const std::string& n : *names) {
+    const bool stale =
+        (single && n == kHfIndexFile) || (!single && n == kHfSingleFile) ||
+        (IsHfShardFileName(n) && std::find(files.begin(), files.end(), n) == files.end());
+    if (stale) {
+      if (auto st = dir.Remove(n); !st.ok()) return st;
+    }
+  }
+  if (single) return absl::OkStatus();
+  const nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+                                {"weight_map", weight_map}};
+  return dir.WriteFileAtomically(kHfIndexFile, index.dump(2) + "\n", /*sync=*/true);
+}
+
+absl::StatusOr<HfWeights> HfWeights::Open(const safefs::Dir& dir) {
+  HfWeights w;
+  const safefs::Kind index_kind = dir.KindOf(kHfIndexFile);
+  if (index_kind == safefs::Kind::kMissing) {
+    auto file = SafetensorsReader::OpenAt(dir, kHfSingleFile);
+    if (!file.ok()) return file.status();
+    w.path_ = file->path();
+    w.files_.push_back(std::make_unique<SafetensorsReader>(std::move(*file)));
+    for (const auto& [name, e] : w.files_.back()->tensors()) w.where_[name] = w.files_.back().get();
+    return w;
+  }
+  w.path_ = dir.PathOf(kHfIndexFile);
+  auto text = dir.ReadFile(kHfIndexFile, 64 << 20);
+  if (!text.ok()) return text.status();
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(w.path_, ": ", why));
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return bad("weight_map must be an object {tensor name: file name}");
+  }
+  std::map<std::string, const SafetensorsReader*> opened;
+  int index = -1;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    ++index;
+    // Entries are named by their place: the index's own text is never echoed.
+    const std::string where = absl::StrCat("weight_map entry #", index);
+    if (!file.is_string()) return bad(absl::StrCat(where, ": the file must be a string"));
+    const std::string name = file.get<std::string>();
+    if (name.empty() || name.size() > 255 || name.find('/') != std::string::npos || name == "." ||
+        name == ".." || !std::string_view(name).ends_with(".safetensors") ||
+        name == kHfSingleFile) {
+      return bad(absl::StrCat(where,
+                              ": the file must be a shard file name of this folder (one path "
+                              "component ending in .safetensors, not model.safetensors)"));
+    }
+    auto it = opened.find(name);
+    if (it == opened.end()) {
+      auto r = SafetensorsReader::OpenAt(dir, name);
+      if (!r.ok()) {
+        if (absl::IsPermissionDenied(r.status())) return r.status();  // a link: named as such
+        if (absl::IsNotFound(r.status())) {
+          return bad(absl::StrCat(where, ": names a file missing from ", dir.path()));
+        }
+        return r.status();
+      }
+      w.files_.push_back(std::make_unique<SafetensorsReader>(std::move(*r)));
+      it = opened.emplace(name, w.files_.back().get()).first;
+    }
+    if (it->second->Find(tensor) == nullptr) {
+      return bad(absl::StrCat(where, ": the tensor is not in the file it is mapped to"));
+    }
+    w.where_[tensor] = it->second;
+  }
+  return w;
+}
+
+std::vector<std::string> HfWeights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : where_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsReader* HfWeights::FileOf(const std::string& name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? nullptr : it->second;
 }
 
 std::string Gpt2ConfigJson(const engine::ModelConfig& cfg) {
@@ -109,7 +241,8 @@ std::string HfConfigJson(const engine::ModelConfig& cfg) {
 }
 
 absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
-                            const engine::RankModel& model, engine::AdamW& optimizer) {
+                            const engine::RankModel& model, engine::AdamW& optimizer,
+                            int64_t max_shard_bytes) {
   // The run folder (made when missing) and its step folder by handle: a link planted in
   // either is refused.
   auto run = safefs::Dir::Create(run_dir);
@@ -129,10 +262,30 @@ absl::Status SaveCheckpoint(const std::string& run_dir, int64_t step,
     moments.push_back({"exp_avg." + t.name, shape, optimizer.m().data() + t.offset});
     moments.push_back({"exp_avg_sq." + t.name, shape, optimizer.v().data() + t.offset});
   }
-  if (auto st = WriteSafetensorsAt(*dir, "model.safetensors", weights,
-                                   {{"format", "pt"}, {"step", absl::StrCat(step)}});
-      !st.ok()) {
-    return st;
+  {
+    std::vector<uint64_t> bytes;
+    uint64_t total = 0;
+    for (const TensorView& w : weights) {
+      bytes.push_back(TensorLayout{w.name, w.shape}.bytes());
+      total += bytes.back();
+    }
+    const auto groups = HfShardGroups(bytes, max_shard_bytes);
+    std::vector<std::string> files;
+    std::map<std::string, std::string> weight_map;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      files.push_back(HfWeightsFileName(g, groups.size()));
+      std::vector<TensorView> part;
+      for (size_t i : groups[g]) {
+        part.push_back(weights[i]);
+        weight_map[weights[i].name] = files.back();
+      }
+      if (auto st = WriteSafetensorsAt(*dir, files.back(), part,
+                                       {{"format", "pt"}, {"step", absl::StrCat(step)}});
+          !st.ok()) {
+        return st;
+      }
+    }
+    if (auto st = FinishHfWeights(*dir, files, weight_map, total); !st.ok()) return st;
   }
   if (auto st = WriteSafetensorsAt(*dir, "optimizer.safetensors", moments,
                                    {{"adamw_step", absl::StrCat(optimizer.step())}});
@@ -232,17 +385,17 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
   }
   const bool file_tied = j.value("tie_word_embeddings", !cfg.llama());
 
-  const std::string path = folder->PathOf("model.safetensors");
-  auto file = ReadSafetensorsAt(*folder, "model.safetensors");
+  auto file = HfWeights::Open(*folder);
   if (!file.ok()) {
     return absl::Status(file.status().code(),
                         absl::StrCat("model.init_from: ", file.status().message()));
   }
+  const std::string& path = file->path();
   // HF's own GPT-2 files name tensors without the "transformer." prefix.
   auto in_file = [&](const std::string& name) -> std::string {
-    if (file->tensors.contains(name)) return name;
+    if (file->contains(name)) return name;
     const std::string prefix = "transformer.";
-    if (name.rfind(prefix, 0) == 0 && file->tensors.contains(name.substr(prefix.size()))) {
+    if (name.rfind(prefix, 0) == 0 && file->contains(name.substr(prefix.size()))) {
       return name.substr(prefix.size());
     }
     return name;
@@ -254,7 +407,7 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
     Wanted w{&t, t.name, t.shape};
     if (t.vocab_shard) w.shape = {cfg.vocab, h};
     if (t.name == "lm_head.weight" &&
-        (cfg.tie_embeddings || (file_tied && !file->tensors.contains("lm_head.weight")))) {
+        (cfg.tie_embeddings || (file_tied && !file->contains("lm_head.weight")))) {
       w.name = embedding;  // the output layer is (or starts as) the embedding
     }
     w.positions = t.name == "transformer.wpe.weight";
@@ -263,7 +416,7 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
   }
   // Every tensor of the file must belong to the model (buffers HF stores are skipped).
   size_t known = 0, buffers = 0;
-  for (const auto& [name, tensor] : file->tensors) {
+  for (const std::string& name : file->names()) {
     const std::string_view n = name;
     if (n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias") ||
         n.ends_with("rotary_emb.inv_freq")) {
@@ -274,49 +427,67 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
     std::vector<std::string> names = {embedding, engine::FinalNormTensorName(cfg)};
     if (!cfg.llama())
       names.insert(names.end(), {"transformer.wpe.weight", "transformer.ln_f.bias"});
-    if (file->tensors.contains("lm_head.weight")) names.push_back("lm_head.weight");
+    if (file->contains("lm_head.weight")) names.push_back("lm_head.weight");
     for (int l = 0; l < cfg.layers; ++l) {
       for (const engine::TensorSpec& sp : engine::LayerTensorSpecs(cfg)) {
         names.push_back(engine::LayerTensorName(cfg, l, sp.name));
       }
     }
     for (const std::string& n : names) {
-      if (file->tensors.contains(in_file(n))) ++known;
+      if (file->contains(in_file(n))) ++known;
     }
   }
-  if (known + buffers != file->tensors.size()) {
+  if (known + buffers != file->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model.init_from: ", path, ": ", file->tensors.size() - known - buffers,
+        "model.init_from: ", path, ": ", file->size() - known - buffers,
         " tensor(s) are not part of a ", cfg.llama() ? "LlamaForCausalLM" : "GPT2LMHeadModel",
         " with model.layers ", cfg.layers, " (names must be Hugging Face's)"));
   }
-  // Check everything, then copy.
-  std::vector<std::pair<const Wanted*, const Tensor*>> copies;
+  // Check everything (shapes, then the values of the slice this rank takes, read in bounded
+  // pieces), then copy: each rank reads only its own rows, straight into its parameters.
+  struct Copy {
+    const Wanted* w;
+    const SafetensorsReader* file;
+    const TensorEntry* entry;
+    uint64_t first, count;  // floats of the tensor
+  };
+  std::vector<Copy> copies;
   for (const Wanted& w : wanted) {
+    const SafetensorsReader* f = file->FileOf(w.name);
+    const TensorEntry* e = nullptr;
     if (w.positions) {
-      auto it = file->tensors.find(w.name);
-      if (it == file->tensors.end() || it->second.shape.size() != 2 || it->second.shape[1] != h ||
-          it->second.shape[0] < cfg.seq_len) {
+      e = f == nullptr ? nullptr : f->Find(w.name);
+      if (e == nullptr || e->shape.size() != 2 || e->shape[1] != h || e->shape[0] < cfg.seq_len) {
         return absl::InvalidArgumentError(absl::StrCat(
             "model.init_from: ", path, ": tensor ", w.name,
             " must be present with shape [>= ", cfg.seq_len, " (model.seq_len), ", h, "]"));
       }
-      copies.emplace_back(&w, &it->second);
-      continue;
+    } else {
+      if (f == nullptr) {
+        return absl::NotFoundError(
+            absl::StrCat("model.init_from: ", path, ": tensor ", w.name, " is missing"));
+      }
+      auto checked = CheckedEntry(*f, w.name, w.shape);
+      if (!checked.ok()) {
+        return absl::Status(checked.status().code(),
+                            absl::StrCat("model.init_from: ", checked.status().message()));
+      }
+      e = *checked;
     }
-    auto t = CheckedTensor(path, *file, w.name, w.shape);
-    if (!t.ok()) {
-      return absl::Status(t.status().code(),
-                          absl::StrCat("model.init_from: ", t.status().message()));
+    const engine::ParamTensor& d = *w.dst;
+    const uint64_t first = d.vocab_shard ? static_cast<uint64_t>(d.global_row_begin) * h : 0;
+    const uint64_t count =
+        d.vocab_shard ? static_cast<uint64_t>(d.valid_rows) * h : d.count();  // wpe: first s rows
+    if (auto st = f->CheckFinite(w.name, *e, first, count); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("model.init_from: ", st.message()));
     }
-    copies.emplace_back(&w, *t);
+    copies.push_back({&w, f, e, first, count});
   }
-  for (const auto& [w, t] : copies) {
-    const engine::ParamTensor& d = *w->dst;
-    const size_t begin = d.vocab_shard ? static_cast<size_t>(d.global_row_begin) * h : 0;
-    const size_t count =
-        d.vocab_shard ? static_cast<size_t>(d.valid_rows) * h : d.count();  // wpe: first s rows
-    std::memcpy(model.params() + d.offset, t->data.data() + begin, count * sizeof(float));
+  for (const Copy& c : copies) {
+    if (auto st = c.file->Read(*c.entry, c.first, c.count, model.params() + c.w->dst->offset);
+        !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("model.init_from: ", st.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -363,44 +534,66 @@ absl::Status LoadCheckpoint(const std::string& step_dir, engine::RankModel& mode
       return absl::FailedPreconditionError(
           absl::StrCat(step_dir, ": no DONE marker; the checkpoint is incomplete"));
   }
-  const std::string model_path = dir->PathOf("model.safetensors");
-  auto weights = ReadSafetensorsAt(*dir, "model.safetensors");
+  // The model in either form (one model.safetensors, or shards and their index), read in
+  // pieces: validated first (shapes, then values in bounded chunks), copied afterwards, so a bad
+  // checkpoint leaves the model untouched and no second copy of the model is ever resident.
+  auto weights = HfWeights::Open(*dir);
   if (!weights.ok()) return weights.status();
-  // Validate everything first, copy afterwards: a bad checkpoint leaves the model untouched.
-  std::vector<std::pair<const Tensor*, size_t>> copies;
+  struct Copy {
+    const SafetensorsReader* file;
+    const TensorEntry* entry;
+    float* dst;
+  };
+  std::vector<Copy> copies;
+  auto check = [&](const SafetensorsReader* f, const std::string& name,
+                   const std::vector<int64_t>& shape, float* dst) -> absl::Status {
+    if (f == nullptr) {
+      return absl::NotFoundError(absl::StrCat(weights->path(), ": tensor ", name, " is missing"));
+    }
+    auto e = CheckedEntry(*f, name, shape);
+    if (!e.ok()) return e.status();
+    if (auto st = f->CheckFinite(name, **e, 0, static_cast<uint64_t>((*e)->numel())); !st.ok()) {
+      return st;
+    }
+    copies.push_back({f, *e, dst});
+    return absl::OkStatus();
+  };
   for (const Export& e : ExportTable(model)) {
-    auto t = CheckedTensor(model_path, *weights, e.name, e.shape);
-    if (!t.ok()) return t.status();
-    copies.emplace_back(*t, e.offset);
+    if (auto st = check(weights->FileOf(e.name), e.name, e.shape, model.params() + e.offset);
+        !st.ok()) {
+      return st;
+    }
   }
-  std::vector<std::pair<const Tensor*, float*>> moment_copies;
-  absl::StatusOr<SafetensorsFile> moments;
+  absl::StatusOr<SafetensorsReader> moments = absl::UnknownError("unread");
   int64_t adamw_step = 0;
   if (optimizer != nullptr) {
     const std::string opt_path = dir->PathOf("optimizer.safetensors");
-    moments = ReadSafetensorsAt(*dir, "optimizer.safetensors");
+    moments = SafetensorsReader::OpenAt(*dir, "optimizer.safetensors");
     if (!moments.ok()) return moments.status();
-    auto it = moments->metadata.find("adamw_step");
-    if (it == moments->metadata.end() || !absl::SimpleAtoi(it->second, &adamw_step) ||
+    auto it = moments->metadata().find("adamw_step");
+    if (it == moments->metadata().end() || !absl::SimpleAtoi(it->second, &adamw_step) ||
         adamw_step < 0) {
       return absl::DataLossError(absl::StrCat(opt_path, ": metadata adamw_step missing or bad"));
     }
     for (const engine::ParamTensor& p : model.tensors()) {
       std::vector<int64_t> shape = p.shape;
       if (p.vocab_shard) shape[0] = p.valid_rows;
-      auto m = CheckedTensor(opt_path, *moments, "exp_avg." + p.name, shape);
-      if (!m.ok()) return m.status();
-      auto v = CheckedTensor(opt_path, *moments, "exp_avg_sq." + p.name, shape);
-      if (!v.ok()) return v.status();
-      moment_copies.emplace_back(*m, optimizer->m().data() + p.offset);
-      moment_copies.emplace_back(*v, optimizer->v().data() + p.offset);
+      if (auto st = check(&*moments, "exp_avg." + p.name, shape, optimizer->m().data() + p.offset);
+          !st.ok()) {
+        return st;
+      }
+      if (auto st =
+              check(&*moments, "exp_avg_sq." + p.name, shape, optimizer->v().data() + p.offset);
+          !st.ok()) {
+        return st;
+      }
     }
   }
-  for (auto& [t, offset] : copies) {
-    std::memcpy(model.params() + offset, t->data.data(), t->data.size() * sizeof(float));
-  }
-  for (auto& [t, dst] : moment_copies) {
-    std::memcpy(dst, t->data.data(), t->data.size() * sizeof(float));
+  for (const Copy& c : copies) {
+    if (auto st = c.file->Read(*c.entry, 0, static_cast<uint64_t>(c.entry->numel()), c.dst);
+        !st.ok()) {
+      return st;
+    }
   }
   if (optimizer != nullptr) optimizer->set_step(adamw_step);
   return absl::OkStatus();

@@ -202,8 +202,12 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
 
   const int64_t steps = spec.train().steps();
   const int every = spec.checkpoint().every();
+  const int64_t max_shard_bytes = spec.checkpoint().max_shard_bytes() > 0
+                                      ? spec.checkpoint().max_shard_bytes()
+                                      : kDefaultMaxShardBytes;
   if (steps == 0) {  // steps: 0 saves the initial model and stops
-    if (auto st = SaveCheckpoint(run_dir, 0, tr.model(), tr.optimizer()); !st.ok()) return st;
+    if (auto st = SaveCheckpoint(run_dir, 0, tr.model(), tr.optimizer(), max_shard_bytes); !st.ok())
+      return st;
     if (auto st = CopyDataTokenizer(spec, CheckpointDir(run_dir, 0)); !st.ok()) return st;
     summary.last_checkpoint = CheckpointDir(run_dir, 0);
   }
@@ -299,7 +303,8 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
     }
     const int64_t done = step + 1;
     if ((every > 0 && done % every == 0) || done == steps) {
-      if (auto st = SaveCheckpoint(run_dir, done, tr.model(), tr.optimizer()); !st.ok()) {
+      if (auto st = SaveCheckpoint(run_dir, done, tr.model(), tr.optimizer(), max_shard_bytes);
+          !st.ok()) {
         return st;
       }
       if (auto st = CopyDataTokenizer(spec, CheckpointDir(run_dir, done)); !st.ok()) return st;

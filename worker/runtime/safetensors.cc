@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -42,39 +43,44 @@ int64_t Tensor::numel() const {
 
 namespace {
 
-// The file's bytes: header length, header, then every tensor's data.
-absl::Status WriteContent(int fd, const std::string& path, const std::vector<TensorView>& tensors,
-                          const std::map<std::string, std::string>& metadata) {
+// The header bytes of a file holding `tensors` in this order: the 8-byte length, then the
+// JSON header padded with spaces so that the data section starts 8-byte aligned.
+absl::StatusOr<std::string> HeaderBytes(const std::string& path,
+                                        const std::vector<TensorLayout>& tensors,
+                                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   uint64_t offset = 0;
-  for (const TensorView& t : tensors) {
+  for (const TensorLayout& t : tensors) {
     if (header.contains(t.name)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": duplicate tensor name ", t.name));
     }
-    uint64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) return absl::InvalidArgumentError(absl::StrCat(t.name, ": negative dimension"));
-      numel *= static_cast<uint64_t>(d);
     }
-    header[t.name] = {{"dtype", "F32"},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + numel * sizeof(float)}}};
-    offset += numel * sizeof(float);
+    const uint64_t bytes = t.bytes();
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
-  // Pad the header with spaces so the data section starts 8-byte aligned.
   while ((text.size() + 8) % 8 != 0) text.push_back(' ');
-  uint64_t n = text.size();
-  unsigned char len_le[8];
-  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(n >> (8 * i));
-  absl::Status st = WriteAll(fd, len_le, 8, path);
-  if (st.ok()) st = WriteAll(fd, text.data(), text.size(), path);
-  for (const TensorView& t : tensors) {
-    if (!st.ok()) break;
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    st = WriteAll(fd, t.data, static_cast<size_t>(numel) * sizeof(float), path);
+  const uint64_t n = text.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<unsigned char>(n >> (8 * i)));
+  return out + text;
+}
+
+// The file's bytes: header length, header, then every tensor's data.
+absl::Status WriteContent(int fd, const std::string& path, const std::vector<TensorView>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorLayout> layout;
+  for (const TensorView& t : tensors) layout.push_back({t.name, t.shape});
+  auto header = HeaderBytes(path, layout, metadata);
+  if (!header.ok()) return header.status();
+  absl::Status st = WriteAll(fd, header->data(), header->size(), path);
+  for (size_t i = 0; i < tensors.size() && st.ok(); ++i) {
+    st = WriteAll(fd, tensors[i].data, layout[i].bytes(), path);
   }
   if (st.ok() && ::fsync(fd) != 0) st = absl::InternalError(absl::StrCat(path, ": fsync failed"));
   return st;
@@ -156,7 +162,13 @@ absl::Status ReadAt(int fd, void* data, size_t bytes, uint64_t offset) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path) {
+struct ParsedHeader {
+  std::map<std::string, TensorEntry> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// The header of the open file: every entry validated against the file's size, no data read.
+absl::StatusOr<ParsedHeader> ParseHeader(int fd, const std::string& path) {
   struct stat sb;
   if (::fstat(fd, &sb) != 0) {
     return absl::InternalError(absl::StrCat(path, ": cannot stat: ", strerror(errno)));
@@ -184,7 +196,7 @@ absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": header is not a JSON object"));
   }
   const uint64_t data_size = file_size - 8 - header_len;
-  SafetensorsFile out;
+  ParsedHeader out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   int index = -1;
   for (auto& [name, entry] : header.items()) {
@@ -211,7 +223,7 @@ absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path) {
     if (entry["dtype"] != "F32") {
       return absl::InvalidArgumentError(absl::StrCat(where, ": dtype is not supported (F32 only)"));
     }
-    Tensor t;
+    TensorEntry t;
     uint64_t numel = 1;
     if (!entry["shape"].is_array() || entry["shape"].size() > 8) {
       return absl::DataLossError(absl::StrCat(where, ": shape must be a list of at most 8 sizes"));
@@ -242,10 +254,8 @@ absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path) {
                                               absl::StrJoin(t.shape, ","), "] of F32"));
     }
     ranges.emplace_back(begin, end);
-    t.data.resize(numel);
-    if (!ReadAt(fd, t.data.data(), end - begin, 8 + header_len + begin).ok()) {
-      return absl::DataLossError(absl::StrCat(where, ": short read"));
-    }
+    t.begin = 8 + header_len + begin;
+    t.bytes = end - begin;
     out.tensors.emplace(name, std::move(t));
   }
   std::sort(ranges.begin(), ranges.end());
@@ -253,6 +263,23 @@ absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path) {
     if (ranges[i].first < ranges[i - 1].second) {
       return absl::DataLossError(absl::StrCat(path, ": tensor data ranges overlap"));
     }
+  }
+  return out;
+}
+
+absl::StatusOr<SafetensorsFile> ReadContent(int fd, const std::string& path) {
+  auto header = ParseHeader(fd, path);
+  if (!header.ok()) return header.status();
+  SafetensorsFile out;
+  out.metadata = std::move(header->metadata);
+  for (auto& [name, e] : header->tensors) {
+    Tensor t;
+    t.shape = e.shape;
+    t.data.resize(e.bytes / sizeof(float));
+    if (!ReadAt(fd, t.data.data(), e.bytes, e.begin).ok()) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor data: short read"));
+    }
+    out.tensors.emplace(name, std::move(t));
   }
   return out;
 }
@@ -277,6 +304,152 @@ absl::StatusOr<const Tensor*> CheckedTensor(const std::string& path, const Safet
     }
   }
   return &it->second;
+}
+
+}  // namespace vp::runtime
+
+namespace vp::runtime {
+
+uint64_t TensorLayout::bytes() const {
+  uint64_t numel = 1;
+  for (int64_t d : shape) numel *= static_cast<uint64_t>(std::max<int64_t>(d, 0));
+  return numel * sizeof(float);
+}
+
+absl::StatusOr<SafetensorsReader> OpenReader(safefs::UniqueFd fd, std::string path) {
+  auto header = ParseHeader(fd.get(), path);
+  if (!header.ok()) return header.status();
+  SafetensorsReader r(std::move(fd), std::move(path));
+  r.tensors_ = std::move(header->tensors);
+  r.metadata_ = std::move(header->metadata);
+  return r;
+}
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  safefs::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  return OpenReader(std::move(fd), path);
+}
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::OpenAt(const safefs::Dir& dir,
+                                                            const std::string& name) {
+  auto fd = dir.OpenFile(name, O_RDONLY);
+  if (!fd.ok()) {
+    if (absl::IsNotFound(fd.status())) {
+      return absl::NotFoundError(absl::StrCat(dir.PathOf(name), ": cannot open"));
+    }
+    return fd.status();
+  }
+  return OpenReader(std::move(*fd), dir.PathOf(name));
+}
+
+const TensorEntry* SafetensorsReader::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+absl::Status SafetensorsReader::ReadBytes(const TensorEntry& e, uint64_t offset, uint64_t bytes,
+                                          void* dst) const {
+  if (offset > e.bytes || bytes > e.bytes - offset) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": read past a tensor's data"));
+  }
+  if (!ReadAt(fd_.get(), dst, bytes, e.begin + offset).ok()) {
+    return absl::DataLossError(absl::StrCat(path_, ": short read"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsReader::Read(const TensorEntry& e, uint64_t first, uint64_t count,
+                                     float* dst) const {
+  return ReadBytes(e, first * sizeof(float), count * sizeof(float), dst);
+}
+
+absl::Status SafetensorsReader::CheckFinite(const std::string& name, const TensorEntry& e,
+                                            uint64_t first, uint64_t count) const {
+  const uint64_t chunk = kCheckChunkBytes / sizeof(float);
+  std::vector<float> buf(std::min<uint64_t>(count, chunk));
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min<uint64_t>(count - done, chunk);
+    if (auto st = Read(e, first + done, n, buf.data()); !st.ok()) return st;
+    for (uint64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(buf[i])) {
+        return absl::DataLossError(absl::StrCat(path_, ": tensor ", name, " holds NaN or Inf"));
+      }
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const TensorEntry*> CheckedEntry(const SafetensorsReader& file,
+                                                const std::string& name,
+                                                const std::vector<int64_t>& shape) {
+  const TensorEntry* e = file.Find(name);
+  if (e == nullptr) {
+    return absl::NotFoundError(absl::StrCat(file.path(), ": tensor ", name, " is missing"));
+  }
+  if (e->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor ", name, " has shape [",
+                                                   absl::StrJoin(e->shape, ","), "], expected [",
+                                                   absl::StrJoin(shape, ","), "]"));
+  }
+  return e;
+}
+
+SafetensorsWriter::SafetensorsWriter(const safefs::Dir& dir, std::string name)
+    : dir_(dir), name_(std::move(name)), tmp_(safefs::Dir::TempName(name_)) {}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_.valid() && !committed_) {
+    fd_ = safefs::UniqueFd();
+    dir_.Remove(tmp_).IgnoreError();
+  }
+}
+
+absl::Status SafetensorsWriter::Begin(const std::vector<TensorLayout>& tensors,
+                                      const std::map<std::string, std::string>& metadata) {
+  if (fd_.valid()) return absl::FailedPreconditionError("SafetensorsWriter: Begin called twice");
+  auto header = HeaderBytes(dir_.PathOf(name_), tensors, metadata);
+  if (!header.ok()) return header.status();
+  // A fresh temporary (O_EXCL): never written through a link.
+  auto fd = dir_.OpenFile(tmp_, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (!fd.ok()) return fd.status();
+  fd_ = std::move(*fd);
+  expected_ = 0;
+  for (const TensorLayout& t : tensors) expected_ += t.bytes();
+  return WriteAll(fd_.get(), header->data(), header->size(), dir_.PathOf(tmp_));
+}
+
+absl::Status SafetensorsWriter::Append(const void* data, size_t bytes) {
+  if (!fd_.valid() || committed_) {
+    return absl::FailedPreconditionError("SafetensorsWriter: Append outside Begin..Commit");
+  }
+  if (bytes > expected_ - written_) {
+    return absl::InternalError(
+        absl::StrCat(dir_.PathOf(name_), ": more data than the header's tensors hold"));
+  }
+  written_ += bytes;
+  return WriteAll(fd_.get(), data, bytes, dir_.PathOf(tmp_));
+}
+
+absl::Status SafetensorsWriter::Commit() {
+  if (!fd_.valid() || committed_) {
+    return absl::FailedPreconditionError("SafetensorsWriter: Commit without Begin");
+  }
+  if (written_ != expected_) {
+    return absl::InternalError(absl::StrCat(dir_.PathOf(name_), ": ", written_,
+                                            " data bytes written, the header lists ", expected_));
+  }
+  if (::fsync(fd_.get()) != 0) {
+    return absl::InternalError(absl::StrCat(dir_.PathOf(tmp_), ": fsync failed"));
+  }
+  fd_ = safefs::UniqueFd();
+  if (auto st = dir_.Rename(tmp_, name_); !st.ok()) {
+    dir_.Remove(tmp_).IgnoreError();
+    return st;
+  }
+  committed_ = true;
+  return absl::OkStatus();
 }
 
 }  // namespace vp::runtime

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from reference_io import greedy, read_safetensors
+from reference_io import greedy, read_checkpoint
 
 
 def gelu(x):
@@ -63,7 +63,7 @@ def main():
     a = ap.parse_args()
     cfg = json.load(open(a.checkpoint + "/config.json"))
     p = {k: torch.tensor(v, dtype=torch.float64)
-         for k, v in read_safetensors(a.checkpoint + "/model.safetensors").items()}
+         for k, v in read_checkpoint(a.checkpoint).items()}
     ids = [int(t) for t in a.prompt.split(",")]
     with open(a.out, "w") as f:
         json.dump(greedy(lambda prefix: next_logits(p, cfg, prefix), ids, a.tokens), f)

@@ -1,7 +1,8 @@
 // Proves the standalone engine equals an independent PyTorch GPT-2 (Debian's python3-torch,
 // float64): the step-0 loss and every parameter gradient, then the losses and final weights of
 // a few AdamW steps, for tied/untied embeddings, both vocabulary algorithms, with and without
-// clipping and with a V that needs padding.
+// clipping and with a V that needs padding; and once from a checkpoint in Hugging Face's sharded
+// form (model-0000k-of-00003.safetensors + model.safetensors.index.json).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,6 +32,7 @@ struct Case {
   OutputAlgorithm algorithm;
   float grad_clip;
   int vocab;
+  bool sharded = false;  // the checkpoint in Hugging Face's sharded form (3 files + index)
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
@@ -73,6 +75,25 @@ TEST_P(GptReferenceTest, MatchesPyTorch) {
   auto trainer = StandaloneTrainer::Create(opt);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   ASSERT_TRUE(SaveCheckpoint(dir.string(), 0, (*trainer)->model(), (*trainer)->optimizer()).ok());
+  if (c.sharded) {
+    // The same checkpoint split into exactly 3 files: the smallest limit (in steps of a 24th of
+    // the model) that gives 3. The reference reads the index and its files.
+    const fs::path step_dir = CheckpointDir(dir.string(), 0);
+    const int64_t total = static_cast<int64_t>(fs::file_size(step_dir / "model.safetensors"));
+    int files = 0;
+    for (int k = 8; k < 24 && files != 3; ++k) {
+      ASSERT_TRUE(SaveCheckpoint(dir.string(), 0, (*trainer)->model(), (*trainer)->optimizer(),
+                                 total * k / 24)
+                      .ok());
+      files = 0;
+      for (const auto& e : fs::directory_iterator(step_dir)) {
+        files += IsHfShardFileName(e.path().filename().string()) ? 1 : 0;
+      }
+    }
+    ASSERT_EQ(files, 3);
+    ASSERT_TRUE(fs::exists(step_dir / kHfIndexFile));
+    ASSERT_FALSE(fs::exists(step_dir / "model.safetensors"));
+  }
 
   const std::string out = (dir / "ref.safetensors").string();
   const std::string cmd = absl::StrCat(
@@ -128,7 +149,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tied_vocab2", true, OutputAlgorithm::kAlgorithm2, 0.0f, 64},
                       Case{"untied_vocab1_clip_oddV", false, OutputAlgorithm::kAlgorithm1, 0.05f,
                            67},
-                      Case{"tied_vocab1_oddV", true, OutputAlgorithm::kAlgorithm1, 0.0f, 67}),
+                      Case{"tied_vocab1_oddV", true, OutputAlgorithm::kAlgorithm1, 0.0f, 67},
+                      Case{"untied_vocab2_sharded", false, OutputAlgorithm::kAlgorithm2, 0.0f, 64,
+                           /*sharded=*/true}),
     CaseName);
 
 }  // namespace

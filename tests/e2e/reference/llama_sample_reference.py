@@ -17,7 +17,7 @@ import json
 import torch
 
 from llama_reference import logits_of
-from reference_io import greedy, read_safetensors
+from reference_io import greedy, read_checkpoint
 
 
 def main():
@@ -32,7 +32,7 @@ def main():
     assert cfg["model_type"] == "llama", cfg
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
     p = {k: torch.tensor(v, dtype=torch.float64)
-         for k, v in read_safetensors(a.checkpoint + "/model.safetensors").items()}
+         for k, v in read_checkpoint(a.checkpoint).items()}
     ids = [int(t) for t in a.prompt.split(",")]
     picks = greedy(lambda prefix: logits_of(p, cfg, torch.tensor([prefix], dtype=torch.long))[0, -1],
                    ids, a.tokens)  # (V) after the prefix's last token

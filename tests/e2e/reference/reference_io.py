@@ -3,6 +3,8 @@
 read and write, the batch order of a training run, the AdamW loop and greedy decoding.
 
   read_safetensors / write_safetensors   F32 tensors by name (the safetensors layout)
+  read_checkpoint                        a model folder's tensors: model.safetensors, or
+                                         Hugging Face's sharded form (the index and its files)
   read_tokens                            an llm.c .bin token file (uint16 v1 or uint32 v7)
   batch                                  microbatch j of step `step`: (b, s) inputs and targets
   train_adamw                            float64 training with torch.optim.AdamW, its record
@@ -13,6 +15,7 @@ every one of them is still written from its paper alone. Only the standard libra
 Debian's python3-torch; no vocabpipe code.
 """
 import json
+import os
 import struct
 
 import numpy as np
@@ -32,6 +35,23 @@ def read_safetensors(path):
         assert e["dtype"] == "F32", e
         b, end = e["data_offsets"]
         out[name] = np.frombuffer(data[b:end], dtype="<f4").reshape(e["shape"]).copy()
+    return out
+
+
+def read_checkpoint(folder):
+    """{name: float32 numpy array} of a model folder in either of Hugging Face's forms: the
+    files model.safetensors.index.json's weight_map names, or the single model.safetensors."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(folder, "model.safetensors"))
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    out = {}
+    for file in sorted(set(weight_map.values())):
+        for name, arr in read_safetensors(os.path.join(folder, file)).items():
+            assert weight_map.get(name) == file, (name, file)
+            out[name] = arr
+    assert set(out) == set(weight_map), "weight_map names tensors its files lack"
     return out
 
 
@@ -73,7 +93,7 @@ def batch(tokens, step, j, b, m, s):
 def load_parameters(checkpoint, cfg):
     """The checkpoint's tensors as float64 leaves that need gradients; a tied model's lm_head
     copy is dropped so the embedding is its only parameter."""
-    raw = read_safetensors(checkpoint + "/model.safetensors")
+    raw = read_checkpoint(checkpoint)
     if cfg.get("tie_word_embeddings"):
         raw.pop("lm_head.weight", None)
     return {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in raw.items()}

@@ -49,6 +49,7 @@ TEST(CheckRankLine, NamesTheFieldAndTheRule) {
            {"comm", 3, "line.comm: must be an object"},
            {"memory", json{{"total", 1.5}}, "line.memory.total: must be an integer >= 0"},
            {"checkpoint_step", -2, "line.checkpoint_step: must be an integer >= 0"},
+           {"checkpoint_seconds", -0.1, "line.checkpoint_seconds: must be a number >= 0"},
            {"val_loss", "low", "line.val_loss: must be a number"},
            {"eval_seconds", -1, "line.eval_seconds: must be a number >= 0"},
        }) {
@@ -101,9 +102,14 @@ TEST(MergeRankLines, CheckpointStepOnlyWhenEveryRankSavedIt) {
   ASSERT_TRUE(one.ok());
   EXPECT_FALSE(one->contains("checkpoint_step"));
   r1["checkpoint_step"] = 5;
+  r0["checkpoint_seconds"] = 0.25;
+  r1["checkpoint_seconds"] = 0.5;
   auto both = MergeRankLines({r0, r1}, {});
   ASSERT_TRUE(both.ok());
   EXPECT_EQ((*both)["checkpoint_step"], 5);
+  // The step was held by the slowest rank's save; each stage keeps its own.
+  EXPECT_DOUBLE_EQ((*both)["checkpoint_seconds"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ((*both)["stages"][0]["checkpoint_seconds"].get<double>(), 0.25);
   EXPECT_EQ((*both)["mfu"], 0.0);  // no peak known
   EXPECT_FALSE(both->contains("loss"));
 }

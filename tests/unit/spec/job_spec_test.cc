@@ -157,6 +157,7 @@ TEST(ParseJobSpec, DefaultsApplied) {
   EXPECT_FALSE(spec->data().shuffle());
   EXPECT_EQ(spec->checkpoint().dir(), "/runs/runs/job");
   EXPECT_EQ(spec->checkpoint().every(), 0);
+  EXPECT_EQ(spec->checkpoint().max_shard_bytes(), 5000000000);  // Hugging Face's 5 GB
 }
 
 // Every field with presence, at any depth, is set after ApplyDefaults (except data.path,
@@ -532,6 +533,11 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"  keep_last: 0", "  keep_last: -1",
                  "checkpoint.keep_last: must be >= 0 (got -1)"},
         RuleCase{"  dir: runs/demo", "  dir: \"\"", "checkpoint.dir: must be non-empty"},
+        RuleCase{"  keep_last: 0", "  keep_last: 0\n  max_shard_bytes: 1000",
+                 "checkpoint.max_shard_bytes: must be >= 1048576 (got 1000)"},
+        RuleCase{"  keep_last: 0", "  keep_last: 0\n  max_shard_bytes: 2000000000000000000",
+                 "checkpoint.max_shard_bytes: must be <= 1125899906842624 (got "
+                 "2000000000000000000)"},
         RuleCase{"device: cpu", "device: cuda:x",
                  "device: must be cpu, cuda or cuda:N (got \"cuda:x\")"},
         RuleCase{"name: demo", "name: my job",
