@@ -166,9 +166,9 @@ void TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKv
   CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true);
   CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, true);
   const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
-  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * seq.end);
+  acts.lse = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t);
   acts.atty = pool_->Acquire(nh);
-  cpu::AttentionForward(acts.atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
+  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), 3 * h, kv.k.data(),
                         kv.v.data(), shape);
   acts.res1 = pool_->Acquire(nh);
   cpu::LinearForward(acts.res1.data(), acts.atty.data(), p_.attn_proj_w, p_.attn_proj_b, n, h, h);
@@ -222,15 +222,15 @@ void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState&
     const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
     PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
     cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
-                           d_atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
-                           kv.v.data(), shape);
+                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.qkv.data(), 3 * h,
+                           kv.k.data(), kv.v.data(), shape);
   }
   // Later chunks (already run backward) and this chunk have now added everything they owe to
   // the keys/values at this chunk's positions; earlier chunks never see them. So the
   // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
   CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, seq.begin, false);
   CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, false);
-  acts.att.Reset();
+  acts.lse.Reset();
   acts.qkv.Reset();
   acts.d_ln1 = pool_->Acquire(nh);
   cpu::LinearBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), p_.attn_w, n, h, 3 * h);
@@ -288,9 +288,9 @@ void TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float* out, La
   CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, kvd, qd, h, seq.begin, true);
   CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, true);
   const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
-  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * seq.end);
+  acts.lse = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t);
   acts.atty = pool_->Acquire(nh);
-  cpu::AttentionForward(acts.atty.data(), acts.att.data(), acts.qkv.data(), qd, kv.k.data(),
+  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
                         kv.v.data(), shape);
   acts.res1 = pool_->Acquire(nh);
   cpu::LinearTForward(acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h);
@@ -344,8 +344,8 @@ void TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvS
     const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
     PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
     cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
-                           d_atty.data(), acts.att.data(), acts.qkv.data(), qd, kv.k.data(),
-                           kv.v.data(), shape);
+                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
+                           kv.k.data(), kv.v.data(), shape);
   }
   // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now.
   CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h, seq.begin, false);
@@ -354,7 +354,7 @@ void TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvS
   cpu::RopeBackward(acts.d_qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
   cpu::RopeBackward(acts.d_qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin,
                     cfg_.rope_theta);
-  acts.att.Reset();
+  acts.lse.Reset();
   acts.qkv.Reset();
   acts.d_ln1 = pool_->Acquire(nh);
   cpu::LinearTBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), lp_.wqkv, n, h, qd);

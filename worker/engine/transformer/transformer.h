@@ -177,8 +177,9 @@ struct LayerActivations {
   // output (b, t, f); d_fch and d_qkv follow those widths.
   PooledBuffer ln1, ln1_mean, ln1_rstd;  // (b,t,h), (b,t), (b,t)
   PooledBuffer qkv;                      // (b, t, 3h)      freed by B
-  PooledBuffer att;                      // (b, nh, t, end) freed by B
-  PooledBuffer atty;                     // (b, t, h)  attention output before c_proj
+  PooledBuffer lse;                      // (b, nh, t) softmax log-sum-exp; freed by B
+  PooledBuffer atty;                     // (b, t, h)  attention output before c_proj (and
+                                         //            what B recomputes the softmax with)
   PooledBuffer res1;                     // (b, t, h)  x + attn
   PooledBuffer ln2, ln2_mean, ln2_rstd;  // (b,t,h), (b,t), (b,t)
   PooledBuffer fch;                      // (b, t, f)  c_fc output, pre-GELU; freed by B
