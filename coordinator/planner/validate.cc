@@ -665,12 +665,14 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   const std::vector<double> comm_busy = machine.comm_busy();
   const ModelShape& ms = in.model;
   const double b = ms.microbatch_size, s = ms.seq_len, h = ms.hidden;
-  // Activation bytes of one layer for one microbatch (Megatron's sbh(34 + 5as/h) for 2-byte
-  // activations, scaled to the element size).
+  // Activation bytes of one layer for one microbatch when nothing was measured: Megatron's
+  // sbh·34 for 2-byte activations, scaled to the element size, plus the fp32 log-sum-exp per
+  // (head, query). Both engines' attention is flash-style (the softmax is recomputed in the
+  // backward), so Megatron's 5as/h term for the stored s × s probabilities does not apply.
   const double layer_act =
       ms.layer_activation_bytes > 0
           ? ms.layer_activation_bytes
-          : (h > 0 ? b * s * h * (34 + 5.0 * ms.heads * s / h) * ms.activation_bytes_per_element / 2
+          : (h > 0 ? b * s * h * 34 * ms.activation_bytes_per_element / 2 + b * ms.heads * s * 4
                    : 0);
   const double stage_act = layer_act * l->layers / l->p;
   const double layer_params = ms.LayerParams();
