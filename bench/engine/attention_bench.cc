@@ -129,9 +129,9 @@ int main(int argc, char** argv) {
                                         v.data(), shape);
     });
     const double b = BestSeconds(iters, [&] {
-      vp::engine::cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(),
-                                         dout.data(), out.data(), lse.data(), qkv.data(),
-                                         3 * hidden, k.data(), v.data(), shape);
+      vp::engine::cpu::AttentionBackward(dq.data(), 3 * hidden, dk.data(), dv.data(),
+                                         scratch.data(), dout.data(), out.data(), lse.data(),
+                                         qkv.data(), 3 * hidden, k.data(), v.data(), shape);
     });
     const double layer = LayerSeconds(hidden, heads, s, std::max(1, iters - 1));
     const double model = 12.0 * s * double(s) * hidden;

@@ -261,8 +261,8 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
                               gv.p, s, nullptr, kernels),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), out.data(),
-                         cpu_lse.data(), q.data(), ldq, k.data(), v.data(), cs);
+  cpu::AttentionBackward(dq.data(), ldq, dk.data(), dv.data(), scratch.data(), dout.data(),
+                         out.data(), cpu_lse.data(), q.data(), ldq, k.data(), v.data(), cs);
 
   std::vector<float> lse(stat_n);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));

@@ -220,7 +220,7 @@ TEST(KernelThreads, Attention) {
           AttentionForward(o[0].data(), o[1].data(), q.data(), ldq, k.data(), v.data(), sh);
           // The workspace is sized for the calling thread's count: one block per thread.
           std::vector<float> scratch(AttentionBackwardScratch(sh));
-          AttentionBackward(o[2].data(), o[3].data(), o[4].data(), scratch.data(), dy.data(),
+          AttentionBackward(o[2].data(), ldq, o[3].data(), o[4].data(), scratch.data(), dy.data(),
                             o[0].data(), o[1].data(), q.data(), ldq, k.data(), v.data(), sh);
         },
         /*ulps=*/sh.batch * sh.heads == 1 ? 8 : 0);

@@ -209,7 +209,7 @@ TEST_P(AttentionTest, BackwardMatchesFiniteDifferences) {
   std::vector<float> dq(q.size(), 0.0f), scratch(AttentionBackwardScratch(sh));
   // dk/dv accumulate: start from 2 and take it off again.
   std::vector<float> dk(k.size(), 2.0f), dv(v.size(), 2.0f);
-  AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dy.data(), out.data(),
+  AttentionBackward(dq.data(), ldq, dk.data(), dv.data(), scratch.data(), dy.data(), out.data(),
                     lse.data(), q.data(), ldq, k.data(), v.data(), sh);
   for (float& x : dk) x -= 2.0f;
   for (float& x : dv) x -= 2.0f;
@@ -267,7 +267,7 @@ TEST_P(AttentionReferenceTest, TiledMatchesQuadratic) {
   const std::vector<float> dk0 = RandomVector(nkv * kw, 74), dv0 = RandomVector(nkv * kw, 75);
   std::vector<float> dq(nq * ldq, 0.0f), dk = dk0, dv = dv0, scratch(AttentionBackwardScratch(sh));
   std::vector<float> ref_dq(nq * ldq, 0.0f), ref_dk = dk0, ref_dv = dv0;
-  AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dy.data(), out.data(),
+  AttentionBackward(dq.data(), ldq, dk.data(), dv.data(), scratch.data(), dy.data(), out.data(),
                     lse.data(), q.data(), ldq, k.data(), v.data(), sh);
   testing::QuadraticAttentionBackward(ref_dq.data(), ref_dk.data(), ref_dv.data(), dy.data(),
                                       att.data(), q.data(), ldq, k.data(), v.data(), sh);

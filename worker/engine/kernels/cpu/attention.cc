@@ -186,7 +186,7 @@ void AttentionForward(float* out, float* lse, const float* q, int ldq, const flo
   }
 }
 
-void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
+void AttentionBackward(float* dq, int lddq, float* dk, float* dv, float* scratch, const float* dout,
                        const float* out, const float* lse, const float* q, int ldq, const float* k,
                        const float* v, const AttentionShape& shape) {
   const int tq = shape.q_len();
@@ -216,7 +216,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const fl
     // The group's query heads all add into their shared key/value head's dK, dV, in order.
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
       const float* qh = q + static_cast<long>(b) * tq * ldq + h * hd;           // (tq, ldq)
-      float* dqh = dq + static_cast<long>(b) * tq * ldq + h * hd;               // (tq, ldq)
+      float* dqh = dq + static_cast<long>(b) * tq * lddq + h * hd;              // (tq, lddq)
       const float* oh = out + static_cast<long>(b) * tq * width + h * hd;       // (tq, width)
       const float* doh = dout + static_cast<long>(b) * tq * width + h * hd;     // (tq, width)
       const float* lseh = lse + (static_cast<long>(b) * shape.heads + h) * tq;  // (tq)
@@ -225,7 +225,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const fl
         const int kend = shape.q_begin + i1;
         const float* qt = qh + static_cast<long>(i0) * ldq;
         const float* dot = doh + static_cast<long>(i0) * width;
-        float* dqt = dqh + static_cast<long>(i0) * ldq;
+        float* dqt = dqh + static_cast<long>(i0) * lddq;
         // D = rowsum(dO ⊙ O): the softmax backward's rowsum(P ⊙ dP) without the full row of P.
         for (int r = 0; r < nq; ++r) {
           const float* orow = oh + static_cast<long>(i0 + r) * width;
@@ -252,7 +252,7 @@ void AttentionBackward(float* dq, float* dk, float* dv, float* scratch, const fl
                                p + static_cast<long>(r) * kKeyTile, nk, delta[r]);
           // dQ (+)= scale · dS · K (the first key tile overwrites);  dK += scale · dSᵀ · Q.
           Gemm(false, false, nq, hd, nk, scale, ds, kKeyTile, kt, kvw, j0 == 0 ? 0.0f : 1.0f, dqt,
-               ldq);
+               lddq);
           Gemm(true, false, nk, hd, nq, scale, ds, kKeyTile, qt, ldq, 1.0f,
                dkb + static_cast<long>(j0) * kvw, kvw);
         }

@@ -150,7 +150,8 @@ void AttentionForward(float* out,      // (batch, q_len, heads*head_dim)
 // dq is overwritten for the chunk's queries; dk and dv are *accumulated* for key positions
 // [0, q_end), since later query chunks also reach back to earlier keys. out and lse are the
 // forward's.
-void AttentionBackward(float* dq,          // (batch, q_len, ldq)
+void AttentionBackward(float* dq,          // (batch, q_len, lddq)
+                       int lddq,           // row stride of dq (may differ from q's: 3h in d_qkv)
                        float* dk,          // (batch, kv_rows, heads*head_dim)
                        float* dv,          // (batch, kv_rows, heads*head_dim)
                        float* scratch,     // AttentionBackwardScratch(shape) floats
