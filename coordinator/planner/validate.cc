@@ -675,6 +675,20 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
           : (h > 0 ? b * s * h * 34 * ms.activation_bytes_per_element / 2 + b * ms.heads * s * 4
                    : 0);
   const double stage_act = layer_act * l->layers / l->p;
+  // Sequence chunks (Seq1F1B): the output layer's buffers and a backward's working set are
+  // those of one chunk at a time, the largest one at worst; the layer's dK/dV accumulators
+  // span the whole sequence whatever the chunk. (The kept activations are counted per chunk by
+  // ActivationUnits.)
+  const double chunk_share = l->seq_mem_share.empty() ? 1.0
+                                                      : *std::max_element(l->seq_mem_share.begin(),
+                                                                          l->seq_mem_share.end());
+  const double kv_dim =
+      ms.llama && ms.kv_heads > 0 && ms.heads > 0 ? h / ms.heads * ms.kv_heads : h;
+  const double kv_grads = std::min<double>(ms.layer_backward_transient_bytes,
+                                           2 * b * s * kv_dim * ms.activation_bytes_per_element);
+  const double chunk_transient =
+      (ms.layer_backward_transient_bytes - kv_grads) * chunk_share + kv_grads;
+  const double chunk_tokens = b * s * chunk_share;
   const double layer_params = ms.LayerParams();
   const double vocab_rows = static_cast<double>(ms.vocab);
   double busy_total = 0;
@@ -706,19 +720,20 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
       params += vocab_rows / l->p * h * (ms.tie_embeddings ? 1 : 2);
       // The shard's n×V/p fp32 buffer lives from S to T; T hands it to the next S, so at most
       // max_pending_t are alive at once. Plus X and ∇X (n×h) of the microbatch in flight.
-      vocab_act = in.max_pending_t * b * s * (vocab_rows / l->p) * 4 + 2 * b * s * h * 4;
+      vocab_act =
+          in.max_pending_t * chunk_tokens * (vocab_rows / l->p) * 4 + 2 * chunk_tokens * h * 4;
     } else {
       if (l->owner_rank[0] == r) params += vocab_rows * h;
       if (l->x_owner() == r && (!ms.tie_embeddings || l->owner_rank[0] != r)) {
         params += vocab_rows * h;
-        vocab_act = b * s * vocab_rows * 4 + 2 * b * s * h * 4;
+        vocab_act = chunk_tokens * vocab_rows * 4 + 2 * chunk_tokens * h * 4;
       }
     }
     if (l->owner_rank[0] == r && !ms.llama) params += s * h;  // GPT-2's position embedding
     if (l->x_owner() == r) params += ms.llama ? h : 2 * h;    // final norm (RMSNorm: no bias)
     st.parameter_bytes = static_cast<int64_t>(params * 4);
     st.state_bytes = static_cast<int64_t>(params * ms.state_bytes_per_param);
-    const double transient = st.layers > 0 ? ms.layer_backward_transient_bytes : 0;
+    const double transient = st.layers > 0 ? chunk_transient : 0;
     st.peak_activation_bytes = static_cast<int64_t>(peak * stage_act + vocab_act + transient);
     busy_total += st.busy;
     res.ranks.push_back(st);
