@@ -676,9 +676,10 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
                    : 0);
   const double stage_act = layer_act * l->layers / l->p;
   // Sequence chunks (Seq1F1B): the output layer's buffers and a backward's working set are
-  // those of one chunk at a time, the largest one at worst; the layer's dK/dV accumulators
-  // span the whole sequence whatever the chunk. (The kept activations are counted per chunk by
-  // ActivationUnits.)
+  // those of one chunk (the largest one for the output layer's, at worst); the layer's dK/dV
+  // accumulators span the whole sequence whatever the chunk. (The kept activations are
+  // counted per chunk by ActivationUnits.)
+  auto share = [&](int q) { return l->seq_mem_share.empty() ? 1.0 : l->seq_mem_share[q]; };
   const double chunk_share = l->seq_mem_share.empty() ? 1.0
                                                       : *std::max_element(l->seq_mem_share.begin(),
                                                                           l->seq_mem_share.end());
@@ -686,8 +687,9 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
       ms.llama && ms.kv_heads > 0 && ms.heads > 0 ? h / ms.heads * ms.kv_heads : h;
   const double kv_grads = std::min<double>(ms.layer_backward_transient_bytes,
                                            2 * b * s * kv_dim * ms.activation_bytes_per_element);
-  const double chunk_transient =
-      (ms.layer_backward_transient_bytes - kv_grads) * chunk_share + kv_grads;
+  auto chunk_transient = [&](int q) {
+    return (ms.layer_backward_transient_bytes - kv_grads) * share(q) + kv_grads;
+  };
   const double chunk_tokens = b * s * chunk_share;
   const double layer_params = ms.LayerParams();
   const double vocab_rows = static_cast<double>(ms.vocab);
@@ -696,7 +698,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     RankStats st;
     st.rank = r;
     st.comm = comm_busy[r];
-    double mem = 0, peak = 0;
+    double mem = 0, peak = 0, peak_bytes = 0;
     bool first = true;
     const auto& acts = plan.ranks[r].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
@@ -706,8 +708,16 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
         st.busy += c;
         if (first) st.first_start = t.start;
         first = false;
+        // A backward's working set comes on top of what is live when it starts, and is that
+        // of its own sequence chunk (Seq1F1B runs the smallest, last chunk's first, while
+        // every chunk is still held).
+        const ActionKind kind = acts[i].kind;
+        if (kind == ActionKind::kB || kind == ActionKind::kBW) {
+          peak_bytes = std::max(peak_bytes, mem * stage_act + chunk_transient(acts[i].seq));
+        }
         mem += internal::ActivationUnits(*l, r, acts[i]);
         peak = std::max(peak, mem);
+        peak_bytes = std::max(peak_bytes, mem * stage_act);
       }
       st.last_end = std::max(st.last_end, t.end);
       res.makespan = std::max(res.makespan, t.end);
@@ -733,8 +743,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     if (l->x_owner() == r) params += ms.llama ? h : 2 * h;    // final norm (RMSNorm: no bias)
     st.parameter_bytes = static_cast<int64_t>(params * 4);
     st.state_bytes = static_cast<int64_t>(params * ms.state_bytes_per_param);
-    const double transient = st.layers > 0 ? chunk_transient : 0;
-    st.peak_activation_bytes = static_cast<int64_t>(peak * stage_act + vocab_act + transient);
+    st.peak_activation_bytes = static_cast<int64_t>(peak_bytes + vocab_act);
     busy_total += st.busy;
     res.ranks.push_back(st);
   }
