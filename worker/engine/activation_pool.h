@@ -11,12 +11,13 @@
 // reported by cached_bytes() and given back by ReleaseCached().
 //
 // Footprint: a parked buffer only serves a request of its own size, so buffers freed in one
-// phase (the forward's MLP input, the qkv block) would sit idle while another phase allocates
-// other sizes, and the process would hold more than the peak the tracker reports (at s = 32768
-// about 110 MiB more, the size of two of them). So a fresh allocation first frees parked
-// buffers, largest first, while live + parked bytes would exceed the highest live total seen:
-// the pool never holds more than its peak of live bytes. In the steady state of a training
-// loop the same sizes come back each step and nearly everything is reused.
+// phase (the MLP input, the qkv block) could sit idle while another phase allocates other
+// sizes, and the process would hold more than the peak the tracker reports. So a fresh
+// allocation first frees parked buffers, largest first, while live + parked bytes would exceed
+// the highest live total seen: the pool never holds more than its peak of live bytes. In the
+// steady state of a training loop the same sizes come back each step and nearly everything is
+// reused. (Measured at s = 32768, p = 1: the process's resident peak stayed ~130 MiB above the
+// tracker's with this rule too, so most of that gap is elsewhere; docs/benchmarks.md §11.)
 #pragma once
 
 #include <cstddef>
