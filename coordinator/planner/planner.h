@@ -77,8 +77,9 @@ struct ModelShape {
   int activation_bytes_per_element = 2;  // bf16 activations on GPU, 4 on CPU
   // Bytes one transformer layer keeps for one microbatch of the whole sequence between its F
   // and its backward, as measured on the engine that runs the plan (the runtime measures it
-  // with engine::MeasureLayerActivationBytes). 0: Megatron's estimate
-  // b·s·h·(34 + 5·heads·s/h) at activation_bytes_per_element / 2.
+  // with engine::MeasureLayerActivationBytes). 0: Megatron's estimate b·s·h·34 at
+  // activation_bytes_per_element / 2, plus 4·b·heads·s for the attention's log-sum-exp (both
+  // engines recompute the softmax in the backward: no s² term).
   double layer_activation_bytes = 0;
   // Extra bytes while one layer's backward runs (its gradient working set), added once to a
   // rank's peak; measured by the same engine call. 0: not modelled.

@@ -665,14 +665,32 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   const std::vector<double> comm_busy = machine.comm_busy();
   const ModelShape& ms = in.model;
   const double b = ms.microbatch_size, s = ms.seq_len, h = ms.hidden;
-  // Activation bytes of one layer for one microbatch (Megatron's sbh(34 + 5as/h) for 2-byte
-  // activations, scaled to the element size).
+  // Activation bytes of one layer for one microbatch when nothing was measured: Megatron's
+  // sbh·34 for 2-byte activations, scaled to the element size, plus the fp32 log-sum-exp per
+  // (head, query). Both engines' attention is flash-style (the softmax is recomputed in the
+  // backward), so Megatron's 5as/h term for the stored s × s probabilities does not apply.
   const double layer_act =
       ms.layer_activation_bytes > 0
           ? ms.layer_activation_bytes
-          : (h > 0 ? b * s * h * (34 + 5.0 * ms.heads * s / h) * ms.activation_bytes_per_element / 2
+          : (h > 0 ? b * s * h * 34 * ms.activation_bytes_per_element / 2 + b * ms.heads * s * 4
                    : 0);
   const double stage_act = layer_act * l->layers / l->p;
+  // Sequence chunks (Seq1F1B): the output layer's buffers and a backward's working set are
+  // those of one chunk (the largest one for the output layer's, at worst); the layer's dK/dV
+  // accumulators span the whole sequence whatever the chunk. (The kept activations are
+  // counted per chunk by ActivationUnits.)
+  auto share = [&](int q) { return l->seq_mem_share.empty() ? 1.0 : l->seq_mem_share[q]; };
+  const double chunk_share = l->seq_mem_share.empty() ? 1.0
+                                                      : *std::max_element(l->seq_mem_share.begin(),
+                                                                          l->seq_mem_share.end());
+  const double kv_dim =
+      ms.llama && ms.kv_heads > 0 && ms.heads > 0 ? h / ms.heads * ms.kv_heads : h;
+  const double kv_grads = std::min<double>(ms.layer_backward_transient_bytes,
+                                           2 * b * s * kv_dim * ms.activation_bytes_per_element);
+  auto chunk_transient = [&](int q) {
+    return (ms.layer_backward_transient_bytes - kv_grads) * share(q) + kv_grads;
+  };
+  const double chunk_tokens = b * s * chunk_share;
   const double layer_params = ms.LayerParams();
   const double vocab_rows = static_cast<double>(ms.vocab);
   double busy_total = 0;
@@ -680,7 +698,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     RankStats st;
     st.rank = r;
     st.comm = comm_busy[r];
-    double mem = 0, peak = 0;
+    double mem = 0, peak = 0, peak_bytes = 0;
     bool first = true;
     const auto& acts = plan.ranks[r].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
@@ -690,8 +708,16 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
         st.busy += c;
         if (first) st.first_start = t.start;
         first = false;
+        // A backward's working set comes on top of what is live when it starts, and is that
+        // of its own sequence chunk (Seq1F1B runs the smallest, last chunk's first, while
+        // every chunk is still held).
+        const ActionKind kind = acts[i].kind;
+        if (kind == ActionKind::kB || kind == ActionKind::kBW) {
+          peak_bytes = std::max(peak_bytes, mem * stage_act + chunk_transient(acts[i].seq));
+        }
         mem += internal::ActivationUnits(*l, r, acts[i]);
         peak = std::max(peak, mem);
+        peak_bytes = std::max(peak_bytes, mem * stage_act);
       }
       st.last_end = std::max(st.last_end, t.end);
       res.makespan = std::max(res.makespan, t.end);
@@ -704,20 +730,20 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
       params += vocab_rows / l->p * h * (ms.tie_embeddings ? 1 : 2);
       // The shard's n×V/p fp32 buffer lives from S to T; T hands it to the next S, so at most
       // max_pending_t are alive at once. Plus X and ∇X (n×h) of the microbatch in flight.
-      vocab_act = in.max_pending_t * b * s * (vocab_rows / l->p) * 4 + 2 * b * s * h * 4;
+      vocab_act =
+          in.max_pending_t * chunk_tokens * (vocab_rows / l->p) * 4 + 2 * chunk_tokens * h * 4;
     } else {
       if (l->owner_rank[0] == r) params += vocab_rows * h;
       if (l->x_owner() == r && (!ms.tie_embeddings || l->owner_rank[0] != r)) {
         params += vocab_rows * h;
-        vocab_act = b * s * vocab_rows * 4 + 2 * b * s * h * 4;
+        vocab_act = chunk_tokens * vocab_rows * 4 + 2 * chunk_tokens * h * 4;
       }
     }
     if (l->owner_rank[0] == r && !ms.llama) params += s * h;  // GPT-2's position embedding
     if (l->x_owner() == r) params += ms.llama ? h : 2 * h;    // final norm (RMSNorm: no bias)
     st.parameter_bytes = static_cast<int64_t>(params * 4);
     st.state_bytes = static_cast<int64_t>(params * ms.state_bytes_per_param);
-    const double transient = st.layers > 0 ? ms.layer_backward_transient_bytes : 0;
-    st.peak_activation_bytes = static_cast<int64_t>(peak * stage_act + vocab_act + transient);
+    st.peak_activation_bytes = static_cast<int64_t>(peak_bytes + vocab_act);
     busy_total += st.busy;
     res.ranks.push_back(st);
   }

@@ -1,5 +1,7 @@
 #include "worker/engine/activation_pool.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 
 namespace vp::engine {
@@ -34,11 +36,30 @@ PooledBuffer ActivationPool::Acquire(size_t count, bool zero) {
       cached_bytes_ -= static_cast<int64_t>(count * sizeof(float));
     }
   }
+  const int64_t bytes = static_cast<int64_t>(count * sizeof(float));
   if (buf.empty()) {
     // Untracked Buffer: the pool charges live bytes itself (see the header).
+    std::multimap<size_t, Buffer> evicted;  // freed after the lock is dropped
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Keep live + parked within the high-water mark of live bytes: parked buffers of other
+      // sizes that would push the footprint past it go back to the system first.
+      const int64_t live = live_bytes_ + bytes;
+      const int64_t cap = std::max(peak_live_bytes_, live);
+      while (!free_.empty() && live + cached_bytes_ > cap) {
+        auto largest = std::prev(free_.end());
+        cached_bytes_ -= static_cast<int64_t>(largest->first * sizeof(float));
+        evicted.insert(free_.extract(largest));
+      }
+    }
     buf = Buffer(nullptr, MemoryCategory::kActivations, count);
   } else if (zero) {
     buf.Zero();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_bytes_ += bytes;
+    peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   }
   if (tracker_ != nullptr) {
     tracker_->Add(MemoryCategory::kActivations, static_cast<int64_t>(count * sizeof(float)));
@@ -50,6 +71,7 @@ void ActivationPool::Return(Buffer buf) {
   const int64_t bytes = static_cast<int64_t>(buf.size() * sizeof(float));
   if (tracker_ != nullptr) tracker_->Sub(MemoryCategory::kActivations, bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  live_bytes_ -= bytes;
   cached_bytes_ += bytes;
   free_.emplace(buf.size(), std::move(buf));
 }

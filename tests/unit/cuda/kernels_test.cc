@@ -296,19 +296,19 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
   Upload(gdq, dq);
   Dev<float> glse(stat_n), gdelta(stat_n);
 
-  std::vector<float> out(o_n), att(size_t(cs.batch) * cs.heads * ql * cs.q_end),
-      scratch(cpu::AttentionBackwardScratch(cs));  // a block per thread the CPU uses
-  cpu::AttentionForward(out.data(), att.data(), q.data(), ldq, k.data(), v.data(), cs);
+  std::vector<float> out(o_n), cpu_lse(stat_n),
+      scratch(cpu::AttentionBackwardScratch(cs));  // tiles per thread the CPU uses
+  cpu::AttentionForward(out.data(), cpu_lse.data(), q.data(), ldq, k.data(), v.data(), cs);
   ASSERT_EQ(AttentionForward(gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s, nullptr, kernels),
             cudaSuccess);
   // The backward reads the device's own forward output, as in training (for bf16 it is the
-  // rounded out that delta = Σ dO·O sees; the CPU uses its fp32 probabilities).
+  // rounded out that delta = Σ dO·O sees; the CPU uses its fp32 out).
   ASSERT_EQ(AttentionBackward(gdq.p, gdk.p, gdv.p, gdelta.p, gdo.p, gout.p, glse.p, gq.p, ldq, gk.p,
                               gv.p, s, nullptr, kernels),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), att.data(),
-                         q.data(), ldq, k.data(), v.data(), cs);
+  cpu::AttentionBackward(dq.data(), ldq, dk.data(), dv.data(), scratch.data(), dout.data(),
+                         out.data(), cpu_lse.data(), q.data(), ldq, k.data(), v.data(), cs);
 
   std::vector<float> lse(stat_n);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));

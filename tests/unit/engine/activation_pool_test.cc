@@ -38,5 +38,23 @@ TEST(ActivationPool, RecyclesBuffersAndChargesOnlyLiveBytes) {
   EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
 }
 
+// Parked buffers of other sizes are freed before a fresh allocation would take live + parked
+// bytes past the most ever live at once, so the pool holds no more than its live peak.
+TEST(ActivationPool, FootprintStaysWithinThePeakOfLiveBytes) {
+  ActivationPool pool(nullptr);
+  {
+    PooledBuffer a = pool.Acquire(1000);
+    PooledBuffer b = pool.Acquire(500);
+  }  // live peak 1500 floats; both parked
+  EXPECT_EQ(pool.cached_bytes(), 6000);
+  PooledBuffer c = pool.Acquire(200);  // fresh: 200 + 1500 parked > 1500, so 1000 goes
+  EXPECT_EQ(pool.cached_bytes(), 2000);
+  PooledBuffer d = pool.Acquire(500);  // reused
+  EXPECT_EQ(pool.cached_bytes(), 0);
+  c.Reset();
+  PooledBuffer e = pool.Acquire(700);  // fresh: 1200 live + 200 parked <= 1500 peak: kept
+  EXPECT_EQ(pool.cached_bytes(), 800);
+}
+
 }  // namespace
 }  // namespace vp::engine

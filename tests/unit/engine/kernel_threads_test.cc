@@ -194,10 +194,12 @@ TEST(KernelThreads, Linear) {
 }
 
 TEST(KernelThreads, Attention) {
-  // Middle chunks inside a wider q row: 15 (batch, head) blocks; grouped-query attention with 2
-  // key/value blocks for the backward (fewer than 3, 4 and 7 threads); and a single block. With
-  // several blocks each runs on one thread, GEMMs included: exact. A single block runs on the
-  // calling thread and its GEMMs take OpenBLAS's split, so it is held to ulps (see Linear).
+  // Middle chunks inside a wider q row: 15 (batch, head) blocks of 1 query tile each; grouped-
+  // query attention with 2 key/value blocks for the backward (fewer than 3, 4 and 7 threads) and
+  // 6 x 4 query tiles for the forward; and a single block. With several units each runs on one
+  // thread, tile GEMMs included: exact. A single block's backward (and its forward, too few
+  // scores for a team) runs on the calling thread and its GEMMs take OpenBLAS's split, so it is
+  // held to ulps (see Linear).
   const AttentionShape shapes[] = {
       {3, 5, 16, 40, 101, 110, 0}, {1, 6, 8, 30, 230, 230, 2}, {1, 1, 8, 0, 200, 200, 0}};
   for (const AttentionShape& sh : shapes) {
@@ -211,16 +213,15 @@ TEST(KernelThreads, Attention) {
                v = RandomVector(nkv * sh.kv_width(), 63), dy = RandomVector(nq * sh.width(), 64);
     ExpectSameOnAnyThreadCount(
         "Attention",
-        {std::vector<float>(nq * sh.width()),
-         std::vector<float>(size_t(sh.batch) * sh.heads * tq * sh.q_end),
+        {std::vector<float>(nq * sh.width()), std::vector<float>(size_t(sh.batch) * sh.heads * tq),
          std::vector<float>(nq * ldq), RandomVector(nkv * sh.kv_width(), 65),
          RandomVector(nkv * sh.kv_width(), 66)},
         [&](std::vector<std::vector<float>>& o) {
           AttentionForward(o[0].data(), o[1].data(), q.data(), ldq, k.data(), v.data(), sh);
           // The workspace is sized for the calling thread's count: one block per thread.
           std::vector<float> scratch(AttentionBackwardScratch(sh));
-          AttentionBackward(o[2].data(), o[3].data(), o[4].data(), scratch.data(), dy.data(),
-                            o[1].data(), q.data(), ldq, k.data(), v.data(), sh);
+          AttentionBackward(o[2].data(), ldq, o[3].data(), o[4].data(), scratch.data(), dy.data(),
+                            o[0].data(), o[1].data(), q.data(), ldq, k.data(), v.data(), sh);
         },
         /*ulps=*/sh.batch * sh.heads == 1 ? 8 : 0);
   }

@@ -160,15 +160,20 @@ void TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKv
   acts.ln1_rstd = pool_->Acquire(n);
   cpu::LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(), acts.ln1_rstd.data(), x, p_.ln1_w,
                         p_.ln1_b, n, h);
-  acts.qkv = pool_->Acquire(3 * nh);
-  cpu::LinearForward(acts.qkv.data(), acts.ln1.data(), p_.attn_w, p_.attn_b, n, h, 3 * h);
-  // Append this chunk's keys and values to the cache so later chunks can attend to them.
-  CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true);
-  CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, true);
+  {
+    PooledBuffer qkv = pool_->Acquire(3 * nh);  // (b, t, 3h)
+    cpu::LinearForward(qkv.data(), acts.ln1.data(), p_.attn_w, p_.attn_b, n, h, 3 * h);
+    // Append this chunk's keys and values to the cache so later chunks can attend to them, and
+    // keep only the queries: the backward reads K and V from the cache.
+    CopyRows(kv.k.data(), qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true);
+    CopyRows(kv.v.data(), qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, true);
+    acts.q = pool_->Acquire(nh);
+    CopyRows(acts.q.data(), qkv.data(), b, t, t, h, 3 * h, 0, 0, true);
+  }
   const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
-  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * seq.end);
+  acts.lse = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t);
   acts.atty = pool_->Acquire(nh);
-  cpu::AttentionForward(acts.atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
+  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.q.data(), h, kv.k.data(),
                         kv.v.data(), shape);
   acts.res1 = pool_->Acquire(nh);
   cpu::LinearForward(acts.res1.data(), acts.atty.data(), p_.attn_proj_w, p_.attn_proj_b, n, h, h);
@@ -221,17 +226,17 @@ void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState&
   {
     const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
     PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
-    cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
-                           d_atty.data(), acts.att.data(), acts.qkv.data(), 3 * h, kv.k.data(),
-                           kv.v.data(), shape);
+    cpu::AttentionBackward(acts.d_qkv.data(), 3 * h, kv.dk.data(), kv.dv.data(), scratch.data(),
+                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.q.data(), h,
+                           kv.k.data(), kv.v.data(), shape);
   }
   // Later chunks (already run backward) and this chunk have now added everything they owe to
   // the keys/values at this chunk's positions; earlier chunks never see them. So the
   // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
   CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, seq.begin, false);
   CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, false);
-  acts.att.Reset();
-  acts.qkv.Reset();
+  acts.lse.Reset();
+  acts.q.Reset();
   acts.d_ln1 = pool_->Acquire(nh);
   cpu::LinearBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), p_.attn_w, n, h, 3 * h);
   std::memcpy(dx, acts.d_res1.data(), sizeof(float) * nh);
@@ -278,19 +283,22 @@ void TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float* out, La
   acts.ln1_rstd = pool_->Acquire(n);  // (b, t)
   cpu::RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x, lp_.attn_norm_w, n, h,
                       cfg_.rms_eps);
-  acts.qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
-  cpu::LinearTForward(acts.qkv.data(), acts.ln1.data(), lp_.wqkv, n, h, qd);
-  // Rotate q and k at their absolute positions seq.begin + j: a chunk's keys enter the cache
-  // already rotated, exactly as the whole sequence's would.
-  cpu::RopeForward(acts.qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
-  cpu::RopeForward(acts.qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin,
-                   cfg_.rope_theta);
-  CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, kvd, qd, h, seq.begin, true);
-  CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, true);
+  {
+    PooledBuffer qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
+    cpu::LinearTForward(qkv.data(), acts.ln1.data(), lp_.wqkv, n, h, qd);
+    // Rotate q and k at their absolute positions seq.begin + j: a chunk's keys enter the cache
+    // already rotated, exactly as the whole sequence's would.
+    cpu::RopeForward(qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
+    cpu::RopeForward(qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin, cfg_.rope_theta);
+    CopyRows(kv.k.data(), qkv.data(), b, t, s, kvd, qd, h, seq.begin, true);
+    CopyRows(kv.v.data(), qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, true);
+    acts.q = pool_->Acquire(nh);  // (b, t, h) the rotated queries
+    CopyRows(acts.q.data(), qkv.data(), b, t, t, h, qd, 0, 0, true);
+  }
   const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
-  acts.att = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t * seq.end);
+  acts.lse = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t);
   acts.atty = pool_->Acquire(nh);
-  cpu::AttentionForward(acts.atty.data(), acts.att.data(), acts.qkv.data(), qd, kv.k.data(),
+  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.q.data(), h, kv.k.data(),
                         kv.v.data(), shape);
   acts.res1 = pool_->Acquire(nh);
   cpu::LinearTForward(acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h);
@@ -343,9 +351,9 @@ void TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvS
   {
     const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
     PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
-    cpu::AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(), scratch.data(),
-                           d_atty.data(), acts.att.data(), acts.qkv.data(), qd, kv.k.data(),
-                           kv.v.data(), shape);
+    cpu::AttentionBackward(acts.d_qkv.data(), qd, kv.dk.data(), kv.dv.data(), scratch.data(),
+                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.q.data(), h,
+                           kv.k.data(), kv.v.data(), shape);
   }
   // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now.
   CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h, seq.begin, false);
@@ -354,8 +362,8 @@ void TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvS
   cpu::RopeBackward(acts.d_qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
   cpu::RopeBackward(acts.d_qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin,
                     cfg_.rope_theta);
-  acts.att.Reset();
-  acts.qkv.Reset();
+  acts.lse.Reset();
+  acts.q.Reset();
   acts.d_ln1 = pool_->Acquire(nh);
   cpu::LinearTBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), lp_.wqkv, n, h, qd);
   std::memcpy(dx, acts.d_res1.data(), sizeof(float) * nh);

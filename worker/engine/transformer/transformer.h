@@ -172,13 +172,14 @@ struct LayerActivations {
   SeqChunk seq;
   int batch = 0;
   const float* inp = nullptr;  // (b, t, h) the layer input; caller keeps it alive until W
-  // Forward. Llama uses the same slots: ln1/ln2 hold the RMSNorm outputs (no mean), qkv is
-  // (b, t, h+2kv) with q and k rotated, fch is the SwiGLU input (b, t, 2f) and fch_gelu its
-  // output (b, t, f); d_fch and d_qkv follow those widths.
+  // Forward. Llama uses the same slots: ln1/ln2 hold the RMSNorm outputs (no mean), q holds
+  // the rotated queries (the rotated keys go to the cache), fch is the SwiGLU input (b, t, 2f) and
+  // fch_gelu its output (b, t, f); d_fch and d_qkv follow those widths.
   PooledBuffer ln1, ln1_mean, ln1_rstd;  // (b,t,h), (b,t), (b,t)
-  PooledBuffer qkv;                      // (b, t, 3h)      freed by B
-  PooledBuffer att;                      // (b, nh, t, end) freed by B
-  PooledBuffer atty;                     // (b, t, h)  attention output before c_proj
+  PooledBuffer q;                        // (b, t, h) queries (K, V are in the cache); freed by B
+  PooledBuffer lse;                      // (b, nh, t) softmax log-sum-exp; freed by B
+  PooledBuffer atty;                     // (b, t, h)  attention output before c_proj (and
+                                         //            what B recomputes the softmax with)
   PooledBuffer res1;                     // (b, t, h)  x + attn
   PooledBuffer ln2, ln2_mean, ln2_rstd;  // (b,t,h), (b,t), (b,t)
   PooledBuffer fch;                      // (b, t, f)  c_fc output, pre-GELU; freed by B

@@ -136,9 +136,11 @@ struct AttentionShape {
 };
 
 // k, v and dk, dv rows are kv_width() wide (= width() without grouping).
-// att holds the softmax probabilities (zeros above the causal diagonal) for the backward.
+// Flash-style (attention.cc): lse gets each query row's log-sum-exp of its scaled scores,
+// log Σ_j exp(scale·q·k_j), all the backward needs besides the output to recompute the
+// probabilities tile by tile. Memory is linear in q_end; no (q_len, q_end) block is kept.
 void AttentionForward(float* out,      // (batch, q_len, heads*head_dim)
-                      float* att,      // (batch, heads, q_len, q_end)
+                      float* lse,      // (batch, heads, q_len)
                       const float* q,  // (batch, q_len, ldq)
                       int ldq,         // row stride of q (3h when q sits inside a qkv tensor)
                       const float* k,  // (batch, kv_rows, heads*head_dim)
@@ -146,21 +148,25 @@ void AttentionForward(float* out,      // (batch, q_len, heads*head_dim)
                       const AttentionShape& shape);
 
 // dq is overwritten for the chunk's queries; dk and dv are *accumulated* for key positions
-// [0, q_end), since later query chunks also reach back to earlier keys.
-void AttentionBackward(float* dq,          // (batch, q_len, ldq)
+// [0, q_end), since later query chunks also reach back to earlier keys. out and lse are the
+// forward's.
+void AttentionBackward(float* dq,          // (batch, q_len, lddq)
+                       int lddq,           // row stride of dq (may differ from q's: 3h in d_qkv)
                        float* dk,          // (batch, kv_rows, heads*head_dim)
                        float* dv,          // (batch, kv_rows, heads*head_dim)
                        float* scratch,     // AttentionBackwardScratch(shape) floats
                        const float* dout,  // (batch, q_len, heads*head_dim)
-                       const float* att,   // (batch, heads, q_len, q_end)
+                       const float* out,   // (batch, q_len, heads*head_dim)
+                       const float* lse,   // (batch, heads, q_len)
                        const float* q,     // (batch, q_len, ldq)
                        int ldq,
                        const float* k,  // (batch, kv_rows, heads*head_dim)
                        const float* v,  // (batch, kv_rows, heads*head_dim)
                        const AttentionShape& shape);
 
-// Floats of AttentionBackward's workspace: a (q_len, q_end) block per thread it will use, for
-// the calling thread's count (at most batch · num_kv_heads() threads).
+// Floats of AttentionBackward's workspace: two score tiles and a tile's row sums per thread it
+// will use, for the calling thread's count (at most batch · num_kv_heads() threads); a few
+// hundred KiB whatever the sequence length.
 long AttentionBackwardScratch(const AttentionShape& shape);
 
 // ---------------------------------------------------------------------------------------------
