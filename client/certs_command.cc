@@ -318,6 +318,10 @@ int Fail(std::ostream& err, const std::string& why, int code = 2) {
 }  // namespace
 
 int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  if (WantsHelp(args)) {
+    out << kUsage;
+    return 0;
+  }
   if (args.empty()) return Fail(err, "give a subcommand: init, worker or token");
   std::vector<std::string> positional;
   std::string hosts, tokens, role = "user";

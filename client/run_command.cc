@@ -391,6 +391,10 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
 }  // namespace
 
 int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  if (WantsHelp(args)) {
+    out << kUsage;
+    return kExitOk;
+  }
   RunFlags f;
   if (!ParseRunFlags(args, err, &f)) return kExitUsage;
   auto spec = spec::LoadJobSpecFile(f.spec_path);
