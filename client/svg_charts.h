@@ -15,8 +15,8 @@ std::string XmlEscape(const std::string& text);
 
 struct Series {
   std::string name;
-  std::vector<std::pair<double, double>> points;  // (x, y); non-finite points are skipped
-  bool markers = false;                           // dots instead of a line (sparse series)
+  std::vector<std::pair<double, double>> points{};  // (x, y); non-finite points are skipped
+  bool markers = false;                             // dots instead of a line (sparse series)
 };
 
 // A line chart `height` tall at vertical offset y; x and y ranges fit the data.

@@ -89,7 +89,7 @@ struct Task {
 // acknowledged yet (it was down or restarting): both are resent until it has.
 struct Ended {
   Task task;
-  v1::ReportTaskRequest report;
+  v1::ReportTaskRequest report{};
   absl::Time next_try = absl::InfinitePast();
 };
 
