@@ -112,9 +112,15 @@ CpuPeak CpuPeakFlops() {
   }
   const bool remeasure = Env("VOCABPIPE_MEASURE_PEAK") == "1";
   if (auto it = cache.find(key); !remeasure && it != cache.end() && it->is_object()) {
-    const double flops = it->value("flops", 0.0);
-    const std::string when = it->value("measured", std::string("an earlier run"));
-    if (flops > 0) return {.flops = flops, .cached = true, .source = "cached, measured " + when};
+    // Fields of the wrong type (a hand-edited file) count as missing: measured again.
+    const auto flops = it->find("flops");
+    const auto measured = it->find("measured");
+    if (flops != it->end() && flops->is_number() && flops->get<double>() > 0) {
+      const std::string when = measured != it->end() && measured->is_string()
+                                   ? measured->get<std::string>()
+                                   : std::string("in an earlier run");
+      return {.flops = flops->get<double>(), .cached = true, .source = "cached, measured " + when};
+    }
   }
   CpuPeak peak{.flops = MeasureCpuPeakFlops(), .cached = false, .source = "measured now"};
   // Stored atomically (a temporary file renamed over the cache): ranks starting together may

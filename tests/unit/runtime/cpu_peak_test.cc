@@ -76,6 +76,12 @@ TEST_F(CpuPeakTest, AnUnreadableCacheIsPassedOver) {
   const CpuPeak peak = CpuPeakFlops();
   EXPECT_GT(peak.flops, 0);
   EXPECT_FALSE(peak.cached);
+  // An entry of the wrong type is measured again, not trusted (and does not throw).
+  std::ifstream in(dir_ / "cpu_peak.json");
+  nlohmann::json cache = nlohmann::json::parse(in);
+  for (auto& [key, entry] : cache.items()) entry["flops"] = "fast";
+  std::ofstream(dir_ / "cpu_peak.json") << cache.dump();
+  EXPECT_FALSE(CpuPeakFlops().cached);
 }
 
 TEST(ClampedMfu, NeverAboveOneAndSaysWhenThePeakIsStale) {
