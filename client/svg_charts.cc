@@ -283,10 +283,12 @@ std::string BarChart(double y, double height, const std::string& title,
     }
     const double cx = px0 + group_w * (g + 0.5);
     if (rotate) {
+      // Slanted just enough that neighbouring labels (9 px text) keep 11 px apart.
+      const int angle = group_w * 0.5 >= 11 ? 30 : group_w * 0.87 >= 11 ? 60 : 90;
       absl::StrAppendFormat(&out,
-                            "<text transform=\"translate(%.1f,%.1f) rotate(-30)\" "
+                            "<text transform=\"translate(%.1f,%.1f) rotate(-%d)\" "
                             "text-anchor=\"end\" font-size=\"9\">%s</text>\n",
-                            cx + 3, py0 + 12, XmlEscape(groups[g].label));
+                            cx + 3, py0 + 12, angle, XmlEscape(groups[g].label));
     } else {
       for (size_t i = 0; i < label_lines[g].size(); ++i) {
         absl::StrAppendFormat(&out,

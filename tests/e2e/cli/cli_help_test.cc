@@ -39,8 +39,12 @@ TEST(CliHelp, EverySubcommandAnswersHelpWithItsUsage) {
       {"data tokenize", "vocabpipe data tokenize"},
       {"version", "usage: vocabpipe version"},
   };
-  for (const auto& [line, usage] : commands) {
+  // --help on every command line; -h, its short form, on every fourth (each start of the
+  // binary costs about a second on a loaded machine).
+  for (size_t i = 0; i < commands.size(); ++i) {
+    const auto& [line, usage] = commands[i];
     for (const char* flag : {"--help", "-h"}) {
+      if (flag[1] == 'h' && i % 4 != 0) continue;
       const vp::testing::CliResult r = Vocabpipe(line + " " + flag);
       EXPECT_EQ(r.code, 0) << line << " " << flag << "\n" << r.output;
       EXPECT_THAT(r.output, HasSubstr(usage)) << line << " " << flag;
@@ -52,11 +56,16 @@ TEST(CliHelp, EverySubcommandAnswersHelpWithItsUsage) {
 TEST(CliHelp, TopLevelHelpListsEveryCommand) {
   const vp::testing::CliResult r = Vocabpipe("--help");
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* command :
-       {"run JOB.yaml", "run JOB.yaml --direct", "export RUN_DIR", "report RUN_DIR",
-        "plan JOB.yaml", "submit JOB.yaml", "status [JOB]", "watch JOB", "cancel JOB", "workers",
-        "certs init", "certs worker", "certs token", "data synth", "data inspect",
-        "data train-tokenizer", "data tokenize", "sample CHECKPOINT", "version", "help"}) {
+  for (const char* command : {"run JOB.yaml",   "run JOB.yaml --direct",
+                              "export RUN_DIR", "report RUN_DIR",
+                              "plan JOB.yaml",  "submit JOB.yaml",
+                              "status [JOB]",   "watch JOB",
+                              "cancel JOB",     "workers",
+                              "certs init",     "certs worker",
+                              "certs token",    "data synth",
+                              "data inspect",   "data train-tokenizer",
+                              "data tokenize",  "sample CHECKPOINT",
+                              "version",        "help"}) {
     EXPECT_THAT(r.output, HasSubstr("  " + std::string(command))) << command;
   }
   EXPECT_EQ(Vocabpipe("help").output, r.output);

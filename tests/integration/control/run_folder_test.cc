@@ -255,7 +255,7 @@ TEST_F(RunFolderTest, PlantedLinksAreRefusedAndTheirTargetsUntouched) {
   // Planted after the submit, while the job waits for its workers.
   std::string id;
   ASSERT_TRUE(Submit(bob_, Job("runs/evil_late"), &id).ok());
-  for (const std::string& name : {"LOCK", "rank_0.pid", "rank_1.log"}) {
+  for (const std::string name : {"LOCK", "rank_0.pid", "rank_1.log"}) {
     targets.push_back(Plant(root_ / "runs/evil_late" / name, "late_" + name));
   }
   StartWorkers(2);

@@ -61,13 +61,14 @@ TEST(BarChart, ValuesAreReadableAndLongLabelsNeverShareARow) {
   EXPECT_THAT(svg, HasSubstr(">1.01k<"));
   EXPECT_THAT(svg, Not(HasSubstr("e+")));
   // Too long for their groups: rotated, not written over each other on one line.
-  EXPECT_THAT(svg, HasSubstr("rotate(-30)"));
+  EXPECT_THAT(svg, HasSubstr("rotate(-"));
 }
 
 TEST(BarChart, ShortLabelsStayHorizontal) {
   const std::string svg = BarChart(0, 220, "Busy", {"measured", "predicted"},
                                    {{"rank 0", {40, 50}}, {"rank 1", {45, 50}}}, "%");
-  EXPECT_THAT(svg, Not(HasSubstr("rotate(-30)")));
+  EXPECT_THAT(svg, Not(HasSubstr("rotate(-3")));
+  EXPECT_THAT(svg, Not(HasSubstr("rotate(-6")));
   EXPECT_THAT(svg, HasSubstr(">rank 0<"));
   EXPECT_THAT(svg, HasSubstr(">40%<"));
 }
