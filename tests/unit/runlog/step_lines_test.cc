@@ -144,7 +144,11 @@ TEST(ProgressLine, ShowsStepLossBalanceAndEta) {
   json r0 = RankLine(0, 2, 0.2, 0.1, 1 << 20);
   r0["has_loss"] = true;
   r0["loss"] = 3.25;
-  auto m = MergeRankLines({r0}, {.tokens_per_step = 1000});
+  const StepContext ctx{.tokens_per_step = 1000,
+                        .model_flops_per_step = 0,
+                        .peak_flops_per_rank = 0,
+                        .predicted_memory = {}};
+  auto m = MergeRankLines({r0}, ctx);
   ASSERT_TRUE(m.ok());
   const std::string line = vp::runlog::ProgressLine(*m, 10, 3725);
   EXPECT_THAT(line, HasSubstr("step 3/10 | loss 3.2500 | lr 1.00e-03 | 5000 tok/s"));
