@@ -9,15 +9,22 @@ JOBS ?= $(shell nproc)
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 600
 FUZZ_SMOKE_SECONDS ?= 5
-FUZZ_LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache,)
+# Every compile goes through scripts/compile.sh, which uses ccache when ccache is on PATH at
+# compile time. The launcher is decided by no test here: a test when this Makefile is parsed
+# would run before `deps` installs ccache, so the first configure of a fresh machine would differ
+# from every later one and `make demo` then `make test` would rebuild the whole tree.
+COMPILE_LAUNCHER := $(CURDIR)/scripts/compile.sh
+FUZZ_LAUNCHER := -DCMAKE_CXX_COMPILER_LAUNCHER=$(COMPILE_LAUNCHER)
 
 .PHONY: deps configure build test test-deploy demo demo-text gpu-bundle format clean fuzz fuzz-smoke fuzz-build
 
 deps:
 	bash scripts/setup.sh
 
-# ccache, when installed, caches compiles across build folders and clones (nvcc's too).
-LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache,)
+# ccache, when installed, caches compiles across build folders and clones (nvcc's too); the
+# launcher also keeps each object's compiler messages (OBJ.warnings) for check_warnings.sh.
+LAUNCHER := -DCMAKE_CXX_COMPILER_LAUNCHER=$(COMPILE_LAUNCHER) \
+  -DCMAKE_CUDA_COMPILER_LAUNCHER=$(COMPILE_LAUNCHER)
 
 configure: deps
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(LAUNCHER)
@@ -25,7 +32,10 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# A clean tree compiles without a warning (-Wall -Wextra): the check fails on any object whose
+# last compile printed one, whether this build or an earlier one compiled it.
 test: build
+	bash scripts/check_warnings.sh $(BUILD_DIR)
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) --timeout 600
 	$(MAKE) fuzz-smoke
 

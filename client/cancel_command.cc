@@ -9,6 +9,10 @@ int RunCancelCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string usage =
       "usage: vocabpipe cancel JOB [--reason TEXT] [--coordinator HOST:PORT] "
       "[--output text|json]\n";
+  if (WantsHelp(args)) {
+    out << usage;
+    return kExitOk;
+  }
   ControlArgs a;
   if (!ParseControlArgs("cancel", args, {"--reason"}, usage, err, &a)) return kExitUsage;
   if (a.positional.size() != 1) {

@@ -93,10 +93,10 @@ absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& 
 
 struct CertSpec {
   std::string common_name;
-  std::string unit;  // OU, may be empty
+  std::string unit{};  // OU, may be empty
   bool ca = false;
-  std::string extended_usage;  // serverAuth | clientAuth (leaf certificates)
-  std::string alt_names;       // subjectAltName value, may be empty
+  std::string extended_usage{};  // serverAuth | clientAuth (leaf certificates)
+  std::string alt_names{};       // subjectAltName value, may be empty
   int days = 365;
 };
 
@@ -271,7 +271,7 @@ absl::StatusOr<auth::WorkerCertificate> WorkerCert(const fs::path& dir, const st
     return absl::InvalidArgumentError(
         "NAME: 1..64 letters, digits, '-', '_', '.' (not starting with '.')");
   }
-  for (const std::string f : {name + ".pem", name + "-key.pem"}) {
+  for (const std::string& f : {name + ".pem", name + "-key.pem"}) {
     if (fs::exists(dir / f)) {
       return absl::AlreadyExistsError(
           absl::StrCat((dir / f).string(), ": exists; certs never overwrites"));
@@ -318,6 +318,10 @@ int Fail(std::ostream& err, const std::string& why, int code = 2) {
 }  // namespace
 
 int RunCertsCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  if (WantsHelp(args)) {
+    out << kUsage;
+    return 0;
+  }
   if (args.empty()) return Fail(err, "give a subcommand: init, worker or token");
   std::vector<std::string> positional;
   std::string hosts, tokens, role = "user";

@@ -11,6 +11,15 @@ namespace vp::cli {
 
 using Args = std::vector<std::string>;
 
+// Whether the arguments ask for help (-h or --help anywhere): every command then prints its
+// usage to `out` and exits 0, doing nothing else.
+inline bool WantsHelp(const Args& args) {
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") return true;
+  }
+  return false;
+}
+
 // vocabpipe data synth --vocab V --tokens N --out F [--seed S] [--branching K]
 int RunDataCommand(const Args& args, std::ostream& out, std::ostream& err);
 // vocabpipe plan job.yaml [--pipeline P ...] [--format table|json|text|svg]

@@ -62,8 +62,8 @@ bool ResolveSecurity(ControlArgs* a, std::string* why) {
   }
   a->security_flags.clear();
   if (a->insecure) {
-    if (auto st =
-            auth::CheckInsecure(auth::TlsFiles{.ca = a->tls_ca}, a->coordinator, "--coordinator");
+    if (auto st = auth::CheckInsecure(auth::TlsFiles{.cert = "", .key = "", .ca = a->tls_ca},
+                                      a->coordinator, "--coordinator");
         !st.ok()) {
       *why = std::string(st.message());
       return false;
@@ -79,7 +79,8 @@ bool ResolveSecurity(ControlArgs* a, std::string* why) {
     return false;
   }
   const char* token = std::getenv("VOCABPIPE_TOKEN");
-  auto creds = auth::ClientCredentials(auth::TlsFiles{.ca = a->tls_ca}, token ? token : "");
+  auto creds = auth::ClientCredentials(auth::TlsFiles{.cert = "", .key = "", .ca = a->tls_ca},
+                                       token ? token : "");
   if (!creds.ok()) {
     *why = std::string(creds.status().message());
     return false;

@@ -50,7 +50,15 @@ constexpr const char* kUsageText =
     "      V <= 65536, uint32 version 7 otherwise) and prints the chain's entropy rate, the\n"
     "      loss floor of a model trained on it.\n"
     "  vocabpipe data inspect F [--vocab V]\n"
-    "      Prints the header of a token file and validates it (size, and every id < V).\n";
+    "      Prints the header of a token file and validates it (size, and every id < V).\n"
+    "  vocabpipe data train-tokenizer TEXT... --vocab-size N --out F\n"
+    "                       [--model-type bpe|unigram] [--threads T]\n"
+    "      Trains a SentencePiece tokenizer of N tokens on the text files and writes its\n"
+    "      model to F.\n"
+    "  vocabpipe data tokenize --tokenizer F TEXT... --out DIR [--name NAME]\n"
+    "                       [--val-fraction X] [--threads T] [--shard-tokens N]\n"
+    "      Tokenizes the text files with tokenizer F into train (and, with X > 0, validation)\n"
+    "      token shards in DIR, with the tokenizer beside them.\n";
 
 // Parsed command line: flags (--name value or --name=value) and positional arguments.
 struct Parsed {
@@ -410,6 +418,10 @@ int RunTokenize(const Args& args, std::ostream& out, std::ostream& err) {
 }  // namespace
 
 int RunDataCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  if (WantsHelp(args)) {
+    out << kUsageText;
+    return kOk;
+  }
   if (args.empty()) {
     err << "vocabpipe data: missing subcommand (synth, inspect, train-tokenizer or tokenize)\n"
         << kUsageText;

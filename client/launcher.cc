@@ -327,9 +327,12 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   // MFU is against the peak of one rank's BLAS threads, measured before the workers start, or
   // against the GPU's dense bf16 peak (0, no MFU, for a GPU missing from the table).
   double peak_flops = 0;
+  std::string peak_source;
   if (spec.device() == "cpu") {
     engine::cpu::SetBlasThreads(runtime::WorkerThreads(spec));
-    peak_flops = runtime::MeasureCpuPeakFlops();
+    const runtime::CpuPeak peak = runtime::CpuPeakFlops();
+    peak_flops = peak.flops;
+    peak_source = peak.source;
   } else if (auto device = launch::RankCudaDevice(spec, 0, -1); device.ok()) {
     peak_flops = launch::CudaPeakFlops(*device);
   }
@@ -452,7 +455,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
                                             steps, " without an error; see ", dir,
                                             "/rank_<R>.log"));
   }
-  return recorder.Finish(peak_flops);
+  return recorder.Finish(peak_flops, peak_source);
 }
 
 }  // namespace vp::cli

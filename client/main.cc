@@ -48,9 +48,14 @@ commands:
   data synth --vocab V --tokens N --out FILE [--seed S] [--branching K]
                                         write a synthetic Markov-chain corpus
   data inspect FILE [--vocab V]         show and validate a token file
+  data train-tokenizer TEXT... --vocab-size N --out FILE [--model-type bpe|unigram]
+                                        train a SentencePiece tokenizer on text files
+  data tokenize --tokenizer FILE TEXT... --out DIR [--val-fraction X] [--shard-tokens N]
+                                        text files to train/validation token shards
   sample CHECKPOINT [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
                                         text from a checkpoint (KV-cache decoding on the CPU)
   version                               print the version
+  help                                  this list; COMMAND --help prints a command's usage
 
 exit codes: 0 ok, 1 the command failed while running, 2 bad usage or invalid input,
             3 no such job, 4 coordinator unreachable, 5 the watched job was cancelled
@@ -84,6 +89,10 @@ int main(int argc, char** argv) {
   if (cmd == "watch") return vp::cli::RunWatchCommand(args, std::cout, std::cerr);
   if (cmd == "cancel") return vp::cli::RunCancelCommand(args, std::cout, std::cerr);
   if (cmd == "workers") return vp::cli::RunWorkersCommand(args, std::cout, std::cerr);
+  if (cmd == "version" && vp::cli::WantsHelp(args)) {
+    std::cout << "usage: vocabpipe version\n";
+    return 0;
+  }
   if (cmd == "version" || cmd == "--version") {
     std::cout << "vocabpipe " << vp::cli::Version() << "\n";
     return 0;

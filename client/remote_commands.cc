@@ -54,6 +54,10 @@ bool ReadSpecRequest(const std::string& cmd, const std::string& path, std::ostre
 int RunRemotePlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string usage =
       "usage: vocabpipe plan JOB.yaml --coordinator HOST:PORT [--output text|json]\n";
+  if (WantsHelp(args)) {
+    out << usage;
+    return kExitOk;
+  }
   ControlArgs a;
   if (!ParseControlArgs("plan", args, {}, usage, err, &a)) return kExitUsage;
   if (a.positional.size() != 1) {

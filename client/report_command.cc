@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/commands.h"
 #include "client/svg_charts.h"
 #include "coordinator/planner/planner.h"
@@ -99,6 +100,66 @@ absl::StatusOr<std::vector<StepLine>> ReadMetrics(const std::string& path, int r
 }
 
 double MiB(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+// Where a measurement and the planner's prediction differ by more than 20%: one line per
+// rank and quantity, then the likely reasons read off the run itself. Empty when all agree.
+std::vector<std::string> Disagreements(const std::vector<StepLine>& steps,
+                                       const std::vector<BarGroup>& busy,
+                                       const std::vector<BarGroup>& memory) {
+  std::vector<std::string> lines;
+  bool busy_low = false, busy_high = false, mem_high = false, mem_low = false;
+  auto check = [&](const std::vector<BarGroup>& bars, const char* what, const char* unit, bool* low,
+                   bool* high) {
+    for (const BarGroup& g : bars) {
+      const double m = g.values[0], q = g.values[1];
+      if (!(m >= 0) || !(q > 0) || std::abs(m - q) <= 0.2 * q) continue;
+      lines.push_back(absl::StrFormat("%s %s: measured %s%s, predicted %s%s (%+.0f%%)", g.label,
+                                      what, FormatNumber(m), unit, FormatNumber(q), unit,
+                                      100 * (m - q) / q));
+      (m < q ? *low : *high) = true;
+    }
+  };
+  check(busy, "busy share", "%", &busy_low, &busy_high);
+  check(memory, "peak memory", " MiB", &mem_low, &mem_high);
+  if (lines.empty()) return lines;
+  lines.insert(lines.begin(), "Measured and predicted differ by more than 20%:");
+  const int timed = std::max(0, static_cast<int>(steps.size()) - 1);
+  double lo = INFINITY, hi = 0;
+  for (size_t i = 1; i < steps.size(); ++i) {
+    if (!(steps[i].tokens_per_s > 0)) continue;
+    lo = std::min(lo, steps[i].tokens_per_s);
+    hi = std::max(hi, steps[i].tokens_per_s);
+  }
+  if (timed < 20) {
+    lines.push_back(absl::StrFormat(
+        "why: the run is short (%d timed steps after the first): start-up still weighs on the "
+        "steps and the timing has not settled",
+        timed));
+  }
+  if (hi > 0 && hi / lo > 1.5) {
+    lines.push_back(absl::StrFormat(
+        "why: tokens/s varied %.1fx between steps: other work on the machine slowed some steps",
+        hi / lo));
+  }
+  if (busy_low) {
+    lines.push_back(
+        "why: ranks computed for less of the step than the plan expects: they waited on "
+        "communication, on each other or on the machine; with a small model fixed costs per pass "
+        "outweigh the FLOPs the planner's costs are proportional to");
+  }
+  if (busy_high) {
+    lines.push_back(
+        "why: some passes cost more than their share of FLOPs (memory-bound kernels on a small "
+        "model), so their rank is busier than the FLOP-proportional plan predicts");
+  }
+  if (mem_high) {
+    lines.push_back(
+        "why: the measured peak counts the whole process (program, libraries, allocator slack), "
+        "the prediction only the training tensors");
+  }
+  if (mem_low) lines.push_back("why: the planner's memory estimate is conservative for this run");
+  return lines;
+}
 
 }  // namespace
 
@@ -200,6 +261,30 @@ int RunReportCommand(const Args& args, std::ostream& out, std::ostream& err) {
   std::string body =
       absl::StrFormat("<text x=\"20\" y=\"24\" font-size=\"16\">%s</text>\n", XmlEscape(title));
   double y = 36;
+  // The report says itself where its measurements and predictions part, and why.
+  const std::vector<std::string> notes = Disagreements(*steps, busy_bars, memory_bars);
+  for (size_t i = 0; i < notes.size(); ++i) {
+    out << "vocabpipe report: " << notes[i] << "\n";
+    // Wrapped at about 150 characters (12 px text on the 1200 px page).
+    std::string line;
+    std::vector<std::string> rows;
+    for (absl::string_view word : absl::StrSplit(notes[i], ' ')) {
+      if (!line.empty() && line.size() + 1 + word.size() > 150) {
+        rows.push_back(line);
+        line = "    ";
+      }
+      absl::StrAppend(&line, line.empty() || line == "    " ? "" : " ", word);
+    }
+    rows.push_back(line);
+    for (const std::string& row : rows) {
+      absl::StrAppendFormat(&body,
+                            "<text x=\"20\" y=\"%.0f\" font-size=\"12\" fill=\"%s\" "
+                            "xml:space=\"preserve\">%s</text>\n",
+                            y + 10, i == 0 ? "#a33" : "#333", XmlEscape(row));
+      y += 16;
+    }
+  }
+  if (!notes.empty()) y += 8;
   std::vector<Series> losses = {loss};
   if (!val.points.empty()) losses.push_back(val);
   body += LineChart(y, 260, "Loss", "step", losses);

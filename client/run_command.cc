@@ -127,9 +127,15 @@ bool ParseRunFlags(const Args& args, std::ostream& err, RunFlags* f) {
 // The peak MFU is measured against: the CPU's measured sgemm rate, or the GPU's dense bf16
 // tensor-core rate from the device table (job_rank.h CudaPeakFlops).
 void PrintSummary(const runtime::RunSummary& s, bool per_rank, bool cuda, std::ostream& out) {
-  const std::string peak =
+  std::string peak =
       cuda ? absl::StrFormat("the GPU's dense bf16 peak, %.0f TFLOP/s", s.peak_flops / 1e12)
-           : absl::StrFormat("a measured %.1f GFLOP/s sgemm peak", s.peak_flops / 1e9);
+           : absl::StrFormat("a %.1f GFLOP/s sgemm peak%s", s.peak_flops / 1e9,
+                             s.peak_source.empty() ? "" : " (" + s.peak_source + ")");
+  if (s.peak_stale) {
+    absl::StrAppend(&peak,
+                    "; some steps ran above it, so MFU is capped at 100% and the peak is "
+                    "stale: VOCABPIPE_MEASURE_PEAK=1 measures it again");
+  }
   out << absl::StrFormat(
       "done: %d steps, loss %.4f -> %.4f%s, %.0f tokens/s, MFU %.1f%% of %s%s, peak memory %.1f "
       "MiB\nmetrics: %s\ncheckpoint: %s\n",
@@ -391,6 +397,10 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
 }  // namespace
 
 int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
+  if (WantsHelp(args)) {
+    out << kUsage;
+    return kExitOk;
+  }
   RunFlags f;
   if (!ParseRunFlags(args, err, &f)) return kExitUsage;
   auto spec = spec::LoadJobSpecFile(f.spec_path);

@@ -58,6 +58,10 @@ int RunStatusCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string usage =
       "usage: vocabpipe status [JOB] [--coordinator HOST:PORT] [--output text|json] "
       "[--limit N]\n";
+  if (WantsHelp(args)) {
+    out << usage;
+    return kExitOk;
+  }
   ControlArgs a;
   if (!ParseControlArgs("status", args, {"--limit"}, usage, err, &a)) return kExitUsage;
   if (a.positional.size() > 1) {

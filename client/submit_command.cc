@@ -17,6 +17,10 @@ int RunSubmitCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string usage =
       "usage: vocabpipe submit JOB.yaml [--resume] [--coordinator HOST:PORT] "
       "[--output text|json]\n";
+  if (WantsHelp(args)) {
+    out << usage;
+    return kExitOk;
+  }
   Args rest;
   bool resume = false;
   for (const std::string& x : args) {

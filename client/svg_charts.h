@@ -10,16 +10,22 @@
 
 namespace vp::cli {
 
+// A number as a chart labels it: three significant digits, thousands as k, M, G (1080 ->
+// "1.08k", 8600 -> "8.6k", 190 -> "190", 0.25 -> "0.25").
+std::string FormatNumber(double v);
+
 // & < > " escaped, so any label (a run directory's name) is safe inside XML text/attributes.
 std::string XmlEscape(const std::string& text);
 
 struct Series {
   std::string name;
-  std::vector<std::pair<double, double>> points;  // (x, y); non-finite points are skipped
-  bool markers = false;                           // dots instead of a line (sparse series)
+  std::vector<std::pair<double, double>> points{};  // (x, y); non-finite points are skipped
+  bool markers = false;                             // dots instead of a line (sparse series)
 };
 
-// A line chart `height` tall at vertical offset y; x and y ranges fit the data.
+// A line chart `height` tall at vertical offset y; x and y ranges fit the data, ticks fall on
+// round numbers (whole numbers when every x is whole, e.g. steps), the legend sits in its own
+// row above the plot.
 std::string LineChart(double y, double height, const std::string& title, const std::string& x_label,
                       const std::vector<Series>& series);
 
@@ -29,7 +35,8 @@ struct BarGroup {
 };
 
 // Grouped bars: for each group, one bar per legend entry (e.g. {"measured", "predicted"}).
-// Values are printed on the bars with `unit` (formatted with %.3g).
+// Values are printed on the bars with `unit` (FormatNumber; written up the bar when too wide
+// for it); group labels wrap onto two lines or, failing that, are rotated, so none overlap.
 std::string BarChart(double y, double height, const std::string& title,
                      const std::vector<std::string>& legend, const std::vector<BarGroup>& groups,
                      const std::string& unit);

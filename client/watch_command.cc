@@ -64,6 +64,10 @@ int RunWatchCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string usage =
       "usage: vocabpipe watch JOB [--after-event N] [--coordinator HOST:PORT] "
       "[--output text|json]\n";
+  if (WantsHelp(args)) {
+    out << usage;
+    return kExitOk;
+  }
   ControlArgs a;
   if (!ParseControlArgs("watch", args, {"--after-event"}, usage, err, &a)) return kExitUsage;
   if (a.positional.size() != 1) {

@@ -10,6 +10,10 @@ namespace v1 = vocabpipe::v1;
 int RunWorkersCommand(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string usage =
       "usage: vocabpipe workers [--coordinator HOST:PORT] [--output text|json]\n";
+  if (WantsHelp(args)) {
+    out << usage;
+    return kExitOk;
+  }
   ControlArgs a;
   if (!ParseControlArgs("workers", args, {}, usage, err, &a)) return kExitUsage;
   if (!a.positional.empty()) {

@@ -60,3 +60,7 @@ for r in range(p):
 print(f"plan timeline: {run}.plan.svg; job record: {run}/coordinator.db "
       f"(vocabpipe-coordinator --db reads it)")
 PY
+
+echo
+echo "== the run's report (loss, tokens/s, busy and memory beside the planner's prediction)"
+"$VP" report "$RUN"

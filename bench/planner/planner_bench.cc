@@ -1,19 +1,18 @@
 // planner_bench: (1) time to build + validate + simulate a p=64, m=1024 plan; (2) the paper's
 // 8-GPU model (Table 5 setup) simulated with FLOP-proportional A100 costs.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
-
-#include "coordinator/planner/planner.h"
-#include "tests/support/paper_model.h"
-
-using namespace vp::planner;
-
-#include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "coordinator/planner/planner.h"
+#include "tests/support/planner_fixtures.h"
+
+using namespace vp::planner;
 
 // --svg DIR: writes some docs/img pictures (the renderer behind `vocabpipe plan --format svg`);
 // vhalf-vocab1 and vmin-vocab2 are made by the CLI itself (docs/planner.md, "Pictures").
@@ -28,14 +27,7 @@ static int WriteSvgs(const std::string& dir) {
                   Pic{"1f1b-baseline", Schedule::k1F1B, VocabMethod::kBaseline, 1},
                   Pic{"zbv-vocab2", Schedule::kZBV, VocabMethod::kVocab2, 1},
                   Pic{"seq1f1b-vocab2", Schedule::kSeq1F1B, VocabMethod::kVocab2, 2}}) {
-    PlannerInput in;
-    in.pipeline = 4;
-    in.microbatches = 8;
-    in.layers = 16;
-    in.seq_chunks = pic.k;
-    in.schedule = pic.s;
-    in.vocab = pic.v;
-    in.costs = {1, 1, 1, 0.5, 0.5, 0.1, 0.1, 0, 0, 0};
+    const PlannerInput in = fixtures::ShapeInput(4, 8, 16, pic.s, pic.v, pic.k);
     auto plan = BuildPlan(in);
     if (!plan.ok()) return 1;
     auto sim = Simulate(*plan, in);
@@ -66,13 +58,8 @@ int main(int argc, char** argv) {
   for (Schedule s : {Schedule::k1F1B, Schedule::kVHalf, Schedule::kVMin, Schedule::kZBH1})
     for (VocabMethod v : {VocabMethod::kBaseline, VocabMethod::kVocab2, VocabMethod::kVocab1}) {
       if (!only.empty() && ScheduleName(s) != only) continue;
-      PlannerInput in;
-      in.pipeline = 64;
-      in.microbatches = 1024;
-      in.layers = 128;
-      in.schedule = s;
-      in.vocab = v;
-      in.costs = {1, 1, 1, 0.3, 0.3, 0.05, 0.05, 0.01, 0.01, 0};
+      PlannerInput in = fixtures::ShapeInput(64, 1024, 128, s, v);
+      in.costs = fixtures::UnitCosts(/*vocab_pass=*/0.3, /*input_pass=*/0.05, /*comm=*/0.01);
       std::vector<double> walls, cpus;
       size_t n = 0;
       double bubble = 0;

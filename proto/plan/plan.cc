@@ -205,6 +205,33 @@ Plan RankSlice(const Plan& plan, int rank) {
   return slice;
 }
 
+absl::StatusOr<Plan> MergeRankSlices(const std::vector<Plan>& slices) {
+  if (slices.empty()) return absl::InvalidArgumentError("no plan slices");
+  Plan whole = slices[0];
+  const int p = whole.pipeline;
+  if (static_cast<int>(slices.size()) != p || static_cast<int>(whole.ranks.size()) != p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(slices.size(), " plan slices for a plan of ", p, " ranks"));
+  }
+  const auto layout = [](Plan plan) {
+    for (RankPlan& r : plan.ranks) r.actions.clear();
+    return plan;
+  };
+  const Plan shape = layout(whole);
+  for (int r = 0; r < p; ++r) {
+    if (layout(slices[r]) != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the slice of rank ", r, " has another layout than rank 0's"));
+    }
+    if (HasOtherRanksActions(slices[r], r)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the slice of rank ", r, " holds another rank's actions"));
+    }
+    whole.ranks[r].actions = slices[r].ranks[r].actions;
+  }
+  return whole;
+}
+
 bool HasOtherRanksActions(const Plan& plan, int rank) {
   for (int r = 0; r < static_cast<int>(plan.ranks.size()); ++r) {
     if (r != rank && !plan.ranks[r].actions.empty()) return true;

@@ -118,6 +118,11 @@ absl::StatusOr<Plan> PlanFromText(absl::string_view text);
 // worker so learns nothing of another rank's schedule beyond the layout. rank must be in
 // [0, plan.pipeline).
 Plan RankSlice(const Plan& plan, int rank);
+// The whole plan again from every rank's slice (slices[r] = RankSlice(plan, r) for r in
+// [0, p)): the layout of slice 0 with rank r's actions from slices[r]. InvalidArgument when
+// the count is not the plans' p, two slices differ in anything but actions, or a slice holds
+// another rank's actions.
+absl::StatusOr<Plan> MergeRankSlices(const std::vector<Plan>& slices);
 // Whether some rank other than `rank` has actions (the plan is not a slice for `rank`).
 bool HasOtherRanksActions(const Plan& plan, int rank);
 

@@ -165,12 +165,15 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
   }
   const json& head = loss_rank != nullptr ? *loss_rank : ranks.front();
   const double secs = std::max(seconds, 1e-9);
+  // MFU against the ranks' peaks, never above 1: a faster step means the peak is stale.
   const double peak = context.peak_flops_per_rank * p;
+  const double mfu = peak > 0 ? context.model_flops_per_step / secs / peak : 0.0;
   json out = {{"step", step},
               {"lr", Number(head, "lr")},
               {"grad_norm", Number(head, "grad_norm")},
               {"tokens_per_s", context.tokens_per_step / secs},
-              {"mfu", peak > 0 ? context.model_flops_per_step / secs / peak : 0.0},
+              {"mfu", std::min(mfu, 1.0)},
+              {"mfu_peak_flops", context.peak_flops_per_rank},
               {"peak_memory_bytes", mem_max},
               {"step_seconds", seconds},
               {"busy_max_over_mean", busy_sum > 0 ? busy_max / (busy_sum / p) : 0.0},
@@ -184,6 +187,7 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
     // The time the step was held by the save: the slowest rank's.
     out["checkpoint_seconds"] = checkpoint_seconds;
   }
+  if (mfu > 1) out["mfu_over_peak"] = true;
   return out;
 }
 

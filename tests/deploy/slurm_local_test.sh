@@ -5,6 +5,10 @@
 # bridge in the controller's namespace, so the nodes have distinct addresses and their own
 # loopback. Everything runs from a generated slurm.conf in a temporary folder and is stopped by
 # pid at the end.
+# node1, the head of every job here, has a second address listed before its bridge address
+# (mgmt0, 10.214.99.2, on a network no other node is on), as a head with a management network
+# and a fast fabric has: the script must take Slurm's NodeAddr of node1, not `hostname -I`'s
+# first word.
 # Checks: a 2-task CPU job (VOCABPIPE_DEVICE=cpu, --cpus-per-task=2) COMPLETES with its
 # checkpoint, its output holds no Killed/CANCELLED lines from the teardown, and the ranks follow
 # SLURM_PROCID; a job whose worker step is refused (VOCABPIPE_DEVICE=cuda on a partition without
@@ -45,6 +49,14 @@ fail() {
 
 if ! ip netns add "$ns_ctl" 2>/dev/null; then echo "SKIP: cannot create network namespaces"; exit 77; fi
 netns_bridge "$net" "$ns_ctl" "$ns_1" "$ns_2"
+# node1's second network: a veth pair inside its namespace (lower interface numbers than eth0,
+# so `hostname -I` lists this address first); nothing else can reach it.
+ip -n "$ns_1" link add mgmt0 type veth peer name mgmt1
+ip -n "$ns_1" addr add 10.214.99.2/24 dev mgmt0
+ip -n "$ns_1" link set mgmt0 up
+ip -n "$ns_1" link set mgmt1 up
+first="$(ip netns exec "$ns_1" hostname -I | awk '{print $1}')"
+[ "$first" = 10.214.99.2 ] || fail "node1's hostname -I starts with $first, not the unreachable 10.214.99.2"
 
 # munge: its own key and socket (a Unix socket: every namespace reaches it through the file).
 dd if=/dev/urandom of="$dir/munge.key" bs=1024 count=1 status=none
@@ -137,6 +149,8 @@ out="$dir/cpu-$jobid.out"
 state="$(ctl scontrol show job "$jobid" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')"
 [ "$state" = COMPLETED ] || fail "CPU job $jobid is $state, not COMPLETED"
 grep -q "SUCCEEDED" "$out" || fail "the vocabpipe job did not report SUCCEEDED"
+grep -q "head address $net.2 (from Slurm's NodeAddr of node1)" "$out" || \
+  fail "the head address is not node1's NodeAddr $net.2: $(grep 'head address' "$out")"
 [ -n "$(ls -A "$dir/ckpt/step_6" 2>/dev/null)" ] || fail "no checkpoint $dir/ckpt/step_6"
 if grep -Eq "Killed|CANCELLED|error" "$out"; then fail "teardown noise in $out"; fi
 grep -q "registered as .* address $net.2, rank hint 0" "$out" || \

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
+#include "tests/support/planner_fixtures.h"
 #include "worker/engine/model/rank_model.h"
 #include "worker/runtime/trainer.h"
 
@@ -31,16 +32,16 @@ inline planner::PlannerInput PlannerInputFor(planner::Schedule schedule, planner
   in.seq_chunks = k;
   in.schedule = schedule;
   in.vocab = vocab;
-  in.costs = {.f = 1, .b = 1, .w = 1, .s = 0.5, .t = 0.5, .input_f = 0.1, .input_b = 0.1};
-  in.model = {.hidden = o.model.hidden,
-              .heads = o.model.heads,
-              .seq_len = o.model.seq_len,
-              .vocab = o.model.vocab,
-              .ffn = o.model.ffn_hidden,
-              .microbatch_size = o.microbatch_size,
-              .tie_embeddings = o.model.tie_embeddings,
-              .llama = o.model.llama(),
-              .kv_heads = o.model.llama() ? o.model.num_kv_heads() : 0};
+  in.costs = planner::fixtures::UnitCosts();
+  in.model.hidden = o.model.hidden;
+  in.model.heads = o.model.heads;
+  in.model.seq_len = o.model.seq_len;
+  in.model.vocab = o.model.vocab;
+  in.model.ffn = o.model.ffn_hidden;
+  in.model.microbatch_size = o.microbatch_size;
+  in.model.tie_embeddings = o.model.tie_embeddings;
+  in.model.llama = o.model.llama();
+  in.model.kv_heads = o.model.llama() ? o.model.num_kv_heads() : 0;
   return in;
 }
 

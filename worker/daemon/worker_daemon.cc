@@ -31,6 +31,7 @@
 #include "worker/launch/run_dir.h"
 #include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
+#include "worker/runtime/flops.h"
 
 extern char** environ;
 
@@ -63,20 +64,6 @@ absl::Status CheckRunInputs(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// Best of three 1024^3 SGEMMs on this process's BLAS threads: the peak a rank can reach here.
-double MeasurePeakFlops() {
-  constexpr int n = 1024;
-  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    engine::cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
-  }
-  return best;
-}
-
 int64_t MemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
@@ -102,7 +89,7 @@ struct Task {
 // acknowledged yet (it was down or restarting): both are resent until it has.
 struct Ended {
   Task task;
-  v1::ReportTaskRequest report;
+  v1::ReportTaskRequest report{};
   absl::Time next_try = absl::InfinitePast();
 };
 
@@ -123,7 +110,7 @@ class Daemon {
       // A GPU daemon reports its device's dense bf16 peak (0 when not in the table).
       peak_flops_ = options_.device.rfind("cuda:", 0) == 0
                         ? launch::CudaPeakFlops(std::stoi(options_.device.substr(5)))
-                        : MeasurePeakFlops();
+                        : runtime::CpuPeakFlops().flops;
     }
     absl::Time next_beat = absl::InfinitePast();
     bool warned = false;

@@ -89,6 +89,36 @@ absl::Status WriteRankRunFiles(const std::string& dir, const vocabpipe::v1::JobS
                                      planner::PlanToText(slice));
 }
 
+namespace {
+
+// plan_rank_0.txt .. plan_rank_<p-1>.txt merged into the plan they were cut from; NotFound
+// when one of them is missing.
+absl::StatusOr<planner::Plan> ReadWholePlanFromSlices(const safefs::Dir& folder, int p) {
+  std::vector<planner::Plan> slices;
+  for (int r = 0; r < p; ++r) {
+    const std::string name = absl::StrCat("plan_rank_", r, ".txt");
+    if (folder.KindOf(name) == safefs::Kind::kMissing) {
+      return absl::NotFoundError(absl::StrCat(folder.PathOf(name), ": missing"));
+    }
+    auto text = ReadRunFile(folder, name);
+    if (!text.ok()) return text.status();
+    auto slice = planner::PlanFromText(*text);
+    if (!slice.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(folder.PathOf(name), ": ", slice.status().message()));
+    }
+    slices.push_back(std::move(*slice));
+  }
+  auto whole = planner::MergeRankSlices(slices);
+  if (!whole.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(folder.PathOf("plan_rank_0.txt"), " .. ", p - 1,
+                                                   ": ", whole.status().message()));
+  }
+  return whole;
+}
+
+}  // namespace
+
 absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank) {
   auto folder = safefs::Dir::Open(dir);
   if (!folder.ok()) return folder.status();
@@ -107,6 +137,12 @@ absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank) {
   if (rank >= 0 && present(rank_plan)) {
     plan_name = rank_plan;
   } else if (rank < 0 && !present(plan_name) && present("plan_rank_0.txt")) {
+    // A run of the control plane: each daemon left its rank's slice. With every slice here
+    // the whole plan is rebuilt from them (the report times it); otherwise slice 0 serves
+    // for the layout (export).
+    auto whole = ReadWholePlanFromSlices(*folder, spec->parallel().pipeline());
+    if (whole.ok()) return RunFiles{std::move(*spec), std::move(*whole)};
+    if (!absl::IsNotFound(whole.status())) return whole.status();
     plan_name = "plan_rank_0.txt";  // every slice has the whole layout
   }
   const std::string plan_path = folder->PathOf(plan_name);

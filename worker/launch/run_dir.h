@@ -71,7 +71,8 @@ absl::Status WriteRankRunFiles(const std::string& dir, const vocabpipe::v1::JobS
 
 // Reads and validates job.yaml and the plan; the plan must match the spec (p, m, L). The plan:
 // for rank >= 0, plan_rank_<rank>.txt when it exists (its slice), else plan.txt; for rank -1
-// (the layout only: export), plan.txt when it exists, else plan_rank_0.txt.
+// (the whole plan: report, export), plan.txt when it exists, else the plan rebuilt from every
+// rank's slice (a control-plane run), else plan_rank_0.txt (the layout only).
 absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank = -1);
 
 // Keeps the lines of metrics.jsonl whose step is below first_step (a resumed run writes the

@@ -42,8 +42,8 @@ absl::Status StepRecorder::Record(const nlohmann::json& line) {
     summary_.first_loss = loss;
   }
   const std::string json_line = line.dump() + "\n";
-  if (auto st = safefs::WriteAll(file_.get(), json_line.data(), json_line.size(),
-                                 summary_.metrics_path);
+  if (auto st =
+          safefs::WriteAll(file_.get(), json_line.data(), json_line.size(), summary_.metrics_path);
       !st.ok()) {
     return st;
   }
@@ -65,6 +65,7 @@ absl::Status StepRecorder::Record(const nlohmann::json& line) {
     timed_tokens_ += line.value("tokens_per_s", 0.0) * seconds;
     timed_mfu_seconds_ += line.value("mfu", 0.0) * seconds;
   }
+  if (line.value("mfu_over_peak", false)) summary_.peak_stale = true;
   const double eta = elapsed_ / static_cast<double>(summary_.steps_run) *
                      static_cast<double>(std::max<int64_t>(0, total_steps_ - step - 1));
   const std::string text = runlog::ProgressLine(line, total_steps_, eta);
@@ -88,13 +89,14 @@ void StepRecorder::EndProgress() {
   line_open_ = false;
 }
 
-runtime::RunSummary StepRecorder::Finish(double peak_flops_per_rank) {
+runtime::RunSummary StepRecorder::Finish(double peak_flops_per_rank, std::string peak_source) {
   EndProgress();
   if (timed_seconds_ > 0) {
     summary_.tokens_per_s = timed_tokens_ / timed_seconds_;
     summary_.mfu = timed_mfu_seconds_ / timed_seconds_;
   }
   summary_.peak_flops = peak_flops_per_rank;
+  summary_.peak_source = std::move(peak_source);
   if (total_steps_ == 0) summary_.last_checkpoint = runtime::CheckpointDir(dir_, 0);
   return summary_;
 }

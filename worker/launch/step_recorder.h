@@ -33,7 +33,7 @@ class StepRecorder {
   void EndProgress();
   // The run's summary. Throughput and MFU leave out the first step (warm-up) unless it is the
   // only one; peak_flops_per_rank is reported with them.
-  runtime::RunSummary Finish(double peak_flops_per_rank);
+  runtime::RunSummary Finish(double peak_flops_per_rank, std::string peak_source = "");
 
  private:
   const std::string dir_;

@@ -212,7 +212,9 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
     summary.last_checkpoint = CheckpointDir(run_dir, 0);
   }
 
-  summary.peak_flops = MeasureCpuPeakFlops();
+  const CpuPeak cpu_peak = CpuPeakFlops();
+  summary.peak_flops = cpu_peak.flops;
+  summary.peak_source = cpu_peak.source;
   const auto& cfg = topt->model;
   const double tokens_per_step =
       static_cast<double>(topt->microbatches) * topt->microbatch_size * cfg.seq_len;
@@ -229,7 +231,9 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
       timed_steps += 1;
     }
     const double tps = tokens_per_step / r->seconds;
-    const double mfu = flops_per_step / r->seconds / summary.peak_flops;
+    bool over_peak = false;
+    const double mfu = ClampedMfu(flops_per_step / r->seconds, summary.peak_flops, &over_peak);
+    summary.peak_stale |= over_peak;
     // The run's real footprint: the process's peak resident memory so far (the engine's
     // buffers, the program and its libraries, allocator slack, the start-up's transients such as
     // the sgemm peak probe), never less than the engine's own.
@@ -242,6 +246,7 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
         {"grad_norm", r->grad_norm},
         {"tokens_per_s", tps},
         {"mfu", mfu},
+        {"mfu_peak_flops", summary.peak_flops},
         {"peak_memory_bytes", peak},
         {"step_seconds", r->seconds},
         {"memory",
@@ -314,7 +319,8 @@ absl::StatusOr<RunSummary> RunStandaloneJob(const vocabpipe::v1::JobSpec& spec,
   if (options.interactive && summary.steps_run > 0) progress << "\n";
   if (timed_steps > 0) {
     summary.tokens_per_s = tokens_per_step * timed_steps / timed_seconds;
-    summary.mfu = flops_per_step * timed_steps / timed_seconds / summary.peak_flops;
+    summary.mfu =
+        ClampedMfu(flops_per_step * timed_steps / timed_seconds, summary.peak_flops, nullptr);
   }
   return summary;
 }

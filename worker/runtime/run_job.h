@@ -26,8 +26,10 @@ struct RunSummary {
   bool has_val_loss = false;
   double final_val_loss = 0;  // the last evaluation's, where has_val_loss
   double tokens_per_s = 0;    // over all steps but the first (warm-up)
-  double mfu = 0;             // likewise; against the measured CPU sgemm peak
-  double peak_flops = 0;      // the measured peak, FLOP/s
+  double mfu = 0;             // likewise; against the CPU sgemm peak, at most 1
+  double peak_flops = 0;      // that peak, FLOP/s (runtime::CpuPeakFlops on the CPU)
+  std::string peak_source;    // where the peak came from (CpuPeak::source); empty: unknown
+  bool peak_stale = false;    // a step ran faster than the peak (its MFU was capped at 100%)
   int64_t peak_memory_bytes = 0;
   std::string metrics_path;
   std::string last_checkpoint;

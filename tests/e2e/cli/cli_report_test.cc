@@ -104,6 +104,34 @@ checkpoint: {dir: run}
   EXPECT_THAT(bad.output, HasSubstr("metrics.jsonl: missing"));
 }
 
+// Plain `vocabpipe run` goes through the local control plane: each worker daemon leaves only
+// its rank's slice of the plan (plan_rank_R.txt), and the report rebuilds the whole plan from
+// them to time it.
+TEST_F(CliReportTest, ReportOfAControlPlaneRunRebuildsThePlanFromItsSlices) {
+  auto synth = Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 2000 --seed 3 --out ",
+                                      (dir_ / "data.bin").string()));
+  ASSERT_EQ(synth.code, 0) << synth.output;
+  std::ofstream(dir_ / "job.yaml") << R"(
+model: {layers: 2, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}
+parallel: {pipeline: 2, microbatches: 2, vocab: vocab1}
+train: {steps: 2, threads: 1}
+data: {path: data.bin}
+checkpoint: {dir: cp}
+)";
+  auto run = Vocabpipe("run " + (dir_ / "job.yaml").string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  ASSERT_TRUE(fs::exists(dir_ / "cp" / "plan_rank_0.txt"));
+  ASSERT_TRUE(fs::exists(dir_ / "cp" / "plan_rank_1.txt"));
+
+  auto report = Vocabpipe("report " + (dir_ / "cp").string());
+  ASSERT_EQ(report.code, 0) << report.output;
+  std::string text;
+  ASSERT_TRUE(ParseXml(ReadFile(dir_ / "cp" / "report.svg"), &text));
+  for (const char* want : {"rank 0", "rank 1", "Plan timeline", "vocab1"}) {
+    EXPECT_THAT(text, HasSubstr(want));
+  }
+}
+
 TEST_F(CliReportTest, MissingOrForeignDirectoryIsAClearError) {
   auto missing = Vocabpipe("report " + (dir_ / "nope").string());
   EXPECT_EQ(missing.code, 2);

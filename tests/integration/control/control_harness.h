@@ -229,6 +229,16 @@ inline std::unique_ptr<grpc::ClientContext> Ctx(int seconds = 10) {
   return ctx;
 }
 
+// The one "expect the job to have succeeded, else say why" check of the control tests: a
+// failure names the job, the state it ended in and its reason. Use as
+// ASSERT_TRUE(Succeeded(job)) or EXPECT_TRUE(Succeeded(job)) << more context.
+inline ::testing::AssertionResult Succeeded(const v1::Job& job) {
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "job " << (job.id().empty() ? "(unknown)" : job.id()) << " ended "
+         << v1::JobState_Name(job.state()) << ", not SUCCEEDED: " << job.reason();
+}
+
 // A fixture over TLS: a folder of the test's own (dir_, with an empty storage root dir_/root), the
 // certificates and tokens of `vocabpipe certs` in it with an admin token (admin_), coordinators on
 // dir_/coordinator.db and worker daemons with the worker certificate.

@@ -104,13 +104,12 @@ class ControlTest : public ::testing::Test {
   // carries the coordinator's log. *job: the job as it ended.
   ::testing::AssertionResult Succeeds(CoordinatorProcess& c, const std::string& id, int seconds,
                                       v1::Job* job) {
-    const bool ok = WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
-                            std::chrono::seconds(seconds));
+    WaitFor([&] { return GetJob(c, id).state() == v1::JOB_STATE_SUCCEEDED; },
+            std::chrono::seconds(seconds));
     *job = GetJob(c, id);
-    if (ok) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << "job " << id << " did not succeed in " << seconds << " s: " << job->reason() << "\n"
-           << c.process().Log();
+    ::testing::AssertionResult succeeded = Succeeded(*job);
+    if (!succeeded) succeeded << " (waited " << seconds << " s)\n" << c.process().Log();
+    return succeeded;
   }
 
   // The worker daemon this test started that runs `rank` of job `id` (null if none), and its
@@ -374,7 +373,7 @@ TEST_F(ControlRunTest, SubmitWatchToSucceededWithMetricsForEveryStep) {
                                                v1::JOB_STATE_SUCCEEDED}))
       << GetJob(c, id).reason();
   v1::Job job = GetJob(c, id);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(Succeeded(job));
   EXPECT_EQ(job.step(), 3);
   EXPECT_GT(job.loss(), 0);
   EXPECT_EQ(job.plan().costs_source(), "profiled");

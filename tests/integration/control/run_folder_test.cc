@@ -133,7 +133,7 @@ TEST_F(RunFolderTest, AFinishedRunBelongsToItsUser) {
   std::string id;
   ASSERT_TRUE(Submit(alice_, Job("runs/alice"), &id).ok());
   v1::Job job = WaitTerminal(*coordinator_, id);
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  ASSERT_TRUE(Succeeded(job));
   EXPECT_EQ(ReadWholeFile(root_ / "runs/alice/OWNER"), "alice\n");
   ASSERT_TRUE(fs::exists(root_ / "runs/alice/step_4/model.safetensors"));
   ASSERT_TRUE(fs::exists(root_ / "runs/alice/step_2/rank_1/MANIFEST.json"));
@@ -169,7 +169,7 @@ TEST_F(RunFolderTest, AFinishedRunBelongsToItsUser) {
   // An admin may; the new folder is the admin's, alice's stays hers and unchanged.
   ASSERT_TRUE(Submit(admin_, Job("runs/copy", 2, "runs/alice/step_4"), &id).ok());
   job = WaitTerminal(*coordinator_, id);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_TRUE(Succeeded(job));
   EXPECT_EQ(ReadWholeFile(root_ / "runs/copy/OWNER"), "root\n");
   EXPECT_EQ(Snapshot(root_ / "runs/alice"), before);
 }
@@ -255,7 +255,7 @@ TEST_F(RunFolderTest, PlantedLinksAreRefusedAndTheirTargetsUntouched) {
   // Planted after the submit, while the job waits for its workers.
   std::string id;
   ASSERT_TRUE(Submit(bob_, Job("runs/evil_late"), &id).ok());
-  for (const std::string& name : {"LOCK", "rank_0.pid", "rank_1.log"}) {
+  for (const std::string name : {"LOCK", "rank_0.pid", "rank_1.log"}) {
     targets.push_back(Plant(root_ / "runs/evil_late" / name, "late_" + name));
   }
   StartWorkers(2);

@@ -185,7 +185,7 @@ TEST_F(SecurityTest, OversizedModelRefusedAtSubmitWithTheMemoryNeeded) {
   MakeData(dir_ / "data.bin");
   std::string id;
   ASSERT_TRUE(Submit(c, TinyJob("small", dir_), &id).ok());
-  ASSERT_EQ(WaitTerminal(c, id).state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_TRUE(Succeeded(WaitTerminal(c, id)));
   const v1::ListJobsResponse before = ListJobs(c);
   grpc::Status st =
       Submit(c,
@@ -258,7 +258,7 @@ TEST_F(SecurityTest, DaemonSurvivesAProfilingCrash) {
   EXPECT_EQ(after.workers(0).worker_id(), worker_id);
   ASSERT_TRUE(Submit(c, TinyJob("next", dir_), &id).ok());
   const v1::Job next = WaitTerminal(c, id);
-  EXPECT_EQ(next.state(), v1::JOB_STATE_SUCCEEDED) << next.reason();
+  EXPECT_TRUE(Succeeded(next));
 }
 
 // Store limits per run: a run's keys are "vocabpipe/ATTEMPT/..."; one run cannot fill the

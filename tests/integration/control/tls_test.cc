@@ -482,7 +482,7 @@ TEST_F(TlsTest, TwoRankJobRunsOverTls) {
   EXPECT_EQ(run.code, 0) << run.output << workers_[0]->Log() << workers_[1]->Log();
   EXPECT_THAT(run.output, HasSubstr("SUCCEEDED"));
   const v1::Job job = GetJob(*Jobs(*c, admin_), "job-1");
-  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_TRUE(Succeeded(job));
   EXPECT_EQ(job.owner(), "alice");
   EXPECT_EQ(job.step(), 3);
   // Each daemon got only its rank's slice of the plan (written to plan_rank_R.txt in the run

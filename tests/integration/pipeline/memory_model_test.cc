@@ -54,13 +54,7 @@ TEST_P(MemoryModel, PredictionWithinTenPercentOfMeasuredPeak) {
   auto sim = planner::Simulate(*plan, in);
   ASSERT_TRUE(sim.ok()) << sim.status();
   std::vector<int64_t> measured(p), measured_act(p);
-  BatchFn batches = [&](int64_t, int j, int32_t* x, int32_t* y) {
-    for (int i = 0; i < o.microbatch_size * o.model.seq_len; ++i) {
-      x[i] = (i * 7 + j) % o.model.vocab;
-      y[i] = (i * 13 + j) % o.model.vocab;
-    }
-    return absl::OkStatus();
-  };
+  const BatchFn batches = fixtures::Batches(o);
   comm::testing::RunOnGlooRanks(p, [&](comm::GlooCommunicator& comm) {
     // A rank's share of the cores, as a worker process gets (runtime::WorkerThreads): the
     // thread count is per thread (kernels/cpu/blas.h), and p teams of all cores would spin

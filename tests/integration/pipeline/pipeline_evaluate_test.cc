@@ -155,7 +155,9 @@ TEST_P(PipelineEvaluate, EqualsTheStandaloneForwardOnlyPass) {
     EXPECT_NEAR(evals[r].loss, *want, 1e-5 * *want) << "rank " << r;
   }
   // Vocabulary-parallel methods: every rank holds output rows and sees the loss after C1.
-  if (plan->vocab_sharded) EXPECT_EQ(seen, c.p);
+  if (plan->vocab_sharded) {
+    EXPECT_EQ(seen, c.p);
+  }
   // The evaluation left the training state alone: the next step's loss is the reference's.
   ASSERT_TRUE(next[plan->x_owner].has_loss);
   EXPECT_NEAR(next[plan->x_owner].loss, after->loss, 1e-5 * after->loss);

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/support/paper_model.h"
+#include "tests/support/planner_fixtures.h"
 
 namespace vp::planner {
 namespace {

@@ -95,6 +95,24 @@ TEST(MergeRankLines, TakesTheSlowestRankTheLossOwnerAndThePeaks) {
   EXPECT_FALSE(m.contains("checkpoint_step"));  // nobody saved
 }
 
+// A step faster than the ranks' peak means the peak is stale: MFU stays at 100% and the line
+// says so; every line names the peak it was measured against.
+TEST(MergeRankLines, MfuNeverAboveOneAndNamesItsPeak) {
+  const StepContext ctx{.tokens_per_step = 1200,
+                        .model_flops_per_step = 6e9,
+                        .peak_flops_per_rank = 1e10,
+                        .predicted_memory = {}};
+  auto fast = MergeRankLines({RankLine(0, 3, 0.1, 0.1, 10), RankLine(1, 3, 0.2, 0.1, 10)}, ctx);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_DOUBLE_EQ((*fast)["mfu"].get<double>(), 1.0);  // 6e9 / 0.2 / 2e10 = 1.5
+  EXPECT_TRUE((*fast)["mfu_over_peak"].get<bool>());
+  EXPECT_DOUBLE_EQ((*fast)["mfu_peak_flops"].get<double>(), 1e10);
+  auto slow = MergeRankLines({RankLine(0, 3, 0.1, 0.1, 10), RankLine(1, 3, 0.6, 0.1, 10)}, ctx);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_DOUBLE_EQ((*slow)["mfu"].get<double>(), 0.5);
+  EXPECT_FALSE(slow->contains("mfu_over_peak"));
+}
+
 TEST(MergeRankLines, CheckpointStepOnlyWhenEveryRankSavedIt) {
   json r0 = RankLine(0, 4, 0.1, 0.1, 10), r1 = RankLine(1, 4, 0.1, 0.1, 10);
   r0["checkpoint_step"] = 5;
@@ -132,7 +150,11 @@ TEST(ProgressLine, ShowsStepLossBalanceAndEta) {
   json r0 = RankLine(0, 2, 0.2, 0.1, 1 << 20);
   r0["has_loss"] = true;
   r0["loss"] = 3.25;
-  auto m = MergeRankLines({r0}, {.tokens_per_step = 1000});
+  const StepContext ctx{.tokens_per_step = 1000,
+                        .model_flops_per_step = 0,
+                        .peak_flops_per_rank = 0,
+                        .predicted_memory = {}};
+  auto m = MergeRankLines({r0}, ctx);
   ASSERT_TRUE(m.ok());
   const std::string line = vp::runlog::ProgressLine(*m, 10, 3725);
   EXPECT_THAT(line, HasSubstr("step 3/10 | loss 3.2500 | lr 1.00e-03 | 5000 tok/s"));

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <utility>
+#include <vector>
 
 #include "coordinator/planner/planner.h"
+#include "tests/support/planner_fixtures.h"
 #include "worker/runtime/pipeline_rank.h"
 
 namespace vp::runtime {
@@ -21,14 +23,14 @@ planner::PlannerInput Input(int p, planner::Schedule schedule, planner::VocabMet
                       : 1;
   in.schedule = schedule;
   in.vocab = vocab;
-  in.costs = {.f = 1, .b = 1, .w = 1, .s = 0.5, .t = 0.5, .input_f = 0.1, .input_b = 0.1};
-  in.model = {.hidden = 64,
-              .heads = 4,
-              .seq_len = 32,
-              .vocab = 1000,
-              .ffn = 256,
-              .microbatch_size = 1,
-              .tie_embeddings = true};
+  in.costs = planner::fixtures::UnitCosts();
+  in.model.hidden = 64;
+  in.model.heads = 4;
+  in.model.seq_len = 32;
+  in.model.vocab = 1000;
+  in.model.ffn = 256;
+  in.model.microbatch_size = 1;
+  in.model.tie_embeddings = true;
   return in;
 }
 
@@ -95,6 +97,27 @@ TEST(RankSlice, HoldsTheLayoutAndOnlyItsOwnActions) {
     // The untagged-transport check compares only pairs it can see.
     EXPECT_TRUE(CheckP2POrderMatches(*slice).ok()) << CheckP2POrderMatches(*slice);
   }
+}
+
+// The slices a control-plane run leaves (one per rank) give the whole plan back; a missing
+// slice, a slice of another layout or one with another rank's actions are refused.
+TEST(RankSlice, EverySliceTogetherIsTheWholePlan) {
+  auto plan = planner::BuildPlan(Input(4, planner::Schedule::k1F1B, planner::VocabMethod::kVocab1));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<planner::Plan> slices;
+  for (int r = 0; r < plan->pipeline; ++r) slices.push_back(planner::RankSlice(*plan, r));
+  auto whole = planner::MergeRankSlices(slices);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(*whole, *plan);
+
+  std::vector<planner::Plan> three(slices.begin(), slices.end() - 1);
+  EXPECT_FALSE(planner::MergeRankSlices(three).ok());
+  std::vector<planner::Plan> twice = slices;
+  twice[2] = slices[1];
+  EXPECT_FALSE(planner::MergeRankSlices(twice).ok());
+  std::vector<planner::Plan> other = slices;
+  other[3].x_owner = (other[3].x_owner + 1) % plan->pipeline;
+  EXPECT_FALSE(planner::MergeRankSlices(other).ok());
 }
 
 }  // namespace
