@@ -662,6 +662,19 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
                      t.eval_batches(), "): evaluation runs the plan's microbatches as a whole"));
   }
 
+  // A path with a control character (a carriage return, a newline, NUL, DEL) is never a real
+  // file's name on purpose, cannot be written back to YAML unchanged (a trailing CR is read as a
+  // line break: found by fuzz/job_spec_fuzzer.cc) and would forge lines in logs: refused.
+  const auto no_control = [&](const std::string& field, const std::string& value) {
+    for (size_t i = 0; i < value.size(); ++i) {
+      const auto c = static_cast<unsigned char>(value[i]);
+      if (c < 0x20 || c == 0x7f) {
+        add(field, absl::StrFormat("must not contain control characters (byte 0x%02x at offset %d)",
+                                   c, i));
+        return;
+      }
+    }
+  };
   const auto check_entries = [&](const std::string& one, const std::string& many,
                                  const std::string& value, bool has_one,
                                  const google::protobuf::RepeatedPtrField<std::string>& list,
@@ -677,6 +690,7 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
       for (int i = 0; i < list.size(); ++i) {
         const std::string field = absl::StrCat(many, "[", i, "]");
         if (list[i].empty()) add(field, "must be a non-empty path");
+        no_control(field, list[i]);
         if (list[i].size() > kMaxPathBytes) {
           add(field,
               absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ", list[i].size(), ")"));
@@ -691,6 +705,7 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
       return;
     }
     if (value.empty()) add(one, "must be a non-empty path");
+    no_control(one, value);
     if (value.size() > kMaxPathBytes) {
       add(one, absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ", value.size(), ")"));
     }
@@ -701,6 +716,8 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
                 s.data().val_paths(), false);
 
   if (s.checkpoint().dir().empty()) add("checkpoint.dir", "must be non-empty");
+  no_control("checkpoint.dir", s.checkpoint().dir());
+  if (s.model().has_init_from()) no_control("model.init_from", s.model().init_from());
   if (s.checkpoint().dir().size() > kMaxPathBytes) {
     add("checkpoint.dir", absl::StrCat("must be at most ", kMaxPathBytes, " bytes (got ",
                                        s.checkpoint().dir().size(), ")"));

@@ -646,6 +646,19 @@ TEST(ParseJobSpec, DataPathsList) {
               HasSubstr("data.val_paths: give either data.val_path or data.val_paths"));
 }
 
+// A control character in a path is refused naming the field and the byte, never echoing the
+// path (a trailing CR did not survive the YAML round trip: fuzz/job_spec_fuzzer.cc).
+TEST(ParseJobSpec, PathsWithControlCharactersAreRefused) {
+  EXPECT_THAT(ErrorOf(Edit("  path: data.bin\n", "  path: \"data.bin\\r\"\n")),
+              HasSubstr("data.path: must not contain control characters (byte 0x0d at offset"));
+  EXPECT_THAT(ErrorOf(Edit("  path: data.bin\n", "  paths: [a.bin, \"b\\n.bin\"]\n")),
+              HasSubstr("data.paths[1]: must not contain control characters (byte 0x0a"));
+  EXPECT_THAT(ErrorOf(Edit("  dir: runs/demo\n", "  dir: \"runs/x\\r\\r\"\n")),
+              HasSubstr("checkpoint.dir: must not contain control characters (byte 0x0d"));
+  EXPECT_THAT(ErrorOf(Edit("  layers: 2\n", "  layers: 2\n  init_from: \"m\\x7f\"\n")),
+              HasSubstr("model.init_from: must not contain control characters (byte 0x7f"));
+}
+
 TEST(ParseJobSpec, AcceptedValues) {
   for (const char* d : {"cpu", "cuda", "cuda:0", "cuda:12"}) {
     EXPECT_TRUE(ParseJobSpec(Edit("device: cpu", std::string("device: ") + d), "/b").ok()) << d;
