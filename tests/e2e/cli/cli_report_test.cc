@@ -47,20 +47,23 @@ class CliReportTest : public testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // A tiny p = 2 vocab1 job over synthetic data: dir_/job.yaml, saving to dir_/`checkpoint_dir`.
+  void WriteTinyJob(int steps, const std::string& checkpoint_dir) {
+    auto synth = Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 2000 --seed 3 --out ",
+                                        (dir_ / "data.bin").string()));
+    ASSERT_EQ(synth.code, 0) << synth.output;
+    std::ofstream(dir_ / "job.yaml")
+        << "model: {layers: 2, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}\n"
+        << "parallel: {pipeline: 2, microbatches: 2, vocab: vocab1}\n"
+        << "train: {steps: " << steps << ", threads: 1}\n"
+        << "data: {path: data.bin}\n"
+        << "checkpoint: {dir: " << checkpoint_dir << "}\n";
+  }
   fs::path dir_;
 };
 
 TEST_F(CliReportTest, ReportOfARealPipelineRunParsesAndNamesEveryRank) {
-  auto synth = Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 2000 --seed 3 --out ",
-                                      (dir_ / "data.bin").string()));
-  ASSERT_EQ(synth.code, 0) << synth.output;
-  std::ofstream(dir_ / "job.yaml") << R"(
-model: {layers: 2, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}
-parallel: {pipeline: 2, microbatches: 2, vocab: vocab1}
-train: {steps: 3, threads: 1}
-data: {path: data.bin}
-checkpoint: {dir: run}
-)";
+  ASSERT_NO_FATAL_FAILURE(WriteTinyJob(3, "run"));
   auto run = Vocabpipe("run --direct " + (dir_ / "job.yaml").string());
   ASSERT_EQ(run.code, 0) << run.output;
 
@@ -108,16 +111,7 @@ checkpoint: {dir: run}
 // its rank's slice of the plan (plan_rank_R.txt), and the report rebuilds the whole plan from
 // them to time it.
 TEST_F(CliReportTest, ReportOfAControlPlaneRunRebuildsThePlanFromItsSlices) {
-  auto synth = Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 2000 --seed 3 --out ",
-                                      (dir_ / "data.bin").string()));
-  ASSERT_EQ(synth.code, 0) << synth.output;
-  std::ofstream(dir_ / "job.yaml") << R"(
-model: {layers: 2, hidden: 32, heads: 4, vocab_size: 64, seq_len: 16}
-parallel: {pipeline: 2, microbatches: 2, vocab: vocab1}
-train: {steps: 2, threads: 1}
-data: {path: data.bin}
-checkpoint: {dir: cp}
-)";
+  ASSERT_NO_FATAL_FAILURE(WriteTinyJob(2, "cp"));
   auto run = Vocabpipe("run " + (dir_ / "job.yaml").string());
   ASSERT_EQ(run.code, 0) << run.output;
   ASSERT_TRUE(fs::exists(dir_ / "cp" / "plan_rank_0.txt"));

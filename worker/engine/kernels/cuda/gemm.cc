@@ -114,9 +114,12 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
   return &plans_.emplace(key, p).first->second;
 }
 
-absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                              const void* a, int lda, const void* b, int ldb, float beta, void* c,
-                              int ldc, DType ab_type, DType c_type, cudaStream_t stream) {
+namespace {
+
+// Sizes >= 0 and leading dimensions that hold them (row-major; an empty product needs none):
+// the checks Gemm and GemmBias share.
+absl::Status CheckGemmShape(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb,
+                            int ldc) {
   if (m < 0 || n < 0 || k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("gemm: m ", m, ", n ", n, ", k ", k, " must be >= 0"));
@@ -127,6 +130,18 @@ absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, f
                                                    ldb, " ldc ", ldc, " too small for m ", m, " n ",
                                                    n, " k ", k));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                              const void* a, int lda, const void* b, int ldb, float beta, void* c,
+                              int ldc, DType ab_type, DType c_type, cudaStream_t stream) {
+  if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
+    return st;
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
   const Key key{
       trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
       false};
@@ -138,16 +153,10 @@ absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int 
                                   void* c, int ldc, DType ab_type, DType c_type, const void* bias,
                                   cudaStream_t stream) {
   if (bias == nullptr) return absl::InvalidArgumentError("gemm: bias must not be null");
-  if (m < 0 || n < 0 || k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gemm: m ", m, ", n ", n, ", k ", k, " must be >= 0"));
+  if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
+    return st;
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  if (lda < (trans_a ? m : k) || ldb < (trans_b ? k : n) || ldc < n) {
-    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions lda ", lda, " ldb ",
-                                                   ldb, " ldc ", ldc, " too small for m ", m, " n ",
-                                                   n, " k ", k));
-  }
   const Key key{
       trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
       true};
