@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/spec_input.h"
+#include "proto/plan/topology.h"
 #include "proto/runlog/step_lines.h"
 #include "proto/safefs/dir.h"
 #include "proto/safefs/run_owner.h"
@@ -253,6 +254,10 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
                                                    const LaunchOptions& options,
                                                    std::ostream& progress) {
   const int p = spec.parallel().pipeline();
+  // d replicas of the pipeline: d·p rank processes (proto/plan/topology.h numbers them).
+  auto topology = planner::Topology::Create(p, spec.parallel().data(), 1, spec::kMaxRanks);
+  if (!topology.ok()) return topology.status();
+  const int world = topology->world();
   // Everything that can be checked before a process starts is checked here, so bad input is
   // InvalidArgument (exit code 2) and not a worker failure.
   if (auto st = CheckJobRunsHere(spec); !st.ok()) return st;
@@ -265,10 +270,11 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   auto built = planner::BuildPlanFromSpec(spec, plan_options);
   if (!built.ok()) return built.status();
   const planner::Plan& plan = built->plan;
-  std::vector<int64_t> predicted(p, 0);
+  std::vector<int64_t> predicted(world, 0);  // every replica of a stage as the stage
   if (auto sim = planner::Simulate(plan, built->input); sim.ok()) {
-    for (int r = 0; r < p; ++r) {
-      predicted[r] = sim->ranks[r].state_bytes + sim->ranks[r].peak_activation_bytes;
+    for (int r = 0; r < world; ++r) {
+      const int stage = topology->CoordOf(r).stage;
+      predicted[r] = sim->ranks[stage].state_bytes + sim->ranks[stage].peak_activation_bytes;
     }
   }
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
@@ -321,7 +327,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     if (auto st = folder->RemoveTree("store"); !st.ok()) return st;
     if (auto store = folder->Sub("store", /*create=*/true); !store.ok()) return store.status();
   }
-  for (int r = 0; r < p; ++r) fs::remove(launch::RankMetricsPath(dir, r), ec);
+  for (int r = 0; r < world; ++r) fs::remove(launch::RankMetricsPath(dir, r), ec);
   if (auto st = launch::WriteRunFiles(dir, spec, plan); !st.ok()) return st;
 
   // MFU is against the peak of one rank's BLAS threads, measured before the workers start, or
@@ -337,17 +343,18 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
     peak_flops = launch::CudaPeakFlops(*device);
   }
   const auto& cfg = topt->model;
+  const int microbatches_per_step = topology->data() * topt->microbatches;  // d·m
   const double tokens_per_step =
-      static_cast<double>(topt->microbatches) * topt->microbatch_size * cfg.seq_len;
+      static_cast<double>(microbatches_per_step) * topt->microbatch_size * cfg.seq_len;
   const runlog::StepContext context{
       .tokens_per_step = tokens_per_step,
       .model_flops_per_step =
-          topt->microbatches * runtime::ModelFlopsPerMicrobatch(cfg, topt->microbatch_size),
+          microbatches_per_step * runtime::ModelFlopsPerMicrobatch(cfg, topt->microbatch_size),
       .peak_flops_per_rank = peak_flops,
       .predicted_memory = predicted};
 
-  std::vector<Worker> workers(p);
-  for (int r = 0; r < p; ++r) {
+  std::vector<Worker> workers(world);
+  for (int r = 0; r < world; ++r) {
     Worker& w = workers[r];
     w.rank = r;
     w.jsonl = launch::RankMetricsPath(dir, r);

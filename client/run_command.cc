@@ -148,7 +148,7 @@ void PrintSummary(const runtime::RunSummary& s, bool per_rank, bool cuda, std::o
 int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std::ostream& out,
               std::ostream& err) {
   absl::StatusOr<runtime::RunSummary> summary;
-  if (spec.parallel().pipeline() == 1 && spec.device() == "cpu") {
+  if (spec.parallel().pipeline() == 1 && spec.parallel().data() == 1 && spec.device() == "cpu") {
     runtime::RunOptions options;
     options.resume = f.resume;
     options.interactive = interactive;
@@ -167,7 +167,8 @@ int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std:
                ? kExitUsage
                : kExitFailed;
   }
-  PrintSummary(*summary, spec.parallel().pipeline() > 1, spec.device() != "cpu", out);
+  PrintSummary(*summary, spec.parallel().pipeline() * spec.parallel().data() > 1,
+               spec.device() != "cpu", out);
   return kExitOk;
 }
 

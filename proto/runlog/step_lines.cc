@@ -70,6 +70,11 @@ absl::Status CheckRankLine(const json& line, const std::string& where) {
       return Bad(where, key, "required, an integer >= 0");
     }
   }
+  for (const char* key : {"stage", "replica"}) {  // data parallelism only
+    if (auto it = line.find(key); it != line.end() && !IsNonNegativeInteger(*it)) {
+      return Bad(where, key, "must be an integer >= 0");
+    }
+  }
   if (auto it = line.find("seconds"); it == line.end() || !IsNonNegativeNumber(*it)) {
     return Bad(where, "seconds", "required, a number >= 0");
   }
@@ -161,6 +166,10 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
                       {"predicted_memory_total", predicted}});
     if (line.contains("checkpoint_seconds")) {
       stages.back()["checkpoint_seconds"] = Number(line, "checkpoint_seconds");
+    }
+    // Data parallelism: the rank's pipeline stage and replica (absent for one replica).
+    for (const char* key : {"stage", "replica"}) {
+      if (line.contains(key)) stages.back()[key] = line.value(key, int64_t{0});
     }
   }
   const json& head = loss_rank != nullptr ? *loss_rank : ranks.front();

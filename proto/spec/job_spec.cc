@@ -571,6 +571,20 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
 
   const auto& p = s.parallel();
   in_range("parallel.pipeline", p.pipeline(), 1, kMaxPipeline);
+  in_range("parallel.data", p.data(), 1, kMaxData);
+  if (p.zero() == 2 || p.zero() == 3) {
+    add("parallel.zero",
+        absl::StrCat("must be 0 or 1 (got ", p.zero(), "): ZeRO stages 2 and 3 shard gradients ",
+                     "and parameters, which every microbatch of a pipeline step uses again; ",
+                     "stage 1 (the optimizer state) is the one that composes with pipelining"));
+  } else {
+    in_range("parallel.zero", p.zero(), 0, 1);
+  }
+  if (p.pipeline() >= 1 && p.data() >= 1 &&
+      static_cast<int64_t>(p.pipeline()) * p.data() > kMaxRanks) {
+    add("parallel.data", absl::StrCat("data x pipeline must be <= ", kMaxRanks, " ranks (got ",
+                                      static_cast<int64_t>(p.pipeline()) * p.data(), ")"));
+  }
   if (!OneOf(p.schedule(), kSchedules)) {
     add("parallel.schedule", absl::StrCat("must be one of ", JoinSet(kSchedules), " (got \"",
                                           absl::CHexEscape(p.schedule()), "\")"));
@@ -923,6 +937,8 @@ void ApplyDefaults(JobSpec* spec) {
   if (!p->has_chunks_per_rank()) p->set_chunks_per_rank(2);
   if (!p->has_memory_budget_bytes()) p->set_memory_budget_bytes(0);
   if (!p->has_max_pending_t()) p->set_max_pending_t(1);
+  if (!p->has_data()) p->set_data(1);
+  if (!p->has_zero()) p->set_zero(0);
 
   auto* t = spec->mutable_train();
   if (!t->has_steps()) t->set_steps(10);

@@ -17,6 +17,16 @@ namespace vp::comm {
 
 enum class ReduceOp { kSum, kMax };
 
+// The contiguous part [begin, begin + count) of a buffer of `total` elements that member `index`
+// of `parts` owns in ReduceScatterSum and AllGather: balanced, the first total % parts members
+// one element more, so no member's range is padded and the ranges tile [0, total) in order.
+struct ShardRange {
+  size_t begin = 0;
+  size_t count = 0;
+  size_t end() const { return begin + count; }
+};
+ShardRange RangeOf(size_t total, int parts, int index);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -28,6 +38,13 @@ class Communicator {
   virtual absl::Status AllReduce(float* data, size_t count, ReduceOp op) = 0;
   // In place: every rank ends with root's data[0..count).
   virtual absl::Status Broadcast(float* data, size_t count, int root) = 0;
+  // In place, over data[0..count) split by RangeOf(count, size(), ·): afterwards this rank's
+  // range holds the sum over all ranks of that range; the rest of data is unspecified. The
+  // reduction of ZeRO-1 (each rank then updates only its range).
+  virtual absl::Status ReduceScatterSum(float* data, size_t count) = 0;
+  // In place: every rank contributes its range of data[0..count) (RangeOf) and ends with every
+  // rank's range. Undoes ReduceScatterSum's split (ZeRO-1's parameter gather).
+  virtual absl::Status AllGather(float* data, size_t count) = 0;
   // Point to point. A Send to `peer` with `tag` matches the Recv on `peer` with the same tag;
   // both block until the transfer completes (or fails / times out).
   virtual absl::Status Send(const float* data, size_t count, int peer, uint64_t tag) = 0;

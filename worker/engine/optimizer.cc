@@ -10,6 +10,17 @@ namespace vp::engine {
 
 absl::StatusOr<AdamW> AdamW::Create(MemoryTracker* tracker, size_t count, const AdamWConfig& config,
                                     std::vector<DecayRange> ranges) {
+  return CreateShard(tracker, count, config, std::move(ranges), 0, count);
+}
+
+absl::StatusOr<AdamW> AdamW::CreateShard(MemoryTracker* tracker, size_t count,
+                                         const AdamWConfig& config, std::vector<DecayRange> ranges,
+                                         size_t shard_begin, size_t shard_count) {
+  if (shard_begin > count || shard_count > count - shard_begin) {
+    return absl::InvalidArgumentError(absl::StrCat("adamw: shard [", shard_begin, ", ",
+                                                   shard_begin + shard_count,
+                                                   ") exceeds the buffer of ", count));
+  }
   if (!(config.beta1 >= 0.0f && config.beta1 < 1.0f) ||
       !(config.beta2 >= 0.0f && config.beta2 < 1.0f)) {
     return absl::InvalidArgumentError("adamw: beta1 and beta2 must lie in [0, 1)");
@@ -19,17 +30,25 @@ absl::StatusOr<AdamW> AdamW::Create(MemoryTracker* tracker, size_t count, const 
   }
   AdamW opt;
   opt.config_ = config;
-  opt.count_ = count;
-  opt.decay_.assign(count, 0);
+  opt.count_ = shard_count;
+  opt.begin_ = shard_begin;
+  opt.buffer_count_ = count;
+  opt.decay_.assign(shard_count, 0);
+  const size_t shard_end = shard_begin + shard_count;
   for (const DecayRange& r : ranges) {
     if (r.offset > count || r.count > count - r.offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "adamw: range [", r.offset, ", ", r.offset + r.count, ") exceeds the buffer of ", count));
     }
-    if (r.weight_decay) std::fill_n(opt.decay_.begin() + r.offset, r.count, uint8_t{1});
+    // The part of the range inside the shard.
+    const size_t lo = std::max(r.offset, shard_begin), hi = std::min(r.offset + r.count, shard_end);
+    if (r.weight_decay && lo < hi) {
+      std::fill(opt.decay_.begin() + (lo - shard_begin), opt.decay_.begin() + (hi - shard_begin),
+                uint8_t{1});
+    }
   }
-  opt.m_ = Buffer(tracker, MemoryCategory::kOptimizer, count);
-  opt.v_ = Buffer(tracker, MemoryCategory::kOptimizer, count);
+  opt.m_ = Buffer(tracker, MemoryCategory::kOptimizer, shard_count);
+  opt.v_ = Buffer(tracker, MemoryCategory::kOptimizer, shard_count);
   return opt;
 }
 
@@ -44,6 +63,8 @@ void AdamW::Step(float* params, const float* grads, float lr, float grad_scale) 
   const float decay = 1.0f - lr * config_.weight_decay;
   float* m = m_.data();
   float* v = v_.data();
+  params += begin_;
+  grads += begin_;
   for (size_t i = 0; i < count_; ++i) {
     const float g = grads[i] * grad_scale;
     float p = params[i];

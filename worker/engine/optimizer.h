@@ -34,18 +34,29 @@ class AdamW {
   // range is updated without decay. m and v are Buffers charged to kOptimizer.
   static absl::StatusOr<AdamW> Create(MemoryTracker* tracker, size_t count,
                                       const AdamWConfig& config, std::vector<DecayRange> ranges);
+  // ZeRO stage 1: the state of [shard_begin, shard_begin + shard_count) of the flat buffer only
+  // (m and v hold shard_count elements); Step updates that range and leaves the rest alone.
+  static absl::StatusOr<AdamW> CreateShard(MemoryTracker* tracker, size_t count,
+                                           const AdamWConfig& config,
+                                           std::vector<DecayRange> ranges, size_t shard_begin,
+                                           size_t shard_count);
 
   // One step t = step() + 1, for every element i:
   //   g = grad_scale · grads[i]                       (grad_scale: clipping / loss scaling)
   //   p ← p · (1 − lr · weight_decay)                 (decayed ranges only)
   //   m ← β1 m + (1 − β1) g;   v ← β2 v + (1 − β2) g²
   //   p ← p − lr · (m / (1 − β1^t)) / (sqrt(v / (1 − β2^t)) + eps)
-  void Step(float* params,       // (count)
-            const float* grads,  // (count)
+  // (A shard updates elements [shard_begin(), shard_begin() + count()) of the buffers.)
+  void Step(float* params,       // (the whole flat buffer)
+            const float* grads,  // (the whole flat buffer)
             float lr, float grad_scale = 1.0f);
 
   int64_t step() const { return step_; }
-  size_t count() const { return count_; }
+  size_t count() const { return count_; }  // elements of state: the shard's, or the buffer's
+  size_t shard_begin() const { return begin_; }
+  // The whole flat buffer's length (count() unless sharded).
+  size_t buffer_count() const { return buffer_count_; }
+  bool sharded() const { return count_ != buffer_count_; }
   const AdamWConfig& config() const { return config_; }
   // State, for checkpointing.
   Buffer& m() { return m_; }
@@ -57,6 +68,8 @@ class AdamW {
 
   AdamWConfig config_;
   size_t count_ = 0;
+  size_t begin_ = 0;
+  size_t buffer_count_ = 0;
   std::vector<uint8_t> decay_;  // per element: 1 where weight decay applies
   Buffer m_;
   Buffer v_;

@@ -9,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gloo/rendezvous/store.h"
+#include "proto/plan/topology.h"
+#include "proto/spec/job_spec.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 
 #ifdef VP_HAVE_CUDA
@@ -25,10 +27,11 @@ namespace {
 
 bool IsCuda(const vocabpipe::v1::JobSpec& spec) { return spec.device().rfind("cuda", 0) == 0; }
 
+// This process's member `rank` of a group of `size` under `prefix`.
 absl::StatusOr<std::unique_ptr<comm::Communicator>> Gloo(
-    const WorkerOptions& options, int size, std::shared_ptr<gloo::rendezvous::Store> store,
-    const std::string& prefix) {
-  auto gloo = comm::ConnectGloo({.rank = options.rank,
+    const WorkerOptions& options, int rank, int size,
+    std::shared_ptr<gloo::rendezvous::Store> store, const std::string& prefix) {
+  auto gloo = comm::ConnectGloo({.rank = rank,
                                  .size = size,
                                  .store = std::move(store),
                                  .prefix = prefix,
@@ -126,14 +129,47 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     const runtime::TrainerOptions& trainer, const WorkerOptions& options,
     std::shared_ptr<gloo::rendezvous::Store> store) {
   const int p = plan.pipeline;
-  const std::string prefix = absl::StrCat("vocabpipe/", options.attempt, "/pipeline");
+  auto topology = planner::Topology::Create(p, spec.parallel().data(), 1, spec::kMaxRanks);
+  if (!topology.ok()) return topology.status();
+  if (options.rank < 0 || options.rank >= topology->world()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank: ", options.rank, " is not in [0, ", topology->world(), ")"));
+  }
   auto out = std::make_unique<JobRank>();
+  out->coord = topology->CoordOf(options.rank);
+  const int stage = out->coord.stage, replica = out->coord.replica;
+  if (trainer.data.replicas != topology->data() || trainer.data.replica != replica) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is ", topology->Describe(options.rank),
+                     ", but the trainer options say replica ", trainer.data.replica, " of ",
+                     trainer.data.replicas));
+  }
+  // One pipeline per replica, each under its own key prefix (the one-replica name unchanged);
+  // the replicas of one stage form its data group.
+  const std::string base = absl::StrCat("vocabpipe/", options.attempt);
+  const std::string prefix = topology->data() == 1
+                                 ? absl::StrCat(base, "/pipeline")
+                                 : absl::StrCat(base, "/pipeline/replica", replica);
+  if (topology->data() > 1) {
+    if (IsCuda(spec)) {
+      // NCCL groups (ncclCommSplit) and the device ZeRO-1 state have not run on GPUs yet.
+      return absl::UnimplementedError(
+          "parallel.data: > 1 runs on device cpu only in this version (the CUDA data-parallel "
+          "groups have not run on GPUs yet)");
+    }
+    auto data =
+        Gloo(options, replica, topology->data(), store, absl::StrCat(base, "/data/stage", stage));
+    if (!data.ok()) return data.status();
+    out->comms.push_back(std::move(*data));
+    out->data = out->comms.back().get();
+  }
   if (!IsCuda(spec)) {
-    auto gloo = Gloo(options, p, store, prefix);
+    auto gloo = Gloo(options, stage, p, store, prefix);
     if (!gloo.ok()) return gloo.status();
     out->comms.push_back(std::move(*gloo));
     out->transport = "gloo";
-    auto rank = runtime::PipelineRank::Create(plan, options.rank, trainer, out->comms.back().get());
+    auto rank =
+        runtime::PipelineRank::Create(plan, stage, trainer, out->comms.back().get(), out->data);
     if (!rank.ok()) return rank.status();
     out->rank = std::move(*rank);
     return out;
@@ -212,7 +248,7 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   } else {
     out->transport = "gloo-staged";
     cuda.untagged_p2p = false;
-    auto gloo = Gloo(options, p, store, prefix);
+    auto gloo = Gloo(options, options.rank, p, store, prefix);
     if (!gloo.ok()) return gloo.status();
     out->comms.push_back(std::move(*gloo));
     out->comms.push_back(std::make_unique<comm::StagedCommunicator>(out->comms[0].get()));

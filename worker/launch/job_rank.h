@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/plan/plan.h"
+#include "proto/plan/topology.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/launch/worker.h"
@@ -27,8 +28,10 @@ namespace vp::launch {
 struct JobRank {
   std::vector<std::unique_ptr<comm::Communicator>> comms;  // outlive the rank (declared first)
   std::unique_ptr<runtime::PipelineRank> rank;
-  std::string transport;  // "gloo", "nccl" or "gloo-staged"
-  int cuda_device = -1;   // the CUDA device used, -1 on cpu
+  planner::RankCoord coord;            // this rank's stage (the plan's rank) and replica
+  comm::Communicator* data = nullptr;  // the replicas of this stage (one of comms); null for d = 1
+  std::string transport;               // "gloo", "nccl" or "gloo-staged"
+  int cuda_device = -1;                // the CUDA device used, -1 on cpu
 
   ~JobRank() { rank.reset(); }  // the executor's threads use the communicators
 };
@@ -50,6 +53,8 @@ absl::StatusOr<int> RankCudaDevice(const vocabpipe::v1::JobSpec& spec, int rank,
                                    int requested_device);
 
 // Connects this rank to the others (bounded by options.timeout) and builds its PipelineRank.
+// options.rank is the job rank (planner::Topology: replica + d · stage); the rank joins its
+// replica's pipeline as `stage` and, for d > 1, its stage's data group as `replica`.
 absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     const vocabpipe::v1::JobSpec& spec, const planner::Plan& plan,
     const runtime::TrainerOptions& trainer, const WorkerOptions& options,

@@ -17,7 +17,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "gloo/rendezvous/store.h"
+#include "proto/plan/topology.h"
 #include "proto/safefs/dir.h"
+#include "proto/spec/job_spec.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
@@ -25,6 +27,7 @@
 #include "worker/launch/run_dir.h"
 #include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
+#include "worker/launch/zero_state.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/job_options.h"
 #include "worker/runtime/process_memory.h"
@@ -82,11 +85,12 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
 
 namespace {
 
-// After a save, rank r marks its shard of `step` complete in the rendezvous store.
-absl::Status MarkShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int64_t step) {
+// After a save, the rank that wrote stage `stage`'s shard of `step` marks it complete in the
+// rendezvous store.
+absl::Status MarkShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int stage,
+                       int64_t step) {
   try {
-    store.set(absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/", options.rank),
-              {'1'});
+    store.set(absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/", stage), {'1'});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("marking this rank's shard of step ", step, " saved: ", e.what()));
@@ -164,16 +168,25 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   const vocabpipe::v1::JobSpec& spec = files->spec;
   const planner::Plan& plan = files->plan;
   const int p = plan.pipeline;
-  if (options.rank < 0 || options.rank >= p) {
+  // The job's ranks: d replicas of the p-stage pipeline (proto/plan/topology.h). The plan's
+  // ranks are the stages; checkpoint shards are per stage, written by replica 0.
+  auto topology = planner::Topology::Create(p, spec.parallel().data(), 1, spec::kMaxRanks);
+  if (!topology.ok()) return topology.status();
+  const int world = topology->world();
+  if (options.rank < 0 || options.rank >= world) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--rank: ", options.rank, " is not in [0, ", p, ")"));
+        absl::StrCat("--rank: ", options.rank, " is not in [0, ", world, ")"));
   }
+  const planner::RankCoord coord = topology->CoordOf(options.rank);
+  const int stage = coord.stage;
+  const bool writes_shards = coord.replica == 0;
   // Held until the process exits: no other run may write into this directory meanwhile.
   const std::string run_id = options.run_id.empty() ? options.attempt : options.run_id;
   auto lock = RunDirLock::Acquire(dir, run_id);
   if (!lock.ok()) return lock.status();
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
+  topt->data.replica = coord.replica;
   // For operators and tests: which process is this rank (the launcher and daemons start it).
   // By handle, replacing the name: a link planted there is never written through.
   {
@@ -189,7 +202,8 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
 
   // Data: every rank reads every microbatch (the first stage needs the inputs, the vocabulary
   // shards need the targets), so each rank opens the token file itself.
-  auto batches_or = runtime::OpenJobBatches(spec);
+  // With d replicas, the replica's own m of the step's d·m microbatches.
+  auto batches_or = runtime::OpenJobBatches(spec, coord.replica);
   if (!batches_or.ok()) return batches_or.status();
   const runtime::BatchFn batches = std::move(*batches_or);
   if (auto st = runtime::CheckSampling(spec); !st.ok()) return st;
@@ -213,7 +227,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   if (!job_rank.ok()) return job_rank.status();
   // For the operator reading the rank's log: where it runs and how long the connection (on a
   // GPU: context creation, module loading, the communicators) took.
-  std::cerr << "rank " << options.rank << ": device "
+  std::cerr << "rank " << options.rank << " (" << topology->Describe(options.rank) << "): device "
             << ((*job_rank)->cuda_device >= 0 ? absl::StrCat("cuda:", (*job_rank)->cuda_device)
                                               : std::string("cpu"))
             << ", transport " << (*job_rank)->transport << ", connected in "
@@ -222,9 +236,20 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   runtime::PipelineRank& rank = *(*job_rank)->rank;
   // A device rank keeps parameters and optimizer state on the device: checkpoints go through
   // the host view.
+  // Replica 0 of each stage writes the stage's shard; under ZeRO-1 the replicas first gather
+  // the optimizer state onto it (zero_state.h), the others write nothing.
+  comm::Communicator* data_group = (*job_rank)->data;
+  const bool zero = rank.optimizer().sharded();
   auto save = [&](int64_t step) -> absl::Status {
     if (auto st = rank.PullState(); !st.ok()) return st;
-    return SaveRankShard(dir, step, options.rank, p, rank.model(), rank.optimizer(), run_id);
+    if (zero) {
+      auto whole = GatherOptimizerState(rank.optimizer(), *data_group);
+      if (!whole.ok()) return whole.status();
+      if (!writes_shards) return absl::OkStatus();
+      return SaveRankShard(dir, step, stage, p, rank.model(), **whole, run_id);
+    }
+    if (!writes_shards) return absl::OkStatus();
+    return SaveRankShard(dir, step, stage, p, rank.model(), rank.optimizer(), run_id);
   };
   auto fatal = [&](absl::Status st) {
     if (options.on_fatal) options.on_fatal(st);
@@ -234,10 +259,20 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   int64_t first_step = 0;
   if (options.resume_step >= 0) {
     const absl::Time load_start = absl::Now();
-    if (auto st = LoadRankShard(dir, options.resume_step, options.rank, p, rank.model(),
-                                &rank.optimizer());
+    // Every replica reads its stage's shard (under ZeRO-1 the whole state, keeping its range).
+    std::unique_ptr<engine::AdamW> whole;
+    if (zero) {
+      auto w = WholeOptimizerLike(rank.optimizer());
+      if (!w.ok()) return fatal(w.status());
+      whole = std::move(*w);
+    }
+    if (auto st = LoadRankShard(dir, options.resume_step, stage, p, rank.model(),
+                                zero ? whole.get() : &rank.optimizer());
         !st.ok()) {
       return fatal(st);
+    }
+    if (zero) {
+      if (auto st = TakeOptimizerRange(*whole, rank.optimizer()); !st.ok()) return fatal(st);
     }
     // For the operator (and bench/checkpoint): how long reading the shard back took.
     std::cerr << "rank " << options.rank << ": resumed from step " << options.resume_step << " in "
@@ -262,7 +297,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   // or not: any rank may be the one the platform stops.
   BackgroundMerge merging;  // rank 0 only
   PreemptionAgreement preemption(*store, absl::StrCat("vocabpipe/", options.attempt, "/preempt/"),
-                                 options.rank, p, options.preempt, options.preempt_poll);
+                                 options.rank, world, options.preempt, options.preempt_poll);
   WorkerOutcome outcome;
   const int keep_last = spec.checkpoint().keep_last();
   const int64_t max_shard_bytes = spec.checkpoint().max_shard_bytes() > 0
@@ -272,7 +307,9 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     if (auto st = save(0); !st.ok()) {
       return fatal(st);
     }
-    if (auto st = MarkShard(*store, options, 0); !st.ok()) return fatal(st);
+    if (writes_shards) {
+      if (auto st = MarkShard(*store, options, stage, 0); !st.ok()) return fatal(st);
+    }
     if (options.rank == 0) {
       if (auto st = MergeStep(*store, options, p, 0, topt->model, keep_last, max_shard_bytes);
           !st.ok()) {
@@ -320,9 +357,11 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
         return fatal(
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
-      if (auto st = MarkShard(*store, options, done); !st.ok()) {
-        return fatal(
-            absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
+      if (writes_shards) {
+        if (auto st = MarkShard(*store, options, stage, done); !st.ok()) {
+          return fatal(absl::Status(st.code(),
+                                    absl::StrCat("checkpoint of step ", done, ": ", st.message())));
+        }
       }
       checkpoint_step = done;
       checkpoint_seconds = absl::ToDoubleSeconds(absl::Now() - save_start);
@@ -356,9 +395,13 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
                                   .device = (*job_rank)->cuda_device >= 0};
     std::string rank_line = RankStepJson(options.rank, *r, checkpoint_step, eval ? &*eval : nullptr,
                                          footprint, checkpoint_seconds);
-    if (!sample_text.empty()) {
+    if (!sample_text.empty() || world > p) {
       nlohmann::json j = nlohmann::json::parse(rank_line);
-      j["sample"] = sample_text;
+      if (!sample_text.empty()) j["sample"] = sample_text;
+      if (world > p) {  // data parallelism: where the rank sits on both axes
+        j["stage"] = stage;
+        j["replica"] = coord.replica;
+      }
       rank_line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }
     rank_line += "\n";

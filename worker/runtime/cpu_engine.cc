@@ -22,8 +22,12 @@ absl::StatusOr<std::unique_ptr<CpuStageEngine>> CpuStageEngine::Create(
   if (!model.ok()) return model.status();
   e->model_ = std::move(*model);
   e->model_->Init(options.seed);
-  auto opt = engine::AdamW::Create(e->tracker_.get(), e->model_->param_count(), options.adamw,
-                                   e->model_->DecayRanges());
+  const size_t params = e->model_->param_count();
+  const comm::ShardRange shard =
+      options.data.zero ? comm::RangeOf(params, options.data.replicas, options.data.replica)
+                        : comm::ShardRange{0, params};
+  auto opt = engine::AdamW::CreateShard(e->tracker_.get(), params, options.adamw,
+                                        e->model_->DecayRanges(), shard.begin, shard.count);
   if (!opt.ok()) return opt.status();
   e->optimizer_ = std::make_unique<engine::AdamW>(std::move(*opt));
   return e;
@@ -133,6 +137,15 @@ class CpuGradOps {
     adamw_.Step(model_.params(), model_.grads(), lr, scale);
     return absl::OkStatus();
   }
+  absl::Status AllReduceGrads(comm::Communicator& data) {
+    return data.AllReduce(model_.grads(), model_.param_count(), comm::ReduceOp::kSum);
+  }
+  absl::Status ReduceScatterGrads(comm::Communicator& data) {
+    return data.ReduceScatterSum(model_.grads(), model_.param_count());
+  }
+  absl::Status AllGatherParams(comm::Communicator& data) {
+    return data.AllGather(model_.params(), model_.param_count());
+  }
 
  private:
   engine::RankModel& model_;
@@ -143,10 +156,12 @@ static_assert(GradOps<CpuGradOps>);
 
 }  // namespace
 
-absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm, bool tied_copy_sync,
-                                           float lr, float grad_clip, double* grad_norm) {
+absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm,
+                                           comm::Communicator* data, bool tied_copy_sync, float lr,
+                                           float grad_clip, double* grad_norm) {
   CpuGradOps ops(*model_, *optimizer_, tracker_.get());
-  return RunOptimizerStep(ops, comm, tied_copy_sync, lr, grad_clip, grad_norm);
+  return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip,
+                          grad_norm);
 }
 
 }  // namespace vp::runtime

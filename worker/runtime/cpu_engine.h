@@ -55,9 +55,10 @@ class CpuStageEngine {
   // dout (n, h, zeroed) += ln_f's input gradient; ln_f's weight gradients; frees x_last and
   // the statistics.
   absl::Status FinalNormBackward(Buffer& dout, const float* grad_input, XState& xs, int n);
-  // Tied copies summed, global gradient norm (all-reduced over `comm`), clipping, AdamW.
-  absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, bool tied_copy_sync, float lr,
-                             float grad_clip, double* grad_norm);
+  // Tied copies summed, gradients summed over the replicas (`data`, null for one), global
+  // gradient norm (all-reduced over `comm`), clipping, AdamW (optimizer_step.h).
+  absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, comm::Communicator* data,
+                             bool tied_copy_sync, float lr, float grad_clip, double* grad_norm);
   absl::Status ZeroGrads() {
     model_->ZeroGrads();
     return absl::OkStatus();

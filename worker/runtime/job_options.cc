@@ -30,6 +30,11 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSp
         " ranks need the multi-process pipeline runtime, which this build does not have yet; "
         "use pipeline: 1 or `vocabpipe plan` to inspect the pipeline plan"));
   }
+  if (plan == nullptr && spec.parallel().data() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "parallel.data: ", spec.parallel().data(),
+        " replicas need the multi-process runtime (`vocabpipe run`), not the in-process trainer"));
+  }
   if (plan == nullptr && spec.device() != "cpu") {
     return absl::UnimplementedError(
         absl::StrCat("device: ", spec.device(), ": not available on this path; use cpu"));
@@ -55,6 +60,10 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSp
           .cosine = t.lr_schedule() == "cosine"};
   o.grad_clip = static_cast<float>(t.grad_clip());
   o.seed = t.seed();
+  // The replica index is the rank's (the worker sets it from its job rank).
+  o.data = {.replicas = std::max(1, spec.parallel().data()),
+            .replica = 0,
+            .zero = spec.parallel().zero() == 1};
   if (plan != nullptr) {
     if (plan->microbatches != o.microbatches) {
       return absl::InvalidArgumentError(absl::StrCat("plan microbatches ", plan->microbatches,
@@ -72,7 +81,8 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSp
 int WorkerThreads(const vocabpipe::v1::JobSpec& spec) {
   if (spec.train().threads() > 0) return spec.train().threads();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, spec.parallel().pipeline()));
+  const int ranks = std::max(1, spec.parallel().pipeline()) * std::max(1, spec.parallel().data());
+  return std::max(1, cores / ranks);
 }
 
 }  // namespace vp::runtime

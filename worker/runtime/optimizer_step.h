@@ -7,12 +7,22 @@
 //      rank sums the copies it holds into a (V_pad, h) fp32 buffer, the buffers are all-reduced
 //      (every rank takes part; one that holds neither copy adds zeros) and both copies are
 //      overwritten with the sum.
-//   2. The global gradient norm: Σ g² over this rank's parameters with the tied output copy
-//      counted once (by its twin), all-reduced in fp32 — the norm only scales clipping.
-//   3. Clipping scale min(1, clip / (‖g‖ + 1e-6)) (1 when clip ≤ 0, engine::ClipScale), then
-//      AdamW with that scale on the gradients.
+//   2. Data parallelism (a `data` communicator over d > 1 replicas of this stage): every
+//      replica's loss was scaled by 1 / (d·m·b·s), the global token count, so the sum of the
+//      replicas' gradients is the exact mean and no 1/d rescale follows. Without ZeRO the whole
+//      flat gradient buffer is all-reduced; with ZeRO-1 it is reduce-scattered so that each
+//      replica holds the sum of its own range (comm::RangeOf) — the only range its AdamW state
+//      covers. Summing is linear, so step 1 before step 2 gives the same sums as after.
+//   3. The global gradient norm: Σ g² over this rank's parameters with the tied output copy
+//      counted once (by its twin), all-reduced in fp32 over the pipeline — the norm only scales
+//      clipping. Every replica holds the same sums, so each parameter counts once; under ZeRO-1
+//      each replica measures its own range and the partial sums are first added over `data`.
+//   4. Clipping scale min(1, clip / (‖g‖ + 1e-6)) (1 when clip ≤ 0, engine::ClipScale), then
+//      AdamW with that scale on the gradients (under ZeRO-1 on the rank's range only, then the
+//      parameters are all-gathered over `data`, so every replica again holds the whole stage).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -46,13 +56,26 @@ concept GradOps = requires(G& g, const G& cg, typename G::Scratch& scratch, size
   { g.SquaredNorm(offset, n) } -> std::same_as<absl::StatusOr<double>>;
   // One fp32 value summed over the ranks (through the memory the communicator takes).
   { g.AllReduceScalar(comm, scale) } -> std::same_as<absl::StatusOr<float>>;
+  // AdamW on the range the optimizer state covers (the whole buffer, or a ZeRO-1 shard).
   { g.AdamW(lr, scale) } -> std::same_as<absl::Status>;
+  // Over the data-parallel group, on the whole flat buffer (comm::RangeOf splits it).
+  { g.AllReduceGrads(comm) } -> std::same_as<absl::Status>;
+  { g.ReduceScatterGrads(comm) } -> std::same_as<absl::Status>;
+  { g.AllGatherParams(comm) } -> std::same_as<absl::Status>;
 };
 
+// comm: the pipeline's communicator (this replica's stages); data: the replicas of this stage
+// (null or size 1: no data parallelism); zero: ZeRO-1 (the optimizer state covers this
+// replica's comm::RangeOf range of the flat buffer).
 template <GradOps G>
-absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, bool tied_copy_sync, float lr,
-                              float grad_clip, double* grad_norm) {
+absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicator* data, bool zero,
+                              bool tied_copy_sync, float lr, float grad_clip, double* grad_norm) {
   const engine::RankModel& host = ops.host();
+  const bool replicated = data != nullptr && data->size() > 1;
+  const size_t params = host.param_count();
+  const comm::ShardRange mine = replicated && zero
+                                    ? comm::RangeOf(params, data->size(), data->rank())
+                                    : comm::ShardRange{0, params};
   const engine::ParamTensor* copy = tied_copy_sync ? host.tied_output_copy() : nullptr;
   if (tied_copy_sync) {
     const engine::ParamTensor* wte = host.Find(engine::EmbeddingTensorName(host.config()));
@@ -72,18 +95,38 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, bool tied_copy_s
     }
     if (absl::Status st = ops.Sync(); !st.ok()) return st;
   }
-  auto sq = ops.SquaredNorm(0, host.param_count());
+  if (replicated) {
+    if (absl::Status st = zero ? ops.ReduceScatterGrads(*data) : ops.AllReduceGrads(*data);
+        !st.ok()) {
+      return st;
+    }
+  }
+  auto sq = ops.SquaredNorm(mine.begin, mine.count);
   if (!sq.ok()) return sq.status();
   double local = *sq;
-  if (copy != nullptr) {
-    auto twin = ops.SquaredNorm(copy->offset, copy->count());
-    if (!twin.ok()) return twin.status();
-    local -= *twin;
+  if (copy != nullptr) {  // the part of the twin inside this rank's range
+    const size_t lo = std::max(copy->offset, mine.begin);
+    const size_t hi = std::min(copy->offset + copy->count(), mine.end());
+    if (lo < hi) {
+      auto twin = ops.SquaredNorm(lo, hi - lo);
+      if (!twin.ok()) return twin.status();
+      local -= *twin;
+    }
+  }
+  if (replicated && zero) {
+    auto replicas = ops.AllReduceScalar(*data, static_cast<float>(local));
+    if (!replicas.ok()) return replicas.status();
+    local = *replicas;
   }
   auto global = ops.AllReduceScalar(comm, static_cast<float>(local));
   if (!global.ok()) return global.status();
   *grad_norm = std::sqrt(static_cast<double>(*global));
-  return ops.AdamW(lr, engine::ClipScale(static_cast<double>(*global), grad_clip));
+  if (absl::Status st = ops.AdamW(lr, engine::ClipScale(static_cast<double>(*global), grad_clip));
+      !st.ok()) {
+    return st;
+  }
+  if (replicated && zero) return ops.AllGatherParams(*data);
+  return absl::OkStatus();
 }
 
 }  // namespace vp::runtime

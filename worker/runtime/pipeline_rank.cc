@@ -22,10 +22,23 @@ namespace internal {
 
 absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
                                          const TrainerOptions& options,
-                                         const comm::Communicator* comm) {
+                                         const comm::Communicator* comm,
+                                         const comm::Communicator* data) {
   if (comm == nullptr || comm->size() != plan.pipeline || comm->rank() != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline rank ", rank, ": the communicator must have rank ", rank, " of ", plan.pipeline));
+  }
+  const DataParallelOptions& dp = options.data;
+  if (dp.replicas < 1 || dp.replica < 0 || dp.replica >= dp.replicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline rank ", rank, ": replica ", dp.replica, " of ", dp.replicas));
+  }
+  if (dp.replicas > 1 &&
+      (data == nullptr || data->size() != dp.replicas || data->rank() != dp.replica)) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline rank ", rank,
+                                                   ": the data-parallel communicator must have "
+                                                   "rank ",
+                                                   dp.replica, " of ", dp.replicas));
   }
   if (rank < 0 || rank >= plan.pipeline || static_cast<int>(plan.ranks.size()) != plan.pipeline) {
     return absl::InvalidArgumentError(absl::StrCat("plan has no rank ", rank));
@@ -158,13 +171,14 @@ class CpuPipelineRank final : public PipelineRank {
 absl::StatusOr<std::unique_ptr<PipelineRank>> PipelineRank::Create(const planner::Plan& plan,
                                                                    int rank,
                                                                    const TrainerOptions& options,
-                                                                   comm::Communicator* comm) {
-  auto setup = internal::BuildRankSetup(plan, rank, options, comm);
+                                                                   comm::Communicator* comm,
+                                                                   comm::Communicator* data) {
+  auto setup = internal::BuildRankSetup(plan, rank, options, comm, data);
   if (!setup.ok()) return setup.status();
   auto engine = CpuStageEngine::Create(options, setup->layout, plan.seq_bounds, setup->algorithm);
   if (!engine.ok()) return engine.status();
   return std::make_unique<CpuPipelineRank>(std::make_unique<internal::RankExecutor<CpuStageEngine>>(
-      plan, rank, options, std::move(*setup), std::move(*engine), comm, comm));
+      plan, rank, options, std::move(*setup), std::move(*engine), comm, comm, data));
 }
 
 }  // namespace vp::runtime

@@ -57,10 +57,12 @@ class PipelineRank {
  public:
   // CPU rank. comm: this rank's communicator over all plan.pipeline ranks, used only by the
   // communication thread (it must outlive the PipelineRank). options.microbatches must equal
-  // plan.microbatches and options.model.layers plan.layers.
+  // plan.microbatches and options.model.layers plan.layers. data: the communicator over the
+  // options.data.replicas replicas of this stage (rank = options.data.replica), null for one.
   static absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan, int rank,
                                                               const TrainerOptions& options,
-                                                              comm::Communicator* comm);
+                                                              comm::Communicator* comm,
+                                                              comm::Communicator* data = nullptr);
   virtual ~PipelineRank() = default;
 
   // Executes the plan once: every microbatch's passes, then the optimizer step.

@@ -106,7 +106,8 @@ struct RankSetup {
 // Checks the plan against the rank and the job and derives the rank's layout.
 absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
                                          const TrainerOptions& options,
-                                         const comm::Communicator* comm);
+                                         const comm::Communicator* comm,
+                                         const comm::Communicator* data = nullptr);
 
 template <StageEngine E>
 class RankExecutor {
@@ -118,9 +119,11 @@ class RankExecutor {
   using XState = typename E::XState;
 
   // p2p and coll: this rank's communicators over all plan.pipeline ranks (may be the same
-  // object); they must outlive the executor.
+  // object); data: over the options.data.replicas replicas of this stage (null for one). They
+  // must outlive the executor; data is used by the compute thread at OPT only.
   RankExecutor(const planner::Plan& plan, int rank, const TrainerOptions& options, RankSetup setup,
-               std::unique_ptr<E> engine, comm::Communicator* p2p, comm::Communicator* coll)
+               std::unique_ptr<E> engine, comm::Communicator* p2p, comm::Communicator* coll,
+               comm::Communicator* data = nullptr)
       : plan_(plan),
         rank_(rank),
         options_(options),
@@ -128,6 +131,7 @@ class RankExecutor {
         engine_(std::move(engine)),
         p2p_(p2p),
         coll_(coll),
+        data_(data),
         self_comm_(comm::MakeSelfCommunicator()) {}
 
   E& engine() { return *engine_; }
@@ -280,6 +284,7 @@ class RankExecutor {
   std::unique_ptr<E> engine_;
   comm::Communicator* p2p_;
   comm::Communicator* coll_;
+  comm::Communicator* data_;  // the replicas of this stage; null without data parallelism
   std::unique_ptr<comm::Communicator> self_comm_;
 
   // Per-step state, guarded by mu_ (the buffers' contents are ordered by the keys).

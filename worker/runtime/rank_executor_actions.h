@@ -571,17 +571,29 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
   if (auto st = engine_->EnterThread(); !st.ok()) return st;
   engine_->tracker().ResetPeaks();
   const int m = plan_.microbatches;
-  loss_grad_ = 1.0f / (static_cast<float>(m) * b() * s());
+  // The loss is the mean over the step's tokens on every replica (d·m·b·s), so the replicas'
+  // gradients sum to the exact mean (optimizer_step.h) and their losses to the step's.
+  const int d = std::max(1, options_.data.replicas);
+  loss_grad_ = 1.0f / (static_cast<float>(d) * m * b() * s());
   if (auto st = engine_->ZeroGrads(); !st.ok()) return st;
   loss_ = 0;
   losses_seen_ = 0;
   if (auto st = RunPlan(step, batches, &r); !st.ok()) return st;
   const auto o0 = Clock::now();
   r.lr = options_.lr.At(step);
-  if (auto st = engine_->OptimizerStep(step, *coll_, setup_.tied_copy_sync, r.lr,
+  if (auto st = engine_->OptimizerStep(step, *coll_, data_, setup_.tied_copy_sync, r.lr,
                                        options_.grad_clip, &r.grad_norm);
       !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("rank ", rank_, " OPT: ", st.message()));
+  }
+  if (data_ != nullptr && data_->size() > 1) {
+    // Each replica's loss covers its own microbatches: their sum is the step's mean. A rank
+    // without the losses adds zeros alongside its replicas (the same stage: none has them).
+    float loss[1] = {static_cast<float>(loss_)};
+    if (auto st = data_->AllReduce(loss, 1, comm::ReduceOp::kSum); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("rank ", rank_, " OPT (loss): ", st.message()));
+    }
+    loss_ = loss[0];
   }
   engine_->ActionDone(E::kCompute);
   r.busy[static_cast<int>(planner::ActionKind::kOpt)] += Seconds(o0, Clock::now());

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,7 +27,12 @@
 namespace vp::runtime {
 namespace fs = std::filesystem;
 
-absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
+absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec, int replica) {
+  const int d = std::max(1, spec.parallel().data());
+  if (replica < 0 || replica >= d) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica ", replica, " is not in [0, parallel.data = ", d, ")"));
+  }
   const std::vector<std::string> entries = spec::DataPathEntries(spec.data());
   if (absl::Status st = data::CheckDataTokenizer(entries.front(), spec.model().vocab_size());
       !st.ok()) {
@@ -40,13 +46,15 @@ absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec) {
   auto reader =
       data::SampleReader::Create(*tokens, {.seq_len = spec.model().seq_len(),
                                            .microbatch_size = spec.parallel().microbatch_size(),
-                                           .microbatches = spec.parallel().microbatches(),
+                                           .microbatches = d * spec.parallel().microbatches(),
                                            .shuffle = spec.data().shuffle(),
                                            .seed = spec.train().seed()});
   if (!reader.ok()) return reader.status();
   auto shared = std::make_shared<data::SampleReader>(std::move(*reader));
-  return BatchFn([shared](int64_t step, int j, int32_t* inputs, int32_t* targets) {
-    return shared->Fill(step, j, inputs, targets);
+  // The step's d·m microbatches in one order; replica r trains on r·m .. r·m + m − 1.
+  const int first = replica * spec.parallel().microbatches();
+  return BatchFn([shared, first](int64_t step, int j, int32_t* inputs, int32_t* targets) {
+    return shared->Fill(step, first + j, inputs, targets);
   });
 }
 

@@ -38,8 +38,10 @@ struct RunSummary {
 // Opens the job's token shards (data.path or data.paths: read in place, headers checked against
 // the vocabulary, worker/data/token_shards.h) and returns the function that fills microbatch j
 // of a step in the spec's sample order. Every pipeline rank calls this: all ranks read the same
-// microbatches (inputs for IF, targets for S/T).
-absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec);
+// microbatches (inputs for IF, targets for S/T). With parallel.data = d the step has d·m
+// microbatches in the sample order and `replica`'s microbatch j is the step's r·m + j, so d
+// replicas of m see exactly the samples one pipeline of d·m would.
+absl::StatusOr<BatchFn> OpenJobBatches(const vocabpipe::v1::JobSpec& spec, int replica = 0);
 
 // Opens data.val_path (validated against the vocabulary and its tokenizer.model like
 // data.path) and returns the function that fills evaluation microbatch j of round r: validation

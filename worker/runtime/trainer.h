@@ -17,6 +17,15 @@
 
 namespace vp::runtime {
 
+// This rank's place on the data-parallel axis (parallel.data, parallel.zero): replica `replica`
+// of `replicas` copies of the pipeline. With zero, the rank keeps the AdamW state of its range
+// of the flat parameter buffer only (comm::RangeOf(params, replicas, replica): ZeRO stage 1).
+struct DataParallelOptions {
+  int replicas = 1;  // d
+  int replica = 0;   // r in [0, d)
+  bool zero = false;
+};
+
 struct TrainerOptions {
   engine::ModelConfig model;
   int microbatch_size = 1;  // b
@@ -26,6 +35,7 @@ struct TrainerOptions {
   engine::LrSchedule lr;
   float grad_clip = 0.0f;  // 0 disables
   uint64_t seed = 1234;
+  DataParallelOptions data;
 };
 
 // Fills the inputs and targets (both (b, s) int32) of microbatch j of step `step`.

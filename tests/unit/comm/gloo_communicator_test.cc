@@ -96,8 +96,52 @@ TEST_P(GlooRanksTest, SendRecvRing) {
   });
 }
 
+// ZeRO-1's pair: the reduce-scatter leaves each rank the exact sum of its own range (small
+// integers: every order of addition is exact), the all-gather puts every range back everywhere.
+// An odd count so the ranges differ in length.
+TEST_P(GlooRanksTest, ReduceScatterThenAllGatherRestoreTheAllReduce) {
+  const int p = GetParam();
+  const size_t count = 100003;
+  RunOnGlooRanks(p, [&](GlooCommunicator& comm) {
+    std::vector<float> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((comm.rank() + 1) * (i % 101));
+    ASSERT_TRUE(comm.ReduceScatterSum(data.data(), count).ok());
+    const ShardRange mine = RangeOf(count, p, comm.rank());
+    const float ranks_sum = static_cast<float>(p * (p + 1) / 2);
+    for (size_t i = mine.begin; i < mine.end(); ++i) {
+      ASSERT_EQ(data[i], ranks_sum * static_cast<float>(i % 101)) << "index " << i;
+    }
+    // Only the own range is defined now: poison the rest, the gather must overwrite it.
+    for (size_t i = 0; i < count; ++i) {
+      if (i < mine.begin || i >= mine.end()) data[i] = -1.0f;
+    }
+    ASSERT_TRUE(comm.AllGather(data.data(), count).ok());
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(data[i], ranks_sum * static_cast<float>(i % 101)) << "index " << i;
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanksTest, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return absl::StrCat("p", info.param); });
+
+TEST(RangeOf, BalancedRangesTileTheBuffer) {
+  for (size_t total : {0ul, 1ul, 7ul, 8ul, 100003ul}) {
+    for (int parts : {1, 2, 3, 4, 7}) {
+      size_t next = 0, smallest = total, largest = 0;
+      for (int i = 0; i < parts; ++i) {
+        const ShardRange r = RangeOf(total, parts, i);
+        EXPECT_EQ(r.begin, next) << total << "/" << parts << " part " << i;
+        next = r.end();
+        smallest = std::min(smallest, r.count);
+        largest = std::max(largest, r.count);
+      }
+      EXPECT_EQ(next, total) << total << "/" << parts;
+      EXPECT_LE(largest - smallest, 1u) << total << "/" << parts;
+    }
+  }
+  EXPECT_EQ(RangeOf(10, 2, 2).count, 0u);  // outside the group: empty
+}
 
 TEST(GlooCommunicator, TwoPrefixesConcurrentlyFromTwoThreads) {
   const int p = 3;

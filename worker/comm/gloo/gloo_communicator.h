@@ -77,6 +77,10 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status AllReduce(float* data, size_t count, ReduceOp op) override;
   absl::Status Broadcast(float* data, size_t count, int root) override;
+  // Rings over the point-to-point slots with the tags 2^56 − 1 and 2^56 − 2, which Send and
+  // Recv callers must leave alone.
+  absl::Status ReduceScatterSum(float* data, size_t count) override;
+  absl::Status AllGather(float* data, size_t count) override;
   // Tags must be < 2^56: a tag maps to Gloo slot (0x80 << 56) | tag, a range no Gloo
   // collective uses, so point-to-point traffic never matches a collective's messages.
   absl::Status Send(const float* data, size_t count, int peer, uint64_t tag) override;

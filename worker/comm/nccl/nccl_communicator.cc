@@ -189,6 +189,43 @@ absl::Status NcclCommunicator::Broadcast(float* data, size_t count, int root) {
   return Wait(what);
 }
 
+// The ranges are balanced, not equal (RangeOf), which ncclReduceScatter and ncclAllGather do
+// not take: one grouped ncclReduce (resp. ncclBroadcast) per range, rooted at its owner, moves
+// the same bytes in one launch.
+absl::Status NcclCommunicator::ReduceScatterSum(float* data, size_t count) {
+  return RangedCollective(data, count, /*reduce=*/true);
+}
+
+absl::Status NcclCommunicator::AllGather(float* data, size_t count) {
+  return RangedCollective(data, count, /*reduce=*/false);
+}
+
+absl::Status NcclCommunicator::RangedCollective(float* data, size_t count, bool reduce) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (count == 0 || size_ == 1) return absl::OkStatus();
+  const char* op = reduce ? "reduce-scatter" : "all-gather";
+  if (data == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("nccl ", op, ": data is null"));
+  const std::string what = absl::StrCat(op, " of ", count, " floats");
+  cudaSetDevice(device_);
+  const absl::Time deadline = absl::Now() + timeout_;
+  ncclResult_t r = Settle(comm_, ncclGroupStart(), deadline);
+  for (int owner = 0; owner < size_ && r == ncclSuccess; ++owner) {
+    const ShardRange range = RangeOf(count, size_, owner);
+    if (range.count == 0) continue;
+    float* part = data + range.begin;
+    r = Settle(comm_,
+               reduce
+                   ? ncclReduce(part, part, range.count, ncclFloat, ncclSum, owner, comm_, stream_)
+                   : ncclBroadcast(part, part, range.count, ncclFloat, owner, comm_, stream_),
+               deadline);
+  }
+  const ncclResult_t end = Settle(comm_, ncclGroupEnd(), deadline);
+  if (r == ncclSuccess) r = end;
+  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  return Wait(what);
+}
+
 absl::Status NcclCommunicator::Send(const float* data, size_t count, int peer, uint64_t tag) {
   if (absl::Status s = CheckUsable(); !s.ok()) return s;
   if (absl::Status s = CheckPeer("send", "peer", peer, false); !s.ok()) return s;

@@ -78,6 +78,8 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status AllReduce(float* data, size_t count, ReduceOp op) override;
   absl::Status Broadcast(float* data, size_t count, int root) override;
+  absl::Status ReduceScatterSum(float* data, size_t count) override;
+  absl::Status AllGather(float* data, size_t count) override;
   absl::Status Send(const float* data, size_t count, int peer, uint64_t tag) override;
   absl::Status Recv(float* data, size_t count, int peer, uint64_t tag) override;
   absl::Status Barrier() override;
@@ -94,6 +96,8 @@ class NcclCommunicator final : public Communicator {
   // Waits for stream_ (polling the communicator's async error) up to the timeout.
   absl::Status Wait(const std::string& what);
   absl::Status Fail(absl::Status status);
+  // ReduceScatterSum (reduce) or AllGather: one rooted call per RangeOf range, grouped.
+  absl::Status RangedCollective(float* data, size_t count, bool reduce);
 
   int rank_;
   int size_;

@@ -47,6 +47,29 @@ absl::Status StagedCommunicator::Broadcast(float* data, size_t count, int root) 
   return Copy(data, h, count, cudaMemcpyHostToDevice, "broadcast");
 }
 
+absl::Status StagedCommunicator::ReduceScatterSum(float* data, size_t count) {
+  float* h = Host(count);
+  if (auto st = Copy(h, data, count, cudaMemcpyDeviceToHost, "reduce-scatter"); !st.ok()) {
+    return st;
+  }
+  if (auto st = inner_->ReduceScatterSum(h, count); !st.ok()) return st;
+  const ShardRange mine = RangeOf(count, size(), rank());
+  return Copy(data + mine.begin, h + mine.begin, mine.count, cudaMemcpyHostToDevice,
+              "reduce-scatter");
+}
+
+absl::Status StagedCommunicator::AllGather(float* data, size_t count) {
+  float* h = Host(count);
+  const ShardRange mine = RangeOf(count, size(), rank());
+  if (auto st =
+          Copy(h + mine.begin, data + mine.begin, mine.count, cudaMemcpyDeviceToHost, "all-gather");
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = inner_->AllGather(h, count); !st.ok()) return st;
+  return Copy(data, h, count, cudaMemcpyHostToDevice, "all-gather");
+}
+
 absl::Status StagedCommunicator::Send(const float* data, size_t count, int peer, uint64_t tag) {
   float* h = Host(count);
   if (auto st = Copy(h, data, count, cudaMemcpyDeviceToHost, "send"); !st.ok()) return st;

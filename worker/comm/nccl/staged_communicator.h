@@ -30,6 +30,8 @@ class StagedCommunicator final : public Communicator {
 
   absl::Status AllReduce(float* data, size_t count, ReduceOp op) override;
   absl::Status Broadcast(float* data, size_t count, int root) override;
+  absl::Status ReduceScatterSum(float* data, size_t count) override;
+  absl::Status AllGather(float* data, size_t count) override;
   absl::Status Send(const float* data, size_t count, int peer, uint64_t tag) override;
   absl::Status Recv(float* data, size_t count, int peer, uint64_t tag) override;
   absl::Status Barrier() override { return inner_->Barrier(); }

@@ -216,6 +216,19 @@ class CudaGradOps {
     return value;
   }
   absl::Status AdamW(float lr, float scale) { return model_.OptimizerStep(lr, scale); }
+  // The gradients are written on the compute stream, the communicator has its own: drain first.
+  absl::Status AllReduceGrads(comm::Communicator& data) {
+    if (auto st = Finish(ctx_); !st.ok()) return st;
+    return data.AllReduce(model_.grads(), model_.host().param_count(), comm::ReduceOp::kSum);
+  }
+  // ZeRO-1 needs the device AdamW on a range and the gather of the (bf16) parameters and their
+  // fp32 master copy; until then the launcher refuses zero: 1 on cuda before any rank starts.
+  absl::Status ReduceScatterGrads(comm::Communicator&) {
+    return absl::UnimplementedError("parallel.zero: 1 is not available on device cuda yet");
+  }
+  absl::Status AllGatherParams(comm::Communicator&) {
+    return absl::UnimplementedError("parallel.zero: 1 is not available on device cuda yet");
+  }
 
  private:
   engine::cuda::DeviceRankModel<T>& model_;
@@ -228,10 +241,11 @@ static_assert(GradOps<CudaGradOps<engine::cuda::bf16>>);
 
 template <typename T>
 absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm,
-                                               bool tied_copy_sync, float lr, float grad_clip,
-                                               double* grad_norm) {
+                                               comm::Communicator* data, bool tied_copy_sync,
+                                               float lr, float grad_clip, double* grad_norm) {
   CudaGradOps<T> ops(*model_, compute_);
-  return RunOptimizerStep(ops, comm, tied_copy_sync, lr, grad_clip, grad_norm);
+  return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip,
+                          grad_norm);
 }
 
 template class CudaStageEngine<float>;

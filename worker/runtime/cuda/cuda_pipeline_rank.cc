@@ -40,36 +40,35 @@ class CudaPipelineRank final : public PipelineRank {
 };
 
 template <typename T>
-absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan, int rank,
-                                                     const TrainerOptions& options,
-                                                     internal::RankSetup setup, int device,
-                                                     comm::Communicator* p2p,
-                                                     comm::Communicator* coll) {
+absl::StatusOr<std::unique_ptr<PipelineRank>> Create(
+    const planner::Plan& plan, int rank, const TrainerOptions& options, internal::RankSetup setup,
+    int device, comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data) {
   auto engine =
       CudaStageEngine<T>::Create(options, setup.layout, plan.seq_bounds, setup.algorithm, device);
   if (!engine.ok()) return engine.status();
   return std::make_unique<CudaPipelineRank<T>>(
       std::make_unique<internal::RankExecutor<CudaStageEngine<T>>>(
-          plan, rank, options, std::move(setup), std::move(*engine), p2p, coll));
+          plan, rank, options, std::move(setup), std::move(*engine), p2p, coll, data));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
     const planner::Plan& plan, int rank, const TrainerOptions& options, const CudaRankOptions& cuda,
-    comm::Communicator* p2p, comm::Communicator* coll) {
+    comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data) {
   if (coll == nullptr || (p2p != nullptr && p2p->size() != coll->size())) {
     return absl::InvalidArgumentError("cuda rank: both communicators must span the pipeline");
   }
-  auto setup = internal::BuildRankSetup(plan, rank, options, p2p);
+  auto setup = internal::BuildRankSetup(plan, rank, options, p2p, data);
   if (!setup.ok()) return setup.status();
   if (cuda.untagged_p2p) {
     if (auto st = CheckP2POrderMatches(plan); !st.ok()) return st;
   }
   if (cuda.precision == DevicePrecision::kFp32) {
-    return Create<float>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll);
+    return Create<float>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll, data);
   }
-  return Create<engine::cuda::bf16>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll);
+  return Create<engine::cuda::bf16>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll,
+                                    data);
 }
 
 }  // namespace vp::runtime

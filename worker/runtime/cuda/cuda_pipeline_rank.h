@@ -25,6 +25,6 @@ struct CudaRankOptions {
 // Both take device pointers (NCCL, or comm::StagedCommunicator); they may be the same object.
 absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
     const planner::Plan& plan, int rank, const TrainerOptions& options, const CudaRankOptions& cuda,
-    comm::Communicator* p2p, comm::Communicator* coll);
+    comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data = nullptr);
 
 }  // namespace vp::runtime

@@ -1,0 +1,249 @@
+// Data parallelism (parallel.data) on real vocabpipe-worker processes over Gloo on loopback:
+// d replicas of a p-stage pipeline with m microbatches each must train exactly like one
+// process with d·m microbatches — the same per-step losses, gradient norms and final weights —
+// for every schedule family and vocabulary method, with and without ZeRO-1.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/support/vocabpipe_cli.h"
+#include "worker/runtime/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using vp::testing::ReadJsonl;
+using vp::testing::Vocabpipe;
+
+constexpr int kSteps = 3;
+
+// The job: GPT-2, 4 layers (two V-shape chunks per rank at p = 2), V = 64, s = 16, b = 2.
+// AdamW's eps is 1e-5 (see launch_test.cc: with a tiny eps Adam turns the summation-order
+// noise of gradients that are zero in exact arithmetic into lr-sized steps).
+struct Job {
+  std::string name;
+  int pipeline = 1, data = 1, microbatches = 8, zero = 0, seq_chunks = 1;
+  std::string schedule = "1f1b", vocab = "vocab2";
+  double grad_clip = 0;
+  int steps = kSteps, every = 0;
+};
+
+std::string SpecText(const Job& j) {
+  return absl::StrCat("model: {layers: 4, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
+                      "parallel: {pipeline: ", j.pipeline, ", data: ", j.data, ", zero: ", j.zero,
+                      ", microbatch_size: 2, microbatches: ", j.microbatches, ", vocab: ", j.vocab,
+                      ", schedule: ", j.schedule, ", seq_chunks: ", j.seq_chunks, "}\n",
+                      "train: {steps: ", j.steps,
+                      ", lr: 0.003, eps: 1.0e-5, threads: 1, grad_clip: ", j.grad_clip, "}\n",
+                      "data: {path: data.bin, shuffle: true}\ncheckpoint: {dir: ", j.name,
+                      ", every: ", j.every, "}\n");
+}
+
+// |a - b| <= tol · max(1, |b|) for every element of every tensor.
+void ExpectSameWeights(const fs::path& a, const fs::path& b, double tol) {
+  auto wa = vp::runtime::ReadSafetensors(a.string());
+  auto wb = vp::runtime::ReadSafetensors(b.string());
+  ASSERT_TRUE(wa.ok()) << wa.status();
+  ASSERT_TRUE(wb.ok()) << wb.status();
+  ASSERT_EQ(wa->tensors.size(), wb->tensors.size());
+  for (const auto& [name, tb] : wb->tensors) {
+    ASSERT_TRUE(wa->tensors.contains(name)) << name;
+    const auto& ta = wa->tensors.at(name);
+    ASSERT_EQ(ta.shape, tb.shape) << name;
+    double worst = 0;
+    for (size_t i = 0; i < tb.data.size(); ++i) {
+      worst = std::max(worst, std::abs(double(ta.data[i]) - tb.data[i]) /
+                                  std::max(1.0, std::abs(double(tb.data[i]))));
+    }
+    EXPECT_LE(worst, tol) << name << " in " << a;
+  }
+}
+
+// One folder for the suite: the token file and the one-process reference (m = 8), shared by
+// every test (the reference is the plain model whatever the schedule or vocabulary method).
+class DataParallelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / absl::StrCat("vp_data_parallel_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    auto r = Vocabpipe(absl::StrCat("data synth --vocab 64 --tokens 20000 --out ",
+                                    (dir_ / "data.bin").string(), " --seed 5"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    r = Run({.name = "reference"});
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static vp::testing::CliResult Run(const Job& job, const std::string& flags = "") {
+    const fs::path spec = dir_ / (job.name + ".yaml");
+    std::ofstream(spec) << SpecText(job);
+    return Vocabpipe(absl::StrCat("run --direct ", spec.string(), " --timeout 20 ", flags));
+  }
+
+  // Per-step losses and grad norms to 1e-5 relative, and the merged final weights.
+  static void ExpectMatches(const std::string& name, const std::string& reference,
+                            double tol = 1e-5) {
+    auto a = ReadJsonl(dir_ / name / "metrics.jsonl");
+    auto b = ReadJsonl(dir_ / reference / "metrics.jsonl");
+    ASSERT_EQ(a.size(), size_t(kSteps)) << name;
+    ASSERT_EQ(b.size(), size_t(kSteps)) << reference;
+    for (int i = 0; i < kSteps; ++i) {
+      const double la = a[i]["loss"], lb = b[i]["loss"];
+      EXPECT_LE(std::abs(la - lb), tol * std::abs(lb))
+          << name << " step " << i << ": " << la << " vs " << lb;
+      const double ga = a[i]["grad_norm"], gb = b[i]["grad_norm"];
+      EXPECT_LE(std::abs(ga - gb), 10 * tol * gb)
+          << name << " step " << i << ": " << ga << " vs " << gb;
+    }
+    const std::string last = absl::StrCat("step_", kSteps);
+    ExpectSameWeights(dir_ / name / last / "model.safetensors",
+                      dir_ / reference / last / "model.safetensors", tol);
+  }
+
+  static fs::path dir_;
+};
+fs::path DataParallelTest::dir_;
+
+// d = 2 × p = 2 for each schedule family × vocabulary method.
+class EverySchedule : public DataParallelTest,
+                      public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
+
+TEST_P(EverySchedule, TwoReplicasOfTwoStagesMatchOneProcessWithTwiceTheMicrobatches) {
+  const auto& [schedule, vocab] = GetParam();
+  Job job{.name = absl::StrCat("d2p2_", schedule, "_", vocab),
+          .pipeline = 2,
+          .data = 2,
+          .microbatches = 4,
+          .schedule = schedule,
+          .vocab = vocab};
+  if (schedule == "seq1f1b") job.seq_chunks = 2;
+  auto r = Run(job);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ExpectMatches(job.name, "reference");
+  // The step line names every one of the 4 ranks with its stage and replica.
+  auto lines = ReadJsonl(dir_ / job.name / "metrics.jsonl");
+  ASSERT_EQ(lines.back()["stages"].size(), 4u);
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto& s = lines.back()["stages"][rank];
+    EXPECT_EQ(int(s["rank"]), rank);
+    EXPECT_EQ(int(s["stage"]), rank / 2);
+    EXPECT_EQ(int(s["replica"]), rank % 2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DataParallel, EverySchedule,
+                         ::testing::Combine(::testing::Values("1f1b", "vhalf", "zbv", "seq1f1b"),
+                                            ::testing::Values("vocab1", "vocab2", "baseline")),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_",
+                                               std::get<1>(info.param));
+                         });
+
+TEST_F(DataParallelTest, FourReplicasOfOneStageMatchOneProcess) {
+  const Job job{.name = "d4p1", .pipeline = 1, .data = 4, .microbatches = 2};
+  auto r = Run(job);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ExpectMatches(job.name, "reference");
+}
+
+// The replicas read different microbatches: two replicas of m = 4 are not one pipeline of
+// m = 4 (a loader that gave every replica the same samples, or a missing gradient reduction,
+// would make them so). The half-batch run ends far from the reference — a hundred times the
+// tolerance the replicas meet — so the matches above are not a property of any run.
+TEST_F(DataParallelTest, HalfTheMicrobatchesEndsElsewhere) {
+  const Job half{.name = "half", .pipeline = 1, .data = 1, .microbatches = 4};
+  auto r = Run(half);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string last = absl::StrCat("step_", kSteps);
+  auto a = vp::runtime::ReadSafetensors((dir_ / "half" / last / "model.safetensors").string());
+  auto b = vp::runtime::ReadSafetensors((dir_ / "reference" / last / "model.safetensors").string());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  double worst = 0;
+  for (const auto& [name, tb] : b->tensors) {
+    const auto& ta = a->tensors.at(name);
+    for (size_t i = 0; i < tb.data.size(); ++i) {
+      worst = std::max(worst, std::abs(double(ta.data[i]) - tb.data[i]) /
+                                  std::max(1.0, std::abs(double(tb.data[i]))));
+    }
+  }
+  EXPECT_GT(worst, 1e-3);
+}
+
+TEST_F(DataParallelTest, ZeroOneEqualsZeroZeroWithItsShareOfTheOptimizerState) {
+  const Job plain{.name = "zero0", .pipeline = 2, .data = 2, .microbatches = 4, .zero = 0};
+  const Job zero{.name = "zero1", .pipeline = 2, .data = 2, .microbatches = 4, .zero = 1};
+  auto r = Run(plain);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = Run(zero);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ExpectMatches("zero1", "zero0", 1e-6);
+  // Each rank's optimizer bytes (the memory metrics) are its share of the stage's: half, to
+  // within one element of each of m and v (the ranges are balanced, not padded).
+  auto a = ReadJsonl(dir_ / "zero0/metrics.jsonl").back()["stages"];
+  auto b = ReadJsonl(dir_ / "zero1/metrics.jsonl").back()["stages"];
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (int rank = 0; rank < 4; ++rank) {
+    const int64_t whole = a[rank]["memory"]["optimizer"], share = b[rank]["memory"]["optimizer"];
+    EXPECT_GT(whole, 0);
+    EXPECT_LE(std::abs(2 * share - whole), int64_t{2 * 2 * 4}) << "rank " << rank;
+  }
+}
+
+TEST_F(DataParallelTest, ClippedGradNormIsTheOneProcessNorm) {
+  // A clip far below the norm: clipping acts every step, so a norm counted twice (or halved)
+  // would change the trajectory as well as the figure.
+  const Job ref{.name = "clip_reference", .grad_clip = 0.05};
+  const Job dp{.name = "clip_d2p2", .pipeline = 2, .data = 2, .microbatches = 4, .grad_clip = 0.05};
+  const Job dz{.name = "clip_d2p2_zero",
+               .pipeline = 2,
+               .data = 2,
+               .microbatches = 4,
+               .zero = 1,
+               .grad_clip = 0.05};
+  for (const Job& j : {ref, dp, dz}) {
+    auto r = Run(j);
+    ASSERT_EQ(r.code, 0) << j.name << ": " << r.output;
+  }
+  auto lines = ReadJsonl(dir_ / "clip_reference/metrics.jsonl");
+  ASSERT_GT(double(lines[0]["grad_norm"]), 0.5);  // clipping is active
+  ExpectMatches("clip_d2p2", "clip_reference");
+  ExpectMatches("clip_d2p2_zero", "clip_reference");
+}
+
+// Saved by two replicas of a two-stage pipeline (ZeRO-1: the optimizer ranges gathered into
+// the stage's shard), resumed by one replica with twice the microbatches (the same global
+// batch): the losses of the uninterrupted run.
+TEST_F(DataParallelTest, SavedAtTwoReplicasResumesAtOne) {
+  const Job full{
+      .name = "resume_full", .pipeline = 2, .data = 2, .microbatches = 4, .zero = 1, .every = 1};
+  auto r = Run(full);
+  ASSERT_EQ(r.code, 0) << r.output;
+  Job part = full;
+  part.name = "resume_part";
+  r = Run(part, "--steps 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  Job resumed = part;
+  resumed.data = 1;
+  resumed.microbatches = 8;
+  resumed.zero = 0;
+  r = Run(resumed, "--resume");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("step 2/3"));
+  ExpectMatches("resume_part", "resume_full");
+}
+
+}  // namespace
