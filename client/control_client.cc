@@ -189,6 +189,8 @@ nlohmann::json StagesJson(const google::protobuf::RepeatedPtrField<v1::StageStat
   nlohmann::json out = nlohmann::json::array();
   for (const v1::StageStats& s : stages) {
     out.push_back({{"rank", s.rank()},
+                   {"stage", s.stage()},
+                   {"replica", s.replica()},
                    {"worker_id", s.worker_id()},
                    {"peak_memory_bytes", s.peak_memory_bytes()},
                    {"busy_seconds", s.busy_seconds()},
@@ -286,6 +288,8 @@ nlohmann::json WorkerJson(const v1::WorkerInfo& w) {
           {"pid", w.pid()},
           {"job_id", w.job_id()},
           {"rank", w.job_id().empty() ? nlohmann::json(nullptr) : nlohmann::json(w.rank())},
+          {"stage", w.job_id().empty() ? nlohmann::json(nullptr) : nlohmann::json(w.stage())},
+          {"replica", w.job_id().empty() ? nlohmann::json(nullptr) : nlohmann::json(w.replica())},
           {"peak_flops", w.peak_flops()},
           {"last_heartbeat_unix_ms", w.last_heartbeat_unix_ms()}};
 }

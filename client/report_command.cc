@@ -68,7 +68,8 @@ absl::StatusOr<std::vector<StepLine>> ReadMetrics(const std::string& path, int r
     if (stages != j.end()) {
       if (!stages->is_array() || static_cast<int>(stages->size()) != ranks) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ".stages: must be an array of ", ranks, " ranks (the plan's p)"));
+            absl::StrCat(where, ".stages: must be an array of ", ranks,
+                         " ranks (the plan's p times parallel.data)"));
       }
       for (int r = 0; r < ranks; ++r) {
         const nlohmann::json& st = (*stages)[r];
@@ -204,7 +205,10 @@ int RunReportCommand(const Args& args, std::ostream& out, std::ostream& err) {
   }
   const planner::Plan& plan = files->plan;
   const int p = plan.pipeline;
-  auto steps = ReadMetrics(launch::MetricsPath(dir), p);
+  // With d data-parallel replicas the step lines hold d·p ranks (rank = replica + d · stage);
+  // the bars show each stage through its replica 0, the rank the plan's rank describes.
+  const int d = std::max(1, files->spec.parallel().data());
+  auto steps = ReadMetrics(launch::MetricsPath(dir), p * d);
   if (!steps.ok()) {
     err << "vocabpipe report: " << steps.status().message() << "\n";
     return 2;
@@ -232,21 +236,22 @@ int RunReportCommand(const Args& args, std::ostream& out, std::ostream& err) {
   std::vector<BarGroup> busy_bars, memory_bars;
   const size_t first = steps->size() > 1 ? 1 : 0;
   for (int r = 0; r < p; ++r) {
+    const int rank = r * d;  // stage r's replica 0
     double share = 0;
     int counted = 0;
     double mem = -1, pred_mem = -1;
     for (size_t i = 0; i < steps->size(); ++i) {
       const StepLine& s = (*steps)[i];
       if (s.busy.empty()) continue;
-      if (std::isfinite(s.memory[r])) mem = std::max(mem, s.memory[r]);
-      if (std::isfinite(s.predicted_memory[r]) && s.predicted_memory[r] > 0)
-        pred_mem = std::max(pred_mem, s.predicted_memory[r]);
-      if (i < first || !(s.step_seconds > 0) || !std::isfinite(s.busy[r])) continue;
-      share += s.busy[r] / s.step_seconds;
+      if (std::isfinite(s.memory[rank])) mem = std::max(mem, s.memory[rank]);
+      if (std::isfinite(s.predicted_memory[rank]) && s.predicted_memory[rank] > 0)
+        pred_mem = std::max(pred_mem, s.predicted_memory[rank]);
+      if (i < first || !(s.step_seconds > 0) || !std::isfinite(s.busy[rank])) continue;
+      share += s.busy[rank] / s.step_seconds;
       ++counted;
     }
     const double predicted_share = sim->step_time > 0 ? sim->ranks[r].busy / sim->step_time : -1;
-    const std::string label = absl::StrCat("rank ", r);
+    const std::string label = d > 1 ? absl::StrCat("stage ", r) : absl::StrCat("rank ", r);
     busy_bars.push_back({label, {counted ? 100 * share / counted : -1, 100 * predicted_share}});
     memory_bars.push_back({label, {mem >= 0 ? MiB(mem) : -1, pred_mem >= 0 ? MiB(pred_mem) : -1}});
   }

@@ -332,7 +332,9 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   }
   LocalWorkers workers;
   const int cuda_devices = spec.device() == "cpu" ? 0 : launch::CudaDeviceCount();
-  for (int r = 0; r < spec.parallel().pipeline(); ++r) {
+  // One daemon per rank: d replicas of the p-stage pipeline.
+  const int ranks = spec.parallel().pipeline() * std::max(1, spec.parallel().data());
+  for (int r = 0; r < ranks; ++r) {
     const std::string log = (fs::path(dir) / absl::StrCat("daemon_", r, ".log")).string();
     auto device = LocalDaemonDevice(spec, r, cuda_devices);
     if (!device.ok()) {
@@ -382,7 +384,8 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   switch (r.last_state) {
     case v1::JOB_STATE_SUCCEEDED:
       if (!f.json) {
-        PrintSummary(summary, spec.parallel().pipeline() > 1, spec.device() != "cpu", out);
+        PrintSummary(summary, spec.parallel().pipeline() * spec.parallel().data() > 1,
+                     spec.device() != "cpu", out);
       }
       return kExitOk;
     case v1::JOB_STATE_CANCELLED:

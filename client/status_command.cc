@@ -29,9 +29,18 @@ void PrintJob(const v1::Job& job, std::ostream& out) {
                            p.schedule(), p.vocab(), p.pipeline(), p.microbatches(), p.seq_chunks(),
                            p.predicted_step_seconds(), p.costs_source());
   }
+  const bool replicated = job.spec().parallel().data() > 1;
+  if (replicated) {
+    out << absl::StrFormat("  data parallel: %d replicas of the pipeline%s\n",
+                           job.spec().parallel().data(),
+                           job.spec().parallel().zero() == 1 ? ", ZeRO-1" : "");
+  }
   for (const v1::StageStats& s : job.stages()) {
-    out << absl::StrFormat("  rank %d %-10s peak %8.1f MiB  busy %.4f s\n", s.rank(), s.worker_id(),
-                           s.peak_memory_bytes() / 1048576.0, s.busy_seconds());
+    // With replicas, each rank's (replica, stage): the rank is replica + d · stage.
+    const std::string where =
+        replicated ? absl::StrFormat(" (replica %d stage %d)", s.replica(), s.stage()) : "";
+    out << absl::StrFormat("  rank %d%s %-10s peak %8.1f MiB  busy %.4f s\n", s.rank(), where,
+                           s.worker_id(), s.peak_memory_bytes() / 1048576.0, s.busy_seconds());
   }
   if (job.candidates_size() > 1) {
     out << "  candidates (predicted step time, peak memory):\n";

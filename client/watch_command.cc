@@ -45,7 +45,12 @@ class Progress {
     int64_t peak = 1;
     for (const v1::StageStats& s : m.stages()) peak = std::max(peak, s.peak_memory_bytes());
     for (const v1::StageStats& s : m.stages()) {
-      out << absl::StrFormat("  rank %d %s %8.1f MiB  busy %.3f s\n", s.rank(),
+      // With data parallelism a rank is (replica, stage); one replica: the rank is the stage.
+      const std::string where =
+          s.replica() > 0 || s.stage() != s.rank()
+              ? absl::StrFormat(" (replica %d stage %d)", s.replica(), s.stage())
+              : "";
+      out << absl::StrFormat("  rank %d%s %s %8.1f MiB  busy %.3f s\n", s.rank(), where,
                              Bar(double(s.peak_memory_bytes()) / peak, 16),
                              s.peak_memory_bytes() / 1048576.0, s.busy_seconds());
     }

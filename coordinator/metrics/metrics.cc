@@ -40,6 +40,8 @@ const Histogram::BucketBoundaries& StepBuckets() {
 // One stage's figures of a step, checked and converted before anything is recorded.
 struct StageFigures {
   int64_t rank = 0;
+  int64_t stage = 0;    // the pipeline stage: "stage" when given (data parallelism), else rank
+  int64_t replica = 0;  // the data-parallel replica: "replica" when given, else 0
   std::optional<double> seconds, busy_seconds, compute_wait_seconds;
   std::optional<double> predicted_memory_total;
   std::map<std::string, double> busy, comm, memory;  // per pass / comm kind / memory kind
@@ -126,6 +128,17 @@ absl::StatusOr<StepFigures> ParseStep(const nlohmann::json& j) {
               absl::StrCat("step.", path, ".rank: must be an integer >= 0"));
         }
         stage.rank = r->get<int64_t>();
+      }
+      stage.stage = stage.rank;
+      for (const auto& [key, out] :
+           {std::pair{"stage", &stage.stage}, std::pair{"replica", &stage.replica}}) {
+        if (auto v = s.find(key); v != s.end()) {
+          if (!v->is_number_integer() || v->get<int64_t>() < 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("step.", path, ".", key, ": must be an integer >= 0"));
+          }
+          *out = v->get<int64_t>();
+        }
       }
       for (const auto& [key, out] :
            {std::pair{"seconds", &stage.seconds}, std::pair{"busy_seconds", &stage.busy_seconds},
@@ -362,8 +375,11 @@ absl::Status MetricsExporter::RecordStep(std::string_view job_id, std::string_vi
   bool all_busy_known = !f.stages.empty();
   for (size_t i = 0; i < f.stages.size(); ++i) {
     const StageFigures& s = f.stages[i];
+    // Every rank's series carry its pipeline stage and data-parallel replica (0 with one), so
+    // dashboards aggregate over replicas by stage (max, mean) and show their spread.
     const Labels stage_labels = {{"training_job", std::string(job_id)},
-                                 {"stage", std::to_string(i)},
+                                 {"stage", std::to_string(s.stage)},
+                                 {"replica", std::to_string(s.replica)},
                                  {"rank", std::to_string(s.rank)}};
     auto with = [&stage_labels](const char* key, const std::string& value) {
       Labels l = stage_labels;

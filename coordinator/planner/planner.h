@@ -86,6 +86,11 @@ struct ModelShape {
   double layer_backward_transient_bytes = 0;
   int state_bytes_per_param = 16;  // fp32 weight + grad + Adam m, v
   double peak_flops = 0;           // per device, for MFU (costs must then be seconds)
+  // Data parallelism (parallel.data, parallel.zero): d replicas of every stage. Under ZeRO-1 a
+  // rank keeps 1/d of its stage's AdamW state (m and v, 8 bytes per parameter), plus at most
+  // one element of each for the balanced ranges.
+  int data_parallel = 1;
+  bool zero = false;
 };
 
 struct PlannerInput {
@@ -145,7 +150,14 @@ struct TimedAction {
 struct SimResult {
   double makespan = 0;
   double bubble_ratio = 0;  // 1 - mean busy / max span
-  double step_time = 0;     // makespan + optimizer
+  double step_time = 0;     // makespan + optimizer + the data-parallel reduction
+  // Seconds of the gradient reduction over d replicas after the pipeline's last pass (the
+  // runtime does not overlap it yet): a ring all-reduce — or reduce-scatter + all-gather under
+  // ZeRO-1, the same bytes — of the largest stage's fp32 gradients, 2(d-1) calls of the link's
+  // latency and 2(d-1)/d of the bytes at its bandwidth (Costs::allreduce). 0 for d = 1.
+  double data_parallel_seconds = 0;
+  int data_parallel = 1;  // d, from the model shape (the plan itself is one replica's)
+  bool zero = false;
   double model_flops = 0;   // per step (paper Table 4); 0 when the shape is unknown
   double mfu = 0;           // model_flops / (step_time · p · peak_flops)
   std::vector<RankStats> ranks;

@@ -13,6 +13,12 @@ std::string RenderTable(const Plan& plan, const SimResult& sim) {
       "makespan %.6g  bubble_ratio %.2f%%  step_time %.6g  mfu %.2f%%\n",
       plan.schedule, plan.vocab, plan.pipeline, plan.microbatches, plan.seq_chunks, sim.makespan,
       100 * sim.bubble_ratio, sim.step_time, 100 * sim.mfu);
+  if (sim.data_parallel > 1) {  // the data axis: every rank below is one of d replicas
+    absl::StrAppendFormat(
+        &s, "data_parallel %d replicas of every rank%s  reduction %.6g (in step_time)\n",
+        sim.data_parallel, sim.zero ? ", ZeRO-1 (state_bytes per replica)" : "",
+        sim.data_parallel_seconds);
+  }
   absl::StrAppendFormat(&s, "%4s %6s %8s %12s %10s %16s %16s %16s\n", "rank", "layers", "actions",
                         "busy", "peak_act", "peak_act_bytes", "parameter_bytes", "state_bytes");
   for (const RankStats& r : sim.ranks)
@@ -30,7 +36,13 @@ std::string RenderJson(const Plan& plan, const SimResult& sim) {
       ",\"seq_chunks\":", plan.seq_chunks, ",\"layers\":", plan.layers,
       ",\"x_owner\":", plan.x_owner, ",\"makespan\":", num(sim.makespan),
       ",\"bubble_ratio\":", num(sim.bubble_ratio), ",\"step_time\":", num(sim.step_time),
-      ",\"model_flops\":", num(sim.model_flops), ",\"mfu\":", num(sim.mfu), ",\"seq_bounds\":[");
+      ",\"model_flops\":", num(sim.model_flops), ",\"mfu\":", num(sim.mfu));
+  if (sim.data_parallel > 1) {
+    absl::StrAppend(&s, ",\"data_parallel\":", sim.data_parallel,
+                    ",\"zero\":", sim.zero ? "true" : "false",
+                    ",\"data_parallel_seconds\":", num(sim.data_parallel_seconds));
+  }
+  absl::StrAppend(&s, ",\"seq_bounds\":[");
   for (size_t i = 0; i < plan.seq_bounds.size(); ++i)
     absl::StrAppend(&s, i ? "," : "", plan.seq_bounds[i]);
   s += "],\"ranks\":[";

@@ -742,13 +742,29 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     if (l->owner_rank[0] == r && !ms.llama) params += s * h;  // GPT-2's position embedding
     if (l->x_owner() == r) params += ms.llama ? h : 2 * h;    // final norm (RMSNorm: no bias)
     st.parameter_bytes = static_cast<int64_t>(params * 4);
-    st.state_bytes = static_cast<int64_t>(params * ms.state_bytes_per_param);
+    // AdamW's m and v (8 bytes a parameter) are split over the replicas under ZeRO-1.
+    const int d = std::max(1, ms.data_parallel);
+    const double optimizer_bytes = ms.zero && d > 1 ? 8.0 * std::ceil(params / d) : 8.0 * params;
+    st.state_bytes =
+        static_cast<int64_t>(params * (ms.state_bytes_per_param - 8) + optimizer_bytes);
+    if (d > 1) {
+      const double grad_bytes = 4.0 * params;
+      const double calls = 2.0 * (d - 1);
+      res.data_parallel_seconds = std::max(
+          res.data_parallel_seconds,
+          calls * in.costs.allreduce.latency +
+              (in.costs.allreduce.bandwidth > 0
+                   ? calls / d * grad_bytes / in.costs.allreduce.bandwidth
+                   : 0));
+    }
     st.peak_activation_bytes = static_cast<int64_t>(peak_bytes + vocab_act);
     busy_total += st.busy;
     res.ranks.push_back(st);
   }
   res.bubble_ratio = res.makespan > 0 ? 1 - busy_total / (l->p * res.makespan) : 0;
-  res.step_time = res.makespan;
+  res.step_time = res.makespan + res.data_parallel_seconds;
+  res.data_parallel = std::max(1, ms.data_parallel);
+  res.zero = ms.zero;
   if (h > 0) {
     res.model_flops = l->m * (l->layers * 3 * ms.LayerForwardFlops() +
                               flops::OutputLayer(b, s, h, vocab_rows) + flops::InputLayer(b, s, h));

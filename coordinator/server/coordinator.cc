@@ -15,6 +15,7 @@
 #include "coordinator/server/job_plan.h"
 #include "proto/grpc/auth.h"
 #include "proto/plan/plan.h"
+#include "proto/plan/topology.h"
 #include "proto/runlog/step_lines.h"
 #include "proto/spec/job_spec.h"
 #include "proto/spec/storage_root.h"
@@ -62,6 +63,9 @@ v1::StepMetrics StepMetricsFromLine(const nlohmann::json& line,
     v1::StageStats* s = m.add_stages();
     const int rank = stage.value("rank", 0);
     s->set_rank(rank);
+    // Data parallelism names both coordinates; one replica: the rank is the stage.
+    s->set_stage(static_cast<int>(stage.value("stage", int64_t{rank})));
+    s->set_replica(static_cast<int>(stage.value("replica", int64_t{0})));
     if (rank < static_cast<int>(workers.size())) s->set_worker_id(workers[rank]);
     // The rank's real peak when it measured one (memory.footprint), else the engine's total.
     s->set_peak_memory_bytes(
@@ -149,6 +153,20 @@ std::vector<int64_t> PredictedRankBytes(const JobPlan& plan) {
   }
   return out;
 }
+
+// The job's ranks: parallel.data replicas of its pipeline (proto/plan/topology.h). The spec
+// was validated at submit (d·p within spec::kMaxRanks); a record that is not (a hand-edited
+// store) falls back to one replica.
+planner::Topology JobTopology(const v1::JobSpec& spec) {
+  const int p = std::max(1, spec.parallel().pipeline());
+  auto t = planner::Topology::Create(p, std::max(1, spec.parallel().data()), 1, spec::kMaxRanks);
+  if (t.ok()) return *t;
+  return *planner::Topology::Create(p, 1);
+}
+
+// The ranks that time the passes: one per pipeline position (replica 0 of each stage); the
+// other replicas run the same shapes.
+bool ProfilesPasses(const planner::Topology& t, int rank) { return t.CoordOf(rank).replica == 0; }
 
 }  // namespace
 
@@ -254,7 +272,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
       if (j.state() == v1::JOB_STATE_RUNNING && !j.attempt().empty()) {
         // Its ranks may still be running: wait for their daemons to register again with them
         // (Adopt); whatever is not back within adopt_grace restarts from the checkpoint.
-        const int p = j.spec().parallel().pipeline();
+        const int p = JobTopology(j.spec()).world();  // every rank of every replica
         ActiveJob& a = c->active_[id];
         a.attempt = j.attempt();
         a.workers.assign(p, "");
@@ -618,7 +636,7 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   job.set_created_unix_ms(NowMs());
   for (int64_t bytes : need) job.add_predicted_rank_bytes(bytes);
   if (auto st = SetState(job, v1::JOB_STATE_PENDING,
-                         absl::StrCat("waiting for ", spec.parallel().pipeline(), " free ",
+                         absl::StrCat("waiting for ", JobTopology(spec).world(), " free ",
                                       spec.device().empty() ? "cpu" : spec.device(), " workers"));
       !st.ok()) {
     return st;
@@ -737,7 +755,8 @@ void Coordinator::Schedule() {
   std::sort(pending.begin(), pending.end());
   for (const auto& [ordinal, id] : pending) {
     v1::Job& job = jobs_[id];
-    const int p = job.spec().parallel().pipeline();
+    const planner::Topology topology = JobTopology(job.spec());
+    const int p = topology.world();  // ranks: d replicas of the pipeline
     std::vector<std::pair<int64_t, Worker*>> free;
     for (auto& [wid, w] : workers_) {
       if (w.info.job_id().empty() && !w.leaving &&
@@ -776,10 +795,13 @@ void Coordinator::Schedule() {
     // Memory admission against the workers the job is about to get, before it profiles at
     // its full shape there (submit only compared with the largest worker registered then).
     std::string short_of;
-    for (int r = 0; r < p && r < job.predicted_rank_bytes_size() && short_of.empty(); ++r) {
+    for (int r = 0; r < p && short_of.empty(); ++r) {
+      const int stage = topology.CoordOf(r).stage;  // the prediction is per stage
+      if (stage >= job.predicted_rank_bytes_size()) continue;
       const v1::WorkerInfo& w = free[r].second->info;
-      if (w.memory_bytes() > 0 && job.predicted_rank_bytes(r) > w.memory_bytes()) {
-        short_of = absl::StrCat("memory: needs ", GiB(job.predicted_rank_bytes(r)), " on rank ", r,
+      if (w.memory_bytes() > 0 && job.predicted_rank_bytes(stage) > w.memory_bytes()) {
+        short_of = absl::StrCat("memory: needs ", GiB(job.predicted_rank_bytes(stage)), " on rank ",
+                                r,
                                 ", its worker ", w.worker_id(), " (", w.hostname(), ") has ",
                                 GiB(w.memory_bytes()));
       }
@@ -798,11 +820,15 @@ void Coordinator::Schedule() {
       Worker& w = *free[r].second;
       w.info.set_job_id(id);
       w.info.set_rank(r);
+      w.info.set_stage(topology.CoordOf(r).stage);
+      w.info.set_replica(topology.CoordOf(r).replica);
       a.workers.push_back(w.info.worker_id());
       a.peak_flops += w.info.peak_flops();
       v1::StageStats* s = job.add_stages();
       s->set_rank(r);
       s->set_worker_id(w.info.worker_id());
+      s->set_stage(topology.CoordOf(r).stage);
+      s->set_replica(topology.CoordOf(r).replica);
     }
     if (options_.profile) {
       if (!SetState(job, v1::JOB_STATE_PROFILING,
@@ -817,10 +843,11 @@ void Coordinator::Schedule() {
         Finish(job, v1::JOB_STATE_FAILED, std::string(task.status().message()));
         continue;
       }
-      for (const std::string& wid : a.workers) {
+      for (int r = 0; r < p; ++r) {
+        if (!ProfilesPasses(topology, r)) continue;
         v1::WorkerCommand cmd;
         *cmd.mutable_profile() = *task;
-        workers_[wid].commands.push_back(std::move(cmd));
+        workers_[a.workers[r]].commands.push_back(std::move(cmd));
       }
     } else {
       StartPlanning(job, a);
@@ -829,9 +856,9 @@ void Coordinator::Schedule() {
 }
 
 void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
-  const int p = static_cast<int>(a.workers.size());
   v1::PassCosts costs;
-  const bool profiled = static_cast<int>(a.profiles.size()) == p;
+  // One profile per pipeline position (ProfilesPasses).
+  const bool profiled = static_cast<int>(a.profiles.size()) == JobTopology(job.spec()).pipeline();
   if (profiled) {
     // The slowest worker bounds every pass of a pipeline: plan with the per-pass maximum.
     for (const auto& [rank, c] : a.profiles) {
@@ -883,14 +910,21 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
   v1::Job& job = *found;
   ActiveJob& a = it->second;
   const int p = static_cast<int>(a.workers.size());
+  const planner::Topology topology = JobTopology(job.spec());
   if (!plan.ok()) {
     Finish(job, v1::JOB_STATE_FAILED, absl::StrCat("planning: ", plan.status().message()));
     Schedule();
     return;
   }
   // Memory admission against the workers the job got (submit compared with the largest).
-  const std::vector<int64_t> need = PredictedRankBytes(*plan);
-  for (int r = 0; r < p && r < static_cast<int>(need.size()); ++r) {
+  // The planner predicts per stage; every replica of a stage holds the same.
+  const std::vector<int64_t> stage_need = PredictedRankBytes(*plan);
+  std::vector<int64_t> need(p, 0);
+  for (int r = 0; r < p; ++r) {
+    const int stage = topology.CoordOf(r).stage;
+    if (stage < static_cast<int>(stage_need.size())) need[r] = stage_need[stage];
+  }
+  for (int r = 0; r < p; ++r) {
     auto w = workers_.find(a.workers[r]);
     const int64_t has = w == workers_.end() ? 0 : w->second.info.memory_bytes();
     if (has > 0 && need[r] > has) {
@@ -905,7 +939,8 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
   job.clear_candidates();
   for (const auto& c : plan->candidates) *job.add_candidates() = c;
   job.set_plan_text(planner::PlanToText(plan->plan));
-  a.model_flops_per_step = plan->summary.model_flops_per_step();
+  // The summary counts one pipeline's m microbatches; a step is d·m.
+  a.model_flops_per_step = plan->summary.model_flops_per_step() * topology.data();
   a.predicted_memory = need;
   a.since = absl::Now();
   // The attempt's rendezvous secret: only its ranks (given it with the task) use its keys.
@@ -953,8 +988,10 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     run->set_rank(r);
     run->set_attempt(a.attempt);
     *run->mutable_spec() = job.spec();
-    // Only this rank's slice: the layout and its own actions (docs/operations.md, "Security").
-    run->set_plan_text(planner::PlanToText(planner::RankSlice(plan->plan, r)));
+    // Only this rank's slice: the layout and its stage's actions (docs/operations.md,
+    // "Security"); with data parallelism every replica of a stage gets the same slice.
+    run->set_plan_text(
+        planner::PlanToText(planner::RankSlice(plan->plan, topology.CoordOf(r).stage)));
     run->set_timeout_ms(absl::ToInt64Milliseconds(options_.rank_timeout));
     run->set_resume(job.resume());
     run->set_run_owner(job.run_owner().empty() ? job.owner() : job.run_owner());
@@ -1124,6 +1161,8 @@ void Coordinator::Adopt(Worker& w, const v1::HeldTask& held) {
   a.peak_flops += w.info.peak_flops();
   w.info.set_job_id(job->id());
   w.info.set_rank(r);
+  w.info.set_stage(JobTopology(job->spec()).CoordOf(r).stage);
+  w.info.set_replica(JobTopology(job->spec()).CoordOf(r).replica);
   // The store is rebuilt from the ranks' daemons: the attempt's keys are readable again with
   // its secret (a rank that is still in its rendezvous sets its keys again on retry). The
   // secret was checked against the stored hash, so this installs the attempt's own.
@@ -1193,8 +1232,9 @@ void Coordinator::CheckDeadlines() {
     if (job == nullptr) continue;
     if (job->state() == v1::JOB_STATE_PROFILING && now - a.since > options_.profiling_deadline) {
       std::vector<std::string> missing;
+      const planner::Topology topology = JobTopology(job->spec());
       for (int r = 0; r < static_cast<int>(a.workers.size()); ++r) {
-        if (!a.profiles.count(r))
+        if (ProfilesPasses(topology, r) && !a.profiles.count(r))
           missing.push_back(absl::StrCat("rank ", r, " (", a.workers[r], ")"));
       }
       due.push_back({id, absl::StrCat("profiling: no result from ", absl::StrJoin(missing, ", "),
@@ -1344,7 +1384,9 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
     if (auto st = SaveWithEvent(*job, std::move(e)); !st.ok()) return st;
   }
   const auto& par = job->spec().parallel();
+  // A step is d·m microbatches (every replica's m).
   const runlog::StepContext context{.tokens_per_step = static_cast<double>(par.microbatches()) *
+                                                       std::max(1, par.data()) *
                                                        par.microbatch_size() *
                                                        job->spec().model().seq_len(),
                                     .model_flops_per_step = a.model_flops_per_step,
@@ -1411,7 +1453,9 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
       return absl::OkStatus();
     }
     a.profiles[rank] = req.costs();
-    if (static_cast<int>(a.profiles.size()) == p) StartPlanning(*job, a);
+    if (static_cast<int>(a.profiles.size()) == JobTopology(job->spec()).pipeline()) {
+      StartPlanning(*job, a);
+    }
     Schedule();
     return absl::OkStatus();
   }

@@ -79,7 +79,8 @@ absl::Status CheckRankLine(const json& line, const std::string& where) {
     return Bad(where, "seconds", "required, a number >= 0");
   }
   for (const char* key :
-       {"busy_seconds", "compute_wait_seconds", "comm_seconds", "grad_norm", "eval_seconds"}) {
+       {"busy_seconds", "compute_wait_seconds", "comm_seconds", "grad_norm", "eval_seconds",
+        "data_parallel_seconds"}) {
     if (auto it = line.find(key); it != line.end() && !IsNonNegativeNumber(*it)) {
       return Bad(where, key, "must be a number >= 0");
     }
@@ -170,6 +171,9 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
     // Data parallelism: the rank's pipeline stage and replica (absent for one replica).
     for (const char* key : {"stage", "replica"}) {
       if (line.contains(key)) stages.back()[key] = line.value(key, int64_t{0});
+    }
+    if (line.contains("data_parallel_seconds")) {
+      stages.back()["data_parallel_seconds"] = Number(line, "data_parallel_seconds");
     }
   }
   const json& head = loss_rank != nullptr ? *loss_rank : ranks.front();

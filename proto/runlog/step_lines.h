@@ -9,7 +9,8 @@
 //    (how long that save held the step: shard written, fsynced, manifest, marked),
 //    "val_loss" and "eval_seconds" (when an evaluation followed the step; val_loss on every
 //    rank that holds output-layer rows), "sample" (rank 0, when a sample followed the step),
-//    "stage" and "replica" (data parallelism, parallel.data > 1: the job rank's coordinates)}
+//    "stage" and "replica" (data parallelism, parallel.data > 1: the job rank's coordinates),
+//    "data_parallel_seconds" (the gradient reduction's share of OPT, when d > 1)}
 // The p rank lines of a step merge into one *step line*, the metrics.jsonl object that the
 // local launcher writes, the coordinator stores with the step's event and `vocabpipe run`
 // writes from those events:
@@ -19,8 +20,8 @@
 //    "checkpoint_step" and "checkpoint_seconds" (the slowest rank's) when every rank saved,
 //    "val_loss" (when evaluated), "sample", "stages":
 //    [per rank: seconds, busy_seconds, busy, compute_wait_seconds, comm_seconds, comm, memory,
-//    predicted_memory_total, checkpoint_seconds when the rank saved, stage and replica when
-//    the rank line has them]}
+//    predicted_memory_total, checkpoint_seconds when the rank saved, stage, replica and
+//    data_parallel_seconds when the rank line has them]}
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every query of the Grafana dashboard (deploy/grafana/dashboards/vocabpipe.json) returns data
 # from a real Prometheus (Debian's /usr/bin/prometheus) scraping a real coordinator while a real
-# p=2 job runs on two worker daemons. The dashboard's variables are set as Grafana sets them
+# job of two data-parallel replicas of a p=2 pipeline runs on four worker daemons. The dashboard's variables are set as Grafana sets them
 # for "All": $training_job and $stage = .*, $__rate_interval = 1m.
 # Usage: dashboard_queries_test.sh BUILD_DIR. Exits 77 (skipped) without prometheus.
 set -euo pipefail
@@ -27,7 +27,7 @@ mport="$(free_port)"
 pids+=($!)
 for _ in $(seq 1 100); do grep -q "listening on 127.0.0.1:" "$dir/coordinator.log" && break; sleep 0.1; done
 coord="127.0.0.1:$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$dir/coordinator.log" | head -n 1)"
-for i in 0 1; do
+for i in 0 1 2 3; do
   "$build/worker/main/vocabpipe-worker" --coordinator "$coord" --insecure --rank-hint "$i" > "$dir/w$i.log" 2>&1 &
   pids+=($!)
 done
@@ -48,7 +48,7 @@ pids+=($!)
 cat > "$dir/job.yaml" <<YAML
 name: dash
 model: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}
-parallel: {pipeline: 2, microbatch_size: 2, microbatches: 4}
+parallel: {pipeline: 2, data: 2, microbatch_size: 2, microbatches: 4}
 train: {steps: 400, lr: 0.003, threads: 1, eval_every: 100, eval_batches: 4}
 data: {path: $dir/data.bin, val_path: $dir/val.bin}
 checkpoint: {dir: $dir/ckpt, every: 0}
@@ -80,6 +80,12 @@ for e in exprs:
     assert r["status"] == "success", (e, r)
     if not r["data"]["result"]:
         empty.append(e)
+# Every rank's series carry its stage and replica: both replicas of both stages are there.
+q = 'count by (stage, replica) (vocabpipe_stage_busy_ratio)'
+r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/query?" +
+                                     urllib.parse.urlencode({"query": q}), timeout=10))
+pairs = sorted((m["metric"]["stage"], m["metric"]["replica"]) for m in r["data"]["result"])
+assert pairs == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], pairs
 for e in empty:
     print("no data:", e)
 print(f"{len(exprs) - len(empty)} of {len(exprs)} dashboard queries return data")

@@ -369,8 +369,12 @@ class Daemon {
     // this rank's own, since the ranks share checkpoint.dir.
     auto plan = planner::PlanFromText(run.plan_text());
     if (!plan.ok()) return fail(absl::StrCat("plan: ", plan.status().message()));
-    if (run.rank() < 0 || run.rank() >= plan->pipeline) {
-      return fail(absl::StrCat("plan: no rank ", run.rank(), " in a pipeline of ", plan->pipeline));
+    // d replicas of the pipeline: d·p ranks, each given its stage's slice.
+    const int64_t world = static_cast<int64_t>(plan->pipeline) * std::max(1, run.spec().parallel().data());
+    if (run.rank() < 0 || run.rank() >= world) {
+      return fail(absl::StrCat("plan: no rank ", run.rank(), " in ", world, " ranks (",
+                               run.spec().parallel().data(), " replicas of a pipeline of ",
+                               plan->pipeline, ")"));
     }
     // Before anything is written: another job's run directory is refused, naming it.
     const std::string run_id = run.run_id().empty() ? run.job_id() : run.run_id();

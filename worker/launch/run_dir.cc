@@ -93,10 +93,12 @@ namespace {
 
 // plan_rank_0.txt .. plan_rank_<p-1>.txt merged into the plan they were cut from; NotFound
 // when one of them is missing.
-absl::StatusOr<planner::Plan> ReadWholePlanFromSlices(const safefs::Dir& folder, int p) {
+// With d data-parallel replicas the job rank of stage s's replica 0 is d·s
+// (proto/plan/topology.h); its slice stands for the stage.
+absl::StatusOr<planner::Plan> ReadWholePlanFromSlices(const safefs::Dir& folder, int p, int d) {
   std::vector<planner::Plan> slices;
-  for (int r = 0; r < p; ++r) {
-    const std::string name = absl::StrCat("plan_rank_", r, ".txt");
+  for (int stage = 0; stage < p; ++stage) {
+    const std::string name = absl::StrCat("plan_rank_", stage * d, ".txt");
     if (folder.KindOf(name) == safefs::Kind::kMissing) {
       return absl::NotFoundError(absl::StrCat(folder.PathOf(name), ": missing"));
     }
@@ -111,8 +113,8 @@ absl::StatusOr<planner::Plan> ReadWholePlanFromSlices(const safefs::Dir& folder,
   }
   auto whole = planner::MergeRankSlices(slices);
   if (!whole.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(folder.PathOf("plan_rank_0.txt"), " .. ", p - 1,
-                                                   ": ", whole.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(folder.PathOf("plan_rank_0.txt"), " .. ",
+                                                   (p - 1) * d, ": ", whole.status().message()));
   }
   return whole;
 }
@@ -140,7 +142,8 @@ absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank) {
     // A run of the control plane: each daemon left its rank's slice. With every slice here
     // the whole plan is rebuilt from them (the report times it); otherwise slice 0 serves
     // for the layout (export).
-    auto whole = ReadWholePlanFromSlices(*folder, spec->parallel().pipeline());
+    auto whole = ReadWholePlanFromSlices(*folder, spec->parallel().pipeline(),
+                                         std::max(1, spec->parallel().data()));
     if (whole.ok()) return RunFiles{std::move(*spec), std::move(*whole)};
     if (!absl::IsNotFound(whole.status())) return whole.status();
     plan_name = "plan_rank_0.txt";  // every slice has the whole layout

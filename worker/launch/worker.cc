@@ -74,6 +74,7 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
         footprint.device ? r.peak_total : std::max(r.peak_total, footprint.process_peak);
   }
   if (r.has_loss) j["loss"] = r.loss;
+  if (r.data_parallel_seconds > 0) j["data_parallel_seconds"] = r.data_parallel_seconds;
   if (checkpoint_step >= 0) j["checkpoint_step"] = checkpoint_step;
   if (checkpoint_seconds >= 0) j["checkpoint_seconds"] = checkpoint_seconds;
   if (eval != nullptr) {

@@ -158,10 +158,11 @@ static_assert(GradOps<CpuGradOps>);
 
 absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm,
                                            comm::Communicator* data, bool tied_copy_sync, float lr,
-                                           float grad_clip, double* grad_norm) {
+                                           float grad_clip, double* grad_norm,
+                                           double* data_seconds) {
   CpuGradOps ops(*model_, *optimizer_, tracker_.get());
   return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip,
-                          grad_norm);
+                          grad_norm, data_seconds);
 }
 
 }  // namespace vp::runtime

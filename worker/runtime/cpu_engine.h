@@ -58,7 +58,8 @@ class CpuStageEngine {
   // Tied copies summed, gradients summed over the replicas (`data`, null for one), global
   // gradient norm (all-reduced over `comm`), clipping, AdamW (optimizer_step.h).
   absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, comm::Communicator* data,
-                             bool tied_copy_sync, float lr, float grad_clip, double* grad_norm);
+                             bool tied_copy_sync, float lr, float grad_clip, double* grad_norm,
+                             double* data_seconds);
   absl::Status ZeroGrads() {
     model_->ZeroGrads();
     return absl::OkStatus();

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -66,10 +67,20 @@ concept GradOps = requires(G& g, const G& cg, typename G::Scratch& scratch, size
 
 // comm: the pipeline's communicator (this replica's stages); data: the replicas of this stage
 // (null or size 1: no data parallelism); zero: ZeRO-1 (the optimizer state covers this
-// replica's comm::RangeOf range of the flat buffer).
+// replica's comm::RangeOf range of the flat buffer). data_seconds (may be null): the wall time
+// of the data-parallel collectives (reduction, ZeRO-1's norm sum and parameter gather).
 template <GradOps G>
 absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicator* data, bool zero,
-                              bool tied_copy_sync, float lr, float grad_clip, double* grad_norm) {
+                              bool tied_copy_sync, float lr, float grad_clip, double* grad_norm,
+                              double* data_seconds = nullptr) {
+  using Clock = std::chrono::steady_clock;
+  double data_time = 0;
+  auto timed = [&data_time](auto&& collective) {
+    const auto t0 = Clock::now();
+    absl::Status st = collective();
+    data_time += std::chrono::duration<double>(Clock::now() - t0).count();
+    return st;
+  };
   const engine::RankModel& host = ops.host();
   const bool replicated = data != nullptr && data->size() > 1;
   const size_t params = host.param_count();
@@ -96,7 +107,9 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicat
     if (absl::Status st = ops.Sync(); !st.ok()) return st;
   }
   if (replicated) {
-    if (absl::Status st = zero ? ops.ReduceScatterGrads(*data) : ops.AllReduceGrads(*data);
+    if (absl::Status st = timed([&] {
+          return zero ? ops.ReduceScatterGrads(*data) : ops.AllReduceGrads(*data);
+        });
         !st.ok()) {
       return st;
     }
@@ -114,7 +127,11 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicat
     }
   }
   if (replicated && zero) {
-    auto replicas = ops.AllReduceScalar(*data, static_cast<float>(local));
+    absl::StatusOr<float> replicas;
+    (void)timed([&] {
+      replicas = ops.AllReduceScalar(*data, static_cast<float>(local));
+      return replicas.status();
+    });
     if (!replicas.ok()) return replicas.status();
     local = *replicas;
   }
@@ -125,8 +142,10 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicat
       !st.ok()) {
     return st;
   }
-  if (replicated && zero) return ops.AllGatherParams(*data);
-  return absl::OkStatus();
+  absl::Status st;
+  if (replicated && zero) st = timed([&] { return ops.AllGatherParams(*data); });
+  if (data_seconds != nullptr) *data_seconds = data_time;
+  return st;
 }
 
 }  // namespace vp::runtime

@@ -36,6 +36,9 @@ struct RankStepResult {
   std::array<double, planner::kNumActionKinds> busy{};
   double compute_wait_seconds = 0;
   std::array<double, planner::kNumActionKinds> comm{};
+  // Seconds of OPT spent in the data-parallel collectives (gradient reduction, ZeRO-1's
+  // gather); part of busy[OPT], exposed (not overlapped). 0 without data parallelism.
+  double data_parallel_seconds = 0;
   // Peaks of this step, bytes, from the engine's allocator.
   int64_t peak_parameters = 0, peak_gradients = 0, peak_optimizer = 0, peak_activations = 0;
   int64_t peak_total = 0;

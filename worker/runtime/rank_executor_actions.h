@@ -582,7 +582,7 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
   const auto o0 = Clock::now();
   r.lr = options_.lr.At(step);
   if (auto st = engine_->OptimizerStep(step, *coll_, data_, setup_.tied_copy_sync, r.lr,
-                                       options_.grad_clip, &r.grad_norm);
+                                       options_.grad_clip, &r.grad_norm, &r.data_parallel_seconds);
       !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("rank ", rank_, " OPT: ", st.message()));
   }

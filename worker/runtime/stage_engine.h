@@ -89,8 +89,9 @@ concept StageModel = requires(M& model, int c) {
 //   FinalNormForward(xs, out, n)    ln_f on out (n, h): fills xs.x, keeps out as xs.x_last
 //   FinalNormBackward(dout, grad_input, xs, n)   dout (n, h, zeroed) += ln_f's input gradient;
 //                                   ln_f's weight gradients; frees x_last and the statistics
-//   OptimizerStep(step, comm, data, tied_copy_sync, lr, clip, &grad_norm)   optimizer_step.h
-//                                   (data: the replicas' communicator, null without any)
+//   OptimizerStep(step, comm, data, tied_copy_sync, lr, clip, &grad_norm, &data_seconds)
+//                                   optimizer_step.h (data: the replicas' communicator, null
+//                                   without any; data_seconds: its collectives' wall time)
 //   EnterThread()                   first call on every thread the executor runs (a device
 //                                   engine makes the rank's device current)
 //   ActionDone(thread)              after every action (a device engine hands freed blocks back)
@@ -112,7 +113,9 @@ concept StageEngine = ActivationBuffer<typename E::Buffer, typename E::Elem> &&
   { e.FinalNormBackward(buf, grad_input, xs, n) } -> std::same_as<absl::Status>;
   { xs.x } -> std::convertible_to<typename E::Buffer&>;       // X, the output layer's input
   { xs.x_last } -> std::convertible_to<typename E::Buffer&>;  // ln_f's input (owner only)
-  { e.OptimizerStep(step, comm, &comm, flag, lr, clip, grad_norm) } -> std::same_as<absl::Status>;
+  {
+    e.OptimizerStep(step, comm, &comm, flag, lr, clip, grad_norm, grad_norm)
+    } -> std::same_as<absl::Status>;
   { e.ZeroGrads() } -> std::same_as<absl::Status>;
   { e.EnterThread() } -> std::same_as<absl::Status>;
   e.ActionDone(E::kCompute);

@@ -4,6 +4,7 @@
 // vocabpipe-worker daemons connect with the worker certificate. Every refusal is checked for
 // its status and message, and for leaving what is stored as it was.
 #include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -514,6 +515,67 @@ TEST_F(TlsTest, TwoRankJobRunsOverTls) {
   CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", bob_), "status job-1" + flags);
   EXPECT_EQ(status.code, 1);
   EXPECT_THAT(status.output, HasSubstr("belongs to alice"));
+}
+
+// Data parallelism through the control plane: two replicas of a two-stage pipeline on four
+// worker daemons over TLS. Every rank's record names its replica and stage (rank = replica +
+// 2 · stage), the daemons of one stage were sent the same plan slice, the step metrics cover
+// all four ranks, and only one copy of each stage's shard is written.
+TEST_F(TlsTest, TwoReplicasOfATwoStagePipelineRunOnFourDaemons) {
+  MakeData();
+  auto c = StartCoordinator();
+  for (int n = 1; n <= 3; ++n) StartWorker(*c, n);
+  v1::SubmitJobRequest req = TinyJob("dp", 2, 3);
+  std::string spec = req.spec_text();
+  const std::string from = "microbatches: 2}";
+  spec.replace(spec.find(from), from.size(), "microbatches: 2, data: 2, zero: 1}");
+  req.set_spec_text(spec);
+  v1::SubmitJobResponse submitted;
+  ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
+  // Three free workers for four ranks: the job waits, naming what it needs.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  v1::Job waiting = GetJob(*Jobs(*c, admin_), submitted.job_id());
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_PENDING);
+  EXPECT_THAT(waiting.reason(), HasSubstr("waiting for 4 free cpu workers"));
+  StartWorker(*c, 4);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::JobState s = GetJob(*Jobs(*c, admin_), submitted.job_id()).state();
+        return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED;
+      },
+      std::chrono::seconds(120)))
+      << workers_[0]->Log();
+  const std::string flags =
+      absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
+  const v1::Job job = GetJob(*Jobs(*c, admin_), "job-1");
+  EXPECT_TRUE(Succeeded(job)) << job.reason();
+  EXPECT_EQ(job.step(), 3);
+  ASSERT_EQ(job.stages_size(), 4);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(job.stages(r).rank(), r);
+    EXPECT_EQ(job.stages(r).stage(), r / 2) << "rank " << r;
+    EXPECT_EQ(job.stages(r).replica(), r % 2) << "rank " << r;
+    EXPECT_GT(job.stages(r).peak_memory_bytes(), 0) << "rank " << r;
+  }
+  const fs::path run_dir = dir_ / "runs" / "dp";
+  for (int stage = 0; stage < 2; ++stage) {
+    EXPECT_EQ(ReadWholeFile(run_dir / absl::StrCat("plan_rank_", 2 * stage, ".txt")),
+              ReadWholeFile(run_dir / absl::StrCat("plan_rank_", 2 * stage + 1, ".txt")));
+    EXPECT_TRUE(fs::exists(run_dir / "step_3" / absl::StrCat("rank_", stage) / "MANIFEST.json"));
+  }
+  EXPECT_FALSE(fs::exists(run_dir / "step_3" / "rank_2"));
+  EXPECT_TRUE(fs::exists(run_dir / "step_3" / "DONE"));
+  // status --output json lists the four ranks with both coordinates.
+  CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
+                               "status job-1 --output json" + flags);
+  ASSERT_EQ(status.code, 0) << status.output;
+  const auto stages = nlohmann::json::parse(status.output)["stages"];
+  ASSERT_EQ(stages.size(), 4u) << status.output;
+  EXPECT_EQ(stages[3].value("replica", -1), 1) << status.output;
+  EXPECT_EQ(stages[3].value("stage", -1), 1) << status.output;
+  CliResult text = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_), "status job-1" + flags);
+  EXPECT_THAT(text.output, HasSubstr("rank 3 (replica 1 stage 1)"));
+  EXPECT_THAT(text.output, HasSubstr("data parallel: 2 replicas of the pipeline, ZeRO-1"));
 }
 
 // A user's queued (PENDING) jobs are capped; other users and stored jobs are unaffected.

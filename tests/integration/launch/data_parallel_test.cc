@@ -200,6 +200,12 @@ TEST_F(DataParallelTest, ZeroOneEqualsZeroZeroWithItsShareOfTheOptimizerState) {
     const int64_t whole = a[rank]["memory"]["optimizer"], share = b[rank]["memory"]["optimizer"];
     EXPECT_GT(whole, 0);
     EXPECT_LE(std::abs(2 * share - whole), int64_t{2 * 2 * 4}) << "rank " << rank;
+    // The planner's memory model (state divided under ZeRO-1) stays within 10% of the peak.
+    for (const auto* stages : {&a, &b}) {
+      const auto& s = (*stages)[rank];
+      EXPECT_NEAR(double(s["predicted_memory_total"]) / double(s["memory"]["total"]), 1.0, 0.1)
+          << "rank " << rank << (stages == &a ? " zero 0" : " zero 1");
+    }
   }
 }
 

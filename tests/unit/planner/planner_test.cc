@@ -486,6 +486,34 @@ TEST(Simulator, InterlacedIsLevelWithVocabParallelismInThePaperModel) {
   }
 }
 
+// Data parallelism in the memory and time model: ZeRO-1 keeps 1/d of AdamW's m and v (8 of the
+// 16 state bytes a parameter), and the step ends with a ring reduction of the largest stage's
+// fp32 gradients, 2(d-1) calls moving 2(d-1)/d of the bytes over the all-reduce link.
+TEST(Simulator, DataParallelReplicasShareTheOptimizerStateAndPayTheReduction) {
+  PlannerInput in = fixtures::PaperEightGpuModel(32768, VocabMethod::kVocab1);
+  in.costs.allreduce = {.latency = 1e-4, .bandwidth = 1e10};
+  const SimResult one = Sim(in);
+  EXPECT_EQ(one.data_parallel_seconds, 0);
+  in.model.data_parallel = 4;
+  const SimResult plain = Sim(in);
+  in.model.zero = true;
+  const SimResult zero = Sim(in);
+  ASSERT_EQ(one.ranks.size(), zero.ranks.size());
+  double largest = 0;
+  for (size_t r = 0; r < one.ranks.size(); ++r) {
+    const double params = one.ranks[r].parameter_bytes / 4.0;
+    largest = std::max(largest, params);
+    EXPECT_EQ(plain.ranks[r].state_bytes, one.ranks[r].state_bytes) << r;
+    EXPECT_NEAR(double(zero.ranks[r].state_bytes), params * (8 + 8.0 / 4), 8.0) << r;
+    EXPECT_EQ(zero.ranks[r].peak_activation_bytes, one.ranks[r].peak_activation_bytes) << r;
+  }
+  const double expected = 6 * 1e-4 + 6.0 / 4 * 4 * largest / 1e10;
+  EXPECT_NEAR(plain.data_parallel_seconds, expected, 1e-9 * expected);
+  EXPECT_DOUBLE_EQ(zero.data_parallel_seconds, plain.data_parallel_seconds);
+  EXPECT_DOUBLE_EQ(plain.step_time, one.step_time + plain.data_parallel_seconds);
+  EXPECT_DOUBLE_EQ(plain.makespan, one.makespan);
+}
+
 TEST(ModelShape, LlamaFlopsAndParameters) {
   ModelShape gpt;
   gpt.hidden = 48;

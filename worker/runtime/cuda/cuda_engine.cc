@@ -242,10 +242,11 @@ static_assert(GradOps<CudaGradOps<engine::cuda::bf16>>);
 template <typename T>
 absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm,
                                                comm::Communicator* data, bool tied_copy_sync,
-                                               float lr, float grad_clip, double* grad_norm) {
+                                               float lr, float grad_clip, double* grad_norm,
+                                               double* data_seconds) {
   CudaGradOps<T> ops(*model_, compute_);
   return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip,
-                          grad_norm);
+                          grad_norm, data_seconds);
 }
 
 template class CudaStageEngine<float>;

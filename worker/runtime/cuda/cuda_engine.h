@@ -60,7 +60,8 @@ class CudaStageEngine {
   absl::Status FinalNormForward(XState& xs, Buffer out, int n);
   absl::Status FinalNormBackward(Buffer& dout, const float* grad_input, XState& xs, int n);
   absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, comm::Communicator* data,
-                             bool tied_copy_sync, float lr, float grad_clip, double* grad_norm);
+                             bool tied_copy_sync, float lr, float grad_clip, double* grad_norm,
+                             double* data_seconds);
   absl::Status ZeroGrads() { return model_->ZeroGrads(); }
   absl::Status EnterThread();
   void ActionDone(Thread) { alloc_->ReleasePending(); }
