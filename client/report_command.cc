@@ -7,6 +7,7 @@
 // share of the step (busy / step time), so the planner's FLOP-proportional simulation of the
 // run's own plan.txt is comparable with measured seconds without knowing the machine's speed.
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -307,8 +308,11 @@ int RunReportCommand(const Args& args, std::ostream& out, std::ostream& err) {
       absl::StrFormat("<text x=\"80\" y=\"%.0f\" font-size=\"13\">Plan timeline</text>\n", y + 14);
   const std::string timeline = planner::RenderSvg(plan, *sim);
   body += EmbedSvg(y + 20, timeline);
-  // The timeline's own height attribute (RenderSvg: top + row·p + 40).
-  y += 20 + 30 + 28.0 * p + 40 + 10;
+  // The timeline's own height attribute.
+  double timeline_height = 0;
+  if (const size_t at = timeline.find("height=\""); at != std::string::npos)
+    timeline_height = std::atof(timeline.c_str() + at + 8);
+  y += 20 + timeline_height + 10;
   const std::string svg = SvgDocument(y, title, body);
 
   if (prefix.empty()) prefix = (fs::path(dir) / "report").string();

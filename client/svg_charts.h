@@ -1,7 +1,7 @@
 // Small self-contained SVG charts (no scripts, no external fonts or styles) for
-// `vocabpipe report` and the bench/paper tables: a line chart of series over x, and grouped
-// bars (measured beside predicted). Every chart is a <g> fragment placed at a y offset, so a
-// caller stacks several into one <svg> document (SvgDocument).
+// `vocabpipe report`: a line chart of series over x, and grouped bars (measured beside
+// predicted). Every chart is a <g> fragment placed at a y offset, so a caller stacks several
+// into one <svg> document (SvgDocument).
 #pragma once
 
 #include <string>

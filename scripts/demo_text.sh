@@ -81,11 +81,12 @@ echo "$after"
 
 echo
 echo "== report (from $RUN/metrics.jsonl)"
+# The loss curve (matplotlib: Debian's python3-matplotlib, which `make deps` installs).
+/usr/bin/python3 scripts/demo_text_chart.py "$RUN" "$entropy" "$RUN.loss.svg"
 /usr/bin/python3 - "$RUN" "$entropy" "$(( $(date +%s) - start ))" <<'PY'
 import json, sys
 run, entropy, seconds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 lines = [json.loads(l) for l in open(run + "/metrics.jsonl")]
-steps = [l["step"] + 1 for l in lines]
 train = [l["loss"] for l in lines]
 val = [(l["step"] + 1, l["val_loss"]) for l in lines if "val_loss" in l]
 last = sum(train[-50:]) / min(50, len(train))
@@ -98,39 +99,6 @@ tokens = sum(l["tokens_per_s"] * l["step_seconds"] for l in timed)
 print(f"throughput {tokens / sum(l['step_seconds'] for l in timed):,.0f} tokens/s; "
       f"demo wall time {seconds // 60} min {seconds % 60} s")
 
-# The loss curve: training loss per step, validation loss per evaluation, the unigram line.
-W, H, L, R, T, B = 720, 400, 60, 20, 30, 40
-top = max(train[0], entropy) * 1.05
-bottom = min(min(train), min(v for _, v in val)) * 0.9
-x = lambda s: L + (W - L - R) * (s - 1) / max(1, steps[-1] - 1)
-y = lambda v: T + (H - T - B) * (top - v) / (top - bottom)
-svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-       f'<rect width="{W}" height="{H}" fill="white"/>',
-       f'<text x="{L}" y="18">demo-text: GPT-2 (4 layers, h 128) on the King James Bible, 2 ranks, Vocab-1</text>',
-       f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
-       f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>']
-for i in range(6):
-    v = bottom + (top - bottom) * i / 5
-    svg.append(f'<text x="{L - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}</text>')
-    s = 1 + (steps[-1] - 1) * i / 5
-    svg.append(f'<text x="{x(s):.1f}" y="{H - B + 16}" text-anchor="middle">{s:.0f}</text>')
-svg.append(f'<text x="{(W + L) / 2}" y="{H - 6}" text-anchor="middle">step</text>')
-svg.append(f'<text x="14" y="{(H - B + T) / 2}" transform="rotate(-90 14 {(H - B + T) / 2})" '
-           'text-anchor="middle">loss (nats/token)</text>')
-pts = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in zip(steps, train))
-svg.append(f'<polyline fill="none" stroke="#4477aa" stroke-width="1" points="{pts}"/>')
-pts = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in val)
-svg.append(f'<polyline fill="none" stroke="#cc3311" stroke-width="2" points="{pts}"/>')
-for s, v in val:
-    svg.append(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="3" fill="#cc3311"/>')
-svg.append(f'<line x1="{L}" y1="{y(entropy):.1f}" x2="{W - R}" y2="{y(entropy):.1f}" '
-           'stroke="gray" stroke-dasharray="5,4"/>')
-svg.append(f'<text x="{W - R - 4}" y="{y(entropy) - 5:.1f}" text-anchor="end" fill="gray">'
-           f'unigram entropy {entropy:.2f}</text>')
-svg.append(f'<text x="{W - R - 4}" y="{T + 14}" text-anchor="end" fill="#4477aa">training loss</text>')
-svg.append(f'<text x="{W - R - 4}" y="{T + 30}" text-anchor="end" fill="#cc3311">validation loss</text>')
-svg.append("</svg>")
-open(run + ".loss.svg", "w").write("\n".join(svg) + "\n")
 print(f"loss curve: {run}.loss.svg")
 if not val[-1][1] < entropy - 1.0:
     print("FAIL: the validation loss did not fall well below the unigram entropy")

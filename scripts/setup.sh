@@ -9,6 +9,8 @@ PACKAGES=(
   libgloo-dev libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev libssl-dev
   python3-torch python3-numpy
+  # the charts of bench/paper (paper_charts.py) and of docs/img's loss curves
+  python3-matplotlib
   prometheus-cpp-dev prometheus
   clang-14 libclang-rt-14-dev
   # make demo-text's corpus: the King James Bible (bible-kjv-text) and its reader `bible`

@@ -2,10 +2,11 @@
 """The papers' tables on the real engine: `vocabpipe run --direct` launches (p worker processes
 over Gloo on loopback, one BLAS thread per rank), each row beside the planner's prediction.
 
-usage: paper_bench.py --vocabpipe BUILD/client/vocabpipe --charts BUILD/bench/paper/paper_charts
+usage: paper_bench.py --vocabpipe BUILD/client/vocabpipe [--img docs/img]
          [--worker BUILD/worker/main/vocabpipe-worker] [--grid small|full] [--pipelines 2,4]
          [--steps 5] [--vocabs 32768,...] [--methods baseline,...] [--no-comm] [--workdir DIR]
-         [--out results.json] [--img docs/img] [--tables vocab,vshape,seq]
+         [--out results.json] [--tables vocab,vshape,seq]
+         (--img: the charts and tables of paper_charts.py, drawn with Debian's python3-matplotlib)
        paper_bench.py --vocabpipe ... --repredict results.json --workdir DIR [--out new.json]
          (the rows of an earlier run timed again with the current cost model, from the plan.txt
          and metrics.jsonl the runs left in DIR and each row's own link profile)
@@ -45,6 +46,16 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+def charts(results, img):
+    """paper_charts.py's charts into img and its markdown tables, by an interpreter that has
+    matplotlib (Debian's python3-matplotlib is /usr/bin/python3's, whichever python3 runs this)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_charts.py")
+    python = sys.executable
+    if subprocess.run([python, "-c", "import matplotlib"], capture_output=True).returncode != 0:
+        python = "/usr/bin/python3"
+    return run([python, script, results, img])
 
 
 def run(cmd):
@@ -258,7 +269,6 @@ def save(a, work, t0, results):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocabpipe", required=True)
-    ap.add_argument("--charts", default="")
     ap.add_argument("--grid", choices=["small", "full"], default="full")
     ap.add_argument("--pipelines", default="")
     ap.add_argument("--tables", default="vocab,vshape,seq")
@@ -294,8 +304,8 @@ def main():
         if not a.workdir:
             sys.exit("--repredict needs the --workdir the rows ran in")
         out = repredict(a)
-        if a.charts and a.img:
-            print(run([a.charts, out, a.img]), end="")
+        if a.img:
+            print(charts(out, a.img), end="")
         return
     work = a.workdir or tempfile.mkdtemp(prefix="vp_paper_bench_")
     os.makedirs(work, exist_ok=True)
@@ -380,8 +390,8 @@ def main():
               f"{row['wall_s']:.0f} s wall", flush=True)
     out = save(a, work, t0, results)
     print(f"results: {out} ({time.time() - t0:.0f} s)")
-    if a.charts and a.img:
-        print(run([a.charts, out, a.img]), end="")
+    if a.img:
+        print(charts(out, a.img), end="")
 
 
 if __name__ == "__main__":

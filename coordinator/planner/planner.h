@@ -209,6 +209,12 @@ std::string CandidatesTable(const AutoChoice& choice);
 // Renderers.
 std::string RenderTable(const Plan& plan, const SimResult& sim);
 std::string RenderJson(const Plan& plan, const SimResult& sim);
+// The timeline: one row of boxes per rank (each pass a box, its microbatch written inside where
+// it fits), a time axis with round ticks in the costs' units, and a legend of the kinds of pass
+// the plan has. Its height attribute is the picture's height.
 std::string RenderSvg(const Plan& plan, const SimResult& sim);
+// A time axis label: `v` with as many decimals as the tick step needs, never an exponent
+// (TimeLabel(0.0003, 0.0001) == "0.0003", TimeLabel(40, 10) == "40"); zero is "0".
+std::string TimeLabel(double v, double step);
 
 }  // namespace vp::planner

@@ -1,4 +1,4 @@
-// The charts of `vocabpipe report` and bench/paper read at a glance: numbers as 1.08k (never
+// The charts of `vocabpipe report` read at a glance: numbers as 1.08k (never
 // 1.08e+03), whole-step ticks on a step axis, and group labels that cannot overlap.
 #include "client/svg_charts.h"
 
