@@ -16,8 +16,10 @@
 // allocation first frees parked buffers, largest first, while live + parked bytes would exceed
 // the highest live total seen: the pool never holds more than its peak of live bytes. In the
 // steady state of a training loop the same sizes come back each step and nearly everything is
-// reused. (Measured at s = 32768, p = 1: the process's resident peak stayed ~130 MiB above the
-// tracker's with this rule too, so most of that gap is elsewhere; docs/benchmarks.md §13.)
+// reused. What stays parked after a forward (sizes only the backward uses) is still resident
+// while other, non-pool buffers (the output layer's n×V block) come on top; the standalone
+// trainer therefore calls ReleaseCached() between the stack's forward and the output layer
+// (docs/benchmarks.md §13: 192 MiB at s = 32768).
 #pragma once
 
 #include <cstddef>

@@ -40,6 +40,13 @@ class MemoryTracker {
 
 // A zero-initialised, 64-byte aligned float array charged to a tracker for its lifetime.
 // Move-only. A default-constructed Buffer is empty. `tracker` may be null (not accounted).
+//
+// Buffers of kMappedBytes or more are mapped straight from the kernel (mmap) and unmapped when
+// freed, so the process's resident memory follows the tracker. Through malloc they did not:
+// glibc raises its mmap threshold to the size of each mapped block it frees (up to 32 MiB), so
+// after the first few frees every activation-sized block came from the heap, and freed heap
+// blocks stay resident until the top of the heap is free. Measured at s = 8192 (p = 1, h = 128,
+// V = 1000): 40 MiB of resident memory the tracker did not count (docs/benchmarks.md §13).
 class Buffer {
  public:
   Buffer() = default;
@@ -57,8 +64,16 @@ class Buffer {
   void Zero();
 
  private:
+  static constexpr size_t kMappedBytes = size_t{1} << 20;
+
+  // Frees with munmap when `mapped_bytes` is set (a mapped buffer), else with free.
+  // (Constructors rather than a member initializer: unique_ptr checks that its deleter is
+  // default-constructible before Buffer is complete.)
   struct FreeDeleter {
+    FreeDeleter() noexcept : mapped_bytes(0) {}
+    explicit FreeDeleter(size_t bytes) noexcept : mapped_bytes(bytes) {}
     void operator()(float* p) const;
+    size_t mapped_bytes;
   };
   void Release();
 

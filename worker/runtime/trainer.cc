@@ -62,6 +62,13 @@ absl::StatusOr<StandaloneTrainer::Forwarded> StandaloneTrainer::Forward(
   if (!keep_for_backward) model.stack(0).DiscardMicrobatch(j);
   if (!st.ok()) return st;
   in_state->ReleaseOutput();  // the stack keeps its own copy of its input
+  // The buffers the stack's pool still has parked now are those this forward did not take
+  // back: sizes only the backward uses (d_qkv, the attention backward's scratch, ...). They are
+  // resident but charged to nothing, and the final norm and the output layer's n×V block come
+  // on top of them: at s = 32768 that put the process 192 MiB above the tracker at S
+  // (docs/benchmarks.md §13). Give them back; the backward maps them again (page faults on
+  // about a quarter of the pool's bytes per microbatch).
+  model.stack(0).pool().ReleaseCached();
   Buffer lnf_out(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);  // (n, h)
   Buffer lnf_mean(mem, MemoryCategory::kActivations, n);                          // (n)
   Buffer lnf_rstd(mem, MemoryCategory::kActivations, n);                          // (n)
@@ -102,6 +109,11 @@ absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const i
   // T (and C2 for Algorithm 1) finish the output layer.
   engine::vocab::OutputLayerShard& out = model.output_layer();
   if (auto st = out.T(f->out, f->lnf_out.data()); !st.ok()) return st;
+  // T keeps its n×V buffer for the next microbatch's S. After the step's last T there is none,
+  // and the backward that follows is the step's memory peak: holding the buffer through it
+  // cost 125 MiB of the tracker's 1017 at s = 32768, V = 1000 (docs/benchmarks.md §13). The
+  // next step maps a fresh one (page faults once per step, not per microbatch).
+  if (j == options_.microbatches - 1) out.ReleaseWorkspace();
   if (options_.algorithm == engine::vocab::OutputAlgorithm::kAlgorithm1) {
     if (auto st = out.C2(f->out, *comm_); !st.ok()) return st;
   }
@@ -122,7 +134,13 @@ absl::Status StandaloneTrainer::Microbatch(int j, const int32_t* inputs, const i
                                          f->x_last.data(), f->lnf_mean.data(), f->lnf_rstd.data(),
                                          n, h);
   }
+  // Nothing of the output layer or the final norm is read again: free it (2·n×h and ∇X)
+  // before the layer stack's backward, which is where the step peaks.
   f->out.Release();
+  f->x_last = Buffer();
+  f->lnf_out = Buffer();
+  f->lnf_mean = Buffer();
+  f->lnf_rstd = Buffer();
   Buffer d_x0(mem, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
   const engine::SlotKey slot{j, 0};
   if (auto st = model.stack(0).Backward(slot, d_x_last.data(), d_x0.data()); !st.ok()) return st;
