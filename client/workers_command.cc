@@ -36,10 +36,10 @@ int RunWorkersCommand(const Args& args, std::ostream& out, std::ostream& err) {
     out << absl::StrFormat("%-10s %-8s %-10s %-16s %-8d %-10.1f %s\n", w.worker_id(), w.device(),
                            absl::StrFormat("%.1fG", w.memory_bytes() / 1073741824.0), w.address(),
                            w.pid(), w.peak_flops() / 1e9,
-                           w.job_id().empty() ? "-"
-                                              : absl::StrCat(w.job_id(), " rank ", w.rank(),
-                                                             " (replica ", w.replica(), " stage ",
-                                                             w.stage(), ")"));
+                           w.job_id().empty()
+                               ? "-"
+                               : absl::StrCat(w.job_id(), " rank ", w.rank(), " (replica ",
+                                              w.replica(), " stage ", w.stage(), ")"));
   }
   return kExitOk;
 }

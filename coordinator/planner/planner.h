@@ -158,8 +158,8 @@ struct SimResult {
   double data_parallel_seconds = 0;
   int data_parallel = 1;  // d, from the model shape (the plan itself is one replica's)
   bool zero = false;
-  double model_flops = 0;   // per step (paper Table 4); 0 when the shape is unknown
-  double mfu = 0;           // model_flops / (step_time · p · peak_flops)
+  double model_flops = 0;  // per step (paper Table 4); 0 when the shape is unknown
+  double mfu = 0;          // model_flops / (step_time · p · peak_flops)
   std::vector<RankStats> ranks;
   std::vector<std::vector<TimedAction>> times;  // per rank, per action
 };

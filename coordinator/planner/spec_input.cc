@@ -110,6 +110,10 @@ absl::StatusOr<ProfilingPlan> BuildProfilingPlan(const vocabpipe::v1::JobSpec& j
   par->set_seq_chunks(1);
   par->set_microbatches(2);
   par->set_memory_budget_bytes(0);
+  // One replica: the stage's passes are the same on every replica (data parallelism adds only
+  // the gradient reduction at OPT, which the link model prices).
+  par->set_data(1);
+  par->set_zero(0);
   auto built = BuildPlanFromSpec(spec);
   if (!built.ok()) {
     return absl::Status(built.status().code(),

@@ -750,12 +750,12 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     if (d > 1) {
       const double grad_bytes = 4.0 * params;
       const double calls = 2.0 * (d - 1);
-      res.data_parallel_seconds = std::max(
-          res.data_parallel_seconds,
-          calls * in.costs.allreduce.latency +
-              (in.costs.allreduce.bandwidth > 0
-                   ? calls / d * grad_bytes / in.costs.allreduce.bandwidth
-                   : 0));
+      res.data_parallel_seconds =
+          std::max(res.data_parallel_seconds,
+                   calls * in.costs.allreduce.latency +
+                       (in.costs.allreduce.bandwidth > 0
+                            ? calls / d * grad_bytes / in.costs.allreduce.bandwidth
+                            : 0));
     }
     st.peak_activation_bytes = static_cast<int64_t>(peak_bytes + vocab_act);
     busy_total += st.busy;

@@ -801,8 +801,7 @@ void Coordinator::Schedule() {
       const v1::WorkerInfo& w = free[r].second->info;
       if (w.memory_bytes() > 0 && job.predicted_rank_bytes(stage) > w.memory_bytes()) {
         short_of = absl::StrCat("memory: needs ", GiB(job.predicted_rank_bytes(stage)), " on rank ",
-                                r,
-                                ", its worker ", w.worker_id(), " (", w.hostname(), ") has ",
+                                r, ", its worker ", w.worker_id(), " (", w.hostname(), ") has ",
                                 GiB(w.memory_bytes()));
       }
     }
@@ -1385,13 +1384,12 @@ absl::Status Coordinator::ReportMetrics(const v1::ReportMetricsRequest& req) {
   }
   const auto& par = job->spec().parallel();
   // A step is d·m microbatches (every replica's m).
-  const runlog::StepContext context{.tokens_per_step = static_cast<double>(par.microbatches()) *
-                                                       std::max(1, par.data()) *
-                                                       par.microbatch_size() *
-                                                       job->spec().model().seq_len(),
-                                    .model_flops_per_step = a.model_flops_per_step,
-                                    .peak_flops_per_rank = a.peak_flops / p,
-                                    .predicted_memory = a.predicted_memory};
+  const runlog::StepContext context{
+      .tokens_per_step = static_cast<double>(par.microbatches()) * std::max(1, par.data()) *
+                         par.microbatch_size() * job->spec().model().seq_len(),
+      .model_flops_per_step = a.model_flops_per_step,
+      .peak_flops_per_rank = a.peak_flops / p,
+      .predicted_memory = a.predicted_memory};
   for (const nlohmann::json& j : lines) {
     const int64_t step = j["step"].get<int64_t>();
     if (step < job->step()) continue;  // already merged (a resent report)

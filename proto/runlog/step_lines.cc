@@ -78,9 +78,8 @@ absl::Status CheckRankLine(const json& line, const std::string& where) {
   if (auto it = line.find("seconds"); it == line.end() || !IsNonNegativeNumber(*it)) {
     return Bad(where, "seconds", "required, a number >= 0");
   }
-  for (const char* key :
-       {"busy_seconds", "compute_wait_seconds", "comm_seconds", "grad_norm", "eval_seconds",
-        "data_parallel_seconds"}) {
+  for (const char* key : {"busy_seconds", "compute_wait_seconds", "comm_seconds", "grad_norm",
+                          "eval_seconds", "data_parallel_seconds"}) {
     if (auto it = line.find(key); it != line.end() && !IsNonNegativeNumber(*it)) {
       return Bad(where, key, "must be a number >= 0");
     }

@@ -206,6 +206,7 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
   const planner::Plan& plan = *parsed;
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
+  topt->data = {};  // one replica of one stage, whatever an older coordinator's stage_spec says
   engine::cpu::SetBlasThreads(runtime::WorkerThreads(job));  // the share one rank of the job gets
   std::unique_ptr<comm::Communicator> self = comm::MakeSelfCommunicator();
   auto rank = launch::CreateLocalRank(spec, plan, *topt, self.get(), cuda_device);

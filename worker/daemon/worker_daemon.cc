@@ -370,7 +370,8 @@ class Daemon {
     auto plan = planner::PlanFromText(run.plan_text());
     if (!plan.ok()) return fail(absl::StrCat("plan: ", plan.status().message()));
     // d replicas of the pipeline: d·p ranks, each given its stage's slice.
-    const int64_t world = static_cast<int64_t>(plan->pipeline) * std::max(1, run.spec().parallel().data());
+    const int64_t world =
+        static_cast<int64_t>(plan->pipeline) * std::max(1, run.spec().parallel().data());
     if (run.rank() < 0 || run.rank() >= world) {
       return fail(absl::StrCat("plan: no rank ", run.rank(), " in ", world, " ranks (",
                                run.spec().parallel().data(), " replicas of a pipeline of ",

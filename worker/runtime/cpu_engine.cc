@@ -161,8 +161,8 @@ absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm,
                                            float grad_clip, double* grad_norm,
                                            double* data_seconds) {
   CpuGradOps ops(*model_, *optimizer_, tracker_.get());
-  return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip,
-                          grad_norm, data_seconds);
+  return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip, grad_norm,
+                          data_seconds);
 }
 
 }  // namespace vp::runtime

@@ -107,9 +107,8 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicat
     if (absl::Status st = ops.Sync(); !st.ok()) return st;
   }
   if (replicated) {
-    if (absl::Status st = timed([&] {
-          return zero ? ops.ReduceScatterGrads(*data) : ops.AllReduceGrads(*data);
-        });
+    if (absl::Status st =
+            timed([&] { return zero ? ops.ReduceScatterGrads(*data) : ops.AllReduceGrads(*data); });
         !st.ok()) {
       return st;
     }

@@ -4,12 +4,12 @@
 // vocabpipe-worker daemons connect with the worker certificate. Every refusal is checked for
 // its status and message, and for leaving what is stored as it was.
 #include <gmock/gmock.h>
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "absl/strings/str_split.h"
@@ -566,8 +566,8 @@ TEST_F(TlsTest, TwoReplicasOfATwoStagePipelineRunOnFourDaemons) {
   EXPECT_FALSE(fs::exists(run_dir / "step_3" / "rank_2"));
   EXPECT_TRUE(fs::exists(run_dir / "step_3" / "DONE"));
   // status --output json lists the four ranks with both coordinates.
-  CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
-                               "status job-1 --output json" + flags);
+  CliResult status =
+      Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_), "status job-1 --output json" + flags);
   ASSERT_EQ(status.code, 0) << status.output;
   const auto stages = nlohmann::json::parse(status.output)["stages"];
   ASSERT_EQ(stages.size(), 4u) << status.output;

@@ -1,5 +1,6 @@
 // MetricsExporter: steps recorded, then /metrics scraped over HTTP from the exposer.
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -71,6 +72,7 @@ const Labels kJob = {{"training_job", "job-1"}, {"schedule", "1f1b"}, {"vocab", 
 Labels StageLabels(int stage, std::map<std::string, std::string> extra = {}) {
   extra["training_job"] = "job-1";
   extra["stage"] = std::to_string(stage);
+  extra["replica"] = "0";  // one replica: every rank is replica 0 of its stage
   extra["rank"] = std::to_string(stage);
   return extra;
 }
@@ -194,6 +196,30 @@ TEST(MetricsExporter, StepSecondsDerivedFromSlowestStage) {
   ASSERT_TRUE((*e)->RecordStep("job-1", "1f1b", "vocab-2", step).ok());
   const std::vector<Sample> s = ParseExposition((*e)->Scrape());
   EXPECT_EQ(Find(s, "vocabpipe_last_step_duration_seconds", kJob), 0.06);
+}
+
+// Data parallelism: the rank lines name their stage and replica, and every per-rank series
+// carries both, so two replicas of stage 0 are two series of stage="0"; a bad coordinate is
+// refused like any other malformed field.
+TEST(MetricsExporter, ReplicasOfAStageAreLabelledByStageAndReplica) {
+  auto e = MetricsExporter::Create("");
+  ASSERT_TRUE(e.ok());
+  nlohmann::json step = StepJson(0, 0.06, 0.2, 3);
+  step["stages"][0].update({{"stage", 0}, {"replica", 0}});
+  step["stages"][1].update({{"stage", 0}, {"replica", 1}});
+  ASSERT_TRUE((*e)->RecordStep("job-1", "1f1b", "vocab-2", step).ok());
+  const std::vector<Sample> s = ParseExposition((*e)->Scrape());
+  const Labels replica1 = {{"training_job", "job-1"}, {"stage", "0"}, {"replica", "1"},
+                           {"rank", "1"}, {"kind", "total"}};
+  EXPECT_EQ(Find(s, "vocabpipe_stage_memory_bytes", replica1), 11225600);
+  Labels replica0 = replica1;
+  replica0["replica"] = "0";
+  replica0["rank"] = "0";
+  EXPECT_EQ(Find(s, "vocabpipe_stage_memory_bytes", replica0), 11649536);
+  nlohmann::json bad = StepJson(1, 0.06, 0.2, 3);
+  bad["stages"][1]["replica"] = -1;
+  const absl::Status st = (*e)->RecordStep("job-1", "1f1b", "vocab-2", bad);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("stages[1].replica"));
 }
 
 TEST(MetricsExporter, ScheduleAndVocabAreFixedByFirstStep) {

@@ -245,8 +245,8 @@ absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm
                                                float lr, float grad_clip, double* grad_norm,
                                                double* data_seconds) {
   CudaGradOps<T> ops(*model_, compute_);
-  return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip,
-                          grad_norm, data_seconds);
+  return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip, grad_norm,
+                          data_seconds);
 }
 
 template class CudaStageEngine<float>;
