@@ -364,6 +364,148 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> SavedWorld(const std::string& run_dir, int64_t step) {
+  auto dir = ExistingShard(run_dir, step, 0);
+  if (!dir.ok()) return dir.status();
+  auto text = dir->ReadFile(kManifest, 1 << 20);
+  if (!text.ok()) return text.status();
+  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, false);
+  if (m.is_discarded() || !m.is_object() || !m.contains("world") ||
+      !m["world"].is_number_integer() || m["world"].get<int64_t>() < 1 ||
+      m["world"].get<int64_t>() > (int64_t{1} << 20)) {
+    return absl::DataLossError(
+        absl::StrCat(dir->PathOf(kManifest), ": world is missing or not a positive integer"));
+  }
+  return static_cast<int>(m["world"].get<int64_t>());
+}
+
+absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_world,
+                            engine::RankModel& model, engine::AdamW* optimizer) {
+  // Every saved shard, verified and opened (headers only): the tensors are found by name.
+  std::vector<safefs::Dir> dirs;
+  std::vector<std::unique_ptr<runtime::SafetensorsReader>> weights, moments;
+  int64_t adamw_step = -1;
+  for (int r = 0; r < saved_world; ++r) {
+    auto dir = ExistingShard(run_dir, step, r);
+    if (!dir.ok()) return dir.status();
+    if (auto id = VerifyShardIn(*dir, step, r, saved_world); !id.ok()) return id.status();
+    auto w = runtime::SafetensorsReader::OpenAt(*dir, "model.safetensors");
+    if (!w.ok()) return w.status();
+    weights.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*w)));
+    if (optimizer != nullptr) {
+      auto o = runtime::SafetensorsReader::OpenAt(*dir, "optimizer.safetensors");
+      if (!o.ok()) return o.status();
+      int64_t s = -1;
+      auto it = o->metadata().find("adamw_step");
+      if (it == o->metadata().end() || !absl::SimpleAtoi(it->second, &s) || s < 0 ||
+          (adamw_step >= 0 && s != adamw_step)) {
+        return absl::DataLossError(
+            absl::StrCat(o->path(), ": metadata adamw_step missing, bad or not the other shards' (",
+                         adamw_step, ")"));
+      }
+      adamw_step = s;
+      moments.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*o)));
+    }
+    dirs.push_back(std::move(*dir));
+  }
+  // A piece of a tensor in a saved shard: its global rows [begin, begin + rows) (a vocabulary
+  // shard's, from the metadata; the whole tensor's otherwise).
+  struct Piece {
+    int shard = 0;
+    int64_t begin = 0, rows = 0;
+  };
+  std::map<std::string, std::vector<Piece>> pieces;
+  for (int r = 0; r < saved_world; ++r) {
+    const runtime::SafetensorsReader& f = *weights[r];
+    for (const auto& [name, entry] : f.tensors()) {
+      Piece piece{.shard = r, .begin = 0, .rows = entry.shape.empty() ? 1 : entry.shape[0]};
+      if (auto meta = f.metadata().find(kShardKey + name); meta != f.metadata().end()) {
+        auto rows = ParseShardRows(f.path(), name, meta->second);
+        if (!rows.ok()) return rows.status();
+        if (entry.shape.empty() || entry.shape[0] != rows->rows) {
+          return absl::DataLossError(absl::StrCat(
+              f.path(), ": tensor ", name, " does not have the metadata's ", rows->rows, " rows"));
+        }
+        piece.begin = rows->begin;
+      }
+      pieces[name].push_back(piece);
+    }
+  }
+  // What this rank reads: for each of its tensors (and moments) the pieces covering its rows,
+  // checked (shape, finite) before anything is copied.
+  struct Copy {
+    const runtime::SafetensorsReader* file;
+    const runtime::TensorEntry* entry;
+    uint64_t first, count;  // floats of the entry
+    float* dst;
+  };
+  std::vector<Copy> copies;
+  const engine::ParamTensor* twin = model.tied_output_copy();
+  const std::string embedding = engine::EmbeddingTensorName(model.config());
+  auto plan_tensor = [&](const engine::ParamTensor& t, const std::string& prefix,
+                         float* base) -> absl::Status {
+    const std::vector<int64_t> shape = SavedShape(t);
+    const int64_t begin = t.vocab_shard ? t.global_row_begin : 0;
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    int64_t cols = 1;
+    for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+    // The tied output copy of a plan that is not vocabulary-sharded is wte's twin: a run saved
+    // under another plan may hold only wte.
+    std::string source = t.name;
+    if (!pieces.contains(source) && &t == twin) source = embedding;
+    auto found = pieces.find(source);
+    if (found == pieces.end()) {
+      return absl::DataLossError(absl::StrCat(ShardDir(run_dir, step, 0), " .. ", saved_world - 1,
+                                              ": no shard holds tensor ", t.name));
+    }
+    int64_t covered = 0;
+    std::vector<bool> row_done(static_cast<size_t>(rows), false);
+    for (const Piece& piece : found->second) {
+      const int64_t lo = std::max(begin, piece.begin);
+      const int64_t hi = std::min(begin + rows, piece.begin + piece.rows);
+      if (lo >= hi) continue;
+      if (row_done[static_cast<size_t>(lo - begin)]) continue;  // a duplicate (tied twin)
+      const runtime::SafetensorsReader& f =
+          prefix.empty() ? *weights[piece.shard] : *moments[piece.shard];
+      const std::string name = prefix + source;
+      const runtime::TensorEntry* e = f.Find(name);
+      int64_t e_cols = 1;
+      if (e != nullptr) {
+        for (size_t i = 1; i < e->shape.size(); ++i) e_cols *= e->shape[i];
+      }
+      if (e == nullptr || e->shape.size() != shape.size() ||
+          (e->shape.empty() ? 1 : e->shape[0]) != piece.rows || e_cols != cols) {
+        return absl::DataLossError(absl::StrCat(f.path(), ": tensor ", name,
+                                                " is missing or not of the shape this rank needs"));
+      }
+      const uint64_t first = static_cast<uint64_t>((lo - piece.begin) * cols);
+      const uint64_t count = static_cast<uint64_t>((hi - lo) * cols);
+      if (auto st = f.CheckFinite(name, *e, first, count); !st.ok()) return st;
+      copies.push_back({&f, e, first, count, base + t.offset + (lo - begin) * cols});
+      for (int64_t row = lo; row < hi; ++row) row_done[static_cast<size_t>(row - begin)] = true;
+      covered += hi - lo;
+    }
+    if (covered != rows) {
+      return absl::DataLossError(absl::StrCat("checkpoint of step ", step, " (", saved_world,
+                                              " ranks): the shards cover ", covered, " of the ",
+                                              rows, " rows of ", t.name, " this rank needs"));
+    }
+    return absl::OkStatus();
+  };
+  for (const engine::ParamTensor& t : model.tensors()) {
+    if (auto st = plan_tensor(t, "", model.params()); !st.ok()) return st;
+    if (optimizer != nullptr) {
+      if (auto st = plan_tensor(t, "exp_avg.", optimizer->m().data()); !st.ok()) return st;
+      if (auto st = plan_tensor(t, "exp_avg_sq.", optimizer->v().data()); !st.ok()) return st;
+    }
+  }
+  for (const Copy& c : copies) {
+    if (auto st = c.file->Read(*c.entry, c.first, c.count, c.dst); !st.ok()) return st;
+  }
+  if (optimizer != nullptr) optimizer->set_step(adamw_step);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int world,
                                                 int64_t max_step) {
   VerifiedStep out;
@@ -383,9 +525,14 @@ absl::StatusOr<VerifiedStep> LatestVerifiedStep(const std::string& run_dir, int 
       }
     }
     if (!any) continue;
-    auto run = VerifyStep(run_dir, step, world);
+    // A step saved under another plan (another p) is verified against its own world, which
+    // rank 0's manifest records; the resume then re-splits it (LoadFromShards).
+    int saved = world;
+    if (auto w = SavedWorld(run_dir, step); w.ok()) saved = *w;
+    auto run = VerifyStep(run_dir, step, saved);
     if (run.ok()) {
       out.step = step;
+      out.world = saved;
       return out;
     }
     out.warnings.push_back(

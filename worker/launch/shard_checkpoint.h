@@ -48,12 +48,26 @@ absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t 
 absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            engine::RankModel& model, engine::AdamW* optimizer);
 
+// The number of ranks (pipeline stages) that saved step `step`: rank 0's manifest's world.
+absl::StatusOr<int> SavedWorld(const std::string& run_dir, int64_t step);
+
+// Loads this rank's tensors (and, when optimizer is non-null, its AdamW moments and step) from
+// step `step` saved by `saved_world` ranks under another plan — another p, or another
+// vocabulary method: every tensor by name from the shard that holds it, a vocabulary shard's
+// rows from the saved shards that cover them (their global rows are in the metadata), the tied
+// output copy from wte when the saved plan kept only that. Every saved shard is verified, every
+// piece checked (shape, finite) before anything is copied; DataLoss names what is missing.
+absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_world,
+                            engine::RankModel& model, engine::AdamW* optimizer);
+
 struct VerifiedStep {
   int64_t step = -1;
+  int world = 0;  // the ranks that saved it (SavedWorld): the plan's p, or another plan's
   // One line per newer step that was skipped: which rank's shard failed and why.
   std::vector<std::string> warnings;
 };
-// The highest step whose shards of all `world` ranks verify (and name one run). Newer steps that
+// The highest step whose shards of all its ranks verify (and name one run): `world` (the plan's
+// p), or the world rank 0's manifest records for a step saved under another plan. Newer steps that
 // fail (a corrupt file, a partial save) are skipped and listed in `warnings`. When no step
 // verifies: DataLoss (naming the newest corrupt file) if some candidate step has shards that
 // do not match their manifests, so a resume never silently starts over on top of lost training;

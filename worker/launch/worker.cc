@@ -267,8 +267,13 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
       if (!w.ok()) return fatal(w.status());
       whole = std::move(*w);
     }
-    if (auto st = LoadRankShard(dir, options.resume_step, stage, p, rank.model(),
-                                zero ? whole.get() : &rank.optimizer());
+    // A step saved under another p is re-split by tensor name and vocabulary row.
+    auto saved_world = SavedWorld(dir, options.resume_step);
+    if (!saved_world.ok()) return fatal(saved_world.status());
+    engine::AdamW* into = zero ? whole.get() : &rank.optimizer();
+    if (auto st = *saved_world == p
+                      ? LoadRankShard(dir, options.resume_step, stage, p, rank.model(), into)
+                      : LoadFromShards(dir, options.resume_step, *saved_world, rank.model(), into);
         !st.ok()) {
       return fatal(st);
     }

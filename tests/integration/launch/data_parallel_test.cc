@@ -231,25 +231,32 @@ TEST_F(DataParallelTest, ClippedGradNormIsTheOneProcessNorm) {
 }
 
 // Saved by two replicas of a two-stage pipeline (ZeRO-1: the optimizer ranges gathered into
-// the stage's shard), resumed by one replica with twice the microbatches (the same global
-// batch): the losses of the uninterrupted run.
-TEST_F(DataParallelTest, SavedAtTwoReplicasResumesAtOne) {
+// the stage's shard), resumed with the same global batch (d·m = 8) by one replica of the same
+// pipeline, by four replicas of a one-stage model and by one four-stage pipeline — the shards
+// re-split by tensor name and vocabulary row — with the losses and final weights of the
+// uninterrupted run.
+TEST_F(DataParallelTest, SavedAtTwoReplicasOfTwoStagesResumesAtOtherShapes) {
   const Job full{
       .name = "resume_full", .pipeline = 2, .data = 2, .microbatches = 4, .zero = 1, .every = 1};
   auto r = Run(full);
   ASSERT_EQ(r.code, 0) << r.output;
-  Job part = full;
-  part.name = "resume_part";
-  r = Run(part, "--steps 1");
-  ASSERT_EQ(r.code, 0) << r.output;
-  Job resumed = part;
-  resumed.data = 1;
-  resumed.microbatches = 8;
-  resumed.zero = 0;
-  r = Run(resumed, "--resume");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("step 2/3"));
-  ExpectMatches("resume_part", "resume_full");
+  for (const auto& [name, data, pipeline, microbatches] :
+       {std::tuple{"resume_d1p2", 1, 2, 8}, std::tuple{"resume_d4p1", 4, 1, 2},
+        std::tuple{"resume_d1p4", 1, 4, 8}}) {
+    Job part = full;
+    part.name = name;
+    r = Run(part, "--steps 1");
+    ASSERT_EQ(r.code, 0) << r.output;
+    Job resumed = part;
+    resumed.data = data;
+    resumed.pipeline = pipeline;
+    resumed.microbatches = microbatches;
+    resumed.zero = 0;
+    r = Run(resumed, "--resume");
+    ASSERT_EQ(r.code, 0) << name << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("step 2/3")) << name;
+    ExpectMatches(name, "resume_full");
+  }
 }
 
 }  // namespace
