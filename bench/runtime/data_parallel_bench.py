@@ -18,16 +18,10 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
-
-def run(cmd):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}")
-    return r.stdout
+from pipeline_bench import run  # runs a command, exits with its output when it fails
 
 
 def main():

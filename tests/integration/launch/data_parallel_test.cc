@@ -17,12 +17,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/support/vocabpipe_cli.h"
-#include "worker/runtime/safetensors.h"
+#include "tests/support/weights.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using vp::testing::ExpectSameWeights;
 using vp::testing::ReadJsonl;
 using vp::testing::Vocabpipe;
 
@@ -48,26 +49,6 @@ std::string SpecText(const Job& j) {
                       ", lr: 0.003, eps: 1.0e-5, threads: 1, grad_clip: ", j.grad_clip, "}\n",
                       "data: {path: data.bin, shuffle: true}\ncheckpoint: {dir: ", j.name,
                       ", every: ", j.every, "}\n");
-}
-
-// |a - b| <= tol · max(1, |b|) for every element of every tensor.
-void ExpectSameWeights(const fs::path& a, const fs::path& b, double tol) {
-  auto wa = vp::runtime::ReadSafetensors(a.string());
-  auto wb = vp::runtime::ReadSafetensors(b.string());
-  ASSERT_TRUE(wa.ok()) << wa.status();
-  ASSERT_TRUE(wb.ok()) << wb.status();
-  ASSERT_EQ(wa->tensors.size(), wb->tensors.size());
-  for (const auto& [name, tb] : wb->tensors) {
-    ASSERT_TRUE(wa->tensors.contains(name)) << name;
-    const auto& ta = wa->tensors.at(name);
-    ASSERT_EQ(ta.shape, tb.shape) << name;
-    double worst = 0;
-    for (size_t i = 0; i < tb.data.size(); ++i) {
-      worst = std::max(worst, std::abs(double(ta.data[i]) - tb.data[i]) /
-                                  std::max(1.0, std::abs(double(tb.data[i]))));
-    }
-    EXPECT_LE(worst, tol) << name << " in " << a;
-  }
 }
 
 // One folder for the suite: the token file and the one-process reference (m = 8), shared by
@@ -167,18 +148,8 @@ TEST_F(DataParallelTest, HalfTheMicrobatchesEndsElsewhere) {
   auto r = Run(half);
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string last = absl::StrCat("step_", kSteps);
-  auto a = vp::runtime::ReadSafetensors((dir_ / "half" / last / "model.safetensors").string());
-  auto b = vp::runtime::ReadSafetensors((dir_ / "reference" / last / "model.safetensors").string());
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  double worst = 0;
-  for (const auto& [name, tb] : b->tensors) {
-    const auto& ta = a->tensors.at(name);
-    for (size_t i = 0; i < tb.data.size(); ++i) {
-      worst = std::max(worst, std::abs(double(ta.data[i]) - tb.data[i]) /
-                                  std::max(1.0, std::abs(double(tb.data[i]))));
-    }
-  }
+  const double worst = vp::testing::WorstRelativeDifference(
+      dir_ / "half" / last / "model.safetensors", dir_ / "reference" / last / "model.safetensors");
   EXPECT_GT(worst, 1e-3);
 }
 

@@ -25,6 +25,7 @@
 #include "client/commands.h"
 #include "proto/safefs/run_owner.h"
 #include "tests/support/vocabpipe_cli.h"
+#include "tests/support/weights.h"
 #include "worker/runtime/safetensors.h"
 
 extern char** environ;
@@ -37,6 +38,7 @@ using ::testing::HasSubstr;
 using Result = vp::testing::CliResult;
 using vp::testing::Vocabpipe;
 
+using vp::testing::ExpectSameWeights;
 using vp::testing::ReadJsonl;
 
 std::string ReadFile(const fs::path& path) {
@@ -44,26 +46,6 @@ std::string ReadFile(const fs::path& path) {
   std::ostringstream s;
   s << f.rdbuf();
   return s.str();
-}
-
-// Same names and shapes, and |a - b| <= tol · max(1, |b|) for every element.
-void ExpectSameWeights(const fs::path& a, const fs::path& b, double tol) {
-  auto wa = vp::runtime::ReadSafetensors(a.string());
-  auto wb = vp::runtime::ReadSafetensors(b.string());
-  ASSERT_TRUE(wa.ok()) << wa.status();
-  ASSERT_TRUE(wb.ok()) << wb.status();
-  ASSERT_EQ(wa->tensors.size(), wb->tensors.size());
-  for (const auto& [name, tb] : wb->tensors) {
-    ASSERT_TRUE(wa->tensors.contains(name)) << name;
-    const auto& ta = wa->tensors.at(name);
-    ASSERT_EQ(ta.shape, tb.shape) << name;
-    double worst = 0;
-    for (size_t i = 0; i < tb.data.size(); ++i) {
-      worst = std::max(worst, std::abs(double(ta.data[i]) - tb.data[i]) /
-                                  std::max(1.0, std::abs(double(tb.data[i]))));
-    }
-    EXPECT_LE(worst, tol) << name;
-  }
 }
 
 // Every test runs both ways `vocabpipe run` can run a pipeline job: "control-plane" (the
