@@ -80,28 +80,34 @@ def main():
             peak = [max(s["stages"][r]["memory"].get("footprint", s["stages"][r]["memory"]["total"])
                         for s in steps) for r in range(len(stages))]
             opt = [stages[r]["memory"]["optimizer"] for r in range(len(stages))]
+            engine = [max(s["stages"][r]["memory"]["total"] for s in steps)
+                      for r in range(len(stages))]
             stage_of = [stages[r].get("stage", r) for r in range(len(stages))]
         else:  # one process: the step line itself
             busy = [None]
             reduction = [0.0]
             peak = [max(s["peak_memory_bytes"] for s in steps)]
             opt = [steps[-1]["memory"]["optimizer"]]
+            # The one-process line has the categories' peaks, not their joint peak: their sum.
+            engine = [max(sum(s["memory"][k] for k in ("parameters", "gradients", "optimizer",
+                                                       "activations")) for s in steps)]
             stage_of = [0]
-        rows.append((name, secs, tps, busy, reduction, peak, opt,
+        rows.append((name, secs, tps, busy, reduction, peak, engine, opt,
                      [pred_mem[st] for st in stage_of], plan["step_time"],
                      plan.get("data_parallel_seconds", 0.0)))
     print(f"gpt2 L={a.layers} h={a.hidden} s={a.seq} V={a.vocab} b=1, "
           f"{a.global_microbatches} microbatches per step in all, {a.threads} BLAS thread(s) per "
           f"rank, {a.steps - 1} timed steps\n")
     print("| config | step s | tokens/s | busy share per rank | reduction s per rank "
-          "(exposed) | peak MiB per rank | predicted MiB per rank | optimizer MiB per rank | "
-          "predicted step (FLOP units) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "(exposed) | process peak MiB per rank | engine peak MiB per rank | predicted MiB per rank "
+          "| optimizer MiB per rank | predicted step (FLOP units) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     mib = lambda v: f"{v / 1048576:.0f}"
-    for name, secs, tps, busy, red, peak, opt, pred, pstep, pred_red in rows:
+    for name, secs, tps, busy, red, peak, engine, opt, pred, pstep, pred_red in rows:
         share = " / ".join("—" if b is None else f"{100 * b:.0f}%" for b in busy)
         print(f"| {name} | {secs:.2f} | {tps:.0f} | {share} | "
               f"{' / '.join(f'{r:.3f}' for r in red)} | {' / '.join(mib(v) for v in peak)} | "
+              f"{' / '.join(mib(v) for v in engine)} | "
               f"{' / '.join(mib(v) for v in pred)} | {' / '.join(f'{v / 1048576:.1f}' for v in opt)} "
               f"| {pstep:.4g} |")
 
