@@ -19,8 +19,10 @@
 //   <dir>/metrics.jsonl               one object per step, merged (proto/runlog) by the
 //                                     launcher or written by `vocabpipe run` from the
 //                                     coordinator's step events
-//   <dir>/step_<N>/rank_<R>/          rank R's shard at step N: model.safetensors,
-//                                     optimizer.safetensors, DONE (the resume state)
+//   <dir>/step_<N>/rank_<R>/          stage R's shard at step N: model.safetensors,
+//                                     optimizer.safetensors, DONE (the resume state); with
+//                                     data parallelism written by the stage's replica 0 (the
+//                                     files above named rank_<R> are per job rank)
 //   <dir>/step_<N>/model.safetensors  merged Hugging Face GPT-2 checkpoint, config.json, DONE
 //                                     (merged by rank 0 once every rank saved its shard; above
 //                                     checkpoint.max_shard_bytes model-0000k-of-0000n.safetensors
