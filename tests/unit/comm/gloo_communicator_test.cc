@@ -98,28 +98,31 @@ TEST_P(GlooRanksTest, SendRecvRing) {
 
 // ZeRO-1's pair: the reduce-scatter leaves each rank the exact sum of its own range (small
 // integers: every order of addition is exact), the all-gather puts every range back everywhere.
-// An odd count so the ranges differ in length.
+// Odd counts so the ranges differ in length; the second spans several of the reduce-scatter's
+// pieces (2^20 floats), with a short last one.
 TEST_P(GlooRanksTest, ReduceScatterThenAllGatherRestoreTheAllReduce) {
   const int p = GetParam();
-  const size_t count = 100003;
-  RunOnGlooRanks(p, [&](GlooCommunicator& comm) {
-    std::vector<float> data(count);
-    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((comm.rank() + 1) * (i % 101));
-    ASSERT_TRUE(comm.ReduceScatterSum(data.data(), count).ok());
-    const ShardRange mine = RangeOf(count, p, comm.rank());
-    const float ranks_sum = static_cast<float>(p * (p + 1) / 2);
-    for (size_t i = mine.begin; i < mine.end(); ++i) {
-      ASSERT_EQ(data[i], ranks_sum * static_cast<float>(i % 101)) << "index " << i;
-    }
-    // Only the own range is defined now: poison the rest, the gather must overwrite it.
-    for (size_t i = 0; i < count; ++i) {
-      if (i < mine.begin || i >= mine.end()) data[i] = -1.0f;
-    }
-    ASSERT_TRUE(comm.AllGather(data.data(), count).ok());
-    for (size_t i = 0; i < count; ++i) {
-      ASSERT_EQ(data[i], ranks_sum * static_cast<float>(i % 101)) << "index " << i;
-    }
-  });
+  for (const size_t count : {size_t{100003}, (size_t{5} << 20) + 12345}) {
+    RunOnGlooRanks(p, [&](GlooCommunicator& comm) {
+      std::vector<float> data(count);
+      for (size_t i = 0; i < count; ++i)
+        data[i] = static_cast<float>((comm.rank() + 1) * (i % 101));
+      ASSERT_TRUE(comm.ReduceScatterSum(data.data(), count).ok());
+      const ShardRange mine = RangeOf(count, p, comm.rank());
+      const float ranks_sum = static_cast<float>(p * (p + 1) / 2);
+      for (size_t i = mine.begin; i < mine.end(); ++i) {
+        ASSERT_EQ(data[i], ranks_sum * static_cast<float>(i % 101)) << "index " << i;
+      }
+      // Only the own range is defined now: poison the rest, the gather must overwrite it.
+      for (size_t i = 0; i < count; ++i) {
+        if (i < mine.begin || i >= mine.end()) data[i] = -1.0f;
+      }
+      ASSERT_TRUE(comm.AllGather(data.data(), count).ok());
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(data[i], ranks_sum * static_cast<float>(i % 101)) << "index " << i;
+      }
+    });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanksTest, ::testing::Values(2, 3, 4),

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -112,6 +113,9 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
   absl::Status error_;  // first error; OK while usable
+  // ReduceScatterSum's incoming piece (at most kReduceChunkFloats), kept between calls.
+  static constexpr size_t kReduceChunkFloats = size_t{1} << 20;
+  std::vector<float> scratch_;
 };
 
 // Creates the TCP device, publishes this rank's addresses under `prefix` and connects the full
