@@ -755,6 +755,13 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   } else if (s.precision() == "bf16" && !cuda) {
     add("precision", "bf16 needs device cuda (the CPU engine computes in fp32)");
   }
+  // The CUDA data-parallel groups (NCCL) and the device ZeRO-1 state have not run on GPUs yet:
+  // refused at submit rather than when the ranks connect.
+  if (cuda && s.parallel().data() > 1) {
+    add("parallel.data",
+        absl::StrCat("> 1 needs device cpu in this version (got ", s.parallel().data(), " on ",
+                     s.device(), "): data parallelism on CUDA has not run on GPUs yet"));
+  }
   if (cuda && s.model().architecture() == "llama" && s.model().heads() >= 1 &&
       s.model().kv_heads() >= 1 && s.model().hidden() % s.model().heads() == 0) {
     // The fused q|k|v row is hidden + 2·kv_heads·head_dim wide, k and v start at hidden and

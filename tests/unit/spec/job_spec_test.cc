@@ -630,6 +630,16 @@ TEST(ParseJobSpec, Validation) {
 
 // data.paths: a list of shard entries instead of data.path (not both), each non-empty; made
 // absolute against the spec's folder like data.path; the accessors give the entries in order.
+// Data parallelism on CUDA is refused at submit, naming the field, until it has run on GPUs.
+TEST(ParseJobSpec, DataParallelNeedsTheCpuForNow) {
+  const std::string text = Edit("device: cpu", "device: cuda\nprecision: fp32",
+                                Edit("  microbatches: 2\n", "  microbatches: 2\n  data: 2\n"));
+  EXPECT_THAT(ErrorOf(text),
+              HasSubstr("parallel.data: > 1 needs device cpu in this version (got 2 on cuda)"));
+  EXPECT_TRUE(
+      ParseJobSpec(Edit("  microbatches: 2\n", "  microbatches: 2\n  data: 2\n"), "/base").ok());
+}
+
 TEST(ParseJobSpec, DataPathsList) {
   const std::string listed =
       Edit("  path: data.bin\n", "  paths: [a/x_*.bin, b, c.bin]\n  val_paths: [v.bin]\n");
