@@ -168,6 +168,18 @@ planner::Topology JobTopology(const v1::JobSpec& spec) {
 // other replicas run the same shapes.
 bool ProfilesPasses(const planner::Topology& t, int rank) { return t.CoordOf(rank).replica == 0; }
 
+// How many profiles planning waits for: one per pipeline position (ProfilesPasses).
+int ProfilesNeeded(const v1::JobSpec& spec) { return JobTopology(spec).pipeline(); }
+
+// The job rank r a worker runs, or a stage's record of it: the rank and its coordinates.
+template <typename RankRecord>  // v1::WorkerInfo or v1::StageStats
+void SetRank(RankRecord& record, const planner::Topology& t, int r) {
+  const planner::RankCoord c = t.CoordOf(r);
+  record.set_rank(r);
+  record.set_stage(c.stage);
+  record.set_replica(c.replica);
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request) {
@@ -818,16 +830,12 @@ void Coordinator::Schedule() {
     for (int r = 0; r < p; ++r) {
       Worker& w = *free[r].second;
       w.info.set_job_id(id);
-      w.info.set_rank(r);
-      w.info.set_stage(topology.CoordOf(r).stage);
-      w.info.set_replica(topology.CoordOf(r).replica);
+      SetRank(w.info, topology, r);
       a.workers.push_back(w.info.worker_id());
       a.peak_flops += w.info.peak_flops();
       v1::StageStats* s = job.add_stages();
-      s->set_rank(r);
+      SetRank(*s, topology, r);
       s->set_worker_id(w.info.worker_id());
-      s->set_stage(topology.CoordOf(r).stage);
-      s->set_replica(topology.CoordOf(r).replica);
     }
     if (options_.profile) {
       if (!SetState(job, v1::JOB_STATE_PROFILING,
@@ -857,7 +865,7 @@ void Coordinator::Schedule() {
 void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
   v1::PassCosts costs;
   // One profile per pipeline position (ProfilesPasses).
-  const bool profiled = static_cast<int>(a.profiles.size()) == JobTopology(job.spec()).pipeline();
+  const bool profiled = static_cast<int>(a.profiles.size()) == ProfilesNeeded(job.spec());
   if (profiled) {
     // The slowest worker bounds every pass of a pipeline: plan with the per-pass maximum.
     for (const auto& [rank, c] : a.profiles) {
@@ -1159,9 +1167,7 @@ void Coordinator::Adopt(Worker& w, const v1::HeldTask& held) {
   a.workers[r] = wid;
   a.peak_flops += w.info.peak_flops();
   w.info.set_job_id(job->id());
-  w.info.set_rank(r);
-  w.info.set_stage(JobTopology(job->spec()).CoordOf(r).stage);
-  w.info.set_replica(JobTopology(job->spec()).CoordOf(r).replica);
+  SetRank(w.info, JobTopology(job->spec()), r);
   // The store is rebuilt from the ranks' daemons: the attempt's keys are readable again with
   // its secret (a rank that is still in its rendezvous sets its keys again on retry). The
   // secret was checked against the stored hash, so this installs the attempt's own.
@@ -1451,7 +1457,7 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
       return absl::OkStatus();
     }
     a.profiles[rank] = req.costs();
-    if (static_cast<int>(a.profiles.size()) == JobTopology(job->spec()).pipeline()) {
+    if (static_cast<int>(a.profiles.size()) == ProfilesNeeded(job->spec())) {
       StartPlanning(*job, a);
     }
     Schedule();
