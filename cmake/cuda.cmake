@@ -3,7 +3,8 @@
 #   VP_HAVE_CUDA            TRUE when the CUDA language, cuBLAS/cuBLASLt and NCCL are usable
 #   VP_NCCL_LIBRARY         path of libnccl
 #   VP_NCCL_INCLUDE_DIR     folder holding nccl.h
-#   target vp_cuda_toolkit  INTERFACE: cudart (static), cuBLAS, cuBLASLt, NCCL, VP_HAVE_CUDA=1
+#   target vp_cuda_toolkit  INTERFACE: cudart (static), the cuBLASLt and NCCL headers and the
+#                           sonames to open them by at run time, VP_HAVE_CUDA=1
 # VOCABPIPE_CUDA: AUTO builds the backend when nvcc is found, ON requires it, OFF skips it.
 # Every CUDA folder guards its contents with if(VP_HAVE_CUDA), so a machine without nvcc builds.
 include_guard(GLOBAL)
@@ -66,12 +67,34 @@ if(NOT _vp_cuda_mode STREQUAL "OFF")
   endif()
 endif()
 
+# A shared library's soname (what the loader looks for), read from the file itself.
+function(vp_soname out library)
+  get_filename_component(_real "${library}" REALPATH)
+  execute_process(COMMAND objdump -p "${_real}" OUTPUT_VARIABLE _dump RESULT_VARIABLE _rc)
+  string(REGEX MATCH "SONAME +([^\n ]+)" _m "${_dump}")
+  if(NOT _rc EQUAL 0 OR NOT CMAKE_MATCH_1)
+    message(FATAL_ERROR "cannot read the soname of ${library} (objdump -p)")
+  endif()
+  set(${out} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()
+
 if(VP_HAVE_CUDA)
+  # cuBLASLt and NCCL are not linked: the backend opens them on first use (dlopen; see
+  # worker/sharedlib/shared_library.h), so a CPU job of this build never maps them. Their sonames
+  # and paths are compiled in, and listed in cuda-libraries.txt for scripts/gpu-bundle.sh.
+  vp_soname(VP_CUBLASLT_SONAME "${CUDA_cublasLt_LIBRARY}")
+  vp_soname(VP_NCCL_SONAME "${VP_NCCL_LIBRARY}")
+  get_filename_component(_vp_cublaslt_dir "${CUDA_cublasLt_LIBRARY}" DIRECTORY)
+  get_filename_component(_vp_nccl_dir "${VP_NCCL_LIBRARY}" DIRECTORY)
+  file(WRITE "${CMAKE_BINARY_DIR}/cuda-libraries.txt" "${VP_CUBLASLT_SONAME}\n${VP_NCCL_SONAME}\n")
   add_library(vp_cuda_toolkit INTERFACE)
-  target_link_libraries(vp_cuda_toolkit INTERFACE CUDA::cudart_static CUDA::cublas
-                        CUDA::cublasLt ${VP_NCCL_LIBRARY})
-  target_include_directories(vp_cuda_toolkit INTERFACE ${VP_NCCL_INCLUDE_DIR})
-  target_compile_definitions(vp_cuda_toolkit INTERFACE VP_HAVE_CUDA=1)
+  target_link_libraries(vp_cuda_toolkit INTERFACE CUDA::cudart_static)
+  target_include_directories(vp_cuda_toolkit INTERFACE ${CUDAToolkit_INCLUDE_DIRS}
+                             ${VP_NCCL_INCLUDE_DIR})
+  target_compile_definitions(vp_cuda_toolkit INTERFACE VP_HAVE_CUDA=1
+    VP_CUBLASLT_SONAME="${VP_CUBLASLT_SONAME}"
+    VP_CUBLASLT_PATH="${_vp_cublaslt_dir}/${VP_CUBLASLT_SONAME}"
+    VP_NCCL_SONAME="${VP_NCCL_SONAME}" VP_NCCL_PATH="${_vp_nccl_dir}/${VP_NCCL_SONAME}")
   message(STATUS "CUDA backend on: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                  "architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${VP_NCCL_LIBRARY}")
 endif()

@@ -12,9 +12,10 @@
 # host spends no time on them), and every shared library they load except
 #   - glibc (libc, libm, libpthread, libdl, librt, ld-linux, ...): the host's is newer, and
 #     binaries built against an older glibc run on a newer one;
-#   - the CUDA driver (libcuda) and cuBLAS, cuBLASLt, NCCL: hundreds of MiB; the host has them
-#     (its CUDA toolkit, its Python environment's nvidia-* packages). Their sonames are listed
-#     in host-libs.txt, and run.sh finds them there.
+#   - the CUDA driver (libcuda) and cuBLASLt, NCCL: hundreds of MiB; the host has them (its CUDA
+#     toolkit, its Python environment's nvidia-* packages). Their sonames are listed in
+#     host-libs.txt (the backend opens them at run time, so they come from the build's
+#     cuda-libraries.txt, not from ldd), and run.sh puts their folders on LD_LIBRARY_PATH.
 # Binaries and libraries are stripped (--strip-unneeded). gpu-bundle/run.sh unpacks the archive
 # into a temporary folder and runs its run.sh (scripts/gpu-run.sh) with LD_LIBRARY_PATH set.
 #
@@ -36,7 +37,7 @@ MAX_BYTES=$((64 * 1024 * 1024))
 
 PROGRAMS=(client/vocabpipe worker/main/vocabpipe-worker
           coordinator/server/vocabpipe-coordinator)
-CUDA_TESTS=(tests/unit/cuda/cuda_runtime_test tests/unit/cuda/cuda_kernels_test
+CUDA_TESTS=(tests/unit/cuda/cuda_library_loading_test tests/unit/cuda/cuda_runtime_test tests/unit/cuda/cuda_kernels_test
             tests/unit/cuda_layers/cuda_layer_stack_test
             tests/unit/cuda_vocab/cuda_vocab_shards_test
             tests/integration/cuda_pipeline/cuda_pipeline_test tests/unit/cuda/cuda_nccl_test)
@@ -107,6 +108,13 @@ for exe in "$stage"/bin/* "$stage"/tests/* "$stage"/bench/*; do
     esac
   done < <(ldd "$exe" | awk '$2 == "=>" { print $1, $3 } $2 != "=>" && $1 ~ /\.so/ { print $1, $1 }')
 done
+# cuBLASLt and NCCL are opened at run time (dlopen), so ldd does not list them: the build names
+# them in cuda-libraries.txt (cmake/cuda.cmake).
+[[ -f "$BUILD_DIR/cuda-libraries.txt" ]] ||
+  { echo "gpu-bundle: $BUILD_DIR/cuda-libraries.txt is missing (not a CUDA build?)" >&2; exit 1; }
+while read -r name; do
+  [[ -n "$name" ]] && host_libs[$name]=1
+done < "$BUILD_DIR/cuda-libraries.txt"
 printf '%s\n' "${!host_libs[@]}" | sort > "$stage/host-libs.txt"
 
 cp scripts/gpu-run.sh "$stage/run.sh"

@@ -18,10 +18,12 @@
 #
 # In order of value, so that a run cut short by its budget loses the least useful checks:
 #   1. preflight (seconds): the GPU (nvidia-smi: name, driver, compute mode), the libraries
-#      (the bundle's lib/, the host's cuBLAS/cuBLASLt/NCCL, the driver's libcuda; LD_LIBRARY_PATH
+#      (the bundle's lib/, the host's cuBLASLt/NCCL, the driver's libcuda; LD_LIBRARY_PATH
 #      extended, never replaced), glibc versions, and one CUDA context timed; a GPU that CUDA
 #      cannot see stops the device part at once, with the facts (env, ldconfig, nvidia-smi -q);
-#   2. cuda_runtime_test, cuda_kernels_test;
+#   2. cuda_library_loading_test (the host's cuBLASLt and NCCL open and export every function
+#      the backend calls: they are opened at run time, so ldd cannot vouch for them),
+#      cuda_runtime_test, cuda_kernels_test;
 #   3. `vocabpipe run` p = 1 fp32 (200 steps) through the control plane;
 #   4. cuda_pipeline_test;
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
@@ -403,8 +405,8 @@ run_job() {  # NAME CAP: `vocabpipe run` through the control plane, as a user ru
 
 if ((DRY)); then
   say "== tests (device-free parts)"
-  for t in cuda_runtime_test cuda_kernels_test cuda_pipeline_test cuda_layer_stack_test \
-    cuda_vocab_shards_test cuda_nccl_test; do
+  for t in cuda_library_loading_test cuda_runtime_test cuda_kernels_test cuda_pipeline_test \
+    cuda_layer_stack_test cuda_vocab_shards_test cuda_nccl_test; do
     run_test "$t" 120
   done
   say "== end-to-end"
@@ -418,6 +420,9 @@ if ((DRY)); then
   fi
 else
   say "== tests and jobs, in order of value"
+  # First: cuBLASLt and NCCL are opened at run time, so ldd cannot vouch for them; this opens
+  # the host's copies and binds every function the backend calls.
+  run_test cuda_library_loading_test 20
   run_test cuda_runtime_test 30
   run_test cuda_kernels_test 60
   run_job gpu-p1-fp32 75

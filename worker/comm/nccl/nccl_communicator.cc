@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/comm/nccl/nccl_library.h"
 #include "worker/comm/nccl/stream_query.h"
 
 namespace vp::comm {
@@ -21,8 +22,8 @@ namespace {
 static_assert(sizeof(ncclUniqueId) == kNcclIdBytes, "NCCL_UNIQUE_ID_BYTES changed");
 constexpr uint64_t kMaxTag = (uint64_t{1} << 56) - 1;  // the Gloo backend's tag range
 
-absl::Status NcclError(ncclResult_t r, const std::string& what) {
-  const std::string text = absl::StrCat(what, ": ", ncclGetErrorString(r));
+absl::Status NcclError(const Nccl& nccl, ncclResult_t r, const std::string& what) {
+  const std::string text = absl::StrCat(what, ": ", nccl.ncclGetErrorString(r));
   switch (r) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
@@ -45,12 +46,12 @@ absl::Status CudaError(cudaError_t e, const std::string& what) {
 }
 
 // Non-blocking communicators may return ncclInProgress from any call: poll until it resolves.
-ncclResult_t Settle(ncclComm_t comm, ncclResult_t r, absl::Time deadline) {
+ncclResult_t Settle(const Nccl& nccl, ncclComm_t comm, ncclResult_t r, absl::Time deadline) {
   while (r == ncclInProgress) {
     if (absl::Now() > deadline) return ncclInProgress;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     ncclResult_t state = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+    ncclResult_t q = nccl.ncclCommGetAsyncError(comm, &state);
     r = q != ncclSuccess ? q : state;
   }
   return r;
@@ -89,9 +90,10 @@ absl::StatusOr<NcclIdBytes> ExchangeNcclId(
   }
 }
 
-NcclCommunicator::NcclCommunicator(ConnectKey, const NcclOptions& o, ncclComm* comm,
-                                   cudaStream_t stream, float* scratch)
-    : rank_(o.rank),
+NcclCommunicator::NcclCommunicator(ConnectKey, const NcclOptions& o, const Nccl* nccl,
+                                   ncclComm* comm, cudaStream_t stream, float* scratch)
+    : nccl_(nccl),
+      rank_(o.rank),
       size_(o.size),
       device_(o.device),
       prefix_(o.prefix),
@@ -105,9 +107,9 @@ NcclCommunicator::~NcclCommunicator() {
   if (comm_ != nullptr) {
     // A poisoned communicator was aborted already; a healthy one finalises cleanly.
     if (error_.ok()) {
-      ncclResult_t r = ncclCommFinalize(comm_);
-      Settle(comm_, r, absl::Now() + timeout_);
-      ncclCommDestroy(comm_);
+      ncclResult_t r = nccl_->ncclCommFinalize(comm_);
+      Settle(*nccl_, comm_, r, absl::Now() + timeout_);
+      nccl_->ncclCommDestroy(comm_);
     }
   }
   if (scratch_ != nullptr) cudaFree(scratch_);
@@ -139,7 +141,7 @@ absl::Status NcclCommunicator::Fail(absl::Status status) {
     error_ = status;
     // An errored or hung NCCL communicator cannot be reused; abort frees its resources and
     // unblocks kernels still waiting on peers.
-    ncclCommAbort(comm_);
+    nccl_->ncclCommAbort(comm_);
     comm_ = nullptr;
   }
   return status;
@@ -155,8 +157,8 @@ absl::Status NcclCommunicator::Wait(const std::string& what) {
     if (q == cudaSuccess) return absl::OkStatus();
     if (q != cudaErrorNotReady) return Fail(CudaError(q, ctx));
     ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &state);
-    if (state != ncclSuccess && state != ncclInProgress) return Fail(NcclError(state, ctx));
+    nccl_->ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress) return Fail(NcclError(*nccl_, state, ctx));
     if (absl::Now() > deadline) return Fail(absl::DeadlineExceededError(ctx));
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
@@ -169,10 +171,10 @@ absl::Status NcclCommunicator::AllReduce(float* data, size_t count, ReduceOp op)
   const std::string what =
       absl::StrCat("all-reduce ", op == ReduceOp::kSum ? "sum" : "max", " of ", count, " floats");
   cudaSetDevice(device_);
-  ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat,
-                                 op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_);
-  r = Settle(comm_, r, absl::Now() + timeout_);
-  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  ncclResult_t r = nccl_->ncclAllReduce(data, data, count, ncclFloat,
+                                        op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_);
+  r = Settle(*nccl_, comm_, r, absl::Now() + timeout_);
+  if (r != ncclSuccess) return Fail(NcclError(*nccl_, r, "nccl " + what));
   return Wait(what);
 }
 
@@ -183,9 +185,9 @@ absl::Status NcclCommunicator::Broadcast(float* data, size_t count, int root) {
   if (data == nullptr) return absl::InvalidArgumentError("nccl broadcast: data is null");
   const std::string what = absl::StrCat("broadcast of ", count, " floats from root ", root);
   cudaSetDevice(device_);
-  ncclResult_t r = ncclBroadcast(data, data, count, ncclFloat, root, comm_, stream_);
-  r = Settle(comm_, r, absl::Now() + timeout_);
-  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  ncclResult_t r = nccl_->ncclBroadcast(data, data, count, ncclFloat, root, comm_, stream_);
+  r = Settle(*nccl_, comm_, r, absl::Now() + timeout_);
+  if (r != ncclSuccess) return Fail(NcclError(*nccl_, r, "nccl " + what));
   return Wait(what);
 }
 
@@ -209,20 +211,21 @@ absl::Status NcclCommunicator::RangedCollective(float* data, size_t count, bool 
   const std::string what = absl::StrCat(op, " of ", count, " floats");
   cudaSetDevice(device_);
   const absl::Time deadline = absl::Now() + timeout_;
-  ncclResult_t r = Settle(comm_, ncclGroupStart(), deadline);
+  ncclResult_t r = Settle(*nccl_, comm_, nccl_->ncclGroupStart(), deadline);
   for (int owner = 0; owner < size_ && r == ncclSuccess; ++owner) {
     const ShardRange range = RangeOf(count, size_, owner);
     if (range.count == 0) continue;
     float* part = data + range.begin;
-    r = Settle(comm_,
-               reduce
-                   ? ncclReduce(part, part, range.count, ncclFloat, ncclSum, owner, comm_, stream_)
-                   : ncclBroadcast(part, part, range.count, ncclFloat, owner, comm_, stream_),
-               deadline);
+    r = Settle(
+        *nccl_, comm_,
+        reduce
+            ? nccl_->ncclReduce(part, part, range.count, ncclFloat, ncclSum, owner, comm_, stream_)
+            : nccl_->ncclBroadcast(part, part, range.count, ncclFloat, owner, comm_, stream_),
+        deadline);
   }
-  const ncclResult_t end = Settle(comm_, ncclGroupEnd(), deadline);
+  const ncclResult_t end = Settle(*nccl_, comm_, nccl_->ncclGroupEnd(), deadline);
   if (r == ncclSuccess) r = end;
-  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  if (r != ncclSuccess) return Fail(NcclError(*nccl_, r, "nccl " + what));
   return Wait(what);
 }
 
@@ -261,18 +264,20 @@ absl::Status NcclCommunicator::SendRecv(const float* send_data, size_t send_coun
                                         recv_count, " floats from ", recv_peer);
   cudaSetDevice(device_);
   const absl::Time deadline = absl::Now() + timeout_;
-  ncclResult_t r = Settle(comm_, ncclGroupStart(), deadline);
+  ncclResult_t r = Settle(*nccl_, comm_, nccl_->ncclGroupStart(), deadline);
   if (r == ncclSuccess && send_count > 0) {
-    r = Settle(comm_, ncclSend(send_data, send_count, ncclFloat, send_peer, comm_, stream_),
+    r = Settle(*nccl_, comm_,
+               nccl_->ncclSend(send_data, send_count, ncclFloat, send_peer, comm_, stream_),
                deadline);
   }
   if (r == ncclSuccess && recv_count > 0) {
-    r = Settle(comm_, ncclRecv(recv_data, recv_count, ncclFloat, recv_peer, comm_, stream_),
+    r = Settle(*nccl_, comm_,
+               nccl_->ncclRecv(recv_data, recv_count, ncclFloat, recv_peer, comm_, stream_),
                deadline);
   }
-  const ncclResult_t end = Settle(comm_, ncclGroupEnd(), deadline);
+  const ncclResult_t end = Settle(*nccl_, comm_, nccl_->ncclGroupEnd(), deadline);
   if (r == ncclSuccess) r = end;
-  if (r != ncclSuccess) return Fail(NcclError(r, "nccl " + what));
+  if (r != ncclSuccess) return Fail(NcclError(*nccl_, r, "nccl " + what));
   return Wait(what);
 }
 
@@ -296,12 +301,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(const NcclOptions&
     return absl::FailedPreconditionError(
         absl::StrCat("nccl connect: device ", o.device, ": ", cudaGetErrorString(e)));
   }
+  // NCCL is opened here, by the first communicator a process connects (nccl_library.h).
+  absl::StatusOr<const Nccl*> loaded = LoadNccl();
+  if (!loaded.ok()) return loaded.status();
+  const Nccl& nccl = **loaded;
   absl::StatusOr<NcclIdBytes> id =
       ExchangeNcclId(*o.store, o.prefix + "/nccl_unique_id", o.rank, o.timeout,
-                     []() -> absl::StatusOr<NcclIdBytes> {
+                     [&nccl]() -> absl::StatusOr<NcclIdBytes> {
                        ncclUniqueId uid;
-                       if (ncclResult_t r = ncclGetUniqueId(&uid); r != ncclSuccess) {
-                         return NcclError(r, "ncclGetUniqueId");
+                       if (ncclResult_t r = nccl.ncclGetUniqueId(&uid); r != ncclSuccess) {
+                         return NcclError(nccl, r, "ncclGetUniqueId");
                        }
                        NcclIdBytes bytes;
                        std::memcpy(bytes.data(), uid.internal, kNcclIdBytes);
@@ -329,20 +338,20 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(const NcclOptions&
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so a missing peer surfaces as a timeout, not a hang
   ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, o.size, uid, o.rank, &config);
+  ncclResult_t r = nccl.ncclCommInitRankConfig(&comm, o.size, uid, o.rank, &config);
   const absl::Time deadline = absl::Now() + o.timeout;
-  if (comm != nullptr) r = Settle(comm, r, deadline);
+  if (comm != nullptr) r = Settle(nccl, comm, r, deadline);
   if (r != ncclSuccess) {
-    if (comm != nullptr) ncclCommAbort(comm);
+    if (comm != nullptr) nccl.ncclCommAbort(comm);
     cudaFree(scratch);
     cudaStreamDestroy(stream);
     const std::string what =
         absl::StrCat("nccl connect \"", o.prefix, "\" rank ", o.rank, " of ", o.size, " (timeout ",
                      absl::FormatDuration(o.timeout), ")");
     if (r == ncclInProgress) return absl::DeadlineExceededError(what);
-    return NcclError(r, what);
+    return NcclError(nccl, r, what);
   }
-  return std::make_unique<NcclCommunicator>(NcclCommunicator::ConnectKey(), o, comm, stream,
+  return std::make_unique<NcclCommunicator>(NcclCommunicator::ConnectKey(), o, &nccl, comm, stream,
                                             scratch);
 }
 

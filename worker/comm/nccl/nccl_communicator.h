@@ -40,6 +40,8 @@ struct ncclComm;
 
 namespace vp::comm {
 
+struct Nccl;  // nccl_library.h: the NCCL functions, opened on the first connect
+
 inline constexpr size_t kNcclIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 using NcclIdBytes = std::array<char, kNcclIdBytes>;
 
@@ -67,8 +69,8 @@ class NcclCommunicator final : public Communicator {
   };
 
  public:
-  NcclCommunicator(ConnectKey, const NcclOptions& options, ncclComm* comm, cudaStream_t stream,
-                   float* scratch);
+  NcclCommunicator(ConnectKey, const NcclOptions& options, const Nccl* nccl, ncclComm* comm,
+                   cudaStream_t stream, float* scratch);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -99,6 +101,7 @@ class NcclCommunicator final : public Communicator {
   // ReduceScatterSum (reduce) or AllGather: one rooted call per RangeOf range, grouped.
   absl::Status RangedCollective(float* data, size_t count, bool reduce);
 
+  const Nccl* nccl_;  // the process's NCCL (never unloaded)
   int rank_;
   int size_;
   int device_;

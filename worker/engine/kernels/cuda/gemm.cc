@@ -22,8 +22,11 @@ constexpr DType DTypeOf() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(size_t workspace_bytes) {
-  std::unique_ptr<GemmRunner> r(new GemmRunner());  // private constructor
-  VP_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&r->handle_));
+  // cuBLASLt is opened here, by the first GEMM a process makes (cublaslt_library.h).
+  absl::StatusOr<const CublasLt*> lt = LoadCublasLt();
+  if (!lt.ok()) return lt.status();
+  std::unique_ptr<GemmRunner> r(new GemmRunner(*lt));  // private constructor
+  VP_CUBLAS_RETURN_IF_ERROR((*lt)->cublasLtCreate(&r->handle_));
   if (workspace_bytes > 0) {
     VP_CUDA_RETURN_IF_ERROR(cudaMalloc(&r->workspace_, workspace_bytes));
     r->workspace_bytes_ = workspace_bytes;
@@ -34,14 +37,14 @@ absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(size_t workspace_
 GemmRunner::~GemmRunner() {
   for (auto& [key, plan] : plans_) Destroy(plan);
   if (workspace_ != nullptr) cudaFree(workspace_);
-  if (handle_ != nullptr) cublasLtDestroy(handle_);
+  if (handle_ != nullptr) lt_->cublasLtDestroy(handle_);
 }
 
 void GemmRunner::Destroy(Plan& p) {
-  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-  if (p.c) cublasLtMatrixLayoutDestroy(p.c);
-  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  if (p.a) lt_->cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) lt_->cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c) lt_->cublasLtMatrixLayoutDestroy(p.c);
+  if (p.desc) lt_->cublasLtMatmulDescDestroy(p.desc);
   p = Plan{};
 }
 
@@ -56,44 +59,45 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
   const cudaDataType_t c_type = ToCuda(static_cast<DType>(ct));
   Plan p;
   absl::Status st = [&]() -> absl::Status {
-    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    VP_CUBLAS_RETURN_IF_ERROR(
+        lt_->cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N;   // B
     const cublasOperation_t op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // A
-    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                             &op_first, sizeof(op_first)));
-    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                             &op_second, sizeof(op_second)));
+    VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+    VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
     if (with_bias) {
       // D is the column-major (n × m) Cᵀ: a bias over D's rows is one value per column of the
       // row-major C, added to every row. Its type defaults to D's; the pointer is set per call.
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
           p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     }
     // Layouts are (rows, cols, ld) of the stored column-major matrices.
     VP_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatrixLayoutCreate(&p.b, ab_type, tb ? k : n, tb ? n : k, ldb));
+        lt_->cublasLtMatrixLayoutCreate(&p.b, ab_type, tb ? k : n, tb ? n : k, ldb));
     VP_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatrixLayoutCreate(&p.a, ab_type, ta ? m : k, ta ? k : m, lda));
-    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p.c, c_type, n, m, ldc));
+        lt_->cublasLtMatrixLayoutCreate(&p.a, ab_type, ta ? m : k, ta ? k : m, lda));
+    VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatrixLayoutCreate(&p.c, c_type, n, m, ldc));
     cublasLtMatmulPreference_t pref = nullptr;
-    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+    VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = workspace_bytes_;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                         sizeof(ws));
+    lt_->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                              sizeof(ws));
     // The heuristic otherwise assumes 256-byte aligned pointers; tensors of a flat parameter
     // buffer and shard rows are only guaranteed 16 bytes (offsets multiples of 8 elements).
     const uint32_t align = 16;
     for (auto attr :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-      cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+      lt_->cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
     }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.b, p.a, p.c, p.c,
-                                                             pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    const cublasStatus_t hs = lt_->cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.b, p.a, p.c,
+                                                                  p.c, pref, 1, &result, &found);
+    lt_->cublasLtMatmulPreferenceDestroy(pref);
     VP_CUBLAS_RETURN_IF_ERROR(hs);
     if (found == 0 && with_bias) {
       return absl::UnimplementedError(absl::StrCat(
@@ -169,11 +173,12 @@ absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const v
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
   if (bias != nullptr) {
-    VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+    VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
         p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-  VP_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, p.desc, &alpha, b, p.b, a, p.a, &beta, c, p.c,
-                                           c, p.c, &p.algo, workspace_, workspace_bytes_, stream));
+  VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmul(handle_, p.desc, &alpha, b, p.b, a, p.a, &beta, c,
+                                                p.c, c, p.c, &p.algo, workspace_, workspace_bytes_,
+                                                stream));
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/kernels/cuda/cublaslt_library.h"
 
 namespace vp::engine::cuda {
 
@@ -58,12 +59,13 @@ class GemmRunner {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  GemmRunner() = default;
+  explicit GemmRunner(const CublasLt* lt) : lt_(lt) {}
   absl::StatusOr<Plan*> GetPlan(const Key& key);
   absl::Status Run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c,
                    const void* bias, cudaStream_t stream);
-  static void Destroy(Plan& plan);
+  void Destroy(Plan& plan);
 
+  const CublasLt* lt_;  // the process's cuBLASLt (never unloaded)
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/cublaslt_library.h"
 
 namespace vp::engine::cuda {
 
@@ -32,9 +33,13 @@ absl::Status CudaStatus(cudaError_t error, const char* expr, const char* file, i
 }
 
 absl::Status CublasStatus(cublasStatus_t status, const char* expr, const char* file, int line) {
-  const std::string text =
-      absl::StrCat(expr, " failed at ", file, ":", line, ": ", cublasGetStatusName(status), " (",
-                   cublasGetStatusString(status), ")");
+  // A status comes from a cuBLASLt call, so the library is open and names it; the number
+  // otherwise.
+  absl::StatusOr<const CublasLt*> lt = LoadCublasLt();
+  const std::string name = lt.ok() ? absl::StrCat((*lt)->cublasLtGetStatusName(status), " (",
+                                                  (*lt)->cublasLtGetStatusString(status), ")")
+                                   : absl::StrCat("cuBLAS status ", static_cast<int>(status));
+  const std::string text = absl::StrCat(expr, " failed at ", file, ":", line, ": ", name);
   switch (status) {
     case CUBLAS_STATUS_SUCCESS:
       return absl::OkStatus();
