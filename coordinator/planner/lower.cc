@@ -66,6 +66,21 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
   std::priority_queue<Ev, std::vector<Ev>, std::greater<Ev>> q;
   uint32_t seq = 0;
   for (int r = 0; r < p; ++r) out[r].actions.reserve(2 * orders[r].size());
+  // Data parallelism without ZeRO: each model chunk's gradients are summed over the replicas
+  // (GRAD_SYNC) as soon as the chunk's last weight pass is done, overlapping the rest of the
+  // backward; the vocabulary shards and the other tensors wait for OPT. (ZeRO-1 reduce-scatters
+  // the whole buffer at OPT: its ranges are of the whole buffer, not of a chunk.)
+  const bool grad_sync = c.in.model.data_parallel > 1 && !c.in.model.zero;
+  std::vector<std::vector<size_t>> last_weight(p);  // [r][chunk]: index in orders[r]
+  if (grad_sync) {
+    for (int r = 0; r < p; ++r) {
+      last_weight[r].assign(l.group_of[r].size(), orders[r].size());
+      for (size_t i = 0; i < orders[r].size(); ++i) {
+        const Action& a = orders[r][i];
+        if (a.kind == ActionKind::kW || a.kind == ActionKind::kBW) last_weight[r][a.chunk] = i;
+      }
+    }
+  }
 
   auto ready_time = [&](int r, const Action& a) -> double {
     double t = lane[r];
@@ -120,6 +135,10 @@ absl::StatusOr<std::vector<RankPlan>> Lower(const Ctx& c,
       const double end = ev.t + internal::ActionCost(l, costs, r, a);
       lane[r] = end;
       out[r].actions.push_back(a);
+      if (grad_sync && (a.kind == ActionKind::kW || a.kind == ActionKind::kBW) &&
+          last_weight[r][a.chunk] == next[r]) {
+        out[r].actions.push_back(MakeAction(ActionKind::kGradSync, 0, a.chunk, 0));
+      }
       ++next[r];
       pending[r] = 0;
       const int u = a.mb * k + a.seq;

@@ -151,10 +151,12 @@ struct SimResult {
   double makespan = 0;
   double bubble_ratio = 0;  // 1 - mean busy / max span
   double step_time = 0;     // makespan + optimizer + the data-parallel reduction
-  // Seconds of the gradient reduction over d replicas after the pipeline's last pass (the
-  // runtime does not overlap it yet): a ring all-reduce — or reduce-scatter + all-gather under
-  // ZeRO-1, the same bytes — of the largest stage's fp32 gradients, 2(d-1) calls of the link's
-  // latency and 2(d-1)/d of the bytes at its bandwidth (Costs::allreduce). 0 for d = 1.
+  // Seconds the gradient reduction over d replicas adds to the step, beyond the pipeline's
+  // makespan: a ring all-reduce — or reduce-scatter + all-gather under ZeRO-1, the same bytes —
+  // costs 2(d-1) of the link's latencies and 2(d-1)/d of the fp32 bytes at its bandwidth
+  // (Costs::allreduce). Each GRAD_SYNC(c) (no ZeRO) sums its chunk while the rank still
+  // computes; what is left when OPT starts, plus the tensors no GRAD_SYNC covers, is exposed.
+  // The largest rank's exposure; 0 for d = 1.
   double data_parallel_seconds = 0;
   int data_parallel = 1;  // d, from the model shape (the plan itself is one replica's)
   bool zero = false;

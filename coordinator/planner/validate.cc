@@ -195,6 +195,9 @@ class Machine {
     comm_busy_.assign(l.p, 0);
     stuck_.assign(l.p, "");
     waits_for_.assign(l.p, -1);
+    synced_.resize(l.p);
+    for (int r = 0; r < l.p; ++r) synced_[r].assign(l.group_of[r].size(), 0);
+    opt_done_.assign(l.p, 0);
     if (costs_ != nullptr) {
       times_.resize(l.p);
       for (int r = 0; r < l.p; ++r) times_[r].resize(plan.ranks[r].actions.size());
@@ -222,6 +225,8 @@ class Machine {
   // Fires a compute action or returns why it cannot run (empty = fired).
   std::string FireCompute(int r, const Action& a);
   std::string FireCollective(const Action& a);
+  // GRAD_SYNC: its chunk's weight passes are all done, once per step, before OPT.
+  std::string FireGradSync(int r, const Action& a);
   void Record(int r, double start, double end) {
     if (costs_ != nullptr) times_[r][pc_[r]] = {start, end};
   }
@@ -252,6 +257,8 @@ class Machine {
   std::vector<std::string> stuck_;
   std::vector<int> waits_for_;  // peer a blocked P2P head waits on, -1 none
   std::vector<std::vector<TimedAction>> times_;
+  std::vector<std::vector<char>> synced_;  // [rank][chunk]: GRAD_SYNC fired
+  std::vector<char> opt_done_;             // [rank]: OPT fired
 };
 
 absl::Status Machine::CheckRanges(int r, const Action& a) const {
@@ -476,6 +483,26 @@ std::string Machine::FireCollective(const Action& a) {
   return "";
 }
 
+std::string Machine::FireGradSync(int r, const Action& a) {
+  const int c = a.chunk;
+  if (opt_done_[r]) return "GRAD_SYNC after OPT: the optimizer has used the gradients";
+  if (synced_[r][c]) return absl::StrCat("chunk ", c, " is summed twice in one step");
+  double ready = lane_[r];
+  for (int i = 0; i < l_.m; ++i)
+    for (int q = 0; q < l_.k; ++q) {
+      const double t = ChunkT(r, kWDone, c, i, q);
+      if (t == kAbsent) {
+        return absl::StrCat("GRAD_SYNC before W/BW of mb ", i, " chunk ", c, " seq ", q,
+                            ": the sum would miss that gradient");
+      }
+      ready = std::max(ready, t);
+    }
+  synced_[r][c] = 1;
+  // The data group's link is modelled after the run (Simulate); the rank's lanes go on.
+  Record(r, ready, ready);
+  return "";
+}
+
 // Rank-by-step grid around a stall: each rank's actions from a few steps before its program
 // counter to a few after; the action it is blocked at in [brackets], done ones plain, the
 // ones not reached in lower case. Reading down a column shows who waits for whom.
@@ -537,6 +564,18 @@ absl::Status Machine::Run() {
     while (const Action* a = Head(r)) {
       if (IsCompute(a->kind)) {
         std::string why = FireCompute(r, *a);
+        if (!why.empty()) {
+          stuck_[r] = why;
+          break;
+        }
+        if (a->kind == ActionKind::kOpt) opt_done_[r] = 1;
+        ++pc_[r];
+        continue;
+      }
+      if (IsDataSync(a->kind)) {
+        // Only this rank's replicas take part, and they run this same list: nothing to match
+        // across the pipeline, and the data group's order is this list's order by construction.
+        std::string why = FireGradSync(r, *a);
         if (!why.empty()) {
           stuck_[r] = why;
           break;
@@ -694,6 +733,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   const double layer_params = ms.LayerParams();
   const double vocab_rows = static_cast<double>(ms.vocab);
   double busy_total = 0;
+  double data_end = 0;  // when the last rank's step ends with its data-parallel reduction
   for (int r = 0; r < l->p; ++r) {
     RankStats st;
     st.rank = r;
@@ -748,20 +788,36 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     st.state_bytes =
         static_cast<int64_t>(params * (ms.state_bytes_per_param - 8) + optimizer_bytes);
     if (d > 1) {
-      const double grad_bytes = 4.0 * params;
+      // A ring all-reduce (or reduce-scatter + all-gather: the same bytes) of fp32 gradients.
       const double calls = 2.0 * (d - 1);
-      res.data_parallel_seconds =
-          std::max(res.data_parallel_seconds,
-                   calls * in.costs.allreduce.latency +
-                       (in.costs.allreduce.bandwidth > 0
-                            ? calls / d * grad_bytes / in.costs.allreduce.bandwidth
-                            : 0));
+      auto ring = [&](double bytes) {
+        return calls * in.costs.allreduce.latency +
+               (in.costs.allreduce.bandwidth > 0 ? calls / d * bytes / in.costs.allreduce.bandwidth
+                                                 : 0);
+      };
+      // GRAD_SYNC(c) starts when its chunk's last weight pass is done and the data link is
+      // free, and overlaps whatever the rank computes after it; OPT waits for the link, then
+      // sums the rest (the vocabulary shards and the small tensors) before the update.
+      double link = 0, opt_start = st.last_end, synced = 0;
+      for (size_t i = 0; i < acts.size(); ++i) {
+        if (IsDataSync(acts[i].kind)) {
+          const double bytes = 4.0 * l->group_layers[l->group_of[r][acts[i].chunk]] * layer_params;
+          link = std::max(link, res.times[r][i].start) + ring(bytes);
+          synced += bytes;
+        } else if (acts[i].kind == ActionKind::kOpt) {
+          opt_start = res.times[r][i].start;
+        }
+      }
+      const double exposed =
+          std::max(0.0, link - opt_start) + ring(std::max(0.0, 4.0 * params - synced));
+      data_end = std::max(data_end, st.last_end + exposed);
     }
     st.peak_activation_bytes = static_cast<int64_t>(peak_bytes + vocab_act);
     busy_total += st.busy;
     res.ranks.push_back(st);
   }
   res.bubble_ratio = res.makespan > 0 ? 1 - busy_total / (l->p * res.makespan) : 0;
+  res.data_parallel_seconds = std::max(0.0, data_end - res.makespan);
   res.step_time = res.makespan + res.data_parallel_seconds;
   res.data_parallel = std::max(1, ms.data_parallel);
   res.zero = ms.zero;

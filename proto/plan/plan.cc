@@ -12,9 +12,9 @@ namespace vp::planner {
 namespace {
 
 constexpr std::array<absl::string_view, kNumActionKinds> kNames = {
-    "F",         "B",       "W",   "BW",       "IF",        "IB",
-    "S",         "T",       "OPT", "SEND_ACT", "RECV_ACT",  "SEND_GRAD",
-    "RECV_GRAD", "BCAST_X", "C1",  "C2",       "IF_REDUCE", "IB_BCAST"};
+    "F",  "B",   "W",         "BW",       "IF",        "IB",        "S",
+    "T",  "OPT", "SEND_ACT",  "RECV_ACT", "SEND_GRAD", "RECV_GRAD", "BCAST_X",
+    "C1", "C2",  "IF_REDUCE", "IB_BCAST", "GRAD_SYNC"};
 
 absl::Status Bad(absl::string_view what, absl::string_view detail) {
   return absl::InvalidArgumentError(absl::StrCat("plan text: ", what, ": ", detail));
@@ -32,11 +32,14 @@ bool IsP2P(ActionKind kind) {
          kind == ActionKind::kSendGrad || kind == ActionKind::kRecvGrad;
 }
 bool IsCollective(ActionKind kind) {
-  return static_cast<int>(kind) >= static_cast<int>(ActionKind::kBcastX);
+  return static_cast<int>(kind) >= static_cast<int>(ActionKind::kBcastX) &&
+         kind != ActionKind::kGradSync;
 }
+bool IsDataSync(ActionKind kind) { return kind == ActionKind::kGradSync; }
 
 std::string ToString(const Action& a) {
   if (a.kind == ActionKind::kOpt) return "OPT";
+  if (a.kind == ActionKind::kGradSync) return absl::StrCat("GRAD_SYNC(c", a.chunk, ")");
   std::string s = absl::StrCat(ActionKindName(a.kind), "(", a.mb);
   if (a.chunk != 0) absl::StrAppend(&s, ",c", a.chunk);
   if (a.seq != 0) absl::StrAppend(&s, ",s", a.seq);
@@ -67,6 +70,15 @@ absl::StatusOr<Action> ParseAction(absl::string_view token) {
   if (a.kind == ActionKind::kOpt) {
     if (!args.empty()) return Bad(token, "OPT takes no arguments");
     a.mb = -1;
+    return a;
+  }
+  if (a.kind == ActionKind::kGradSync) {
+    int v = 0;
+    if (args.size() < 2 || args[0] != 'c' || !absl::SimpleAtoi(args.substr(1), &v) || v < 0 ||
+        v > 32767) {
+      return Bad(token, "GRAD_SYNC takes one local chunk, cC (C in [0, 32767])");
+    }
+    a.chunk = static_cast<int16_t>(v);
     return a;
   }
   if (args.empty()) return Bad(token, "missing microbatch");

@@ -26,7 +26,8 @@
 //   chunk 0 0 group 0 layers 0 2          (rank, chunk, group, first layer, count)
 //   rank 0: IF(0) IF_REDUCE(0) F(0) SEND_ACT(0,>1) ...
 // Action tokens: KIND(mb[,cC][,sQ][,>R|<R]); c = local chunk, s = sequence chunk, >R send to
-// rank R, <R receive from rank R; zero chunk/seq are left out. OPT has no arguments.
+// rank R, <R receive from rank R; zero chunk/seq are left out. OPT has no arguments;
+// GRAD_SYNC(cC) names only its chunk (it covers every microbatch).
 #pragma once
 
 #include <cstdint>
@@ -57,20 +58,27 @@ enum class ActionKind : uint8_t {
   kC2,
   kIfReduce,
   kIbBcast,
+  kGradSync,
 };
-inline constexpr int kNumActionKinds = 18;
+inline constexpr int kNumActionKinds = 19;
 
 absl::string_view ActionKindName(ActionKind kind);
 bool IsCompute(ActionKind kind);
 bool IsP2P(ActionKind kind);
+// A collective over the pipeline's ranks (BCAST_X, C1, C2, IF_REDUCE, IB_BCAST).
 bool IsCollective(ActionKind kind);
+// GRAD_SYNC(cC): local model chunk C's weight gradients summed over the data-parallel group (the
+// replicas of this rank), issued once per step right after the chunk's last W (or BW), so the
+// reduction overlaps the rest of the rank's backward. Only in plans for d > 1 without ZeRO;
+// the data group's members run the same rank plan, so they issue them in the same order.
+bool IsDataSync(ActionKind kind);
 
 struct Action {  // 12 bytes: plans of p = 64, m = 1024 hold over a million of them
   ActionKind kind = ActionKind::kF;
   int16_t chunk = 0;  // local model chunk
   int16_t seq = 0;    // sequence chunk
   int16_t peer = -1;  // P2P peer rank
-  int32_t mb = 0;     // microbatch, -1 for OPT
+  int32_t mb = 0;     // microbatch, -1 for OPT, 0 for GRAD_SYNC
 
   bool operator==(const Action&) const = default;
 };

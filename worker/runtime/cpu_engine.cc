@@ -137,8 +137,8 @@ class CpuGradOps {
     adamw_.Step(model_.params(), model_.grads(), lr, scale);
     return absl::OkStatus();
   }
-  absl::Status AllReduceGrads(comm::Communicator& data) {
-    return data.AllReduce(model_.grads(), model_.param_count(), comm::ReduceOp::kSum);
+  absl::Status AllReduceGrads(comm::Communicator& data, size_t offset, size_t n) {
+    return data.AllReduce(model_.grads() + offset, n, comm::ReduceOp::kSum);
   }
   absl::Status ReduceScatterGrads(comm::Communicator& data) {
     return data.ReduceScatterSum(model_.grads(), model_.param_count());
@@ -158,11 +158,22 @@ static_assert(GradOps<CpuGradOps>);
 
 absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm,
                                            comm::Communicator* data, bool tied_copy_sync, float lr,
-                                           float grad_clip, double* grad_norm,
-                                           double* data_seconds) {
+                                           float grad_clip, double* grad_norm, double* data_seconds,
+                                           const std::vector<comm::ShardRange>& reduced) {
   CpuGradOps ops(*model_, *optimizer_, tracker_.get());
   return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip, grad_norm,
-                          data_seconds);
+                          data_seconds, reduced);
+}
+
+absl::StatusOr<comm::ShardRange> CpuStageEngine::AllReduceChunkGrads(comm::Communicator& data,
+                                                                     int chunk) {
+  const engine::RankModel::ParamSpan span = model_->ChunkParams(chunk);
+  if (absl::Status st =
+          data.AllReduce(model_->grads() + span.offset, span.count, comm::ReduceOp::kSum);
+      !st.ok()) {
+    return st;
+  }
+  return comm::ShardRange{span.offset, span.count};
 }
 
 }  // namespace vp::runtime

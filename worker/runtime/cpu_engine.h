@@ -59,7 +59,9 @@ class CpuStageEngine {
   // gradient norm (all-reduced over `comm`), clipping, AdamW (optimizer_step.h).
   absl::Status OptimizerStep(int64_t step, comm::Communicator& comm, comm::Communicator* data,
                              bool tied_copy_sync, float lr, float grad_clip, double* grad_norm,
-                             double* data_seconds);
+                             double* data_seconds, const std::vector<comm::ShardRange>& reduced);
+  // GRAD_SYNC: model chunk `chunk`'s gradients summed over the replicas; the range it covered.
+  absl::StatusOr<comm::ShardRange> AllReduceChunkGrads(comm::Communicator& data, int chunk);
   absl::Status ZeroGrads() {
     model_->ZeroGrads();
     return absl::OkStatus();

@@ -10,7 +10,8 @@
 //   2. Data parallelism (a `data` communicator over d > 1 replicas of this stage): every
 //      replica's loss was scaled by 1 / (d·m·b·s), the global token count, so the sum of the
 //      replicas' gradients is the exact mean and no 1/d rescale follows. Without ZeRO the whole
-//      flat gradient buffer is all-reduced; with ZeRO-1 it is reduce-scattered so that each
+//      flat gradient buffer is all-reduced (less the model chunks a GRAD_SYNC of the plan summed
+//      already, overlapping the backward); with ZeRO-1 it is reduce-scattered so that each
 //      replica holds the sum of its own range (comm::RangeOf) — the only range its AdamW state
 //      covers. Summing is linear, so step 1 before step 2 gives the same sums as after.
 //   3. The global gradient norm: Σ g² over this rank's parameters with the tied output copy
@@ -28,6 +29,7 @@
 #include <concepts>
 #include <cstddef>
 #include <initializer_list>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -59,20 +61,38 @@ concept GradOps = requires(G& g, const G& cg, typename G::Scratch& scratch, size
   { g.AllReduceScalar(comm, scale) } -> std::same_as<absl::StatusOr<float>>;
   // AdamW on the range the optimizer state covers (the whole buffer, or a ZeRO-1 shard).
   { g.AdamW(lr, scale) } -> std::same_as<absl::Status>;
-  // Over the data-parallel group, on the whole flat buffer (comm::RangeOf splits it).
-  { g.AllReduceGrads(comm) } -> std::same_as<absl::Status>;
+  // Over the data-parallel group: grads[offset, offset + n) summed; the reduce-scatter and the
+  // gather on the whole flat buffer (comm::RangeOf splits it).
+  { g.AllReduceGrads(comm, offset, n) } -> std::same_as<absl::Status>;
   { g.ReduceScatterGrads(comm) } -> std::same_as<absl::Status>;
   { g.AllGatherParams(comm) } -> std::same_as<absl::Status>;
 };
 
+// The parts of [0, total) that `done` (disjoint ranges, any order) leaves out, in order.
+inline std::vector<comm::ShardRange> RangesLeft(size_t total, std::vector<comm::ShardRange> done) {
+  std::sort(done.begin(), done.end(),
+            [](const comm::ShardRange& a, const comm::ShardRange& b) { return a.begin < b.begin; });
+  std::vector<comm::ShardRange> left;
+  size_t at = 0;
+  for (const comm::ShardRange& r : done) {
+    if (r.begin > at) left.push_back({at, r.begin - at});
+    at = std::max(at, r.end());
+  }
+  if (at < total) left.push_back({at, total - at});
+  return left;
+}
+
 // comm: the pipeline's communicator (this replica's stages); data: the replicas of this stage
 // (null or size 1: no data parallelism); zero: ZeRO-1 (the optimizer state covers this
-// replica's comm::RangeOf range of the flat buffer). data_seconds (may be null): the wall time
-// of the data-parallel collectives (reduction, ZeRO-1's norm sum and parameter gather).
+// replica's comm::RangeOf range of the flat buffer). reduced: ranges of the flat buffer already
+// summed over `data` this step (the plan's GRAD_SYNC, never under ZeRO-1): only the rest is
+// all-reduced here. data_seconds (may be null): the wall time of the data-parallel collectives
+// run here (reduction, ZeRO-1's norm sum and parameter gather).
 template <GradOps G>
 absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicator* data, bool zero,
                               bool tied_copy_sync, float lr, float grad_clip, double* grad_norm,
-                              double* data_seconds = nullptr) {
+                              double* data_seconds = nullptr,
+                              const std::vector<comm::ShardRange>& reduced = {}) {
   using Clock = std::chrono::steady_clock;
   double data_time = 0;
   auto timed = [&data_time](auto&& collective) {
@@ -106,12 +126,20 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicat
     }
     if (absl::Status st = ops.Sync(); !st.ok()) return st;
   }
+  if (replicated && zero && !reduced.empty()) {
+    return absl::InternalError(
+        "ZeRO-1 reduce-scatters the whole buffer: nothing may be summed "
+        "before OPT (a plan with GRAD_SYNC under zero: 1)");
+  }
   if (replicated) {
-    if (absl::Status st =
-            timed([&] { return zero ? ops.ReduceScatterGrads(*data) : ops.AllReduceGrads(*data); });
-        !st.ok()) {
-      return st;
-    }
+    absl::Status st = timed([&] {
+      if (zero) return ops.ReduceScatterGrads(*data);
+      for (const comm::ShardRange& r : RangesLeft(params, reduced)) {
+        if (absl::Status s = ops.AllReduceGrads(*data, r.begin, r.count); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    });
+    if (!st.ok()) return st;
   }
   auto sq = ops.SquaredNorm(mine.begin, mine.count);
   if (!sq.ok()) return sq.status();

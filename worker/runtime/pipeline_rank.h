@@ -36,8 +36,10 @@ struct RankStepResult {
   std::array<double, planner::kNumActionKinds> busy{};
   double compute_wait_seconds = 0;
   std::array<double, planner::kNumActionKinds> comm{};
-  // Seconds of OPT spent in the data-parallel collectives (gradient reduction, ZeRO-1's
-  // gather); part of busy[OPT], exposed (not overlapped). 0 without data parallelism.
+  // Exposed seconds of the data-parallel reduction: the wait for the GRAD_SYNC thread after
+  // the last compute action, plus OPT's own data-parallel collectives (the rest of the
+  // gradients, ZeRO-1's gather; part of busy[OPT]). The overlapped GRAD_SYNC time is in
+  // comm[GRAD_SYNC]. 0 without data parallelism.
   double data_parallel_seconds = 0;
   // Peaks of this step, bytes, from the engine's allocator.
   int64_t peak_parameters = 0, peak_gradients = 0, peak_optimizer = 0, peak_activations = 0;

@@ -62,6 +62,7 @@ enum class KeyKind : uint8_t {
   kC2Done,       // C2 done (mb, q)
   kDEmbedReady,  // the embedding-output gradient is complete (mb)
   kIbBcastDone,  // IB_BCAST done (mb)
+  kWeightsDone,  // the last W (or BW) of local chunk c this step is done (chunk)
 };
 
 struct Key {
@@ -120,7 +121,8 @@ class RankExecutor {
 
   // p2p and coll: this rank's communicators over all plan.pipeline ranks (may be the same
   // object); data: over the options.data.replicas replicas of this stage (null for one). They
-  // must outlive the executor; data is used by the compute thread at OPT only.
+  // must outlive the executor; data is used by the data thread (GRAD_SYNC) and then by the
+  // compute thread at OPT.
   RankExecutor(const planner::Plan& plan, int rank, const TrainerOptions& options, RankSetup setup,
                std::unique_ptr<E> engine, comm::Communicator* p2p, comm::Communicator* coll,
                comm::Communicator* data = nullptr)
@@ -262,6 +264,10 @@ class RankExecutor {
   // IB_BCAST: the embedding-output gradient from the first group's rank to every shard.
   absl::Status DoIbBcast(const planner::Action& a);
 
+  // GRAD_SYNC: after the chunk's last W, its gradients summed over the replicas (the data
+  // thread; a no-op without data parallelism or under ZeRO-1, whose OPT sums everything).
+  absl::Status DoGradSync(const planner::Action& a);
+
   // One communication action (a communication thread).
   absl::Status RunComm(const planner::Action& a);
 
@@ -299,6 +305,9 @@ class RankExecutor {
   std::map<int, Buffer> embed_grads_;  // (b, s, h) per microbatch, on first_group_rank
   double loss_ = 0;
   int losses_seen_ = 0;
+  // Flat gradient ranges GRAD_SYNC summed this step (the data thread writes, OPT reads after
+  // joining it).
+  std::vector<comm::ShardRange> synced_;
 
   // Step inputs.
   std::vector<std::vector<int32_t>> inputs_, targets_;  // per microbatch, (b, s)

@@ -293,6 +293,8 @@ absl::Status RankExecutor<E>::RunComm(const planner::Action& a) {
       return DoIfReduce(a);
     case ActionKind::kIbBcast:
       return DoIbBcast(a);
+    case ActionKind::kGradSync:
+      return DoGradSync(a);
     default:
       return absl::InternalError(
           absl::StrCat("not a communication action: ", planner::ToString(a)));
@@ -442,6 +444,19 @@ absl::Status RankExecutor<E>::DoIbBcast(const planner::Action& a) {
   Produce({KeyKind::kIbBcastDone, a.mb});
   return absl::OkStatus();
 }
+// GRAD_SYNC: after the chunk's last W, its gradients summed over the replicas.
+template <StageEngine E>
+absl::Status RankExecutor<E>::DoGradSync(const planner::Action& a) {
+  if (a.chunk < 0 || a.chunk >= static_cast<int>(setup_.chunk_group.size())) {
+    return absl::InvalidArgumentError("GRAD_SYNC: no such local model chunk");
+  }
+  if (auto st = Wait({KeyKind::kWeightsDone, 0, a.chunk}, nullptr); !st.ok()) return st;
+  absl::StatusOr<comm::ShardRange> range = engine_->AllReduceChunkGrads(*data_, a.chunk);
+  if (!range.ok()) return range.status();
+  synced_.push_back(*range);
+  return absl::OkStatus();
+}
+
 // The actions Evaluate runs: those that lead to the losses (C1) and nothing after them.
 inline bool IsForwardAction(planner::ActionKind kind) {
   using planner::ActionKind;
@@ -489,16 +504,35 @@ absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, Rank
   // One communication thread when both roles share a communicator (it serves one thread at a
   // time), else point-to-point and collectives each on their own.
   const bool split = p2p_ != coll_;
-  std::vector<planner::Action> comm_a, comm_b;
+  // GRAD_SYNC runs on a thread of its own over the data communicator, so a chunk's reduction
+  // overlaps the backward passes after it. Without replicas, or under ZeRO-1 (whose OPT
+  // reduce-scatters the whole buffer), a plan's GRAD_SYNC is skipped.
+  const bool grad_sync =
+      !forward_only_ && data_ != nullptr && data_->size() > 1 && !options_.data.zero;
+  std::vector<planner::Action> comm_a, comm_b, comm_data;
   for (const planner::Action& a : actions) {
     if (planner::IsCompute(a.kind) || !selected(a)) continue;
+    if (planner::IsDataSync(a.kind)) {
+      if (grad_sync) comm_data.push_back(a);
+      continue;
+    }
     (split && planner::IsCollective(a.kind) ? comm_b : comm_a).push_back(a);
   }
-  std::array<double, planner::kNumActionKinds> comm_time_b{};
+  // The index of each chunk's last weight pass: the data thread may sum the chunk after it.
+  std::vector<size_t> last_weight(setup_.chunk_group.size(), actions.size());
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].kind == planner::ActionKind::kW || actions[i].kind == planner::ActionKind::kBW) {
+      last_weight[actions[i].chunk] = i;
+    }
+  }
+  synced_.clear();
+  std::array<double, planner::kNumActionKinds> comm_time_b{}, comm_time_data{};
   std::thread thread_a([&] { CommLoop(comm_a, &r->comm); });
-  std::thread thread_b;
+  std::thread thread_b, thread_data;
   if (split) thread_b = std::thread([&] { CommLoop(comm_b, &comm_time_b); });
-  for (const planner::Action& a : actions) {
+  if (!comm_data.empty()) thread_data = std::thread([&] { CommLoop(comm_data, &comm_time_data); });
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const planner::Action& a = actions[i];
     if (!planner::IsCompute(a.kind) || a.kind == planner::ActionKind::kOpt || !selected(a)) {
       continue;
     }
@@ -513,10 +547,19 @@ absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, Rank
           st.code(), absl::StrCat("rank ", rank_, " ", planner::ToString(a), ": ", st.message())));
       break;
     }
+    if (last_weight[a.chunk] == i) Produce({KeyKind::kWeightsDone, 0, a.chunk});
   }
   thread_a.join();
   if (thread_b.joinable()) thread_b.join();
-  for (int k = 0; k < planner::kNumActionKinds; ++k) r->comm[k] += comm_time_b[k];
+  if (thread_data.joinable()) {
+    // What the reduction adds to the step: the wait for its last chunk after the compute ends.
+    const auto j0 = Clock::now();
+    thread_data.join();
+    r->data_parallel_seconds += Seconds(j0, Clock::now());
+  }
+  for (int k = 0; k < planner::kNumActionKinds; ++k) {
+    r->comm[k] += comm_time_b[k] + comm_time_data[k];
+  }
   std::lock_guard<std::mutex> l(mu_);
   return error_;
 }
@@ -581,8 +624,10 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
   if (auto st = RunPlan(step, batches, &r); !st.ok()) return st;
   const auto o0 = Clock::now();
   r.lr = options_.lr.At(step);
-  if (auto st = engine_->OptimizerStep(step, *coll_, data_, setup_.tied_copy_sync, r.lr,
-                                       options_.grad_clip, &r.grad_norm, &r.data_parallel_seconds);
+  double opt_data_seconds = 0;
+  if (auto st =
+          engine_->OptimizerStep(step, *coll_, data_, setup_.tied_copy_sync, r.lr,
+                                 options_.grad_clip, &r.grad_norm, &opt_data_seconds, synced_);
       !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("rank ", rank_, " OPT: ", st.message()));
   }
@@ -595,6 +640,7 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
     }
     loss_ = loss[0];
   }
+  r.data_parallel_seconds += opt_data_seconds;
   engine_->ActionDone(E::kCompute);
   r.busy[static_cast<int>(planner::ActionKind::kOpt)] += Seconds(o0, Clock::now());
   if (engine_->model().has_output_layer()) engine_->model().output_layer().ReleaseWorkspace();

@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -89,9 +90,12 @@ concept StageModel = requires(M& model, int c) {
 //   FinalNormForward(xs, out, n)    ln_f on out (n, h): fills xs.x, keeps out as xs.x_last
 //   FinalNormBackward(dout, grad_input, xs, n)   dout (n, h, zeroed) += ln_f's input gradient;
 //                                   ln_f's weight gradients; frees x_last and the statistics
-//   OptimizerStep(step, comm, data, tied_copy_sync, lr, clip, &grad_norm, &data_seconds)
-//                                   optimizer_step.h (data: the replicas' communicator, null
-//                                   without any; data_seconds: its collectives' wall time)
+//   OptimizerStep(step, comm, data, tied_copy_sync, lr, clip, &grad_norm, &data_seconds,
+//                 reduced)          optimizer_step.h (data: the replicas' communicator, null
+//                                   without any; data_seconds: its collectives' wall time;
+//                                   reduced: the ranges GRAD_SYNC summed already this step)
+//   AllReduceChunkGrads(data, c)    GRAD_SYNC: model chunk c's gradients summed over `data`
+//                                   (after its last W); returns the flat range it covered
 //   EnterThread()                   first call on every thread the executor runs (a device
 //                                   engine makes the rank's device current)
 //   ActionDone(thread)              after every action (a device engine hands freed blocks back)
@@ -103,7 +107,8 @@ concept StageEngine = ActivationBuffer<typename E::Buffer, typename E::Elem> &&
              const typename E::Buffer& cbuf, const typename E::InputState& in,
              typename E::XState& xs, const float* grad_input, int64_t step,
              comm::Communicator& comm, double* grad_norm, size_t count, int b, int s, int len,
-             int h, int start, int n, float lr, float clip, bool flag) {
+             int h, int start, int n, float lr, float clip, bool flag,
+             const std::vector<comm::ShardRange>& ranges) {
   { E::kCompute } -> std::convertible_to<typename E::Thread>;
   { E::kComm } -> std::convertible_to<typename E::Thread>;
   { e.Act(count, flag, E::kCompute) } -> std::same_as<absl::StatusOr<typename E::Buffer>>;
@@ -114,8 +119,9 @@ concept StageEngine = ActivationBuffer<typename E::Buffer, typename E::Elem> &&
   { xs.x } -> std::convertible_to<typename E::Buffer&>;       // X, the output layer's input
   { xs.x_last } -> std::convertible_to<typename E::Buffer&>;  // ln_f's input (owner only)
   {
-    e.OptimizerStep(step, comm, &comm, flag, lr, clip, grad_norm, grad_norm)
+    e.OptimizerStep(step, comm, &comm, flag, lr, clip, grad_norm, grad_norm, ranges)
     } -> std::same_as<absl::Status>;
+  { e.AllReduceChunkGrads(comm, n) } -> std::same_as<absl::StatusOr<comm::ShardRange>>;
   { e.ZeroGrads() } -> std::same_as<absl::Status>;
   { e.EnterThread() } -> std::same_as<absl::Status>;
   e.ActionDone(E::kCompute);

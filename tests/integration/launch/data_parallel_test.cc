@@ -171,6 +171,10 @@ TEST_F(DataParallelTest, ZeroOneEqualsZeroZeroWithItsShareOfTheOptimizerState) {
     const int64_t whole = a[rank]["memory"]["optimizer"], share = b[rank]["memory"]["optimizer"];
     EXPECT_GT(whole, 0);
     EXPECT_LE(std::abs(2 * share - whole), int64_t{2 * 2 * 4}) << "rank " << rank;
+    // Without ZeRO each stage's model chunk was summed by the plan's GRAD_SYNC on the data
+    // thread (overlapping the backward); under ZeRO-1 OPT reduce-scatters everything instead.
+    EXPECT_TRUE(a[rank]["comm"].contains("GRAD_SYNC")) << "rank " << rank << ": " << a[rank];
+    EXPECT_FALSE(b[rank]["comm"].contains("GRAD_SYNC")) << "rank " << rank << ": " << b[rank];
     // The planner's memory model (state divided under ZeRO-1) stays within 10% of the peak.
     for (const auto* stages : {&a, &b}) {
       const auto& s = (*stages)[rank];

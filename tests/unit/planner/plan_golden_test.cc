@@ -23,6 +23,7 @@ struct Golden {
   Schedule schedule;
   VocabMethod vocab;
   int p, m;
+  int data = 1;  // replicas: d > 1 adds each chunk's GRAD_SYNC after its last W
 };
 
 constexpr Golden kGolden[] = {
@@ -31,6 +32,7 @@ constexpr Golden kGolden[] = {
     {"vhalf-vocab1-p2-m3.txt", Schedule::kVHalf, VocabMethod::kVocab1, 2, 3},
     {"vmin-vocab2-p3-m3.txt", Schedule::kVMin, VocabMethod::kVocab2, 3, 3},
     {"1f1b-interlaced-p2-m5.txt", Schedule::k1F1B, VocabMethod::kInterlaced, 2, 5},
+    {"zbv-vocab2-p2-m3-d2.txt", Schedule::kZBV, VocabMethod::kVocab2, 2, 3, 2},
 };
 
 std::string GoldenPath(const char* file) {
@@ -46,6 +48,7 @@ TEST(PlanGolden, TextFormsMatch) {
     in.layers = 4 * g.p;
     in.schedule = g.schedule;
     in.vocab = g.vocab;
+    in.model.data_parallel = g.data;
     in.costs.f = 1;
     in.costs.b = 2;
     in.costs.w = 1;

@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
       }
       offset = layer_base + LayerParamCount(cfg);
     }
+    m->chunk_params_.push_back({stack_offsets.back(), offset - stack_offsets.back()});
   }
   if (layout.holds_last_group) {
     m->lnf_offset_ = add(FinalNormTensorName(cfg), {h}, false, false);

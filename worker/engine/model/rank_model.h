@@ -103,6 +103,13 @@ class RankModel {
   const ParamTensor* tied_output_copy() const;
   int num_chunks() const { return static_cast<int>(stacks_.size()); }
   LayerStack& stack(int chunk) { return *stacks_[chunk]; }
+  // Where model chunk `chunk`'s layers sit in the flat buffers: [offset, offset + count), the
+  // span a GRAD_SYNC(c) sums over the replicas.
+  struct ParamSpan {
+    size_t offset = 0;
+    size_t count = 0;
+  };
+  ParamSpan ChunkParams(int chunk) const { return chunk_params_[chunk]; }
 
   // First layer group only, GPT-2 only: wpe (seq_len, h) and its gradient.
   const float* wpe() const { return params_.data() + wpe_offset_; }
@@ -136,6 +143,7 @@ class RankModel {
   std::unique_ptr<vocab::InputLayerShard> input_;
   std::unique_ptr<vocab::OutputLayerShard> output_;
   std::vector<std::unique_ptr<LayerStack>> stacks_;
+  std::vector<ParamSpan> chunk_params_;  // per model chunk
 };
 
 }  // namespace vp::engine

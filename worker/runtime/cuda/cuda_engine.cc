@@ -217,9 +217,9 @@ class CudaGradOps {
   }
   absl::Status AdamW(float lr, float scale) { return model_.OptimizerStep(lr, scale); }
   // The gradients are written on the compute stream, the communicator has its own: drain first.
-  absl::Status AllReduceGrads(comm::Communicator& data) {
+  absl::Status AllReduceGrads(comm::Communicator& data, size_t offset, size_t n) {
     if (auto st = Finish(ctx_); !st.ok()) return st;
-    return data.AllReduce(model_.grads(), model_.host().param_count(), comm::ReduceOp::kSum);
+    return data.AllReduce(model_.grads() + offset, n, comm::ReduceOp::kSum);
   }
   // ZeRO-1 needs the device AdamW on a range and the gather of the (bf16) parameters and their
   // fp32 master copy; until then the launcher refuses zero: 1 on cuda before any rank starts.
@@ -243,10 +243,24 @@ template <typename T>
 absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm,
                                                comm::Communicator* data, bool tied_copy_sync,
                                                float lr, float grad_clip, double* grad_norm,
-                                               double* data_seconds) {
+                                               double* data_seconds,
+                                               const std::vector<comm::ShardRange>& reduced) {
   CudaGradOps<T> ops(*model_, compute_);
   return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip, grad_norm,
-                          data_seconds);
+                          data_seconds, reduced);
+}
+
+// The compute stream wrote the chunk's gradients (its last W): drain it, then sum in place.
+template <typename T>
+absl::StatusOr<comm::ShardRange> CudaStageEngine<T>::AllReduceChunkGrads(comm::Communicator& data,
+                                                                         int chunk) {
+  const engine::RankModel::ParamSpan span = model_->host().ChunkParams(chunk);
+  if (auto st = Finish(compute_); !st.ok()) return st;
+  if (auto st = data.AllReduce(model_->grads() + span.offset, span.count, comm::ReduceOp::kSum);
+      !st.ok()) {
+    return st;
+  }
+  return comm::ShardRange{span.offset, span.count};
 }
 
 template class CudaStageEngine<float>;
