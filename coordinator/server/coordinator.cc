@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/server/job_plan.h"
+#include "coordinator/server/placement.h"
 #include "proto/grpc/auth.h"
 #include "proto/plan/plan.h"
 #include "proto/plan/topology.h"
@@ -769,28 +770,32 @@ void Coordinator::Schedule() {
     v1::Job& job = jobs_[id];
     const planner::Topology topology = JobTopology(job.spec());
     const int p = topology.world();  // ranks: d replicas of the pipeline
-    std::vector<std::pair<int64_t, Worker*>> free;
+    std::vector<Worker*> free;
+    std::vector<PlacementCandidate> candidates;
     for (auto& [wid, w] : workers_) {
       if (w.info.job_id().empty() && !w.leaving &&
           DeviceMatches(job.spec().device(), w.info.device())) {
         int64_t n = 0;
         (void)absl::SimpleAtoi(wid.substr(wid.find('-') + 1), &n);
-        // Ranked by hint (the platform's worker index), then by registration order.
-        const int64_t hint = w.info.rank_hint() >= 0 ? w.info.rank_hint() : (int64_t{1} << 31);
-        free.push_back({(hint << 32) + n, &w});
+        free.push_back(&w);
+        candidates.push_back({.hostname = w.info.hostname(),
+                              .device = DeviceIndex(w.info.device()),
+                              .rank_hint = w.info.rank_hint(),
+                              .registered = n});
       }
     }
     if (static_cast<int>(free.size()) < p) continue;
-    std::sort(free.begin(), free.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
+    // Rank r runs on placed[r]: a pipeline on one host where it fits (placement.h).
+    std::vector<Worker*> placed;
+    for (int i : PlaceRanks(candidates, topology)) placed.push_back(free[i]);
     // Ranks on different hosts connect to each other's advertised address: loopback there
     // would reach the rank's own host, and the job would only time out.
     std::set<std::string> hosts;
-    for (int r = 0; r < p; ++r) hosts.insert(free[r].second->info.hostname());
+    for (int r = 0; r < p; ++r) hosts.insert(placed[r]->info.hostname());
     if (hosts.size() > 1) {
       std::string loopback;
       for (int r = 0; r < p && loopback.empty(); ++r) {
-        const v1::WorkerInfo& w = free[r].second->info;
+        const v1::WorkerInfo& w = placed[r]->info;
         if (auth::IsLoopbackHost(w.address())) {
           loopback = absl::StrCat("rank ", r, " (", w.worker_id(), " on ", w.hostname(),
                                   ") advertises loopback address ", w.address());
@@ -810,7 +815,7 @@ void Coordinator::Schedule() {
     for (int r = 0; r < p && short_of.empty(); ++r) {
       const int stage = topology.CoordOf(r).stage;  // the prediction is per stage
       if (stage >= job.predicted_rank_bytes_size()) continue;
-      const v1::WorkerInfo& w = free[r].second->info;
+      const v1::WorkerInfo& w = placed[r]->info;
       if (w.memory_bytes() > 0 && job.predicted_rank_bytes(stage) > w.memory_bytes()) {
         short_of = absl::StrCat("memory: needs ", GiB(job.predicted_rank_bytes(stage)), " on rank ",
                                 r, ", its worker ", w.worker_id(), " (", w.hostname(), ") has ",
@@ -828,7 +833,7 @@ void Coordinator::Schedule() {
     a.failed.assign(p, false);
     job.clear_stages();
     for (int r = 0; r < p; ++r) {
-      Worker& w = *free[r].second;
+      Worker& w = *placed[r];
       w.info.set_job_id(id);
       SetRank(w.info, topology, r);
       a.workers.push_back(w.info.worker_id());
