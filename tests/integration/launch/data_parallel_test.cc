@@ -38,17 +38,22 @@ struct Job {
   std::string schedule = "1f1b", vocab = "vocab2";
   double grad_clip = 0;
   int steps = kSteps, every = 0;
+  int eval_every = 0, eval_batches = 0;  // 0: no evaluation
+  std::string lr = "0.003";
 };
 
 std::string SpecText(const Job& j) {
-  return absl::StrCat("model: {layers: 4, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
-                      "parallel: {pipeline: ", j.pipeline, ", data: ", j.data, ", zero: ", j.zero,
-                      ", microbatch_size: 2, microbatches: ", j.microbatches, ", vocab: ", j.vocab,
-                      ", schedule: ", j.schedule, ", seq_chunks: ", j.seq_chunks, "}\n",
-                      "train: {steps: ", j.steps,
-                      ", lr: 0.003, eps: 1.0e-5, threads: 1, grad_clip: ", j.grad_clip, "}\n",
-                      "data: {path: data.bin, shuffle: true}\ncheckpoint: {dir: ", j.name,
-                      ", every: ", j.every, "}\n");
+  return absl::StrCat(
+      "model: {layers: 4, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
+      "parallel: {pipeline: ", j.pipeline, ", data: ", j.data, ", zero: ", j.zero,
+      ", microbatch_size: 2, microbatches: ", j.microbatches, ", vocab: ", j.vocab,
+      ", schedule: ", j.schedule, ", seq_chunks: ", j.seq_chunks, "}\n", "train: {steps: ", j.steps,
+      ", lr: ", j.lr, ", eps: 1.0e-5, threads: 1, grad_clip: ", j.grad_clip,
+      j.eval_every > 0
+          ? absl::StrCat(", eval_every: ", j.eval_every, ", eval_batches: ", j.eval_batches)
+          : "",
+      "}\n", "data: {path: data.bin, shuffle: true", j.eval_every > 0 ? ", val_path: data.bin" : "",
+      "}\ncheckpoint: {dir: ", j.name, ", every: ", j.every, "}\n");
 }
 
 // One folder for the suite: the token file and the one-process reference (m = 8), shared by
@@ -182,6 +187,36 @@ TEST_F(DataParallelTest, ZeroOneEqualsZeroZeroWithItsShareOfTheOptimizerState) {
           << "rank " << rank << (stages == &a ? " zero 0" : " zero 1");
     }
   }
+}
+
+// Evaluation is split over the replicas (replica r runs every d-th round of m batches) and
+// their sums added: the validation loss equals one process evaluating every batch. Three
+// rounds of 4 over two replicas: one replica runs two, the other one. The learning rate is
+// negligible (AdamW moves a weight by about lr), so the one process with m = 4 and the
+// replicas, which train on twice the samples a step, evaluate the same model.
+TEST_F(DataParallelTest, ReplicasSplitTheEvaluationAndReportTheOneProcessLoss) {
+  const Job one{.name = "eval_one",
+                .pipeline = 1,
+                .data = 1,
+                .microbatches = 4,
+                .eval_every = 3,
+                .eval_batches = 12,
+                .lr = "1.0e-12"};
+  Job replicas = one;
+  replicas.name = "eval_d2p2";
+  replicas.pipeline = 2;
+  replicas.data = 2;
+  auto r = Run(one);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = Run(replicas);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto a = ReadJsonl(dir_ / "eval_one/metrics.jsonl").back();
+  const auto b = ReadJsonl(dir_ / "eval_d2p2/metrics.jsonl").back();
+  ASSERT_TRUE(a.contains("val_loss")) << a;
+  ASSERT_TRUE(b.contains("val_loss")) << b;
+  const double la = a["val_loss"], lb = b["val_loss"];
+  EXPECT_GT(la, 1.0);  // ln 64 ≈ 4.2 at the start: a real loss, not a partial sum
+  EXPECT_LE(std::abs(la - lb), 1e-5 * la) << la << " vs " << lb;
 }
 
 TEST_F(DataParallelTest, ClippedGradNormIsTheOneProcessNorm) {
