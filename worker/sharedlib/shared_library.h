@@ -37,6 +37,15 @@ class SharedLibrary {
     return reinterpret_cast<F*>(*address);
   }
 
+  // *out = the address of `symbol` (Function<F>), or NotFound as Function says.
+  template <typename F>
+  absl::Status Bind(const char* symbol, F** out) const {
+    absl::StatusOr<F*> f = Function<F>(symbol);
+    if (!f.ok()) return f.status();
+    *out = *f;
+    return absl::OkStatus();
+  }
+
   const std::string& name() const { return name_; }  // the name that opened it
 
  private:
@@ -48,6 +57,15 @@ class SharedLibrary {
   std::string name_;
   void* handle_ = nullptr;
 };
+
+// A table of a vendor library's functions, kept under their own names, from an X-macro list:
+//   #define VP_ZLIB_FUNCTIONS(X) X(zlibVersion) X(crc32)
+//   struct Zlib { VP_ZLIB_FUNCTIONS(VP_SHAREDLIB_FUNCTION) };   // Zlib::crc32 has crc32's type
+// and, in the loader, `VP_ZLIB_FUNCTIONS(VP_SHAREDLIB_BIND)` with `lib` (a SharedLibrary) and
+// `table` (the struct) in scope: each function bound, the first missing one returned.
+#define VP_SHAREDLIB_FUNCTION(name) decltype(&::name) name = nullptr;
+#define VP_SHAREDLIB_BIND(name) \
+  if (absl::Status st = lib.Bind(#name, &table.name); !st.ok()) return st;
 
 // Whether this process has a file whose name starts with `file_prefix` mapped (/proc/self/maps):
 // how tests prove that a CPU path never loads a vendor library.

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cmath>
 
@@ -24,6 +25,27 @@ TEST(SharedLibraryTest, OpensTheFirstNameThatLoadsAndFindsItsFunctions) {
   absl::StatusOr<ZlibVersion*> version = lib->Function<ZlibVersion>("zlibVersion");
   ASSERT_TRUE(version.ok()) << version.status();
   EXPECT_EQ(std::string((*version)()).substr(0, 1), "1");  // zlib 1.x
+}
+
+// The X-macro table the CUDA backend's cuBLASLt and NCCL tables are built like.
+#define VP_TEST_ZLIB_FUNCTIONS(X) X(zlibVersion) X(crc32)
+struct Zlib {
+  VP_TEST_ZLIB_FUNCTIONS(VP_SHAREDLIB_FUNCTION)
+};
+absl::StatusOr<Zlib> LoadZlib(const SharedLibrary& lib) {
+  Zlib table;
+  VP_TEST_ZLIB_FUNCTIONS(VP_SHAREDLIB_BIND)
+  return table;
+}
+
+TEST(SharedLibraryTest, AnXMacroTableBindsEveryFunctionUnderItsOwnName) {
+  absl::StatusOr<SharedLibrary> lib = SharedLibrary::Open("zlib", {"libz.so.1"});
+  ASSERT_TRUE(lib.ok()) << lib.status();
+  absl::StatusOr<Zlib> zlib = LoadZlib(*lib);
+  ASSERT_TRUE(zlib.ok()) << zlib.status();
+  const unsigned char bytes[] = {'a', 'b', 'c'};
+  EXPECT_EQ(zlib->crc32(0, bytes, 3), 0x352441c2u);  // CRC-32 of "abc"
+  EXPECT_STREQ(zlib->zlibVersion(), ZLIB_VERSION);
 }
 
 TEST(SharedLibraryTest, NamesEveryCandidateWhenNoneLoads) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/sharedlib/shared_library.h"
 
 namespace vp::comm {
 
@@ -37,9 +38,7 @@ namespace vp::comm {
 // clang-format on
 
 struct Nccl {
-#define VP_NCCL_MEMBER(name) decltype(&::name) name = nullptr;
-  VP_NCCL_FUNCTIONS(VP_NCCL_MEMBER)
-#undef VP_NCCL_MEMBER
+  VP_NCCL_FUNCTIONS(VP_SHAREDLIB_FUNCTION)
   std::string library;  // the name it was opened by
 };
 

@@ -1,31 +1,19 @@
 #include "worker/engine/kernels/cuda/cublaslt_library.h"
 
-#include <type_traits>
 #include <vector>
-
-#include "worker/sharedlib/shared_library.h"
 
 namespace vp::engine::cuda {
 namespace {
 
 absl::StatusOr<CublasLt> Load() {
-  absl::StatusOr<sharedlib::SharedLibrary> lib =
-      sharedlib::SharedLibrary::Open("cuBLASLt", std::vector<std::string>{
-                                                     VP_CUBLASLT_SONAME,
-                                                     VP_CUBLASLT_PATH,
-                                                 });
-  if (!lib.ok()) return lib.status();
-  CublasLt lt;
-  lt.library = lib->name();
-#define VP_CUBLASLT_BIND(name)                                               \
-  {                                                                          \
-    auto f = lib->Function<std::remove_pointer_t<decltype(lt.name)>>(#name); \
-    if (!f.ok()) return f.status();                                          \
-    lt.name = *f;                                                            \
-  }
-  VP_CUBLASLT_FUNCTIONS(VP_CUBLASLT_BIND)
-#undef VP_CUBLASLT_BIND
-  return lt;
+  absl::StatusOr<sharedlib::SharedLibrary> opened = sharedlib::SharedLibrary::Open(
+      "cuBLASLt", std::vector<std::string>{VP_CUBLASLT_SONAME, VP_CUBLASLT_PATH});
+  if (!opened.ok()) return opened.status();
+  const sharedlib::SharedLibrary& lib = *opened;
+  CublasLt table;
+  table.library = lib.name();
+  VP_CUBLASLT_FUNCTIONS(VP_SHAREDLIB_BIND)
+  return table;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/sharedlib/shared_library.h"
 
 namespace vp::engine::cuda {
 
@@ -41,9 +42,7 @@ namespace vp::engine::cuda {
 // clang-format on
 
 struct CublasLt {
-#define VP_CUBLASLT_MEMBER(name) decltype(&::name) name = nullptr;
-  VP_CUBLASLT_FUNCTIONS(VP_CUBLASLT_MEMBER)
-#undef VP_CUBLASLT_MEMBER
+  VP_CUBLASLT_FUNCTIONS(VP_SHAREDLIB_FUNCTION)
   std::string library;  // the name it was opened by
 };
 
