@@ -78,6 +78,18 @@ absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
     if (chunks[c].group == 0) layout.holds_first_group = true;
     if (chunks[c].group == s.groups - 1) layout.holds_last_group = true;
   }
+  // Every action of this rank names its own chunks, microbatches and sequence chunks: the
+  // executor indexes by them.
+  for (const planner::Action& a : plan.ranks[rank].actions) {
+    if (a.kind == planner::ActionKind::kOpt) continue;
+    if (a.chunk < 0 || a.chunk >= static_cast<int>(chunks.size()) || a.mb < 0 ||
+        a.mb >= plan.microbatches || a.seq < 0 || a.seq >= s.k) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: rank ", rank, " ", planner::ToString(a),
+          " names a chunk, microbatch or sequence chunk it does not have (", chunks.size(),
+          " chunks, ", plan.microbatches, " microbatches, ", s.k, " sequence chunks)"));
+    }
+  }
   if (layout.holds_last_group != s.owner) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan: x_owner ", plan.x_owner, " does not hold the last layer group"));

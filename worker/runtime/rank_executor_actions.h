@@ -519,6 +519,7 @@ absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, Rank
     (split && planner::IsCollective(a.kind) ? comm_b : comm_a).push_back(a);
   }
   // The index of each chunk's last weight pass: the data thread may sum the chunk after it.
+  // (BuildRankSetup refused a plan whose actions name chunks the rank does not have.)
   std::vector<size_t> last_weight(setup_.chunk_group.size(), actions.size());
   for (size_t i = 0; i < actions.size(); ++i) {
     if (actions[i].kind == planner::ActionKind::kW || actions[i].kind == planner::ActionKind::kBW) {

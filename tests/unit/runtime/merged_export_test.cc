@@ -234,7 +234,9 @@ TEST_P(MergedExportTest, ShardedFormHoldsTheSameTensorsAndLoadsBackEverywhere) {
       ++seen;
     }
     // At most the limit, unless one tensor alone is larger.
-    if (part->tensors.size() > 1) EXPECT_LE(bytes, static_cast<uint64_t>(limit)) << file;
+    if (part->tensors.size() > 1) {
+      EXPECT_LE(bytes, static_cast<uint64_t>(limit)) << file;
+    }
   }
   EXPECT_EQ(seen, single->tensors.size());
 

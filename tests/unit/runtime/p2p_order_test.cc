@@ -120,5 +120,41 @@ TEST(RankSlice, EverySliceTogetherIsTheWholePlan) {
   EXPECT_FALSE(planner::MergeRankSlices(other).ok());
 }
 
+// A rank refuses a plan whose own actions name a chunk, microbatch or sequence chunk it does not
+// have (the executor indexes by them), before it builds anything.
+TEST(PipelineRankSetup, ActionsOutsideTheRanksChunksAreRefused) {
+  auto plan = planner::BuildPlan(Input(1, planner::Schedule::k1F1B, planner::VocabMethod::kVocab1));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  TrainerOptions options;
+  options.model.layers = plan->layers;
+  options.model.hidden = 64;
+  options.model.heads = 4;
+  options.model.seq_len = 32;
+  options.model.vocab = 1000;
+  options.model.ffn_hidden = 256;
+  options.microbatches = plan->microbatches;
+  std::unique_ptr<comm::Communicator> self = comm::MakeSelfCommunicator();
+  {
+    const auto good = PipelineRank::Create(*plan, 0, options, self.get());
+    ASSERT_TRUE(good.ok()) << good.status();
+  }
+  for (auto field : {&planner::Action::chunk, &planner::Action::seq}) {
+    planner::Plan bad = *plan;
+    for (planner::Action& a : bad.ranks[0].actions) {
+      if (a.kind == planner::ActionKind::kW || a.kind == planner::ActionKind::kBW) {
+        a.*field = 5;
+        break;
+      }
+    }
+    const auto rank = PipelineRank::Create(bad, 0, options, self.get());
+    ASSERT_FALSE(rank.ok());
+    EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument) << rank.status();
+    EXPECT_NE(rank.status().message().find("does not have"), std::string::npos) << rank.status();
+  }
+  planner::Plan bad = *plan;
+  bad.ranks[0].actions[0].mb = plan->microbatches;
+  EXPECT_FALSE(PipelineRank::Create(bad, 0, options, self.get()).ok());
+}
+
 }  // namespace
 }  // namespace vp::runtime
