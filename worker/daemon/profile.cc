@@ -257,9 +257,13 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
   costs.set_opt(per_pass(planner::ActionKind::kOpt));
   // Communication, only when the job has more than one rank (nothing to send otherwise): the
   // link model of each call kind between p ranks on this host, fitted at the job's two real
-  // sizes (b·s floats: C1's vectors; b·s·h: an activation, X, ∇X, the embedding).
-  if (p > 1) {
-    auto link = ProfileCommunication(p, static_cast<size_t>(tokens),
+  // sizes (b·s floats: C1's vectors; b·s·h: an activation, X, ∇X, the embedding). A one-stage
+  // job with d replicas still sums its gradients over them: its all-reduce link is measured
+  // between d ranks (at most 64 here), so the planner prices the reduction.
+  const int replicas = std::max(1, job.parallel().data());
+  const int link_ranks = p > 1 ? p : std::min(replicas, 64);
+  if (link_ranks > 1) {
+    auto link = ProfileCommunication(link_ranks, static_cast<size_t>(tokens),
                                      static_cast<size_t>(tokens) * job.model().hidden());
     if (!link.ok()) return link.status();
     costs.set_p2p_latency(link->p2p.latency);

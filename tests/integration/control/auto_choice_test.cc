@@ -32,6 +32,23 @@ v1::ProfileTask Task(const v1::JobSpec& spec) {
   return *task;
 }
 
+// One stage, two replicas: no pipeline link, but the gradients are summed over the replicas, so
+// the profile measures the all-reduce link between two ranks and the planner prices it.
+TEST(AutoChoiceTest, OneStageWithReplicasProfilesTheAllReduceLink) {
+  v1::JobSpec spec = Spec(64);
+  spec.mutable_parallel()->set_pipeline(1);
+  spec.mutable_parallel()->set_vocab("baseline");
+  spec.mutable_parallel()->set_data(2);
+  auto costs = vp::daemon::ProfilePasses(Task(spec));
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  EXPECT_GT(costs->allreduce_latency() + costs->allreduce_bandwidth(), 0);
+  spec.mutable_parallel()->set_data(1);
+  auto alone = vp::daemon::ProfilePasses(Task(spec));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->allreduce_latency(), 0);  // one rank: nothing to measure
+  EXPECT_EQ(alone->allreduce_bandwidth(), 0);
+}
+
 std::string Chosen(const vp::server::JobPlan& plan) {
   int chosen = 0;
   for (const auto& c : plan.candidates) chosen += c.chosen();
