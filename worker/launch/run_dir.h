@@ -21,8 +21,10 @@
 //                                     coordinator's step events
 //   <dir>/step_<N>/rank_<R>/          stage R's shard at step N: model.safetensors,
 //                                     optimizer.safetensors, DONE (the resume state); with
-//                                     data parallelism written by the stage's replica 0 (the
-//                                     files above named rank_<R> are per job rank)
+//                                     data parallelism written by the stage's replica 0, and
+//                                     under ZeRO-1 optimizer-Q-of-D.safetensors by each
+//                                     replica Q instead (the files above named rank_<R> are
+//                                     per job rank)
 //   <dir>/step_<N>/model.safetensors  merged Hugging Face GPT-2 checkpoint, config.json, DONE
 //                                     (merged by rank 0 once every rank saved its shard; above
 //                                     checkpoint.max_shard_bytes model-0000k-of-0000n.safetensors

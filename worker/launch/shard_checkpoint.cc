@@ -32,8 +32,9 @@ namespace {
 constexpr char kShardKey[] = "vocab_shard.";
 constexpr char kManifest[] = "MANIFEST.json";
 constexpr char kManifestFormat[] = "vocabpipe-shard-manifest";
-// The files a manifest lists, in the order they are written.
-constexpr const char* kShardFiles[] = {"model.safetensors", "optimizer.safetensors", "DONE"};
+constexpr char kModelFile[] = "model.safetensors";
+constexpr char kOptimizerFile[] = "optimizer.safetensors";
+constexpr char kPieceKey[] = "piece.";  // range files: "piece.<entry>" = its first element
 
 struct FileDigest {
   int64_t bytes = 0;
@@ -129,6 +130,11 @@ std::vector<int64_t> SavedShape(const engine::ParamTensor& t) {
   if (t.vocab_shard) shape[0] = t.valid_rows;
   return shape;
 }
+size_t SavedNumel(const engine::ParamTensor& t) {
+  size_t n = 1;
+  for (int64_t d : SavedShape(t)) n *= static_cast<size_t>(d);
+  return n;
+}
 
 struct ShardRows {
   int64_t begin = 0, rows = 0;
@@ -148,9 +154,49 @@ absl::StatusOr<ShardRows> ParseShardRows(const std::string& file, const std::str
 
 }  // namespace
 
+std::string OptimizerRangeFile(int replica, int replicas) {
+  return absl::StrCat("optimizer-", replica, "-of-", replicas, ".safetensors");
+}
+
+absl::Status PrepareShardSave(const std::string& run_dir, int64_t step, int rank) {
+  auto dir = ShardFolder(run_dir, step, rank, /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  if (auto st = dir->Remove(kManifest); !st.ok()) return st;
+  return dir->Remove("DONE");
+}
+
+absl::Status SaveOptimizerRange(const std::string& run_dir, int64_t step, int rank,
+                                const engine::RankModel& model, engine::AdamW& shard, int replica,
+                                int replicas) {
+  auto dir = ShardFolder(run_dir, step, rank, /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  const size_t begin = shard.sharded() ? shard.shard_begin() : 0, end = begin + shard.count();
+  std::vector<runtime::TensorView> pieces;
+  std::map<std::string, std::string> meta = {
+      {"format", "vocabpipe-optimizer-range"}, {"adamw_step", absl::StrCat(shard.step())},
+      {"replica", absl::StrCat(replica)},      {"replicas", absl::StrCat(replicas)},
+      {"range_begin", absl::StrCat(begin)},    {"range_count", absl::StrCat(shard.count())}};
+  for (const engine::ParamTensor& t : model.tensors()) {
+    // The saved elements of a tensor are the first ones of its flat span (a vocabulary shard
+    // loses its padding rows at the end); this replica holds those inside [begin, end).
+    const size_t numel = SavedNumel(t);
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + numel);
+    if (lo >= hi) continue;
+    const int64_t len = static_cast<int64_t>(hi - lo);
+    const std::pair<const char*, const float*> moments[] = {{"exp_avg.", shard.m().data()},
+                                                            {"exp_avg_sq.", shard.v().data()}};
+    for (const auto& [prefix, base] : moments) {
+      const std::string name = prefix + t.name;
+      pieces.push_back({name, {len}, base + (lo - begin)});
+      meta[kPieceKey + name] = absl::StrCat(lo - t.offset);
+    }
+  }
+  return runtime::WriteSafetensorsAt(*dir, OptimizerRangeFile(replica, replicas), pieces, meta);
+}
+
 absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            const engine::RankModel& model, engine::AdamW& optimizer,
-                           const std::string& run_id) {
+                           const std::string& run_id, int optimizer_ranges) {
   // The run, step and shard folders by handle (created when missing): a link planted in
   // place of any of them, or of a file below, is refused and nothing is written through it.
   auto run = safefs::Dir::Open(run_dir);
@@ -170,23 +216,36 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
   for (const engine::ParamTensor& t : model.tensors()) {
     const std::vector<int64_t> shape = SavedShape(t);
     weights.push_back({t.name, shape, model.params() + t.offset});
-    moments.push_back({"exp_avg." + t.name, shape, optimizer.m().data() + t.offset});
-    moments.push_back({"exp_avg_sq." + t.name, shape, optimizer.v().data() + t.offset});
+    if (optimizer_ranges == 0) {
+      moments.push_back({"exp_avg." + t.name, shape, optimizer.m().data() + t.offset});
+      moments.push_back({"exp_avg_sq." + t.name, shape, optimizer.v().data() + t.offset});
+    }
     if (t.vocab_shard) {
       meta[kShardKey + t.name] = absl::StrCat(t.global_row_begin, " ", t.valid_rows);
     }
   }
-  if (auto st = runtime::WriteSafetensorsAt(*dir, "model.safetensors", weights, meta); !st.ok()) {
+  if (auto st = runtime::WriteSafetensorsAt(*dir, kModelFile, weights, meta); !st.ok()) {
     return st;
   }
-  if (auto st = runtime::WriteSafetensorsAt(*dir, "optimizer.safetensors", moments,
-                                            {{"adamw_step", absl::StrCat(optimizer.step())}});
-      !st.ok()) {
-    return st;
+  // The files the manifest lists: the model, the optimizer state (one file, or the ranges the
+  // replicas wrote: SaveOptimizerRange) and DONE.
+  std::vector<std::string> listed = {kModelFile};
+  if (optimizer_ranges == 0) {
+    if (auto st = runtime::WriteSafetensorsAt(*dir, kOptimizerFile, moments,
+                                              {{"adamw_step", absl::StrCat(optimizer.step())}});
+        !st.ok()) {
+      return st;
+    }
+    listed.push_back(kOptimizerFile);
+  } else {
+    for (int r = 0; r < optimizer_ranges; ++r) {
+      listed.push_back(OptimizerRangeFile(r, optimizer_ranges));
+    }
   }
+  listed.push_back("DONE");
   if (auto st = dir->WriteFileAtomically("DONE", absl::StrCat(step, "\n")); !st.ok()) return st;
   nlohmann::json files = nlohmann::json::object();
-  for (const char* name : kShardFiles) {
+  for (const std::string& name : listed) {
     auto d = DigestFile(*dir, name, /*sync=*/true);
     if (!d.ok()) return d.status();
     files[name] = {{"bytes", d->bytes}, {"sha256", d->sha256}};
@@ -211,6 +270,53 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
 }
 
 namespace {
+
+// The files a manifest's "files" must list: model.safetensors, DONE, and the optimizer state
+// as optimizer.safetensors or as the complete set optimizer-R-of-D.safetensors, R in [0, D)
+// (ZeRO-1: each replica's range). Anything else listed is refused (a manifest names files of
+// its own folder only).
+absl::StatusOr<std::vector<std::string>> ShardFilesOf(const nlohmann::json& files) {
+  std::vector<std::string> out = {kModelFile, "DONE"};
+  int replicas = -1;
+  std::vector<bool> seen;
+  bool single = false;
+  for (const auto& item : files.items()) {
+    const std::string& name = item.key();
+    if (name == kModelFile || name == "DONE") continue;
+    if (name == kOptimizerFile) {
+      single = true;
+      continue;
+    }
+    std::vector<std::string> parts = absl::StrSplit(name, absl::ByAnyChar("-."));
+    int r = -1, d = -1;
+    if (parts.size() != 5 || parts[0] != "optimizer" || parts[2] != "of" ||
+        parts[4] != "safetensors" || !absl::SimpleAtoi(parts[1], &r) ||
+        !absl::SimpleAtoi(parts[3], &d) || d < 1 || d > 4096 || r < 0 || r >= d ||
+        name != OptimizerRangeFile(r, d) || (replicas >= 0 && d != replicas)) {
+      return absl::InvalidArgumentError(absl::StrCat("files lists an unexpected file ", name));
+    }
+    if (replicas < 0) seen.assign(d, false);
+    replicas = d;
+    seen[r] = true;
+  }
+  if (single == (replicas >= 0)) {
+    return absl::InvalidArgumentError(
+        "files must list the optimizer state once: optimizer.safetensors or every "
+        "optimizer-R-of-D.safetensors");
+  }
+  if (single) {
+    out.push_back(kOptimizerFile);
+  } else {
+    for (int r = 0; r < replicas; ++r) {
+      if (!seen[r]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("files lacks ", OptimizerRangeFile(r, replicas)));
+      }
+      out.push_back(OptimizerRangeFile(r, replicas));
+    }
+  }
+  return out;
+}
 
 // VerifyRankShard on an open shard folder.
 absl::StatusOr<std::string> VerifyShardIn(const safefs::Dir& dir, int64_t step, int rank,
@@ -242,7 +348,9 @@ absl::StatusOr<std::string> VerifyShardIn(const safefs::Dir& dir, int64_t step, 
   }
   if (!m.contains("run_id") || !m["run_id"].is_string()) return bad("run_id is missing");
   if (!m.contains("files") || !m["files"].is_object()) return bad("files is missing");
-  for (const char* name : kShardFiles) {
+  auto listed = ShardFilesOf(m["files"]);
+  if (!listed.ok()) return bad(std::string(listed.status().message()));
+  for (const std::string& name : *listed) {
     const auto it = m["files"].find(name);
     if (it == m["files"].end() || !it->is_object() || !(*it)["bytes"].is_number_integer() ||
         !(*it)["sha256"].is_string()) {
@@ -274,6 +382,134 @@ absl::StatusOr<safefs::Dir> ExistingShard(const std::string& run_dir, int64_t st
   return dir;
 }
 
+// A read the loaders plan: `count` floats from element `first` of a file's entry into dst.
+struct Copy {
+  const runtime::SafetensorsReader* file;
+  const runtime::TensorEntry* entry;
+  uint64_t first, count;
+  float* dst;
+};
+
+// The AdamW moments of one verified shard, whichever form they were saved in: one
+// optimizer.safetensors with each tensor's moments whole, or the replicas' range files with each
+// tensor's moments in 1-D pieces (SaveOptimizerRange).
+class MomentSource {
+ public:
+  static absl::StatusOr<MomentSource> Open(const safefs::Dir& dir) {
+    MomentSource src;
+    auto text = dir.ReadFile(kManifest, 1 << 20);
+    if (!text.ok()) return text.status();
+    const nlohmann::json m = nlohmann::json::parse(*text, nullptr, false);
+    if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
+      return absl::DataLossError(absl::StrCat(dir.PathOf(kManifest), ": files is missing"));
+    }
+    auto listed = ShardFilesOf(m["files"]);
+    if (!listed.ok()) return listed.status();
+    for (const std::string& name : *listed) {
+      if (name == kModelFile || name == "DONE") continue;
+      auto f = runtime::SafetensorsReader::OpenAt(dir, name);
+      if (!f.ok()) return f.status();
+      int64_t step = -1;
+      auto it = f->metadata().find("adamw_step");
+      if (it == f->metadata().end() || !absl::SimpleAtoi(it->second, &step) || step < 0 ||
+          (src.adamw_step_ >= 0 && step != src.adamw_step_)) {
+        return absl::DataLossError(
+            absl::StrCat(f->path(), ": metadata adamw_step missing, bad or not the other files' (",
+                         src.adamw_step_, ")"));
+      }
+      src.adamw_step_ = step;
+      src.ranges_ = name != kOptimizerFile;
+      src.files_.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*f)));
+    }
+    if (src.ranges_) {
+      for (const auto& file : src.files_) {
+        for (const auto& [entry_name, entry] : file->tensors()) {
+          auto it = file->metadata().find(kPieceKey + entry_name);
+          uint64_t first = 0;
+          if (it == file->metadata().end() || !absl::SimpleAtoi(it->second, &first) ||
+              entry.shape.size() != 1) {
+            return absl::DataLossError(absl::StrCat(file->path(), ": entry ", entry_name,
+                                                    " is not a 1-D piece with its first element"));
+          }
+          src.pieces_[entry_name].push_back({file.get(), &entry, first});
+        }
+      }
+      for (auto& [name, list] : src.pieces_) {
+        std::sort(list.begin(), list.end(),
+                  [](const Piece& a, const Piece& b) { return a.first < b.first; });
+      }
+    }
+    return src;
+  }
+
+  int64_t adamw_step() const { return adamw_step_; }
+  const std::string& path() const { return files_.front()->path(); }
+
+  // Plans reading elements [first, first + count) of the saved tensor `name` (an exp_avg. or
+  // exp_avg_sq. entry) of saved shape `shape` into dst: the pieces must cover the whole tensor
+  // exactly once, and the values read must be finite.
+  absl::Status Plan(const std::string& name, const std::vector<int64_t>& shape, uint64_t first,
+                    uint64_t count, float* dst, std::vector<Copy>* copies) const {
+    if (!ranges_) {
+      const runtime::SafetensorsReader& f = *files_.front();
+      auto e = runtime::CheckedEntry(f, name, shape);
+      if (!e.ok()) return e.status();
+      if (auto st = f.CheckFinite(name, **e, first, count); !st.ok()) return st;
+      copies->push_back({&f, *e, first, count, dst});
+      return absl::OkStatus();
+    }
+    uint64_t numel = 1;
+    for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+    auto it = pieces_.find(name);
+    uint64_t at = 0;
+    if (it != pieces_.end()) {
+      for (const Piece& p : it->second) {
+        const uint64_t len = static_cast<uint64_t>(p.entry->numel());
+        if (p.first != at) break;  // a gap or an overlap: reported below
+        const uint64_t lo = std::max(first, p.first), hi = std::min(first + count, p.first + len);
+        if (lo < hi) {
+          if (auto st = p.file->CheckFinite(name, *p.entry, lo - p.first, hi - lo); !st.ok()) {
+            return st;
+          }
+          copies->push_back({p.file, p.entry, lo - p.first, hi - lo, dst + (lo - first)});
+        }
+        at += len;
+      }
+    }
+    if (at != numel) {
+      return absl::DataLossError(absl::StrCat(path(), " (and the other ranges of its stage): the ",
+                                              "pieces of ", name, " cover ", at, " of its ", numel,
+                                              " elements from the start"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Piece {
+    const runtime::SafetensorsReader* file;
+    const runtime::TensorEntry* entry;
+    uint64_t first;  // element of the saved tensor
+  };
+  std::vector<std::unique_ptr<runtime::SafetensorsReader>> files_;
+  bool ranges_ = false;
+  int64_t adamw_step_ = -1;
+  std::map<std::string, std::vector<Piece>> pieces_;
+};
+
+// The part of a tensor's flat span [offset, offset + n) that an optimizer state holds: a
+// whole-buffer AdamW all of it, a ZeRO-1 shard its range. Returns the element interval
+// [first, first + count) of the tensor and where element `first` goes in the state.
+struct StateSpan {
+  uint64_t first = 0, count = 0;
+  size_t state_index = 0;
+};
+StateSpan SpanInState(const engine::AdamW& opt, size_t offset, size_t n) {
+  const size_t begin = opt.sharded() ? opt.shard_begin() : 0, end = begin + opt.count();
+  const size_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
+  if (lo >= hi) return {};
+  return {lo - offset, hi - lo, lo - begin};
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t step, int rank,
@@ -291,14 +527,9 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
   // The shard's files are read in pieces, straight into the model and the optimizer state:
   // headers first, every tensor's shape and values checked (in bounded chunks), then copied,
   // so a bad shard leaves the rank untouched and no second copy of the state is resident.
-  auto weights = runtime::SafetensorsReader::OpenAt(*dir, "model.safetensors");
+  auto weights = runtime::SafetensorsReader::OpenAt(*dir, kModelFile);
   if (!weights.ok()) return weights.status();
   const std::string& model_path = weights->path();
-  struct Copy {
-    const runtime::SafetensorsReader* file;
-    const runtime::TensorEntry* entry;
-    float* dst;
-  };
   std::vector<Copy> copies;
   auto check = [&](const runtime::SafetensorsReader& f, const std::string& name,
                    const std::vector<int64_t>& shape, float* dst) -> absl::Status {
@@ -307,7 +538,7 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
     if (auto st = f.CheckFinite(name, **e, 0, static_cast<uint64_t>((*e)->numel())); !st.ok()) {
       return st;
     }
-    copies.push_back({&f, *e, dst});
+    copies.push_back({&f, *e, 0, static_cast<uint64_t>((*e)->numel()), dst});
     return absl::OkStatus();
   };
   for (const engine::ParamTensor& t : model.tensors()) {
@@ -330,37 +561,30 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
       }
     }
   }
-  absl::StatusOr<runtime::SafetensorsReader> moments = absl::UnknownError("unread");
-  int64_t adamw_step = 0;
+  // The moments (either saved form) of the part of each tensor the state holds: all of it, or
+  // under ZeRO-1 the rank's range.
+  absl::StatusOr<MomentSource> moments = absl::UnknownError("unread");
   if (optimizer != nullptr) {
-    const std::string opt_path = dir->PathOf("optimizer.safetensors");
-    moments = runtime::SafetensorsReader::OpenAt(*dir, "optimizer.safetensors");
+    moments = MomentSource::Open(*dir);
     if (!moments.ok()) return moments.status();
-    auto it = moments->metadata().find("adamw_step");
-    if (it == moments->metadata().end() || !absl::SimpleAtoi(it->second, &adamw_step) ||
-        adamw_step < 0) {
-      return absl::DataLossError(absl::StrCat(opt_path, ": metadata adamw_step missing or bad"));
-    }
     for (const engine::ParamTensor& t : model.tensors()) {
-      if (auto st =
-              check(*moments, "exp_avg." + t.name, SavedShape(t), optimizer->m().data() + t.offset);
-          !st.ok()) {
-        return st;
-      }
-      if (auto st = check(*moments, "exp_avg_sq." + t.name, SavedShape(t),
-                          optimizer->v().data() + t.offset);
-          !st.ok()) {
-        return st;
+      const StateSpan span = SpanInState(*optimizer, t.offset, SavedNumel(t));
+      if (span.count == 0) continue;
+      for (const auto& [prefix, state] :
+           {std::pair<const char*, float*>{"exp_avg.", optimizer->m().data()},
+            {"exp_avg_sq.", optimizer->v().data()}}) {
+        if (auto st = moments->Plan(prefix + t.name, SavedShape(t), span.first, span.count,
+                                    state + span.state_index, &copies);
+            !st.ok()) {
+          return st;
+        }
       }
     }
   }
   for (const Copy& c : copies) {
-    if (auto st = c.file->Read(*c.entry, 0, static_cast<uint64_t>(c.entry->numel()), c.dst);
-        !st.ok()) {
-      return st;
-    }
+    if (auto st = c.file->Read(*c.entry, c.first, c.count, c.dst); !st.ok()) return st;
   }
-  if (optimizer != nullptr) optimizer->set_step(adamw_step);
+  if (optimizer != nullptr) optimizer->set_step(moments->adamw_step());
   return absl::OkStatus();
 }
 
@@ -383,28 +607,26 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
                             engine::RankModel& model, engine::AdamW* optimizer) {
   // Every saved shard, verified and opened (headers only): the tensors are found by name.
   std::vector<safefs::Dir> dirs;
-  std::vector<std::unique_ptr<runtime::SafetensorsReader>> weights, moments;
+  std::vector<std::unique_ptr<runtime::SafetensorsReader>> weights;
+  std::vector<MomentSource> moments;
   int64_t adamw_step = -1;
   for (int r = 0; r < saved_world; ++r) {
     auto dir = ExistingShard(run_dir, step, r);
     if (!dir.ok()) return dir.status();
     if (auto id = VerifyShardIn(*dir, step, r, saved_world); !id.ok()) return id.status();
-    auto w = runtime::SafetensorsReader::OpenAt(*dir, "model.safetensors");
+    auto w = runtime::SafetensorsReader::OpenAt(*dir, kModelFile);
     if (!w.ok()) return w.status();
     weights.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*w)));
     if (optimizer != nullptr) {
-      auto o = runtime::SafetensorsReader::OpenAt(*dir, "optimizer.safetensors");
+      auto o = MomentSource::Open(*dir);
       if (!o.ok()) return o.status();
-      int64_t s = -1;
-      auto it = o->metadata().find("adamw_step");
-      if (it == o->metadata().end() || !absl::SimpleAtoi(it->second, &s) || s < 0 ||
-          (adamw_step >= 0 && s != adamw_step)) {
-        return absl::DataLossError(
-            absl::StrCat(o->path(), ": metadata adamw_step missing, bad or not the other shards' (",
-                         adamw_step, ")"));
+      if (adamw_step >= 0 && o->adamw_step() != adamw_step) {
+        return absl::DataLossError(absl::StrCat(o->path(), ": metadata adamw_step ",
+                                                o->adamw_step(), " is not the other shards' (",
+                                                adamw_step, ")"));
       }
-      adamw_step = s;
-      moments.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*o)));
+      adamw_step = o->adamw_step();
+      moments.push_back(std::move(*o));
     }
     dirs.push_back(std::move(*dir));
   }
@@ -433,17 +655,13 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
   }
   // What this rank reads: for each of its tensors (and moments) the pieces covering its rows,
   // checked (shape, finite) before anything is copied.
-  struct Copy {
-    const runtime::SafetensorsReader* file;
-    const runtime::TensorEntry* entry;
-    uint64_t first, count;  // floats of the entry
-    float* dst;
-  };
   std::vector<Copy> copies;
   const engine::ParamTensor* twin = model.tied_output_copy();
   const std::string embedding = engine::EmbeddingTensorName(model.config());
-  auto plan_tensor = [&](const engine::ParamTensor& t, const std::string& prefix,
-                         float* base) -> absl::Status {
+  // prefix "" reads the weights into params (base = the flat parameter buffer); "exp_avg." and
+  // "exp_avg_sq." the moments into `state` (whole, or a ZeRO-1 shard: only its range).
+  auto plan_tensor = [&](const engine::ParamTensor& t, const std::string& prefix, float* base,
+                         const engine::AdamW* state) -> absl::Status {
     const std::vector<int64_t> shape = SavedShape(t);
     const int64_t begin = t.vocab_shard ? t.global_row_begin : 0;
     const int64_t rows = shape.empty() ? 1 : shape[0];
@@ -465,9 +683,9 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
       const int64_t hi = std::min(begin + rows, piece.begin + piece.rows);
       if (lo >= hi) continue;
       if (row_done[static_cast<size_t>(lo - begin)]) continue;  // a duplicate (tied twin)
-      const runtime::SafetensorsReader& f =
-          prefix.empty() ? *weights[piece.shard] : *moments[piece.shard];
-      const std::string name = prefix + source;
+      // The piece's shape comes from its weights; the moments have the same.
+      const runtime::SafetensorsReader& f = *weights[piece.shard];
+      const std::string name = source;
       const runtime::TensorEntry* e = f.Find(name);
       int64_t e_cols = 1;
       if (e != nullptr) {
@@ -480,8 +698,17 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
       }
       const uint64_t first = static_cast<uint64_t>((lo - piece.begin) * cols);
       const uint64_t count = static_cast<uint64_t>((hi - lo) * cols);
-      if (auto st = f.CheckFinite(name, *e, first, count); !st.ok()) return st;
-      copies.push_back({&f, e, first, count, base + t.offset + (lo - begin) * cols});
+      const size_t offset = t.offset + static_cast<size_t>((lo - begin) * cols);
+      if (prefix.empty()) {
+        if (auto st = f.CheckFinite(name, *e, first, count); !st.ok()) return st;
+        copies.push_back({&f, e, first, count, base + offset});
+      } else if (const StateSpan span = SpanInState(*state, offset, count); span.count > 0) {
+        if (auto st = moments[piece.shard].Plan(prefix + source, e->shape, first + span.first,
+                                                span.count, base + span.state_index, &copies);
+            !st.ok()) {
+          return st;
+        }
+      }
       for (int64_t row = lo; row < hi; ++row) row_done[static_cast<size_t>(row - begin)] = true;
       covered += hi - lo;
     }
@@ -493,10 +720,14 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
     return absl::OkStatus();
   };
   for (const engine::ParamTensor& t : model.tensors()) {
-    if (auto st = plan_tensor(t, "", model.params()); !st.ok()) return st;
+    if (auto st = plan_tensor(t, "", model.params(), nullptr); !st.ok()) return st;
     if (optimizer != nullptr) {
-      if (auto st = plan_tensor(t, "exp_avg.", optimizer->m().data()); !st.ok()) return st;
-      if (auto st = plan_tensor(t, "exp_avg_sq.", optimizer->v().data()); !st.ok()) return st;
+      if (auto st = plan_tensor(t, "exp_avg.", optimizer->m().data(), optimizer); !st.ok()) {
+        return st;
+      }
+      if (auto st = plan_tensor(t, "exp_avg_sq.", optimizer->v().data(), optimizer); !st.ok()) {
+        return st;
+      }
     }
   }
   for (const Copy& c : copies) {

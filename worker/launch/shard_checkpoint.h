@@ -31,10 +31,29 @@
 namespace vp::launch {
 
 // Writes rank `rank`'s shard of step `step` (MANIFEST.json last); run_id names the run in the
-// manifest.
+// manifest. optimizer_ranges = 0: the optimizer state goes to optimizer.safetensors from
+// `optimizer`; d > 0 (ZeRO-1): the d replicas of the stage wrote it already, each its range
+// (SaveOptimizerRange), and the manifest lists those files (`optimizer` is not read).
 absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            const engine::RankModel& model, engine::AdamW& optimizer,
-                           const std::string& run_id);
+                           const std::string& run_id, int optimizer_ranges = 0);
+
+// ZeRO-1 saves, one stage's d replicas together (the caller orders them: replica 0 runs
+// PrepareShardSave, a barrier, every replica SaveOptimizerRange, a barrier, replica 0
+// SaveRankShard with optimizer_ranges = d):
+//   PrepareShardSave    the shard no longer counts (its manifest and DONE removed), its folder
+//                       exists;
+//   SaveOptimizerRange  optimizer-R-of-D.safetensors: for each tensor, the part of its AdamW
+//                       moments inside this replica's range of the stage's flat buffer, as a
+//                       1-D entry exp_avg.<name> / exp_avg_sq.<name> whose first element is
+//                       the metadata "piece.<entry>" (an element index of the saved tensor).
+// No replica ever holds more than its own range; a resume at any (d', p') re-slices the pieces
+// by tensor name (LoadRankShard, LoadFromShards).
+std::string OptimizerRangeFile(int replica, int replicas);
+absl::Status PrepareShardSave(const std::string& run_dir, int64_t step, int rank);
+absl::Status SaveOptimizerRange(const std::string& run_dir, int64_t step, int rank,
+                                const engine::RankModel& model, engine::AdamW& shard, int replica,
+                                int replicas);
 
 // Checks rank `rank`'s shard of step `step` against its manifest: present, of this step, rank
 // and world size, every file of the listed size and SHA-256. Returns the manifest's run id;

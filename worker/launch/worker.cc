@@ -27,7 +27,6 @@
 #include "worker/launch/run_dir.h"
 #include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
-#include "worker/launch/zero_state.h"
 #include "worker/runtime/checkpoint.h"
 #include "worker/runtime/job_options.h"
 #include "worker/runtime/process_memory.h"
@@ -237,17 +236,28 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   runtime::PipelineRank& rank = *(*job_rank)->rank;
   // A device rank keeps parameters and optimizer state on the device: checkpoints go through
   // the host view.
-  // Replica 0 of each stage writes the stage's shard; under ZeRO-1 the replicas first gather
-  // the optimizer state onto it (zero_state.h), the others write nothing.
+  // Replica 0 of each stage writes the stage's shard; under ZeRO-1 every replica writes its
+  // range of the optimizer state beside it (shard_checkpoint.h: PrepareShardSave, then the
+  // ranges, then the manifest, with the replicas in step between them), so no replica ever
+  // holds more than its own range.
   comm::Communicator* data_group = (*job_rank)->data;
   const bool zero = rank.optimizer().sharded();
   auto save = [&](int64_t step) -> absl::Status {
     if (auto st = rank.PullState(); !st.ok()) return st;
     if (zero) {
-      auto whole = GatherOptimizerState(rank.optimizer(), *data_group);
-      if (!whole.ok()) return whole.status();
+      const int d = data_group->size();
+      if (writes_shards) {
+        if (auto st = PrepareShardSave(dir, step, stage); !st.ok()) return st;
+      }
+      if (auto st = data_group->Barrier(); !st.ok()) return st;
+      if (auto st = SaveOptimizerRange(dir, step, stage, rank.model(), rank.optimizer(),
+                                       data_group->rank(), d);
+          !st.ok()) {
+        return st;
+      }
+      if (auto st = data_group->Barrier(); !st.ok()) return st;
       if (!writes_shards) return absl::OkStatus();
-      return SaveRankShard(dir, step, stage, p, rank.model(), **whole, run_id);
+      return SaveRankShard(dir, step, stage, p, rank.model(), rank.optimizer(), run_id, d);
     }
     if (!writes_shards) return absl::OkStatus();
     return SaveRankShard(dir, step, stage, p, rank.model(), rank.optimizer(), run_id);
@@ -260,25 +270,17 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   int64_t first_step = 0;
   if (options.resume_step >= 0) {
     const absl::Time load_start = absl::Now();
-    // Every replica reads its stage's shard (under ZeRO-1 the whole state, keeping its range).
-    std::unique_ptr<engine::AdamW> whole;
-    if (zero) {
-      auto w = WholeOptimizerLike(rank.optimizer());
-      if (!w.ok()) return fatal(w.status());
-      whole = std::move(*w);
-    }
-    // A step saved under another p is re-split by tensor name and vocabulary row.
+    // Every replica reads its stage's shard (under ZeRO-1 only the moments of its range, from
+    // whichever form they were saved in). A step saved under another p is re-split by tensor
+    // name and vocabulary row.
     auto saved_world = SavedWorld(dir, options.resume_step);
     if (!saved_world.ok()) return fatal(saved_world.status());
-    engine::AdamW* into = zero ? whole.get() : &rank.optimizer();
+    engine::AdamW* into = &rank.optimizer();
     if (auto st = *saved_world == p
                       ? LoadRankShard(dir, options.resume_step, stage, p, rank.model(), into)
                       : LoadFromShards(dir, options.resume_step, *saved_world, rank.model(), into);
         !st.ok()) {
       return fatal(st);
-    }
-    if (zero) {
-      if (auto st = TakeOptimizerRange(*whole, rank.optimizer()); !st.ok()) return fatal(st);
     }
     // For the operator (and bench/checkpoint): how long reading the shard back took.
     std::cerr << "rank " << options.rank << ": resumed from step " << options.resume_step << " in "

@@ -240,19 +240,29 @@ TEST_F(DataParallelTest, ClippedGradNormIsTheOneProcessNorm) {
   ExpectMatches("clip_d2p2_zero", "clip_reference");
 }
 
-// Saved by two replicas of a two-stage pipeline (ZeRO-1: the optimizer ranges gathered into
-// the stage's shard), resumed with the same global batch (d·m = 8) by one replica of the same
-// pipeline, by four replicas of a one-stage model and by one four-stage pipeline — the shards
-// re-split by tensor name and vocabulary row — with the losses and final weights of the
-// uninterrupted run.
+// Saved by two replicas of a two-stage pipeline (ZeRO-1: each replica writes its optimizer
+// range), resumed with the same global batch (d·m = 8) by one replica of the same pipeline, by
+// four replicas of a one-stage model and by one four-stage pipeline — the shards re-split by
+// tensor name and vocabulary row — and under ZeRO-1 at d = 4 × p = 1, 2 × 2 and 4 × 2, with the
+// losses and final weights of the uninterrupted run.
 TEST_F(DataParallelTest, SavedAtTwoReplicasOfTwoStagesResumesAtOtherShapes) {
   const Job full{
       .name = "resume_full", .pipeline = 2, .data = 2, .microbatches = 4, .zero = 1, .every = 1};
   auto r = Run(full);
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const auto& [name, data, pipeline, microbatches] :
-       {std::tuple{"resume_d1p2", 1, 2, 8}, std::tuple{"resume_d4p1", 4, 1, 2},
-        std::tuple{"resume_d1p4", 1, 4, 8}}) {
+  // Each replica wrote its own range of each stage's optimizer state; there is no whole copy.
+  for (int stage = 0; stage < 2; ++stage) {
+    const fs::path shard = dir_ / "resume_full" / "step_3" / absl::StrCat("rank_", stage);
+    EXPECT_TRUE(fs::exists(shard / "optimizer-0-of-2.safetensors")) << shard;
+    EXPECT_TRUE(fs::exists(shard / "optimizer-1-of-2.safetensors")) << shard;
+    EXPECT_FALSE(fs::exists(shard / "optimizer.safetensors")) << shard;
+  }
+  // Resumed without ZeRO (each rank reads the whole state from the ranges), and with it at
+  // other replica counts (each reads only its new range, whose bounds cut the saved pieces).
+  for (const auto& [name, data, pipeline, microbatches, zero] :
+       {std::tuple{"resume_d1p2", 1, 2, 8, 0}, std::tuple{"resume_d4p1", 4, 1, 2, 0},
+        std::tuple{"resume_d1p4", 1, 4, 8, 0}, std::tuple{"resume_d4p1_zero", 4, 1, 2, 1},
+        std::tuple{"resume_d2p2_zero", 2, 2, 4, 1}, std::tuple{"resume_d4p2_zero", 4, 2, 2, 1}}) {
     Job part = full;
     part.name = name;
     r = Run(part, "--steps 1");
@@ -261,7 +271,7 @@ TEST_F(DataParallelTest, SavedAtTwoReplicasOfTwoStagesResumesAtOtherShapes) {
     resumed.data = data;
     resumed.pipeline = pipeline;
     resumed.microbatches = microbatches;
-    resumed.zero = 0;
+    resumed.zero = zero;
     r = Run(resumed, "--resume");
     ASSERT_EQ(r.code, 0) << name << ": " << r.output;
     EXPECT_THAT(r.output, HasSubstr("step 2/3")) << name;

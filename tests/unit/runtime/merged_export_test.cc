@@ -281,6 +281,79 @@ TEST_P(MergedExportTest, ResumeReadsTheShardsBackExactly) {
   }
 }
 
+// ZeRO-1 shards: three replicas each write their range of rank 1's moments; the shard then
+// loads into a whole AdamW exactly as the one-file form does, and into another replica count's
+// range (its bounds cut the saved pieces); a manifest listing both forms or an incomplete set
+// is refused.
+TEST_P(MergedExportTest, ZeroRangesLoadLikeTheWholeFile) {
+  const fs::path run = run_ / "zero";
+  fs::create_directories(run);
+  Rank& src = ranks_[1];
+  const size_t n = src.model->param_count();
+  constexpr int kReplicas = 3;
+  ASSERT_TRUE(PrepareShardSave(run.string(), kStep, 1).ok());
+  for (int r = 0; r < kReplicas; ++r) {
+    const size_t begin = n * r / kReplicas, end = n * (r + 1) / kReplicas;
+    auto shard =
+        engine::AdamW::CreateShard(nullptr, n, {}, src.model->DecayRanges(), begin, end - begin);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    std::copy(src.optimizer->m().data() + begin, src.optimizer->m().data() + end,
+              shard->m().data());
+    std::copy(src.optimizer->v().data() + begin, src.optimizer->v().data() + end,
+              shard->v().data());
+    shard->set_step(src.optimizer->step());
+    ASSERT_TRUE(SaveOptimizerRange(run.string(), kStep, 1, *src.model, *shard, r, kReplicas).ok());
+  }
+  ASSERT_TRUE(
+      SaveRankShard(run.string(), kStep, 1, 2, *src.model, *src.optimizer, "run-z", kReplicas)
+          .ok());
+  const fs::path shard_dir = run / absl::StrCat("step_", kStep) / "rank_1";
+  EXPECT_FALSE(fs::exists(shard_dir / "optimizer.safetensors"));
+  ASSERT_TRUE(VerifyRankShard(run.string(), kStep, 1, 2).ok());
+
+  // Every element a tensor saves comes back (padding rows of a vocabulary shard are not saved
+  // and stay zero), and the AdamW step too.
+  auto fresh = MakeModel(cfg_, PipelineLayout(1), 99);
+  auto whole = engine::AdamW::Create(nullptr, n, {}, fresh->DecayRanges());
+  ASSERT_TRUE(whole.ok());
+  ASSERT_TRUE(LoadRankShard(run.string(), kStep, 1, 2, *fresh, &*whole).ok());
+  EXPECT_EQ(whole->step(), 7);
+  for (const engine::ParamTensor& t : fresh->tensors()) {
+    const size_t saved = static_cast<size_t>(t.valid_rows) * (t.count() / t.shape[0]);
+    for (size_t i = t.offset; i < t.offset + saved; ++i) {
+      ASSERT_EQ(whole->m().data()[i], src.optimizer->m().data()[i]) << t.name << " " << i;
+      ASSERT_EQ(whole->v().data()[i], src.optimizer->v().data()[i]) << t.name << " " << i;
+    }
+  }
+  // Replica 1 of 2 reads its range only.
+  const size_t begin = n / 2;
+  auto half = engine::AdamW::CreateShard(nullptr, n, {}, fresh->DecayRanges(), begin, n - begin);
+  ASSERT_TRUE(half.ok());
+  ASSERT_TRUE(LoadRankShard(run.string(), kStep, 1, 2, *fresh, &*half).ok());
+  for (size_t i = 0; i < n - begin; ++i) {
+    ASSERT_EQ(half->m().data()[i], whole->m().data()[begin + i]) << i;
+  }
+
+  // The manifest must list the optimizer state once and completely.
+  const fs::path manifest = shard_dir / "MANIFEST.json";
+  const std::string good = ReadBytes(manifest);
+  for (const std::string edit : {"both", "incomplete"}) {
+    nlohmann::json m = nlohmann::json::parse(good);
+    if (edit == "both") {
+      m["files"]["optimizer.safetensors"] = m["files"]["optimizer-0-of-3.safetensors"];
+    } else {
+      m["files"].erase("optimizer-2-of-3.safetensors");
+    }
+    std::ofstream(manifest, std::ios::trunc) << m.dump(2);
+    const absl::StatusOr<std::string> st = VerifyRankShard(run.string(), kStep, 1, 2);
+    ASSERT_FALSE(st.ok()) << edit;
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kDataLoss) << st.status();
+    EXPECT_THAT(st.status().message(),
+                HasSubstr(edit == "both" ? "optimizer state once" : "optimizer-2-of-3"))
+        << st.status();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Embeddings, MergedExportTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "tied" : "untied"; });
 
