@@ -62,6 +62,9 @@ class CpuStageEngine {
                              double* data_seconds, const std::vector<comm::ShardRange>& reduced);
   // GRAD_SYNC: model chunk `chunk`'s gradients summed over the replicas; the range it covered.
   absl::StatusOr<comm::ShardRange> AllReduceChunkGrads(comm::Communicator& data, int chunk);
+  absl::Status AllReduceHostFloats(comm::Communicator& comm, float* values, size_t n) {
+    return comm.AllReduce(values, n, comm::ReduceOp::kSum);
+  }
   absl::Status ZeroGrads() {
     model_->ZeroGrads();
     return absl::OkStatus();

@@ -609,7 +609,7 @@ absl::StatusOr<RankEvalResult> RankExecutor<E>::Evaluate(int num_batches, const 
     const int per_round = m * setup_.k;
     float sums[2] = {static_cast<float>(loss_),
                      static_cast<float>(static_cast<double>(losses_seen_) / per_round)};
-    if (auto st = data_->AllReduce(sums, 2, comm::ReduceOp::kSum); !st.ok()) {
+    if (auto st = engine_->AllReduceHostFloats(*data_, sums, 2); !st.ok()) {
       return absl::Status(
           st.code(), absl::StrCat("rank ", rank_, " evaluation (replicas' sum): ", st.message()));
     }
@@ -655,7 +655,7 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
     // Each replica's loss covers its own microbatches: their sum is the step's mean. A rank
     // without the losses adds zeros alongside its replicas (the same stage: none has them).
     float loss[1] = {static_cast<float>(loss_)};
-    if (auto st = data_->AllReduce(loss, 1, comm::ReduceOp::kSum); !st.ok()) {
+    if (auto st = engine_->AllReduceHostFloats(*data_, loss, 1); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("rank ", rank_, " OPT (loss): ", st.message()));
     }
     loss_ = loss[0];

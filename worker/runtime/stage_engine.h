@@ -96,6 +96,9 @@ concept StageModel = requires(M& model, int c) {
 //                                   reduced: the ranges GRAD_SYNC summed already this step)
 //   AllReduceChunkGrads(data, c)    GRAD_SYNC: model chunk c's gradients summed over `data`
 //                                   (after its last W); returns the flat range it covered
+//   AllReduceHostFloats(comm, v, n) n host floats summed over `comm` (a device engine stages
+//                                   them through device memory: its communicators take device
+//                                   pointers) — the replicas' loss and evaluation sums
 //   EnterThread()                   first call on every thread the executor runs (a device
 //                                   engine makes the rank's device current)
 //   ActionDone(thread)              after every action (a device engine hands freed blocks back)
@@ -108,7 +111,7 @@ concept StageEngine = ActivationBuffer<typename E::Buffer, typename E::Elem> &&
              typename E::XState& xs, const float* grad_input, int64_t step,
              comm::Communicator& comm, double* grad_norm, size_t count, int b, int s, int len,
              int h, int start, int n, float lr, float clip, bool flag,
-             const std::vector<comm::ShardRange>& ranges) {
+             const std::vector<comm::ShardRange>& ranges, float* host_floats) {
   { E::kCompute } -> std::convertible_to<typename E::Thread>;
   { E::kComm } -> std::convertible_to<typename E::Thread>;
   { e.Act(count, flag, E::kCompute) } -> std::same_as<absl::StatusOr<typename E::Buffer>>;
@@ -122,6 +125,7 @@ concept StageEngine = ActivationBuffer<typename E::Buffer, typename E::Elem> &&
     e.OptimizerStep(step, comm, &comm, flag, lr, clip, grad_norm, grad_norm, ranges)
     } -> std::same_as<absl::Status>;
   { e.AllReduceChunkGrads(comm, n) } -> std::same_as<absl::StatusOr<comm::ShardRange>>;
+  { e.AllReduceHostFloats(comm, host_floats, count) } -> std::same_as<absl::Status>;
   { e.ZeroGrads() } -> std::same_as<absl::Status>;
   { e.EnterThread() } -> std::same_as<absl::Status>;
   e.ActionDone(E::kCompute);

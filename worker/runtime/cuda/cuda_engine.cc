@@ -263,6 +263,20 @@ absl::StatusOr<comm::ShardRange> CudaStageEngine<T>::AllReduceChunkGrads(comm::C
   return comm::ShardRange{span.offset, span.count};
 }
 
+template <typename T>
+absl::Status CudaStageEngine<T>::AllReduceHostFloats(comm::Communicator& comm, float* values,
+                                                     size_t n) {
+  auto device = DeviceArray<float>::Create(compute_, MemoryCategory::kActivations, n, false);
+  if (!device.ok()) return device.status();
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device->data(), values, n * sizeof(float),
+                                          cudaMemcpyHostToDevice, compute_.stream));
+  if (auto st = Finish(compute_); !st.ok()) return st;
+  if (auto st = comm.AllReduce(device->data(), n, comm::ReduceOp::kSum); !st.ok()) return st;
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(values, device->data(), n * sizeof(float),
+                                          cudaMemcpyDeviceToHost, compute_.stream));
+  return Finish(compute_);
+}
+
 template class CudaStageEngine<float>;
 template class CudaStageEngine<engine::cuda::bf16>;
 

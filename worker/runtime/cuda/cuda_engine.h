@@ -64,6 +64,9 @@ class CudaStageEngine {
                              double* data_seconds, const std::vector<comm::ShardRange>& reduced);
   // GRAD_SYNC: model chunk `chunk`'s gradients summed over the replicas; the range it covered.
   absl::StatusOr<comm::ShardRange> AllReduceChunkGrads(comm::Communicator& data, int chunk);
+  // n host floats summed over `comm` through a device buffer (the communicators take device
+  // pointers).
+  absl::Status AllReduceHostFloats(comm::Communicator& comm, float* values, size_t n);
   absl::Status ZeroGrads() { return model_->ZeroGrads(); }
   absl::Status EnterThread();
   void ActionDone(Thread) { alloc_->ReleasePending(); }
