@@ -1,11 +1,13 @@
 #include "worker/data/sentencepiece_bridge.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <system_error>
+
+#include "worker/sharedlib/shared_library.h"
 
 namespace vp::data::spbridge {
 namespace {
@@ -29,12 +31,6 @@ struct Plugin {
   std::string error;  // why the plugin could not be loaded
 };
 
-template <typename F>
-bool Bind(void* handle, const char* name, F* f) {
-  *f = reinterpret_cast<F>(dlsym(handle, name));
-  return *f != nullptr;
-}
-
 Plugin LoadPlugin() {
   Plugin p;
   std::vector<std::string> candidates;
@@ -50,36 +46,38 @@ Plugin LoadPlugin() {
 #ifdef VP_SENTENCEPIECE_PLUGIN
   candidates.emplace_back(VP_SENTENCEPIECE_PLUGIN);
 #endif
-  void* handle = nullptr;
+  std::optional<sharedlib::SharedLibrary> lib;
   std::string tried;
   for (const std::string& c : candidates) {
     if (!std::filesystem::exists(c, ec)) {
       tried += (tried.empty() ? "" : ", ") + c;
       continue;
     }
-    // Never closed: the process keeps the plugin (and its copy of protobuf) to its end.
-    handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-    if (handle == nullptr) {
-      const char* why = dlerror();
-      p.error = c + ": cannot load the SentencePiece plugin: " + (why ? why : "unknown error");
+    // Never closed: the process keeps the plugin (and its copy of protobuf) to its end, which
+    // resolves its own symbols first (deep bind).
+    auto opened = sharedlib::SharedLibrary::Open("the SentencePiece plugin", {c},
+                                                 /*deep_bind=*/true);
+    if (!opened.ok()) {
+      p.error = std::string(opened.status().message());  // names the path and the loader's why
       return p;
     }
+    lib = std::move(*opened);
     break;
   }
-  if (handle == nullptr) {
+  if (!lib.has_value()) {
     p.error = std::string("the SentencePiece plugin ") + kPluginName +
               " was not found (looked at " + tried +
               "; set VOCABPIPE_SENTENCEPIECE_PLUGIN to its path)";
     return p;
   }
   const bool ok =
-      Bind(handle, "vp_sp_train", &p.train) && Bind(handle, "vp_sp_new", &p.create) &&
-      Bind(handle, "vp_sp_delete", &p.destroy) && Bind(handle, "vp_sp_load", &p.load) &&
-      Bind(handle, "vp_sp_encode", &p.encode) && Bind(handle, "vp_sp_decode", &p.decode) &&
-      Bind(handle, "vp_sp_piece_size", &p.piece_size) &&
-      Bind(handle, "vp_sp_piece_to_id", &p.piece_to_id) &&
-      Bind(handle, "vp_sp_unk_id", &p.unk_id) && Bind(handle, "vp_sp_is_byte", &p.is_byte) &&
-      Bind(handle, "vp_sp_is_control", &p.is_control);
+      lib->Bind("vp_sp_train", &p.train).ok() && lib->Bind("vp_sp_new", &p.create).ok() &&
+      lib->Bind("vp_sp_delete", &p.destroy).ok() && lib->Bind("vp_sp_load", &p.load).ok() &&
+      lib->Bind("vp_sp_encode", &p.encode).ok() && lib->Bind("vp_sp_decode", &p.decode).ok() &&
+      lib->Bind("vp_sp_piece_size", &p.piece_size).ok() &&
+      lib->Bind("vp_sp_piece_to_id", &p.piece_to_id).ok() &&
+      lib->Bind("vp_sp_unk_id", &p.unk_id).ok() && lib->Bind("vp_sp_is_byte", &p.is_byte).ok() &&
+      lib->Bind("vp_sp_is_control", &p.is_control).ok();
   if (!ok) p.error = std::string(kPluginName) + ": missing a vp_sp_* function (a stale build?)";
   return p;
 }

@@ -52,8 +52,8 @@ class AdamW {
             float lr, float grad_scale = 1.0f);
 
   int64_t step() const { return step_; }
-  size_t count() const { return count_; }  // elements of state: the shard's, or the buffer's
-  size_t shard_begin() const { return begin_; }
+  size_t count() const { return count_; }        // elements of state: the shard's, or the buffer's
+  size_t shard_begin() const { return begin_; }  // 0 for a whole-buffer state
   // The whole flat buffer's length (count() unless sharded).
   size_t buffer_count() const { return buffer_count_; }
   bool sharded() const { return count_ != buffer_count_; }

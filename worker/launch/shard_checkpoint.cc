@@ -170,7 +170,7 @@ absl::Status SaveOptimizerRange(const std::string& run_dir, int64_t step, int ra
                                 int replicas) {
   auto dir = ShardFolder(run_dir, step, rank, /*create=*/true);
   if (!dir.ok()) return dir.status();
-  const size_t begin = shard.sharded() ? shard.shard_begin() : 0, end = begin + shard.count();
+  const size_t begin = shard.shard_begin(), end = begin + shard.count();
   std::vector<runtime::TensorView> pieces;
   std::map<std::string, std::string> meta = {
       {"format", "vocabpipe-optimizer-range"}, {"adamw_step", absl::StrCat(shard.step())},
@@ -318,9 +318,16 @@ absl::StatusOr<std::vector<std::string>> ShardFilesOf(const nlohmann::json& file
   return out;
 }
 
+// A shard whose manifest verified: the run that wrote it and the files it lists
+// (ShardFilesOf's order).
+struct VerifiedShard {
+  std::string run_id;
+  std::vector<std::string> files;
+};
+
 // VerifyRankShard on an open shard folder.
-absl::StatusOr<std::string> VerifyShardIn(const safefs::Dir& dir, int64_t step, int rank,
-                                          int world) {
+absl::StatusOr<VerifiedShard> VerifyShardIn(const safefs::Dir& dir, int64_t step, int rank,
+                                            int world) {
   const std::string path = dir.PathOf(kManifest);
   auto text = dir.ReadFile(kManifest, 1 << 20);
   if (!text.ok()) {
@@ -369,7 +376,7 @@ absl::StatusOr<std::string> VerifyShardIn(const safefs::Dir& dir, int64_t step, 
                        " (the file is corrupt or was changed after the save)"));
     }
   }
-  return m["run_id"].get<std::string>();
+  return VerifiedShard{m["run_id"].get<std::string>(), std::move(*listed)};
 }
 
 // The shard folder for reading; a missing one is "incomplete" like a missing manifest.
@@ -395,17 +402,10 @@ struct Copy {
 // tensor's moments in 1-D pieces (SaveOptimizerRange).
 class MomentSource {
  public:
-  static absl::StatusOr<MomentSource> Open(const safefs::Dir& dir) {
+  // shard: what VerifyShardIn found in `dir`.
+  static absl::StatusOr<MomentSource> Open(const safefs::Dir& dir, const VerifiedShard& shard) {
     MomentSource src;
-    auto text = dir.ReadFile(kManifest, 1 << 20);
-    if (!text.ok()) return text.status();
-    const nlohmann::json m = nlohmann::json::parse(*text, nullptr, false);
-    if (m.is_discarded() || !m.contains("files") || !m["files"].is_object()) {
-      return absl::DataLossError(absl::StrCat(dir.PathOf(kManifest), ": files is missing"));
-    }
-    auto listed = ShardFilesOf(m["files"]);
-    if (!listed.ok()) return listed.status();
-    for (const std::string& name : *listed) {
+    for (const std::string& name : shard.files) {
       if (name == kModelFile || name == "DONE") continue;
       auto f = runtime::SafetensorsReader::OpenAt(dir, name);
       if (!f.ok()) return f.status();
@@ -504,7 +504,7 @@ struct StateSpan {
   size_t state_index = 0;
 };
 StateSpan SpanInState(const engine::AdamW& opt, size_t offset, size_t n) {
-  const size_t begin = opt.sharded() ? opt.shard_begin() : 0, end = begin + opt.count();
+  const size_t begin = opt.shard_begin(), end = begin + opt.count();
   const size_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
   if (lo >= hi) return {};
   return {lo - offset, hi - lo, lo - begin};
@@ -516,14 +516,17 @@ absl::StatusOr<std::string> VerifyRankShard(const std::string& run_dir, int64_t 
                                             int world) {
   auto dir = ExistingShard(run_dir, step, rank);
   if (!dir.ok()) return dir.status();
-  return VerifyShardIn(*dir, step, rank, world);
+  auto shard = VerifyShardIn(*dir, step, rank, world);
+  if (!shard.ok()) return shard.status();
+  return shard->run_id;
 }
 
 absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, int world,
                            engine::RankModel& model, engine::AdamW* optimizer) {
   auto dir = ExistingShard(run_dir, step, rank);
   if (!dir.ok()) return dir.status();
-  if (auto id = VerifyShardIn(*dir, step, rank, world); !id.ok()) return id.status();
+  auto shard = VerifyShardIn(*dir, step, rank, world);
+  if (!shard.ok()) return shard.status();
   // The shard's files are read in pieces, straight into the model and the optimizer state:
   // headers first, every tensor's shape and values checked (in bounded chunks), then copied,
   // so a bad shard leaves the rank untouched and no second copy of the state is resident.
@@ -565,7 +568,7 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
   // under ZeRO-1 the rank's range.
   absl::StatusOr<MomentSource> moments = absl::UnknownError("unread");
   if (optimizer != nullptr) {
-    moments = MomentSource::Open(*dir);
+    moments = MomentSource::Open(*dir, *shard);
     if (!moments.ok()) return moments.status();
     for (const engine::ParamTensor& t : model.tensors()) {
       const StateSpan span = SpanInState(*optimizer, t.offset, SavedNumel(t));
@@ -613,12 +616,13 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
   for (int r = 0; r < saved_world; ++r) {
     auto dir = ExistingShard(run_dir, step, r);
     if (!dir.ok()) return dir.status();
-    if (auto id = VerifyShardIn(*dir, step, r, saved_world); !id.ok()) return id.status();
+    auto shard = VerifyShardIn(*dir, step, r, saved_world);
+    if (!shard.ok()) return shard.status();
     auto w = runtime::SafetensorsReader::OpenAt(*dir, kModelFile);
     if (!w.ok()) return w.status();
     weights.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*w)));
     if (optimizer != nullptr) {
-      auto o = MomentSource::Open(*dir);
+      auto o = MomentSource::Open(*dir, *shard);
       if (!o.ok()) return o.status();
       if (adamw_step >= 0 && o->adamw_step() != adamw_step) {
         return absl::DataLossError(absl::StrCat(o->path(), ": metadata adamw_step ",
@@ -685,7 +689,7 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
       if (row_done[static_cast<size_t>(lo - begin)]) continue;  // a duplicate (tied twin)
       // The piece's shape comes from its weights; the moments have the same.
       const runtime::SafetensorsReader& f = *weights[piece.shard];
-      const std::string name = source;
+      const std::string& name = source;
       const runtime::TensorEntry* e = f.Find(name);
       int64_t e_cols = 1;
       if (e != nullptr) {
@@ -842,7 +846,7 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
                                                         " has not saved step ", step));
     }
     if (auto id = VerifyShardIn(*dir, step, r, world); !id.ok()) return id.status();
-    auto f = runtime::SafetensorsReader::OpenAt(*dir, "model.safetensors");
+    auto f = runtime::SafetensorsReader::OpenAt(*dir, kModelFile);
     if (!f.ok()) return f.status();
     files.push_back(std::make_unique<runtime::SafetensorsReader>(std::move(*f)));
     dirs.push_back(std::move(*dir));

@@ -168,11 +168,8 @@ absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm,
 absl::StatusOr<comm::ShardRange> CpuStageEngine::AllReduceChunkGrads(comm::Communicator& data,
                                                                      int chunk) {
   const engine::RankModel::ParamSpan span = model_->ChunkParams(chunk);
-  if (absl::Status st =
-          data.AllReduce(model_->grads() + span.offset, span.count, comm::ReduceOp::kSum);
-      !st.ok()) {
-    return st;
-  }
+  CpuGradOps ops(*model_, *optimizer_, tracker_.get());
+  if (absl::Status st = ops.AllReduceGrads(data, span.offset, span.count); !st.ok()) return st;
   return comm::ShardRange{span.offset, span.count};
 }
 

@@ -80,7 +80,10 @@ absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
   }
   // Every action of this rank names its own chunks, microbatches and sequence chunks: the
   // executor indexes by them.
-  for (const planner::Action& a : plan.ranks[rank].actions) {
+  const std::vector<planner::Action>& actions = plan.ranks[rank].actions;
+  s.last_weight_action.assign(chunks.size(), actions.size());
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const planner::Action& a = actions[i];
     if (a.kind == planner::ActionKind::kOpt) continue;
     if (a.chunk < 0 || a.chunk >= static_cast<int>(chunks.size()) || a.mb < 0 ||
         a.mb >= plan.microbatches || a.seq < 0 || a.seq >= s.k) {
@@ -88,6 +91,9 @@ absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
           "plan: rank ", rank, " ", planner::ToString(a),
           " names a chunk, microbatch or sequence chunk it does not have (", chunks.size(),
           " chunks, ", plan.microbatches, " microbatches, ", s.k, " sequence chunks)"));
+    }
+    if (a.kind == planner::ActionKind::kW || a.kind == planner::ActionKind::kBW) {
+      s.last_weight_action[a.chunk] = i;
     }
   }
   if (layout.holds_last_group != s.owner) {

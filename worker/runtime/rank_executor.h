@@ -101,6 +101,9 @@ struct RankSetup {
   int first_group_rank = 0;                 // the rank holding group 0 (the embedding's user)
   bool owner = false;                       // this rank holds the last group (x_owner)
   bool tied_copy_sync = false;              // tied wte copies to sum across ranks at OPT
+  // Per local chunk: the index in this rank's actions of its last W or BW (after which the
+  // data thread may sum the chunk's gradients, GRAD_SYNC); the action count when it has none.
+  std::vector<size_t> last_weight_action;
   engine::vocab::OutputAlgorithm algorithm = engine::vocab::OutputAlgorithm::kAlgorithm2;
 };
 

@@ -447,9 +447,7 @@ absl::Status RankExecutor<E>::DoIbBcast(const planner::Action& a) {
 // GRAD_SYNC: after the chunk's last W, its gradients summed over the replicas.
 template <StageEngine E>
 absl::Status RankExecutor<E>::DoGradSync(const planner::Action& a) {
-  if (a.chunk < 0 || a.chunk >= static_cast<int>(setup_.chunk_group.size())) {
-    return absl::InvalidArgumentError("GRAD_SYNC: no such local model chunk");
-  }
+  // (BuildRankSetup refused a plan whose actions name a chunk the rank does not have.)
   if (auto st = Wait({KeyKind::kWeightsDone, 0, a.chunk}, nullptr); !st.ok()) return st;
   absl::StatusOr<comm::ShardRange> range = engine_->AllReduceChunkGrads(*data_, a.chunk);
   if (!range.ok()) return range.status();
@@ -518,14 +516,6 @@ absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, Rank
     }
     (split && planner::IsCollective(a.kind) ? comm_b : comm_a).push_back(a);
   }
-  // The index of each chunk's last weight pass: the data thread may sum the chunk after it.
-  // (BuildRankSetup refused a plan whose actions name chunks the rank does not have.)
-  std::vector<size_t> last_weight(setup_.chunk_group.size(), actions.size());
-  for (size_t i = 0; i < actions.size(); ++i) {
-    if (actions[i].kind == planner::ActionKind::kW || actions[i].kind == planner::ActionKind::kBW) {
-      last_weight[actions[i].chunk] = i;
-    }
-  }
   synced_.clear();
   std::array<double, planner::kNumActionKinds> comm_time_b{}, comm_time_data{};
   std::thread thread_a([&] { CommLoop(comm_a, &r->comm); });
@@ -548,7 +538,7 @@ absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, Rank
           st.code(), absl::StrCat("rank ", rank_, " ", planner::ToString(a), ": ", st.message())));
       break;
     }
-    if (last_weight[a.chunk] == i) Produce({KeyKind::kWeightsDone, 0, a.chunk});
+    if (setup_.last_weight_action[a.chunk] == i) Produce({KeyKind::kWeightsDone, 0, a.chunk});
   }
   thread_a.join();
   if (thread_b.joinable()) thread_b.join();

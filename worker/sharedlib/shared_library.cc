@@ -10,19 +10,22 @@
 namespace vp::sharedlib {
 
 absl::StatusOr<SharedLibrary> SharedLibrary::Open(std::string_view what,
-                                                  const std::vector<std::string>& names) {
+                                                  const std::vector<std::string>& names,
+                                                  bool deep_bind) {
   std::string tried;
+  bool searched = false;  // a soname was tried, which the loader looks for on its paths
   for (const std::string& name : names) {
     if (name.empty()) continue;
+    searched = searched || name.find('/') == std::string::npos;
     // RTLD_LOCAL: the library's symbols serve only the lookups made through this handle.
-    void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL | (deep_bind ? RTLD_DEEPBIND : 0));
     if (handle != nullptr) return SharedLibrary(std::string(what), name, handle);
     const char* why = dlerror();
     absl::StrAppend(&tried, tried.empty() ? "" : "; ", name, ": ", why ? why : "unknown error");
   }
   return absl::NotFoundError(absl::StrCat(std::string(what), " could not be loaded (",
-                                          tried.empty() ? "no names to try" : tried,
-                                          "); put its folder on LD_LIBRARY_PATH"));
+                                          tried.empty() ? "no names to try" : tried, ")",
+                                          searched ? "; put its folder on LD_LIBRARY_PATH" : ""));
 }
 
 absl::StatusOr<void*> SharedLibrary::Address(const char* symbol) const {

@@ -25,8 +25,12 @@ class SharedLibrary {
   // cache and the default folders; or a path). NotFound lists every name with its loader error.
   // The library is never closed: vendor libraries register exit handlers and keep threads, so
   // it stays loaded to the end of the process (a SharedLibrary is a cheap copyable handle).
+  // deep_bind: the library resolves its own symbols before the process's (RTLD_DEEPBIND), for
+  // a plugin that carries its own copy of a library the process also has (the SentencePiece
+  // plugin's protobuf).
   static absl::StatusOr<SharedLibrary> Open(std::string_view what,
-                                            const std::vector<std::string>& names);
+                                            const std::vector<std::string>& names,
+                                            bool deep_bind = false);
 
   // The address of `symbol` typed as F* (F a function type); NotFound naming the library and
   // the symbol when it does not export it (an older version than the one built against).

@@ -250,16 +250,13 @@ absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm
                           data_seconds, reduced);
 }
 
-// The compute stream wrote the chunk's gradients (its last W): drain it, then sum in place.
+// The compute stream wrote the chunk's gradients (its last W): the ops drain it, then sum.
 template <typename T>
 absl::StatusOr<comm::ShardRange> CudaStageEngine<T>::AllReduceChunkGrads(comm::Communicator& data,
                                                                          int chunk) {
   const engine::RankModel::ParamSpan span = model_->host().ChunkParams(chunk);
-  if (auto st = Finish(compute_); !st.ok()) return st;
-  if (auto st = data.AllReduce(model_->grads() + span.offset, span.count, comm::ReduceOp::kSum);
-      !st.ok()) {
-    return st;
-  }
+  CudaGradOps<T> ops(*model_, compute_);
+  if (auto st = ops.AllReduceGrads(data, span.offset, span.count); !st.ok()) return st;
   return comm::ShardRange{span.offset, span.count};
 }
 
