@@ -105,10 +105,11 @@ double LayerLoss(const ModelConfig& cfg, int batch, std::vector<float>& params,
                  const std::vector<float>& x, const std::vector<float>& dy) {
   std::vector<float> grads(params.size()), out(x.size());
   ActivationPool pool(nullptr);
-  TransformerLayer layer(cfg, batch, params.data(), grads.data(), &pool);
+  const tp::SequenceParallel sp({}, &pool);
+  TransformerLayer layer(cfg, batch, params.data(), grads.data(), &pool, &sp);
   LayerKvState kv;
   LayerActivations acts;
-  layer.Forward({0, cfg.seq_len}, x.data(), out.data(), kv, acts);
+  EXPECT_TRUE(layer.Forward({0, cfg.seq_len}, x.data(), out.data(), kv, acts).ok());
   return WeightedSum(out.data(), dy);
 }
 
@@ -126,13 +127,14 @@ void ExpectLayerGradientsMatchFiniteDifferences(const ModelConfig& cfg, std::vec
   MemoryTracker tracker;
   ActivationPool pool(&tracker);
   {
-    TransformerLayer layer(cfg, batch, params.data(), grads.data(), &pool);
+    const tp::SequenceParallel sp({}, &pool);
+    TransformerLayer layer(cfg, batch, params.data(), grads.data(), &pool, &sp);
     LayerKvState kv;
     LayerActivations acts;
-    layer.Forward({0, cfg.seq_len}, x.data(), out.data(), kv, acts);
-    layer.BackwardInput(dy.data(), dx.data(), kv, acts);
+    ASSERT_TRUE(layer.Forward({0, cfg.seq_len}, x.data(), out.data(), kv, acts).ok());
+    ASSERT_TRUE(layer.BackwardInput(dy.data(), dx.data(), kv, acts).ok());
     EXPECT_TRUE(kv.k.empty());  // released by the backward of the chunk at position 0
-    layer.BackwardWeight(acts);
+    ASSERT_TRUE(layer.BackwardWeight(acts).ok());
     EXPECT_EQ(tracker.current(MemoryCategory::kActivations), 0);
   }
   auto loss = [&] { return LayerLoss(cfg, batch, params, x, dy); };
@@ -242,18 +244,19 @@ TEST(LayerStack, MatchesLayersRunOneByOneAndAccumulatesOverMicrobatches) {
   const std::vector<float> dy = RandomVector(2 * per_mb, 101);
   std::vector<float> p = params, grads(params.size(), 0.0f);
   ActivationPool pool(nullptr);
-  TransformerLayer l0(cfg, 2, p.data(), grads.data(), &pool);
-  TransformerLayer l1(cfg, 2, p.data() + lp, grads.data() + lp, &pool);
+  const tp::SequenceParallel sp({}, &pool);
+  TransformerLayer l0(cfg, 2, p.data(), grads.data(), &pool, &sp);
+  TransformerLayer l1(cfg, 2, p.data() + lp, grads.data() + lp, &pool, &sp);
   for (int mb = 0; mb < 2; ++mb) {
     LayerKvState kv0, kv1;
     LayerActivations a0, a1;
     std::vector<float> h(per_mb), out(per_mb), dh(per_mb), dx(per_mb);
-    l0.Forward({0, cfg.seq_len}, x.data() + mb * per_mb, h.data(), kv0, a0);
-    l1.Forward({0, cfg.seq_len}, h.data(), out.data(), kv1, a1);
-    l1.BackwardInput(dy.data() + mb * per_mb, dh.data(), kv1, a1);
-    l1.BackwardWeight(a1);
-    l0.BackwardInput(dh.data(), dx.data(), kv0, a0);
-    l0.BackwardWeight(a0);
+    ASSERT_TRUE(l0.Forward({0, cfg.seq_len}, x.data() + mb * per_mb, h.data(), kv0, a0).ok());
+    ASSERT_TRUE(l1.Forward({0, cfg.seq_len}, h.data(), out.data(), kv1, a1).ok());
+    ASSERT_TRUE(l1.BackwardInput(dy.data() + mb * per_mb, dh.data(), kv1, a1).ok());
+    ASSERT_TRUE(l1.BackwardWeight(a1).ok());
+    ASSERT_TRUE(l0.BackwardInput(dh.data(), dx.data(), kv0, a0).ok());
+    ASSERT_TRUE(l0.BackwardWeight(a0).ok());
     ExpectAllNear("out", out.data(), stack.out.data() + mb * per_mb, per_mb, 1e-6, 1e-6);
     ExpectAllNear("dx", dx.data(), stack.dx.data() + mb * per_mb, per_mb, 1e-6, 1e-6);
   }

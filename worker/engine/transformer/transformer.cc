@@ -19,52 +19,57 @@ size_t TensorSpec::count() const {
   return n;
 }
 
-std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg) {
+std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg, int t) {
   const int64_t h = cfg.hidden;
   const int64_t f = cfg.ffn_hidden;
   const int64_t kv = cfg.kv_dim();
+  const tp::LayerWidths w = tp::LocalLayerWidths(cfg, t);
+  // How each tensor is cut over the tensor group: column-parallel products by their output
+  // features, row-parallel ones by their input features, everything else replicated.
+  constexpr tp::Split kReplicated{};
+  const tp::Split kv_split = w.kv_replicated ? kReplicated : tp::Split{0};
   // Llama: nn.Linear weights [out, in]; q, k, v adjacent and gate, up adjacent (one GEMM each).
   std::vector<TensorSpec> specs = cfg.llama() ? std::vector<TensorSpec>{
-      {"input_layernorm.weight", 0, {h}, false},
-      {"self_attn.q_proj.weight", 0, {h, h}, true},
-      {"self_attn.k_proj.weight", 0, {kv, h}, true},
-      {"self_attn.v_proj.weight", 0, {kv, h}, true},
-      {"self_attn.o_proj.weight", 0, {h, h}, true},
-      {"post_attention_layernorm.weight", 0, {h}, false},
-      {"mlp.gate_proj.weight", 0, {f, h}, true},
-      {"mlp.up_proj.weight", 0, {f, h}, true},
-      {"mlp.down_proj.weight", 0, {h, f}, true},
+      {"input_layernorm.weight", 0, {}, false, {h}, kReplicated},
+      {"self_attn.q_proj.weight", 0, {}, true, {h, h}, {0}},
+      {"self_attn.k_proj.weight", 0, {}, true, {kv, h}, kv_split},
+      {"self_attn.v_proj.weight", 0, {}, true, {kv, h}, kv_split},
+      {"self_attn.o_proj.weight", 0, {}, true, {h, h}, {1}},
+      {"post_attention_layernorm.weight", 0, {}, false, {h}, kReplicated},
+      {"mlp.gate_proj.weight", 0, {}, true, {f, h}, {0}},
+      {"mlp.up_proj.weight", 0, {}, true, {f, h}, {0}},
+      {"mlp.down_proj.weight", 0, {}, true, {h, f}, {1}},
   } : std::vector<TensorSpec>{
-      // Hugging Face GPT-2 order; Conv1D weights are [in, out].
-      {"ln_1.weight", 0, {h}, false},
-      {"ln_1.bias", 0, {h}, false},
-      {"attn.c_attn.weight", 0, {h, 3 * h}, true},
-      {"attn.c_attn.bias", 0, {3 * h}, false},
-      {"attn.c_proj.weight", 0, {h, h}, true},
-      {"attn.c_proj.bias", 0, {h}, false},
-      {"ln_2.weight", 0, {h}, false},
-      {"ln_2.bias", 0, {h}, false},
-      {"mlp.c_fc.weight", 0, {h, f}, true},
-      {"mlp.c_fc.bias", 0, {f}, false},
-      {"mlp.c_proj.weight", 0, {f, h}, true},
-      {"mlp.c_proj.bias", 0, {h}, false},
+      // Hugging Face GPT-2 order; Conv1D weights are [in, out]. c_attn's columns are q|k|v,
+      // each cut by heads.
+      {"ln_1.weight", 0, {}, false, {h}, kReplicated},
+      {"ln_1.bias", 0, {}, false, {h}, kReplicated},
+      {"attn.c_attn.weight", 0, {}, true, {h, 3 * h}, {1, 3}},
+      {"attn.c_attn.bias", 0, {}, false, {3 * h}, {0, 3}},
+      {"attn.c_proj.weight", 0, {}, true, {h, h}, {0}},
+      {"attn.c_proj.bias", 0, {}, false, {h}, kReplicated},
+      {"ln_2.weight", 0, {}, false, {h}, kReplicated},
+      {"ln_2.bias", 0, {}, false, {h}, kReplicated},
+      {"mlp.c_fc.weight", 0, {}, true, {h, f}, {1}},
+      {"mlp.c_fc.bias", 0, {}, false, {f}, {0}},
+      {"mlp.c_proj.weight", 0, {}, true, {f, h}, {0}},
+      {"mlp.c_proj.bias", 0, {}, false, {h}, kReplicated},
   };
   size_t offset = 0;
   for (TensorSpec& s : specs) {
+    s.shape = tp::LocalShape(s.full_shape, s.split, t);
     s.offset = offset;
     offset += s.count();
   }
   return specs;
 }
 
-size_t LayerParamCount(const ModelConfig& cfg) {
+size_t LayerParamCount(const ModelConfig& cfg, int t) {
   const size_t h = cfg.hidden;
-  const size_t f = cfg.ffn_hidden;
-  if (cfg.llama()) {
-    const size_t kv = cfg.kv_dim();
-    return 2 * h + (h + 2 * kv) * h + h * h + 3 * f * h;
-  }
-  return 4 * h + h * 3 * h + 3 * h + h * h + h + h * f + f + f * h + h;
+  const tp::LayerWidths w = tp::LocalLayerWidths(cfg, t);
+  const size_t a = w.attn, f = w.ffn;
+  if (cfg.llama()) return 2 * h + static_cast<size_t>(w.qkv()) * h + h * a + 3 * f * h;
+  return 4 * h + h * 3 * a + 3 * a + a * h + h + h * f + f + f * h + h;
 }
 
 std::string LayerTensorName(int layer, std::string_view suffix) {
@@ -76,64 +81,122 @@ std::string LayerTensorName(const ModelConfig& cfg, int layer, std::string_view 
   return absl::StrCat("model.layers.", layer, ".", std::string(suffix));
 }
 
-void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed) {
+namespace {
+
+// GPT-2 / Llama init of one whole tensor of layer `layer` (its full shape) into dst.
+void InitWholeTensor(float* dst, const TensorSpec& s, size_t count, const ModelConfig& cfg,
+                     int layer, uint64_t seed) {
+  const std::string_view name = s.name;
   if (cfg.llama()) {
-    for (const TensorSpec& s : LayerTensorSpecs(cfg)) {
-      if (s.shape.size() == 1) {
-        InitConstant(base + s.offset, s.count(), 1.0f);  // RMSNorm weights
-      } else {
-        InitNormal(base + s.offset, s.count(), 0.02f, seed,
-                   TensorId(LayerTensorName(cfg, layer, s.name)), 0);
-      }
+    if (s.full_shape.size() == 1) {
+      InitConstant(dst, count, 1.0f);  // RMSNorm weights
+    } else {
+      InitNormal(dst, count, 0.02f, seed, TensorId(LayerTensorName(cfg, layer, name)), 0);
     }
     return;
   }
-  const float std_w = 0.02f;
   // GPT-2: the projections that write into the residual stream are scaled so the stream's
   // variance does not grow with depth (2 such projections per layer).
+  const float std_w = 0.02f;
   const float std_residual = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.layers));
-  for (const TensorSpec& s : LayerTensorSpecs(cfg)) {
-    float* dst = base + s.offset;
-    const std::string_view name = s.name;
-    if (name == "ln_1.weight" || name == "ln_2.weight") {
-      InitConstant(dst, s.count(), 1.0f);
-    } else if (s.shape.size() == 1) {
-      InitConstant(dst, s.count(), 0.0f);
-    } else {
-      const bool residual = name == "attn.c_proj.weight" || name == "mlp.c_proj.weight";
-      InitNormal(dst, s.count(), residual ? std_residual : std_w, seed,
-                 TensorId(LayerTensorName(layer, name)), 0);
+  if (name == "ln_1.weight" || name == "ln_2.weight") {
+    InitConstant(dst, count, 1.0f);
+  } else if (s.full_shape.size() == 1) {
+    InitConstant(dst, count, 0.0f);
+  } else {
+    const bool residual = name == "attn.c_proj.weight" || name == "mlp.c_proj.weight";
+    InitNormal(dst, count, residual ? std_residual : std_w, seed,
+               TensorId(LayerTensorName(layer, name)), 0);
+  }
+}
+
+size_t ShapeCount(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (const int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+}  // namespace
+
+void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed, int r, int t) {
+  for (const TensorSpec& s : LayerTensorSpecs(cfg, t)) {
+    if (t == 1 || s.split.replicated()) {
+      InitWholeTensor(base + s.offset, s, s.count(), cfg, layer, seed);
+      continue;
     }
+    // A rank's slice holds the whole tensor's values at those elements: draw the whole tensor
+    // (counter-based, so the same numbers as on one rank) and keep the slice.
+    std::vector<float> whole(ShapeCount(s.full_shape));
+    InitWholeTensor(whole.data(), s, whole.size(), cfg, layer, seed);
+    tp::SliceTensor(whole.data(), s.full_shape, s.split, r, t, base + s.offset);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // TransformerLayer.
 
-TransformerLayer::TransformerLayer(const ModelConfig& cfg, int batch, float* params, float* grads,
-                                   ActivationPool* pool)
-    : cfg_(cfg),
-      batch_(batch),
-      p_(BindLayerParams(params, cfg)),
-      g_(BindLayerParams(grads, cfg)),
-      lp_(BindLlamaLayerParams(params, cfg)),
-      lg_(BindLlamaLayerParams(grads, cfg)),
-      pool_(pool) {}
-
 namespace {
 
-// Copies rows [0, t) of column block [col, col+h) of src (b, t, ld) to rows [begin, begin+t) of
-// dst (b, s, h), or the reverse direction when to_cache is false.
-void CopyRows(float* cache, float* chunk, int b, int t, int s, int h, int ld, int col, int begin,
+tp::ColumnParallelLinear QkvProduct(const ModelConfig& cfg, const tp::LayerWidths& w,
+                                    const tp::SequenceParallel* sp, const LayerParams& p,
+                                    const LayerParams& g, const LlamaLayerParams& lp,
+                                    const LlamaLayerParams& lg) {
+  if (cfg.llama()) {
+    return {sp, tp::WeightLayout::kOutIn, cfg.hidden, w.qkv(), lp.wqkv, nullptr, lg.wqkv, nullptr};
+  }
+  return {sp,      tp::WeightLayout::kInOut, cfg.hidden, w.qkv(), p.attn_w, p.attn_b, g.attn_w,
+          g.attn_b};
+}
+
+tp::RowParallelLinear AttnOutProduct(const ModelConfig& cfg, const tp::LayerWidths& w,
+                                     const tp::SequenceParallel* sp, const LayerParams& p,
+                                     const LayerParams& g, const LlamaLayerParams& lp,
+                                     const LlamaLayerParams& lg) {
+  if (cfg.llama()) {
+    return {sp, tp::WeightLayout::kOutIn, w.attn, cfg.hidden, lp.wo, nullptr, lg.wo, nullptr};
+  }
+  return {sp,
+          tp::WeightLayout::kInOut,
+          w.attn,
+          cfg.hidden,
+          p.attn_proj_w,
+          p.attn_proj_b,
+          g.attn_proj_w,
+          g.attn_proj_b};
+}
+
+tp::ColumnParallelLinear MlpInProduct(const ModelConfig& cfg, const tp::LayerWidths& w,
+                                      const tp::SequenceParallel* sp, const LayerParams& p,
+                                      const LayerParams& g, const LlamaLayerParams& lp,
+                                      const LlamaLayerParams& lg) {
+  if (cfg.llama()) {  // gate|up: 2·f_r output columns
+    return {sp, tp::WeightLayout::kOutIn, cfg.hidden, 2 * w.ffn, lp.wgu, nullptr, lg.wgu, nullptr};
+  }
+  return {sp, tp::WeightLayout::kInOut, cfg.hidden, w.ffn, p.fc_w, p.fc_b, g.fc_w, g.fc_b};
+}
+
+tp::RowParallelLinear MlpOutProduct(const ModelConfig& cfg, const tp::LayerWidths& w,
+                                    const tp::SequenceParallel* sp, const LayerParams& p,
+                                    const LayerParams& g, const LlamaLayerParams& lp,
+                                    const LlamaLayerParams& lg) {
+  if (cfg.llama()) {
+    return {sp, tp::WeightLayout::kOutIn, w.ffn, cfg.hidden, lp.wdown, nullptr, lg.wdown, nullptr};
+  }
+  return {sp, tp::WeightLayout::kInOut, w.ffn, cfg.hidden, p.proj_w, p.proj_b, g.proj_w, g.proj_b};
+}
+
+// Copies rows [0, t) of column block [col, col+c) of src (b, t, ld) to rows [begin, begin+t) of
+// the cache (b, s, c), or the reverse direction when to_cache is false.
+void CopyRows(float* cache, float* chunk, int b, int t, int s, int c, int ld, int col, int begin,
               bool to_cache) {
   for (int i = 0; i < b; ++i) {
     for (int j = 0; j < t; ++j) {
-      float* c = cache + (static_cast<long>(i) * s + begin + j) * h;
+      float* k = cache + (static_cast<long>(i) * s + begin + j) * c;
       float* x = chunk + (static_cast<long>(i) * t + j) * ld + col;
       if (to_cache) {
-        std::memcpy(c, x, sizeof(float) * h);
+        std::memcpy(k, x, sizeof(float) * c);
       } else {
-        std::memcpy(x, c, sizeof(float) * h);
+        std::memcpy(x, k, sizeof(float) * c);
       }
     }
   }
@@ -141,136 +204,178 @@ void CopyRows(float* cache, float* chunk, int b, int t, int s, int h, int ld, in
 
 }  // namespace
 
-void TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
-                               LayerActivations& acts) const {
+TransformerLayer::TransformerLayer(const ModelConfig& cfg, int batch, float* params, float* grads,
+                                   ActivationPool* pool, const tp::SequenceParallel* sp)
+    : cfg_(cfg),
+      batch_(batch),
+      w_(tp::LocalLayerWidths(cfg, sp->group().size())),
+      p_(BindLayerParams(params, cfg, sp->group().size())),
+      g_(BindLayerParams(grads, cfg, sp->group().size())),
+      lp_(BindLlamaLayerParams(params, cfg, sp->group().size())),
+      lg_(BindLlamaLayerParams(grads, cfg, sp->group().size())),
+      pool_(pool),
+      sp_(sp),
+      qkv_(QkvProduct(cfg, w_, sp, p_, g_, lp_, lg_)),
+      attn_out_(AttnOutProduct(cfg, w_, sp, p_, g_, lp_, lg_)),
+      mlp_in_(MlpInProduct(cfg, w_, sp, p_, g_, lp_, lg_)),
+      mlp_out_(MlpOutProduct(cfg, w_, sp, p_, g_, lp_, lg_)) {}
+
+// Letters (both blocks): b batch, t chunk length, s sequence length, n = b·t the chunk's token
+// rows, m = n / t_p the rank's rows (the sequence-parallel share), h width, a the rank's
+// attention width (its heads · head_dim), kv its key/value width, qd = a + 2kv its fused q|k|v
+// row, f its MLP width.
+
+absl::Status TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
+                                       LayerActivations& acts) const {
   if (cfg_.llama()) return ForwardLlama(seq, x, out, kv, acts);
-  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
-  const int n = b * t;
-  const long nh = static_cast<long>(n) * h;
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+  const int a = w_.attn, qd = w_.qkv();
+  const int n = b * t, m = sp_->LocalRows(n);
+  const long mh = static_cast<long>(m) * h;
   acts.seq = seq;
   acts.batch = b;
   acts.inp = x;
   if (kv.k.empty()) {
-    kv.k = pool_->Acquire(static_cast<size_t>(b) * s * h);
-    kv.v = pool_->Acquire(static_cast<size_t>(b) * s * h);
+    kv.k = pool_->Acquire(static_cast<size_t>(b) * s * a);
+    kv.v = pool_->Acquire(static_cast<size_t>(b) * s * a);
   }
   // Attention sub-block: res1 = x + c_proj(attn(c_attn(ln_1(x)))).
-  acts.ln1 = pool_->Acquire(nh);
-  acts.ln1_mean = pool_->Acquire(n);
-  acts.ln1_rstd = pool_->Acquire(n);
+  acts.ln1 = pool_->Acquire(mh);
+  acts.ln1_mean = pool_->Acquire(m);
+  acts.ln1_rstd = pool_->Acquire(m);
   cpu::LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(), acts.ln1_rstd.data(), x, p_.ln1_w,
-                        p_.ln1_b, n, h);
+                        p_.ln1_b, m, h);
   {
-    PooledBuffer qkv = pool_->Acquire(3 * nh);  // (b, t, 3h)
-    cpu::LinearForward(qkv.data(), acts.ln1.data(), p_.attn_w, p_.attn_b, n, h, 3 * h);
+    PooledBuffer qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, 3a)
+    if (absl::Status st = qkv_.Forward(qkv.data(), acts.ln1.data(), n); !st.ok()) return st;
     // Append this chunk's keys and values to the cache so later chunks can attend to them, and
     // keep only the queries: the backward reads K and V from the cache.
-    CopyRows(kv.k.data(), qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true);
-    CopyRows(kv.v.data(), qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, true);
-    acts.q = pool_->Acquire(nh);
-    CopyRows(acts.q.data(), qkv.data(), b, t, t, h, 3 * h, 0, 0, true);
+    CopyRows(kv.k.data(), qkv.data(), b, t, s, a, qd, a, seq.begin, true);
+    CopyRows(kv.v.data(), qkv.data(), b, t, s, a, qd, 2 * a, seq.begin, true);
+    acts.q = pool_->Acquire(static_cast<size_t>(n) * a);
+    CopyRows(acts.q.data(), qkv.data(), b, t, t, a, qd, 0, 0, true);
   }
-  const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
-  acts.lse = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t);
-  acts.atty = pool_->Acquire(nh);
-  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.q.data(), h, kv.k.data(),
+  const cpu::AttentionShape shape{b, w_.heads, w_.head_dim, seq.begin, seq.end, s};
+  acts.lse = pool_->Acquire(static_cast<size_t>(b) * w_.heads * t);
+  acts.atty = pool_->Acquire(static_cast<size_t>(n) * a);
+  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.q.data(), a, kv.k.data(),
                         kv.v.data(), shape);
-  acts.res1 = pool_->Acquire(nh);
-  cpu::LinearForward(acts.res1.data(), acts.atty.data(), p_.attn_proj_w, p_.attn_proj_b, n, h, h);
-  cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, nh);
+  acts.res1 = pool_->Acquire(mh);
+  if (absl::Status st = attn_out_.Forward(acts.res1.data(), acts.atty.data(), n); !st.ok()) {
+    return st;
+  }
+  cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, mh);
   // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
-  acts.ln2 = pool_->Acquire(nh);
-  acts.ln2_mean = pool_->Acquire(n);
-  acts.ln2_rstd = pool_->Acquire(n);
+  acts.ln2 = pool_->Acquire(mh);
+  acts.ln2_mean = pool_->Acquire(m);
+  acts.ln2_rstd = pool_->Acquire(m);
   cpu::LayerNormForward(acts.ln2.data(), acts.ln2_mean.data(), acts.ln2_rstd.data(),
-                        acts.res1.data(), p_.ln2_w, p_.ln2_b, n, h);
+                        acts.res1.data(), p_.ln2_w, p_.ln2_b, m, h);
   acts.fch = pool_->Acquire(static_cast<size_t>(n) * f);
-  cpu::LinearForward(acts.fch.data(), acts.ln2.data(), p_.fc_w, p_.fc_b, n, h, f);
+  if (absl::Status st = mlp_in_.Forward(acts.fch.data(), acts.ln2.data(), n); !st.ok()) return st;
   acts.fch_gelu = pool_->Acquire(static_cast<size_t>(n) * f);
   cpu::GeluForward(acts.fch_gelu.data(), acts.fch.data(), static_cast<long>(n) * f);
-  cpu::LinearForward(out, acts.fch_gelu.data(), p_.proj_w, p_.proj_b, n, f, h);
-  cpu::ResidualForward(out, out, acts.res1.data(), nh);
+  if (absl::Status st = mlp_out_.Forward(out, acts.fch_gelu.data(), n); !st.ok()) return st;
+  cpu::ResidualForward(out, out, acts.res1.data(), mh);
   acts.forward_done = true;
+  return absl::OkStatus();
 }
 
-void TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState& kv,
-                                     LayerActivations& acts) const {
+absl::Status TransformerLayer::BackwardInput(const float* dout, float* dx, LayerKvState& kv,
+                                             LayerActivations& acts) const {
   if (cfg_.llama()) return BackwardInputLlama(dout, dx, kv, acts);
   const SeqChunk seq = acts.seq;
-  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
-  const int n = b * t;
-  const long nh = static_cast<long>(n) * h;
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+  const int a = w_.attn, qd = w_.qkv();
+  const int n = b * t, m = sp_->LocalRows(n);
+  const long mh = static_cast<long>(m) * h;
   // MLP sub-block. The layer output gradient is both the skip-path gradient of res1 and the
   // output gradient of mlp.c_proj (stashed for W).
-  acts.d_out = pool_->Acquire(nh);
-  std::memcpy(acts.d_out.data(), dout, sizeof(float) * nh);
+  acts.d_out = pool_->Acquire(mh);
+  std::memcpy(acts.d_out.data(), dout, sizeof(float) * mh);
   acts.d_fch = pool_->Acquire(static_cast<size_t>(n) * f);
-  cpu::LinearBackwardInput(acts.d_fch.data(), dout, p_.proj_w, n, f, h);
+  if (absl::Status st = mlp_out_.BackwardInput(acts.d_fch.data(), dout, n); !st.ok()) return st;
   cpu::GeluBackward(acts.d_fch.data(), acts.fch.data(), acts.d_fch.data(),
                     static_cast<long>(n) * f);
   acts.fch.Reset();  // W needs only the GELU output
-  acts.d_ln2 = pool_->Acquire(nh);
-  cpu::LinearBackwardInput(acts.d_ln2.data(), acts.d_fch.data(), p_.fc_w, n, h, f);
-  acts.d_res1 = pool_->Acquire(nh);
-  std::memcpy(acts.d_res1.data(), dout, sizeof(float) * nh);
-  cpu::LayerNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(), acts.res1.data(), p_.ln2_w,
-                              acts.ln2_mean.data(), acts.ln2_rstd.data(), n, h);
-  // Attention sub-block.
-  PooledBuffer d_atty = pool_->Acquire(nh);
-  cpu::LinearBackwardInput(d_atty.data(), acts.d_res1.data(), p_.attn_proj_w, n, h, h);
-  if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
-    kv.dk = pool_->Acquire(static_cast<size_t>(b) * s * h, /*zero=*/true);
-    kv.dv = pool_->Acquire(static_cast<size_t>(b) * s * h, /*zero=*/true);
+  acts.d_ln2 = pool_->Acquire(mh);
+  if (absl::Status st = mlp_in_.BackwardInput(acts.d_ln2.data(), acts.d_fch.data(), n); !st.ok()) {
+    return st;
   }
-  acts.d_qkv = pool_->Acquire(3 * nh);
+  acts.d_res1 = pool_->Acquire(mh);
+  std::memcpy(acts.d_res1.data(), dout, sizeof(float) * mh);
+  cpu::LayerNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(), acts.res1.data(), p_.ln2_w,
+                              acts.ln2_mean.data(), acts.ln2_rstd.data(), m, h);
+  // Attention sub-block.
+  PooledBuffer d_atty = pool_->Acquire(static_cast<size_t>(n) * a);
+  if (absl::Status st = attn_out_.BackwardInput(d_atty.data(), acts.d_res1.data(), n); !st.ok()) {
+    return st;
+  }
+  if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
+    kv.dk = pool_->Acquire(static_cast<size_t>(b) * s * a, /*zero=*/true);
+    kv.dv = pool_->Acquire(static_cast<size_t>(b) * s * a, /*zero=*/true);
+  }
+  acts.d_qkv = pool_->Acquire(static_cast<size_t>(n) * qd);
   {
-    const cpu::AttentionShape shape{b, cfg_.heads, cfg_.head_dim(), seq.begin, seq.end, s};
+    const cpu::AttentionShape shape{b, w_.heads, w_.head_dim, seq.begin, seq.end, s};
     PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
-    cpu::AttentionBackward(acts.d_qkv.data(), 3 * h, kv.dk.data(), kv.dv.data(), scratch.data(),
-                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.q.data(), h,
+    cpu::AttentionBackward(acts.d_qkv.data(), qd, kv.dk.data(), kv.dv.data(), scratch.data(),
+                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.q.data(), a,
                            kv.k.data(), kv.v.data(), shape);
   }
   // Later chunks (already run backward) and this chunk have now added everything they owe to
   // the keys/values at this chunk's positions; earlier chunks never see them. So the
   // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
-  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, seq.begin, false);
-  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, false);
+  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, a, qd, a, seq.begin, false);
+  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, a, qd, 2 * a, seq.begin, false);
   acts.lse.Reset();
   acts.q.Reset();
-  acts.d_ln1 = pool_->Acquire(nh);
-  cpu::LinearBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), p_.attn_w, n, h, 3 * h);
-  std::memcpy(dx, acts.d_res1.data(), sizeof(float) * nh);
+  acts.d_ln1 = pool_->Acquire(mh);
+  if (absl::Status st = qkv_.BackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), n); !st.ok()) {
+    return st;
+  }
+  std::memcpy(dx, acts.d_res1.data(), sizeof(float) * mh);
   cpu::LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w, acts.ln1_mean.data(),
-                              acts.ln1_rstd.data(), n, h);
+                              acts.ln1_rstd.data(), m, h);
   if (seq.begin == 0) kv = LayerKvState();  // the microbatch's last backward
   acts.backward_input_done = true;
+  return absl::OkStatus();
 }
 
-void TransformerLayer::BackwardWeight(LayerActivations& acts) const {
+absl::Status TransformerLayer::BackwardWeight(LayerActivations& acts) const {
   if (cfg_.llama()) return BackwardWeightLlama(acts);
-  const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+  const int n = batch_ * acts.seq.len(), m = sp_->LocalRows(n), h = cfg_.hidden;
   cpu::LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
-                               acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h);
-  cpu::LinearBackwardWeight(g_.attn_w, g_.attn_b, acts.d_qkv.data(), acts.ln1.data(), n, h, 3 * h);
-  cpu::LinearBackwardWeight(g_.attn_proj_w, g_.attn_proj_b, acts.d_res1.data(), acts.atty.data(), n,
-                            h, h);
+                               acts.ln1_mean.data(), acts.ln1_rstd.data(), m, h);
+  if (absl::Status st = qkv_.BackwardWeight(acts.d_qkv.data(), acts.ln1.data(), n); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = attn_out_.BackwardWeight(acts.d_res1.data(), acts.atty.data(), n);
+      !st.ok()) {
+    return st;
+  }
   cpu::LayerNormBackwardWeight(g_.ln2_w, g_.ln2_b, acts.d_ln2.data(), acts.res1.data(),
-                               acts.ln2_mean.data(), acts.ln2_rstd.data(), n, h);
-  cpu::LinearBackwardWeight(g_.fc_w, g_.fc_b, acts.d_fch.data(), acts.ln2.data(), n, h, f);
-  cpu::LinearBackwardWeight(g_.proj_w, g_.proj_b, acts.d_out.data(), acts.fch_gelu.data(), n, f, h);
+                               acts.ln2_mean.data(), acts.ln2_rstd.data(), m, h);
+  if (absl::Status st = mlp_in_.BackwardWeight(acts.d_fch.data(), acts.ln2.data(), n); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = mlp_out_.BackwardWeight(acts.d_out.data(), acts.fch_gelu.data(), n);
+      !st.ok()) {
+    return st;
+  }
   acts = LayerActivations();
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Llama block. Letters: b batch, t chunk length, s sequence length, h width, kv =
-// kv_heads·head_dim, qd = h + 2kv (the fused q|k|v row), f MLP width.
+// The Llama block (same letters).
 
-void TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
-                                    LayerActivations& acts) const {
-  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
-  const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd, hd = cfg_.head_dim();
-  const int n = b * t;
-  const long nh = static_cast<long>(n) * h;
+absl::Status TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float* out,
+                                            LayerKvState& kv, LayerActivations& acts) const {
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+  const int a = w_.attn, kvd = w_.kv, qd = w_.qkv(), hd = w_.head_dim;
+  const int n = b * t, m = sp_->LocalRows(n);
+  const long mh = static_cast<long>(m) * h;
   acts.seq = seq;
   acts.batch = b;
   acts.inp = x;
@@ -279,112 +384,134 @@ void TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float* out, La
     kv.v = pool_->Acquire(static_cast<size_t>(b) * s * kvd);
   }
   // Attention: res1 = x + o_proj(attn(rope(q), rope(k), v)), q|k|v = rms(x)·Wqkvᵀ.
-  acts.ln1 = pool_->Acquire(nh);      // (b, t, h)
-  acts.ln1_rstd = pool_->Acquire(n);  // (b, t)
-  cpu::RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x, lp_.attn_norm_w, n, h,
+  acts.ln1 = pool_->Acquire(mh);      // (m, h)
+  acts.ln1_rstd = pool_->Acquire(m);  // (m)
+  cpu::RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x, lp_.attn_norm_w, m, h,
                       cfg_.rms_eps);
   {
     PooledBuffer qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
-    cpu::LinearTForward(qkv.data(), acts.ln1.data(), lp_.wqkv, n, h, qd);
+    if (absl::Status st = qkv_.Forward(qkv.data(), acts.ln1.data(), n); !st.ok()) return st;
     // Rotate q and k at their absolute positions seq.begin + j: a chunk's keys enter the cache
     // already rotated, exactly as the whole sequence's would.
-    cpu::RopeForward(qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
-    cpu::RopeForward(qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin, cfg_.rope_theta);
-    CopyRows(kv.k.data(), qkv.data(), b, t, s, kvd, qd, h, seq.begin, true);
-    CopyRows(kv.v.data(), qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, true);
-    acts.q = pool_->Acquire(nh);  // (b, t, h) the rotated queries
-    CopyRows(acts.q.data(), qkv.data(), b, t, t, h, qd, 0, 0, true);
+    cpu::RopeForward(qkv.data(), qd, b, t, w_.heads, hd, seq.begin, cfg_.rope_theta);
+    cpu::RopeForward(qkv.data() + a, qd, b, t, w_.kv_heads, hd, seq.begin, cfg_.rope_theta);
+    CopyRows(kv.k.data(), qkv.data(), b, t, s, kvd, qd, a, seq.begin, true);
+    CopyRows(kv.v.data(), qkv.data(), b, t, s, kvd, qd, a + kvd, seq.begin, true);
+    acts.q = pool_->Acquire(static_cast<size_t>(n) * a);  // (b, t, a) the rotated queries
+    CopyRows(acts.q.data(), qkv.data(), b, t, t, a, qd, 0, 0, true);
   }
-  const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
-  acts.lse = pool_->Acquire(static_cast<size_t>(b) * cfg_.heads * t);
-  acts.atty = pool_->Acquire(nh);
-  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.q.data(), h, kv.k.data(),
+  const cpu::AttentionShape shape{b, w_.heads, hd, seq.begin, seq.end, s, w_.kv_heads};
+  acts.lse = pool_->Acquire(static_cast<size_t>(b) * w_.heads * t);
+  acts.atty = pool_->Acquire(static_cast<size_t>(n) * a);
+  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.q.data(), a, kv.k.data(),
                         kv.v.data(), shape);
-  acts.res1 = pool_->Acquire(nh);
-  cpu::LinearTForward(acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h);
-  cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, nh);
+  acts.res1 = pool_->Acquire(mh);
+  if (absl::Status st = attn_out_.Forward(acts.res1.data(), acts.atty.data(), n); !st.ok()) {
+    return st;
+  }
+  cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, mh);
   // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
-  acts.ln2 = pool_->Acquire(nh);
-  acts.ln2_rstd = pool_->Acquire(n);
-  cpu::RmsNormForward(acts.ln2.data(), acts.ln2_rstd.data(), acts.res1.data(), lp_.mlp_norm_w, n, h,
+  acts.ln2 = pool_->Acquire(mh);
+  acts.ln2_rstd = pool_->Acquire(m);
+  cpu::RmsNormForward(acts.ln2.data(), acts.ln2_rstd.data(), acts.res1.data(), lp_.mlp_norm_w, m, h,
                       cfg_.rms_eps);
   acts.fch = pool_->Acquire(static_cast<size_t>(n) * 2 * f);  // (b, t, 2f)
-  cpu::LinearTForward(acts.fch.data(), acts.ln2.data(), lp_.wgu, n, h, 2 * f);
+  if (absl::Status st = mlp_in_.Forward(acts.fch.data(), acts.ln2.data(), n); !st.ok()) return st;
   acts.fch_gelu = pool_->Acquire(static_cast<size_t>(n) * f);  // (b, t, f)
   cpu::SwigluForward(acts.fch_gelu.data(), acts.fch.data(), n, f);
-  cpu::LinearTForward(out, acts.fch_gelu.data(), lp_.wdown, n, f, h);
-  cpu::ResidualForward(out, out, acts.res1.data(), nh);
+  if (absl::Status st = mlp_out_.Forward(out, acts.fch_gelu.data(), n); !st.ok()) return st;
+  cpu::ResidualForward(out, out, acts.res1.data(), mh);
   acts.forward_done = true;
+  return absl::OkStatus();
 }
 
-void TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvState& kv,
-                                          LayerActivations& acts) const {
+absl::Status TransformerLayer::BackwardInputLlama(const float* dout, float* dx, LayerKvState& kv,
+                                                  LayerActivations& acts) const {
   const SeqChunk seq = acts.seq;
-  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len;
-  const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd, hd = cfg_.head_dim();
-  const int n = b * t;
-  const long nh = static_cast<long>(n) * h;
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+  const int a = w_.attn, kvd = w_.kv, qd = w_.qkv(), hd = w_.head_dim;
+  const int n = b * t, m = sp_->LocalRows(n);
+  const long mh = static_cast<long>(m) * h;
   // MLP. dout is both res1's skip-path gradient and down_proj's output gradient (kept for W).
-  acts.d_out = pool_->Acquire(nh);
-  std::memcpy(acts.d_out.data(), dout, sizeof(float) * nh);
+  acts.d_out = pool_->Acquire(mh);
+  std::memcpy(acts.d_out.data(), dout, sizeof(float) * mh);
   {
     PooledBuffer d_act = pool_->Acquire(static_cast<size_t>(n) * f);  // (b, t, f)
-    cpu::LinearTBackwardInput(d_act.data(), dout, lp_.wdown, n, f, h);
+    if (absl::Status st = mlp_out_.BackwardInput(d_act.data(), dout, n); !st.ok()) return st;
     acts.d_fch = pool_->Acquire(static_cast<size_t>(n) * 2 * f);  // (b, t, 2f)
     cpu::SwigluBackward(acts.d_fch.data(), acts.fch.data(), d_act.data(), n, f);
   }
   acts.fch.Reset();  // W needs only the SwiGLU output
-  acts.d_ln2 = pool_->Acquire(nh);
-  cpu::LinearTBackwardInput(acts.d_ln2.data(), acts.d_fch.data(), lp_.wgu, n, h, 2 * f);
-  acts.d_res1 = pool_->Acquire(nh);
-  std::memcpy(acts.d_res1.data(), dout, sizeof(float) * nh);
+  acts.d_ln2 = pool_->Acquire(mh);
+  if (absl::Status st = mlp_in_.BackwardInput(acts.d_ln2.data(), acts.d_fch.data(), n); !st.ok()) {
+    return st;
+  }
+  acts.d_res1 = pool_->Acquire(mh);
+  std::memcpy(acts.d_res1.data(), dout, sizeof(float) * mh);
   cpu::RmsNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(), acts.res1.data(), lp_.mlp_norm_w,
-                            acts.ln2_rstd.data(), n, h);
+                            acts.ln2_rstd.data(), m, h);
   // Attention.
-  PooledBuffer d_atty = pool_->Acquire(nh);
-  cpu::LinearTBackwardInput(d_atty.data(), acts.d_res1.data(), lp_.wo, n, h, h);
+  PooledBuffer d_atty = pool_->Acquire(static_cast<size_t>(n) * a);
+  if (absl::Status st = attn_out_.BackwardInput(d_atty.data(), acts.d_res1.data(), n); !st.ok()) {
+    return st;
+  }
   if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
     kv.dk = pool_->Acquire(static_cast<size_t>(b) * s * kvd, /*zero=*/true);
     kv.dv = pool_->Acquire(static_cast<size_t>(b) * s * kvd, /*zero=*/true);
   }
   acts.d_qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
   {
-    const cpu::AttentionShape shape{b, cfg_.heads, hd, seq.begin, seq.end, s, cfg_.num_kv_heads()};
+    const cpu::AttentionShape shape{b, w_.heads, hd, seq.begin, seq.end, s, w_.kv_heads};
     PooledBuffer scratch = pool_->Acquire(cpu::AttentionBackwardScratch(shape));
     cpu::AttentionBackward(acts.d_qkv.data(), qd, kv.dk.data(), kv.dv.data(), scratch.data(),
-                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.q.data(), h,
+                           d_atty.data(), acts.atty.data(), acts.lse.data(), acts.q.data(), a,
                            kv.k.data(), kv.v.data(), shape);
   }
-  // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now.
-  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h, seq.begin, false);
-  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, false);
+  // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now. (With
+  // replicated key/value heads they hold only this rank's query heads' share: the k and v
+  // weight gradients are summed over the group as replicated tensors, and the input gradient by
+  // the q|k|v product's reduce-scatter.)
+  CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, a, seq.begin, false);
+  CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, kvd, qd, a + kvd, seq.begin, false);
   // Those are gradients of the rotated q, k: rotate back to get the projections' gradients.
-  cpu::RopeBackward(acts.d_qkv.data(), qd, b, t, cfg_.heads, hd, seq.begin, cfg_.rope_theta);
-  cpu::RopeBackward(acts.d_qkv.data() + h, qd, b, t, cfg_.num_kv_heads(), hd, seq.begin,
-                    cfg_.rope_theta);
+  cpu::RopeBackward(acts.d_qkv.data(), qd, b, t, w_.heads, hd, seq.begin, cfg_.rope_theta);
+  cpu::RopeBackward(acts.d_qkv.data() + a, qd, b, t, w_.kv_heads, hd, seq.begin, cfg_.rope_theta);
   acts.lse.Reset();
   acts.q.Reset();
-  acts.d_ln1 = pool_->Acquire(nh);
-  cpu::LinearTBackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), lp_.wqkv, n, h, qd);
-  std::memcpy(dx, acts.d_res1.data(), sizeof(float) * nh);
+  acts.d_ln1 = pool_->Acquire(mh);
+  if (absl::Status st = qkv_.BackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), n); !st.ok()) {
+    return st;
+  }
+  std::memcpy(dx, acts.d_res1.data(), sizeof(float) * mh);
   cpu::RmsNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, lp_.attn_norm_w, acts.ln1_rstd.data(),
-                            n, h);
+                            m, h);
   if (seq.begin == 0) kv = LayerKvState();  // the microbatch's last backward
   acts.backward_input_done = true;
+  return absl::OkStatus();
 }
 
-void TransformerLayer::BackwardWeightLlama(LayerActivations& acts) const {
-  const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
-  const int qd = h + 2 * cfg_.kv_dim();
-  cpu::RmsNormBackwardWeight(lg_.attn_norm_w, acts.d_ln1.data(), acts.inp, acts.ln1_rstd.data(), n,
+absl::Status TransformerLayer::BackwardWeightLlama(LayerActivations& acts) const {
+  const int n = batch_ * acts.seq.len(), m = sp_->LocalRows(n), h = cfg_.hidden;
+  cpu::RmsNormBackwardWeight(lg_.attn_norm_w, acts.d_ln1.data(), acts.inp, acts.ln1_rstd.data(), m,
                              h);
-  cpu::LinearTBackwardWeight(lg_.wqkv, acts.d_qkv.data(), acts.ln1.data(), n, h, qd);
-  cpu::LinearTBackwardWeight(lg_.wo, acts.d_res1.data(), acts.atty.data(), n, h, h);
+  if (absl::Status st = qkv_.BackwardWeight(acts.d_qkv.data(), acts.ln1.data(), n); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = attn_out_.BackwardWeight(acts.d_res1.data(), acts.atty.data(), n);
+      !st.ok()) {
+    return st;
+  }
   cpu::RmsNormBackwardWeight(lg_.mlp_norm_w, acts.d_ln2.data(), acts.res1.data(),
-                             acts.ln2_rstd.data(), n, h);
-  cpu::LinearTBackwardWeight(lg_.wgu, acts.d_fch.data(), acts.ln2.data(), n, h, 2 * f);
-  cpu::LinearTBackwardWeight(lg_.wdown, acts.d_out.data(), acts.fch_gelu.data(), n, f, h);
+                             acts.ln2_rstd.data(), m, h);
+  if (absl::Status st = mlp_in_.BackwardWeight(acts.d_fch.data(), acts.ln2.data(), n); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = mlp_out_.BackwardWeight(acts.d_out.data(), acts.fch_gelu.data(), n);
+      !st.ok()) {
+    return st;
+  }
   acts = LayerActivations();
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,29 +519,41 @@ void TransformerLayer::BackwardWeightLlama(LayerActivations& acts) const {
 
 absl::StatusOr<LayerStack> LayerStack::Create(const ModelConfig& cfg, int first_layer, int count,
                                               int microbatch_size, std::vector<int> seq_bounds,
-                                              float* params, float* grads, MemoryTracker* tracker) {
+                                              float* params, float* grads, MemoryTracker* tracker,
+                                              tp::TensorGroup group) {
   if (absl::Status st = ValidateLayerStackArgs(cfg, first_layer, count, microbatch_size, params,
                                                grads, seq_bounds);
       !st.ok()) {
     return st;
   }
+  const int t = group.size();
+  if (absl::Status st = tp::ValidateTensorSplit(cfg, t); !st.ok()) return st;
+  for (size_t q = 0; q + 1 < seq_bounds.size(); ++q) {
+    if ((seq_bounds[q + 1] - seq_bounds[q]) % t != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence chunk ", q, " [", seq_bounds[q], ", ", seq_bounds[q + 1],
+                       "): its length must be divisible by parallel.tensor (", t, ")"));
+    }
+  }
   LayerStack stack;
   stack.order_ = SlotOrder(static_cast<int>(seq_bounds.size()) - 1);
   stack.shape_ = {
-      cfg, first_layer, count, microbatch_size, LayerParamCount(cfg), std::move(seq_bounds)};
+      cfg, first_layer, count, microbatch_size, LayerParamCount(cfg, t), std::move(seq_bounds), t};
   stack.params_ = params;
   stack.grads_ = grads;
   stack.pool_ = std::make_unique<ActivationPool>(tracker);
+  stack.sp_ = std::make_unique<tp::SequenceParallel>(group, stack.pool_.get());
   for (int i = 0; i < count; ++i) {
     stack.layers_.emplace_back(cfg, microbatch_size, params + i * stack.shape_.layer_params,
-                               grads + i * stack.shape_.layer_params, stack.pool_.get());
+                               grads + i * stack.shape_.layer_params, stack.pool_.get(),
+                               stack.sp_.get());
   }
   return stack;
 }
 
 std::vector<TensorSpec> LayerStack::TensorSpecs() const {
   std::vector<TensorSpec> out;
-  const std::vector<TensorSpec> layer = LayerTensorSpecs(shape_.cfg);
+  const std::vector<TensorSpec> layer = LayerTensorSpecs(shape_.cfg, shape_.tensor);
   for (int i = 0; i < shape_.count; ++i) {
     for (const TensorSpec& s : layer) {
       TensorSpec t = s;
@@ -428,8 +567,26 @@ std::vector<TensorSpec> LayerStack::TensorSpecs() const {
 
 void LayerStack::InitParams(uint64_t seed) {
   for (int i = 0; i < shape_.count; ++i) {
-    InitLayerParams(params_ + i * shape_.layer_params, shape_.cfg, shape_.first + i, seed);
+    InitLayerParams(params_ + i * shape_.layer_params, shape_.cfg, shape_.first + i, seed,
+                    sp_->group().rank(), shape_.tensor);
   }
+}
+
+absl::Status LayerStack::SumReplicatedGrads() {
+  if (shape_.tensor == 1) return absl::OkStatus();
+  const std::vector<TensorSpec> layer = LayerTensorSpecs(shape_.cfg, shape_.tensor);
+  for (int i = 0; i < shape_.count; ++i) {
+    float* block = grads_ + i * shape_.layer_params;
+    for (const TensorSpec& s : layer) {
+      if (!s.split.replicated()) continue;
+      if (absl::Status st =
+              sp_->group().comm()->AllReduce(block + s.offset, s.count(), comm::ReduceOp::kSum);
+          !st.ok()) {
+        return st;
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LayerStack::Forward(SlotKey slot, const float* x, float* out) {
@@ -437,7 +594,7 @@ absl::Status LayerStack::Forward(SlotKey slot, const float* x, float* out) {
   std::vector<LayerKvState>& kv = kv_[slot.microbatch];
   if (kv.empty()) kv.resize(shape_.count);
   const SeqChunk seq = seq_chunk(slot.seq);
-  const size_t nh = static_cast<size_t>(shape_.batch) * seq.len() * shape_.cfg.hidden;
+  const size_t nh = LocalRowFloats(seq);
   Slot& st = slots_[slot];
   st.acts.resize(shape_.count);
   st.inputs.reserve(shape_.count);
@@ -445,7 +602,10 @@ absl::Status LayerStack::Forward(SlotKey slot, const float* x, float* out) {
   std::memcpy(st.inputs[0].data(), x, sizeof(float) * nh);
   for (int i = 0; i < shape_.count; ++i) {
     float* y = i + 1 < shape_.count ? st.inputs[i + 1].data() : out;
-    layers_[i].Forward(seq, st.inputs[i].data(), y, kv[i], st.acts[i]);
+    if (absl::Status s = layers_[i].Forward(seq, st.inputs[i].data(), y, kv[i], st.acts[i]);
+        !s.ok()) {
+      return s;
+    }
   }
   order_.ForwardDone(slot);
   return absl::OkStatus();
@@ -455,8 +615,7 @@ absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* d
   if (absl::Status st = order_.CheckBackwardInput(slot); !st.ok()) return st;
   Slot& st = slots_.at(slot);
   std::vector<LayerKvState>& kv = kv_.at(slot.microbatch);
-  const SeqChunk seq = seq_chunk(slot.seq);
-  const size_t nh = static_cast<size_t>(shape_.batch) * seq.len() * shape_.cfg.hidden;
+  const size_t nh = LocalRowFloats(seq_chunk(slot.seq));
   // Ping-pong gradients between layers; the first layer writes straight into dx.
   PooledBuffer grad[2];
   if (shape_.count > 1) {
@@ -466,7 +625,9 @@ absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* d
   const float* g_in = dout;
   for (int i = shape_.count - 1; i >= 0; --i) {
     float* g_out = i == 0 ? dx : grad[i % 2].data();
-    layers_[i].BackwardInput(g_in, g_out, kv[i], st.acts[i]);
+    if (absl::Status s = layers_[i].BackwardInput(g_in, g_out, kv[i], st.acts[i]); !s.ok()) {
+      return s;
+    }
     g_in = g_out;
   }
   // The K/V caches were released by the layers at the microbatch's last B.
@@ -477,7 +638,9 @@ absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* d
 absl::Status LayerStack::BackwardWeight(SlotKey slot) {
   if (absl::Status st = order_.CheckBackwardWeight(slot); !st.ok()) return st;
   auto it = slots_.find(slot);
-  for (int i = shape_.count - 1; i >= 0; --i) layers_[i].BackwardWeight(it->second.acts[i]);
+  for (int i = shape_.count - 1; i >= 0; --i) {
+    if (absl::Status s = layers_[i].BackwardWeight(it->second.acts[i]); !s.ok()) return s;
+  }
   slots_.erase(it);
   order_.BackwardWeightDone(slot);
   return absl::OkStatus();

@@ -6,6 +6,12 @@
 // Parameters live in one flat float buffer per rank (llm.c style); a layer is a contiguous block
 // of LayerParamCount floats whose tensors follow Hugging Face GPT-2's order and names, so a
 // checkpoint exports each tensor with a memcpy. The gradient buffer has the same layout.
+//
+// Tensor parallelism (docs/tensor-parallel.md): over a tensor group of t ranks each rank's block
+// holds its slices (tensor_parallel/split.h: heads, MLP columns) in the same order, and the passes
+// run on 1/t of the chunk's token rows between the matrix products (sequence parallelism); the
+// column- and row-parallel products and their collectives are tensor_parallel/parallel_linear.h.
+// t = 1 is the plain layer.
 #pragma once
 
 #include <compare>
@@ -22,6 +28,8 @@
 #include "worker/engine/activation_pool.h"
 #include "worker/engine/config.h"
 #include "worker/engine/memory.h"
+#include "worker/engine/tensor_parallel/parallel_linear.h"
+#include "worker/engine/tensor_parallel/split.h"
 #include "worker/engine/transformer/slot_order.h"
 
 namespace vp::engine {
@@ -31,12 +39,15 @@ namespace vp::engine {
 
 // One tensor of a layer: its Hugging Face name suffix (after "transformer.h.<i>."), offset in
 // floats from the start of the layer's block, shape, and whether AdamW's weight decay applies
-// (2-D weights yes; biases and LayerNorm no).
+// (2-D weights yes; biases and LayerNorm no). Under tensor parallelism `shape` is the rank's
+// slice of `full_shape`, cut as `split` says (replicated tensors: the same).
 struct TensorSpec {
   std::string name;
   size_t offset = 0;
   std::vector<int64_t> shape;
   bool weight_decay = false;
+  std::vector<int64_t> full_shape;
+  tp::Split split;
 
   size_t count() const;
 };
@@ -76,20 +87,21 @@ struct LlamaLayerTensors {
 };
 using LlamaLayerParams = LlamaLayerTensors<float>;
 
-// Floats per layer. GPT-2: 4h (two LayerNorms) + h·3h + 3h + h·h + h + h·f + f + f·h + h.
-// Llama: 2h (two RMSNorms) + (h + 2kv)·h + h·h + 3·f·h.
-size_t LayerParamCount(const ModelConfig& cfg);
-// The layer's tensors in Hugging Face order, offsets relative to the layer's block.
-std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg);
+// Floats per layer (one tensor rank's of t). GPT-2 at t = 1: 4h (two LayerNorms) + h·3h + 3h +
+// h·h + h + h·f + f + f·h + h. Llama: 2h (two RMSNorms) + (h + 2kv)·h + h·h + 3·f·h.
+size_t LayerParamCount(const ModelConfig& cfg, int t = 1);
+// The layer's tensors in Hugging Face order, offsets relative to the layer's block; shapes are
+// one tensor rank's of t.
+std::vector<TensorSpec> LayerTensorSpecs(const ModelConfig& cfg, int t = 1);
 // "transformer.h.<layer>.<suffix>" (GPT-2 names; see the overload for either architecture).
 std::string LayerTensorName(int layer, std::string_view suffix);
 // GPT-2 "transformer.h.<layer>.<suffix>", Llama "model.layers.<layer>.<suffix>".
 std::string LayerTensorName(const ModelConfig& cfg, int layer, std::string_view suffix);
 // Binds a Llama layer's pointers to the block at `base` (params or grads); empty for GPT-2.
 template <typename E>
-LlamaLayerTensors<E> BindLlamaLayerTensors(E* base, const ModelConfig& cfg) {
+LlamaLayerTensors<E> BindLlamaLayerTensors(E* base, const ModelConfig& cfg, int t = 1) {
   if (!cfg.llama()) return {};
-  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
+  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg, t);
   // Spec order: norm, q, k, v, o, norm, gate, up, down.
   return {.attn_norm_w = base + specs[0].offset,
           .wqkv = base + specs[1].offset,
@@ -98,15 +110,15 @@ LlamaLayerTensors<E> BindLlamaLayerTensors(E* base, const ModelConfig& cfg) {
           .wgu = base + specs[6].offset,
           .wdown = base + specs[8].offset};
 }
-inline LlamaLayerParams BindLlamaLayerParams(float* base, const ModelConfig& cfg) {
-  return BindLlamaLayerTensors(base, cfg);
+inline LlamaLayerParams BindLlamaLayerParams(float* base, const ModelConfig& cfg, int t = 1) {
+  return BindLlamaLayerTensors(base, cfg, t);
 }
 // Binds the named pointers to the block starting at `base` (params or grads), at the offsets
 // of LayerTensorSpecs. GPT-2 only (a Llama block binds with BindLlamaLayerParams).
 template <typename E>
-LayerTensors<E> BindLayerTensors(E* base, const ModelConfig& cfg) {
+LayerTensors<E> BindLayerTensors(E* base, const ModelConfig& cfg, int t = 1) {
   if (cfg.llama()) return {};
-  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg);
+  const std::vector<TensorSpec> specs = LayerTensorSpecs(cfg, t);
   E* LayerTensors<E>::*const fields[] = {
       &LayerTensors<E>::ln1_w,  &LayerTensors<E>::ln1_b,       &LayerTensors<E>::attn_w,
       &LayerTensors<E>::attn_b, &LayerTensors<E>::attn_proj_w, &LayerTensors<E>::attn_proj_b,
@@ -117,16 +129,18 @@ LayerTensors<E> BindLayerTensors(E* base, const ModelConfig& cfg) {
   for (size_t i = 0; i < specs.size(); ++i) p.*fields[i] = base + specs[i].offset;
   return p;
 }
-inline LayerParams BindLayerParams(float* base, const ModelConfig& cfg) {
-  return BindLayerTensors(base, cfg);
+inline LayerParams BindLayerParams(float* base, const ModelConfig& cfg, int t = 1) {
+  return BindLayerTensors(base, cfg, t);
 }
 
 // GPT-2 init of layer `layer` (its global index, which names its tensors): weights
 // N(0, 0.02) drawn with InitNormal(tensor_id = TensorId(full HF name)), the residual output
 // projections (attn.c_proj, mlp.c_proj weights) with std 0.02/sqrt(2·layers), biases 0,
 // LayerNorm weights 1. Llama (Hugging Face's LlamaPreTrainedModel): every weight N(0, 0.02),
-// RMSNorm weights 1.
-void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed);
+// RMSNorm weights 1. Tensor rank r of t gets its slices of those values (element i of a named
+// tensor has one value whichever rank holds it).
+void InitLayerParams(float* base, const ModelConfig& cfg, int layer, uint64_t seed, int r = 0,
+                     int t = 1);
 
 // ---------------------------------------------------------------------------------------------
 // Per-call state.
@@ -146,8 +160,9 @@ struct LayerStackShape {
   int first = 0;
   int count = 0;
   int batch = 0;
-  size_t layer_params = 0;  // LayerParamCount(cfg)
+  size_t layer_params = 0;  // LayerParamCount(cfg, tensor)
   std::vector<int> bounds;
+  int tensor = 1;  // t: the layers are one rank's slices of a tensor group of t
 
   int num_seq_chunks() const { return static_cast<int>(bounds.size()) - 1; }
   SeqChunk seq_chunk(int q) const { return {bounds[q], bounds[q + 1]}; }
@@ -165,9 +180,11 @@ struct LayerKvState {
 };
 
 // Activations of one layer for one (microbatch, chunk), owned by the caller, on loan from an
-// ActivationPool (charged to kActivations while live). Forward fills the first group; BackwardInput
-// frees what only it needed and stashes the output gradients the W pass needs; BackwardWeight
-// consumes and frees the rest.
+// ActivationPool (charged to kActivations while live). Shapes are t = 1's; under tensor
+// parallelism (b, t) rows of width h are the rank's m = b·t/t_p token rows, and widths 3h, h of
+// the attention and f of the MLP are the rank's slices. Forward fills the first group;
+// BackwardInput frees what only it needed and stashes the output gradients the W pass needs;
+// BackwardWeight consumes and frees the rest.
 struct LayerActivations {
   SeqChunk seq;
   int batch = 0;
@@ -197,44 +214,55 @@ struct LayerActivations {
 
 // One transformer layer bound to its parameters and gradient block. The caller orders calls:
 // forwards of a microbatch's chunks in position order, backwards in reverse order, and W of a
-// chunk after its B. LayerStack checks that order; this class assumes it.
+// chunk after its B. LayerStack checks that order; this class assumes it. Under tensor
+// parallelism every rank of the group makes the same calls in the same order (each pass
+// exchanges token rows with the group); m below is the rank's b·len/t rows.
 class TransformerLayer {
  public:
-  // params/grads: blocks of LayerParamCount(cfg) floats. Activations come from `pool`, which
-  // must outlive the layer's activations and K/V state.
+  // params/grads: blocks of LayerParamCount(cfg, t) floats, t = sp->group().size().
+  // Activations come from `pool`, which must outlive the layer's activations and K/V state; sp
+  // must outlive the layer.
   TransformerLayer(const ModelConfig& cfg, int batch, float* params, float* grads,
-                   ActivationPool* pool);
+                   ActivationPool* pool, const tp::SequenceParallel* sp);
 
   // F: out = layer(x) for chunk positions; appends the chunk's K/V to kv.
-  void Forward(SeqChunk seq,
-               const float* x,  // (b, seq.len, h), kept alive by the caller until W
-               float* out,      // (b, seq.len, h)
-               LayerKvState& kv, LayerActivations& acts) const;
+  absl::Status Forward(SeqChunk seq,
+                       const float* x,  // (m, h), kept alive by the caller until W
+                       float* out,      // (m, h)
+                       LayerKvState& kv, LayerActivations& acts) const;
   // B: dx = dL/dx for the chunk (overwritten); adds this chunk's dK/dV of positions
   // [0, seq.end) into kv and uses the accumulated values for the chunk's own positions.
-  void BackwardInput(const float* dout,  // (b, t, h)
-                     float* dx,          // (b, t, h)
-                     LayerKvState& kv, LayerActivations& acts) const;
+  absl::Status BackwardInput(const float* dout,  // (m, h)
+                             float* dx,          // (m, h)
+                             LayerKvState& kv, LayerActivations& acts) const;
   // W: accumulates every parameter gradient of the chunk into the gradient block, then frees
-  // the activations.
-  void BackwardWeight(LayerActivations& acts) const;
+  // the activations. Replicated tensors get this rank's rows' share (LayerStack sums them).
+  absl::Status BackwardWeight(LayerActivations& acts) const;
 
  private:
   // The Llama block (cfg_.llama()): x + o_proj(attn(rope(qkv(rms(x))))) then
   // + down(swiglu(gate_up(rms(·)))).
-  void ForwardLlama(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
-                    LayerActivations& acts) const;
-  void BackwardInputLlama(const float* dout, float* dx, LayerKvState& kv,
-                          LayerActivations& acts) const;
-  void BackwardWeightLlama(LayerActivations& acts) const;
+  absl::Status ForwardLlama(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
+                            LayerActivations& acts) const;
+  absl::Status BackwardInputLlama(const float* dout, float* dx, LayerKvState& kv,
+                                  LayerActivations& acts) const;
+  absl::Status BackwardWeightLlama(LayerActivations& acts) const;
 
   ModelConfig cfg_;
   int batch_;
+  tp::LayerWidths w_;  // this tensor rank's widths
   LayerParams p_;
   LayerParams g_;
   LlamaLayerParams lp_;
   LlamaLayerParams lg_;
   ActivationPool* pool_;
+  const tp::SequenceParallel* sp_;
+  // The products: GPT-2 c_attn / Llama q|k|v and c_fc / gate|up column-parallel, attn.c_proj /
+  // o_proj and mlp.c_proj / down row-parallel.
+  tp::ColumnParallelLinear qkv_;
+  tp::RowParallelLinear attn_out_;
+  tp::ColumnParallelLinear mlp_in_;
+  tp::RowParallelLinear mlp_out_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -242,12 +270,16 @@ class TransformerLayer {
 
 class LayerStack {
  public:
-  // params/grads: count·LayerParamCount(cfg) floats, layer-major, owned by the caller.
+  // params/grads: count·LayerParamCount(cfg, t) floats, layer-major, owned by the caller.
+  // group: the tensor group the layers are split over (default: none, t = 1); its communicator
+  // must outlive the stack. Every sequence chunk's length must be divisible by t.
   static absl::StatusOr<LayerStack> Create(const ModelConfig& cfg, int first_layer, int count,
                                            int microbatch_size, std::vector<int> seq_bounds,
-                                           float* params, float* grads, MemoryTracker* tracker);
+                                           float* params, float* grads, MemoryTracker* tracker,
+                                           tp::TensorGroup group = {});
 
   size_t param_count() const { return static_cast<size_t>(shape_.count) * shape_.layer_params; }
+  const tp::TensorGroup& tensor_group() const { return sp_->group(); }
   int first_layer() const { return shape_.first; }
   int count() const { return shape_.count; }
   int num_seq_chunks() const { return shape_.num_seq_chunks(); }
@@ -259,11 +291,18 @@ class LayerStack {
 
   // Tensors of the whole stack with full HF names, offsets relative to `params`.
   std::vector<TensorSpec> TensorSpecs() const;
-  // GPT-2 init of every layer of the stack (global indices name the tensors).
+  // GPT-2 init of every layer of the stack (global indices name the tensors); a tensor rank
+  // gets its slices.
   void InitParams(uint64_t seed);
+  // Tensor parallelism: sums the gradients of the replicated tensors (norms, row-parallel
+  // biases, Llama's k and v when kv_heads = 1) over the tensor group, each rank having
+  // accumulated its own token rows' share. Once per step, before the data-parallel reduction
+  // and the optimizer; nothing at t = 1.
+  absl::Status SumReplicatedGrads();
 
   // The passes keep the order of slot_order.h (F in sequence order, B in reverse, W after B).
-  // F of a slot: x and out are (b, len, h), len the sequence chunk's length.
+  // F of a slot: x and out are (m, h), the rank's m = b·len/t token rows of the chunk (len its
+  // length; all b·len rows at t = 1).
   absl::Status Forward(SlotKey slot, const float* x, float* out);
   // B of a slot: dout, dx (b, len, h).
   absl::Status BackwardInput(SlotKey slot, const float* dout, float* dx);
@@ -281,12 +320,17 @@ class LayerStack {
     std::vector<LayerActivations> acts;
   };
   LayerStack() : order_(1) {}
+  // Floats of the rank's rows of one activation of chunk `seq`: (b·len/t, h).
+  size_t LocalRowFloats(SeqChunk seq) const {
+    return static_cast<size_t>(shape_.batch) * seq.len() / shape_.tensor * shape_.cfg.hidden;
+  }
 
   LayerStackShape shape_;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   // Declared before the slots so that it is destroyed after every buffer it lent.
   std::unique_ptr<ActivationPool> pool_;
+  std::unique_ptr<tp::SequenceParallel> sp_;  // heap-held: the layers point at it
   std::vector<TransformerLayer> layers_;
   SlotOrder order_;
   std::map<SlotKey, Slot> slots_;
