@@ -1,6 +1,7 @@
 // Vocabulary-parallel input and output layers against an unpartitioned reference computed
 // plainly in double: p ranks as threads over real Gloo TCP on loopback.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -273,6 +274,179 @@ INSTANTIATE_TEST_SUITE_P(Shards, VocabLayersTest,
                                             ::testing::Values(OutputAlgorithm::kAlgorithm1,
                                                               OutputAlgorithm::kAlgorithm2)),
                          ConfigName);
+
+// Tensor parallelism: p·t ranks (pp, tp) as threads, shard v = pp·t + tp of the vocabulary,
+// each rank holding m = n/t of the token rows. Every rank joins two groups: its pipeline group
+// (the p ranks with its tp: the barriers C1, C2, IF_REDUCE, IB_BCAST) and its tensor group (the t
+// ranks with its pp: the exchanges inside S, T, IF and IB). Loss, ∇X and the embedding of a
+// rank's own rows, and every weight gradient, equal the unpartitioned reference.
+using TensorConfig = std::tuple<int /*p*/, int /*V*/, bool /*tied*/, OutputAlgorithm>;
+
+class TensorVocabLayersTest : public ::testing::TestWithParam<TensorConfig> {};
+
+TEST_P(TensorVocabLayersTest, MatchesUnpartitionedReference) {
+  const auto [p, V, tied, algorithm] = GetParam();
+  const int t = 2, h = kHidden, n = kTokens, m = n / t;
+  const Problem pr = MakeProblem(V, tied, 4321u + 17u * V + p);
+  const Reference ref = ComputeReference(pr);
+
+  std::mutex mu;
+  std::vector<std::vector<std::vector<float>>> losses(p * t), grad_x(p * t), embedded(p * t);
+  std::vector<float> grad_w(static_cast<size_t>(V) * h, -1.0f), grad_e(grad_w);
+  bool padding_grads_zero = true;
+  std::vector<int64_t> leaked_bytes(p * t, -1);
+  static std::atomic<int> run{0};
+  const std::string prefix = absl::StrCat("tp-vocab", run.fetch_add(1));
+  auto store = comm::MakeHashStore();
+
+  RunOnGlooRanks(
+      p * t,
+      [&](GlooCommunicator& world) {
+        const int v = world.rank(), pp = v / t, tp = v % t;
+        // The two groups, connected on the world's store under their own prefixes.
+        auto connect = [&](const std::string& name, int rank, int size) {
+          comm::GlooOptions o;
+          o.rank = rank;
+          o.size = size;
+          o.store = store;
+          o.prefix = absl::StrCat(prefix, "/", name);
+          o.timeout = absl::Seconds(20);
+          return comm::ConnectGloo(o);
+        };
+        auto pipe = connect(absl::StrCat("pipe", tp), pp, p);
+        auto tensor = connect(absl::StrCat("tensor", pp), tp, t);
+        ASSERT_TRUE(pipe.ok() && tensor.ok());
+        comm::Communicator& pc = **pipe;
+        const tp::TensorGroup group(tensor->get());
+
+        auto part = MakeVocabPartition(V, p * t, v);
+        ASSERT_TRUE(part.ok()) << part.status();
+        MemoryTracker tracker;
+        const size_t shard_floats = static_cast<size_t>(part->rows) * h;
+        std::vector<float> out_w(shard_floats, 0.0f), out_g(shard_floats, 0.0f);
+        std::vector<float> in_w_storage, in_g_storage;
+        for (int64_t j = 0; j < part->valid_rows; ++j) {
+          std::copy_n(&pr.w[(part->begin + j) * h], h, &out_w[j * h]);
+        }
+        float* in_w = out_w.data();
+        float* in_g = out_g.data();
+        if (!tied) {
+          in_w_storage.assign(shard_floats, 0.0f);
+          in_g_storage.assign(shard_floats, 0.0f);
+          for (int64_t j = 0; j < part->valid_rows; ++j) {
+            std::copy_n(&pr.e[(part->begin + j) * h], h, &in_w_storage[j * h]);
+          }
+          in_w = in_w_storage.data();
+          in_g = in_g_storage.data();
+        }
+        auto out = OutputLayerShard::Create(*part, h, algorithm, out_w.data(), out_g.data(),
+                                            &tracker, group);
+        auto in = InputLayerShard::Create(*part, h, in_w, in_g, &tracker, group);
+        ASSERT_TRUE(out.ok() && in.ok()) << out.status() << in.status();
+
+        for (int mb = 0; mb < kMicrobatches; ++mb) {
+          const float* my_x = pr.x[mb].data() + static_cast<size_t>(tp) * m * h;
+          auto ist = in->Forward(pr.tokens[mb].data(), n);
+          ASSERT_TRUE(ist.ok()) << ist.status();
+          ASSERT_EQ(ist->n(), m);
+          ASSERT_TRUE(in->ForwardReduce(*ist, pc).ok());
+          std::vector<float> emb(ist->output(), ist->output() + m * h);
+          ist->ReleaseOutput();
+
+          auto ost = out->S(my_x, pr.labels[mb].data(), n, pr.d);
+          ASSERT_TRUE(ost.ok()) << ost.status();
+          ASSERT_EQ(ost->n(), m);
+          ASSERT_TRUE(out->C1(*ost, pc).ok());
+          std::vector<float> loss(ost->losses(), ost->losses() + m);
+          ASSERT_TRUE(out->T(*ost, my_x).ok());
+          if (algorithm == OutputAlgorithm::kAlgorithm1) ASSERT_TRUE(out->C2(*ost, pc).ok());
+          ASSERT_NE(ost->grad_input(), nullptr);
+          std::vector<float> gx(ost->grad_input(), ost->grad_input() + m * h);
+          ost->Release();
+
+          const int root = mb % p;
+          const float* my_grad = pr.emb_grad[mb].data() + static_cast<size_t>(tp) * m * h;
+          ASSERT_TRUE(in->BackwardBroadcast(*ist, pc, root, pp == root ? my_grad : nullptr).ok());
+          ASSERT_TRUE(in->Backward(*ist).ok());
+
+          std::lock_guard<std::mutex> lock(mu);
+          losses[v].push_back(loss);
+          grad_x[v].push_back(gx);
+          embedded[v].push_back(emb);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        for (int64_t j = 0; j < part->rows; ++j) {
+          for (int k = 0; k < h; ++k) {
+            if (j < part->valid_rows) {
+              grad_w[(part->begin + j) * h + k] = out_g[j * h + k];
+              grad_e[(part->begin + j) * h + k] = in_g[j * h + k];
+            } else if (out_g[j * h + k] != 0.0f || in_g[j * h + k] != 0.0f) {
+              padding_grads_zero = false;
+            }
+          }
+        }
+        out->ReleaseWorkspace();
+        leaked_bytes[v] = tracker.current(MemoryCategory::kActivations);
+      },
+      absl::Seconds(20), store);
+
+  EXPECT_TRUE(padding_grads_zero);
+  for (int v = 0; v < p * t; ++v) {
+    const int tp = v % t;
+    EXPECT_EQ(leaked_bytes[v], 0) << "rank " << v;
+    ASSERT_EQ(losses[v].size(), size_t{kMicrobatches}) << "rank " << v;
+    for (int mb = 0; mb < kMicrobatches; ++mb) {
+      const std::string where = absl::StrCat(" rank ", v, " mb ", mb);
+      const auto rows = [&](const std::vector<double>& all, int width) {
+        return std::vector<double>(all.begin() + tp * m * width, all.begin() + (tp + 1) * m * width);
+      };
+      ExpectClose(losses[v][mb], rows(ref.loss[mb], 1), "loss" + where);
+      ExpectClose(grad_x[v][mb], rows(ref.grad_x[mb], h), "grad_x" + where);
+      std::vector<double> lookup(static_cast<size_t>(n) * h);
+      for (int i = 0; i < n; ++i) {
+        for (int k = 0; k < h; ++k) lookup[i * h + k] = pr.e[pr.tokens[mb][i] * h + k];
+      }
+      ExpectClose(embedded[v][mb], rows(lookup, h), "embedding" + where);
+    }
+  }
+  if (tied) {
+    std::vector<double> sum(ref.grad_w.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = ref.grad_w[i] + ref.grad_e[i];
+    ExpectClose(grad_w, sum, "tied grad");
+  } else {
+    ExpectClose(grad_w, ref.grad_w, "grad_w");
+    ExpectClose(grad_e, ref.grad_e, "grad_e");
+  }
+}
+
+std::string TensorConfigName(const ::testing::TestParamInfo<TensorConfig>& info) {
+  const auto [p, V, tied, algorithm] = info.param;
+  return absl::StrCat("t2_p", p, "_V", V, tied ? "_tied" : "_untied",
+                      algorithm == OutputAlgorithm::kAlgorithm1 ? "_alg1" : "_alg2");
+}
+
+// V = 37 divides by no p·t here; V = 5 leaves whole shards (and at p·t = 8 whole tensor
+// groups) of padding.
+INSTANTIATE_TEST_SUITE_P(TensorShards, TensorVocabLayersTest,
+                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(5, 37),
+                                            ::testing::Bool(),
+                                            ::testing::Values(OutputAlgorithm::kAlgorithm1,
+                                                              OutputAlgorithm::kAlgorithm2)),
+                         TensorConfigName);
+
+TEST(TensorVocabShard, RefusesAShardThatIsNotItsTensorRank) {
+  auto part = MakeVocabPartition(37, 4, 1);  // shard 1 = (pp 0, tp 1) of p·t = 2·2
+  ASSERT_TRUE(part.ok());
+  std::vector<float> w(part->rows * kHidden), g(w.size());
+  RunOnGlooRanks(2, [&](GlooCommunicator& comm) {
+    if (comm.rank() != 0) return;
+    auto bad = OutputLayerShard::Create(*part, kHidden, OutputAlgorithm::kAlgorithm2, w.data(),
+                                        g.data(), nullptr, tp::TensorGroup(&comm));
+    EXPECT_EQ(bad.status().message(),
+              "output layer: shard 1 of 4 is not tensor rank 0 of 2 (shard pp·t + tp of p·t: the "
+              "world must be a multiple of t)");
+  });
+}
 
 TEST(VocabPartition, PaddingRule) {
   EXPECT_EQ(PaddedVocab(50257, 4), 50272);

@@ -51,17 +51,25 @@ void ProductBackwardWeight(WeightLayout layout, float* dw, float* db, const floa
 // SequenceParallel.
 
 absl::StatusOr<GatheredRows> SequenceParallel::Gather(const float* local, int n, int c) const {
+  if (group_.size() == 1) return GatheredRows(local);
+  PooledBuffer full = pool_->Acquire(static_cast<size_t>(n) * c);
+  if (absl::Status s = GatherInto(local, n, c, full.data()); !s.ok()) return s;
+  return GatheredRows(std::move(full));
+}
+
+absl::Status SequenceParallel::GatherInto(const float* local, int n, int c, float* full) const {
   const int t = group_.size();
-  if (t == 1) return GatheredRows(local);
-  if (absl::Status s = CheckRows(n, t); !s.ok()) return s;
   const size_t count = static_cast<size_t>(n) * c;
+  if (t == 1) {
+    std::memcpy(full, local, sizeof(float) * count);
+    return absl::OkStatus();
+  }
+  if (absl::Status s = CheckRows(n, t); !s.ok()) return s;
   const size_t mine = count / t;
-  PooledBuffer full = pool_->Acquire(count);
   // AllGather works in place on the whole buffer: this rank contributes its block (RangeOf
   // gives block r of t equal blocks, since t divides the count).
-  std::memcpy(full.data() + group_.rank() * mine, local, sizeof(float) * mine);
-  if (absl::Status s = group_.comm()->AllGather(full.data(), count); !s.ok()) return s;
-  return GatheredRows(std::move(full));
+  std::memcpy(full + group_.rank() * mine, local, sizeof(float) * mine);
+  return group_.comm()->AllGather(full, count);
 }
 
 absl::Status SequenceParallel::ScatterSum(float* partial, int n, int c, float* local) const {

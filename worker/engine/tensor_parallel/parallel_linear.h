@@ -70,6 +70,10 @@ class SequenceParallel {
   // All-gather: every rank's m rows (n, c) in rank order.
   absl::StatusOr<GatheredRows> Gather(const float* local,  // (m, c)
                                       int n, int c) const;
+  // The same into the caller's buffer (no pool needed; at t = 1 a copy).
+  absl::Status GatherInto(const float* local,  // (m, c)
+                          int n, int c,
+                          float* full) const;  // (n, c)
   // Reduce-scatter: `partial` (n, c) summed over the group, this rank's m rows written to
   // `local`. partial is clobbered. At t = 1 the caller passes local == partial.
   absl::Status ScatterSum(float* partial,  // (n, c)

@@ -8,20 +8,27 @@ namespace vp::engine::vocab {
 
 absl::StatusOr<InputLayerShard> InputLayerShard::Create(const VocabPartition& partition, int hidden,
                                                         const float* weight, float* weight_grad,
-                                                        MemoryTracker* tracker) {
+                                                        MemoryTracker* tracker,
+                                                        tp::TensorGroup tensor) {
   if (absl::Status st = ValidateShardArgs("input layer", partition, hidden, weight, weight_grad);
       !st.ok()) {
     return st;
   }
-  return InputLayerShard(partition, hidden, weight, weight_grad, tracker);
+  if (absl::Status st = ValidateTensorShard("input layer", partition, tensor); !st.ok()) return st;
+  return InputLayerShard(partition, hidden, weight, weight_grad, tracker, tensor);
 }
 
 absl::StatusOr<InputLayerState> InputLayerShard::Forward(const int32_t* tokens, int n) const {
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("input layer IF: n ", n, " < 1"));
   if (tokens == nullptr) return absl::InvalidArgumentError("input layer IF: tokens is null");
-  const int h = hidden_;
+  const int h = hidden_, t = tensor_.size();
+  if (n % t != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input layer IF: n ", n, " tokens do not split over ", t, " tensor ranks"));
+  }
   InputLayerState st;
-  st.n_ = n;
+  st.n_ = n / t;
+  st.n_all_ = n;
   st.local_token_.resize(n);
   st.output_ = Buffer(tracker_, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
   for (int i = 0; i < n; ++i) {
@@ -39,6 +46,15 @@ absl::StatusOr<InputLayerState> InputLayerShard::Forward(const int32_t* tokens, 
       std::memcpy(st.output_.data() + static_cast<size_t>(i) * h,
                   weight_ + static_cast<size_t>(local) * h, h * sizeof(float));
     }
+  }
+  if (t > 1) {
+    // The group's t shards summed, each rank keeping its own m rows.
+    const tp::SequenceParallel sp(tensor_, nullptr);
+    Buffer mine(tracker_, MemoryCategory::kActivations, static_cast<size_t>(st.n_) * h);
+    if (absl::Status s = sp.ScatterSum(st.output_.data(), n, h, mine.data()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("input layer IF group sum: ", s.message()));
+    }
+    st.output_ = std::move(mine);
   }
   return st;
 }
@@ -81,8 +97,17 @@ absl::Status InputLayerShard::Backward(InputLayerState& st) const {
   }
   const int h = hidden_;
   const float* g = st.output_grad_.data();  // (n, h)
+  Buffer gathered;
+  if (tensor_.size() > 1) {  // the group's rows of the gradient
+    const tp::SequenceParallel sp(tensor_, nullptr);
+    gathered = Buffer(tracker_, MemoryCategory::kActivations, static_cast<size_t>(st.n_all_) * h);
+    if (absl::Status s = sp.GatherInto(g, st.n_all_, h, gathered.data()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("input layer IB gather: ", s.message()));
+    }
+    g = gathered.data();
+  }
   // Scatter-add: a token repeated in the microbatch adds its gradient once per occurrence.
-  for (int i = 0; i < st.n_; ++i) {
+  for (int i = 0; i < st.n_all_; ++i) {
     const int32_t local = st.local_token_[i];
     if (local < 0) continue;
     float* dst = weight_grad_ + static_cast<size_t>(local) * h;

@@ -6,6 +6,11 @@
 //   IB_BCAST   : broadcast of dL/d(out) (n, h) from the rank that ran the first layer group's B
 //   IB local   : scatter-add of that gradient into the shard's gradient rows
 //
+// Tensor parallelism (docs/tensor-parallel.md): shard pp·t + tp of p·t, and each rank holds m =
+// n/t of the token rows. IF looks up all n tokens in the shard and reduce-scatters over the
+// tensor group, so IF_REDUCE sums the pipeline's shards of the rank's own m rows only; IB gathers
+// the m-row gradient of the group back to n rows before its scatter-add.
+//
 // Like OutputLayerShard, the shard points at rows it does not own; with tied embeddings both
 // shards of a rank point at the same weight and gradient rows, so IB and the output layer's T
 // accumulate into one buffer (and must run on the same thread).
@@ -28,20 +33,22 @@ class InputLayerState {
   InputLayerState(InputLayerState&&) noexcept = default;
   InputLayerState& operator=(InputLayerState&&) noexcept = default;
 
+  // The token rows this rank holds: n at t = 1, m = n/t under tensor parallelism.
   int n() const { return n_; }
-  // The embedding output (n, h): this shard's rows after Forward, the full lookup after
-  // ForwardReduce. Null after ReleaseOutput.
+  // The embedding output (n(), h): this shard's (group's) rows after Forward, the full lookup
+  // after ForwardReduce. Null after ReleaseOutput.
   const float* output() const { return output_.data(); }
   float* mutable_output() { return output_.data(); }
-  // The broadcast gradient (n, h), valid between BackwardBroadcast and Backward.
+  // The broadcast gradient (n(), h), valid between BackwardBroadcast and Backward.
   const float* output_grad() const { return output_grad_.data(); }
   // Frees the embedding output once the first layer group no longer needs it.
   void ReleaseOutput() { output_ = Buffer(); }
 
  private:
   friend class InputLayerShard;
-  int n_ = 0;
-  std::vector<int32_t> local_token_;  // (n) row in this shard, -1 where not local
+  int n_ = 0;                         // this rank's rows
+  int n_all_ = 0;                     // the group's rows (n_ · t)
+  std::vector<int32_t> local_token_;  // (n_all) row in this shard, -1 where not local
   Buffer output_;                     // (n, h)
   Buffer output_grad_;                // (n, h)
 };
@@ -49,11 +56,13 @@ class InputLayerState {
 class InputLayerShard {
  public:
   // weight, weight_grad: (partition.rows, hidden) row-major. tracker may be null.
+  // tensor: the tensor group (default none), used by Forward and Backward (compute passes).
   static absl::StatusOr<InputLayerShard> Create(const VocabPartition& partition, int hidden,
                                                 const float* weight, float* weight_grad,
-                                                MemoryTracker* tracker);
+                                                MemoryTracker* tracker,
+                                                tp::TensorGroup tensor = {});
 
-  // IF, local part. tokens (n) in [0, V).
+  // IF, local part. tokens (n) in [0, V): all the group's rows (each rank passes all n).
   absl::StatusOr<InputLayerState> Forward(const int32_t* tokens, int n) const;
   // IF_REDUCE: sum all-reduce of the output over all ranks.
   absl::Status ForwardReduce(InputLayerState& state, comm::Communicator& comm) const;
@@ -70,18 +79,20 @@ class InputLayerShard {
 
  private:
   InputLayerShard(const VocabPartition& partition, int hidden, const float* weight,
-                  float* weight_grad, MemoryTracker* tracker)
+                  float* weight_grad, MemoryTracker* tracker, tp::TensorGroup tensor)
       : partition_(partition),
         hidden_(hidden),
         weight_(weight),
         weight_grad_(weight_grad),
-        tracker_(tracker) {}
+        tracker_(tracker),
+        tensor_(tensor) {}
 
   VocabPartition partition_;
   int hidden_;
   const float* weight_;  // (rows, h)
   float* weight_grad_;   // (rows, h)
   MemoryTracker* tracker_;
+  tp::TensorGroup tensor_;
 };
 
 }  // namespace vp::engine::vocab

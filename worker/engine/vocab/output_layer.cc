@@ -79,6 +79,10 @@ bool OutputLayerState::grad_input_ready() const {
 
 void OutputLayerState::Release() {
   probs_ = Buffer();
+  group_share_ = Buffer();
+  label_rows_ = Buffer();
+  label_here_.clear();
+  label_here_.shrink_to_fit();
   local_max_ = Buffer();
   local_sum_ = Buffer();
   label_logit_ = Buffer();
@@ -91,19 +95,30 @@ void OutputLayerState::Release() {
 
 int64_t OutputLayerState::bytes() const {
   size_t floats = probs_.size() + local_max_.size() + local_sum_.size() + label_logit_.size() +
-                  scale_.size() + loss_.size() + grad_x_.size();
+                  scale_.size() + loss_.size() + grad_x_.size() + group_share_.size() +
+                  label_rows_.size();
   return static_cast<int64_t>(floats * sizeof(float));
 }
 
 absl::StatusOr<OutputLayerShard> OutputLayerShard::Create(const VocabPartition& partition,
                                                           int hidden, OutputAlgorithm algorithm,
                                                           const float* weight, float* weight_grad,
-                                                          MemoryTracker* tracker) {
+                                                          MemoryTracker* tracker,
+                                                          tp::TensorGroup tensor) {
   if (absl::Status st = ValidateShardArgs("output layer", partition, hidden, weight, weight_grad);
       !st.ok()) {
     return st;
   }
-  return OutputLayerShard(partition, hidden, algorithm, weight, weight_grad, tracker);
+  if (absl::Status st = ValidateTensorShard("output layer", partition, tensor); !st.ok()) return st;
+  return OutputLayerShard(partition, hidden, algorithm, weight, weight_grad, tracker, tensor);
+}
+
+bool OutputLayerShard::GroupOwns(int64_t label) const {
+  const int t = tensor_.size();
+  const int64_t group_begin = partition_.begin - static_cast<int64_t>(tensor_.rank()) *
+                                                     partition_.rows;
+  const int64_t group_end = std::min(group_begin + t * partition_.rows, partition_.vocab);
+  return label >= group_begin && label < group_end;
 }
 
 Buffer OutputLayerShard::TakeWorkspace(size_t count) const {
@@ -128,12 +143,20 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
     return absl::InvalidArgumentError("output layer S: x and labels must be non-null");
   }
   if (!std::isfinite(d)) return absl::InvalidArgumentError("output layer S: d must be finite");
+  const int t = tensor_.size();
+  if (n % t != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("output layer S: n ", n,
+                                                   " tokens do not split over ", t,
+                                                   " tensor ranks"));
+  }
   const int64_t rows = partition_.rows, valid = partition_.valid_rows;
   const int h = hidden_;
+  const auto act = MemoryCategory::kActivations;
 
   OutputLayerState st;
   st.algorithm_ = algorithm_;
-  st.n_ = n;
+  st.n_ = n / t;
+  st.n_all_ = n;
   st.d_ = d;
   st.local_label_.resize(n);
   for (int i = 0; i < n; ++i) {
@@ -145,7 +168,16 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
     st.local_label_[i] =
         partition_.Owns(labels[i]) ? static_cast<int32_t>(labels[i] - partition_.begin) : -1;
   }
-  const auto act = MemoryCategory::kActivations;
+  // Under tensor parallelism the logits are computed for all the group's rows.
+  Buffer gathered;
+  if (t > 1) {
+    gathered = Buffer(tracker_, act, static_cast<size_t>(n) * h);
+    const tp::SequenceParallel sp(tensor_, nullptr);
+    if (absl::Status s = sp.GatherInto(x, n, h, gathered.data()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("output layer S gather: ", s.message()));
+    }
+    x = gathered.data();
+  }
   st.probs_ = TakeWorkspace(static_cast<size_t>(n) * rows);
   st.local_max_ = Buffer(tracker_, act, n);
   st.local_sum_ = Buffer(tracker_, act, n);
@@ -174,8 +206,90 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
                 weight_, h, 0.0f, st.grad_x_.data(), h);
     }
   }
+  if (t == 1) {
+    st.label_here_.resize(n);
+    for (int i = 0; i < n; ++i) st.label_here_[i] = st.local_label_[i] >= 0;
+  } else {
+    st.label_here_.resize(st.n_);
+    const int first = tensor_.rank() * st.n_;
+    for (int i = 0; i < st.n_; ++i) st.label_here_[i] = GroupOwns(labels[first + i]);
+    if (absl::Status s = MergeOverTensorGroup(st); !s.ok()) return s;
+  }
   st.phase_ = OutputLayerState::Phase::kS;
   return st;
+}
+
+// The group's t shards as one: with M the max of their m' and S = Σ s'·exp(m' − M), the
+// merged shard's P' on shard v's rows is share_v · P'_v, share_v = s'_v·exp(m'_v − M)/S; its
+// label logit is the owning shard's, shifted to M; and (Algorithm 2) its A = Σ_v share_v·A_v.
+// The n-sized vectors are all-reduced (every rank keeps share for T); A and the label's weight
+// rows are reduce-scattered, each rank keeping its m rows.
+absl::Status OutputLayerShard::MergeOverTensorGroup(OutputLayerState& st) const {
+  const int n = st.n_all_, m = st.n_, h = hidden_, first = tensor_.rank() * m;
+  const auto act = MemoryCategory::kActivations;
+  comm::Communicator& comm = *tensor_.comm();
+  Buffer group_max(tracker_, act, n);
+  std::memcpy(group_max.data(), st.local_max_.data(), n * sizeof(float));
+  if (absl::Status s = comm.AllReduce(group_max.data(), n, comm::ReduceOp::kMax); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("output layer S group max: ", s.message()));
+  }
+  Buffer sums(tracker_, act, 2 * static_cast<size_t>(n));  // [s'·exp(m' − M) | z' + m' − M]
+  st.group_share_ = Buffer(tracker_, act, n);
+  for (int i = 0; i < n; ++i) {
+    // <= 0, or -inf for an all-padding shard (also when the whole group is padding, where
+    // -inf − -inf would be NaN): it then adds exactly 0.
+    const float local_max = st.local_max_.data()[i];
+    const float delta = local_max == kNegInf ? kNegInf : local_max - group_max.data()[i];
+    st.group_share_.data()[i] = st.local_sum_.data()[i] * std::exp(delta);
+    sums.data()[i] = st.group_share_.data()[i];
+    sums.data()[n + i] = st.local_label_[i] >= 0 ? st.label_logit_.data()[i] + delta : 0.0f;
+  }
+  if (absl::Status s = comm.AllReduce(sums.data(), sums.size(), comm::ReduceOp::kSum); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("output layer S group sum: ", s.message()));
+  }
+  for (int i = 0; i < n; ++i) {
+    const float total = sums.data()[i];  // 0 only when all t shards are padding
+    st.group_share_.data()[i] = total > 0 ? st.group_share_.data()[i] / total : 0.0f;
+  }
+  if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
+    // One reduce-scatter of (n, 2h) rows [share·A | label's weight row where it is here].
+    Buffer both(tracker_, act, static_cast<size_t>(n) * 2 * h);
+    for (int i = 0; i < n; ++i) {
+      float* row = both.data() + static_cast<size_t>(i) * 2 * h;
+      const float* a = st.grad_x_.data() + static_cast<size_t>(i) * h;
+      const float c = st.group_share_.data()[i];
+      for (int k = 0; k < h; ++k) row[k] = a[k] * c;
+      if (st.local_label_[i] >= 0) {
+        std::memcpy(row + h, weight_ + static_cast<size_t>(st.local_label_[i]) * h,
+                    h * sizeof(float));
+      } else {
+        std::fill_n(row + h, h, 0.0f);
+      }
+    }
+    const tp::SequenceParallel sp(tensor_, nullptr);
+    Buffer mine(tracker_, act, static_cast<size_t>(m) * 2 * h);
+    if (absl::Status s = sp.ScatterSum(both.data(), n, 2 * h, mine.data()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("output layer S group A: ", s.message()));
+    }
+    st.grad_x_ = Buffer(tracker_, act, static_cast<size_t>(m) * h);
+    st.label_rows_ = Buffer(tracker_, act, static_cast<size_t>(m) * h);
+    for (int i = 0; i < m; ++i) {
+      const float* row = mine.data() + static_cast<size_t>(i) * 2 * h;
+      std::memcpy(st.grad_x_.data() + static_cast<size_t>(i) * h, row, h * sizeof(float));
+      std::memcpy(st.label_rows_.data() + static_cast<size_t>(i) * h, row + h, h * sizeof(float));
+    }
+  }
+  // The merged statistics of this rank's own m tokens, for C1.
+  Buffer merged_max(tracker_, act, m), merged_sum(tracker_, act, m), merged_label(tracker_, act, m);
+  for (int i = 0; i < m; ++i) {
+    merged_max.data()[i] = group_max.data()[first + i];
+    merged_sum.data()[i] = sums.data()[first + i];
+    merged_label.data()[i] = sums.data()[n + first + i];
+  }
+  st.local_max_ = std::move(merged_max);
+  st.local_sum_ = std::move(merged_sum);
+  st.label_logit_ = std::move(merged_label);
+  return absl::OkStatus();
 }
 
 absl::Status OutputLayerShard::C1(OutputLayerState& st, comm::Communicator& comm) const {
@@ -200,7 +314,7 @@ absl::Status OutputLayerShard::C1(OutputLayerState& st, comm::Communicator& comm
     const float rescaled = st.local_sum_.data()[i] * std::exp(delta);
     st.scale_.data()[i] = rescaled;  // s_loc, divided by s below
     sums.data()[i] = rescaled;
-    sums.data()[n + i] = st.local_label_[i] >= 0 ? st.label_logit_.data()[i] + delta : 0.0f;
+    sums.data()[n + i] = st.label_here_[i] ? st.label_logit_.data()[i] + delta : 0.0f;
   }
   if (absl::Status s = comm.AllReduce(sums.data(), sums.size(), comm::ReduceOp::kSum); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("output layer C1 sum: ", s.message()));
@@ -214,15 +328,18 @@ absl::Status OutputLayerShard::C1(OutputLayerState& st, comm::Communicator& comm
 
   if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
     // ∇X (n, h) = d·(A·scale − Bg), Bg = W_r row of the label where it is local. Bg is read
-    // straight from W_r rather than copied in S (same values: weights are fixed in a step).
+    // straight from W_r rather than copied in S (same values: weights are fixed in a step);
+    // under tensor parallelism the label's row came from its shard in S.
     const int h = hidden_;
     float* gx = st.grad_x_.data();
     for (int i = 0; i < n; ++i) {
       float* row = gx + static_cast<size_t>(i) * h;
       const float c = st.d_ * st.scale_.data()[i];
       for (int k = 0; k < h; ++k) row[k] *= c;
-      if (st.local_label_[i] >= 0) {
-        const float* w = weight_ + static_cast<size_t>(st.local_label_[i]) * h;
+      if (st.label_here_[i]) {
+        const float* w = st.label_rows_.empty()
+                             ? weight_ + static_cast<size_t>(st.local_label_[i]) * h
+                             : st.label_rows_.data() + static_cast<size_t>(i) * h;
         for (int k = 0; k < h; ++k) row[k] -= st.d_ * w[k];
       }
     }
@@ -235,6 +352,7 @@ absl::Status OutputLayerShard::C1(OutputLayerState& st, comm::Communicator& comm
   st.local_max_ = Buffer();
   st.local_sum_ = Buffer();
   st.label_logit_ = Buffer();
+  st.label_rows_ = Buffer();
   st.phase_ = OutputLayerState::Phase::kC1;
   return absl::OkStatus();
 }
@@ -242,12 +360,28 @@ absl::Status OutputLayerShard::C1(OutputLayerState& st, comm::Communicator& comm
 absl::Status OutputLayerShard::T(OutputLayerState& st, const float* x) const {
   if (absl::Status s = ExpectPhase(st, OutputLayerState::Phase::kC1, "T"); !s.ok()) return s;
   if (x == nullptr) return absl::InvalidArgumentError("output layer T: x must be non-null");
-  const int n = st.n_, h = hidden_;
+  const int n = st.n_all_, h = hidden_;
   const int64_t rows = partition_.rows, valid = partition_.valid_rows;
+  const auto act = MemoryCategory::kActivations;
+  // Under tensor parallelism: the group's rows again, and every token's merged scale (the
+  // factor turning the merged P' into the softmax) times this shard's share of it.
+  const float* scale = st.scale_.data();
+  Buffer gathered, all_scale;
+  if (tensor_.size() > 1) {
+    const tp::SequenceParallel sp(tensor_, nullptr);
+    gathered = Buffer(tracker_, act, static_cast<size_t>(n) * h);
+    all_scale = Buffer(tracker_, act, n);
+    absl::Status s = sp.GatherInto(x, n, h, gathered.data());
+    if (s.ok()) s = sp.GatherInto(st.scale_.data(), n, 1, all_scale.data());
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("output layer T gather: ", s.message()));
+    for (int i = 0; i < n; ++i) all_scale.data()[i] *= st.group_share_.data()[i];
+    x = gathered.data();
+    scale = all_scale.data();
+  }
   float* g = st.probs_.data();  // (n, rows): P' → grad = d·(softmax − onehot), in place
   for (int i = 0; i < n; ++i) {
     float* row = g + static_cast<size_t>(i) * rows;
-    const float c = st.d_ * st.scale_.data()[i];
+    const float c = st.d_ * scale[i];
     for (int64_t j = 0; j < valid; ++j) row[j] *= c;
     if (st.local_label_[i] >= 0) row[st.local_label_[i]] -= st.d_;
   }
@@ -257,13 +391,23 @@ absl::Status OutputLayerShard::T(OutputLayerState& st, const float* x) const {
               1.0f, weight_grad_, h);
   }
   if (algorithm_ == OutputAlgorithm::kAlgorithm1) {
-    // ∇X' (n, h) = grad (n, valid) · W_r (valid, h), this rank's partial sum for C2.
-    st.grad_x_ = Buffer(tracker_, MemoryCategory::kActivations, static_cast<size_t>(n) * h);
+    // ∇X' (n, h) = grad (n, valid) · W_r (valid, h), this rank's partial sum for C2; under
+    // tensor parallelism summed over the group first, each rank keeping its own rows.
+    st.grad_x_ = Buffer(tracker_, act, static_cast<size_t>(n) * h);
     if (valid > 0) {
       cpu::Gemm(false, false, n, h, static_cast<int>(valid), 1.0f, g, static_cast<int>(rows),
                 weight_, h, 0.0f, st.grad_x_.data(), h);
     }
+    if (tensor_.size() > 1) {
+      const tp::SequenceParallel sp(tensor_, nullptr);
+      Buffer mine(tracker_, act, static_cast<size_t>(st.n_) * h);
+      if (absl::Status s = sp.ScatterSum(st.grad_x_.data(), n, h, mine.data()); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("output layer T grad_x: ", s.message()));
+      }
+      st.grad_x_ = std::move(mine);
+    }
   }
+  st.group_share_ = Buffer();
   {
     // T is the last reader of the n×rows buffer; keep it for the next S.
     std::lock_guard<std::mutex> lock(spare_->mu);

@@ -18,6 +18,14 @@
 // be serialised by the caller — they are compute passes on one thread.
 //
 // Math and shapes: docs/vocab-parallel-math.md.
+//
+// Tensor parallelism (docs/tensor-parallel.md): the vocabulary is cut into p·t shards, shard
+// v = pp·t + tp on pipeline rank pp, tensor rank tp, and each rank holds m = n/t of the
+// microbatch's n token rows (sequence parallelism). S gathers the group's rows, computes its
+// shard's statistics for all n tokens and merges them over the tensor group, so that each rank
+// leaves S with the statistics of the group's t shards taken together (one shard t times wider)
+// for its own m tokens: C1 and C2 then run over the pipeline unchanged, on m tokens instead of
+// n. T gathers the rows and the merged scale again. With t = 1 nothing is exchanged in S or T.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/memory.h"
+#include "worker/engine/tensor_parallel/parallel_linear.h"
 #include "worker/engine/vocab/partition.h"
 
 namespace vp::engine::vocab {
@@ -45,13 +54,16 @@ class OutputLayerState {
   OutputLayerState(OutputLayerState&&) noexcept = default;
   OutputLayerState& operator=(OutputLayerState&&) noexcept = default;
 
+  // The tokens whose loss and input gradient this rank holds: n at t = 1, its m = n/t rows
+  // under tensor parallelism.
   int n() const { return n_; }
   // The last pass completed on this state.
   Phase phase() const { return phase_; }
-  // Per-token loss log s + m − y_label, identical on every rank. Valid after C1.
-  const float* losses() const { return loss_.data(); }  // (n)
-  // ∇X of the loss w.r.t. the output-layer input, identical on every rank: after C1
-  // (Algorithm 2) or C2 (Algorithm 1). Null before.
+  // Per-token loss log s + m − y_label, identical on every rank of the pipeline group. Valid
+  // after C1.
+  const float* losses() const { return loss_.data(); }  // (n())
+  // ∇X of the loss w.r.t. the output-layer input (n(), h), identical on every rank of the
+  // pipeline group: after C1 (Algorithm 2) or C2 (Algorithm 1). Null before.
   const float* grad_input() const { return grad_input_ready() ? grad_x_.data() : nullptr; }
   bool grad_input_ready() const;
   // Frees every buffer (losses and ∇X too). T already frees the n×rows buffer.
@@ -62,35 +74,45 @@ class OutputLayerState {
  private:
   friend class OutputLayerShard;
 
+  // Letters: n_all the rows S computes logits for (all the group's tokens), n = n_all / t this
+  // rank's tokens (n_all = n at t = 1).
   OutputAlgorithm algorithm_ = OutputAlgorithm::kAlgorithm2;
   Phase phase_ = Phase::kNone;
   int n_ = 0;
+  int n_all_ = 0;
   float d_ = 0;                       // loss gradient per token
-  std::vector<int32_t> local_label_;  // (n) label row in this shard, -1 where not local
-  Buffer probs_;        // (n, rows): Y, then P' = exp(Y − m')/s', then grad; zero on padding
-  Buffer local_max_;    // (n) m', -inf for an all-padding shard
-  Buffer local_sum_;    // (n) s', 0 for an all-padding shard
-  Buffer label_logit_;  // (n) y_label − m' where the label is local, else 0
+  std::vector<int32_t> local_label_;  // (n_all) label row in this shard, -1 where not local
+  std::vector<uint8_t> label_here_;   // (n) the label is in this shard (t = 1) / group (t > 1)
+  Buffer probs_;        // (n_all, rows): Y, then P' = exp(Y − m')/s', then grad; 0 on padding
+  Buffer group_share_;  // t > 1: (n_all) s'·exp(m' − M)/S, this shard's part of the group's P'
+  Buffer local_max_;    // (n) m', -inf for an all-padding shard (t > 1: the group's M)
+  Buffer local_sum_;    // (n) s', 0 for an all-padding shard (t > 1: the group's S)
+  Buffer label_logit_;  // (n) y_label − m' where the label is here, else 0
   Buffer scale_;        // (n) after C1: s'·exp(m' − m) / s, the factor turning P' into softmax
   Buffer loss_;         // (n) after C1
   Buffer grad_x_;       // (n, h): A then ∇X (Algorithm 2), ∇X' then ∇X (Algorithm 1)
+  Buffer label_rows_;   // t > 1, Algorithm 2: (n, h) the label's weight row, from its shard
 };
 
 class OutputLayerShard {
  public:
   // weight, weight_grad: (partition.rows, hidden) row-major, rows >= partition.valid_rows are
   // padding (zero weights; their gradients are never written). tracker may be null.
+  // tensor: the tensor group (default: none); then the partition is over p·t shards and this is
+  // shard pp·t + tensor.rank(). Its communicator is used by S and T only (the compute thread).
   static absl::StatusOr<OutputLayerShard> Create(const VocabPartition& partition, int hidden,
                                                  OutputAlgorithm algorithm, const float* weight,
-                                                 float* weight_grad, MemoryTracker* tracker);
+                                                 float* weight_grad, MemoryTracker* tracker,
+                                                 tp::TensorGroup tensor = {});
 
-  // S pass. x (n, h): the last transformer output (after the final norm) for n tokens;
-  // labels (n): next-token ids in [0, V); d: loss gradient per token (1/tokens of the global
-  // batch for a mean loss). Copies the labels; x is not kept (T takes it again).
+  // S pass. x (n/t, h): this rank's rows of the last transformer output (after the final norm)
+  // for the group's n tokens (all of them at t = 1); labels (n): the next-token ids of all n
+  // rows, in [0, V); d: loss gradient per token (1/tokens of the global batch for a mean loss).
+  // Copies the labels; x is not kept (T takes it again).
   absl::StatusOr<OutputLayerState> S(const float* x, const int32_t* labels, int n, float d) const;
   // Barrier C1 (collectives only on n-sized vectors; Algorithm 2 adds one n×h all-reduce).
   absl::Status C1(OutputLayerState& state, comm::Communicator& comm) const;
-  // T pass. x (n, h): the same input as in S. Accumulates into the gradient rows.
+  // T pass. x (n/t, h): the same input as in S. Accumulates into the gradient rows.
   absl::Status T(OutputLayerState& state, const float* x) const;
   // Barrier C2, Algorithm 1 only (an error for Algorithm 2, whose ∇X is final after C1).
   absl::Status C2(OutputLayerState& state, comm::Communicator& comm) const;
@@ -107,14 +129,21 @@ class OutputLayerShard {
 
  private:
   OutputLayerShard(const VocabPartition& partition, int hidden, OutputAlgorithm algorithm,
-                   const float* weight, float* weight_grad, MemoryTracker* tracker)
+                   const float* weight, float* weight_grad, MemoryTracker* tracker,
+                   tp::TensorGroup tensor)
       : partition_(partition),
         hidden_(hidden),
         algorithm_(algorithm),
         weight_(weight),
         weight_grad_(weight_grad),
         tracker_(tracker),
+        tensor_(tensor),
         spare_(std::make_unique<Spare>()) {}
+
+  // t > 1: merges the shard statistics of S over the tensor group (OutputLayerShard::S).
+  absl::Status MergeOverTensorGroup(OutputLayerState& st) const;
+  // t > 1: whether global token `label` is a real row of this tensor group's t shards.
+  bool GroupOwns(int64_t label) const;
 
   // Takes the spare n×rows buffer if it holds at least `count` floats, else a fresh one.
   Buffer TakeWorkspace(size_t count) const;
@@ -132,6 +161,7 @@ class OutputLayerShard {
   const float* weight_;  // (rows, h)
   float* weight_grad_;   // (rows, h)
   MemoryTracker* tracker_;
+  tp::TensorGroup tensor_;
   std::unique_ptr<Spare> spare_;
 };
 

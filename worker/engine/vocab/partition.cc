@@ -30,6 +30,18 @@ absl::StatusOr<VocabPartition> MakeVocabPartition(int64_t vocab, int world, int 
   return p;
 }
 
+absl::Status ValidateTensorShard(const char* layer, const VocabPartition& partition,
+                                 const tp::TensorGroup& tensor) {
+  const int t = tensor.size();
+  if (partition.world % t != 0 || partition.rank % t != tensor.rank()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        layer, ": shard ", partition.rank, " of ", partition.world,
+        " is not tensor rank ", tensor.rank(), " of ", t,
+        " (shard pp·t + tp of p·t: the world must be a multiple of t)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateShardArgs(const char* layer, const VocabPartition& partition, int hidden,
                                const float* weight, const float* weight_grad) {
   if (hidden < 1) return absl::InvalidArgumentError(absl::StrCat("hidden ", hidden, " < 1"));

@@ -1,4 +1,5 @@
-// How the vocabulary is split across the p ranks of the pipeline (docs/vocab-parallel-math.md §1).
+// How the vocabulary is split across the p ranks of the pipeline (docs/vocab-parallel-math.md §1),
+// or across the p·t ranks of pipeline × tensor (world = p·t, docs/tensor-parallel.md).
 //
 // V is padded up to Vp, the next multiple of 8p (the paper pads to a multiple of 2p so shards
 // stay even under V-shape placements; 8p also keeps every shard's row count a multiple of 8,
@@ -11,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/tensor_parallel/parallel_linear.h"
 
 namespace vp::engine::vocab {
 
@@ -32,6 +34,12 @@ int64_t PaddedVocab(int64_t vocab, int world);
 
 // The shard of `rank` among `world` ranks. Errors name the argument and the rule broken.
 absl::StatusOr<VocabPartition> MakeVocabPartition(int64_t vocab, int world, int rank);
+
+// Under tensor parallelism the partition is over p·t shards and shard v = pp·t + tp sits on
+// pipeline rank pp, tensor rank tp: checks that world is a multiple of t and rank % t is the
+// tensor rank.
+absl::Status ValidateTensorShard(const char* layer, const VocabPartition& partition,
+                                 const tp::TensorGroup& tensor);
 
 // Checks the arguments every shard constructor takes; `layer` names the shard in the error.
 absl::Status ValidateShardArgs(const char* layer, const VocabPartition& partition, int hidden,
