@@ -102,14 +102,33 @@ absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& m, int laye
   return b;
 }
 
-Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m,
-                            double flops_per_second) {
+TensorCollectives TensorCollectiveSeconds(const ModelShape& m, const LinkCost& tensor_link) {
+  const int t = std::max(1, m.tensor_parallel);
+  if (t == 1) return {};
+  const double bytes = static_cast<double>(m.microbatch_size) * m.seq_len * m.hidden *
+                       m.activation_bytes_per_element;
+  const double calls = t - 1;
+  const double one = calls * tensor_link.latency +
+                     (tensor_link.bandwidth > 0 ? calls / t * bytes / tensor_link.bandwidth : 0);
+  return {4 * one, 4 * one, 4 * one};
+}
+
+Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m, double flops_per_second,
+                            const LinkCost& tensor_link) {
   const double b = m.microbatch_size, s = m.seq_len, h = m.hidden;
+  const double t = std::max(1, m.tensor_parallel);
   const double layer_fwd = m.LayerForwardFlops();
   Costs c;
-  c.f = c.b = c.w = layer_fwd * layers / pipeline / flops_per_second;
+  c.f = c.b = c.w = layer_fwd * layers / pipeline / t / flops_per_second;
+  const TensorCollectives tc = TensorCollectiveSeconds(m, tensor_link);
+  const double stage_layers = static_cast<double>(layers) / pipeline;
+  c.f += tc.f * stage_layers;
+  c.b += tc.b * stage_layers;
+  c.w += tc.w * stage_layers;
+  c.tensor = tensor_link;
   // S is the logits forward, a third of the output layer's 6bshV; T the other two thirds.
-  c.s = flops::OutputLayer(b, s, h, static_cast<double>(m.vocab)) / 3 / pipeline / flops_per_second;
+  c.s = flops::OutputLayer(b, s, h, static_cast<double>(m.vocab)) / 3 / pipeline / t /
+        flops_per_second;
   c.t = 2 * c.s;
   c.input_f = c.input_b = c.comm = c.collective = c.opt = 0;
   return c;

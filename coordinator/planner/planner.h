@@ -60,6 +60,10 @@ struct Costs {
   // One call between the job's ranks (profiled at its p): a send/recv pair, a broadcast from
   // one rank to all, an all-reduce over all.
   LinkCost p2p, broadcast, allreduce;
+  // One all-gather or reduce-scatter call over a tensor group (bytes: the whole gathered
+  // buffer). Only FLOP-proportional costs use it (TensorCollectiveSeconds); profiled F/B/W
+  // already include the group's collectives.
+  LinkCost tensor;
 };
 
 // Model shape for byte counts, FLOPs and the sequence partition (all optional: zeros mean
@@ -74,6 +78,14 @@ struct ModelShape {
   // One layer's forward FLOPs for one microbatch and its parameter count (proto/plan/flops.h).
   double LayerForwardFlops() const;
   double LayerParams() const;
+  // Tensor parallelism (parallel.tensor, docs/tensor-parallel.md): t ranks share every stage,
+  // each holding 1/t of a layer's matrices (the norms and the row-parallel biases whole), 1/t of
+  // its activations (sequence parallelism), a vocabulary shard of V/(p·t) rows, and 1/t of every
+  // token row the pipeline moves. Costs are per rank of the group: profiled on a whole group,
+  // they include the all-gathers and reduce-scatters inside the passes.
+  int tensor_parallel = 1;
+  // One tensor rank's parameters of one layer: LayerParams() with the split matrices / t.
+  double LayerParamsPerTensorRank() const;
   int activation_bytes_per_element = 2;  // bf16 activations on GPU, 4 on CPU
   // Bytes one transformer layer keeps for one microbatch of the whole sequence between its F
   // and its backward, as measured on the engine that runs the plan (the runtime measures it
@@ -119,7 +131,18 @@ absl::Status CheckCancelled(const PlannerInput& in);
 // Costs proportional to the paper's FLOP counts (Table 4) at `flops_per_second` per device:
 // F = B = W = one stage's transformer forward FLOPs, S = 2bshV/p, T = 4bshV/p (the output
 // layer's 6bshV split over p shards), no input-layer or communication cost.
-Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m, double flops_per_second);
+// Under tensor parallelism (m.tensor_parallel = t) every pass's FLOPs are divided by t and F, B
+// and W get the tensor group's collectives at `tensor_link` (TensorCollectiveSeconds).
+Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m, double flops_per_second,
+                            const LinkCost& tensor_link = {});
+
+// Seconds of one layer's tensor-group collectives for one microbatch under sequence parallelism:
+// F and B each all-gather twice and reduce-scatter twice (b·s, h) activations, W all-gathers
+// four times. A ring over t ranks makes t−1 calls and moves (t−1)/t of the buffer. 0 at t = 1.
+struct TensorCollectives {
+  double f = 0, b = 0, w = 0;
+};
+TensorCollectives TensorCollectiveSeconds(const ModelShape& m, const LinkCost& tensor_link);
 
 // Builds, lowers and validates a plan. Impossible requests get InvalidArgument naming the
 // field and the rule.
@@ -158,6 +181,7 @@ struct SimResult {
   // computes; what is left when OPT starts, plus the tensors no GRAD_SYNC covers, is exposed.
   // The largest rank's exposure; 0 for d = 1.
   double data_parallel_seconds = 0;
+  int tensor_parallel = 1;  // t: every rank below is one of t tensor ranks of its stage
   int data_parallel = 1;  // d, from the model shape (the plan itself is one replica's)
   bool zero = false;
   double model_flops = 0;  // per step (paper Table 4); 0 when the shape is unknown

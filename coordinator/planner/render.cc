@@ -16,6 +16,13 @@ std::string RenderTable(const Plan& plan, const SimResult& sim) {
       "makespan %.6g  bubble_ratio %.2f%%  step_time %.6g  mfu %.2f%%\n",
       plan.schedule, plan.vocab, plan.pipeline, plan.microbatches, plan.seq_chunks, sim.makespan,
       100 * sim.bubble_ratio, sim.step_time, 100 * sim.mfu);
+  if (sim.tensor_parallel > 1) {  // the tensor axis: every rank below is t ranks of one stage
+    absl::StrAppendFormat(&s,
+                          "ranks (d, t, p) = (%d, %d, %d): tensor_parallel %d ranks of every stage "
+                          "(bytes per tensor rank)\n",
+                          sim.data_parallel, sim.tensor_parallel, plan.pipeline,
+                          sim.tensor_parallel);
+  }
   if (sim.data_parallel > 1) {  // the data axis: every rank below is one of d replicas
     absl::StrAppendFormat(
         &s, "data_parallel %d replicas of every rank%s  reduction %.6g (in step_time)\n",
@@ -40,6 +47,7 @@ std::string RenderJson(const Plan& plan, const SimResult& sim) {
       ",\"x_owner\":", plan.x_owner, ",\"makespan\":", num(sim.makespan),
       ",\"bubble_ratio\":", num(sim.bubble_ratio), ",\"step_time\":", num(sim.step_time),
       ",\"model_flops\":", num(sim.model_flops), ",\"mfu\":", num(sim.mfu));
+  if (sim.tensor_parallel > 1) absl::StrAppend(&s, ",\"tensor_parallel\":", sim.tensor_parallel);
   if (sim.data_parallel > 1) {
     absl::StrAppend(&s, ",\"data_parallel\":", sim.data_parallel,
                     ",\"zero\":", sim.zero ? "true" : "false",

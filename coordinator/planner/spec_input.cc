@@ -29,6 +29,7 @@ PlannerInput PlannerInputFromSpec(const vocabpipe::v1::JobSpec& spec) {
   in.model.activation_bytes_per_element = spec.device().rfind("cuda", 0) == 0 ? 2 : 4;
   in.model.data_parallel = std::max(1, par.data());
   in.model.zero = par.zero() == 1;
+  in.model.tensor_parallel = std::max(1, par.tensor());
   // NCCL runs transfers and collectives on two communication threads, Gloo on one.
   in.comm_lanes = spec.device().rfind("cuda", 0) == 0 ? 2 : 1;
   return in;

@@ -39,6 +39,16 @@ double ModelShape::LayerParams() const {
   }
   return 4 * h * h + 2 * h * f + 9 * h + f;  // GPT-2, with biases and LayerNorms
 }
+
+double ModelShape::LayerParamsPerTensorRank() const {
+  const double t = std::max(1, tensor_parallel);
+  const double h = hidden;
+  // Whole on every tensor rank: the two norms, and (GPT-2) the two row-parallel biases; Llama
+  // with one key/value head keeps k and v whole too.
+  double replicated = llama ? 2 * h : 6 * h;
+  if (llama && t > 1 && kv_heads == 1 && heads > 0) replicated += 2 * h * (h / heads);
+  return replicated + (LayerParams() - replicated) / t;
+}
 namespace internal {
 
 absl::StatusOr<Layout> LayoutFromPlan(const Plan& plan) {
@@ -134,7 +144,9 @@ double ActionCost(const Layout& l, const Costs& c, int rank, const Action& a) {
 double CommSeconds(const Layout& l, const PlannerInput& in, ActionKind kind, int q) {
   const Costs& c = in.costs;
   const ModelShape& ms = in.model;
-  const double tokens = static_cast<double>(ms.microbatch_size) * ms.seq_len;  // b·s
+  // b·s, and under tensor parallelism the 1/t of them that each rank moves.
+  const double tokens =
+      static_cast<double>(ms.microbatch_size) * ms.seq_len / std::max(1, ms.tensor_parallel);
   const double n = tokens * l.seq_mem_share[q];  // tokens of sequence chunk q
   const double h = static_cast<double>(ms.hidden), e = ms.activation_bytes_per_element;
   switch (kind) {
@@ -708,11 +720,15 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   // sbh·34 for 2-byte activations, scaled to the element size, plus the fp32 log-sum-exp per
   // (head, query). Both engines' attention is flash-style (the softmax is recomputed in the
   // backward), so Megatron's 5as/h term for the stored s × s probabilities does not apply.
+  // Under tensor parallelism with sequence parallelism a rank keeps 1/t of every activation
+  // (its token rows, or its heads and MLP columns) and 1/t of the backward's working set.
+  const int tp = std::max(1, ms.tensor_parallel);
   const double layer_act =
-      ms.layer_activation_bytes > 0
-          ? ms.layer_activation_bytes
-          : (h > 0 ? b * s * h * 34 * ms.activation_bytes_per_element / 2 + b * ms.heads * s * 4
-                   : 0);
+      (ms.layer_activation_bytes > 0
+           ? ms.layer_activation_bytes
+           : (h > 0 ? b * s * h * 34 * ms.activation_bytes_per_element / 2 + b * ms.heads * s * 4
+                    : 0)) /
+      tp;
   const double stage_act = layer_act * l->layers / l->p;
   // Sequence chunks (Seq1F1B): the output layer's buffers and a backward's working set are
   // those of one chunk (the largest one for the output layer's, at worst); the layer's dK/dV
@@ -724,13 +740,12 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
                                                                           l->seq_mem_share.end());
   const double kv_dim =
       ms.llama && ms.kv_heads > 0 && ms.heads > 0 ? h / ms.heads * ms.kv_heads : h;
-  const double kv_grads = std::min<double>(ms.layer_backward_transient_bytes,
-                                           2 * b * s * kv_dim * ms.activation_bytes_per_element);
-  auto chunk_transient = [&](int q) {
-    return (ms.layer_backward_transient_bytes - kv_grads) * share(q) + kv_grads;
-  };
+  const double transient = ms.layer_backward_transient_bytes / tp;
+  const double kv_grads =
+      std::min<double>(transient, 2 * b * s * kv_dim * ms.activation_bytes_per_element / tp);
+  auto chunk_transient = [&](int q) { return (transient - kv_grads) * share(q) + kv_grads; };
   const double chunk_tokens = b * s * chunk_share;
-  const double layer_params = ms.LayerParams();
+  const double layer_params = ms.LayerParamsPerTensorRank();
   const double vocab_rows = static_cast<double>(ms.vocab);
   double busy_total = 0;
   double data_end = 0;  // when the last rank's step ends with its data-parallel reduction
@@ -767,11 +782,12 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     double params = st.layers * layer_params;
     double vocab_act = 0;
     if (l->sharded) {
-      params += vocab_rows / l->p * h * (ms.tie_embeddings ? 1 : 2);
-      // The shard's n×V/p fp32 buffer lives from S to T; T hands it to the next S, so at most
-      // max_pending_t are alive at once. Plus X and ∇X (n×h) of the microbatch in flight.
-      vocab_act =
-          in.max_pending_t * chunk_tokens * (vocab_rows / l->p) * 4 + 2 * chunk_tokens * h * 4;
+      const double shard_rows = vocab_rows / (l->p * tp);
+      params += shard_rows * h * (ms.tie_embeddings ? 1 : 2);
+      // The shard's n×V/(p·t) fp32 buffer lives from S to T; T hands it to the next S, so at
+      // most max_pending_t are alive at once. Plus X and ∇X (the rank's n/t rows of h) of the
+      // microbatch in flight.
+      vocab_act = in.max_pending_t * chunk_tokens * shard_rows * 4 + 2 * chunk_tokens / tp * h * 4;
     } else {
       if (l->owner_rank[0] == r) params += vocab_rows * h;
       if (l->x_owner() == r && (!ms.tie_embeddings || l->owner_rank[0] != r)) {
@@ -825,8 +841,10 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     res.model_flops = l->m * (l->layers * 3 * ms.LayerForwardFlops() +
                               flops::OutputLayer(b, s, h, vocab_rows) + flops::InputLayer(b, s, h));
   }
+  // One replica's pipeline runs on p·t devices.
   if (ms.peak_flops > 0 && res.step_time > 0)
-    res.mfu = res.model_flops / (res.step_time * l->p * ms.peak_flops);
+    res.mfu = res.model_flops / (res.step_time * l->p * tp * ms.peak_flops);
+  res.tensor_parallel = tp;
   return res;
 }
 

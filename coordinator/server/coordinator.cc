@@ -202,6 +202,7 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
     spec::ApplyDefaults(&spec);
     if (auto st = spec::ValidateJobSpec(spec); !st.ok()) return st;
   }
+  if (auto st = spec::CheckRunnable(spec); !st.ok()) return st;
   if (auto st = MakeAbsolute(spec.mutable_data()->mutable_path(), request.base_dir(), "data.path");
       !st.ok()) {
     return st;

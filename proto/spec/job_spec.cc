@@ -489,11 +489,9 @@ void ValidateTensorSplit(const vocabpipe::v1::ModelSpec& m, const vocabpipe::v1:
                      "): only the sequence-parallel split is implemented"));
   }
   if (t == 1) return;
-  bool split_ok = true;
   const auto divisible = [&](const char* field, int64_t value) {
     if (value >= 1 && value % t != 0) {
       add(field, absl::StrCat("must be divisible by parallel.tensor (", value, " % ", t, " != 0)"));
-      split_ok = false;
     }
   };
   divisible("model.heads", m.heads());
@@ -504,15 +502,6 @@ void ValidateTensorSplit(const vocabpipe::v1::ModelSpec& m, const vocabpipe::v1:
         absl::StrCat("must be divisible by parallel.tensor or be 1 (replicated on every tensor "
                      "rank) (",
                      m.kv_heads(), " % ", t, " != 0)"));
-    split_ok = false;
-  }
-  // The engine's split layers and vocabulary shards are built and proven (tests/unit/
-  // tensor_parallel), but the pipeline runtime does not run them yet: say so at submit, once
-  // the split itself is valid.
-  if (split_ok && p.sequence_parallel()) {
-    add("parallel.tensor",
-        absl::StrCat("> 1 is not run by the pipeline runtime in this version (got ", t,
-                     "); the tensor-parallel layers exist in the engine only"));
   }
 }
 
@@ -1186,6 +1175,18 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text, std::string_view bas
     spec.mutable_model()->set_init_from(ResolvePath(spec.model().init_from(), base));
   }
   return spec;
+}
+
+absl::Status CheckRunnable(const JobSpec& spec) {
+  // The engine's tensor-parallel layers and vocabulary shards are built and proven
+  // (tests/unit/tensor_parallel, tests/unit/vocab), and the planner prices them, but the
+  // pipeline runtime does not run them yet.
+  if (spec.parallel().tensor() > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("parallel.tensor: > 1 is not run by the pipeline runtime in this version (got ",
+                     spec.parallel().tensor(), "); `vocabpipe plan` shows its plan and costs"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {

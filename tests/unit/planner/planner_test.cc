@@ -616,6 +616,79 @@ TEST(Simulator, GradSyncOverlapsTheOtherChunksBackwardInAVShape) {
       << overlapped.data_parallel_seconds << " vs " << at_opt.data_parallel_seconds;
 }
 
+TEST(Simulator, TensorParallelHalvesEachRanksWorkMemoryAndPipelineTraffic) {
+  PlannerInput in = fixtures::PaperEightGpuModel(32768, VocabMethod::kVocab1);
+  in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  in.costs.p2p = in.costs.allreduce = {.latency = 1e-5, .bandwidth = 1e9};
+  const SimResult one = Sim(in);
+  in.model.tensor_parallel = 2;
+  in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  in.costs.p2p = in.costs.allreduce = {.latency = 1e-5, .bandwidth = 1e9};
+  const SimResult two = Sim(in);
+  EXPECT_EQ(two.tensor_parallel, 2);
+  ASSERT_EQ(one.ranks.size(), two.ranks.size());
+  const double h = in.model.hidden, V = in.model.vocab, p = in.pipeline;
+  for (size_t r = 0; r < one.ranks.size(); ++r) {
+    EXPECT_NEAR(two.ranks[r].busy, one.ranks[r].busy / 2, 1e-12) << r;
+    // Layers: the split matrices halve, the norms and row-parallel biases (6h a GPT-2 layer)
+    // stay; the vocabulary shards are V/(p·t) rows.
+    const double layer_diff = in.model.LayerParams() - in.model.LayerParamsPerTensorRank();
+    EXPECT_DOUBLE_EQ(layer_diff, (in.model.LayerParams() - 6 * h) / 2);
+    const double vocab_diff = V / p * h * 2 - V / (2 * p) * h * 2;
+    EXPECT_NEAR(one.ranks[r].parameter_bytes - two.ranks[r].parameter_bytes,
+                4 * (one.ranks[r].layers * layer_diff + vocab_diff), 8.0)
+        << r;
+    EXPECT_LT(two.ranks[r].peak_activation_bytes, 0.51 * one.ranks[r].peak_activation_bytes);
+    // Each tensor rank sends and reduces its own half of the token rows.
+    EXPECT_LT(two.ranks[r].comm, 0.51 * one.ranks[r].comm + 1e-3) << r;
+  }
+  // The same FLOPs on twice the devices in half the time: MFU unchanged.
+  EXPECT_NEAR(two.mfu, one.mfu, 1e-3 * one.mfu);
+  const std::string table = RenderTable(BuildPlan(in).value(), two);
+  EXPECT_NE(table.find("ranks (d, t, p) = (1, 2, 8)"), std::string::npos) << table;
+}
+
+TEST(CostModel, TensorCollectivesAreFourRingsPerPassAtTheTensorLink) {
+  ModelShape m;
+  m.hidden = 1024;
+  m.seq_len = 2048;
+  m.microbatch_size = 2;
+  m.activation_bytes_per_element = 2;
+  const LinkCost link{.latency = 1e-5, .bandwidth = 1e11};
+  EXPECT_EQ(TensorCollectiveSeconds(m, link).f, 0);  // t = 1: nothing to exchange
+  m.tensor_parallel = 4;
+  // A ring all-gather / reduce-scatter over 4 ranks: 3 latencies and 3/4 of the b·s·h buffer.
+  const double one = 3 * 1e-5 + 0.75 * (2.0 * 2048 * 1024 * 2) / 1e11;
+  const TensorCollectives tc = TensorCollectiveSeconds(m, link);
+  EXPECT_DOUBLE_EQ(tc.f, 4 * one);
+  EXPECT_DOUBLE_EQ(tc.b, 4 * one);
+  EXPECT_DOUBLE_EQ(tc.w, 4 * one);
+  m.heads = 16;
+  m.ffn = 4096;
+  m.vocab = 1000;
+  const Costs with = FlopProportionalCosts(2, 8, m, 1e12, link);
+  const Costs without = FlopProportionalCosts(2, 8, m, 1e12);
+  EXPECT_NEAR(with.f - without.f, 4 * tc.f, 1e-9 * tc.f);  // 4 layers a stage
+  EXPECT_DOUBLE_EQ(with.s, without.s);
+}
+
+TEST(ModelShape, TensorRankParametersMatchTheEnginesSplit) {
+  ModelShape gpt;
+  gpt.hidden = 48;
+  gpt.heads = 4;
+  gpt.ffn = 192;
+  gpt.tensor_parallel = 2;
+  // worker/engine LayerParamCount(cfg, 2): 6h whole, 4h² + 2hf + 3h + f split.
+  EXPECT_DOUBLE_EQ(gpt.LayerParamsPerTensorRank(),
+                   6.0 * 48 + (4.0 * 48 * 48 + 2 * 48 * 192 + 3 * 48 + 192) / 2);
+  ModelShape llama = gpt;
+  llama.llama = true;
+  llama.ffn = 128;
+  llama.kv_heads = 1;  // k and v (h × 12 each) replicated
+  EXPECT_DOUBLE_EQ(llama.LayerParamsPerTensorRank(),
+                   2.0 * 48 + 2 * 48 * 12 + (2.0 * 48 * 48 + 3 * 48 * 128) / 2);
+}
+
 TEST(ModelShape, LlamaFlopsAndParameters) {
   ModelShape gpt;
   gpt.hidden = 48;
