@@ -99,6 +99,20 @@ absl::StatusOr<std::vector<int>> PartitionSequence(const ModelShape& m, int laye
     e -= s;
     b[q] = static_cast<int>(e);
   }
+  // Tensor parallelism splits every chunk's tokens over t ranks: boundaries on multiples of t
+  // (the nearest, keeping every chunk at least t long; seq_len is a multiple of t).
+  const int64_t t = std::max<int64_t>(1, m.tensor_parallel);
+  if (t > 1) {
+    if (n % t != 0 || n / t < k) {
+      return absl::InvalidArgumentError(absl::StrCat("parallel.seq_chunks: ", k,
+                                                     " chunks of multiples of parallel.tensor ", t,
+                                                     " tokens do not fit model.seq_len ", n));
+    }
+    for (int q = 1; q < k; ++q) {
+      const int64_t rounded = (b[q] + t / 2) / t * t;
+      b[q] = static_cast<int>(std::clamp<int64_t>(rounded, b[q - 1] + t, n - (k - q) * t));
+    }
+  }
   return b;
 }
 

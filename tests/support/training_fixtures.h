@@ -42,6 +42,7 @@ inline planner::PlannerInput PlannerInputFor(planner::Schedule schedule, planner
   in.model.tie_embeddings = o.model.tie_embeddings;
   in.model.llama = o.model.llama();
   in.model.kv_heads = o.model.llama() ? o.model.num_kv_heads() : 0;
+  in.model.tensor_parallel = o.tensor.size;
   return in;
 }
 
@@ -98,6 +99,18 @@ inline void GatherBuffer(const engine::RankModel& model, const float* flat, floa
     std::vector<float>& dst = (*out)[name];
     const float* src = flat + t.offset;
     size_t n = t.count(), at = 0;
+    const engine::tp::TensorGroup& group = model.tensor_group();
+    if (!t.vocab_shard && !t.split.replicated() && group.size() > 1) {
+      // A tensor rank's slice: placed into the whole tensor.
+      size_t whole = 1;
+      for (const int64_t d : t.full_shape) whole *= static_cast<size_t>(d);
+      dst.resize(whole);
+      std::vector<float> scaled(src, src + n);
+      for (float& v : scaled) v *= scale;
+      engine::tp::PlaceSlice(scaled.data(), t.full_shape, t.split, group.rank(), group.size(),
+                             dst.data());
+      continue;
+    }
     if (t.vocab_shard) {
       const size_t need = static_cast<size_t>(model.config().vocab) * h;
       if (dst.size() < need) dst.resize(need);

@@ -5,6 +5,7 @@
 
 #include "worker/engine/kernels/cpu/kernels.h"
 #include "worker/runtime/optimizer_step.h"
+#include "worker/runtime/tensor_rows.h"
 
 namespace vp::runtime {
 
@@ -13,12 +14,16 @@ using engine::MemoryCategory;
 
 absl::StatusOr<std::unique_ptr<CpuStageEngine>> CpuStageEngine::Create(
     const TrainerOptions& options, const engine::RankLayout& layout,
-    const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm) {
+    const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm,
+    comm::Communicator* tensor) {
   std::unique_ptr<CpuStageEngine> e(new CpuStageEngine());
   e->opt_ = options;
+  e->seq_bounds_ = seq_bounds;
+  e->tensor_ = options.tensor.size > 1 ? tensor : nullptr;
   e->tracker_ = std::make_unique<engine::MemoryTracker>();
-  auto model = engine::RankModel::Create(options.model, layout, options.microbatch_size, seq_bounds,
-                                         algorithm, e->tracker_.get());
+  auto model =
+      engine::RankModel::Create(options.model, layout, options.microbatch_size, seq_bounds,
+                                algorithm, e->tracker_.get(), engine::tp::TensorGroup(e->tensor_));
   if (!model.ok()) return model.status();
   e->model_ = std::move(*model);
   e->model_->Init(options.seed);
@@ -39,6 +44,20 @@ absl::StatusOr<Buffer> CpuStageEngine::Act(size_t n, bool, Thread) {
 
 absl::Status CpuStageEngine::EmbedSeqChunk(Buffer& x, const InputState& in, int b, int s, int len,
                                            int h, int start) {
+  if (tensor_ != nullptr) {  // the rank's rows of the chunk, each at its own position
+    const TensorRows rows(opt_.tensor.size, opt_.tensor.rank, b, seq_bounds_);
+    const int q = rows.ChunkAt(start);
+    const float* src = in.output() + static_cast<size_t>(rows.EmbedOffset(q)) * h;
+    std::memcpy(x.data(), src, sizeof(float) * rows.LocalRows(q) * h);
+    if (!opt_.model.llama()) {
+      for (int i = 0; i < rows.LocalRows(q); ++i) {
+        const float* wpe = model_->wpe() + static_cast<size_t>(rows.Row(q, i).second) * h;
+        float* row = x.data() + static_cast<size_t>(i) * h;
+        for (int c = 0; c < h; ++c) row[c] += wpe[c];
+      }
+    }
+    return absl::OkStatus();
+  }
   for (int r = 0; r < b; ++r) {  // rows [start, start + len) of each sample
     std::memcpy(x.data() + static_cast<size_t>(r) * len * h,
                 in.output() + (static_cast<size_t>(r) * s + start) * h, sizeof(float) * len * h);
@@ -52,6 +71,20 @@ absl::Status CpuStageEngine::EmbedSeqChunk(Buffer& x, const InputState& in, int 
 
 absl::Status CpuStageEngine::EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b, int s,
                                                    int len, int h, int start) {
+  if (tensor_ != nullptr) {  // mirrors EmbedSeqChunk's rows
+    const TensorRows rows(opt_.tensor.size, opt_.tensor.rank, b, seq_bounds_);
+    const int q = rows.ChunkAt(start);
+    if (!opt_.model.llama()) {
+      for (int i = 0; i < rows.LocalRows(q); ++i) {
+        float* wpe = model_->wpe_grad() + static_cast<size_t>(rows.Row(q, i).second) * h;
+        const float* row = dx.data() + static_cast<size_t>(i) * h;
+        for (int c = 0; c < h; ++c) wpe[c] += row[c];
+      }
+    }
+    std::memcpy(dembed.data() + static_cast<size_t>(rows.EmbedOffset(q)) * h, dx.data(),
+                sizeof(float) * rows.LocalRows(q) * h);
+    return absl::OkStatus();
+  }
   if (!opt_.model.llama()) {
     engine::cpu::PositionEmbeddingBackward(model_->wpe_grad(), dx.data(), b, len, h, start);
   }
@@ -162,7 +195,7 @@ absl::Status CpuStageEngine::OptimizerStep(int64_t, comm::Communicator& comm,
                                            const std::vector<comm::ShardRange>& reduced) {
   CpuGradOps ops(*model_, *optimizer_, tracker_.get());
   return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip, grad_norm,
-                          data_seconds, reduced);
+                          data_seconds, reduced, tensor_);
 }
 
 absl::StatusOr<comm::ShardRange> CpuStageEngine::AllReduceChunkGrads(comm::Communicator& data,

@@ -33,9 +33,11 @@ class CpuStageEngine {
     Buffer rstd;    // (n)
   };
 
+  // tensor: the communicator of this stage's tensor group (options.tensor; null for t = 1).
   static absl::StatusOr<std::unique_ptr<CpuStageEngine>> Create(
       const TrainerOptions& options, const engine::RankLayout& layout,
-      const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm);
+      const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm,
+      comm::Communicator* tensor = nullptr);
 
   Model& model() { return *model_; }
   engine::AdamW& optimizer() { return *optimizer_; }
@@ -44,7 +46,8 @@ class CpuStageEngine {
   // Host buffers are always zero-filled.
   absl::StatusOr<Buffer> Act(size_t n, bool zero, Thread thread);
   // x (b, len, h) = rows [start, start+len) of each sequence of the embedding output
-  // in.output() (b, s, h), plus wpe rows [start, start+len).
+  // in.output() (b, s, h), plus wpe rows [start, start+len). Under tensor parallelism x is the
+  // rank's rows of the chunk and in.output() its embedding rows (tensor_rows.h).
   absl::Status EmbedSeqChunk(Buffer& x, const InputState& in, int b, int s, int len, int h,
                              int start);
   // wpe grad += Σ_b dx; dx (b, len, h) copied into rows [start, start+len) of dembed (b, s, h).
@@ -65,6 +68,8 @@ class CpuStageEngine {
   absl::Status AllReduceHostFloats(comm::Communicator& comm, float* values, size_t n) {
     return comm.AllReduce(values, n, comm::ReduceOp::kSum);
   }
+  // Tensor parallelism: the replicated tensors' gradients summed over the tensor group.
+  absl::Status SumTensorReplicatedGrads() { return model_->SumReplicatedGrads(); }
   absl::Status ZeroGrads() {
     model_->ZeroGrads();
     return absl::OkStatus();
@@ -76,6 +81,8 @@ class CpuStageEngine {
   CpuStageEngine() = default;
 
   TrainerOptions opt_;
+  std::vector<int> seq_bounds_;
+  comm::Communicator* tensor_ = nullptr;  // t > 1 only
   std::unique_ptr<engine::MemoryTracker> tracker_;
   std::unique_ptr<engine::RankModel> model_;
   std::unique_ptr<engine::AdamW> optimizer_;

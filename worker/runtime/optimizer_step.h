@@ -87,12 +87,15 @@ inline std::vector<comm::ShardRange> RangesLeft(size_t total, std::vector<comm::
 // replica's comm::RangeOf range of the flat buffer). reduced: ranges of the flat buffer already
 // summed over `data` this step (the plan's GRAD_SYNC, never under ZeRO-1): only the rest is
 // all-reduced here. data_seconds (may be null): the wall time of the data-parallel collectives
-// run here (reduction, ZeRO-1's norm sum and parameter gather).
+// run here (reduction, ZeRO-1's norm sum and parameter gather). tensor: the stage's tensor
+// group (null or size 1: none), over which the norm is also summed (the replicated tensors'
+// gradients must already be summed over it, RankModel::SumReplicatedGrads).
 template <GradOps G>
 absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicator* data, bool zero,
                               bool tied_copy_sync, float lr, float grad_clip, double* grad_norm,
                               double* data_seconds = nullptr,
-                              const std::vector<comm::ShardRange>& reduced = {}) {
+                              const std::vector<comm::ShardRange>& reduced = {},
+                              comm::Communicator* tensor = nullptr) {
   using Clock = std::chrono::steady_clock;
   double data_time = 0;
   auto timed = [&data_time](auto&& collective) {
@@ -152,6 +155,23 @@ absl::Status RunOptimizerStep(G& ops, comm::Communicator& comm, comm::Communicat
       if (!twin.ok()) return twin.status();
       local -= *twin;
     }
+  }
+  // Tensor parallelism: each rank's slices count once, the replicated tensors (whole and equal
+  // on every tensor rank after their group sum) once per group, on tensor rank 0.
+  if (tensor != nullptr && tensor->size() > 1) {
+    if (tensor->rank() != 0) {
+      for (const engine::DecayRange& r : host.ReplicatedRanges()) {
+        const size_t lo = std::max(r.offset, mine.begin);
+        const size_t hi = std::min(r.offset + r.count, mine.end());
+        if (lo >= hi) continue;
+        auto rep = ops.SquaredNorm(lo, hi - lo);
+        if (!rep.ok()) return rep.status();
+        local -= *rep;
+      }
+    }
+    auto group = ops.AllReduceScalar(*tensor, static_cast<float>(local));
+    if (!group.ok()) return group.status();
+    local = *group;
   }
   if (replicated && zero) {
     absl::StatusOr<float> replicas;

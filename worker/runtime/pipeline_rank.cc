@@ -23,7 +23,8 @@ namespace internal {
 absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
                                          const TrainerOptions& options,
                                          const comm::Communicator* comm,
-                                         const comm::Communicator* data) {
+                                         const comm::Communicator* data,
+                                         const comm::Communicator* tensor) {
   if (comm == nullptr || comm->size() != plan.pipeline || comm->rank() != rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline rank ", rank, ": the communicator must have rank ", rank, " of ", plan.pipeline));
@@ -39,6 +40,33 @@ absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
                                                    ": the data-parallel communicator must have "
                                                    "rank ",
                                                    dp.replica, " of ", dp.replicas));
+  }
+  const TensorParallelOptions& tp = options.tensor;
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline rank ", rank, ": tensor rank ", tp.rank, " of ", tp.size));
+  }
+  if (tp.size > 1) {
+    if (tensor == nullptr || tensor->size() != tp.size || tensor->rank() != tp.rank) {
+      return absl::InvalidArgumentError(absl::StrCat("pipeline rank ", rank,
+                                                     ": the tensor-parallel communicator must "
+                                                     "have rank ",
+                                                     tp.rank, " of ", tp.size));
+    }
+    // Tensor parallelism splits the vocabulary over the p·t ranks: the methods that keep it
+    // whole on one stage, and interlaced (whose passes assume p shards), are refused.
+    if (!plan.vocab_sharded || plan.vocab == "interlaced") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel.vocab: ", plan.vocab,
+                       " does not run with parallel.tensor > 1 (use vocab1 or vocab2)"));
+    }
+    for (size_t q = 0; q + 1 < plan.seq_bounds.size(); ++q) {
+      if ((plan.seq_bounds[q + 1] - plan.seq_bounds[q]) % tp.size != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: sequence chunk ", q,
+                                                       " is not a multiple of parallel.tensor ",
+                                                       tp.size, " tokens long"));
+      }
+    }
   }
   if (rank < 0 || rank >= plan.pipeline || static_cast<int>(plan.ranks.size()) != plan.pipeline) {
     return absl::InvalidArgumentError(absl::StrCat("plan has no rank ", rank));
@@ -186,17 +214,16 @@ class CpuPipelineRank final : public PipelineRank {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PipelineRank>> PipelineRank::Create(const planner::Plan& plan,
-                                                                   int rank,
-                                                                   const TrainerOptions& options,
-                                                                   comm::Communicator* comm,
-                                                                   comm::Communicator* data) {
-  auto setup = internal::BuildRankSetup(plan, rank, options, comm, data);
+absl::StatusOr<std::unique_ptr<PipelineRank>> PipelineRank::Create(
+    const planner::Plan& plan, int rank, const TrainerOptions& options, comm::Communicator* comm,
+    comm::Communicator* data, comm::Communicator* tensor) {
+  auto setup = internal::BuildRankSetup(plan, rank, options, comm, data, tensor);
   if (!setup.ok()) return setup.status();
-  auto engine = CpuStageEngine::Create(options, setup->layout, plan.seq_bounds, setup->algorithm);
+  auto engine =
+      CpuStageEngine::Create(options, setup->layout, plan.seq_bounds, setup->algorithm, tensor);
   if (!engine.ok()) return engine.status();
   return std::make_unique<CpuPipelineRank>(std::make_unique<internal::RankExecutor<CpuStageEngine>>(
-      plan, rank, options, std::move(*setup), std::move(*engine), comm, comm, data));
+      plan, rank, options, std::move(*setup), std::move(*engine), comm, comm, data, tensor));
 }
 
 }  // namespace vp::runtime

@@ -64,10 +64,13 @@ class PipelineRank {
   // communication thread (it must outlive the PipelineRank). options.microbatches must equal
   // plan.microbatches and options.model.layers plan.layers. data: the communicator over the
   // options.data.replicas replicas of this stage (rank = options.data.replica), null for one.
+  // tensor: over the options.tensor.size tensor ranks of this stage (rank =
+  // options.tensor.rank), null for one; used by the compute thread only.
   static absl::StatusOr<std::unique_ptr<PipelineRank>> Create(const planner::Plan& plan, int rank,
                                                               const TrainerOptions& options,
                                                               comm::Communicator* comm,
-                                                              comm::Communicator* data = nullptr);
+                                                              comm::Communicator* data = nullptr,
+                                                              comm::Communicator* tensor = nullptr);
   virtual ~PipelineRank() = default;
 
   // Executes the plan once: every microbatch's passes, then the optimizer step.

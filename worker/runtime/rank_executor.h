@@ -37,6 +37,7 @@
 #include "worker/engine/model/rank_model.h"
 #include "worker/runtime/pipeline_rank.h"
 #include "worker/runtime/stage_engine.h"
+#include "worker/runtime/tensor_rows.h"
 
 namespace vp::runtime::internal {
 
@@ -111,7 +112,8 @@ struct RankSetup {
 absl::StatusOr<RankSetup> BuildRankSetup(const planner::Plan& plan, int rank,
                                          const TrainerOptions& options,
                                          const comm::Communicator* comm,
-                                         const comm::Communicator* data = nullptr);
+                                         const comm::Communicator* data = nullptr,
+                                         const comm::Communicator* tensor = nullptr);
 
 template <StageEngine E>
 class RankExecutor {
@@ -123,12 +125,14 @@ class RankExecutor {
   using XState = typename E::XState;
 
   // p2p and coll: this rank's communicators over all plan.pipeline ranks (may be the same
-  // object); data: over the options.data.replicas replicas of this stage (null for one). They
+  // object); data: over the options.data.replicas replicas of this stage (null for one);
+  // tensor: over the options.tensor.size tensor ranks of this stage (null for one; the engine
+  // uses the same group inside its passes, and the compute thread here for the loss). They
   // must outlive the executor; data is used by the data thread (GRAD_SYNC) and then by the
   // compute thread at OPT.
   RankExecutor(const planner::Plan& plan, int rank, const TrainerOptions& options, RankSetup setup,
                std::unique_ptr<E> engine, comm::Communicator* p2p, comm::Communicator* coll,
-               comm::Communicator* data = nullptr)
+               comm::Communicator* data = nullptr, comm::Communicator* tensor = nullptr)
       : plan_(plan),
         rank_(rank),
         options_(options),
@@ -137,6 +141,7 @@ class RankExecutor {
         p2p_(p2p),
         coll_(coll),
         data_(data),
+        tensor_(options.tensor.size > 1 ? tensor : nullptr),
         self_comm_(comm::MakeSelfCommunicator()) {}
 
   E& engine() { return *engine_; }
@@ -158,11 +163,17 @@ class RankExecutor {
   int b() const { return options_.microbatch_size; }
   int s() const { return options_.model.seq_len; }
   int h() const { return options_.model.hidden; }
+  // t: the stage's tensor ranks; each holds 1/t of every slot's token rows (tensor_rows.h).
+  int t() const { return std::max(1, options_.tensor.size); }
   // Sequence chunk q covers positions [SeqBegin(q), SeqBegin(q) + SeqLen(q)); one slot's
-  // activation is (b, SeqLen(q), h), SlotElems(q) elements.
+  // activation is (b, SeqLen(q), h), SlotElems(q) elements (this rank's 1/t of them).
   int SeqBegin(int q) const { return plan_.seq_bounds[q]; }
   int SeqLen(int q) const { return plan_.seq_bounds[q + 1] - plan_.seq_bounds[q]; }
-  size_t SlotElems(int q) const { return static_cast<size_t>(b()) * SeqLen(q) * h(); }
+  size_t SlotElems(int q) const { return static_cast<size_t>(b()) * SeqLen(q) / t() * h(); }
+  // This rank's token rows of slot (·, q): b·len/t.
+  int SlotRows(int q) const { return b() * SeqLen(q) / t(); }
+  // Sums the step's (or evaluation's) loss over the tensor group: each rank added its rows'.
+  absl::Status SumLossOverTensorGroup();
   // Activation buffers are moved between ranks as raw floats (bf16: two per float; the engine
   // guarantees an even element count).
   static float* Floats(Buffer& buf) { return reinterpret_cast<float*>(buf.data()); }
@@ -293,7 +304,8 @@ class RankExecutor {
   std::unique_ptr<E> engine_;
   comm::Communicator* p2p_;
   comm::Communicator* coll_;
-  comm::Communicator* data_;  // the replicas of this stage; null without data parallelism
+  comm::Communicator* data_;    // the replicas of this stage; null without data parallelism
+  comm::Communicator* tensor_;  // the tensor ranks of this stage; null without tensor parallelism
   std::unique_ptr<comm::Communicator> self_comm_;
 
   // Per-step state, guarded by mu_ (the buffers' contents are ordered by the keys).

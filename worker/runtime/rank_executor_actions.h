@@ -10,7 +10,16 @@ namespace vp::runtime::internal {
 // IF: this rank's shard of the embedding lookup.
 template <StageEngine E>
 absl::Status RankExecutor<E>::DoIF(const planner::Action& a) {
-  auto st = engine_->model().input_layer().Forward(inputs_[a.mb].data(), b() * s());
+  // Under tensor parallelism the tokens go in gather order, so each rank's share of the lookup
+  // is its rows of every sequence chunk (tensor_rows.h).
+  std::vector<int32_t> ordered;
+  const int32_t* tokens = inputs_[a.mb].data();
+  if (t() > 1) {
+    ordered =
+        TensorRows(t(), options_.tensor.rank, b(), plan_.seq_bounds).GatherOrder(tokens, s());
+    tokens = ordered.data();
+  }
+  auto st = engine_->model().input_layer().Forward(tokens, b() * s());
   if (!st.ok()) return st.status();
   Put(input_states_, a.mb, std::move(*st));
   Produce({KeyKind::kInComputed, a.mb});
@@ -62,7 +71,7 @@ absl::Status RankExecutor<E>::DoF(const planner::Action& a, double* waited) {
   if (g == setup_.groups - 1) {
     // The last group: ln_f gives X, the output layer's input.
     XState xst;
-    if (auto st = engine_->FinalNormForward(xst, std::move(*out), b() * len); !st.ok()) return st;
+    if (auto st = engine_->FinalNormForward(xst, std::move(*out), SlotRows(q)); !st.ok()) return st;
     Put(x_states_, SeqSlot{a.mb, q}, std::move(xst));
     Produce({KeyKind::kXReady, a.mb, 0, q});
   } else {
@@ -155,7 +164,7 @@ void RankExecutor<E>::MaybeReleaseOut(SeqSlot key) {
 // B (input gradient) of a chunk; with `weight` also W (the fused BW).
 template <StageEngine E>
 absl::Status RankExecutor<E>::DoB(const planner::Action& a, bool weight, double* waited) {
-  const int g = setup_.chunk_group[a.chunk], q = a.seq, len = SeqLen(q), n = b() * len;
+  const int g = setup_.chunk_group[a.chunk], q = a.seq, len = SeqLen(q), n = SlotRows(q);
   Buffer dout;
   if (g == setup_.groups - 1) {
     const KeyKind ready_key =
@@ -208,7 +217,8 @@ absl::Status RankExecutor<E>::DoB(const planner::Action& a, bool weight, double*
   if (g == 0) {
     Buffer* de = Get(embed_grads_, a.mb);
     if (de == nullptr) {
-      auto fresh = engine_->Act(static_cast<size_t>(b()) * s() * h(), /*zero=*/false, E::kCompute);
+      auto fresh =
+          engine_->Act(static_cast<size_t>(b()) * s() / t() * h(), /*zero=*/false, E::kCompute);
       if (!fresh.ok()) return fresh.status();
       de = Put(embed_grads_, a.mb, std::move(*fresh));
     }
@@ -474,6 +484,18 @@ inline bool IsForwardAction(planner::ActionKind kind) {
 }
 
 template <StageEngine E>
+absl::Status RankExecutor<E>::SumLossOverTensorGroup() {
+  if (tensor_ == nullptr) return absl::OkStatus();
+  float loss[1] = {static_cast<float>(loss_)};
+  if (auto st = engine_->AllReduceHostFloats(*tensor_, loss, 1); !st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("rank ", rank_, " loss (tensor group sum): ", st.message()));
+  }
+  loss_ = loss[0];
+  return absl::OkStatus();
+}
+
+template <StageEngine E>
 absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, RankStepResult* r) {
   const int m = plan_.microbatches;
   inputs_.assign(m, std::vector<int32_t>(static_cast<size_t>(b()) * s()));
@@ -592,6 +614,7 @@ absl::StatusOr<RankEvalResult> RankExecutor<E>::Evaluate(int num_batches, const 
   }
   if (engine_->model().has_output_layer()) engine_->model().output_layer().ReleaseWorkspace();
   if (!status.ok()) return status;
+  if (auto st = SumLossOverTensorGroup(); !st.ok()) return st;
   if (replicated) {
     // Every rank of a stage's data group takes part; one without the losses adds zeros. The
     // count goes in rounds' worth of losses (m·k each), exact in a float for any allowed
@@ -634,6 +657,12 @@ absl::StatusOr<RankStepResult> RankExecutor<E>::Step(int64_t step, const BatchFn
   if (auto st = RunPlan(step, batches, &r); !st.ok()) return st;
   const auto o0 = Clock::now();
   r.lr = options_.lr.At(step);
+  if (tensor_ != nullptr) {
+    if (auto st = engine_->SumTensorReplicatedGrads(); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("rank ", rank_, " OPT: ", st.message()));
+    }
+    if (auto st = SumLossOverTensorGroup(); !st.ok()) return st;
+  }
   double opt_data_seconds = 0;
   if (auto st =
           engine_->OptimizerStep(step, *coll_, data_, setup_.tied_copy_sync, r.lr,

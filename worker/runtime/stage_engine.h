@@ -96,6 +96,8 @@ concept StageModel = requires(M& model, int c) {
 //                                   reduced: the ranges GRAD_SYNC summed already this step)
 //   AllReduceChunkGrads(data, c)    GRAD_SYNC: model chunk c's gradients summed over `data`
 //                                   (after its last W); returns the flat range it covered
+//   SumTensorReplicatedGrads()      tensor parallelism: the replicated tensors' gradients summed
+//                                   over the stage's tensor group (before OPT)
 //   AllReduceHostFloats(comm, v, n) n host floats summed over `comm` (a device engine stages
 //                                   them through device memory: its communicators take device
 //                                   pointers) — the replicas' loss and evaluation sums
@@ -127,6 +129,7 @@ concept StageEngine = ActivationBuffer<typename E::Buffer, typename E::Elem> &&
   { e.AllReduceChunkGrads(comm, n) } -> std::same_as<absl::StatusOr<comm::ShardRange>>;
   { e.AllReduceHostFloats(comm, host_floats, count) } -> std::same_as<absl::Status>;
   { e.ZeroGrads() } -> std::same_as<absl::Status>;
+  { e.SumTensorReplicatedGrads() } -> std::same_as<absl::Status>;
   { e.EnterThread() } -> std::same_as<absl::Status>;
   e.ActionDone(E::kCompute);
   { e.tracker() } -> std::convertible_to<engine::MemoryTracker&>;

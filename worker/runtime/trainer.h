@@ -26,6 +26,13 @@ struct DataParallelOptions {
   bool zero = false;
 };
 
+// Tensor parallelism (parallel.tensor): this rank is `rank` of `size` tensor ranks of its stage
+// (docs/tensor-parallel.md).
+struct TensorParallelOptions {
+  int size = 1;  // t
+  int rank = 0;  // in [0, t)
+};
+
 struct TrainerOptions {
   engine::ModelConfig model;
   int microbatch_size = 1;  // b
@@ -36,6 +43,7 @@ struct TrainerOptions {
   float grad_clip = 0.0f;  // 0 disables
   uint64_t seed = 1234;
   DataParallelOptions data;
+  TensorParallelOptions tensor;
 };
 
 // Fills the inputs and targets (both (b, s) int32) of microbatch j of step `step`.

@@ -398,7 +398,8 @@ TEST_P(TensorVocabLayersTest, MatchesUnpartitionedReference) {
     for (int mb = 0; mb < kMicrobatches; ++mb) {
       const std::string where = absl::StrCat(" rank ", v, " mb ", mb);
       const auto rows = [&](const std::vector<double>& all, int width) {
-        return std::vector<double>(all.begin() + tp * m * width, all.begin() + (tp + 1) * m * width);
+        return std::vector<double>(all.begin() + tp * m * width,
+                                   all.begin() + (tp + 1) * m * width);
       };
       ExpectClose(losses[v][mb], rows(ref.loss[mb], 1), "loss" + where);
       ExpectClose(grad_x[v][mb], rows(ref.grad_x[mb], h), "grad_x" + where);

@@ -23,7 +23,8 @@ size_t ParamTensor::count() const {
 
 absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
-    std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker) {
+    std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker,
+    tp::TensorGroup tensor) {
   if (cfg.layers < 1 || cfg.hidden < 1 || cfg.heads < 1 || cfg.hidden % cfg.heads != 0 ||
       cfg.vocab < 2 || cfg.seq_len < 1 || cfg.ffn_hidden < 1) {
     return absl::InvalidArgumentError(absl::StrCat("model config: invalid shape (layers ",
@@ -38,16 +39,24 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
                        ") outside the model's ", cfg.layers, " layers"));
     }
   }
+  const int tensor_size = tensor.size();
+  if (tensor_size > 1 && !layout.vocab_sharded) {
+    return absl::InvalidArgumentError(
+        "parallel.vocab: tensor parallelism needs a vocabulary-parallel method (vocab1, vocab2)");
+  }
   const bool has_input = layout.vocab_sharded || layout.holds_input_layer;
   const bool has_output = layout.vocab_sharded || layout.holds_output_layer;
+  // Shard pp·t + tp of p·t under tensor parallelism.
   auto partition = layout.vocab_sharded
-                       ? vocab::MakeVocabPartition(cfg.vocab, layout.world, layout.rank)
+                       ? vocab::MakeVocabPartition(cfg.vocab, layout.world * tensor_size,
+                                                   layout.rank * tensor_size + tensor.rank())
                        : vocab::MakeVocabPartition(cfg.vocab, 1, 0);
   if (!partition.ok()) return partition.status();
 
   auto m = std::make_unique<RankModel>(PassKey{});
   m->cfg_ = cfg;
   m->layout_ = layout;
+  m->tensor_ = tensor;
   m->partition_ = *partition;
   const int64_t h = cfg.hidden;
   const int64_t rows = partition->rows;
@@ -61,6 +70,7 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     t.vocab_shard = vocab_shard;
     t.global_row_begin = vocab_shard ? partition->begin : 0;
     t.valid_rows = vocab_shard ? partition->valid_rows : t.shape[0];
+    t.full_shape = t.shape;
     offset += t.count();
     m->tensors_.push_back(std::move(t));
     return m->tensors_.back().offset;
@@ -74,16 +84,18 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
     stack_offsets.push_back(offset);
     for (int l = c.first_layer; l < c.first_layer + c.count; ++l) {
       const size_t layer_base = offset;
-      for (const TensorSpec& spec : LayerTensorSpecs(cfg)) {
-        ParamTensor t;
-        t.name = LayerTensorName(cfg, l, spec.name);
-        t.offset = layer_base + spec.offset;
-        t.shape = spec.shape;
-        t.weight_decay = spec.weight_decay;
-        t.valid_rows = spec.shape[0];
-        m->tensors_.push_back(std::move(t));
+      for (const TensorSpec& spec : LayerTensorSpecs(cfg, tensor_size)) {
+        ParamTensor p;
+        p.name = LayerTensorName(cfg, l, spec.name);
+        p.offset = layer_base + spec.offset;
+        p.shape = spec.shape;
+        p.weight_decay = spec.weight_decay;
+        p.valid_rows = spec.shape[0];
+        p.split = spec.split;
+        p.full_shape = spec.full_shape;
+        m->tensors_.push_back(std::move(p));
       }
-      offset = layer_base + LayerParamCount(cfg);
+      offset = layer_base + LayerParamCount(cfg, tensor_size);
     }
     m->chunk_params_.push_back({stack_offsets.back(), offset - stack_offsets.back()});
   }
@@ -102,19 +114,19 @@ absl::StatusOr<std::unique_ptr<RankModel>> RankModel::Create(
 
   auto input =
       vocab::InputLayerShard::Create(*partition, cfg.hidden, m->params_.data() + m->wte_offset_,
-                                     m->grads_.data() + m->wte_offset_, tracker);
+                                     m->grads_.data() + m->wte_offset_, tracker, tensor);
   if (!input.ok()) return input.status();
   m->input_ = std::make_unique<vocab::InputLayerShard>(std::move(*input));
-  auto output = vocab::OutputLayerShard::Create(*partition, cfg.hidden, algorithm,
-                                                m->params_.data() + m->lm_head_offset_,
-                                                m->grads_.data() + m->lm_head_offset_, tracker);
+  auto output = vocab::OutputLayerShard::Create(
+      *partition, cfg.hidden, algorithm, m->params_.data() + m->lm_head_offset_,
+      m->grads_.data() + m->lm_head_offset_, tracker, tensor);
   if (!output.ok()) return output.status();
   m->output_ = std::make_unique<vocab::OutputLayerShard>(std::move(*output));
 
   for (size_t c = 0; c < layout.chunks.size(); ++c) {
     auto stack = LayerStack::Create(
         cfg, layout.chunks[c].first_layer, layout.chunks[c].count, microbatch_size, seq_bounds,
-        m->params_.data() + stack_offsets[c], m->grads_.data() + stack_offsets[c], tracker);
+        m->params_.data() + stack_offsets[c], m->grads_.data() + stack_offsets[c], tracker, tensor);
     if (!stack.ok()) return stack.status();
     m->stacks_.push_back(std::make_unique<LayerStack>(std::move(*stack)));
   }
@@ -155,6 +167,27 @@ const ParamTensor* RankModel::Find(const std::string& name) const {
     if (t.name == name) return &t;
   }
   return nullptr;
+}
+
+std::vector<DecayRange> RankModel::ReplicatedRanges() const {
+  std::vector<DecayRange> ranges;
+  if (tensor_.size() == 1) return ranges;
+  for (const ParamTensor& t : tensors_) {
+    if (!t.vocab_shard && t.split.replicated()) ranges.push_back({t.offset, t.count(), false});
+  }
+  return ranges;
+}
+
+absl::Status RankModel::SumReplicatedGrads() {
+  for (const DecayRange& r : ReplicatedRanges()) {
+    if (absl::Status st =
+            tensor_.comm()->AllReduce(grads_.data() + r.offset, r.count, comm::ReduceOp::kSum);
+        !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("tensor group sum of replicated gradients: ", st.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<DecayRange> RankModel::DecayRanges() const {

@@ -8,6 +8,11 @@
 // everything. Tensor names are Hugging Face GPT-2's or LlamaForCausalLM's (model.embed_tokens,
 // model.layers.<i>.*, model.norm, lm_head; no position table); initialisation is slice-independent
 // (init.h), so the tensors of a p-rank model are slices of the 1-rank model's.
+//
+// Tensor parallelism (docs/tensor-parallel.md): a rank of a tensor group of t holds its slices
+// of every layer (tensor_parallel/split.h), vocabulary shard pp·t + tp of p·t, and whole copies
+// of wpe and the final norm, whose gradients (like the layers' replicated tensors') the group
+// sums once a step (SumReplicatedGrads).
 #pragma once
 
 #include <cstdint>
@@ -63,6 +68,10 @@ struct ParamTensor {
   int64_t global_row_begin = 0;
   int64_t valid_rows = 0;
   bool vocab_shard = false;
+  // Tensor parallelism: how the tensor is cut over the tensor group and its whole shape (a
+  // layer tensor's slice, tensor_parallel/split.h); replicated and shape when not cut.
+  tp::Split split;
+  std::vector<int64_t> full_shape;
 
   size_t count() const;
 };
@@ -70,10 +79,13 @@ struct ParamTensor {
 class RankModel {
  public:
   // microbatch_size and seq_bounds (sequence chunk boundaries {0, ..., seq_len}) size the
-  // layer stacks' activation slots. tracker may be null.
+  // layer stacks' activation slots. tracker may be null. tensor: the tensor group of this
+  // stage (default: none); its communicator must outlive the model. Tensor parallelism needs a
+  // sharded vocabulary.
   static absl::StatusOr<std::unique_ptr<RankModel>> Create(
       const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
-      std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker);
+      std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, MemoryTracker* tracker,
+      tp::TensorGroup tensor = {});
 
   // GPT-2 initialisation of every tensor this rank holds (padding rows stay zero).
   void Init(uint64_t seed);
@@ -92,6 +104,13 @@ class RankModel {
   const ParamTensor* Find(const std::string& name) const;
   // The ranges AdamW decays, from the tensor table.
   std::vector<DecayRange> DecayRanges() const;
+  const tp::TensorGroup& tensor_group() const { return tensor_; }
+  // Tensor parallelism: the replicated tensors' gradients (the layers' norms and row-parallel
+  // biases, wpe, the final norm) summed over the tensor group. Nothing at t = 1.
+  absl::Status SumReplicatedGrads();
+  // The flat ranges of the replicated tensors (empty at t = 1): the gradient norm counts them
+  // once per tensor group.
+  std::vector<DecayRange> ReplicatedRanges() const;
 
   bool has_input_layer() const { return input_ != nullptr; }
   bool has_output_layer() const { return output_ != nullptr; }
@@ -132,6 +151,7 @@ class RankModel {
  private:
   ModelConfig cfg_;
   RankLayout layout_;
+  tp::TensorGroup tensor_;
   vocab::VocabPartition partition_;
   std::vector<ParamTensor> tensors_;
   Buffer params_;

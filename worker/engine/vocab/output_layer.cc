@@ -115,8 +115,8 @@ absl::StatusOr<OutputLayerShard> OutputLayerShard::Create(const VocabPartition& 
 
 bool OutputLayerShard::GroupOwns(int64_t label) const {
   const int t = tensor_.size();
-  const int64_t group_begin = partition_.begin - static_cast<int64_t>(tensor_.rank()) *
-                                                     partition_.rows;
+  const int64_t group_begin =
+      partition_.begin - static_cast<int64_t>(tensor_.rank()) * partition_.rows;
   const int64_t group_end = std::min(group_begin + t * partition_.rows, partition_.vocab);
   return label >= group_begin && label < group_end;
 }
@@ -145,9 +145,8 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
   if (!std::isfinite(d)) return absl::InvalidArgumentError("output layer S: d must be finite");
   const int t = tensor_.size();
   if (n % t != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("output layer S: n ", n,
-                                                   " tokens do not split over ", t,
-                                                   " tensor ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("output layer S: n ", n, " tokens do not split over ", t, " tensor ranks"));
   }
   const int64_t rows = partition_.rows, valid = partition_.valid_rows;
   const int h = hidden_;
@@ -373,7 +372,8 @@ absl::Status OutputLayerShard::T(OutputLayerState& st, const float* x) const {
     all_scale = Buffer(tracker_, act, n);
     absl::Status s = sp.GatherInto(x, n, h, gathered.data());
     if (s.ok()) s = sp.GatherInto(st.scale_.data(), n, 1, all_scale.data());
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("output layer T gather: ", s.message()));
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat("output layer T gather: ", s.message()));
     for (int i = 0; i < n; ++i) all_scale.data()[i] *= st.group_share_.data()[i];
     x = gathered.data();
     scale = all_scale.data();

@@ -35,9 +35,8 @@ absl::Status ValidateTensorShard(const char* layer, const VocabPartition& partit
   const int t = tensor.size();
   if (partition.world % t != 0 || partition.rank % t != tensor.rank()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        layer, ": shard ", partition.rank, " of ", partition.world,
-        " is not tensor rank ", tensor.rank(), " of ", t,
-        " (shard pp·t + tp of p·t: the world must be a multiple of t)"));
+        layer, ": shard ", partition.rank, " of ", partition.world, " is not tensor rank ",
+        tensor.rank(), " of ", t, " (shard pp·t + tp of p·t: the world must be a multiple of t)"));
   }
   return absl::OkStatus();
 }

@@ -68,6 +68,11 @@ class CudaStageEngine {
   // pointers).
   absl::Status AllReduceHostFloats(comm::Communicator& comm, float* values, size_t n);
   absl::Status ZeroGrads() { return model_->ZeroGrads(); }
+  // Tensor parallelism has no CUDA engine yet (BuildRankSetup refuses t > 1 for a device
+  // rank, so the executor never calls this).
+  absl::Status SumTensorReplicatedGrads() {
+    return absl::UnimplementedError("parallel.tensor > 1 on CUDA: not built yet");
+  }
   absl::Status EnterThread();
   void ActionDone(Thread) { alloc_->ReleasePending(); }
 

@@ -59,6 +59,11 @@ absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
   if (coll == nullptr || (p2p != nullptr && p2p->size() != coll->size())) {
     return absl::InvalidArgumentError("cuda rank: both communicators must span the pipeline");
   }
+  if (options.tensor.size > 1) {
+    return absl::UnimplementedError(
+        "parallel.tensor > 1 on CUDA: the device engine's tensor-parallel layers are not built "
+        "yet (docs/tensor-parallel.md)");
+  }
   auto setup = internal::BuildRankSetup(plan, rank, options, p2p, data);
   if (!setup.ok()) return setup.status();
   if (cuda.untagged_p2p) {
