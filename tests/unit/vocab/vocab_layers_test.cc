@@ -359,7 +359,9 @@ TEST_P(TensorVocabLayersTest, MatchesUnpartitionedReference) {
           ASSERT_TRUE(out->C1(*ost, pc).ok());
           std::vector<float> loss(ost->losses(), ost->losses() + m);
           ASSERT_TRUE(out->T(*ost, my_x).ok());
-          if (algorithm == OutputAlgorithm::kAlgorithm1) ASSERT_TRUE(out->C2(*ost, pc).ok());
+          if (algorithm == OutputAlgorithm::kAlgorithm1) {
+            ASSERT_TRUE(out->C2(*ost, pc).ok());
+          }
           ASSERT_NE(ost->grad_input(), nullptr);
           std::vector<float> gx(ost->grad_input(), ost->grad_input() + m * h);
           ost->Release();
