@@ -3,7 +3,7 @@
 // contexts (pipeline group and tensor group over loopback, as worker processes would have).
 // Per t: tokens/s (median step after one warm-up), the largest rank's peak memory (the engine's
 // tracker) beside the planner's prediction for it, and per rank and step the bytes of the
-// vocabulary barriers (C1, C2, IF_REDUCE, IB_BCAST: the collectives of the pipeline group), of
+// vocabulary collectives (BCAST_X, C1, C2, IF_REDUCE, IB_BCAST: the pipeline group's), of
 // the stage-to-stage transfers, and of the tensor group's all-gathers and reduce-scatters.
 //
 //   tensor_parallel_bench [--hidden=256] [--heads=8] [--layers=4] [--vocab=16384] [--seq=256]
