@@ -155,12 +155,13 @@ std::vector<int64_t> PredictedRankBytes(const JobPlan& plan) {
   return out;
 }
 
-// The job's ranks: parallel.data replicas of its pipeline (proto/plan/topology.h). The spec
-// was validated at submit (d·p within spec::kMaxRanks); a record that is not (a hand-edited
-// store) falls back to one replica.
+// The job's ranks: parallel.data replicas of its pipeline, parallel.tensor ranks a stage
+// (proto/plan/topology.h). The spec was validated at submit (d·t·p within spec::kMaxRanks); a
+// record that is not (a hand-edited store) falls back to one replica.
 planner::Topology JobTopology(const v1::JobSpec& spec) {
   const int p = std::max(1, spec.parallel().pipeline());
-  auto t = planner::Topology::Create(p, std::max(1, spec.parallel().data()), 1, spec::kMaxRanks);
+  auto t = planner::Topology::Create(p, std::max(1, spec.parallel().data()),
+                                     std::max(1, spec.parallel().tensor()), spec::kMaxRanks);
   if (t.ok()) return *t;
   return *planner::Topology::Create(p, 1);
 }
@@ -786,9 +787,16 @@ void Coordinator::Schedule() {
       }
     }
     if (static_cast<int>(free.size()) < p) continue;
-    // Rank r runs on placed[r]: a pipeline on one host where it fits (placement.h).
+    // Rank r runs on placed[r]: a pipeline on one host where it fits (placement.h). A job whose
+    // tensor groups do not fit the hosts' free workers waits, and says why.
+    std::string unmet;
+    const std::vector<int> where = PlaceRanks(candidates, topology, &unmet);
+    if (where.empty()) {
+      if (job.reason() != unmet) (void)SetState(job, v1::JOB_STATE_PENDING, unmet);
+      continue;
+    }
     std::vector<Worker*> placed;
-    for (int i : PlaceRanks(candidates, topology)) placed.push_back(free[i]);
+    for (int i : where) placed.push_back(free[i]);
     // Ranks on different hosts connect to each other's advertised address: loopback there
     // would reach the rank's own host, and the job would only time out.
     std::set<std::string> hosts;

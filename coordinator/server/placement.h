@@ -15,6 +15,14 @@
 //      order. Each host gives as many whole pipelines as it holds; the rest fill the remaining
 //      pipelines in that order (those pipelines span hosts: nothing better fits). Pipeline j
 //      is replica j, its k-th worker stage k.
+//
+// Tensor parallelism (t > 1, docs/tensor-parallel.md): a tensor group's t ranks exchange
+// activations inside every pass, so each group is t workers of one host, consecutive in device
+// order. The free workers (rule 1's order) are cut host by host into such groups, and rule 3
+// then places whole groups as it places single workers above (a pipeline of p groups on one
+// host where it fits). A host's workers beyond its last whole group are left free. Hints do not
+// decide the ranks when t > 1. Too few whole groups: no placement, and `unmet` says what is
+// needed and what each host has.
 // Pure: no I/O, unit-tested (placement_test).
 #pragma once
 
@@ -34,9 +42,10 @@ struct PlacementCandidate {
 };
 
 // For each rank r in [0, topology.world()), the index in `candidates` of the worker that runs
-// it; empty when there are fewer candidates than ranks.
+// it; empty when there are fewer candidates than ranks, or (t > 1) fewer whole tensor groups on
+// single hosts than the job needs — then `unmet` (if not null) names the need and the hosts.
 std::vector<int> PlaceRanks(const std::vector<PlacementCandidate>& candidates,
-                            const planner::Topology& topology);
+                            const planner::Topology& topology, std::string* unmet = nullptr);
 
 // The device index in a worker's device string: "cuda:3" → 3; -1 for "cpu" or no index.
 int DeviceIndex(const std::string& device);

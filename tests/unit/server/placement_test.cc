@@ -101,6 +101,61 @@ TEST(PlaceRanks, OneHostOfCpuWorkersKeepsRegistrationOrderPerPipeline) {
   EXPECT_TRUE(PlaceRanks(Workers({{"h", -1}}), t).empty());  // too few
 }
 
+// Tensor groups: t consecutive devices of one host, a pipeline of them on one host where it
+// fits, never a group across hosts.
+TEST(PlaceRanks, TensorGroupsAreConsecutiveDevicesOfOneHost) {
+  // a: 5 GPUs (2 whole groups of 2, one left over), b: 3 (1 group), registered interleaved.
+  const auto c =
+      Workers({{"a", 4}, {"b", 0}, {"a", 0}, {"b", 2}, {"a", 1}, {"a", 3}, {"b", 1}, {"a", 2}});
+  const planner::Topology t = *planner::Topology::Create(/*p=*/1, /*d=*/3, /*t=*/2);
+  std::string unmet;
+  const std::vector<int> placed = PlaceRanks(c, t, &unmet);
+  ASSERT_EQ(placed.size(), 6u) << unmet;
+  std::set<int> used;
+  for (int replica = 0; replica < 3; ++replica) {
+    const int r0 = t.RankOf({.stage = 0, .replica = replica, .tensor = 0});
+    const int r1 = t.RankOf({.stage = 0, .replica = replica, .tensor = 1});
+    EXPECT_EQ(r1, r0 + 1);  // the tensor axis is innermost: neighbours
+    EXPECT_EQ(c[placed[r0]].hostname, c[placed[r1]].hostname) << "replica " << replica;
+    EXPECT_EQ(c[placed[r1]].device, c[placed[r0]].device + 1) << "replica " << replica;
+    used.insert(placed[r0]);
+    used.insert(placed[r1]);
+  }
+  EXPECT_EQ(used.size(), 6u);
+  // a's groups are devices 0-1 and 2-3 (device 4 stays free), b's 0-1.
+  std::multiset<std::string> hosts;
+  for (int i : used) hosts.insert(c[i].hostname);
+  EXPECT_EQ(hosts.count("a"), 4u);
+  EXPECT_EQ(hosts.count("b"), 2u);
+}
+
+TEST(PlaceRanks, APipelineOfTensorGroupsStaysOnOneHost) {
+  // p = 2, t = 2: 4 workers a stage pair; host a has 4, host b has 4.
+  const auto c =
+      Workers({{"b", 0}, {"a", 0}, {"b", 1}, {"a", 1}, {"b", 2}, {"a", 2}, {"b", 3}, {"a", 3}});
+  const planner::Topology t = *planner::Topology::Create(/*p=*/2, /*d=*/2, /*t=*/2);
+  const std::vector<int> placed = PlaceRanks(c, t);
+  ASSERT_EQ(placed.size(), 8u);
+  for (int replica = 0; replica < 2; ++replica) {
+    std::set<std::string> hosts;
+    for (int s = 0; s < 2; ++s)
+      for (int tp = 0; tp < 2; ++tp)
+        hosts.insert(c[placed[t.RankOf({.stage = s, .replica = replica, .tensor = tp})]].hostname);
+    EXPECT_EQ(hosts.size(), 1u) << "replica " << replica;
+  }
+}
+
+TEST(PlaceRanks, TooFewWholeTensorGroupsWaitNamingHostsAndNeed) {
+  // 4 free GPUs, but 1 + 1 + 2 over three hosts: one whole group of 2, the job needs 2.
+  const auto c = Workers({{"a", 0}, {"b", 0}, {"c", 0}, {"c", 1}});
+  const planner::Topology t = *planner::Topology::Create(/*p=*/2, /*d=*/1, /*t=*/2);
+  std::string unmet;
+  EXPECT_TRUE(PlaceRanks(c, t, &unmet).empty());
+  EXPECT_EQ(unmet,
+            "placement: needs 2 tensor groups of 2 workers on one host each (parallel.tensor 2), "
+            "finds 1: a has 1 free (0 groups); b has 1 free (0 groups); c has 2 free (1 groups)");
+}
+
 TEST(DeviceIndex, ReadsTheCudaOrdinal) {
   EXPECT_EQ(DeviceIndex("cuda:3"), 3);
   EXPECT_EQ(DeviceIndex("cpu"), -1);
