@@ -30,6 +30,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kShardKey[] = "vocab_shard.";
+// A tensor-parallel slice of a layer tensor: "<dim> <parts> <tensor rank> <t>" (split.h).
+constexpr char kSliceKey[] = "tensor_slice.";
 constexpr char kManifest[] = "MANIFEST.json";
 constexpr char kManifestFormat[] = "vocabpipe-shard-manifest";
 constexpr char kModelFile[] = "model.safetensors";
@@ -152,6 +154,33 @@ absl::StatusOr<ShardRows> ParseShardRows(const std::string& file, const std::str
   return r;
 }
 
+// A saved tensor-parallel slice: how the whole tensor was cut and which rank's part this is.
+struct SliceInfo {
+  engine::tp::Split split;
+  int rank = 0, size = 1;
+};
+
+absl::StatusOr<SliceInfo> ParseSlice(const std::string& file, const std::string& name,
+                                     const std::string& value, size_t dims) {
+  std::vector<std::string> parts = absl::StrSplit(value, ' ', absl::SkipEmpty());
+  SliceInfo s;
+  if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &s.split.dim) ||
+      !absl::SimpleAtoi(parts[1], &s.split.parts) || !absl::SimpleAtoi(parts[2], &s.rank) ||
+      !absl::SimpleAtoi(parts[3], &s.size) || s.split.dim < 0 ||
+      static_cast<size_t>(s.split.dim) >= dims || s.split.parts < 1 || s.size < 2 ||
+      s.size > 1024 || s.rank < 0 || s.rank >= s.size) {
+    return absl::DataLossError(absl::StrCat(file, ": metadata ", kSliceKey, name, " = \"", value,
+                                            "\" is not \"<dim> <parts> <rank> <t>\""));
+  }
+  return s;
+}
+
+// The whole shape of a saved slice of `shape`.
+std::vector<int64_t> WholeShape(std::vector<int64_t> shape, const SliceInfo& s) {
+  shape[s.split.dim] *= s.size;
+  return shape;
+}
+
 }  // namespace
 
 std::string OptimizerRangeFile(int replica, int replicas) {
@@ -222,6 +251,11 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
     }
     if (t.vocab_shard) {
       meta[kShardKey + t.name] = absl::StrCat(t.global_row_begin, " ", t.valid_rows);
+    }
+    const engine::tp::TensorGroup& group = model.tensor_group();
+    if (!t.vocab_shard && !t.split.replicated() && group.size() > 1) {
+      meta[kSliceKey + t.name] =
+          absl::StrCat(t.split.dim, " ", t.split.parts, " ", group.rank(), " ", group.size());
     }
   }
   if (auto st = runtime::WriteSafetensorsAt(*dir, kModelFile, weights, meta); !st.ok()) {
@@ -636,15 +670,24 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
   }
   // A piece of a tensor in a saved shard: its global rows [begin, begin + rows) (a vocabulary
   // shard's, from the metadata; the whole tensor's otherwise).
+  // A tensor-parallel slice carries its SliceInfo (sliced = true).
   struct Piece {
     int shard = 0;
     int64_t begin = 0, rows = 0;
+    bool sliced = false;
+    SliceInfo slice;
   };
   std::map<std::string, std::vector<Piece>> pieces;
   for (int r = 0; r < saved_world; ++r) {
     const runtime::SafetensorsReader& f = *weights[r];
     for (const auto& [name, entry] : f.tensors()) {
       Piece piece{.shard = r, .begin = 0, .rows = entry.shape.empty() ? 1 : entry.shape[0]};
+      if (auto meta = f.metadata().find(kSliceKey + name); meta != f.metadata().end()) {
+        auto slice = ParseSlice(f.path(), name, meta->second, entry.shape.size());
+        if (!slice.ok()) return slice.status();
+        piece.sliced = true;
+        piece.slice = *slice;
+      }
       if (auto meta = f.metadata().find(kShardKey + name); meta != f.metadata().end()) {
         auto rows = ParseShardRows(f.path(), name, meta->second);
         if (!rows.ok()) return rows.status();
@@ -660,6 +703,78 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
   // What this rank reads: for each of its tensors (and moments) the pieces covering its rows,
   // checked (shape, finite) before anything is copied.
   std::vector<Copy> copies;
+  // Tensor parallelism on either side (a saved slice, or a slice to load): the whole tensor is
+  // put together from the saved parts after the reads, then this rank's slice (or the whole)
+  // goes to dst: elements [first, first + count) of it. One whole tensor at a time in memory.
+  struct Assembly {
+    std::vector<int64_t> whole_shape;
+    std::vector<std::vector<float>> parts;  // filled by the planned copies
+    std::vector<SliceInfo> infos;           // size 1: the part is the whole tensor
+    engine::tp::Split split;                // the loading rank's cut
+    int rank = 0, size = 1;
+    float* dst = nullptr;
+    uint64_t first = 0, count = 0;
+  };
+  std::vector<std::unique_ptr<Assembly>> assemblies;
+  const engine::tp::TensorGroup& group = model.tensor_group();
+  // Plans the assembly of `t` (a layer tensor) from `found`'s pieces; dst etc. as above.
+  auto plan_assembly = [&](const engine::ParamTensor& t, const std::string& source,
+                           const std::vector<Piece>& found, const std::string& prefix, float* dst,
+                           uint64_t first, uint64_t count) -> absl::Status {
+    auto a = std::make_unique<Assembly>();
+    a->whole_shape = t.full_shape;
+    a->split = t.split;
+    a->rank = group.size() > 1 ? group.rank() : 0;
+    a->size = group.size() > 1 && !t.split.replicated() ? group.size() : 1;
+    a->dst = dst;
+    a->first = first;
+    a->count = count;
+    std::vector<const Piece*> use;
+    for (const Piece& p : found) {
+      if (p.sliced) use.push_back(&p);
+    }
+    if (use.empty()) {
+      use.push_back(&found.front());  // saved whole (t = 1 or replicated)
+    } else {
+      std::vector<bool> seen(static_cast<size_t>(use.front()->slice.size), false);
+      for (const Piece* p : use) {
+        if (p->slice.size != use.front()->slice.size || seen[p->slice.rank]) {
+          return absl::DataLossError(absl::StrCat("checkpoint of step ", step,
+                                                  ": the tensor-parallel slices of ", source,
+                                                  " do not form one set of ranks"));
+        }
+        seen[p->slice.rank] = true;
+      }
+      if (static_cast<int>(use.size()) != use.front()->slice.size) {
+        return absl::DataLossError(absl::StrCat("checkpoint of step ", step, ": ", use.size(),
+                                                " of the ", use.front()->slice.size,
+                                                " tensor-parallel slices of ", source, " saved"));
+      }
+    }
+    for (const Piece* p : use) {
+      const runtime::SafetensorsReader& f = *weights[p->shard];
+      const runtime::TensorEntry* e = f.Find(source);
+      if (e == nullptr) return absl::DataLossError(absl::StrCat(f.path(), ": no ", source));
+      const std::vector<int64_t> whole = p->sliced ? WholeShape(e->shape, p->slice) : e->shape;
+      if (whole != a->whole_shape) {
+        return absl::DataLossError(
+            absl::StrCat(f.path(), ": tensor ", source, " is not of the shape this model needs"));
+      }
+      a->infos.push_back(p->sliced ? p->slice : SliceInfo{});
+      a->parts.emplace_back(static_cast<size_t>(e->numel()));
+      float* buf = a->parts.back().data();
+      if (prefix.empty()) {
+        if (auto st = f.CheckFinite(source, *e, 0, e->numel()); !st.ok()) return st;
+        copies.push_back({&f, e, 0, static_cast<uint64_t>(e->numel()), buf});
+      } else if (auto st =
+                     moments[p->shard].Plan(prefix + source, e->shape, 0, e->numel(), buf, &copies);
+                 !st.ok()) {
+        return st;
+      }
+    }
+    assemblies.push_back(std::move(a));
+    return absl::OkStatus();
+  };
   const engine::ParamTensor* twin = model.tied_output_copy();
   const std::string embedding = engine::EmbeddingTensorName(model.config());
   // prefix "" reads the weights into params (base = the flat parameter buffer); "exp_avg." and
@@ -679,6 +794,18 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
     if (found == pieces.end()) {
       return absl::DataLossError(absl::StrCat(ShardDir(run_dir, step, 0), " .. ", saved_world - 1,
                                               ": no shard holds tensor ", t.name));
+    }
+    const bool load_slice = !t.vocab_shard && !t.split.replicated() && group.size() > 1;
+    const bool saved_slices = std::any_of(found->second.begin(), found->second.end(),
+                                          [](const Piece& p) { return p.sliced; });
+    if (!t.vocab_shard && (load_slice || saved_slices)) {
+      if (prefix.empty()) {
+        return plan_assembly(t, source, found->second, prefix, base + t.offset, 0, t.count());
+      }
+      const StateSpan span = SpanInState(*state, t.offset, t.count());
+      if (span.count == 0) return absl::OkStatus();
+      return plan_assembly(t, source, found->second, prefix, base + span.state_index, span.first,
+                           span.count);
     }
     int64_t covered = 0;
     std::vector<bool> row_done(static_cast<size_t>(rows), false);
@@ -736,6 +863,21 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
   }
   for (const Copy& c : copies) {
     if (auto st = c.file->Read(*c.entry, c.first, c.count, c.dst); !st.ok()) return st;
+  }
+  for (const auto& a : assemblies) {
+    size_t numel = 1;
+    for (const int64_t d : a->whole_shape) numel *= static_cast<size_t>(d);
+    std::vector<float> whole(numel);
+    for (size_t i = 0; i < a->parts.size(); ++i) {
+      const SliceInfo& s = a->infos[i];
+      engine::tp::PlaceSlice(a->parts[i].data(), a->whole_shape, s.split, s.rank, s.size,
+                             whole.data());
+    }
+    std::vector<float> mine(numel / a->size);
+    engine::tp::SliceTensor(whole.data(), a->whole_shape,
+                            a->size > 1 ? a->split : SliceInfo{}.split, a->rank, a->size,
+                            mine.data());
+    std::copy_n(mine.data() + a->first, a->count, a->dst);
   }
   if (optimizer != nullptr) optimizer->set_step(adamw_step);
   return absl::OkStatus();
@@ -836,7 +978,9 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
   std::vector<std::unique_ptr<runtime::SafetensorsReader>> files;
   std::map<std::string, std::vector<Piece>> sharded;  // name -> pieces
   std::map<std::string, Source> whole;                // name -> tensor
-  std::vector<std::string> order;                     // first-seen order
+  // Tensor-parallel slices of a layer tensor, put together in memory (one tensor at a time).
+  std::map<std::string, std::vector<std::pair<SliceInfo, Source>>> sliced;
+  std::vector<std::string> order;  // first-seen order
   for (int r = 0; r < world; ++r) {
     auto dir = ShardFolder(run_dir, step, r, /*create=*/false);
     if (!dir.ok() && !absl::IsNotFound(dir.status())) return dir.status();
@@ -854,7 +998,16 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     for (const auto& [name, entry] : file.tensors()) {
       // With tied embeddings the output copy of a non-sharded plan is wte's twin: skip it.
       if (config.tie_embeddings && name == "lm_head.weight") continue;
-      if (!sharded.contains(name) && !whole.contains(name)) order.push_back(name);
+      if (!sharded.contains(name) && !whole.contains(name) && !sliced.contains(name)) {
+        order.push_back(name);
+      }
+      if (auto slice_meta = file.metadata().find(kSliceKey + name);
+          slice_meta != file.metadata().end()) {
+        auto slice = ParseSlice(file.path(), name, slice_meta->second, entry.shape.size());
+        if (!slice.ok()) return slice.status();
+        sliced[name].push_back({*slice, Source{&file, &entry}});
+        continue;
+      }
       auto meta = file.metadata().find(kShardKey + name);
       if (meta != file.metadata().end()) {
         auto rows = ParseShardRows(file.path(), name, meta->second);
@@ -875,8 +1028,30 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     std::string name;
     std::vector<int64_t> shape;
     std::vector<Source> sources;
+    std::vector<std::pair<SliceInfo, Source>> slices;  // a tensor-parallel tensor's parts
   };
   std::map<std::string, Output> merged;
+  for (auto& [name, parts] : sliced) {
+    const SliceInfo& first = parts.front().first;
+    const std::vector<int64_t> shape = WholeShape(parts.front().second.entry->shape, first);
+    std::vector<bool> seen(static_cast<size_t>(first.size), false);
+    for (const auto& [info, src] : parts) {
+      if (info.size != first.size || info.split.dim != first.split.dim ||
+          info.split.parts != first.split.parts || seen[info.rank] ||
+          WholeShape(src.entry->shape, info) != shape) {
+        return absl::DataLossError(absl::StrCat(runtime::CheckpointDir(run_dir, step),
+                                                ": the tensor-parallel slices of ", name,
+                                                " do not form one tensor"));
+      }
+      seen[info.rank] = true;
+    }
+    if (static_cast<int>(parts.size()) != first.size) {
+      return absl::DataLossError(absl::StrCat(runtime::CheckpointDir(run_dir, step), ": ",
+                                              parts.size(), " of the ", first.size,
+                                              " tensor-parallel slices of ", name, " saved"));
+    }
+    merged.emplace(name, Output{name, shape, {}, parts});
+  }
   for (auto& [name, pieces] : sharded) {
     std::sort(pieces.begin(), pieces.end(),
               [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
@@ -884,6 +1059,9 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     Output out{name, {}, {}};
     int64_t next = 0;
     for (const Piece& p : pieces) {
+      // An all-padding shard (more shards than V / 8 rows' worth: a small V over p·t ranks)
+      // holds no real row.
+      if (p.source.entry->shape[0] == 0) continue;
       if (p.begin != next || p.source.entry->shape[1] != cols) {
         return absl::DataLossError(absl::StrCat(
             runtime::CheckpointDir(run_dir, step), ": vocabulary shards of ", name,
@@ -955,6 +1133,25 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     runtime::SafetensorsWriter writer(*out, name);
     if (auto st = writer.Begin(layout, meta); !st.ok()) return st;
     for (size_t i : groups[g]) {
+      if (!outputs[i].slices.empty()) {  // put together in memory, then appended
+        size_t numel = 1;
+        for (const int64_t d : outputs[i].shape) numel *= static_cast<size_t>(d);
+        std::vector<float> tensor(numel);
+        for (const auto& [info, src] : outputs[i].slices) {
+          std::vector<float> part(static_cast<size_t>(src.entry->numel()));
+          if (auto st = src.file->Read(*src.entry, 0, part.size(), part.data()); !st.ok()) {
+            return st;
+          }
+          engine::tp::PlaceSlice(part.data(), outputs[i].shape, info.split, info.rank, info.size,
+                                 tensor.data());
+        }
+        if (auto st = writer.Append(reinterpret_cast<const char*>(tensor.data()),
+                                    tensor.size() * sizeof(float));
+            !st.ok()) {
+          return st;
+        }
+        continue;
+      }
       for (const Source& src : outputs[i].sources) {
         for (uint64_t done = 0; done < src.entry->bytes;) {
           const uint64_t n = std::min<uint64_t>(buffer.size(), src.entry->bytes - done);

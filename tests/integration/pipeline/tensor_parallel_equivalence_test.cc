@@ -2,12 +2,16 @@
 // t = 2 × p = 2 (4 ranks as threads over real Gloo, each in a pipeline group and a tensor group)
 // for every schedule family × Vocab-1 / Vocab-2, and d = 2 × t = 2 × p = 2 (8 ranks) against one
 // process with twice the microbatches. Per-step losses within 1e-5 relative and every parameter
-// after 3 steps (the tensor ranks' slices placed back into whole tensors) within 1e-5.
+// after 3 steps (the tensor ranks' slices placed back into whole tensors) within 1e-5. A
+// checkpoint of (tp, pp) shards merges into the one-process export and resumes at t = 1.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -18,7 +22,9 @@
 #include "tests/support/gloo_threads.h"
 #include "tests/support/training_fixtures.h"
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/launch/shard_checkpoint.h"
 #include "worker/runtime/pipeline_rank.h"
+#include "worker/runtime/safetensors.h"
 #include "worker/runtime/trainer.h"
 
 namespace vp::runtime {
@@ -167,6 +173,206 @@ TEST_P(TensorParallelEquivalence, MatchesOneProcess) {
     auto it = got_w.find(name);
     ASSERT_NE(it, got_w.end()) << name << " missing from the ranks";
     ASSERT_EQ(it->second.size(), w.size()) << name;
+    double worst = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
+    }
+    EXPECT_LE(worst, 1e-5) << name;
+  }
+}
+
+// Runs `fn(rank, stage, tp, pipeline comm, tensor comm)` on the t·p ranks of one pipeline as
+// threads (rank = stage·t + tp), each with its groups connected.
+void RunGrid(
+    int p, int t,
+    const std::function<void(int, int, int, comm::Communicator*, comm::Communicator*)>& fn) {
+  static std::atomic<int> run{0};
+  const std::string prefix = absl::StrCat("tp-grid", run.fetch_add(1));
+  auto store = comm::MakeHashStore();
+  comm::testing::RunOnGlooRanks(
+      p * t,
+      [&](comm::GlooCommunicator& w) {
+        const int rank = w.rank(), tp = rank % t, stage = rank / t;
+        engine::cpu::SetBlasThreads(1);
+        auto connect = [&](const std::string& name, int r, int size) {
+          comm::GlooOptions o;
+          o.rank = r;
+          o.size = size;
+          o.store = store;
+          o.prefix = absl::StrCat(prefix, "/", name);
+          o.timeout = absl::Seconds(60);
+          return comm::ConnectGloo(o);
+        };
+        auto pipe = connect(absl::StrCat("pipe-t", tp), stage, p);
+        auto tensor = connect(absl::StrCat("tensor-s", stage), tp, t);
+        ASSERT_TRUE(pipe.ok() && tensor.ok());
+        fn(rank, stage, tp, pipe->get(), t > 1 ? tensor->get() : nullptr);
+      },
+      absl::Seconds(60), store);
+}
+
+// Saved at (d, t, p) = (1, 2, 2) after 2 steps: the (tp, pp) shards merge into the one-process
+// model's Hugging Face export, and a (1, 1, 2) pipeline resumed from them trains step 3 as the
+// one process does.
+TEST(TensorParallelCheckpoint, MergesToTheOneProcessExportAndResumesAtAnotherShape) {
+  constexpr int p = 2, m = 4, saved_steps = 2;
+  const Case c{Schedule::k1F1B, VocabMethod::kVocab2};
+  const TrainerOptions ref_opt = Options(c, m);
+  const BatchFn batches = Batches(ref_opt);
+  auto standalone = StandaloneTrainer::Create(ref_opt);
+  ASSERT_TRUE(standalone.ok()) << standalone.status();
+  std::vector<double> want;
+  Weights at_save, at_end;
+  std::mutex mu;
+  for (int step = 0; step < kSteps; ++step) {
+    auto r = (*standalone)->Step(step, batches);
+    ASSERT_TRUE(r.ok()) << r.status();
+    want.push_back(r->loss);
+    if (step + 1 == saved_steps) Gather((*standalone)->model(), &at_save, &mu);
+  }
+  Gather((*standalone)->model(), &at_end, &mu);
+
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("vp_tp_ckpt_", getpid())).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // (1, 2, 2): two steps, then every rank saves its shard (rank stage·t + tp of 4).
+  {
+    TrainerOptions opt = Options(c, m);
+    opt.tensor.size = 2;
+    auto plan = fixtures::PlanFor(c.schedule, c.vocab, p, 1, opt);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    RunGrid(p, 2, [&](int rank, int stage, int tp, comm::Communicator* pc, comm::Communicator* tc) {
+      TrainerOptions mine = opt;
+      mine.tensor.rank = tp;
+      auto pr = PipelineRank::Create(*plan, stage, mine, pc, nullptr, tc);
+      ASSERT_TRUE(pr.ok()) << pr.status();
+      for (int step = 0; step < saved_steps; ++step) ASSERT_TRUE((*pr)->Step(step, batches).ok());
+      EXPECT_TRUE(launch::SaveRankShard(dir, saved_steps, rank, 4, (*pr)->model(),
+                                        (*pr)->optimizer(), "tp-run")
+                      .ok());
+    });
+  }
+  const absl::Status merge = launch::MergeShards(dir, saved_steps, 4, ref_opt.model);
+  ASSERT_TRUE(merge.ok()) << merge;
+  auto merged = runtime::ReadSafetensors(
+      (std::filesystem::path(dir) / absl::StrCat("step_", saved_steps) / "model.safetensors")
+          .string());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  for (const auto& [name, w] : at_save) {
+    auto it = merged->tensors.find(name);
+    ASSERT_NE(it, merged->tensors.end()) << name << " missing from the merged export";
+    ASSERT_EQ(it->second.data.size(), w.size()) << name;
+    double worst = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      worst = std::max(worst, double(std::abs(it->second.data[i] - w[i])));
+    }
+    EXPECT_LE(worst, 1e-5) << name;
+  }
+  // (1, 1, 2): resumed from the 4 shards, one more step.
+  TrainerOptions opt = Options(c, m);
+  auto plan = fixtures::PlanFor(c.schedule, c.vocab, p, 1, opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<double> got(p, -1);
+  std::vector<char> has(p, 0);
+  Weights got_w;
+  RunGrid(p, 1, [&](int, int stage, int, comm::Communicator* pc, comm::Communicator*) {
+    auto pr = PipelineRank::Create(*plan, stage, opt, pc);
+    ASSERT_TRUE(pr.ok()) << pr.status();
+    const absl::Status loaded =
+        launch::LoadFromShards(dir, saved_steps, 4, (*pr)->model(), &(*pr)->optimizer());
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    for (int step = saved_steps; step < kSteps; ++step) {
+      auto r = (*pr)->Step(step, batches);
+      ASSERT_TRUE(r.ok()) << r.status();
+      got[stage] = r->loss;
+      has[stage] = r->has_loss;
+    }
+    Gather((*pr)->model(), &got_w, &mu);
+  });
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(has[plan->x_owner]);
+  EXPECT_NEAR(got[plan->x_owner], want[kSteps - 1], 1e-5 * want[kSteps - 1]);
+  for (const auto& [name, w] : at_end) {
+    auto it = got_w.find(name);
+    ASSERT_NE(it, got_w.end()) << name;
+    double worst = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
+    }
+    EXPECT_LE(worst, 1e-5) << name;
+  }
+}
+
+// The reverse: saved by a (1, 1, 2) pipeline, resumed at (1, 2, 2): every tensor rank cuts its
+// slices (weights and AdamW moments) out of the whole saved tensors.
+TEST(TensorParallelCheckpoint, WholeTensorsResumeAsSlices) {
+  constexpr int p = 2, m = 4, saved_steps = 2;
+  const Case c{Schedule::kVHalf, VocabMethod::kVocab1};
+  const TrainerOptions ref_opt = Options(c, m);
+  const BatchFn batches = Batches(ref_opt);
+  auto standalone = StandaloneTrainer::Create(ref_opt);
+  ASSERT_TRUE(standalone.ok()) << standalone.status();
+  std::vector<double> want;
+  for (int step = 0; step < kSteps; ++step) {
+    auto r = (*standalone)->Step(step, batches);
+    ASSERT_TRUE(r.ok()) << r.status();
+    want.push_back(r->loss);
+  }
+  Weights at_end;
+  std::mutex mu;
+  Gather((*standalone)->model(), &at_end, &mu);
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("vp_tp_ckpt2_", getpid())).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    TrainerOptions opt = Options(c, m);
+    auto plan = fixtures::PlanFor(c.schedule, c.vocab, p, 1, opt);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    RunGrid(p, 1, [&](int rank, int stage, int, comm::Communicator* pc, comm::Communicator*) {
+      auto pr = PipelineRank::Create(*plan, stage, opt, pc);
+      ASSERT_TRUE(pr.ok()) << pr.status();
+      for (int step = 0; step < saved_steps; ++step) ASSERT_TRUE((*pr)->Step(step, batches).ok());
+      EXPECT_TRUE(launch::SaveRankShard(dir, saved_steps, rank, p, (*pr)->model(),
+                                        (*pr)->optimizer(), "run")
+                      .ok());
+    });
+  }
+  TrainerOptions opt = Options(c, m);
+  opt.tensor.size = 2;
+  auto plan = fixtures::PlanFor(c.schedule, c.vocab, p, 1, opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<double> got(2 * p, -1);
+  std::vector<char> has(2 * p, 0);
+  Weights got_w;
+  RunGrid(p, 2, [&](int rank, int stage, int tp, comm::Communicator* pc, comm::Communicator* tc) {
+    TrainerOptions mine = opt;
+    mine.tensor.rank = tp;
+    auto pr = PipelineRank::Create(*plan, stage, mine, pc, nullptr, tc);
+    ASSERT_TRUE(pr.ok()) << pr.status();
+    const absl::Status loaded =
+        launch::LoadFromShards(dir, saved_steps, p, (*pr)->model(), &(*pr)->optimizer());
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    for (int step = saved_steps; step < kSteps; ++step) {
+      auto r = (*pr)->Step(step, batches);
+      ASSERT_TRUE(r.ok()) << r.status();
+      got[rank] = r->loss;
+      has[rank] = r->has_loss;
+    }
+    Gather((*pr)->model(), &got_w, &mu);
+  });
+  std::filesystem::remove_all(dir);
+  int checked = 0;
+  for (int r = 0; r < 2 * p; ++r) {
+    if (!has[r]) continue;
+    ++checked;
+    EXPECT_NEAR(got[r], want[kSteps - 1], 1e-5 * want[kSteps - 1]) << "rank " << r;
+  }
+  EXPECT_GE(checked, 2);
+  for (const auto& [name, w] : at_end) {
+    auto it = got_w.find(name);
+    ASSERT_NE(it, got_w.end()) << name;
     double worst = 0;
     for (size_t i = 0; i < w.size(); ++i) {
       worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
