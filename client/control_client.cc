@@ -191,6 +191,7 @@ nlohmann::json StagesJson(const google::protobuf::RepeatedPtrField<v1::StageStat
     out.push_back({{"rank", s.rank()},
                    {"stage", s.stage()},
                    {"replica", s.replica()},
+                   {"tensor", s.tensor()},
                    {"worker_id", s.worker_id()},
                    {"peak_memory_bytes", s.peak_memory_bytes()},
                    {"busy_seconds", s.busy_seconds()},

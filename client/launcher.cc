@@ -254,8 +254,10 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
                                                    const LaunchOptions& options,
                                                    std::ostream& progress) {
   const int p = spec.parallel().pipeline();
-  // d replicas of the pipeline: d·p rank processes (proto/plan/topology.h numbers them).
-  auto topology = planner::Topology::Create(p, spec.parallel().data(), 1, spec::kMaxRanks);
+  // d replicas of the pipeline, t tensor ranks a stage: d·t·p rank processes
+  // (proto/plan/topology.h numbers them).
+  const int t = std::max(1, spec.parallel().tensor());
+  auto topology = planner::Topology::Create(p, spec.parallel().data(), t, spec::kMaxRanks);
   if (!topology.ok()) return topology.status();
   const int world = topology->world();
   // Everything that can be checked before a process starts is checked here, so bad input is
@@ -300,7 +302,7 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   if (!lock.ok()) return lock.status();
   int64_t first_step = 0;
   if (options.resume) {
-    auto latest = launch::LatestVerifiedStep(dir, p);
+    auto latest = launch::LatestVerifiedStep(dir, p * t);  // shards: stage × tensor rank
     if (latest.ok()) {
       first_step = latest->step;
       for (const std::string& w : latest->warnings) {

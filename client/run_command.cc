@@ -413,10 +413,6 @@ int RunRunCommand(const Args& args, std::ostream& out, std::ostream& err) {
     return kExitUsage;
   }
   if (f.steps >= 0) spec->mutable_train()->set_steps(static_cast<int32_t>(f.steps));
-  if (absl::Status st = spec::CheckRunnable(*spec); !st.ok()) {
-    err << st.message() << "\n";
-    return kExitUsage;
-  }
   const bool interactive = isatty(STDOUT_FILENO) && &out == &std::cout;
   if (f.direct) return RunDirect(*spec, f, interactive, out, err);
   if (!f.coordinator.empty()) return SubmitAndWatch(*spec, f, out, err);

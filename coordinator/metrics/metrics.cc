@@ -42,6 +42,7 @@ struct StageFigures {
   int64_t rank = 0;
   int64_t stage = 0;    // the pipeline stage: "stage" when given (data parallelism), else rank
   int64_t replica = 0;  // the data-parallel replica: "replica" when given, else 0
+  int64_t tensor = 0;   // the tensor-parallel rank: "tensor" when given, else 0
   std::optional<double> seconds, busy_seconds, compute_wait_seconds;
   std::optional<double> predicted_memory_total;
   std::map<std::string, double> busy, comm, memory;  // per pass / comm kind / memory kind
@@ -131,7 +132,8 @@ absl::StatusOr<StepFigures> ParseStep(const nlohmann::json& j) {
       }
       stage.stage = stage.rank;
       for (const auto& [key, out] :
-           {std::pair{"stage", &stage.stage}, std::pair{"replica", &stage.replica}}) {
+           {std::pair{"stage", &stage.stage}, std::pair{"replica", &stage.replica},
+            std::pair{"tensor", &stage.tensor}}) {
         if (auto v = s.find(key); v != s.end()) {
           if (!v->is_number_integer() || v->get<int64_t>() < 0) {
             return absl::InvalidArgumentError(
@@ -375,11 +377,13 @@ absl::Status MetricsExporter::RecordStep(std::string_view job_id, std::string_vi
   bool all_busy_known = !f.stages.empty();
   for (size_t i = 0; i < f.stages.size(); ++i) {
     const StageFigures& s = f.stages[i];
-    // Every rank's series carry its pipeline stage and data-parallel replica (0 with one), so
-    // dashboards aggregate over replicas by stage (max, mean) and show their spread.
+    // Every rank's series carry its pipeline stage, data-parallel replica and tensor rank (0
+    // with one), so dashboards aggregate over replicas or tensor ranks by stage (max, mean) and
+    // show their spread.
     const Labels stage_labels = {{"training_job", std::string(job_id)},
                                  {"stage", std::to_string(s.stage)},
                                  {"replica", std::to_string(s.replica)},
+                                 {"tensor", std::to_string(s.tensor)},
                                  {"rank", std::to_string(s.rank)}};
     auto with = [&stage_labels](const char* key, const std::string& value) {
       Labels l = stage_labels;

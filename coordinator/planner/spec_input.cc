@@ -49,8 +49,12 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
   if (const Costs* m = options.measured_costs; m != nullptr) {
     // Measured seconds replace the estimate pass by pass: what the workers really spend is
     // what decides between a vocabulary-parallel plan and the plain schedule.
-    auto take = [](double measured, double& cost) {
-      if (measured > 0) cost = measured;
+    // Tensor parallelism: the profile timed a whole stage on one worker (BuildProfilingPlan),
+    // so each pass is 1/t of it on a rank of the group; the group's own collectives are not
+    // measured yet (Costs::tensor prices them once measured: docs/tensor-parallel.md).
+    const double split = std::max(1, in.model.tensor_parallel);
+    auto take = [split](double measured, double& cost) {
+      if (measured > 0) cost = measured / split;
     };
     take(m->f, in.costs.f);
     take(m->b, in.costs.b);
@@ -59,9 +63,9 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
     take(m->t, in.costs.t);
     take(m->input_f, in.costs.input_f);
     take(m->input_b, in.costs.input_b);
-    take(m->opt, in.costs.opt);
-    take(m->comm, in.costs.comm);
-    take(m->collective, in.costs.collective);
+    if (m->opt > 0) in.costs.opt = m->opt / split;
+    if (m->comm > 0) in.costs.comm = m->comm;
+    if (m->collective > 0) in.costs.collective = m->collective;
     in.costs.p2p = m->p2p;
     in.costs.broadcast = m->broadcast;
     in.costs.allreduce = m->allreduce;
@@ -115,6 +119,9 @@ absl::StatusOr<ProfilingPlan> BuildProfilingPlan(const vocabpipe::v1::JobSpec& j
   // the gradient reduction at OPT, which the link model prices).
   par->set_data(1);
   par->set_zero(0);
+  // One worker times the whole stage (its tensor group's split is priced by the planner:
+  // BuildPlanFromSpec divides measured passes by t).
+  par->set_tensor(1);
   auto built = BuildPlanFromSpec(spec);
   if (!built.ok()) {
     return absl::Status(built.status().code(),

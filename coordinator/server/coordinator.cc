@@ -67,6 +67,7 @@ v1::StepMetrics StepMetricsFromLine(const nlohmann::json& line,
     // Data parallelism names both coordinates; one replica: the rank is the stage.
     s->set_stage(static_cast<int>(stage.value("stage", int64_t{rank})));
     s->set_replica(static_cast<int>(stage.value("replica", int64_t{0})));
+    s->set_tensor(static_cast<int>(stage.value("tensor", int64_t{0})));
     if (rank < static_cast<int>(workers.size())) s->set_worker_id(workers[rank]);
     // The rank's real peak when it measured one (memory.footprint), else the engine's total.
     s->set_peak_memory_bytes(
@@ -203,7 +204,6 @@ absl::StatusOr<v1::JobSpec> SpecFromRequest(const v1::SubmitJobRequest& request)
     spec::ApplyDefaults(&spec);
     if (auto st = spec::ValidateJobSpec(spec); !st.ok()) return st;
   }
-  if (auto st = spec::CheckRunnable(spec); !st.ok()) return st;
   if (auto st = MakeAbsolute(spec.mutable_data()->mutable_path(), request.base_dir(), "data.path");
       !st.ok()) {
     return st;

@@ -70,7 +70,7 @@ absl::Status CheckRankLine(const json& line, const std::string& where) {
       return Bad(where, key, "required, an integer >= 0");
     }
   }
-  for (const char* key : {"stage", "replica"}) {  // data parallelism only
+  for (const char* key : {"stage", "replica", "tensor"}) {  // data or tensor parallelism only
     if (auto it = line.find(key); it != line.end() && !IsNonNegativeInteger(*it)) {
       return Bad(where, key, "must be an integer >= 0");
     }
@@ -167,8 +167,9 @@ absl::StatusOr<json> MergeRankLines(const std::vector<json>& ranks, const StepCo
     if (line.contains("checkpoint_seconds")) {
       stages.back()["checkpoint_seconds"] = Number(line, "checkpoint_seconds");
     }
-    // Data parallelism: the rank's pipeline stage and replica (absent for one replica).
-    for (const char* key : {"stage", "replica"}) {
+    // Data or tensor parallelism: the rank's pipeline stage, replica and tensor rank (absent
+    // for one replica of one tensor rank a stage).
+    for (const char* key : {"stage", "replica", "tensor"}) {
       if (line.contains(key)) stages.back()[key] = line.value(key, int64_t{0});
     }
     if (line.contains("data_parallel_seconds")) {

@@ -86,11 +86,6 @@ void ApplyDefaults(vocabpipe::v1::JobSpec* spec);
 // field path.
 absl::Status ValidateJobSpec(const vocabpipe::v1::JobSpec& spec);
 
-// Whether this version runs a valid spec: Unimplemented naming the field for what it can plan
-// but not yet run (parallel.tensor > 1). Submit, `vocabpipe run` and the ranks call it;
-// `vocabpipe plan` does not.
-absl::Status CheckRunnable(const vocabpipe::v1::JobSpec& spec);
-
 // Renders the spec as block YAML; ParseJobSpec(JobSpecToYaml(s), dir) == s for a valid s
 // with absolute paths.
 std::string JobSpecToYaml(const vocabpipe::v1::JobSpec& spec);

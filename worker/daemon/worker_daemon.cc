@@ -369,13 +369,16 @@ class Daemon {
     // this rank's own, since the ranks share checkpoint.dir.
     auto plan = planner::PlanFromText(run.plan_text());
     if (!plan.ok()) return fail(absl::StrCat("plan: ", plan.status().message()));
-    // d replicas of the pipeline: d·p ranks, each given its stage's slice.
-    const int64_t world =
-        static_cast<int64_t>(plan->pipeline) * std::max(1, run.spec().parallel().data());
+    // d replicas of the pipeline, t tensor ranks a stage: d·t·p ranks, each given its stage's
+    // slice.
+    const int64_t world = static_cast<int64_t>(plan->pipeline) *
+                          std::max(1, run.spec().parallel().data()) *
+                          std::max(1, run.spec().parallel().tensor());
     if (run.rank() < 0 || run.rank() >= world) {
       return fail(absl::StrCat("plan: no rank ", run.rank(), " in ", world, " ranks (",
                                run.spec().parallel().data(), " replicas of a pipeline of ",
-                               plan->pipeline, ")"));
+                               plan->pipeline, " stages of ",
+                               std::max(1, run.spec().parallel().tensor()), " tensor ranks)"));
     }
     // Before anything is written: another job's run directory is refused, naming it.
     const std::string run_id = run.run_id().empty() ? run.job_id() : run.run_id();
@@ -388,7 +391,10 @@ class Daemon {
     int64_t resume_step = -1;
     if (run.resume()) {
       // The ranks share checkpoint.dir, so every daemon finds the same verified step.
-      auto latest = launch::LatestVerifiedStep(dir, plan->pipeline,
+      // Shards: stage × tensor rank.
+      auto latest = launch::LatestVerifiedStep(dir,
+                                               plan->pipeline *
+                                                   std::max(1, run.spec().parallel().tensor()),
                                                run.resume_limited() ? run.resume_max_step() : -1);
       if (latest.ok()) {
         resume_step = latest->step;

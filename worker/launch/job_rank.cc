@@ -129,7 +129,8 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     const runtime::TrainerOptions& trainer, const WorkerOptions& options,
     std::shared_ptr<gloo::rendezvous::Store> store) {
   const int p = plan.pipeline;
-  auto topology = planner::Topology::Create(p, spec.parallel().data(), 1, spec::kMaxRanks);
+  const int t = std::max(1, spec.parallel().tensor());
+  auto topology = planner::Topology::Create(p, spec.parallel().data(), t, spec::kMaxRanks);
   if (!topology.ok()) return topology.status();
   if (options.rank < 0 || options.rank >= topology->world()) {
     return absl::InvalidArgumentError(
@@ -137,7 +138,13 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   }
   auto out = std::make_unique<JobRank>();
   out->coord = topology->CoordOf(options.rank);
-  const int stage = out->coord.stage, replica = out->coord.replica;
+  const int stage = out->coord.stage, replica = out->coord.replica, tp = out->coord.tensor;
+  if (trainer.tensor.size != t || trainer.tensor.rank != tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", options.rank, " is ", topology->Describe(options.rank),
+                     ", but the trainer options say tensor rank ", trainer.tensor.rank, " of ",
+                     trainer.tensor.size));
+  }
   if (trainer.data.replicas != topology->data() || trainer.data.replica != replica) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " is ", topology->Describe(options.rank),
@@ -147,9 +154,25 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   // One pipeline per replica, each under its own key prefix (the one-replica name unchanged);
   // the replicas of one stage form its data group.
   const std::string base = absl::StrCat("vocabpipe/", options.attempt);
-  const std::string prefix = topology->data() == 1
-                                 ? absl::StrCat(base, "/pipeline")
-                                 : absl::StrCat(base, "/pipeline/replica", replica);
+  // Under tensor parallelism each tensor index has its own pipeline and data groups, and each
+  // stage of each replica a tensor group.
+  const std::string tensor_suffix = t > 1 ? absl::StrCat("/tensor", tp) : "";
+  const std::string prefix = (topology->data() == 1
+                                  ? absl::StrCat(base, "/pipeline")
+                                  : absl::StrCat(base, "/pipeline/replica", replica)) +
+                             tensor_suffix;
+  if (t > 1) {
+    if (IsCuda(spec)) {
+      return absl::UnimplementedError(
+          "parallel.tensor: > 1 runs on device cpu only in this version (the CUDA engine's "
+          "tensor-parallel layers are not built yet)");
+    }
+    auto tensor = Gloo(options, tp, t, store,
+                       absl::StrCat(base, "/tensor/stage", stage, "/replica", replica));
+    if (!tensor.ok()) return tensor.status();
+    out->comms.push_back(std::move(*tensor));
+    out->tensor = out->comms.back().get();
+  }
   if (topology->data() > 1) {
     if (IsCuda(spec)) {
       // NCCL groups (ncclCommSplit) and the device ZeRO-1 state have not run on GPUs yet.
@@ -157,8 +180,8 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
           "parallel.data: > 1 runs on device cpu only in this version (the CUDA data-parallel "
           "groups have not run on GPUs yet)");
     }
-    auto data =
-        Gloo(options, replica, topology->data(), store, absl::StrCat(base, "/data/stage", stage));
+    auto data = Gloo(options, replica, topology->data(), store,
+                     absl::StrCat(base, "/data/stage", stage, tensor_suffix));
     if (!data.ok()) return data.status();
     out->comms.push_back(std::move(*data));
     out->data = out->comms.back().get();
@@ -168,8 +191,8 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     if (!gloo.ok()) return gloo.status();
     out->comms.push_back(std::move(*gloo));
     out->transport = "gloo";
-    auto rank =
-        runtime::PipelineRank::Create(plan, stage, trainer, out->comms.back().get(), out->data);
+    auto rank = runtime::PipelineRank::Create(plan, stage, trainer, out->comms.back().get(),
+                                              out->data, out->tensor);
     if (!rank.ok()) return rank.status();
     out->rank = std::move(*rank);
     return out;

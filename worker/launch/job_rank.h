@@ -30,6 +30,7 @@ struct JobRank {
   std::unique_ptr<runtime::PipelineRank> rank;
   planner::RankCoord coord;            // this rank's stage (the plan's rank) and replica
   comm::Communicator* data = nullptr;  // the replicas of this stage (one of comms); null for d = 1
+  comm::Communicator* tensor = nullptr;  // the tensor ranks of this stage (one of comms); null for t = 1
   std::string transport;               // "gloo", "nccl" or "gloo-staged"
   int cuda_device = -1;                // the CUDA device used, -1 on cpu
 

@@ -130,9 +130,6 @@ absl::StatusOr<RunFiles> ReadRunFiles(const std::string& dir, int rank) {
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(SpecPath(dir), ": ", spec.status().message()));
   }
-  if (absl::Status st = spec::CheckRunnable(*spec); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat(SpecPath(dir), ": ", st.message()));
-  }
   // Present means present under that name, link or not: a link is then refused by the read.
   auto present = [&](const std::string& name) {
     return folder->KindOf(name) != safefs::Kind::kMissing;

@@ -290,6 +290,7 @@ absl::Status SaveRankShard(const std::string& run_dir, int64_t step, int rank, i
                                    {"step", step},
                                    {"rank", rank},
                                    {"world", world},
+                                   {"tensor", model.tensor_group().size()},
                                    {"files", files}};
   // The manifest goes in by rename once its content is on disk; then the directories, so the
   // names survive too.
@@ -638,6 +639,24 @@ absl::StatusOr<int> SavedWorld(const std::string& run_dir, int64_t step) {
         absl::StrCat(dir->PathOf(kManifest), ": world is missing or not a positive integer"));
   }
   return static_cast<int>(m["world"].get<int64_t>());
+}
+
+absl::StatusOr<int> SavedTensorRanks(const std::string& run_dir, int64_t step) {
+  auto dir = ExistingShard(run_dir, step, 0);
+  if (!dir.ok()) return dir.status();
+  auto text = dir->ReadFile(kManifest, 1 << 20);
+  if (!text.ok()) return text.status();
+  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, false);
+  if (m.is_discarded() || !m.is_object()) {
+    return absl::DataLossError(absl::StrCat(dir->PathOf(kManifest), ": not a JSON object"));
+  }
+  if (!m.contains("tensor")) return 1;  // saved before tensor parallelism
+  if (!m["tensor"].is_number_integer() || m["tensor"].get<int64_t>() < 1 ||
+      m["tensor"].get<int64_t>() > 1024) {
+    return absl::DataLossError(
+        absl::StrCat(dir->PathOf(kManifest), ": tensor is not a positive integer"));
+  }
+  return static_cast<int>(m["tensor"].get<int64_t>());
 }
 
 absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_world,

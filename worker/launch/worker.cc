@@ -85,12 +85,12 @@ std::string RankStepJson(int rank, const runtime::RankStepResult& r, int64_t che
 
 namespace {
 
-// After a save, the rank that wrote stage `stage`'s shard of `step` marks it complete in the
-// rendezvous store.
-absl::Status MarkShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int stage,
+// After a save, the rank that wrote shard `shard` of `step` (stage·t + tensor rank) marks it
+// complete in the rendezvous store.
+absl::Status MarkShard(gloo::rendezvous::Store& store, const WorkerOptions& options, int shard,
                        int64_t step) {
   try {
-    store.set(absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/", stage), {'1'});
+    store.set(absl::StrCat("vocabpipe/", options.attempt, "/saved/", step, "/", shard), {'1'});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("marking this rank's shard of step ", step, " saved: ", e.what()));
@@ -168,9 +168,11 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   const vocabpipe::v1::JobSpec& spec = files->spec;
   const planner::Plan& plan = files->plan;
   const int p = plan.pipeline;
-  // The job's ranks: d replicas of the p-stage pipeline (proto/plan/topology.h). The plan's
-  // ranks are the stages; checkpoint shards are per stage, written by replica 0.
-  auto topology = planner::Topology::Create(p, spec.parallel().data(), 1, spec::kMaxRanks);
+  // The job's ranks: d replicas of the p-stage pipeline, t tensor ranks a stage
+  // (proto/plan/topology.h). The plan's ranks are the stages; checkpoint shards are per stage
+  // and tensor rank (shard stage·t + tensor of p·t), written by replica 0.
+  const int t = std::max(1, spec.parallel().tensor());
+  auto topology = planner::Topology::Create(p, spec.parallel().data(), t, spec::kMaxRanks);
   if (!topology.ok()) return topology.status();
   const int world = topology->world();
   if (options.rank < 0 || options.rank >= world) {
@@ -179,6 +181,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   }
   const planner::RankCoord coord = topology->CoordOf(options.rank);
   const int stage = coord.stage;
+  const int shard = stage * t + coord.tensor, shards = p * t;
   const bool writes_shards = coord.replica == 0;
   // Held until the process exits: no other run may write into this directory meanwhile.
   const std::string run_id = options.run_id.empty() ? options.attempt : options.run_id;
@@ -187,6 +190,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   topt->data.replica = coord.replica;
+  topt->tensor = {.size = t, .rank = coord.tensor};
   // For operators and tests: which process is this rank (the launcher and daemons start it).
   // By handle, replacing the name: a link planted there is never written through.
   {
@@ -247,20 +251,20 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     if (zero) {
       const int d = data_group->size();
       if (writes_shards) {
-        if (auto st = PrepareShardSave(dir, step, stage); !st.ok()) return st;
+        if (auto st = PrepareShardSave(dir, step, shard); !st.ok()) return st;
       }
       if (auto st = data_group->Barrier(); !st.ok()) return st;
-      if (auto st = SaveOptimizerRange(dir, step, stage, rank.model(), rank.optimizer(),
+      if (auto st = SaveOptimizerRange(dir, step, shard, rank.model(), rank.optimizer(),
                                        data_group->rank(), d);
           !st.ok()) {
         return st;
       }
       if (auto st = data_group->Barrier(); !st.ok()) return st;
       if (!writes_shards) return absl::OkStatus();
-      return SaveRankShard(dir, step, stage, p, rank.model(), rank.optimizer(), run_id, d);
+      return SaveRankShard(dir, step, shard, shards, rank.model(), rank.optimizer(), run_id, d);
     }
     if (!writes_shards) return absl::OkStatus();
-    return SaveRankShard(dir, step, stage, p, rank.model(), rank.optimizer(), run_id);
+    return SaveRankShard(dir, step, shard, shards, rank.model(), rank.optimizer(), run_id);
   };
   auto fatal = [&](absl::Status st) {
     if (options.on_fatal) options.on_fatal(st);
@@ -275,9 +279,11 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     // name and vocabulary row.
     auto saved_world = SavedWorld(dir, options.resume_step);
     if (!saved_world.ok()) return fatal(saved_world.status());
+    auto saved_t = SavedTensorRanks(dir, options.resume_step);
+    if (!saved_t.ok()) return fatal(saved_t.status());
     engine::AdamW* into = &rank.optimizer();
-    if (auto st = *saved_world == p
-                      ? LoadRankShard(dir, options.resume_step, stage, p, rank.model(), into)
+    if (auto st = *saved_world == shards && *saved_t == t
+                      ? LoadRankShard(dir, options.resume_step, shard, shards, rank.model(), into)
                       : LoadFromShards(dir, options.resume_step, *saved_world, rank.model(), into);
         !st.ok()) {
       return fatal(st);
@@ -316,10 +322,10 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
       return fatal(st);
     }
     if (writes_shards) {
-      if (auto st = MarkShard(*store, options, stage, 0); !st.ok()) return fatal(st);
+      if (auto st = MarkShard(*store, options, shard, 0); !st.ok()) return fatal(st);
     }
     if (options.rank == 0) {
-      if (auto st = MergeStep(*store, options, p, 0, topt->model, keep_last, max_shard_bytes);
+      if (auto st = MergeStep(*store, options, shards, 0, topt->model, keep_last, max_shard_bytes);
           !st.ok()) {
         return fatal(st);
       }
@@ -366,7 +372,7 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
             absl::Status(st.code(), absl::StrCat("checkpoint of step ", done, ": ", st.message())));
       }
       if (writes_shards) {
-        if (auto st = MarkShard(*store, options, stage, done); !st.ok()) {
+        if (auto st = MarkShard(*store, options, shard, done); !st.ok()) {
           return fatal(absl::Status(st.code(),
                                     absl::StrCat("checkpoint of step ", done, ": ", st.message())));
         }
@@ -375,9 +381,10 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
       checkpoint_seconds = absl::ToDoubleSeconds(absl::Now() - save_start);
       if (options.rank == 0) {
         const std::string step_dir = runtime::CheckpointDir(dir, done);
-        auto merge = [&options, &spec, store, p, done, step_dir, model = topt->model, keep_last,
-                      max_shard_bytes]() -> absl::Status {
-          absl::Status st = MergeStep(*store, options, p, done, model, keep_last, max_shard_bytes);
+        auto merge = [&options, &spec, store, shards, done, step_dir, model = topt->model,
+                      keep_last, max_shard_bytes]() -> absl::Status {
+          absl::Status st =
+              MergeStep(*store, options, shards, done, model, keep_last, max_shard_bytes);
           if (st.ok()) st = runtime::CopyDataTokenizer(spec, step_dir);
           if (st.ok()) return st;
           return absl::Status(st.code(),
@@ -406,9 +413,10 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     if (!sample_text.empty() || world > p) {
       nlohmann::json j = nlohmann::json::parse(rank_line);
       if (!sample_text.empty()) j["sample"] = sample_text;
-      if (world > p) {  // data parallelism: where the rank sits on both axes
+      if (world > p) {  // data or tensor parallelism: where the rank sits on every axis
         j["stage"] = stage;
         j["replica"] = coord.replica;
+        if (t > 1) j["tensor"] = coord.tensor;
       }
       rank_line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }

@@ -406,6 +406,10 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
   for (const engine::ParamTensor& t : model.tensors()) {
     Wanted w{&t, t.name, t.shape};
     if (t.vocab_shard) w.shape = {cfg.vocab, h};
+    // A tensor-parallel slice is read whole and cut (the file holds the whole model).
+    if (!t.vocab_shard && t.split.dim >= 0 && model.tensor_group().size() > 1) {
+      w.shape = t.full_shape;
+    }
     if (t.name == "lm_head.weight" &&
         (cfg.tie_embeddings || (file_tied && !file->contains("lm_head.weight")))) {
       w.name = embedding;  // the output layer is (or starts as) the embedding
@@ -476,16 +480,30 @@ absl::Status InitFromHfDir(const std::string& dir, engine::RankModel& model) {
     }
     const engine::ParamTensor& d = *w.dst;
     const uint64_t first = d.vocab_shard ? static_cast<uint64_t>(d.global_row_begin) * h : 0;
-    const uint64_t count =
+    uint64_t count =
         d.vocab_shard ? static_cast<uint64_t>(d.valid_rows) * h : d.count();  // wpe: first s rows
+    if (w.shape != d.shape && !d.vocab_shard && !w.positions) {  // a slice: the whole tensor
+      count = static_cast<uint64_t>(e->numel());
+    }
     if (auto st = f->CheckFinite(w.name, *e, first, count); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("model.init_from: ", st.message()));
     }
     copies.push_back({&w, f, e, first, count});
   }
+  const engine::tp::TensorGroup& group = model.tensor_group();
   for (const Copy& c : copies) {
-    if (auto st = c.file->Read(*c.entry, c.first, c.count, model.params() + c.w->dst->offset);
-        !st.ok()) {
+    const engine::ParamTensor& d = *c.w->dst;
+    if (c.count != d.count() && !d.vocab_shard && !c.w->positions) {
+      // This tensor rank's slice of the whole tensor.
+      std::vector<float> whole(c.count);
+      if (auto st = c.file->Read(*c.entry, c.first, c.count, whole.data()); !st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("model.init_from: ", st.message()));
+      }
+      engine::tp::SliceTensor(whole.data(), d.full_shape, d.split, group.rank(), group.size(),
+                              model.params() + d.offset);
+      continue;
+    }
+    if (auto st = c.file->Read(*c.entry, c.first, c.count, model.params() + d.offset); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("model.init_from: ", st.message()));
     }
   }

@@ -578,6 +578,57 @@ TEST_F(TlsTest, TwoReplicasOfATwoStagePipelineRunOnFourDaemons) {
   EXPECT_THAT(text.output, HasSubstr("data parallel: 2 replicas of the pipeline, ZeRO-1"));
 }
 
+// Tensor parallelism through the control plane: a t = 2, p = 2 job on four worker daemons over
+// TLS succeeds; every rank's record names its stage and tensor rank (rank = tensor + 2 · stage),
+// each tensor rank writes its own shard (rank_<stage·2 + tensor>) and the shards merge into the
+// Hugging Face checkpoint.
+TEST_F(TlsTest, ATensorParallelPipelineRunsOnFourDaemons) {
+  MakeData();
+  auto c = StartCoordinator();
+  for (int n = 1; n <= 4; ++n) StartWorker(*c, n);
+  v1::SubmitJobRequest req = TinyJob("tp", 2, 3);
+  std::string spec = req.spec_text();
+  const std::string from = "microbatches: 2}";
+  spec.replace(spec.find(from), from.size(), "microbatches: 2, tensor: 2}");
+  req.set_spec_text(spec);
+  v1::SubmitJobResponse submitted;
+  ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::JobState s = GetJob(*Jobs(*c, admin_), submitted.job_id()).state();
+        return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED;
+      },
+      std::chrono::seconds(120)))
+      << workers_[0]->Log();
+  const v1::Job job = GetJob(*Jobs(*c, admin_), submitted.job_id());
+  EXPECT_TRUE(Succeeded(job)) << job.reason();
+  EXPECT_EQ(job.step(), 3);
+  ASSERT_EQ(job.stages_size(), 4);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(job.stages(r).rank(), r);
+    EXPECT_EQ(job.stages(r).stage(), r / 2) << "rank " << r;
+    EXPECT_EQ(job.stages(r).tensor(), r % 2) << "rank " << r;
+    EXPECT_EQ(job.stages(r).replica(), 0) << "rank " << r;
+    EXPECT_GT(job.stages(r).peak_memory_bytes(), 0) << "rank " << r;
+  }
+  const fs::path run_dir = dir_ / "runs" / "tp";
+  for (int shard = 0; shard < 4; ++shard) {
+    EXPECT_TRUE(fs::exists(run_dir / "step_3" / absl::StrCat("rank_", shard) / "MANIFEST.json"))
+        << shard;
+  }
+  EXPECT_TRUE(fs::exists(run_dir / "step_3" / "DONE"));
+  const std::string flags =
+      absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
+  CliResult status =
+      Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_), "status " + job.id() + " --output json" +
+                                                             flags);
+  ASSERT_EQ(status.code, 0) << status.output;
+  const auto stages = nlohmann::json::parse(status.output)["stages"];
+  ASSERT_EQ(stages.size(), 4u) << status.output;
+  EXPECT_EQ(stages[3].value("tensor", -1), 1) << status.output;
+  EXPECT_EQ(stages[3].value("stage", -1), 1) << status.output;
+}
+
 // A user's queued (PENDING) jobs are capped; other users and stored jobs are unaffected.
 TEST_F(TlsTest, QueuedJobsPerUserAreCapped) {
   auto c = StartCoordinator({"--max-queued-per-user", "2"});

@@ -450,17 +450,6 @@ std::string RuleName(const ::testing::TestParamInfo<RuleCase>& info) {
 
 class ValidationRule : public ::testing::TestWithParam<RuleCase> {};
 
-TEST(CheckRunnable, RefusesWhatThisVersionPlansButDoesNotRun) {
-  auto spec = ParseJobSpec(Edit("  microbatches: 2", "  microbatches: 2\n  tensor: 2"), "/base");
-  ASSERT_TRUE(spec.ok()) << spec.status();  // a valid spec: `vocabpipe plan` takes it
-  EXPECT_EQ(CheckRunnable(*spec).message(),
-            "parallel.tensor: > 1 is not run by the pipeline runtime in this version (got 2); "
-            "`vocabpipe plan` shows its plan and costs");
-  auto plain = ParseJobSpec(kBase, "/base");
-  ASSERT_TRUE(plain.ok());
-  EXPECT_TRUE(CheckRunnable(*plain).ok());
-}
-
 TEST_P(ValidationRule, ReportsFieldAndRule) {
   const RuleCase& c = GetParam();
   const std::string e = ErrorOf(Edit(c.from, c.to));
