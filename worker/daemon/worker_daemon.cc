@@ -392,10 +392,9 @@ class Daemon {
     if (run.resume()) {
       // The ranks share checkpoint.dir, so every daemon finds the same verified step.
       // Shards: stage × tensor rank.
-      auto latest = launch::LatestVerifiedStep(dir,
-                                               plan->pipeline *
-                                                   std::max(1, run.spec().parallel().tensor()),
-                                               run.resume_limited() ? run.resume_max_step() : -1);
+      auto latest = launch::LatestVerifiedStep(
+          dir, plan->pipeline * std::max(1, run.spec().parallel().tensor()),
+          run.resume_limited() ? run.resume_max_step() : -1);
       if (latest.ok()) {
         resume_step = latest->step;
         for (const std::string& w : latest->warnings) {

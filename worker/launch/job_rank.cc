@@ -157,10 +157,10 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   // Under tensor parallelism each tensor index has its own pipeline and data groups, and each
   // stage of each replica a tensor group.
   const std::string tensor_suffix = t > 1 ? absl::StrCat("/tensor", tp) : "";
-  const std::string prefix = (topology->data() == 1
-                                  ? absl::StrCat(base, "/pipeline")
-                                  : absl::StrCat(base, "/pipeline/replica", replica)) +
-                             tensor_suffix;
+  const std::string prefix =
+      (topology->data() == 1 ? absl::StrCat(base, "/pipeline")
+                             : absl::StrCat(base, "/pipeline/replica", replica)) +
+      tensor_suffix;
   if (t > 1) {
     if (IsCuda(spec)) {
       return absl::UnimplementedError(

@@ -700,7 +700,11 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
   for (int r = 0; r < saved_world; ++r) {
     const runtime::SafetensorsReader& f = *weights[r];
     for (const auto& [name, entry] : f.tensors()) {
-      Piece piece{.shard = r, .begin = 0, .rows = entry.shape.empty() ? 1 : entry.shape[0]};
+      Piece piece{.shard = r,
+                  .begin = 0,
+                  .rows = entry.shape.empty() ? 1 : entry.shape[0],
+                  .sliced = false,
+                  .slice = {}};
       if (auto meta = f.metadata().find(kSliceKey + name); meta != f.metadata().end()) {
         auto slice = ParseSlice(f.path(), name, meta->second, entry.shape.size());
         if (!slice.ok()) return slice.status();
@@ -1075,7 +1079,7 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
     std::sort(pieces.begin(), pieces.end(),
               [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
     const int64_t cols = pieces.front().source.entry->shape[1];
-    Output out{name, {}, {}};
+    Output out{name, {}, {}, {}};
     int64_t next = 0;
     for (const Piece& p : pieces) {
       // An all-padding shard (more shards than V / 8 rows' worth: a small V over p·t ranks)
@@ -1104,7 +1108,7 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
       outputs.push_back(m->second);
     } else {
       const Source& s = whole.at(name);
-      outputs.push_back({name, s.entry->shape, {s}});
+      outputs.push_back({name, s.entry->shape, {s}, {}});
     }
   }
   if (config.tie_embeddings) {
@@ -1114,7 +1118,7 @@ absl::Status MergeShards(const std::string& run_dir, int64_t step, int world,
       return absl::DataLossError(
           absl::StrCat(runtime::CheckpointDir(run_dir, step), ": no rank holds ", wte_name));
     }
-    outputs.push_back({"lm_head.weight", wte->second.shape, wte->second.sources});
+    outputs.push_back({"lm_head.weight", wte->second.shape, wte->second.sources, {}});
   }
   // The files: one model.safetensors when the tensors fit in max_shard_bytes, else Hugging
   // Face's greedy split in tensor order (a file is closed when the next tensor would take it

@@ -619,9 +619,8 @@ TEST_F(TlsTest, ATensorParallelPipelineRunsOnFourDaemons) {
   EXPECT_TRUE(fs::exists(run_dir / "step_3" / "DONE"));
   const std::string flags =
       absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
-  CliResult status =
-      Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_), "status " + job.id() + " --output json" +
-                                                             flags);
+  CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
+                               "status " + job.id() + " --output json" + flags);
   ASSERT_EQ(status.code, 0) << status.output;
   const auto stages = nlohmann::json::parse(status.output)["stages"];
   ASSERT_EQ(stages.size(), 4u) << status.output;

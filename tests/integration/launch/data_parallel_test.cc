@@ -34,7 +34,7 @@ constexpr int kSteps = 3;
 // noise of gradients that are zero in exact arithmetic into lr-sized steps).
 struct Job {
   std::string name;
-  int pipeline = 1, data = 1, microbatches = 8, zero = 0, seq_chunks = 1;
+  int pipeline = 1, data = 1, microbatches = 8, zero = 0, seq_chunks = 1, tensor = 1;
   std::string schedule = "1f1b", vocab = "vocab2";
   double grad_clip = 0;
   int steps = kSteps, every = 0;
@@ -46,9 +46,10 @@ std::string SpecText(const Job& j) {
   return absl::StrCat(
       "model: {layers: 4, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
       "parallel: {pipeline: ", j.pipeline, ", data: ", j.data, ", zero: ", j.zero,
-      ", microbatch_size: 2, microbatches: ", j.microbatches, ", vocab: ", j.vocab,
-      ", schedule: ", j.schedule, ", seq_chunks: ", j.seq_chunks, "}\n", "train: {steps: ", j.steps,
-      ", lr: ", j.lr, ", eps: 1.0e-5, threads: 1, grad_clip: ", j.grad_clip,
+      ", tensor: ", j.tensor, ", microbatch_size: 2, microbatches: ", j.microbatches,
+      ", vocab: ", j.vocab, ", schedule: ", j.schedule, ", seq_chunks: ", j.seq_chunks, "}\n",
+      "train: {steps: ", j.steps, ", lr: ", j.lr,
+      ", eps: 1.0e-5, threads: 1, grad_clip: ", j.grad_clip,
       j.eval_every > 0
           ? absl::StrCat(", eval_every: ", j.eval_every, ", eval_batches: ", j.eval_batches)
           : "",
@@ -276,6 +277,40 @@ TEST_F(DataParallelTest, SavedAtTwoReplicasOfTwoStagesResumesAtOtherShapes) {
     ASSERT_EQ(r.code, 0) << name << ": " << r.output;
     EXPECT_THAT(r.output, HasSubstr("step 2/3")) << name;
     ExpectMatches(name, "resume_full");
+  }
+}
+
+// Tensor parallelism in worker processes: t = 2 × p = 2 (4 processes) trains like one process
+// (losses, grad norms, the merged weights), and its checkpoint resumes at (1, 1, 2); a
+// (1, 1, 2) checkpoint resumes at (1, 2, 2).
+TEST_F(DataParallelTest, TensorRanksMatchOneProcessAndResumeAtOtherShapes) {
+  const Job tp{.name = "t2p2", .pipeline = 2, .microbatches = 8, .tensor = 2};
+  auto r = Run(tp);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ExpectMatches(tp.name, "reference");
+  for (int shard = 0; shard < 4; ++shard) {
+    EXPECT_TRUE(
+        fs::exists(dir_ / tp.name / "step_3" / absl::StrCat("rank_", shard) / "MANIFEST.json"))
+        << shard;
+  }
+  auto lines = ReadJsonl(dir_ / tp.name / "metrics.jsonl");
+  ASSERT_EQ(lines.back()["stages"].size(), 4u);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(int(lines.back()["stages"][rank]["stage"]), rank / 2);
+    EXPECT_EQ(int(lines.back()["stages"][rank]["tensor"]), rank % 2);
+  }
+  for (const auto& [name, from_t, to_t] :
+       {std::tuple{"resume_t2_to_t1", 2, 1}, std::tuple{"resume_t1_to_t2", 1, 2}}) {
+    Job part{.name = name, .pipeline = 2, .microbatches = 8, .tensor = from_t};
+    part.every = 1;
+    r = Run(part, "--steps 1");
+    ASSERT_EQ(r.code, 0) << r.output;
+    Job resumed = part;
+    resumed.tensor = to_t;
+    r = Run(resumed, "--resume");
+    ASSERT_EQ(r.code, 0) << name << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("step 2/3")) << name;
+    ExpectMatches(name, "reference");
   }
 }
 
