@@ -494,6 +494,12 @@ void ValidateTensorSplit(const vocabpipe::v1::ModelSpec& m, const vocabpipe::v1:
       add(field, absl::StrCat("must be divisible by parallel.tensor (", value, " % ", t, " != 0)"));
     }
   };
+  // The vocabulary is split over the p·t ranks: the methods that keep it whole on a stage, and
+  // interlaced (whose passes assume p shards), do not compose with the tensor split.
+  if (p.vocab() != "vocab1" && p.vocab() != "vocab2") {
+    add("parallel.vocab", absl::StrCat("must be vocab1 or vocab2 while parallel.tensor > 1 (got \"",
+                                       absl::CHexEscape(p.vocab()), "\")"));
+  }
   divisible("model.heads", m.heads());
   divisible("model.ffn_hidden", m.ffn_hidden());
   divisible("model.seq_len", m.seq_len());

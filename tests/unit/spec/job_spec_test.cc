@@ -505,6 +505,9 @@ INSTANTIATE_TEST_SUITE_P(
                  "parallel.tensor: must be >= 1 (got 0)"},
         RuleCase{"  microbatches: 2", "  microbatches: 2\n  tensor: 65",
                  "parallel.tensor: must be <= 64 (got 65)"},
+        RuleCase{"  vocab: vocab2", "  vocab: baseline\n  tensor: 2",
+                 "parallel.vocab: must be vocab1 or vocab2 while parallel.tensor > 1 (got "
+                 "\"baseline\")"},
         RuleCase{"  microbatches: 2", "  microbatches: 2\n  tensor: 8",
                  "model.heads: must be divisible by parallel.tensor (4 % 8 != 0)"},
         RuleCase{"  tie_embeddings: false\nparallel:\n",
