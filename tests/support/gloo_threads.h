@@ -50,4 +50,18 @@ inline void RunOnGlooRanks(int p, const std::function<void(GlooCommunicator&)>& 
   for (auto& t : threads) t.join();
 }
 
+// A communicator of `size` members of a subgroup (a pipeline, tensor or data group of threads that
+// already run, e.g. inside RunOnGlooRanks), connected through `store` under `prefix`.
+inline absl::StatusOr<std::unique_ptr<GlooCommunicator>> ConnectGroup(
+    std::shared_ptr<gloo::rendezvous::Store> store, const std::string& prefix, int rank, int size,
+    absl::Duration timeout = absl::Seconds(60)) {
+  GlooOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.store = std::move(store);
+  options.prefix = prefix;
+  options.timeout = timeout;
+  return ConnectGloo(options);
+}
+
 }  // namespace vp::comm::testing

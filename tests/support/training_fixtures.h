@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
+#include "gtest/gtest.h"
 #include "tests/support/planner_fixtures.h"
 #include "worker/engine/model/rank_model.h"
 #include "worker/runtime/trainer.h"
@@ -125,6 +127,20 @@ inline void GatherBuffer(const engine::RankModel& model, const float* flat, floa
 
 inline void Gather(const engine::RankModel& model, Weights* out, std::mutex* mu) {
   GatherBuffer(model, model.params(), 1.0f, out, mu);
+}
+
+// Every tensor of `want` is in `got` with the same size and no element further than `tol` away.
+inline void ExpectWeightsNear(const Weights& want, const Weights& got, double tol) {
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name << " missing";
+    ASSERT_EQ(it->second.size(), w.size()) << name;
+    double worst = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(it->second[i] - w[i])));
+    }
+    EXPECT_LE(worst, tol) << name;
+  }
 }
 
 }  // namespace vp::runtime::fixtures

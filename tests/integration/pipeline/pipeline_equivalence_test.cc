@@ -143,15 +143,7 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
       }
     }
   }
-  for (const auto& [name, w] : want_w) {
-    auto it = got_w.find(name);
-    ASSERT_NE(it, got_w.end()) << name << " missing from the pipeline ranks";
-    ASSERT_EQ(it->second.size(), w.size()) << name;
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i)
-      worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
-    EXPECT_LE(worst, 1e-5) << name;
-  }
+  fixtures::ExpectWeightsNear(want_w, got_w, 1e-5);
   if (auto copy = got_w.find("tied_copy.wte"); copy != got_w.end()) {
     EXPECT_EQ(copy->second, got_w.at(engine::EmbeddingTensorName(opt.model)))
         << "tied copies diverged";

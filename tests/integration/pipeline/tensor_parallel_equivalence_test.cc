@@ -116,13 +116,7 @@ TEST_P(TensorParallelEquivalence, MatchesOneProcess) {
         const int rank = w.rank(), tp = rank % t, stage = rank / t % p, replica = rank / t / p;
         engine::cpu::SetBlasThreads(1);
         auto connect = [&](const std::string& name, int r, int size) {
-          comm::GlooOptions o;
-          o.rank = r;
-          o.size = size;
-          o.store = store;
-          o.prefix = absl::StrCat(prefix, "/", name);
-          o.timeout = absl::Seconds(60);
-          return comm::ConnectGloo(o);
+          return comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/", name), r, size);
         };
         auto pipe = connect(absl::StrCat("pipe-r", replica, "-t", tp), stage, p);
         auto tensor = connect(absl::StrCat("tensor-r", replica, "-s", stage), tp, t);
@@ -169,16 +163,7 @@ TEST_P(TensorParallelEquivalence, MatchesOneProcess) {
     }
   }
   EXPECT_GE(checked, t * kSteps);  // at least the last stage's tensor ranks saw every loss
-  for (const auto& [name, w] : want_w) {
-    auto it = got_w.find(name);
-    ASSERT_NE(it, got_w.end()) << name << " missing from the ranks";
-    ASSERT_EQ(it->second.size(), w.size()) << name;
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i) {
-      worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
-    }
-    EXPECT_LE(worst, 1e-5) << name;
-  }
+  fixtures::ExpectWeightsNear(want_w, got_w, 1e-5);
 }
 
 // Runs `fn(rank, stage, tp, pipeline comm, tensor comm)` on the t·p ranks of one pipeline as
@@ -195,13 +180,7 @@ void RunGrid(
         const int rank = w.rank(), tp = rank % t, stage = rank / t;
         engine::cpu::SetBlasThreads(1);
         auto connect = [&](const std::string& name, int r, int size) {
-          comm::GlooOptions o;
-          o.rank = r;
-          o.size = size;
-          o.store = store;
-          o.prefix = absl::StrCat(prefix, "/", name);
-          o.timeout = absl::Seconds(60);
-          return comm::ConnectGloo(o);
+          return comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/", name), r, size);
         };
         auto pipe = connect(absl::StrCat("pipe-t", tp), stage, p);
         auto tensor = connect(absl::StrCat("tensor-s", stage), tp, t);
@@ -259,16 +238,9 @@ TEST(TensorParallelCheckpoint, MergesToTheOneProcessExportAndResumesAtAnotherSha
       (std::filesystem::path(dir) / absl::StrCat("step_", saved_steps) / "model.safetensors")
           .string());
   ASSERT_TRUE(merged.ok()) << merged.status();
-  for (const auto& [name, w] : at_save) {
-    auto it = merged->tensors.find(name);
-    ASSERT_NE(it, merged->tensors.end()) << name << " missing from the merged export";
-    ASSERT_EQ(it->second.data.size(), w.size()) << name;
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i) {
-      worst = std::max(worst, double(std::abs(it->second.data[i] - w[i])));
-    }
-    EXPECT_LE(worst, 1e-5) << name;
-  }
+  Weights merged_w;
+  for (const auto& [name, tensor] : merged->tensors) merged_w[name] = tensor.data;
+  fixtures::ExpectWeightsNear(at_save, merged_w, 1e-5);
   // (1, 1, 2): resumed from the 4 shards, one more step.
   TrainerOptions opt = Options(c, m);
   auto plan = fixtures::PlanFor(c.schedule, c.vocab, p, 1, opt);
@@ -293,15 +265,7 @@ TEST(TensorParallelCheckpoint, MergesToTheOneProcessExportAndResumesAtAnotherSha
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(has[plan->x_owner]);
   EXPECT_NEAR(got[plan->x_owner], want[kSteps - 1], 1e-5 * want[kSteps - 1]);
-  for (const auto& [name, w] : at_end) {
-    auto it = got_w.find(name);
-    ASSERT_NE(it, got_w.end()) << name;
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i) {
-      worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
-    }
-    EXPECT_LE(worst, 1e-5) << name;
-  }
+  fixtures::ExpectWeightsNear(at_end, got_w, 1e-5);
 }
 
 // The reverse: saved by a (1, 1, 2) pipeline, resumed at (1, 2, 2): every tensor rank cuts its
@@ -370,15 +334,7 @@ TEST(TensorParallelCheckpoint, WholeTensorsResumeAsSlices) {
     EXPECT_NEAR(got[r], want[kSteps - 1], 1e-5 * want[kSteps - 1]) << "rank " << r;
   }
   EXPECT_GE(checked, 2);
-  for (const auto& [name, w] : at_end) {
-    auto it = got_w.find(name);
-    ASSERT_NE(it, got_w.end()) << name;
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i) {
-      worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
-    }
-    EXPECT_LE(worst, 1e-5) << name;
-  }
+  fixtures::ExpectWeightsNear(at_end, got_w, 1e-5);
 }
 
 std::string Name(const testing::TestParamInfo<Case>& info) {

@@ -305,13 +305,8 @@ TEST_P(TensorVocabLayersTest, MatchesUnpartitionedReference) {
         const int v = world.rank(), pp = v / t, tp = v % t;
         // The two groups, connected on the world's store under their own prefixes.
         auto connect = [&](const std::string& name, int rank, int size) {
-          comm::GlooOptions o;
-          o.rank = rank;
-          o.size = size;
-          o.store = store;
-          o.prefix = absl::StrCat(prefix, "/", name);
-          o.timeout = absl::Seconds(20);
-          return comm::ConnectGloo(o);
+          return comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/", name), rank, size,
+                                             absl::Seconds(20));
         };
         auto pipe = connect(absl::StrCat("pipe", tp), pp, p);
         auto tensor = connect(absl::StrCat("tensor", pp), tp, t);

@@ -96,24 +96,24 @@ float* SequenceParallel::PartialBuffer(PooledBuffer& holder, float* local, int n
 // ColumnParallelLinear.
 
 absl::Status ColumnParallelLinear::Forward(float* y, const float* x_local, int n) const {
-  absl::StatusOr<GatheredRows> x = sp_->Gather(x_local, n, in_);
+  absl::StatusOr<GatheredRows> x = sp_->Gather(x_local, n, p_.in);
   if (!x.ok()) return x.status();
-  Product(layout_, y, x->data(), w_, b_, n, in_, out_);
+  Product(p_.layout, y, x->data(), p_.w, p_.b, n, p_.in, p_.out);
   return absl::OkStatus();
 }
 
 absl::Status ColumnParallelLinear::BackwardInput(float* dx_local, const float* dy, int n) const {
   PooledBuffer holder;
-  float* partial = sp_->PartialBuffer(holder, dx_local, n, in_);
-  ProductBackwardInput(layout_, partial, dy, w_, n, in_, out_);
-  return sp_->ScatterSum(partial, n, in_, dx_local);
+  float* partial = sp_->PartialBuffer(holder, dx_local, n, p_.in);
+  ProductBackwardInput(p_.layout, partial, dy, p_.w, n, p_.in, p_.out);
+  return sp_->ScatterSum(partial, n, p_.in, dx_local);
 }
 
 absl::Status ColumnParallelLinear::BackwardWeight(const float* dy, const float* x_local,
                                                   int n) const {
-  absl::StatusOr<GatheredRows> x = sp_->Gather(x_local, n, in_);
+  absl::StatusOr<GatheredRows> x = sp_->Gather(x_local, n, p_.in);
   if (!x.ok()) return x.status();
-  ProductBackwardWeight(layout_, dw_, db_, dy, x->data(), n, in_, out_);
+  ProductBackwardWeight(p_.layout, p_.dw, p_.db, dy, x->data(), n, p_.in, p_.out);
   return absl::OkStatus();
 }
 
@@ -122,43 +122,43 @@ absl::Status ColumnParallelLinear::BackwardWeight(const float* dy, const float* 
 
 absl::Status RowParallelLinear::Forward(float* y_local, const float* x, int n) const {
   if (sp_->group().size() == 1) {  // the plain layer: bias inside the product, as at t = 1
-    Product(layout_, y_local, x, w_, b_, n, in_, out_);
+    Product(p_.layout, y_local, x, p_.w, p_.b, n, p_.in, p_.out);
     return absl::OkStatus();
   }
   PooledBuffer holder;
-  float* partial = sp_->PartialBuffer(holder, y_local, n, out_);
-  Product(layout_, partial, x, w_, nullptr, n, in_, out_);
-  if (absl::Status s = sp_->ScatterSum(partial, n, out_, y_local); !s.ok()) return s;
-  if (b_ != nullptr) {  // the replicated bias, once per row after the sum
+  float* partial = sp_->PartialBuffer(holder, y_local, n, p_.out);
+  Product(p_.layout, partial, x, p_.w, nullptr, n, p_.in, p_.out);
+  if (absl::Status s = sp_->ScatterSum(partial, n, p_.out, y_local); !s.ok()) return s;
+  if (p_.b != nullptr) {  // the replicated bias, once per row after the sum
     const int m = sp_->LocalRows(n);
     for (int i = 0; i < m; ++i) {
-      float* row = y_local + static_cast<size_t>(i) * out_;
-      for (int j = 0; j < out_; ++j) row[j] += b_[j];
+      float* row = y_local + static_cast<size_t>(i) * p_.out;
+      for (int j = 0; j < p_.out; ++j) row[j] += p_.b[j];
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status RowParallelLinear::BackwardInput(float* dx, const float* dy_local, int n) const {
-  absl::StatusOr<GatheredRows> dy = sp_->Gather(dy_local, n, out_);
+  absl::StatusOr<GatheredRows> dy = sp_->Gather(dy_local, n, p_.out);
   if (!dy.ok()) return dy.status();
-  ProductBackwardInput(layout_, dx, dy->data(), w_, n, in_, out_);
+  ProductBackwardInput(p_.layout, dx, dy->data(), p_.w, n, p_.in, p_.out);
   return absl::OkStatus();
 }
 
 absl::Status RowParallelLinear::BackwardWeight(const float* dy_local, const float* x, int n) const {
   if (sp_->group().size() == 1) {
-    ProductBackwardWeight(layout_, dw_, db_, dy_local, x, n, in_, out_);
+    ProductBackwardWeight(p_.layout, p_.dw, p_.db, dy_local, x, n, p_.in, p_.out);
     return absl::OkStatus();
   }
-  absl::StatusOr<GatheredRows> dy = sp_->Gather(dy_local, n, out_);
+  absl::StatusOr<GatheredRows> dy = sp_->Gather(dy_local, n, p_.out);
   if (!dy.ok()) return dy.status();
-  ProductBackwardWeight(layout_, dw_, nullptr, dy->data(), x, n, in_, out_);
-  if (db_ != nullptr) {  // this rank's rows only; the group sum comes with the replicated tensors
+  ProductBackwardWeight(p_.layout, p_.dw, nullptr, dy->data(), x, n, p_.in, p_.out);
+  if (p_.db != nullptr) {  // this rank's rows only; the group sum comes with the replicated tensors
     const int m = sp_->LocalRows(n);
     for (int i = 0; i < m; ++i) {
-      const float* row = dy_local + static_cast<size_t>(i) * out_;
-      for (int j = 0; j < out_; ++j) db_[j] += row[j];
+      const float* row = dy_local + static_cast<size_t>(i) * p_.out;
+      for (int j = 0; j < p_.out; ++j) p_.db[j] += row[j];
     }
   }
   return absl::OkStatus();

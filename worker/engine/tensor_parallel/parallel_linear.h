@@ -92,12 +92,23 @@ class SequenceParallel {
 // [out, in] (Llama; cpu::LinearT*, no bias).
 enum class WeightLayout { kInOut, kOutIn };
 
+// One product's weights and their gradients: this rank's W_r (in × out in `layout`), its bias
+// (null for none) and the gradient blocks they accumulate into. in and out are the widths the
+// rank computes with (one of them its slice).
+struct LinearWeights {
+  WeightLayout layout = WeightLayout::kInOut;
+  int in = 0, out = 0;
+  const float* w = nullptr;
+  const float* b = nullptr;
+  float* dw = nullptr;
+  float* db = nullptr;
+};
+
 // Y (n, out_r) = gather(X) (n, in) · W_r (in, out_r) + b_r. Bias pointers may be null.
 class ColumnParallelLinear {
  public:
-  ColumnParallelLinear(const SequenceParallel* sp, WeightLayout layout, int in, int out_r,
-                       const float* w, const float* b, float* dw, float* db)
-      : sp_(sp), layout_(layout), in_(in), out_(out_r), w_(w), b_(b), dw_(dw), db_(db) {}
+  // p.in = in, p.out = out_r.
+  ColumnParallelLinear(const SequenceParallel* sp, LinearWeights p) : sp_(sp), p_(p) {}
 
   absl::Status Forward(float* y,              // (n, out_r)
                        const float* x_local,  // (m, in)
@@ -113,21 +124,15 @@ class ColumnParallelLinear {
 
  private:
   const SequenceParallel* sp_;
-  WeightLayout layout_;
-  int in_, out_;
-  const float* w_;
-  const float* b_;
-  float* dw_;
-  float* db_;
+  LinearWeights p_;
 };
 
 // Y_local (m, out) = reduce-scatter(X_r (n, in_r) · W_r (in_r, out)) + b. The bias is whole on
 // every rank (replicated): its gradient from the rank's own rows is summed over the group later.
 class RowParallelLinear {
  public:
-  RowParallelLinear(const SequenceParallel* sp, WeightLayout layout, int in_r, int out,
-                    const float* w, const float* b, float* dw, float* db)
-      : sp_(sp), layout_(layout), in_(in_r), out_(out), w_(w), b_(b), dw_(dw), db_(db) {}
+  // p.in = in_r, p.out = out.
+  RowParallelLinear(const SequenceParallel* sp, LinearWeights p) : sp_(sp), p_(p) {}
 
   absl::Status Forward(float* y_local,  // (m, out)
                        const float* x,  // (n, in_r)
@@ -143,12 +148,7 @@ class RowParallelLinear {
 
  private:
   const SequenceParallel* sp_;
-  WeightLayout layout_;
-  int in_, out_;
-  const float* w_;
-  const float* b_;
-  float* dw_;
-  float* db_;
+  LinearWeights p_;
 };
 
 }  // namespace vp::engine::tp

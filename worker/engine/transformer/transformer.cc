@@ -142,10 +142,11 @@ tp::ColumnParallelLinear QkvProduct(const ModelConfig& cfg, const tp::LayerWidth
                                     const LayerParams& g, const LlamaLayerParams& lp,
                                     const LlamaLayerParams& lg) {
   if (cfg.llama()) {
-    return {sp, tp::WeightLayout::kOutIn, cfg.hidden, w.qkv(), lp.wqkv, nullptr, lg.wqkv, nullptr};
+    return {sp,
+            {tp::WeightLayout::kOutIn, cfg.hidden, w.qkv(), lp.wqkv, nullptr, lg.wqkv, nullptr}};
   }
-  return {sp,      tp::WeightLayout::kInOut, cfg.hidden, w.qkv(), p.attn_w, p.attn_b, g.attn_w,
-          g.attn_b};
+  return {sp,
+          {tp::WeightLayout::kInOut, cfg.hidden, w.qkv(), p.attn_w, p.attn_b, g.attn_w, g.attn_b}};
 }
 
 tp::RowParallelLinear AttnOutProduct(const ModelConfig& cfg, const tp::LayerWidths& w,
@@ -153,16 +154,11 @@ tp::RowParallelLinear AttnOutProduct(const ModelConfig& cfg, const tp::LayerWidt
                                      const LayerParams& g, const LlamaLayerParams& lp,
                                      const LlamaLayerParams& lg) {
   if (cfg.llama()) {
-    return {sp, tp::WeightLayout::kOutIn, w.attn, cfg.hidden, lp.wo, nullptr, lg.wo, nullptr};
+    return {sp, {tp::WeightLayout::kOutIn, w.attn, cfg.hidden, lp.wo, nullptr, lg.wo, nullptr}};
   }
   return {sp,
-          tp::WeightLayout::kInOut,
-          w.attn,
-          cfg.hidden,
-          p.attn_proj_w,
-          p.attn_proj_b,
-          g.attn_proj_w,
-          g.attn_proj_b};
+          {tp::WeightLayout::kInOut, w.attn, cfg.hidden, p.attn_proj_w, p.attn_proj_b,
+           g.attn_proj_w, g.attn_proj_b}};
 }
 
 tp::ColumnParallelLinear MlpInProduct(const ModelConfig& cfg, const tp::LayerWidths& w,
@@ -170,9 +166,10 @@ tp::ColumnParallelLinear MlpInProduct(const ModelConfig& cfg, const tp::LayerWid
                                       const LayerParams& g, const LlamaLayerParams& lp,
                                       const LlamaLayerParams& lg) {
   if (cfg.llama()) {  // gate|up: 2·f_r output columns
-    return {sp, tp::WeightLayout::kOutIn, cfg.hidden, 2 * w.ffn, lp.wgu, nullptr, lg.wgu, nullptr};
+    return {sp,
+            {tp::WeightLayout::kOutIn, cfg.hidden, 2 * w.ffn, lp.wgu, nullptr, lg.wgu, nullptr}};
   }
-  return {sp, tp::WeightLayout::kInOut, cfg.hidden, w.ffn, p.fc_w, p.fc_b, g.fc_w, g.fc_b};
+  return {sp, {tp::WeightLayout::kInOut, cfg.hidden, w.ffn, p.fc_w, p.fc_b, g.fc_w, g.fc_b}};
 }
 
 tp::RowParallelLinear MlpOutProduct(const ModelConfig& cfg, const tp::LayerWidths& w,
@@ -180,9 +177,11 @@ tp::RowParallelLinear MlpOutProduct(const ModelConfig& cfg, const tp::LayerWidth
                                     const LayerParams& g, const LlamaLayerParams& lp,
                                     const LlamaLayerParams& lg) {
   if (cfg.llama()) {
-    return {sp, tp::WeightLayout::kOutIn, w.ffn, cfg.hidden, lp.wdown, nullptr, lg.wdown, nullptr};
+    return {sp,
+            {tp::WeightLayout::kOutIn, w.ffn, cfg.hidden, lp.wdown, nullptr, lg.wdown, nullptr}};
   }
-  return {sp, tp::WeightLayout::kInOut, w.ffn, cfg.hidden, p.proj_w, p.proj_b, g.proj_w, g.proj_b};
+  return {sp,
+          {tp::WeightLayout::kInOut, w.ffn, cfg.hidden, p.proj_w, p.proj_b, g.proj_w, g.proj_b}};
 }
 
 // Copies rows [0, t) of column block [col, col+c) of src (b, t, ld) to rows [begin, begin+t) of
