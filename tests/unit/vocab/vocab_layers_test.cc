@@ -132,6 +132,20 @@ Reference ComputeReference(const Problem& pr) {
   return ref;
 }
 
+// The gathered weight gradients against the reference's. Tied: one buffer holds both, ∇W_out
+// plus the scatter-add of the embedding gradient.
+void ExpectWeightGradients(const Reference& ref, const std::vector<float>& grad_w,
+                           const std::vector<float>& grad_e, bool tied) {
+  if (tied) {
+    std::vector<double> sum(ref.grad_w.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = ref.grad_w[i] + ref.grad_e[i];
+    ExpectClose(grad_w, sum, "tied grad");
+  } else {
+    ExpectClose(grad_w, ref.grad_w, "grad_w");
+    ExpectClose(grad_e, ref.grad_e, "grad_e");
+  }
+}
+
 using Config = std::tuple<int /*p*/, int /*V*/, bool /*tied*/, OutputAlgorithm>;
 
 class VocabLayersTest : public ::testing::TestWithParam<Config> {};
@@ -249,15 +263,7 @@ TEST_P(VocabLayersTest, MatchesUnpartitionedReference) {
       ExpectClose(embedded[r][mb], lookup, "embedding" + where);
     }
   }
-  if (tied) {
-    // One buffer holds both: ∇W_out + scatter-add of the embedding gradient.
-    std::vector<double> sum(ref.grad_w.size());
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] = ref.grad_w[i] + ref.grad_e[i];
-    ExpectClose(grad_w, sum, "tied grad");
-  } else {
-    ExpectClose(grad_w, ref.grad_w, "grad_w");
-    ExpectClose(grad_e, ref.grad_e, "grad_e");
-  }
+  ExpectWeightGradients(ref, grad_w, grad_e, tied);
 }
 
 std::string ConfigName(const ::testing::TestParamInfo<Config>& info) {
@@ -407,14 +413,7 @@ TEST_P(TensorVocabLayersTest, MatchesUnpartitionedReference) {
       ExpectClose(embedded[v][mb], rows(lookup, h), "embedding" + where);
     }
   }
-  if (tied) {
-    std::vector<double> sum(ref.grad_w.size());
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] = ref.grad_w[i] + ref.grad_e[i];
-    ExpectClose(grad_w, sum, "tied grad");
-  } else {
-    ExpectClose(grad_w, ref.grad_w, "grad_w");
-    ExpectClose(grad_e, ref.grad_e, "grad_e");
-  }
+  ExpectWeightGradients(ref, grad_w, grad_e, tied);
 }
 
 std::string TensorConfigName(const ::testing::TestParamInfo<TensorConfig>& info) {
