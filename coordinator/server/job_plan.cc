@@ -56,7 +56,8 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                 .opt = profiled->opt(),
                 .p2p = {profiled->p2p_latency(), profiled->p2p_bandwidth()},
                 .broadcast = {profiled->broadcast_latency(), profiled->broadcast_bandwidth()},
-                .allreduce = {profiled->allreduce_latency(), profiled->allreduce_bandwidth()}};
+                .allreduce = {profiled->allreduce_latency(), profiled->allreduce_bandwidth()},
+                .tensor = {}};  // the tensor group's link is not profiled yet
   }
   planner::SpecPlanOptions options;
   options.flops_per_second = flops_per_second;
