@@ -337,6 +337,49 @@ TEST(TensorParallelCheckpoint, WholeTensorsResumeAsSlices) {
   fixtures::ExpectWeightsNear(at_end, got_w, 1e-5);
 }
 
+// Forward-only evaluation at t = 2 × p = 2 (Seq1F1B, k = 2: the embedding rows of two chunks):
+// every rank that saw the losses reports the one-process mean, the tensor ranks' shares summed.
+TEST(TensorParallelEvaluate, EqualsTheOneProcessForwardOnlyPass) {
+  constexpr int p = 2, m = 4, rounds = 2;
+  const Case c{Schedule::kSeq1F1B, VocabMethod::kVocab2, 2};
+  const TrainerOptions ref_opt = Options(c, m);
+  const BatchFn train = Batches(ref_opt);
+  auto standalone = StandaloneTrainer::Create(ref_opt);
+  ASSERT_TRUE(standalone.ok()) << standalone.status();
+  ASSERT_TRUE((*standalone)->Step(0, train).ok());
+  // Evaluation batches: the training stream from step 2 on.
+  const BatchFn flat = [train, m](int64_t, int j, int32_t* in, int32_t* tg) {
+    return train(2 + j / m, j % m, in, tg);
+  };
+  absl::StatusOr<double> want = (*standalone)->Evaluate(0, rounds * m, flat);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const BatchFn by_round = [flat, m](int64_t round, int j, int32_t* in, int32_t* tg) {
+    return flat(0, static_cast<int>(round) * m + j, in, tg);
+  };
+  TrainerOptions opt = Options(c, m);
+  opt.tensor.size = 2;
+  auto plan = fixtures::PlanFor(c.schedule, c.vocab, p, c.k, opt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<RankEvalResult> evals(2 * p);
+  RunGrid(p, 2, [&](int rank, int stage, int tp, comm::Communicator* pc, comm::Communicator* tc) {
+    TrainerOptions mine = opt;
+    mine.tensor.rank = tp;
+    auto pr = PipelineRank::Create(*plan, stage, mine, pc, nullptr, tc);
+    ASSERT_TRUE(pr.ok()) << pr.status();
+    ASSERT_TRUE((*pr)->Step(0, train).ok());
+    auto e = (*pr)->Evaluate(rounds * m, by_round);
+    ASSERT_TRUE(e.ok()) << e.status();
+    evals[rank] = *e;
+  });
+  int checked = 0;
+  for (int r = 0; r < 2 * p; ++r) {
+    if (!evals[r].has_loss) continue;
+    ++checked;
+    EXPECT_NEAR(evals[r].loss, *want, 1e-5 * *want) << "rank " << r;
+  }
+  EXPECT_GE(checked, 2);
+}
+
 std::string Name(const testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return fixtures::CaseName(
