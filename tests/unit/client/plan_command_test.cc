@@ -60,6 +60,32 @@ TEST(PlanCommand, OverridesFormatsAndErrors) {
   EXPECT_EQ(RunPlan({}, &out, &err), 2);
 }
 
+// A job with parallel.tensor: the plan shows (d, t, p), and every rank's bytes are a tensor
+// rank's (about half of t = 1's at t = 2).
+TEST(PlanCommand, ShowsTheTensorAxis) {
+  const std::string dir = ::testing::TempDir() + "/plan_cmd_tensor";
+  std::filesystem::create_directories(dir);
+  for (const int t : {1, 2}) {
+    std::ofstream(dir + "/job" + std::to_string(t) + ".yaml")
+        << "model: {layers: 8, hidden: 64, heads: 4, vocab_size: 1000, seq_len: 64}\n"
+           "parallel: {pipeline: 4, microbatches: 8, schedule: 1f1b, vocab: vocab2, tensor: "
+        << t << "}\ndata: {path: train.bin}\n";
+  }
+  std::string out1, out2, err;
+  ASSERT_EQ(RunPlan({dir + "/job2.yaml"}, &out2, &err), 0) << err;
+  EXPECT_NE(out2.find("ranks (d, t, p) = (1, 2, 4)"), std::string::npos) << out2;
+  ASSERT_EQ(RunPlan({dir + "/job1.yaml", "--format", "json"}, &out1, &err), 0) << err;
+  ASSERT_EQ(RunPlan({dir + "/job2.yaml", "--format", "json"}, &out2, &err), 0) << err;
+  EXPECT_NE(out2.find("\"tensor_parallel\":2"), std::string::npos);
+  EXPECT_EQ(out1.find("\"tensor_parallel\""), std::string::npos);
+  const auto bytes = [](const std::string& out) {
+    const size_t at = out.find("\"parameter_bytes\":");
+    return std::stod(out.substr(at + 18));
+  };
+  EXPECT_LT(bytes(out2), 0.6 * bytes(out1));
+  EXPECT_GT(bytes(out2), 0.45 * bytes(out1));
+}
+
 // Number after `"key":` in the JSON output (the first occurrence).
 double JsonNumber(const std::string& out, const std::string& key) {
   const size_t at = out.find("\"" + key + "\":");
