@@ -73,6 +73,7 @@ Labels StageLabels(int stage, std::map<std::string, std::string> extra = {}) {
   extra["training_job"] = "job-1";
   extra["stage"] = std::to_string(stage);
   extra["replica"] = "0";  // one replica: every rank is replica 0 of its stage
+  extra["tensor"] = "0";   // and tensor rank 0 (t = 1)
   extra["rank"] = std::to_string(stage);
   return extra;
 }
@@ -210,7 +211,7 @@ TEST(MetricsExporter, ReplicasOfAStageAreLabelledByStageAndReplica) {
   ASSERT_TRUE((*e)->RecordStep("job-1", "1f1b", "vocab-2", step).ok());
   const std::vector<Sample> s = ParseExposition((*e)->Scrape());
   const Labels replica1 = {{"training_job", "job-1"}, {"stage", "0"}, {"replica", "1"},
-                           {"rank", "1"}, {"kind", "total"}};
+                           {"tensor", "0"}, {"rank", "1"}, {"kind", "total"}};
   EXPECT_EQ(Find(s, "vocabpipe_stage_memory_bytes", replica1), 11225600);
   Labels replica0 = replica1;
   replica0["replica"] = "0";
@@ -220,6 +221,29 @@ TEST(MetricsExporter, ReplicasOfAStageAreLabelledByStageAndReplica) {
   bad["stages"][1]["replica"] = -1;
   const absl::Status st = (*e)->RecordStep("job-1", "1f1b", "vocab-2", bad);
   EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("stages[1].replica"));
+}
+
+// Tensor parallelism: the two tensor ranks of a stage are two series of stage="0", told apart
+// by tensor="0" / tensor="1"; a bad tensor rank is refused.
+TEST(MetricsExporter, TensorRanksOfAStageAreLabelledByTensor) {
+  auto e = MetricsExporter::Create("");
+  ASSERT_TRUE(e.ok());
+  nlohmann::json step = StepJson(0, 0.06, 0.2, 3);
+  step["stages"][0].update({{"stage", 0}, {"replica", 0}, {"tensor", 0}});
+  step["stages"][1].update({{"stage", 0}, {"replica", 0}, {"tensor", 1}});
+  ASSERT_TRUE((*e)->RecordStep("job-1", "1f1b", "vocab-2", step).ok());
+  const std::vector<Sample> s = ParseExposition((*e)->Scrape());
+  Labels tensor1 = {{"training_job", "job-1"}, {"stage", "0"}, {"replica", "0"},
+                    {"tensor", "1"},           {"rank", "1"},  {"kind", "total"}};
+  EXPECT_EQ(Find(s, "vocabpipe_stage_memory_bytes", tensor1), 11225600);
+  Labels tensor0 = tensor1;
+  tensor0["tensor"] = "0";
+  tensor0["rank"] = "0";
+  EXPECT_EQ(Find(s, "vocabpipe_stage_memory_bytes", tensor0), 11649536);
+  nlohmann::json bad = StepJson(1, 0.06, 0.2, 3);
+  bad["stages"][1]["tensor"] = -1;
+  const absl::Status st = (*e)->RecordStep("job-1", "1f1b", "vocab-2", bad);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("stages[1].tensor"));
 }
 
 TEST(MetricsExporter, ScheduleAndVocabAreFixedByFirstStep) {
