@@ -132,6 +132,29 @@ Reference ComputeReference(const Problem& pr) {
   return ref;
 }
 
+// This rank's rows of the model's flat buffers (padding rows zero). Tied: one weight and one
+// gradient buffer serve both shards.
+struct ShardBuffers {
+  std::vector<float> out_w, out_g, in_w, in_g;  // in_*: untied only
+  ShardBuffers(const Problem& pr, const VocabPartition& part, bool tied) {
+    const size_t floats = static_cast<size_t>(part.rows) * kHidden;
+    out_w.assign(floats, 0.0f);
+    out_g.assign(floats, 0.0f);
+    for (int64_t j = 0; j < part.valid_rows; ++j) {
+      std::copy_n(&pr.w[(part.begin + j) * kHidden], kHidden, &out_w[j * kHidden]);
+    }
+    if (!tied) {
+      in_w.assign(floats, 0.0f);
+      in_g.assign(floats, 0.0f);
+      for (int64_t j = 0; j < part.valid_rows; ++j) {
+        std::copy_n(&pr.e[(part.begin + j) * kHidden], kHidden, &in_w[j * kHidden]);
+      }
+    }
+  }
+  float* input_weight() { return in_w.empty() ? out_w.data() : in_w.data(); }
+  float* input_grad() { return in_g.empty() ? out_g.data() : in_g.data(); }
+};
+
 // The gathered weight gradients against the reference's. Tied: one buffer holds both, ∇W_out
 // plus the scatter-add of the embedding gradient.
 void ExpectWeightGradients(const Reference& ref, const std::vector<float>& grad_w,
@@ -169,25 +192,11 @@ TEST_P(VocabLayersTest, MatchesUnpartitionedReference) {
     ASSERT_TRUE(part.ok()) << part.status();
     EXPECT_EQ(part->padded_vocab % (8 * p), 0);
     MemoryTracker tracker;
-    // This rank's rows of the model's flat buffers (padding rows zero). Tied: one weight and
-    // one gradient buffer serve both shards.
-    const size_t shard_floats = static_cast<size_t>(part->rows) * h;
-    std::vector<float> out_w(shard_floats, 0.0f), out_g(shard_floats, 0.0f);
-    std::vector<float> in_w_storage, in_g_storage;
-    for (int64_t j = 0; j < part->valid_rows; ++j) {
-      std::copy_n(&pr.w[(part->begin + j) * h], h, &out_w[j * h]);
-    }
-    float* in_w = out_w.data();
-    float* in_g = out_g.data();
-    if (!tied) {
-      in_w_storage.assign(shard_floats, 0.0f);
-      in_g_storage.assign(shard_floats, 0.0f);
-      for (int64_t j = 0; j < part->valid_rows; ++j) {
-        std::copy_n(&pr.e[(part->begin + j) * h], h, &in_w_storage[j * h]);
-      }
-      in_w = in_w_storage.data();
-      in_g = in_g_storage.data();
-    }
+    ShardBuffers buf(pr, *part, tied);
+    std::vector<float>& out_w = buf.out_w;
+    std::vector<float>& out_g = buf.out_g;
+    float* in_w = buf.input_weight();
+    float* in_g = buf.input_grad();
     auto out = OutputLayerShard::Create(*part, h, algorithm, out_w.data(), out_g.data(), &tracker);
     auto in = InputLayerShard::Create(*part, h, in_w, in_g, &tracker);
     ASSERT_TRUE(out.ok() && in.ok());
@@ -323,23 +332,11 @@ TEST_P(TensorVocabLayersTest, MatchesUnpartitionedReference) {
         auto part = MakeVocabPartition(V, p * t, v);
         ASSERT_TRUE(part.ok()) << part.status();
         MemoryTracker tracker;
-        const size_t shard_floats = static_cast<size_t>(part->rows) * h;
-        std::vector<float> out_w(shard_floats, 0.0f), out_g(shard_floats, 0.0f);
-        std::vector<float> in_w_storage, in_g_storage;
-        for (int64_t j = 0; j < part->valid_rows; ++j) {
-          std::copy_n(&pr.w[(part->begin + j) * h], h, &out_w[j * h]);
-        }
-        float* in_w = out_w.data();
-        float* in_g = out_g.data();
-        if (!tied) {
-          in_w_storage.assign(shard_floats, 0.0f);
-          in_g_storage.assign(shard_floats, 0.0f);
-          for (int64_t j = 0; j < part->valid_rows; ++j) {
-            std::copy_n(&pr.e[(part->begin + j) * h], h, &in_w_storage[j * h]);
-          }
-          in_w = in_w_storage.data();
-          in_g = in_g_storage.data();
-        }
+        ShardBuffers buf(pr, *part, tied);
+        std::vector<float>& out_w = buf.out_w;
+        std::vector<float>& out_g = buf.out_g;
+        float* in_w = buf.input_weight();
+        float* in_g = buf.input_grad();
         auto out = OutputLayerShard::Create(*part, h, algorithm, out_w.data(), out_g.data(),
                                             &tracker, group);
         auto in = InputLayerShard::Create(*part, h, in_w, in_g, &tracker, group);
