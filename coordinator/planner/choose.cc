@@ -121,9 +121,7 @@ TensorCollectives TensorCollectiveSeconds(const ModelShape& m, const LinkCost& t
   if (t == 1) return {};
   const double bytes = static_cast<double>(m.microbatch_size) * m.seq_len * m.hidden *
                        m.activation_bytes_per_element;
-  const double calls = t - 1;
-  const double one = calls * tensor_link.latency +
-                     (tensor_link.bandwidth > 0 ? calls / t * bytes / tensor_link.bandwidth : 0);
+  const double one = tensor_link.Seconds(bytes);
   return {4 * one, 4 * one, 4 * one};
 }
 

@@ -61,8 +61,8 @@ struct Costs {
   // one rank to all, an all-reduce over all.
   LinkCost p2p, broadcast, allreduce;
   // One all-gather or reduce-scatter call over a tensor group (bytes: the whole gathered
-  // buffer). Only FLOP-proportional costs use it (TensorCollectiveSeconds); profiled F/B/W
-  // already include the group's collectives.
+  // buffer), as the profile measures it. Every pass's F/B/W gets its layers' tensor-group calls
+  // at this link (TensorCollectiveSeconds): the passes are timed on one worker without them.
   LinkCost tensor;
 };
 
@@ -138,7 +138,7 @@ Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m, doubl
 
 // Seconds of one layer's tensor-group collectives for one microbatch under sequence parallelism:
 // F and B each all-gather twice and reduce-scatter twice (b·s, h) activations, W all-gathers
-// four times. A ring over t ranks makes t−1 calls and moves (t−1)/t of the buffer. 0 at t = 1.
+// four times: four calls of the link at b·s·h elements each. 0 at t = 1.
 struct TensorCollectives {
   double f = 0, b = 0, w = 0;
 };

@@ -50,8 +50,8 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
     // Measured seconds replace the estimate pass by pass: what the workers really spend is
     // what decides between a vocabulary-parallel plan and the plain schedule.
     // Tensor parallelism: the profile timed a whole stage on one worker (BuildProfilingPlan),
-    // so each pass is 1/t of it on a rank of the group; the group's own collectives are not
-    // measured yet (Costs::tensor prices them once measured: docs/tensor-parallel.md).
+    // so each pass is 1/t of it on a rank of the group, plus the group's collectives at the
+    // all-gather link the profile measured between t ranks (docs/tensor-parallel.md).
     const double split = std::max(1, in.model.tensor_parallel);
     auto take = [split](double measured, double& cost) {
       if (measured > 0) cost = measured / split;
@@ -64,6 +64,15 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
     take(m->input_f, in.costs.input_f);
     take(m->input_b, in.costs.input_b);
     if (m->opt > 0) in.costs.opt = m->opt / split;
+    // ... and the tensor group's calls inside F, B, W at the measured link.
+    if (split > 1 && (m->tensor.latency > 0 || m->tensor.bandwidth > 0)) {
+      in.costs.tensor = m->tensor;
+      const TensorCollectives tc = TensorCollectiveSeconds(in.model, m->tensor);
+      const double stage_layers = static_cast<double>(in.layers) / std::max(1, in.pipeline);
+      in.costs.f += tc.f * stage_layers;
+      in.costs.b += tc.b * stage_layers;
+      in.costs.w += tc.w * stage_layers;
+    }
     if (m->comm > 0) in.costs.comm = m->comm;
     if (m->collective > 0) in.costs.collective = m->collective;
     in.costs.p2p = m->p2p;

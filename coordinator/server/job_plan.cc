@@ -37,6 +37,9 @@ void MergeSlowestLink(const vocabpipe::v1::PassCosts& worker, vocabpipe::v1::Pas
   merged->set_allreduce_latency(std::max(merged->allreduce_latency(), worker.allreduce_latency()));
   merged->set_allreduce_bandwidth(
       slower_bandwidth(merged->allreduce_bandwidth(), worker.allreduce_bandwidth()));
+  merged->set_tensor_latency(std::max(merged->tensor_latency(), worker.tensor_latency()));
+  merged->set_tensor_bandwidth(
+      slower_bandwidth(merged->tensor_bandwidth(), worker.tensor_bandwidth()));
 }
 
 absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
@@ -57,7 +60,7 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                 .p2p = {profiled->p2p_latency(), profiled->p2p_bandwidth()},
                 .broadcast = {profiled->broadcast_latency(), profiled->broadcast_bandwidth()},
                 .allreduce = {profiled->allreduce_latency(), profiled->allreduce_bandwidth()},
-                .tensor = {}};  // the tensor group's link is not profiled yet
+                .tensor = {profiled->tensor_latency(), profiled->tensor_bandwidth()}};
   }
   planner::SpecPlanOptions options;
   options.flops_per_second = flops_per_second;

@@ -51,7 +51,8 @@ constexpr int kCommGroups = 3;
 // One group of `ranks` Gloo ranks (threads of this process on loopback, fresh connections):
 // [size][kind] the fastest of kCommReps calls, the slowest rank's for a collective and the
 // receiver's for a send/recv. Kinds: 0 all-reduce, 1 broadcast, 2 send/recv.
-using GroupTimes = std::array<std::array<double, 3>, 2>;
+using GroupTimes = std::array<std::array<double, 4>, 2>;  // [size][all-reduce, broadcast,
+                                                          // send/recv, all-gather]
 
 absl::StatusOr<GroupTimes> TimeOneGroup(int ranks, const std::array<size_t, 2>& sizes,
                                         size_t floats_large, int group) {
@@ -96,6 +97,11 @@ absl::StatusOr<GroupTimes> TimeOneGroup(int ranks, const std::array<size_t, 2>& 
         if (st.ok() && rank == 1) st = c.Recv(buf.data(), n, 0, tag);
         ++tag;
         const auto t5 = std::chrono::steady_clock::now();
+        // An all-gather of the n floats (each rank's n/ranks of them): a tensor group's call.
+        if (st.ok()) st = c.Barrier();
+        const auto t6 = std::chrono::steady_clock::now();
+        if (st.ok()) st = c.AllGather(buf.data(), n);
+        const auto t7 = std::chrono::steady_clock::now();
         if (!st.ok()) {
           errors[rank] = st;
           return;
@@ -105,6 +111,7 @@ absl::StatusOr<GroupTimes> TimeOneGroup(int ranks, const std::array<size_t, 2>& 
         best[rank][z][0] = std::min(best[rank][z][0], sec(t0, t1));
         best[rank][z][1] = std::min(best[rank][z][1], sec(t2, t3));
         best[rank][z][2] = std::min(best[rank][z][2], sec(t4, t5));
+        best[rank][z][3] = std::min(best[rank][z][3], sec(t6, t7));
       }
     }
   };
@@ -122,6 +129,7 @@ absl::StatusOr<GroupTimes> TimeOneGroup(int ranks, const std::array<size_t, 2>& 
     for (int r = 0; r < ranks; ++r) {
       out[z][0] = std::max(out[z][0], best[r][z][0]);
       out[z][1] = std::max(out[z][1], best[r][z][1]);
+      out[z][3] = std::max(out[z][3], best[r][z][3]);
     }
     out[z][2] = best[1][z][2];
   }
@@ -169,6 +177,7 @@ absl::StatusOr<CommProfile> ProfileCommunication(int ranks, size_t floats_small,
     out.allreduce_seconds[z] = median(z, 0);
     out.broadcast_seconds[z] = median(z, 1);
     out.p2p_seconds[z] = median(z, 2);
+    out.allgather_seconds[z] = median(z, 3);
     out.bytes[z] = static_cast<double>(sizes[z]) * sizeof(float);
   }
   auto fit = [&](const std::array<double, 2>& t) {
@@ -177,6 +186,7 @@ absl::StatusOr<CommProfile> ProfileCommunication(int ranks, size_t floats_small,
   out.allreduce = fit(out.allreduce_seconds);
   out.broadcast = fit(out.broadcast_seconds);
   out.p2p = fit(out.p2p_seconds);
+  out.allgather = fit(out.allgather_seconds);
   return out;
 }
 
@@ -272,6 +282,16 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
     costs.set_broadcast_bandwidth(link->broadcast.bandwidth);
     costs.set_allreduce_latency(link->allreduce.latency);
     costs.set_allreduce_bandwidth(link->allreduce.bandwidth);
+  }
+  // Tensor parallelism: the all-gather link of a tensor group (t ranks of this host), fitted at
+  // b·s and b·s·h floats; a reduce-scatter moves the same bytes.
+  const int tensor = std::max(1, job.parallel().tensor());
+  if (tensor > 1) {
+    auto link = ProfileCommunication(tensor, static_cast<size_t>(tokens),
+                                     static_cast<size_t>(tokens) * job.model().hidden());
+    if (!link.ok()) return link.status();
+    costs.set_tensor_latency(link->allgather.latency);
+    costs.set_tensor_bandwidth(link->allgather.bandwidth);
   }
   auto layer_bytes = launch::MeasureJobLayerActivations(job);
   if (!layer_bytes.ok()) return layer_bytes.status();

@@ -46,8 +46,9 @@ LinkFit FitLink(double bytes_small, double seconds_small, double bytes_large, do
 // two sizes, the sizes alternating, the slowest rank's time for a collective and the receiver's for
 // a send/recv, and the fits through them.
 struct CommProfile {
-  std::array<double, 2> bytes{}, allreduce_seconds{}, broadcast_seconds{}, p2p_seconds{};
-  LinkFit allreduce, broadcast, p2p;
+  std::array<double, 2> bytes{}, allreduce_seconds{}, broadcast_seconds{}, p2p_seconds{},
+      allgather_seconds{};
+  LinkFit allreduce, broadcast, p2p, allgather;
 };
 // Times an all-reduce, a broadcast from rank 0 and a send/recv from rank 0 to 1 of
 // floats_small and of floats_large floats between `ranks` Gloo ranks of this process on

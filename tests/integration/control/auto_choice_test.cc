@@ -49,6 +49,34 @@ TEST(AutoChoiceTest, OneStageWithReplicasProfilesTheAllReduceLink) {
   EXPECT_EQ(alone->allreduce_bandwidth(), 0);
 }
 
+// Tensor parallelism: the profile times the stage on one worker (its task's stage spec has
+// tensor 1) and the all-gather link between t ranks; the plan's passes are 1/t of the measured
+// ones plus the group's collectives at that link.
+TEST(AutoChoiceTest, TensorGroupsProfileTheAllGatherLink) {
+  v1::JobSpec spec = Spec(64);
+  spec.mutable_parallel()->set_vocab("vocab2");
+  spec.mutable_parallel()->set_tensor(2);
+  const v1::ProfileTask task = Task(spec);
+  EXPECT_EQ(task.stage_spec().parallel().tensor(), 1);
+  auto costs = vp::daemon::ProfilePasses(task);
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  EXPECT_GT(costs->tensor_latency() + costs->tensor_bandwidth(), 0);
+  auto plan = vp::server::PlanForJob(spec, &*costs, 1e10, nullptr);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  v1::JobSpec whole = spec;
+  whole.mutable_parallel()->set_tensor(1);
+  auto flat = vp::server::PlanForJob(whole, &*costs, 1e10, nullptr);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  // Half the compute a rank, plus the collectives (> 0): between half and all of t = 1's F.
+  const double f2 = plan->input.costs.f, f1 = flat->input.costs.f;
+  EXPECT_GT(f2, f1 / 2) << f2 << " vs " << f1;
+  EXPECT_GT(plan->input.costs.tensor.latency + plan->input.costs.tensor.bandwidth, 0);
+  spec.mutable_parallel()->set_tensor(1);
+  auto alone = vp::daemon::ProfilePasses(Task(spec));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->tensor_latency(), 0);  // t = 1: no tensor group to measure
+}
+
 std::string Chosen(const vp::server::JobPlan& plan) {
   int chosen = 0;
   for (const auto& c : plan.candidates) chosen += c.chosen();
@@ -141,7 +169,8 @@ TEST(ProfileCommunicationTest, FitsLatencyAndBandwidthThroughTwoSizes) {
   EXPECT_EQ(prof->bytes[1], 4096 * 4);
   for (const auto& [fit_k, t] : {std::pair{prof->allreduce, prof->allreduce_seconds},
                                  std::pair{prof->broadcast, prof->broadcast_seconds},
-                                 std::pair{prof->p2p, prof->p2p_seconds}}) {
+                                 std::pair{prof->p2p, prof->p2p_seconds},
+                                 std::pair{prof->allgather, prof->allgather_seconds}}) {
     EXPECT_GT(t[0], 0);
     EXPECT_GT(t[1], 0);
     if (fit_k.bandwidth > 0) {
