@@ -40,11 +40,13 @@ struct Job {
   int steps = kSteps, every = 0;
   int eval_every = 0, eval_batches = 0;  // 0: no evaluation
   std::string lr = "0.003";
+  std::string init_from = "";  // a Hugging Face folder; "" for random init
 };
 
 std::string SpecText(const Job& j) {
   return absl::StrCat(
-      "model: {layers: 4, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
+      "model: {layers: 4, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16",
+      j.init_from.empty() ? "" : absl::StrCat(", init_from: ", j.init_from), "}\n",
       "parallel: {pipeline: ", j.pipeline, ", data: ", j.data, ", zero: ", j.zero,
       ", tensor: ", j.tensor, ", microbatch_size: 2, microbatches: ", j.microbatches,
       ", vocab: ", j.vocab, ", schedule: ", j.schedule, ", seq_chunks: ", j.seq_chunks, "}\n",
@@ -299,6 +301,15 @@ TEST_F(DataParallelTest, TensorRanksMatchOneProcessAndResumeAtOtherShapes) {
     EXPECT_EQ(int(lines.back()["stages"][rank]["stage"]), rank / 2);
     EXPECT_EQ(int(lines.back()["stages"][rank]["tensor"]), rank % 2);
   }
+  // init_from at t = 2: each tensor rank cuts its slices from the whole Hugging Face tensors,
+  // so the initial model (steps: 0 saves it) is the reference's final one.
+  Job init{.name = "t2p2_init", .pipeline = 2, .microbatches = 8, .tensor = 2};
+  init.steps = 0;
+  init.init_from = (dir_ / "reference" / "step_3").string();
+  r = Run(init);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ExpectSameWeights(dir_ / init.name / "step_0" / "model.safetensors",
+                    dir_ / "reference" / "step_3" / "model.safetensors", 0);
   for (const auto& [name, from_t, to_t] :
        {std::tuple{"resume_t2_to_t1", 2, 1}, std::tuple{"resume_t1_to_t2", 1, 2}}) {
     Job part{.name = name, .pipeline = 2, .microbatches = 8, .tensor = from_t};
