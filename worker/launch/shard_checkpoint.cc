@@ -626,7 +626,7 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> SavedWorld(const std::string& run_dir, int64_t step) {
+absl::StatusOr<SavedRanks> SavedRanksOf(const std::string& run_dir, int64_t step) {
   auto dir = ExistingShard(run_dir, step, 0);
   if (!dir.ok()) return dir.status();
   auto text = dir->ReadFile(kManifest, 1 << 20);
@@ -638,25 +638,22 @@ absl::StatusOr<int> SavedWorld(const std::string& run_dir, int64_t step) {
     return absl::DataLossError(
         absl::StrCat(dir->PathOf(kManifest), ": world is missing or not a positive integer"));
   }
-  return static_cast<int>(m["world"].get<int64_t>());
+  SavedRanks saved{.world = static_cast<int>(m["world"].get<int64_t>()), .tensor = 1};
+  if (m.contains("tensor")) {  // absent: saved before tensor parallelism
+    if (!m["tensor"].is_number_integer() || m["tensor"].get<int64_t>() < 1 ||
+        m["tensor"].get<int64_t>() > 1024) {
+      return absl::DataLossError(
+          absl::StrCat(dir->PathOf(kManifest), ": tensor is not a positive integer"));
+    }
+    saved.tensor = static_cast<int>(m["tensor"].get<int64_t>());
+  }
+  return saved;
 }
 
-absl::StatusOr<int> SavedTensorRanks(const std::string& run_dir, int64_t step) {
-  auto dir = ExistingShard(run_dir, step, 0);
-  if (!dir.ok()) return dir.status();
-  auto text = dir->ReadFile(kManifest, 1 << 20);
-  if (!text.ok()) return text.status();
-  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, false);
-  if (m.is_discarded() || !m.is_object()) {
-    return absl::DataLossError(absl::StrCat(dir->PathOf(kManifest), ": not a JSON object"));
-  }
-  if (!m.contains("tensor")) return 1;  // saved before tensor parallelism
-  if (!m["tensor"].is_number_integer() || m["tensor"].get<int64_t>() < 1 ||
-      m["tensor"].get<int64_t>() > 1024) {
-    return absl::DataLossError(
-        absl::StrCat(dir->PathOf(kManifest), ": tensor is not a positive integer"));
-  }
-  return static_cast<int>(m["tensor"].get<int64_t>());
+absl::StatusOr<int> SavedWorld(const std::string& run_dir, int64_t step) {
+  auto saved = SavedRanksOf(run_dir, step);
+  if (!saved.ok()) return saved.status();
+  return saved->world;
 }
 
 absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_world,
@@ -890,16 +887,25 @@ absl::Status LoadFromShards(const std::string& run_dir, int64_t step, int saved_
   for (const auto& a : assemblies) {
     size_t numel = 1;
     for (const int64_t d : a->whole_shape) numel *= static_cast<size_t>(d);
-    std::vector<float> whole(numel);
-    for (size_t i = 0; i < a->parts.size(); ++i) {
-      const SliceInfo& s = a->infos[i];
-      engine::tp::PlaceSlice(a->parts[i].data(), a->whole_shape, s.split, s.rank, s.size,
-                             whole.data());
+    std::vector<float> whole;
+    if (a->parts.size() == 1 && a->infos[0].size == 1) {
+      whole = std::move(a->parts[0]);  // saved whole
+    } else {
+      whole.resize(numel);
+      for (size_t i = 0; i < a->parts.size(); ++i) {
+        const SliceInfo& s = a->infos[i];
+        engine::tp::PlaceSlice(a->parts[i].data(), a->whole_shape, s.split, s.rank, s.size,
+                               whole.data());
+      }
     }
-    std::vector<float> mine(numel / a->size);
-    engine::tp::SliceTensor(whole.data(), a->whole_shape,
-                            a->size > 1 ? a->split : SliceInfo{}.split, a->rank, a->size,
-                            mine.data());
+    const engine::tp::Split split = a->size > 1 ? a->split : engine::tp::Split{};
+    const size_t local = numel / a->size;
+    if (a->first == 0 && a->count == local) {  // the whole slice (weights, an unsharded state)
+      engine::tp::SliceTensor(whole.data(), a->whole_shape, split, a->rank, a->size, a->dst);
+      continue;
+    }
+    std::vector<float> mine(local);  // a ZeRO-1 range covers part of it
+    engine::tp::SliceTensor(whole.data(), a->whole_shape, split, a->rank, a->size, mine.data());
     std::copy_n(mine.data() + a->first, a->count, a->dst);
   }
   if (optimizer != nullptr) optimizer->set_step(adamw_step);

@@ -69,10 +69,14 @@ absl::Status LoadRankShard(const std::string& run_dir, int64_t step, int rank, i
 
 // The number of ranks (pipeline stages) that saved step `step`: rank 0's manifest's world.
 absl::StatusOr<int> SavedWorld(const std::string& run_dir, int64_t step);
-// The tensor-parallel ranks per stage of the run that saved step `step` (rank 0's manifest's
-// "tensor"; 1 when absent). Under tensor parallelism shard rank_<stage·t + tp> is stage
+// Both from one read of rank 0's manifest: the world, and the tensor-parallel ranks per stage
+// ("tensor"; 1 when absent). Under tensor parallelism shard rank_<stage·t + tp> is stage
 // `stage`'s tensor rank tp, and the world is p·t.
-absl::StatusOr<int> SavedTensorRanks(const std::string& run_dir, int64_t step);
+struct SavedRanks {
+  int world = 0;
+  int tensor = 1;
+};
+absl::StatusOr<SavedRanks> SavedRanksOf(const std::string& run_dir, int64_t step);
 
 // Loads this rank's tensors (and, when optimizer is non-null, its AdamW moments and step) from
 // step `step` saved by `saved_world` ranks under another plan — another p, or another

@@ -277,14 +277,12 @@ absl::StatusOr<WorkerOutcome> RunWorker(const WorkerOptions& options) {
     // Every replica reads its stage's shard (under ZeRO-1 only the moments of its range, from
     // whichever form they were saved in). A step saved under another p is re-split by tensor
     // name and vocabulary row.
-    auto saved_world = SavedWorld(dir, options.resume_step);
-    if (!saved_world.ok()) return fatal(saved_world.status());
-    auto saved_t = SavedTensorRanks(dir, options.resume_step);
-    if (!saved_t.ok()) return fatal(saved_t.status());
+    auto saved = SavedRanksOf(dir, options.resume_step);
+    if (!saved.ok()) return fatal(saved.status());
     engine::AdamW* into = &rank.optimizer();
-    if (auto st = *saved_world == shards && *saved_t == t
+    if (auto st = saved->world == shards && saved->tensor == t
                       ? LoadRankShard(dir, options.resume_step, shard, shards, rank.model(), into)
-                      : LoadFromShards(dir, options.resume_step, *saved_world, rank.model(), into);
+                      : LoadFromShards(dir, options.resume_step, saved->world, rank.model(), into);
         !st.ok()) {
       return fatal(st);
     }

@@ -169,9 +169,9 @@ class RankExecutor {
   // activation is (b, SeqLen(q), h), SlotElems(q) elements (this rank's 1/t of them).
   int SeqBegin(int q) const { return plan_.seq_bounds[q]; }
   int SeqLen(int q) const { return plan_.seq_bounds[q + 1] - plan_.seq_bounds[q]; }
-  size_t SlotElems(int q) const { return static_cast<size_t>(b()) * SeqLen(q) / t() * h(); }
   // This rank's token rows of slot (·, q): b·len/t.
   int SlotRows(int q) const { return b() * SeqLen(q) / t(); }
+  size_t SlotElems(int q) const { return static_cast<size_t>(SlotRows(q)) * h(); }
   // Sums the step's (or evaluation's) loss over the tensor group: each rank added its rows'.
   absl::Status SumLossOverTensorGroup();
   // Activation buffers are moved between ranks as raw floats (bf16: two per float; the engine

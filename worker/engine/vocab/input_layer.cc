@@ -21,7 +21,7 @@ absl::StatusOr<InputLayerShard> InputLayerShard::Create(const VocabPartition& pa
 absl::StatusOr<InputLayerState> InputLayerShard::Forward(const int32_t* tokens, int n) const {
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("input layer IF: n ", n, " < 1"));
   if (tokens == nullptr) return absl::InvalidArgumentError("input layer IF: tokens is null");
-  const int h = hidden_, t = tensor_.size();
+  const int h = hidden_, t = sp_.group().size();
   if (n % t != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("input layer IF: n ", n, " tokens do not split over ", t, " tensor ranks"));
@@ -49,9 +49,8 @@ absl::StatusOr<InputLayerState> InputLayerShard::Forward(const int32_t* tokens, 
   }
   if (t > 1) {
     // The group's t shards summed, each rank keeping its own m rows.
-    const tp::SequenceParallel sp(tensor_, nullptr);
     Buffer mine(tracker_, MemoryCategory::kActivations, static_cast<size_t>(st.n_) * h);
-    if (absl::Status s = sp.ScatterSum(st.output_.data(), n, h, mine.data()); !s.ok()) {
+    if (absl::Status s = sp_.ScatterSum(st.output_.data(), n, h, mine.data()); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("input layer IF group sum: ", s.message()));
     }
     st.output_ = std::move(mine);
@@ -98,10 +97,9 @@ absl::Status InputLayerShard::Backward(InputLayerState& st) const {
   const int h = hidden_;
   const float* g = st.output_grad_.data();  // (n, h)
   Buffer gathered;
-  if (tensor_.size() > 1) {  // the group's rows of the gradient
-    const tp::SequenceParallel sp(tensor_, nullptr);
+  if (sp_.group().size() > 1) {  // the group's rows of the gradient
     gathered = Buffer(tracker_, MemoryCategory::kActivations, static_cast<size_t>(st.n_all_) * h);
-    if (absl::Status s = sp.GatherInto(g, st.n_all_, h, gathered.data()); !s.ok()) {
+    if (absl::Status s = sp_.GatherInto(g, st.n_all_, h, gathered.data()); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("input layer IB gather: ", s.message()));
     }
     g = gathered.data();

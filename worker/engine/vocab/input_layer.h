@@ -85,14 +85,15 @@ class InputLayerShard {
         weight_(weight),
         weight_grad_(weight_grad),
         tracker_(tracker),
-        tensor_(tensor) {}
+        sp_(tensor, /*pool=*/nullptr) {}
 
   VocabPartition partition_;
   int hidden_;
   const float* weight_;  // (rows, h)
   float* weight_grad_;   // (rows, h)
   MemoryTracker* tracker_;
-  tp::TensorGroup tensor_;
+  // The tensor group's row exchanges (into the shard's own buffers: no pool).
+  tp::SequenceParallel sp_;
 };
 
 }  // namespace vp::engine::vocab

@@ -114,9 +114,9 @@ absl::StatusOr<OutputLayerShard> OutputLayerShard::Create(const VocabPartition& 
 }
 
 bool OutputLayerShard::GroupOwns(int64_t label) const {
-  const int t = tensor_.size();
+  const int t = sp_.group().size();
   const int64_t group_begin =
-      partition_.begin - static_cast<int64_t>(tensor_.rank()) * partition_.rows;
+      partition_.begin - static_cast<int64_t>(sp_.group().rank()) * partition_.rows;
   const int64_t group_end = std::min(group_begin + t * partition_.rows, partition_.vocab);
   return label >= group_begin && label < group_end;
 }
@@ -143,7 +143,7 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
     return absl::InvalidArgumentError("output layer S: x and labels must be non-null");
   }
   if (!std::isfinite(d)) return absl::InvalidArgumentError("output layer S: d must be finite");
-  const int t = tensor_.size();
+  const int t = sp_.group().size();
   if (n % t != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("output layer S: n ", n, " tokens do not split over ", t, " tensor ranks"));
@@ -171,8 +171,7 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
   Buffer gathered;
   if (t > 1) {
     gathered = Buffer(tracker_, act, static_cast<size_t>(n) * h);
-    const tp::SequenceParallel sp(tensor_, nullptr);
-    if (absl::Status s = sp.GatherInto(x, n, h, gathered.data()); !s.ok()) {
+    if (absl::Status s = sp_.GatherInto(x, n, h, gathered.data()); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("output layer S gather: ", s.message()));
     }
     x = gathered.data();
@@ -210,7 +209,7 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
     for (int i = 0; i < n; ++i) st.label_here_[i] = st.local_label_[i] >= 0;
   } else {
     st.label_here_.resize(st.n_);
-    const int first = tensor_.rank() * st.n_;
+    const int first = sp_.group().rank() * st.n_;
     for (int i = 0; i < st.n_; ++i) st.label_here_[i] = GroupOwns(labels[first + i]);
     if (absl::Status s = MergeOverTensorGroup(st); !s.ok()) return s;
   }
@@ -224,9 +223,9 @@ absl::StatusOr<OutputLayerState> OutputLayerShard::S(const float* x, const int32
 // The n-sized vectors are all-reduced (every rank keeps share for T); A and the label's weight
 // rows are reduce-scattered, each rank keeping its m rows.
 absl::Status OutputLayerShard::MergeOverTensorGroup(OutputLayerState& st) const {
-  const int n = st.n_all_, m = st.n_, h = hidden_, first = tensor_.rank() * m;
+  const int n = st.n_all_, m = st.n_, h = hidden_, first = sp_.group().rank() * m;
   const auto act = MemoryCategory::kActivations;
-  comm::Communicator& comm = *tensor_.comm();
+  comm::Communicator& comm = *sp_.group().comm();
   Buffer group_max(tracker_, act, n);
   std::memcpy(group_max.data(), st.local_max_.data(), n * sizeof(float));
   if (absl::Status s = comm.AllReduce(group_max.data(), n, comm::ReduceOp::kMax); !s.ok()) {
@@ -265,9 +264,8 @@ absl::Status OutputLayerShard::MergeOverTensorGroup(OutputLayerState& st) const 
         std::fill_n(row + h, h, 0.0f);
       }
     }
-    const tp::SequenceParallel sp(tensor_, nullptr);
     Buffer mine(tracker_, act, static_cast<size_t>(m) * 2 * h);
-    if (absl::Status s = sp.ScatterSum(both.data(), n, 2 * h, mine.data()); !s.ok()) {
+    if (absl::Status s = sp_.ScatterSum(both.data(), n, 2 * h, mine.data()); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("output layer S group A: ", s.message()));
     }
     st.grad_x_ = Buffer(tracker_, act, static_cast<size_t>(m) * h);
@@ -366,12 +364,11 @@ absl::Status OutputLayerShard::T(OutputLayerState& st, const float* x) const {
   // factor turning the merged P' into the softmax) times this shard's share of it.
   const float* scale = st.scale_.data();
   Buffer gathered, all_scale;
-  if (tensor_.size() > 1) {
-    const tp::SequenceParallel sp(tensor_, nullptr);
+  if (sp_.group().size() > 1) {
     gathered = Buffer(tracker_, act, static_cast<size_t>(n) * h);
     all_scale = Buffer(tracker_, act, n);
-    absl::Status s = sp.GatherInto(x, n, h, gathered.data());
-    if (s.ok()) s = sp.GatherInto(st.scale_.data(), n, 1, all_scale.data());
+    absl::Status s = sp_.GatherInto(x, n, h, gathered.data());
+    if (s.ok()) s = sp_.GatherInto(st.scale_.data(), n, 1, all_scale.data());
     if (!s.ok())
       return absl::Status(s.code(), absl::StrCat("output layer T gather: ", s.message()));
     for (int i = 0; i < n; ++i) all_scale.data()[i] *= st.group_share_.data()[i];
@@ -398,10 +395,9 @@ absl::Status OutputLayerShard::T(OutputLayerState& st, const float* x) const {
       cpu::Gemm(false, false, n, h, static_cast<int>(valid), 1.0f, g, static_cast<int>(rows),
                 weight_, h, 0.0f, st.grad_x_.data(), h);
     }
-    if (tensor_.size() > 1) {
-      const tp::SequenceParallel sp(tensor_, nullptr);
+    if (sp_.group().size() > 1) {
       Buffer mine(tracker_, act, static_cast<size_t>(st.n_) * h);
-      if (absl::Status s = sp.ScatterSum(st.grad_x_.data(), n, h, mine.data()); !s.ok()) {
+      if (absl::Status s = sp_.ScatterSum(st.grad_x_.data(), n, h, mine.data()); !s.ok()) {
         return absl::Status(s.code(), absl::StrCat("output layer T grad_x: ", s.message()));
       }
       st.grad_x_ = std::move(mine);

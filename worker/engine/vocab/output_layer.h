@@ -137,7 +137,7 @@ class OutputLayerShard {
         weight_(weight),
         weight_grad_(weight_grad),
         tracker_(tracker),
-        tensor_(tensor),
+        sp_(tensor, /*pool=*/nullptr),
         spare_(std::make_unique<Spare>()) {}
 
   // t > 1: merges the shard statistics of S over the tensor group (OutputLayerShard::S).
@@ -161,7 +161,8 @@ class OutputLayerShard {
   const float* weight_;  // (rows, h)
   float* weight_grad_;   // (rows, h)
   MemoryTracker* tracker_;
-  tp::TensorGroup tensor_;
+  // The tensor group's row exchanges (into the shard's own buffers: no pool).
+  tp::SequenceParallel sp_;
   std::unique_ptr<Spare> spare_;
 };
 
