@@ -446,6 +446,7 @@ constexpr const char* kSchedules[] = {"1f1b", "interleaved", "vhalf",   "vmin",
 constexpr const char* kVocabMethods[] = {"baseline", "redis",  "interlaced",
                                          "vocab1",   "vocab2", "auto"};
 constexpr const char* kLrSchedules[] = {"constant", "cosine"};
+constexpr const char* kRecomputeModes[] = {"none", "selective", "full"};
 
 template <size_t N>
 bool OneOf(const std::string& v, const char* const (&set)[N]) {
@@ -633,6 +634,10 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     add("parallel.vocab", absl::StrCat("must be one of ", JoinSet(kVocabMethods), " (got \"",
                                        absl::CHexEscape(p.vocab()), "\")"));
   }
+  if (!OneOf(p.recompute(), kRecomputeModes)) {
+    add("parallel.recompute", absl::StrCat("must be one of ", JoinSet(kRecomputeModes), " (got \"",
+                                           absl::CHexEscape(p.recompute()), "\")"));
+  }
   in_range("parallel.seq_chunks", p.seq_chunks(), 1, kMaxSeqChunks);
   if (p.seq_chunks() > 1 && m.seq_len() >= 1 && p.seq_chunks() > m.seq_len()) {
     add("parallel.seq_chunks",
@@ -801,6 +806,12 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     add("parallel.tensor",
         absl::StrCat("> 1 needs device cpu in this version (got ", s.parallel().tensor(), " on ",
                      s.device(), "): the CUDA engine's tensor-parallel layers are not built yet"));
+  }
+  if (cuda && s.parallel().recompute() != "none" &&
+      OneOf(s.parallel().recompute(), kRecomputeModes)) {
+    add("parallel.recompute",
+        absl::StrCat("must be none on device cuda in this version (got ", s.parallel().recompute(),
+                     " on ", s.device(), "): the CUDA engine's recomputation is not built yet"));
   }
   if (cuda && s.parallel().data() > 1) {
     add("parallel.data",
@@ -993,6 +1004,7 @@ void ApplyDefaults(JobSpec* spec) {
   if (!p->has_zero()) p->set_zero(0);
   if (!p->has_tensor()) p->set_tensor(1);
   if (!p->has_sequence_parallel()) p->set_sequence_parallel(true);
+  if (!p->has_recompute()) p->set_recompute("none");
 
   auto* t = spec->mutable_train();
   if (!t->has_steps()) t->set_steps(10);

@@ -9,6 +9,14 @@ namespace vp::engine {
 // attention, no biases, no position table (docs/engine.md, "Llama layer").
 enum class Architecture { kGpt2, kLlama };
 
+// Activation recomputation (parallel.recompute, docs/recompute.md): how much of a layer's forward
+// its backward runs again instead of keeping. The arithmetic is the same in every mode, so losses
+// and gradients are bit-identical to kNone. kSelective drops the attention core's output and
+// log-sum-exp after F and recomputes them from the kept queries and K/V cache before B;
+// kFull keeps only each layer's input per (microbatch, chunk) and runs the layer's forward again
+// before its B (the K/V cache too, once the microbatch's last chunk has gone forward).
+enum class Recompute { kNone, kSelective, kFull };
+
 struct ModelConfig {
   int layers = 0;
   int hidden = 0;      // h
@@ -21,6 +29,8 @@ struct ModelConfig {
   int kv_heads = 0;             // llama: key/value heads, divides heads; 0 = heads
   float rms_eps = 1e-5f;        // llama: RMSNorm epsilon
   float rope_theta = 10000.0f;  // llama: rotary base
+  // How the layers run, not what they compute (see Recompute).
+  Recompute recompute = Recompute::kNone;
 
   bool llama() const { return architecture == Architecture::kLlama; }
   int head_dim() const { return hidden / heads; }

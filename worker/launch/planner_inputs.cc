@@ -7,7 +7,8 @@ namespace vp::launch {
 
 absl::StatusOr<LayerActivationBytes> MeasureJobLayerActivations(
     const vocabpipe::v1::JobSpec& spec) {
-  const engine::ModelConfig shape = runtime::ModelConfigFromSpec(spec.model());
+  engine::ModelConfig shape = runtime::ModelConfigFromSpec(spec.model());
+  shape.recompute = runtime::RecomputeFromSpec(spec.parallel());
   auto bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
   if (!bytes.ok()) return bytes.status();
   return LayerActivationBytes{.kept = bytes->kept, .backward_transient = bytes->backward_transient};

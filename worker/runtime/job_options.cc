@@ -22,6 +22,12 @@ engine::ModelConfig ModelConfigFromSpec(const vocabpipe::v1::ModelSpec& m) {
           .rope_theta = static_cast<float>(m.has_rope_theta() ? m.rope_theta() : 10000.0)};
 }
 
+engine::Recompute RecomputeFromSpec(const vocabpipe::v1::ParallelSpec& p) {
+  if (p.recompute() == "full") return engine::Recompute::kFull;
+  if (p.recompute() == "selective") return engine::Recompute::kSelective;
+  return engine::Recompute::kNone;
+}
+
 absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSpec& spec,
                                                       const planner::Plan* plan) {
   if (plan == nullptr && spec.parallel().pipeline() != 1) {
@@ -42,6 +48,7 @@ absl::StatusOr<TrainerOptions> TrainerOptionsFromSpec(const vocabpipe::v1::JobSp
   TrainerOptions o;
   const auto& m = spec.model();
   o.model = ModelConfigFromSpec(m);
+  o.model.recompute = RecomputeFromSpec(spec.parallel());
   o.microbatch_size = spec.parallel().microbatch_size();
   o.microbatches = spec.parallel().microbatches();
   const bool algorithm1 =

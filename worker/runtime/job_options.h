@@ -12,6 +12,8 @@ namespace vp::runtime {
 
 // The engine's model shape from a (defaults-applied) model spec.
 engine::ModelConfig ModelConfigFromSpec(const vocabpipe::v1::ModelSpec& m);
+// parallel.recompute (validated: none, selective or full) as the engine's mode.
+engine::Recompute RecomputeFromSpec(const vocabpipe::v1::ParallelSpec& p);
 
 // Maps a validated JobSpec onto the trainer's options.
 //   plan == nullptr: the standalone model (parallel.pipeline must be 1, device cpu); the output

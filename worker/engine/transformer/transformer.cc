@@ -224,36 +224,79 @@ TransformerLayer::TransformerLayer(const ModelConfig& cfg, int batch, float* par
 // attention width (its heads · head_dim), kv its key/value width, qd = a + 2kv its fused q|k|v
 // row, f its MLP width.
 
+absl::Status TransformerLayer::ForwardQkv(SeqChunk seq, const float* x, LayerKvState& kv,
+                                          LayerActivations& acts) const {
+  const int b = batch_, t = seq.len(), h = cfg_.hidden, s = cfg_.seq_len;
+  const int a = w_.attn, kvd = w_.kv, qd = w_.qkv(), hd = w_.head_dim;
+  const int n = b * t, m = sp_->LocalRows(n);
+  if (kv.k.empty()) {
+    kv.k = pool_->Acquire(static_cast<size_t>(b) * s * kvd);
+    kv.v = pool_->Acquire(static_cast<size_t>(b) * s * kvd);
+  }
+  acts.ln1 = pool_->Acquire(static_cast<size_t>(m) * h);  // (m, h)
+  acts.ln1_rstd = pool_->Acquire(m);                      // (m)
+  if (cfg_.llama()) {
+    cpu::RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x, lp_.attn_norm_w, m, h,
+                        cfg_.rms_eps);
+  } else {
+    acts.ln1_mean = pool_->Acquire(m);
+    cpu::LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(), acts.ln1_rstd.data(), x, p_.ln1_w,
+                          p_.ln1_b, m, h);
+  }
+  PooledBuffer qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
+  if (absl::Status st = qkv_.Forward(qkv.data(), acts.ln1.data(), n); !st.ok()) return st;
+  if (cfg_.llama()) {
+    // Rotate q and k at their absolute positions seq.begin + j: a chunk's keys enter the cache
+    // already rotated, exactly as the whole sequence's would.
+    cpu::RopeForward(qkv.data(), qd, b, t, w_.heads, hd, seq.begin, cfg_.rope_theta);
+    cpu::RopeForward(qkv.data() + a, qd, b, t, w_.kv_heads, hd, seq.begin, cfg_.rope_theta);
+  }
+  // Append this chunk's keys and values to the cache so later chunks can attend to them, and
+  // keep only the queries: the backward reads K and V from the cache.
+  CopyRows(kv.k.data(), qkv.data(), b, t, s, kvd, qd, a, seq.begin, true);
+  CopyRows(kv.v.data(), qkv.data(), b, t, s, kvd, qd, a + kvd, seq.begin, true);
+  acts.q = pool_->Acquire(static_cast<size_t>(n) * a);  // (b, t, a) (Llama: rotated)
+  CopyRows(acts.q.data(), qkv.data(), b, t, t, a, qd, 0, 0, true);
+  return absl::OkStatus();
+}
+
+absl::Status TransformerLayer::ForwardKeysValues(SeqChunk seq, const float* x,
+                                                 LayerKvState& kv) const {
+  LayerActivations scratch;  // the chunk's norm output and queries, dropped on return
+  return ForwardQkv(seq, x, kv, scratch);
+}
+
+void TransformerLayer::DropAttentionCore(LayerActivations& acts) const {
+  if (cfg_.recompute != Recompute::kSelective) return;
+  acts.atty.Reset();
+  acts.lse.Reset();
+}
+
+absl::Status TransformerLayer::RecomputeAttention(LayerKvState& kv, LayerActivations& acts) const {
+  if (!acts.atty.empty()) return absl::OkStatus();  // kept by F (recompute none or full)
+  const SeqChunk seq = acts.seq;
+  const int b = batch_, t = seq.len(), a = w_.attn;
+  const cpu::AttentionShape shape{
+      b, w_.heads, w_.head_dim, seq.begin, seq.end, cfg_.seq_len, cfg_.llama() ? w_.kv_heads : 0};
+  acts.lse = pool_->Acquire(static_cast<size_t>(b) * w_.heads * t);
+  acts.atty = pool_->Acquire(static_cast<size_t>(b) * t * a);
+  cpu::AttentionForward(acts.atty.data(), acts.lse.data(), acts.q.data(), a, kv.k.data(),
+                        kv.v.data(), shape);
+  return absl::OkStatus();
+}
+
 absl::Status TransformerLayer::Forward(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
                                        LayerActivations& acts) const {
   if (cfg_.llama()) return ForwardLlama(seq, x, out, kv, acts);
   const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
-  const int a = w_.attn, qd = w_.qkv();
+  const int a = w_.attn;
   const int n = b * t, m = sp_->LocalRows(n);
   const long mh = static_cast<long>(m) * h;
   acts.seq = seq;
   acts.batch = b;
   acts.inp = x;
-  if (kv.k.empty()) {
-    kv.k = pool_->Acquire(static_cast<size_t>(b) * s * a);
-    kv.v = pool_->Acquire(static_cast<size_t>(b) * s * a);
-  }
   // Attention sub-block: res1 = x + c_proj(attn(c_attn(ln_1(x)))).
-  acts.ln1 = pool_->Acquire(mh);
-  acts.ln1_mean = pool_->Acquire(m);
-  acts.ln1_rstd = pool_->Acquire(m);
-  cpu::LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(), acts.ln1_rstd.data(), x, p_.ln1_w,
-                        p_.ln1_b, m, h);
-  {
-    PooledBuffer qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, 3a)
-    if (absl::Status st = qkv_.Forward(qkv.data(), acts.ln1.data(), n); !st.ok()) return st;
-    // Append this chunk's keys and values to the cache so later chunks can attend to them, and
-    // keep only the queries: the backward reads K and V from the cache.
-    CopyRows(kv.k.data(), qkv.data(), b, t, s, a, qd, a, seq.begin, true);
-    CopyRows(kv.v.data(), qkv.data(), b, t, s, a, qd, 2 * a, seq.begin, true);
-    acts.q = pool_->Acquire(static_cast<size_t>(n) * a);
-    CopyRows(acts.q.data(), qkv.data(), b, t, t, a, qd, 0, 0, true);
-  }
+  if (absl::Status st = ForwardQkv(seq, x, kv, acts); !st.ok()) return st;
   const cpu::AttentionShape shape{b, w_.heads, w_.head_dim, seq.begin, seq.end, s};
   acts.lse = pool_->Acquire(static_cast<size_t>(b) * w_.heads * t);
   acts.atty = pool_->Acquire(static_cast<size_t>(n) * a);
@@ -264,6 +307,7 @@ absl::Status TransformerLayer::Forward(SeqChunk seq, const float* x, float* out,
     return st;
   }
   cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, mh);
+  DropAttentionCore(acts);
   // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
   acts.ln2 = pool_->Acquire(mh);
   acts.ln2_mean = pool_->Acquire(m);
@@ -310,6 +354,7 @@ absl::Status TransformerLayer::BackwardInput(const float* dout, float* dx, Layer
   if (absl::Status st = attn_out_.BackwardInput(d_atty.data(), acts.d_res1.data(), n); !st.ok()) {
     return st;
   }
+  if (absl::Status st = RecomputeAttention(kv, acts); !st.ok()) return st;
   if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
     kv.dk = pool_->Acquire(static_cast<size_t>(b) * s * a, /*zero=*/true);
     kv.dv = pool_->Acquire(static_cast<size_t>(b) * s * a, /*zero=*/true);
@@ -372,33 +417,14 @@ absl::Status TransformerLayer::BackwardWeight(LayerActivations& acts) const {
 absl::Status TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float* out,
                                             LayerKvState& kv, LayerActivations& acts) const {
   const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
-  const int a = w_.attn, kvd = w_.kv, qd = w_.qkv(), hd = w_.head_dim;
+  const int a = w_.attn, hd = w_.head_dim;
   const int n = b * t, m = sp_->LocalRows(n);
   const long mh = static_cast<long>(m) * h;
   acts.seq = seq;
   acts.batch = b;
   acts.inp = x;
-  if (kv.k.empty()) {
-    kv.k = pool_->Acquire(static_cast<size_t>(b) * s * kvd);
-    kv.v = pool_->Acquire(static_cast<size_t>(b) * s * kvd);
-  }
   // Attention: res1 = x + o_proj(attn(rope(q), rope(k), v)), q|k|v = rms(x)·Wqkvᵀ.
-  acts.ln1 = pool_->Acquire(mh);      // (m, h)
-  acts.ln1_rstd = pool_->Acquire(m);  // (m)
-  cpu::RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x, lp_.attn_norm_w, m, h,
-                      cfg_.rms_eps);
-  {
-    PooledBuffer qkv = pool_->Acquire(static_cast<size_t>(n) * qd);  // (b, t, qd)
-    if (absl::Status st = qkv_.Forward(qkv.data(), acts.ln1.data(), n); !st.ok()) return st;
-    // Rotate q and k at their absolute positions seq.begin + j: a chunk's keys enter the cache
-    // already rotated, exactly as the whole sequence's would.
-    cpu::RopeForward(qkv.data(), qd, b, t, w_.heads, hd, seq.begin, cfg_.rope_theta);
-    cpu::RopeForward(qkv.data() + a, qd, b, t, w_.kv_heads, hd, seq.begin, cfg_.rope_theta);
-    CopyRows(kv.k.data(), qkv.data(), b, t, s, kvd, qd, a, seq.begin, true);
-    CopyRows(kv.v.data(), qkv.data(), b, t, s, kvd, qd, a + kvd, seq.begin, true);
-    acts.q = pool_->Acquire(static_cast<size_t>(n) * a);  // (b, t, a) the rotated queries
-    CopyRows(acts.q.data(), qkv.data(), b, t, t, a, qd, 0, 0, true);
-  }
+  if (absl::Status st = ForwardQkv(seq, x, kv, acts); !st.ok()) return st;
   const cpu::AttentionShape shape{b, w_.heads, hd, seq.begin, seq.end, s, w_.kv_heads};
   acts.lse = pool_->Acquire(static_cast<size_t>(b) * w_.heads * t);
   acts.atty = pool_->Acquire(static_cast<size_t>(n) * a);
@@ -409,6 +435,7 @@ absl::Status TransformerLayer::ForwardLlama(SeqChunk seq, const float* x, float*
     return st;
   }
   cpu::ResidualForward(acts.res1.data(), acts.res1.data(), x, mh);
+  DropAttentionCore(acts);
   // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
   acts.ln2 = pool_->Acquire(mh);
   acts.ln2_rstd = pool_->Acquire(m);
@@ -454,6 +481,7 @@ absl::Status TransformerLayer::BackwardInputLlama(const float* dout, float* dx, 
   if (absl::Status st = attn_out_.BackwardInput(d_atty.data(), acts.d_res1.data(), n); !st.ok()) {
     return st;
   }
+  if (absl::Status st = RecomputeAttention(kv, acts); !st.ok()) return st;
   if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
     kv.dk = pool_->Acquire(static_cast<size_t>(b) * s * kvd, /*zero=*/true);
     kv.dv = pool_->Acquire(static_cast<size_t>(b) * s * kvd, /*zero=*/true);
@@ -594,6 +622,10 @@ absl::Status LayerStack::Forward(SlotKey slot, const float* x, float* out) {
   if (kv.empty()) kv.resize(shape_.count);
   const SeqChunk seq = seq_chunk(slot.seq);
   const size_t nh = LocalRowFloats(seq);
+  const bool full = shape_.cfg.recompute == Recompute::kFull;
+  // Full recomputation releases the K/V cache once no later chunk of the microbatch will read
+  // it in a forward; the backward rebuilds it.
+  const bool last_chunk = slot.seq + 1 == shape_.num_seq_chunks();
   Slot& st = slots_[slot];
   st.acts.resize(shape_.count);
   st.inputs.reserve(shape_.count);
@@ -605,16 +637,44 @@ absl::Status LayerStack::Forward(SlotKey slot, const float* x, float* out) {
         !s.ok()) {
       return s;
     }
+    if (full) {
+      st.acts[i] = LayerActivations();  // only the layer's input (st.inputs[i]) is kept
+      if (last_chunk) {
+        kv[i].k.Reset();
+        kv[i].v.Reset();
+      }
+    }
   }
   order_.ForwardDone(slot);
   return absl::OkStatus();
 }
 
-absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* dx) {
+absl::Status LayerStack::RecomputeForward(SlotKey slot, int i) {
+  Slot& st = slots_.at(slot);
+  LayerKvState& kv = kv_.at(slot.microbatch)[i];
+  if (kv.k.empty()) {
+    // The microbatch's first B: the chunks before this one write their keys and values again
+    // (this chunk's own come from its F below). They are all still held: B runs the chunks in
+    // reverse order.
+    for (int q = 0; q < slot.seq; ++q) {
+      const Slot& earlier = slots_.at({slot.microbatch, q});
+      if (absl::Status s = layers_[i].ForwardKeysValues(seq_chunk(q), earlier.inputs[i].data(), kv);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  // The layer's output again (equal to the next layer's kept input; not needed).
+  PooledBuffer out = pool_->Acquire(LocalRowFloats(seq_chunk(slot.seq)));
+  return layers_[i].Forward(seq_chunk(slot.seq), st.inputs[i].data(), out.data(), kv, st.acts[i]);
+}
+
+absl::Status LayerStack::BackwardPasses(SlotKey slot, const float* dout, float* dx, bool weights) {
   if (absl::Status st = order_.CheckBackwardInput(slot); !st.ok()) return st;
   Slot& st = slots_.at(slot);
   std::vector<LayerKvState>& kv = kv_.at(slot.microbatch);
   const size_t nh = LocalRowFloats(seq_chunk(slot.seq));
+  const bool full = shape_.cfg.recompute == Recompute::kFull;
   // Ping-pong gradients between layers; the first layer writes straight into dx.
   PooledBuffer grad[2];
   if (shape_.count > 1) {
@@ -623,15 +683,29 @@ absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* d
   }
   const float* g_in = dout;
   for (int i = shape_.count - 1; i >= 0; --i) {
+    if (full) {
+      if (absl::Status s = RecomputeForward(slot, i); !s.ok()) return s;
+    }
     float* g_out = i == 0 ? dx : grad[i % 2].data();
     if (absl::Status s = layers_[i].BackwardInput(g_in, g_out, kv[i], st.acts[i]); !s.ok()) {
       return s;
+    }
+    if (weights) {
+      if (absl::Status s = layers_[i].BackwardWeight(st.acts[i]); !s.ok()) return s;
     }
     g_in = g_out;
   }
   // The K/V caches were released by the layers at the microbatch's last B.
   if (order_.BackwardInputDone(slot)) kv_.erase(slot.microbatch);
+  if (weights) {
+    slots_.erase(slot);
+    order_.BackwardWeightDone(slot);
+  }
   return absl::OkStatus();
+}
+
+absl::Status LayerStack::BackwardInput(SlotKey slot, const float* dout, float* dx) {
+  return BackwardPasses(slot, dout, dx, /*weights=*/false);
 }
 
 absl::Status LayerStack::BackwardWeight(SlotKey slot) {
@@ -652,6 +726,12 @@ void LayerStack::DiscardMicrobatch(int microbatch) {
 }
 
 absl::Status LayerStack::Backward(SlotKey slot, const float* dout, float* dx) {
+  // Full recomputation runs each layer's W right after its B, so that one layer's recomputed
+  // activations are live at a time; otherwise B of every layer, then W of every layer. (The
+  // layers' gradients are separate blocks: the order between layers changes no sum.)
+  if (shape_.cfg.recompute == Recompute::kFull) {
+    return BackwardPasses(slot, dout, dx, /*weights=*/true);
+  }
   if (absl::Status s = BackwardInput(slot, dout, dx); !s.ok()) return s;
   return BackwardWeight(slot);
 }

@@ -238,8 +238,22 @@ class TransformerLayer {
   // W: accumulates every parameter gradient of the chunk into the gradient block, then frees
   // the activations. Replicated tensors get this rank's rows' share (LayerStack sums them).
   absl::Status BackwardWeight(LayerActivations& acts) const;
+  // Full recomputation: writes the chunk's keys and values into kv (allocating the cache if it
+  // was released) by running F's first part again, the same arithmetic as Forward's.
+  absl::Status ForwardKeysValues(SeqChunk seq,
+                                 const float* x,  // (m, h) the layer input
+                                 LayerKvState& kv) const;
 
  private:
+  // F's first part: ln1 (and its statistics), the q|k|v product (rotated for Llama), the chunk's
+  // K and V appended to the cache (allocated on the microbatch's first chunk), the queries kept.
+  absl::Status ForwardQkv(SeqChunk seq, const float* x, LayerKvState& kv,
+                          LayerActivations& acts) const;
+  // Selective recomputation: after F, frees the attention core's output and log-sum-exp ...
+  void DropAttentionCore(LayerActivations& acts) const;
+  // ... and before B computes them again from the kept queries and the K/V cache (a no-op when F
+  // kept them).
+  absl::Status RecomputeAttention(LayerKvState& kv, LayerActivations& acts) const;
   // The Llama block (cfg_.llama()): x + o_proj(attn(rope(qkv(rms(x))))) then
   // + down(swiglu(gate_up(rms(·)))).
   absl::Status ForwardLlama(SeqChunk seq, const float* x, float* out, LayerKvState& kv,
@@ -320,6 +334,12 @@ class LayerStack {
     std::vector<LayerActivations> acts;
   };
   LayerStack() : order_(1) {}
+  // Full recomputation: layer i's F of the slot again, before its B (and the K/V of the
+  // microbatch's earlier chunks first when the cache was released).
+  absl::Status RecomputeForward(SlotKey slot, int i);
+  // B of every layer of the slot, last layer first; with `weights` each layer's W right after
+  // its B and the slot released.
+  absl::Status BackwardPasses(SlotKey slot, const float* dout, float* dx, bool weights);
   // Floats of the rank's rows of one activation of chunk `seq`: (b·len/t, h).
   size_t LocalRowFloats(SeqChunk seq) const {
     return static_cast<size_t>(shape_.batch) * seq.len() / shape_.tensor * shape_.cfg.hidden;
