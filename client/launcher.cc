@@ -268,7 +268,8 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
   if (!layer_bytes.ok()) return layer_bytes.status();
   planner::SpecPlanOptions plan_options;
   plan_options.activations = {.kept = layer_bytes->kept,
-                              .backward_transient = layer_bytes->backward_transient};
+                              .backward_transient = layer_bytes->backward_transient,
+                              .held_for_w = layer_bytes->held_for_w};
   auto built = planner::BuildPlanFromSpec(spec, plan_options);
   if (!built.ok()) return built.status();
   const planner::Plan& plan = built->plan;

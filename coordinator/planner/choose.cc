@@ -30,6 +30,17 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view name) {
       "' (expected 1f1b|interleaved|vhalf|vmin|zbh1|zbv|seq1f1b|seq1f1b-interleaved|auto)"));
 }
 
+constexpr std::array<absl::string_view, 3> kRecomputeNames = {"none", "selective", "full"};
+
+absl::string_view RecomputeName(Recompute r) { return kRecomputeNames[static_cast<int>(r)]; }
+
+absl::StatusOr<Recompute> ParseRecompute(absl::string_view name) {
+  for (size_t i = 0; i < kRecomputeNames.size(); ++i)
+    if (kRecomputeNames[i] == name) return static_cast<Recompute>(i);
+  return absl::InvalidArgumentError(
+      absl::StrCat("parallel.recompute: unknown mode '", name, "' (expected none|selective|full)"));
+}
+
 absl::StatusOr<VocabMethod> ParseVocab(absl::string_view name) {
   for (size_t i = 0; i < kVocabNames.size(); ++i)
     if (kVocabNames[i] == name) return static_cast<VocabMethod>(i);
@@ -138,6 +149,12 @@ Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m, doubl
   c.b += tc.b * stage_layers;
   c.w += tc.w * stage_layers;
   c.tensor = tensor_link;
+  // Full recomputation runs F again (its tensor-group calls too); selective the attention
+  // core, 4bs²h of the layer's forward FLOPs.
+  if (m.recompute == Recompute::kFull) c.recompute = c.f;
+  if (m.recompute == Recompute::kSelective && layer_fwd > 0) {
+    c.recompute = 4 * b * s * s * h * layers / pipeline / t / flops_per_second;
+  }
   // S is the logits forward, a third of the output layer's 6bshV; T the other two thirds.
   c.s = flops::OutputLayer(b, s, h, static_cast<double>(m.vocab)) / 3 / pipeline / t /
         flops_per_second;

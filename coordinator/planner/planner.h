@@ -25,12 +25,17 @@ enum class Schedule {
   kVMin,
 };
 enum class VocabMethod { kBaseline, kRedis, kInterlaced, kVocab1, kVocab2 };
+// Activation recomputation (parallel.recompute, docs/recompute.md): what a layer keeps from its
+// F until its backward, and what the backward computes again. The engine's Recompute twin.
+enum class Recompute { kNone, kSelective, kFull };
 
 absl::string_view ScheduleName(
     Schedule s);  // 1f1b, interleaved, vhalf, zbh1, zbv, seq1f1b, ..., vmin
 absl::string_view VocabName(VocabMethod v);  // baseline, redis, interlaced, vocab1, vocab2
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view name);
 absl::StatusOr<VocabMethod> ParseVocab(absl::string_view name);
+absl::string_view RecomputeName(Recompute r);  // none, selective, full
+absl::StatusOr<Recompute> ParseRecompute(absl::string_view name);
 std::vector<Schedule> AllSchedules();
 std::vector<VocabMethod> AllVocabMethods();
 
@@ -64,6 +69,10 @@ struct Costs {
   // buffer), as the profile measures it. Every pass's F/B/W gets its layers' tensor-group calls
   // at this link (TensorCollectiveSeconds): the passes are timed on one worker without them.
   LinkCost tensor;
+  // Activation recomputation: seconds one B (or BW) pass of a stage's layers over a whole
+  // microbatch spends computing again what F dropped (full: the layers' forward; selective:
+  // the attention core's), on top of b. 0 under recompute none.
+  double recompute = 0;
 };
 
 // Model shape for byte counts, FLOPs and the sequence partition (all optional: zeros mean
@@ -96,6 +105,12 @@ struct ModelShape {
   // Extra bytes while one layer's backward runs (its gradient working set), added once to a
   // rank's peak; measured by the same engine call. 0: not modelled.
   double layer_backward_transient_bytes = 0;
+  // Bytes one layer holds for one microbatch from its B until its W when the backward is split
+  // (the B stash W reads, and the forward activations W reads); same engine call. 0: not
+  // modelled (the layer is taken to hold its F bytes until W).
+  double layer_held_for_w_bytes = 0;
+  // What the layers keep and recompute (the measured bytes above are the mode's).
+  Recompute recompute = Recompute::kNone;
   int state_bytes_per_param = 16;  // fp32 weight + grad + Adam m, v
   double peak_flops = 0;           // per device, for MFU (costs must then be seconds)
   // Data parallelism (parallel.data, parallel.zero): d replicas of every stage. Under ZeRO-1 a
@@ -182,7 +197,7 @@ struct SimResult {
   // The largest rank's exposure; 0 for d = 1.
   double data_parallel_seconds = 0;
   int tensor_parallel = 1;  // t: every rank below is one of t tensor ranks of its stage
-  int data_parallel = 1;  // d, from the model shape (the plan itself is one replica's)
+  int data_parallel = 1;    // d, from the model shape (the plan itself is one replica's)
   bool zero = false;
   double model_flops = 0;  // per step (paper Table 4); 0 when the shape is unknown
   double mfu = 0;          // model_flops / (step_time · p · peak_flops)

@@ -30,6 +30,9 @@ PlannerInput PlannerInputFromSpec(const vocabpipe::v1::JobSpec& spec) {
   in.model.data_parallel = std::max(1, par.data());
   in.model.zero = par.zero() == 1;
   in.model.tensor_parallel = std::max(1, par.tensor());
+  if (absl::StatusOr<Recompute> r = ParseRecompute(par.recompute()); r.ok()) {
+    in.model.recompute = *r;
+  }
   // NCCL runs transfers and collectives on two communication threads, Gloo on one.
   in.comm_lanes = spec.device().rfind("cuda", 0) == 0 ? 2 : 1;
   return in;
@@ -43,6 +46,7 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
   in.model.layer_activation_bytes = static_cast<double>(options.activations.kept);
   in.model.layer_backward_transient_bytes =
       static_cast<double>(options.activations.backward_transient);
+  in.model.layer_held_for_w_bytes = static_cast<double>(options.activations.held_for_w);
   in.model.peak_flops = options.flops_per_second;
   in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, options.flops_per_second);
   in.cancel = options.cancel;
@@ -73,6 +77,10 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
       in.costs.b += tc.b * stage_layers;
       in.costs.w += tc.w * stage_layers;
     }
+    // Recomputation: full runs the stage's F again (collectives included), so F's measured
+    // time is its cost; selective the attention core, timed by the profile.
+    if (in.model.recompute == Recompute::kFull) in.costs.recompute = in.costs.f;
+    if (in.model.recompute == Recompute::kSelective) take(m->recompute, in.costs.recompute);
     if (m->comm > 0) in.costs.comm = m->comm;
     if (m->collective > 0) in.costs.collective = m->collective;
     in.costs.p2p = m->p2p;

@@ -20,6 +20,7 @@ PlannerInput PlannerInputFromSpec(const vocabpipe::v1::JobSpec& spec);
 struct LayerActivationBytes {
   int64_t kept = 0;
   int64_t backward_transient = 0;
+  int64_t held_for_w = 0;  // from a split B until its W
 };
 
 // What the run knows beyond the spec.

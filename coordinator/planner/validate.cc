@@ -121,11 +121,11 @@ double ActionCost(const Layout& l, const Costs& c, int rank, const Action& a) {
     case ActionKind::kF:
       return c.f * share();
     case ActionKind::kB:
-      return c.b * share();
+      return (c.b + c.recompute) * share();
     case ActionKind::kW:
       return c.w * share();
     case ActionKind::kBW:
-      return (c.b + c.w) * share();
+      return (c.b + c.recompute + c.w) * share();
     case ActionKind::kS:
       return c.s * vocab_scale * l.seq_cost_share[a.seq];
     case ActionKind::kT:
@@ -730,6 +730,12 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
                     : 0)) /
       tp;
   const double stage_act = layer_act * l->layers / l->p;
+  // Per stage microbatch: what a slot holds between its split B and its W beyond its F bytes
+  // (under full recomputation nearly all of it: F kept only the layer inputs).
+  const double stage_w_extra =
+      ms.layer_held_for_w_bytes > 0
+          ? std::max(0.0, ms.layer_held_for_w_bytes / tp - layer_act) * l->layers / l->p
+          : 0;
   // Sequence chunks (Seq1F1B): the output layer's buffers and a backward's working set are
   // those of one chunk (the largest one for the output layer's, at worst); the layer's dK/dV
   // accumulators span the whole sequence whatever the chunk. (The kept activations are
@@ -741,9 +747,21 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   const double kv_dim =
       ms.llama && ms.kv_heads > 0 && ms.heads > 0 ? h / ms.heads * ms.kv_heads : h;
   const double transient = ms.layer_backward_transient_bytes / tp;
-  const double kv_grads =
-      std::min<double>(transient, 2 * b * s * kv_dim * ms.activation_bytes_per_element / tp);
-  auto chunk_transient = [&](int q) { return (transient - kv_grads) * share(q) + kv_grads; };
+  // Whole-sequence buffers of the backward whatever the chunk: dK/dV, and under full
+  // recomputation the K/V cache it rebuilds.
+  const double kv_buffers = ms.recompute == Recompute::kFull ? 4 : 2;
+  const double kv_grads = std::min<double>(
+      transient, kv_buffers * b * s * kv_dim * ms.activation_bytes_per_element / tp);
+  // Sequence chunks: those whole-sequence buffers live from the microbatch's first B (its last
+  // chunk) to its last B (chunk 0), for every layer of the stage; a later chunk's B finds its
+  // own already held.
+  const int k = l->k;
+  auto chunk_transient = [&](int q) {
+    return (transient - kv_grads) * share(q) + (k > 1 && q < k - 1 ? 0 : kv_grads);
+  };
+  const double stage_kv_held = k > 1 ? kv_grads * l->layers / l->p : 0;
+  const double stage_kv_cache =
+      k > 1 && ms.recompute == Recompute::kFull ? stage_kv_held / 2 : 0;  // K and V of 4 buffers
   const double chunk_tokens = b * s * chunk_share;
   const double layer_params = ms.LayerParamsPerTensorRank();
   const double vocab_rows = static_cast<double>(ms.vocab);
@@ -754,6 +772,7 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
     st.rank = r;
     st.comm = comm_busy[r];
     double mem = 0, peak = 0, peak_bytes = 0;
+    double mem_bytes = 0;  // mem · stage_act, plus what the slots between their B and W add
     bool first = true;
     const auto& acts = plan.ranks[r].actions;
     for (size_t i = 0; i < acts.size(); ++i) {
@@ -767,12 +786,40 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
         // of its own sequence chunk (Seq1F1B runs the smallest, last chunk's first, while
         // every chunk is still held).
         const ActionKind kind = acts[i].kind;
-        if (kind == ActionKind::kB || kind == ActionKind::kBW) {
-          peak_bytes = std::max(peak_bytes, mem * stage_act + chunk_transient(acts[i].seq));
+        // The slot's share of a stage microbatch (its F's units), and what it holds from its
+        // B to its W beyond its F bytes. B runs the slot's layers last to first, each keeping
+        // its stash for W, so at the first layer's B the others' stashes are already held;
+        // full recomputation's unsplit backward runs each layer's W right after its B instead.
+        const int layers_here = l->group_layers[l->group_of[r][acts[i].chunk]];
+        Action as_f = acts[i];
+        as_f.kind = ActionKind::kF;
+        const double slot_units = internal::ActivationUnits(*l, r, as_f);
+        const double slot_w_extra = slot_units * stage_w_extra;
+        const bool backward = kind == ActionKind::kB || kind == ActionKind::kBW;
+        const double layer_frac = static_cast<double>(layers_here) / l->layers * l->p;
+        const double slot_kv_held = stage_kv_held * layer_frac;
+        if (backward) {
+          const bool stashes = kind == ActionKind::kB || ms.recompute != Recompute::kFull;
+          const double earlier = (layers_here - 1.0) / std::max(1, layers_here);
+          const double earlier_layers = (stashes ? slot_w_extra * earlier : 0) +
+                                        (acts[i].seq == k - 1 ? slot_kv_held * earlier : 0);
+          peak_bytes =
+              std::max(peak_bytes, mem_bytes + earlier_layers + chunk_transient(acts[i].seq));
+          if (acts[i].seq == k - 1) mem_bytes += slot_kv_held;
+          if (acts[i].seq == 0) mem_bytes -= slot_kv_held;
         }
-        mem += internal::ActivationUnits(*l, r, acts[i]);
+        // Full recomputation drops each F's activations but not the K/V cache the microbatch's
+        // later chunks attend to: held from chunk 0's F until chunk k−1's F is done.
+        const double slot_kv_cache = stage_kv_cache * layer_frac;
+        if (kind == ActionKind::kF && acts[i].seq == 0) mem_bytes += slot_kv_cache;
+        if (kind == ActionKind::kB) mem_bytes += slot_w_extra;
+        if (kind == ActionKind::kW) mem_bytes -= slot_w_extra;
+        const double units = internal::ActivationUnits(*l, r, acts[i]);
+        mem += units;
+        mem_bytes += units * stage_act;
         peak = std::max(peak, mem);
-        peak_bytes = std::max(peak_bytes, mem * stage_act);
+        peak_bytes = std::max(peak_bytes, mem_bytes);
+        if (kind == ActionKind::kF && acts[i].seq == k - 1) mem_bytes -= slot_kv_cache;
       }
       st.last_end = std::max(st.last_end, t.end);
       res.makespan = std::max(res.makespan, t.end);

@@ -898,6 +898,9 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
           std::max(costs.layer_activation_kept_bytes(), c.layer_activation_kept_bytes()));
       costs.set_layer_activation_transient_bytes(
           std::max(costs.layer_activation_transient_bytes(), c.layer_activation_transient_bytes()));
+      costs.set_layer_activation_held_for_w_bytes(std::max(
+          costs.layer_activation_held_for_w_bytes(), c.layer_activation_held_for_w_bytes()));
+      costs.set_recompute_selective(std::max(costs.recompute_selective(), c.recompute_selective()));
     }
     *job.mutable_profiled_costs() = costs;
   }

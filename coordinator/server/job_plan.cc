@@ -60,7 +60,8 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
                 .p2p = {profiled->p2p_latency(), profiled->p2p_bandwidth()},
                 .broadcast = {profiled->broadcast_latency(), profiled->broadcast_bandwidth()},
                 .allreduce = {profiled->allreduce_latency(), profiled->allreduce_bandwidth()},
-                .tensor = {profiled->tensor_latency(), profiled->tensor_bandwidth()}};
+                .tensor = {profiled->tensor_latency(), profiled->tensor_bandwidth()},
+                .recompute = profiled->recompute_selective()};
   }
   planner::SpecPlanOptions options;
   options.flops_per_second = flops_per_second;
@@ -68,7 +69,8 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
   options.cancel = cancel;
   if (profiled != nullptr) {
     options.activations = {.kept = profiled->layer_activation_kept_bytes(),
-                           .backward_transient = profiled->layer_activation_transient_bytes()};
+                           .backward_transient = profiled->layer_activation_transient_bytes(),
+                           .held_for_w = profiled->layer_activation_held_for_w_bytes()};
   }
   auto built = planner::BuildPlanFromSpec(spec, options);
   if (!built.ok()) return built.status();

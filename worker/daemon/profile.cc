@@ -28,6 +28,7 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/daemon/log_tail.h"
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/engine/transformer/transformer.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/planner_inputs.h"
 #include "worker/runtime/job_options.h"
@@ -217,6 +218,9 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   topt->data = {};  // one replica of one stage, whatever an older coordinator's stage_spec says
+  // B and W are timed without recomputation; its cost is reported apart (recompute_selective,
+  // or F's own time for full) so that the planner can weigh every mode.
+  topt->model.recompute = engine::Recompute::kNone;
   engine::cpu::SetBlasThreads(runtime::WorkerThreads(job));  // the share one rank of the job gets
   std::unique_ptr<comm::Communicator> self = comm::MakeSelfCommunicator();
   auto rank = launch::CreateLocalRank(spec, plan, *topt, self.get(), cuda_device);
@@ -297,6 +301,14 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
   if (!layer_bytes.ok()) return layer_bytes.status();
   costs.set_layer_activation_kept_bytes(layer_bytes->kept);
   costs.set_layer_activation_transient_bytes(layer_bytes->backward_transient);
+  costs.set_layer_activation_held_for_w_bytes(layer_bytes->held_for_w);
+  // The attention core of the stage's L/p layers, which selective recomputation adds to B (timed
+  // only for such a job: at large s it is seconds of CPU work).
+  if (job.parallel().recompute() == "selective") {
+    costs.set_recompute_selective(
+        engine::TimeAttentionCoreSeconds(topt->model, job.parallel().microbatch_size()) * layers /
+        p);
+  }
   if (!(costs.f() > 0) || !(costs.s() > 0) || !(costs.t() > 0)) {
     return absl::InternalError(absl::StrCat("profile: a pass was not timed (F ", costs.f(),
                                             " s, S ", costs.s(), " s, T ", costs.t(), " s)"));

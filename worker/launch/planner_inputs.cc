@@ -11,7 +11,9 @@ absl::StatusOr<LayerActivationBytes> MeasureJobLayerActivations(
   shape.recompute = runtime::RecomputeFromSpec(spec.parallel());
   auto bytes = engine::MeasureLayerActivationBytes(shape, spec.parallel().microbatch_size());
   if (!bytes.ok()) return bytes.status();
-  return LayerActivationBytes{.kept = bytes->kept, .backward_transient = bytes->backward_transient};
+  return LayerActivationBytes{.kept = bytes->kept,
+                              .backward_transient = bytes->backward_transient,
+                              .held_for_w = bytes->held_for_w};
 }
 
 }  // namespace vp::launch

@@ -15,9 +15,9 @@ namespace vp::launch {
 struct LayerActivationBytes {
   int64_t kept = 0;
   int64_t backward_transient = 0;
+  int64_t held_for_w = 0;  // held from a split B until its W
 };
 
-absl::StatusOr<LayerActivationBytes> MeasureJobLayerActivations(
-    const vocabpipe::v1::JobSpec& spec);
+absl::StatusOr<LayerActivationBytes> MeasureJobLayerActivations(const vocabpipe::v1::JobSpec& spec);
 
 }  // namespace vp::launch

@@ -23,6 +23,7 @@ using planner::VocabMethod;
 struct Case {
   Schedule schedule;
   VocabMethod vocab;
+  engine::Recompute recompute = engine::Recompute::kNone;
 };
 
 class MemoryModel : public testing::TestWithParam<Case> {};
@@ -36,18 +37,22 @@ TEST_P(MemoryModel, PredictionWithinTenPercentOfMeasuredPeak) {
              .seq_len = 64,
              .ffn_hidden = 256,
              .tie_embeddings = false};
+  o.model.recompute = GetParam().recompute;
   o.microbatch_size = 2;
   o.microbatches = 6;
   const int p = 2;
+  const int k = GetParam().schedule == Schedule::kSeq1F1B ? 2 : 1;
   // The plan with this engine's float activations and measured layer activations, and costs
   // in proportion to FLOPs (the order of passes decides which activations are live together).
   planner::PlannerInput in =
-      fixtures::PlannerInputFor(GetParam().schedule, GetParam().vocab, p, /*k=*/1, o);
+      fixtures::PlannerInputFor(GetParam().schedule, GetParam().vocab, p, k, o);
   in.model.activation_bytes_per_element = 4;
+  in.model.recompute = static_cast<planner::Recompute>(GetParam().recompute);
   auto layer_bytes = engine::MeasureLayerActivationBytes(o.model, o.microbatch_size);
   ASSERT_TRUE(layer_bytes.ok()) << layer_bytes.status();
   in.model.layer_activation_bytes = static_cast<double>(layer_bytes->kept);
   in.model.layer_backward_transient_bytes = static_cast<double>(layer_bytes->backward_transient);
+  in.model.layer_held_for_w_bytes = static_cast<double>(layer_bytes->held_for_w);
   in.costs = planner::FlopProportionalCosts(p, o.model.layers, in.model, 1e11);
   auto plan = planner::BuildPlan(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -84,15 +89,31 @@ TEST_P(MemoryModel, PredictionWithinTenPercentOfMeasuredPeak) {
   }
 }
 
+constexpr auto kSelective = engine::Recompute::kSelective;
+constexpr auto kFull = engine::Recompute::kFull;
+
 INSTANTIATE_TEST_SUITE_P(Plans, MemoryModel,
                          testing::Values(Case{Schedule::k1F1B, VocabMethod::kBaseline},
                                          Case{Schedule::k1F1B, VocabMethod::kVocab1},
                                          Case{Schedule::k1F1B, VocabMethod::kVocab2},
                                          Case{Schedule::kVHalf, VocabMethod::kVocab2},
-                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2}),
+                                         Case{Schedule::kZBH1, VocabMethod::kVocab2},
+                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2},
+                                         // Recomputation: the measured drop is the predicted one.
+                                         Case{Schedule::k1F1B, VocabMethod::kVocab2, kSelective},
+                                         Case{Schedule::k1F1B, VocabMethod::kVocab2, kFull},
+                                         Case{Schedule::kVHalf, VocabMethod::kVocab2, kSelective},
+                                         Case{Schedule::kVHalf, VocabMethod::kVocab2, kFull},
+                                         Case{Schedule::kZBH1, VocabMethod::kVocab2, kSelective},
+                                         Case{Schedule::kZBH1, VocabMethod::kVocab2, kFull},
+                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2, kSelective},
+                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2, kFull}),
                          [](const testing::TestParamInfo<Case>& i) {
-                           return absl::StrCat(planner::ScheduleName(i.param.schedule), "_",
-                                               planner::VocabName(i.param.vocab));
+                           return absl::StrCat(
+                               planner::ScheduleName(i.param.schedule), "_",
+                               planner::VocabName(i.param.vocab), "_",
+                               planner::RecomputeName(
+                                   static_cast<planner::Recompute>(i.param.recompute)));
                          });
 
 }  // namespace

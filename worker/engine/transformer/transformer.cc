@@ -1,5 +1,7 @@
 #include "worker/engine/transformer/transformer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -754,13 +756,37 @@ absl::StatusOr<LayerActivationFootprint> MeasureLayerActivationBytes(const Model
   f.kept = tracker.current(MemoryCategory::kActivations);
   tracker.ResetPeaks();
   {
-    // The runtime holds the pass's output gradient and input gradient (n, h) while B runs.
+    // The runtime holds the pass's output gradient and input gradient (n, h) while B runs. B
+    // and W run split (what Backward does too, but under full recomputation, whose per-layer
+    // B+W peaks no higher than a one-layer split B followed by its W).
     Buffer dout(&tracker, MemoryCategory::kActivations, nh);
     Buffer dx(&tracker, MemoryCategory::kActivations, nh);
-    if (auto st = stack->Backward({0, 0}, dout.data(), dx.data()); !st.ok()) return st;
+    if (auto st = stack->BackwardInput({0, 0}, dout.data(), dx.data()); !st.ok()) return st;
+    f.held_for_w = tracker.current(MemoryCategory::kActivations) -
+                   2 * static_cast<int64_t>(nh * sizeof(float));
+    if (auto st = stack->BackwardWeight({0, 0}); !st.ok()) return st;
   }
   f.backward_transient = tracker.peak(MemoryCategory::kActivations) - f.kept;
   return f;
+}
+
+double TimeAttentionCoreSeconds(const ModelConfig& cfg, int b) {
+  const tp::LayerWidths w = tp::LocalLayerWidths(cfg, 1);
+  const int s = cfg.seq_len;
+  const size_t rows = static_cast<size_t>(b) * s;
+  // The values do not change the time; small ones keep the exponentials finite.
+  std::vector<float> q(rows * w.attn, 0.01f), k(rows * w.kv, 0.01f), v(rows * w.kv, 0.01f);
+  std::vector<float> y(rows * w.attn), lse(static_cast<size_t>(b) * w.heads * s);
+  const cpu::AttentionShape shape{b, w.heads, w.head_dim, 0, s, s, cfg.llama() ? w.kv_heads : 0};
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    cpu::AttentionForward(y.data(), lse.data(), q.data(), w.attn, k.data(), v.data(), shape);
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = i == 0 ? sec : std::min(best, sec);
+  }
+  return best;
 }
 
 }  // namespace vp::engine

@@ -359,12 +359,20 @@ class LayerStack {
 
 // The activation footprint of one layer for one microbatch of b whole sequences, measured by
 // running a forward and a backward through a one-layer stack and reading the tracker (the
-// planner's memory model takes these numbers as its input).
+// planner's memory model takes these numbers as its input). cfg.recompute decides what F keeps.
 struct LayerActivationFootprint {
   int64_t kept = 0;                // held from the layer's F until its backward
   int64_t backward_transient = 0;  // extra held while its backward runs (dK/dV, the B stash,
-                                   // the pass's input and output gradients)
+                                   // the pass's input and output gradients; under full
+                                   // recomputation the recomputed forward too)
+  int64_t held_for_w = 0;          // held from its B until its W when the backward is split
+                                   // (what W reads: the B stash and forward activations)
 };
 absl::StatusOr<LayerActivationFootprint> MeasureLayerActivationBytes(const ModelConfig& cfg, int b);
+
+// Seconds of one layer's attention core (softmax(QKᵀ)V with its log-sum-exp) over one
+// microbatch of b whole sequences on this CPU, the fastest of three: what selective
+// recomputation adds to a layer's B. Profiling reports it (the planner's Costs::recompute).
+double TimeAttentionCoreSeconds(const ModelConfig& cfg, int b);
 
 }  // namespace vp::engine
