@@ -648,6 +648,41 @@ TEST(Simulator, TensorParallelHalvesEachRanksWorkMemoryAndPipelineTraffic) {
   EXPECT_NE(table.find("ranks (d, t, p) = (1, 2, 8)"), std::string::npos) << table;
 }
 
+TEST(Simulator, RecomputationAddsItsCostToEveryBackwardAndItsBytesFollowTheMode) {
+  PlannerInput in = fixtures::PaperEightGpuModel(32768, VocabMethod::kVocab1);
+  in.costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  const SimResult none = Sim(in);
+  const double b = in.model.microbatch_size, s = in.model.seq_len, h = in.model.hidden;
+  // Full: F again; selective: the attention core, 4bs²h of a layer's forward FLOPs.
+  in.model.recompute = Recompute::kFull;
+  const Costs full_costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  EXPECT_DOUBLE_EQ(full_costs.recompute, full_costs.f);
+  in.model.recompute = Recompute::kSelective;
+  const Costs selective_costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  EXPECT_DOUBLE_EQ(selective_costs.recompute,
+                   4 * b * s * s * h * in.layers / in.pipeline / 1e12);
+  // Every rank is busy for m more backwards' recompute; a layer that keeps a quarter of its
+  // bytes (as measured under full) lowers the activation peak.
+  in.model.recompute = Recompute::kFull;
+  in.costs = full_costs;
+  const SimResult full = Sim(in);
+  const double kept = b * s * h * 34 * in.model.activation_bytes_per_element / 2;
+  in.model.layer_activation_bytes = kept / 4;
+  in.model.layer_held_for_w_bytes = kept;
+  const SimResult full_bytes = Sim(in);
+  for (size_t r = 0; r < none.ranks.size(); ++r) {
+    EXPECT_NEAR(full.ranks[r].busy - none.ranks[r].busy,
+                in.microbatches * full_costs.recompute, 1e-9 * none.ranks[r].busy)
+        << r;
+    EXPECT_LT(full_bytes.ranks[r].peak_activation_bytes, none.ranks[r].peak_activation_bytes)
+        << r;
+  }
+  EXPECT_GT(full.makespan, none.makespan);
+  EXPECT_EQ(RecomputeName(Recompute::kSelective), "selective");
+  EXPECT_EQ(ParseRecompute("full").value(), Recompute::kFull);
+  EXPECT_FALSE(ParseRecompute("everything").ok());
+}
+
 TEST(CostModel, TensorCollectivesAreFourCallsPerPassAtTheTensorLink) {
   ModelShape m;
   m.hidden = 1024;

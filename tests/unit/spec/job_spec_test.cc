@@ -524,6 +524,8 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"  microbatches: 2", "  microbatches: 2\n  sequence_parallel: false\n  tensor: 2",
                  "parallel.sequence_parallel: must be true while parallel.tensor > 1 (got false, "
                  "tensor 2)"},
+        RuleCase{"  microbatches: 2", "  microbatches: 2\n  recompute: attention",
+                 "parallel.recompute: must be one of none, selective, full (got \"attention\")"},
         RuleCase{"  microbatch_size: 2", "  microbatch_size: -1",
                  "parallel.microbatch_size: must be >= 1 (got -1)"},
         RuleCase{"  seq_chunks: 1", "  seq_chunks: 0", "parallel.seq_chunks: must be >= 1 (got 0)"},
@@ -852,4 +854,24 @@ TEST(ParseJobSpec, PrecisionDefaultsPerDeviceAndIsChecked) {
 }
 
 }  // namespace
+// parallel.recompute defaults to none; selective and full run on the CPU engine, and are refused
+// on CUDA until its layers recompute.
+TEST(ParseJobSpec, RecomputeModes) {
+  absl::StatusOr<JobSpec> plain = ParseJobSpec(kBase, "/base");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->parallel().recompute(), "none");
+  for (const char* mode : {"none", "selective", "full"}) {
+    const std::string text =
+        Edit("  microbatches: 2", absl::StrCat("  microbatches: 2\n  recompute: ", mode));
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(text, "/base");
+    ASSERT_TRUE(spec.ok()) << mode << ": " << spec.status();
+    EXPECT_EQ(spec->parallel().recompute(), mode);
+  }
+  const std::string cuda = Edit("  microbatches: 2", "  microbatches: 2\n  recompute: full",
+                                Edit("device: cpu", "device: cuda"));
+  EXPECT_THAT(ParseJobSpec(cuda, "/base").status().message(),
+              testing::HasSubstr("parallel.recompute: must be none on device cuda in this "
+                                 "version (got full on cuda)"));
+}
+
 }  // namespace vp::spec
