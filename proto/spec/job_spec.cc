@@ -811,7 +811,8 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
       OneOf(s.parallel().recompute(), kRecomputeModes)) {
     add("parallel.recompute",
         absl::StrCat("must be none on device cuda in this version (got ", s.parallel().recompute(),
-                     " on ", s.device(), "): the CUDA engine's recomputation is not built yet"));
+                     " on ", s.device(),
+                     "): the CUDA engine's recomputation has not run on a GPU yet"));
   }
   if (cuda && s.parallel().data() > 1) {
     add("parallel.data",

@@ -493,6 +493,31 @@ TEST_F(DeviceLayerStackTest, LlamaBf16WithinTolerance) {
                   const std::string& name) { ExpectCloseL2(g, w, 5e-2, name); });
 }
 
+// Recomputation (selective, full) on the device against the CPU stack without it (which the
+// CPU's own recompute_equivalence_test shows bit-identical to its recomputing modes), for GPT-2
+// and Llama over the schedule's split and unsplit backwards and two sequence chunks (full
+// recomputation refills the released K/V cache from the earlier chunk). fp32 tolerances.
+TEST_F(DeviceLayerStackTest, RecomputeFp32MatchesCpu) {
+  for (const ModelConfig& base : {SmallConfig(), LlamaConfig()}) {
+    const Inputs in = MakeInputs(base);
+    const Results want = RunCpu(base, in);
+    for (const Recompute mode : {Recompute::kSelective, Recompute::kFull}) {
+      SCOPED_TRACE(std::string(base.llama() ? "llama " : "gpt2 ") +
+                   (mode == Recompute::kFull ? "full" : "selective"));
+      ModelConfig cfg = base;
+      cfg.recompute = mode;
+      const Results got = RunDevice<float>(cfg, in);
+      ASSERT_EQ(got.out.size(), want.out.size());
+      ASSERT_EQ(got.dx.size(), want.dx.size());
+      for (const auto& [slot, w] : want.out) ExpectClose(got.out.at(slot), w, 1e-4, 1e-5, "out");
+      for (const auto& [slot, w] : want.dx) ExpectClose(got.dx.at(slot), w, 1e-4, 1e-5, "dx");
+      CompareGrads(cfg, got.grads, want.grads,
+                   [](const std::vector<float>& g, const std::vector<float>& w,
+                      const std::string& name) { ExpectClose(g, w, 1e-4, 1e-5, name); });
+    }
+  }
+}
+
 TEST_F(DeviceLayerStackTest, OutOfOrderCallsAreRejected) {
   const ModelConfig cfg = SmallConfig();
   const Inputs in = MakeInputs(cfg);

@@ -659,8 +659,7 @@ TEST(Simulator, RecomputationAddsItsCostToEveryBackwardAndItsBytesFollowTheMode)
   EXPECT_DOUBLE_EQ(full_costs.recompute, full_costs.f);
   in.model.recompute = Recompute::kSelective;
   const Costs selective_costs = FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
-  EXPECT_DOUBLE_EQ(selective_costs.recompute,
-                   4 * b * s * s * h * in.layers / in.pipeline / 1e12);
+  EXPECT_DOUBLE_EQ(selective_costs.recompute, 4 * b * s * s * h * in.layers / in.pipeline / 1e12);
   // Every rank is busy for m more backwards' recompute; a layer that keeps a quarter of its
   // bytes (as measured under full) lowers the activation peak.
   in.model.recompute = Recompute::kFull;
@@ -671,11 +670,10 @@ TEST(Simulator, RecomputationAddsItsCostToEveryBackwardAndItsBytesFollowTheMode)
   in.model.layer_held_for_w_bytes = kept;
   const SimResult full_bytes = Sim(in);
   for (size_t r = 0; r < none.ranks.size(); ++r) {
-    EXPECT_NEAR(full.ranks[r].busy - none.ranks[r].busy,
-                in.microbatches * full_costs.recompute, 1e-9 * none.ranks[r].busy)
+    EXPECT_NEAR(full.ranks[r].busy - none.ranks[r].busy, in.microbatches * full_costs.recompute,
+                1e-9 * none.ranks[r].busy)
         << r;
-    EXPECT_LT(full_bytes.ranks[r].peak_activation_bytes, none.ranks[r].peak_activation_bytes)
-        << r;
+    EXPECT_LT(full_bytes.ranks[r].peak_activation_bytes, none.ranks[r].peak_activation_bytes) << r;
   }
   EXPECT_GT(full.makespan, none.makespan);
   EXPECT_EQ(RecomputeName(Recompute::kSelective), "selective");

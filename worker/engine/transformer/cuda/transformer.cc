@@ -127,6 +127,36 @@ class DeviceLayer {
         lp_(BindLlamaLayerTensors(params, cfg)),
         lg_(BindLlamaLayerTensors(grads, cfg)) {}
 
+  // Selective recomputation (config.h): after F the attention core's output and log-sum-exp
+  // are dropped ...
+  void DropAttentionCore(DeviceLayerActivations<T>& acts) const {
+    if (cfg_.recompute != Recompute::kSelective) return;
+    acts.atty.Reset();
+    acts.lse.Reset();
+  }
+  // ... and B computes them again from the kept q|k|v rows and the K/V cache (a no-op when F
+  // kept them).
+  absl::Status RecomputeAttention(const DeviceContext& ctx, DeviceKvState<T>& kv,
+                                  DeviceLayerActivations<T>& acts) const {
+    if (!acts.atty.empty()) return absl::OkStatus();
+    const SeqChunk seq = acts.seq;
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, heads = cfg_.heads;
+    const int ld = cfg_.llama() ? h + 2 * cfg_.kv_dim() : 3 * h;  // the q|k|v row
+    const AttentionShape shape{b,
+                               heads,
+                               cfg_.head_dim(),
+                               seq.begin,
+                               seq.end,
+                               cfg_.seq_len,
+                               cfg_.llama() ? cfg_.num_kv_heads() : 0};
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * t * h, acts.atty));
+    MarkPhase(ctx.stream, Phase::kAttention);
+    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), ld,
+                                             kv.k.data(), kv.v.data(), shape, ctx.stream));
+    return absl::OkStatus();
+  }
+
   // F: out = layer(x) for the chunk's positions; appends the chunk's K/V to kv.
   absl::Status Forward(const DeviceContext& ctx, SeqChunk seq,
                        const T* x,  // (b, t, h) kept alive by the stack until W
@@ -175,6 +205,7 @@ class DeviceLayer {
                                         p_.attn_proj_b, n, h, h, st));
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
+    DropAttentionCore(acts);
     // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_mean));
@@ -246,6 +277,7 @@ class DeviceLayer {
     MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(
         LinearBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), p_.attn_proj_w, n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(RecomputeAttention(ctx, kv, acts));
     if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
       // Zeroed: the attention backward accumulates dK/dV over the chunks that attend to a key.
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.dk, /*zero=*/true));
@@ -376,6 +408,7 @@ class DeviceLayer {
         LinearTForward(gemm, acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h, st));
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
+    DropAttentionCore(acts);
     // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_rstd));
@@ -441,6 +474,7 @@ class DeviceLayer {
     MarkPhase(st, Phase::kGemmProj);
     VP_LS_RETURN_IF_ERROR(
         LinearTBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), lp_.wo, n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(RecomputeAttention(ctx, kv, acts));
     if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.dk, /*zero=*/true));
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.dv, /*zero=*/true));
@@ -563,6 +597,14 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
         T* y = i + 1 < count ? st.inputs[i + 1].data() : out;
         VP_LS_RETURN_IF_ERROR(
             layers[i].Forward(ctx, c, st.inputs[i].data(), y, mb_kv[i], st.acts[i]));
+        if (cfg.recompute == Recompute::kFull) {
+          // Only the layer's input is kept; the K/V cache once no later chunk reads it in F.
+          st.acts[i] = DeviceLayerActivations<T>();
+          if (slot.seq + 1 == num_seq_chunks()) {
+            mb_kv[i].k.Reset();
+            mb_kv[i].v.Reset();
+          }
+        }
       }
       return absl::OkStatus();
     }();
@@ -574,9 +616,31 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
     return absl::OkStatus();
   }
 
-  // B after order.CheckBackwardInput. A device error part-way leaves the slot's layers in mixed
-  // states; the caller must stop (as after any device error).
-  absl::Status RunBackwardInput(SlotKey slot, const T* dout, T* dx) {
+  // Full recomputation: layer i's F of the slot again, before its B. When the K/V cache was
+  // released, the microbatch's earlier chunks go forward again first, in order, to refill it
+  // (still held: B runs the chunks in reverse order).
+  absl::Status RecomputeForward(SlotKey slot, int i) {
+    DeviceKvState<T>& layer_kv = kv.at(slot.microbatch)[i];
+    const size_t row = static_cast<size_t>(batch) * cfg.hidden;
+    DeviceArray<T> out;  // the layer's output again: equal to the next layer's kept input
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, row * seq_chunk(slot.seq).len(), out));
+    if (layer_kv.k.empty()) {
+      for (int q = 0; q < slot.seq; ++q) {
+        DeviceLayerActivations<T> scratch;
+        VP_LS_RETURN_IF_ERROR(layers[i].Forward(ctx, seq_chunk(q),
+                                                slots.at({slot.microbatch, q}).inputs[i].data(),
+                                                out.data(), layer_kv, scratch));
+      }
+    }
+    Slot& st = slots.at(slot);
+    return layers[i].Forward(ctx, seq_chunk(slot.seq), st.inputs[i].data(), out.data(), layer_kv,
+                             st.acts[i]);
+  }
+
+  // B after order.CheckBackwardInput (with `weights`, each layer's W right after its B and the
+  // slot released: full recomputation's unsplit backward). A device error part-way leaves the
+  // slot's layers in mixed states; the caller must stop (as after any device error).
+  absl::Status RunBackwardInput(SlotKey slot, const T* dout, T* dx, bool weights = false) {
     Slot& st = slots.at(slot);
     std::vector<DeviceKvState<T>>& mb_kv = kv.at(slot.microbatch);
     const SeqChunk c = seq_chunk(slot.seq);
@@ -589,12 +653,18 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
     }
     const T* g_in = dout;
     for (int i = count - 1; i >= 0; --i) {
+      if (cfg.recompute == Recompute::kFull) VP_LS_RETURN_IF_ERROR(RecomputeForward(slot, i));
       T* g_out = i == 0 ? dx : grad[i % 2].data();
       VP_LS_RETURN_IF_ERROR(layers[i].BackwardInput(ctx, g_in, g_out, mb_kv[i], st.acts[i]));
+      if (weights) VP_LS_RETURN_IF_ERROR(layers[i].BackwardWeight(ctx, st.acts[i]));
       g_in = g_out;
     }
     // The K/V caches were released by the layers at the microbatch's last B.
     if (order.BackwardInputDone(slot)) kv.erase(slot.microbatch);
+    if (weights) {
+      slots.erase(slot);
+      order.BackwardWeightDone(slot);
+    }
     return absl::OkStatus();
   }
 
@@ -709,6 +779,11 @@ absl::Status DeviceLayerStack<T>::BackwardWeight(SlotKey slot) {
 template <typename T>
 absl::Status DeviceLayerStack<T>::Backward(SlotKey slot, const T* dout, T* dx) {
   VP_LS_RETURN_IF_ERROR(impl_->order.CheckBackwardInput(slot));
+  // Full recomputation: each layer's W right after its B (one layer's recomputed activations
+  // live at a time), as LayerStack::Backward does.
+  if (impl_->cfg.recompute == Recompute::kFull) {
+    return impl_->Finished(impl_->RunBackwardInput(slot, dout, dx, /*weights=*/true));
+  }
   absl::Status s = impl_->RunBackwardInput(slot, dout, dx);
   if (s.ok()) s = impl_->RunBackwardWeight(slot);
   return impl_->Finished(std::move(s));
