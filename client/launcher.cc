@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/planner/layout.h"
 #include "coordinator/planner/spec_input.h"
 #include "proto/plan/topology.h"
 #include "proto/runlog/step_lines.h"
@@ -250,9 +251,44 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& override_path) {
                                           "); set VOCABPIPE_WORKER or pass --worker"));
 }
 
-absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec& spec,
+namespace {
+
+// parallel.world: the planner's layout choice, with the engine's measured layer activations
+// under each recomputation mode and the device's default link.
+absl::StatusOr<vocabpipe::v1::JobSpec> ChooseLayout(const vocabpipe::v1::JobSpec& spec,
+                                                    std::ostream& progress) {
+  planner::LayoutOptions lo;
+  lo.link = planner::DefaultLink(spec.device());
+  for (const char* mode : {"none", "selective", "full"}) {
+    vocabpipe::v1::JobSpec probe = spec;
+    probe.mutable_parallel()->set_recompute(mode);
+    auto bytes = launch::MeasureJobLayerActivations(probe);
+    if (!bytes.ok()) return bytes.status();
+    const auto r = planner::ParseRecompute(mode);
+    lo.activations[static_cast<int>(*r)] = {.kept = bytes->kept,
+                                            .backward_transient = bytes->backward_transient,
+                                            .held_for_w = bytes->held_for_w};
+  }
+  auto layout = planner::ResolveLayout(spec, lo);
+  if (!layout.ok()) return layout.status();
+  progress << "layout: " << planner::LayoutName(layout->chosen) << " of "
+           << layout->candidates.size() << " candidates for " << spec.parallel().world()
+           << " ranks\n"
+           << planner::LayoutTable(*layout);
+  return layout->spec;
+}
+
+}  // namespace
+
+absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec& requested,
                                                    const LaunchOptions& options,
                                                    std::ostream& progress) {
+  vocabpipe::v1::JobSpec spec = requested;
+  if (planner::NeedsLayoutChoice(spec)) {
+    auto chosen = ChooseLayout(spec, progress);
+    if (!chosen.ok()) return chosen.status();
+    spec = *chosen;
+  }
   const int p = spec.parallel().pipeline();
   // d replicas of the pipeline, t tensor ranks a stage: d·t·p rank processes
   // (proto/plan/topology.h numbers them).

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "client/commands.h"
+#include "coordinator/planner/layout.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/spec_input.h"
 #include "proto/spec/job_spec.h"
@@ -22,12 +23,14 @@ constexpr char kUsage[] =
     "         [--vocab V|auto] [--seq-chunks K] [--chunks-per-rank V] [--budget BYTES]\n"
     "         [--costs F=1,B=2,W=1,S=0,T=0,IF=0,IB=0,comm=0,coll=0,opt=0,\n"
     "                  p2p_lat=0,p2p_bw=0,bcast_lat=0,bcast_bw=0,ar_lat=0,ar_bw=0]\n"
-    "         [--plan PLAN.txt] [--format table|json|text|svg]\n"
+    "         [--plan PLAN.txt] [--format table|json|text|svg] [--explain]\n"
     "  --costs: seconds per pass (F B W S T IF IB opt), fixed seconds per transfer (comm) and\n"
     "           per collective (coll), and the link model of one call: latency seconds (*_lat)\n"
     "           and bytes per second (*_bw, 0 = size is free) of a send/recv (p2p), a\n"
     "           broadcast (bcast) and an all-reduce (ar) between the job's ranks.\n"
-    "  --plan:  simulate this plan (text form, e.g. a run's plan.txt) instead of building one.\n";
+    "  --plan:  simulate this plan (text form, e.g. a run's plan.txt) instead of building one.\n"
+    "  --explain: with parallel.world, every layout the planner weighed (d, t, p, recompute,\n"
+    "           schedule, predicted step time, tokens/s, peak bytes a rank, why refused).\n";
 
 int Usage(std::ostream& err, absl::string_view why) {
   err << "vocabpipe plan: " << why << "\n" << kUsage;
@@ -126,11 +129,16 @@ int SimulateGivenPlan(const std::string& plan_path, const planner::PlannerInput&
 int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   std::string path, format = "table", costs_text, plan_path;
   std::map<std::string, std::string> flags;
+  bool explain = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "-h" || a == "--help") {
       out << kUsage;
       return 0;
+    }
+    if (a == "--explain") {
+      explain = true;
+      continue;
     }
     if (a.rfind("--", 0) == 0) {
       if (i + 1 >= args.size()) return Usage(err, absl::StrCat(a, " needs a value"));
@@ -146,6 +154,28 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   if (!spec.ok()) {
     err << "vocabpipe plan: " << spec.status().message() << "\n";
     return 2;
+  }
+  std::string layout_text;
+  if (planner::NeedsLayoutChoice(*spec)) {
+    // parallel.world: the layout first (FLOP-proportional costs at 1e12 FLOP/s, the device's
+    // default link, the planner's activation estimates), then the chosen one is planned below.
+    if (auto it = flags.find("--budget"); it != flags.end()) {
+      int64_t b = 0;
+      if (!absl::SimpleAtoi(it->second, &b) || b < 0) return Usage(err, "--budget: need bytes >= 0");
+      spec->mutable_parallel()->set_memory_budget_bytes(b);
+    }
+    planner::LayoutOptions lo;
+    lo.link = planner::DefaultLink(spec->device());
+    absl::StatusOr<planner::ResolvedLayout> layout = planner::ResolveLayout(*spec, lo);
+    if (!layout.ok()) {
+      err << "vocabpipe plan: " << layout.status().message() << "\n";
+      return 2;
+    }
+    layout_text = absl::StrCat("layout: ", planner::LayoutName(layout->chosen), " of ",
+                               layout->candidates.size(), " candidates for ",
+                               spec->parallel().world(), " ranks\n");
+    if (explain) absl::StrAppend(&layout_text, planner::LayoutTable(*layout), "\n");
+    *spec = layout->spec;
   }
   planner::PlannerInput in = planner::PlannerInputFromSpec(*spec);
   const auto& par = spec->parallel();
@@ -222,6 +252,7 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
     err << "vocabpipe plan: " << built.status().message() << "\n";
     return built.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  if (format == "table") out << layout_text;
   WritePlan(format, built->plan, built->sim, explanation, out);
   return 0;
 }

@@ -33,6 +33,7 @@
 #include "client/commands.h"
 #include "client/control_client.h"
 #include "client/launcher.h"
+#include "coordinator/planner/layout.h"
 #include "coordinator/planner/spec_input.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/service.h"
@@ -278,8 +279,24 @@ absl::Status RecordStep(const v1::StepMetrics& m, launch::StepRecorder& recorder
 // What `--direct` would reject before starting anything is rejected here too, as invalid input
 // (exit code 2) rather than as a failed job: the plan, the device, the data file.
 absl::Status CheckRunnable(const v1::JobSpec& spec) {
-  if (auto plan = planner::BuildPlanFromSpec(spec); !plan.ok()) return plan.status();
+  if (planner::NeedsLayoutChoice(spec)) {
+    // parallel.world: some layout must plan (the coordinator chooses it again at submit, with
+    // the workers' memory as the budget when the spec gives none).
+    planner::LayoutOptions lo;
+    lo.link = planner::DefaultLink(spec.device());
+    if (auto layout = planner::ResolveLayout(spec, lo); !layout.ok()) return layout.status();
+  } else if (auto plan = planner::BuildPlanFromSpec(spec); !plan.ok()) {
+    return plan.status();
+  }
   return CheckJobRunsHere(spec);
+}
+
+// The daemons a local run starts: one per rank, d·t·p, or parallel.world when the planner
+// chooses the layout.
+int LocalRanks(const v1::JobSpec& spec) {
+  const auto& p = spec.parallel();
+  if (planner::NeedsLayoutChoice(spec)) return p.world();
+  return std::max(1, p.pipeline()) * std::max(1, p.data()) * std::max(1, p.tensor());
 }
 
 int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool interactive,
@@ -332,8 +349,8 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   }
   LocalWorkers workers;
   const int cuda_devices = spec.device() == "cpu" ? 0 : launch::CudaDeviceCount();
-  // One daemon per rank: d replicas of the p-stage pipeline.
-  const int ranks = spec.parallel().pipeline() * std::max(1, spec.parallel().data());
+  // One daemon per rank: d replicas of the p-stage pipeline, each stage over t tensor ranks.
+  const int ranks = LocalRanks(spec);
   for (int r = 0; r < ranks; ++r) {
     const std::string log = (fs::path(dir) / absl::StrCat("daemon_", r, ".log")).string();
     auto device = LocalDaemonDevice(spec, r, cuda_devices);
@@ -384,7 +401,7 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   switch (r.last_state) {
     case v1::JOB_STATE_SUCCEEDED:
       if (!f.json) {
-        PrintSummary(summary, spec.parallel().pipeline() * spec.parallel().data() > 1,
+        PrintSummary(summary, LocalRanks(spec) > 1,
                      spec.device() != "cpu", out);
       }
       return kExitOk;

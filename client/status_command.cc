@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/control_client.h"
 
 namespace vp::cli {
@@ -28,6 +29,13 @@ void PrintJob(const v1::Job& job, std::ostream& out) {
     out << absl::StrFormat("  plan: %s + %s, p=%d, m=%d, k=%d, predicted %.4g s/step (%s costs)\n",
                            p.schedule(), p.vocab(), p.pipeline(), p.microbatches(), p.seq_chunks(),
                            p.predicted_step_seconds(), p.costs_source());
+  }
+  if (!job.layout().empty()) {
+    // parallel.world: the layout the planner chose at submit, and what it weighed.
+    out << "  " << job.layout() << "\n";
+    for (absl::string_view line : absl::StrSplit(job.layout_table(), '\n', absl::SkipEmpty())) {
+      out << "    " << line << "\n";
+    }
   }
   const bool replicated = job.spec().parallel().data() > 1;
   if (replicated) {

@@ -722,13 +722,16 @@ absl::StatusOr<SimResult> Simulate(const Plan& plan, const PlannerInput& in) {
   // backward), so Megatron's 5as/h term for the stored s × s probabilities does not apply.
   // Under tensor parallelism with sequence parallelism a rank keeps 1/t of every activation
   // (its token rows, or its heads and MLP columns) and 1/t of the backward's working set.
+  // Recomputation without a measurement: selective drops the attention output (b·s·h
+  // elements) and the log-sum-exp; full keeps the layer input only.
   const int tp = std::max(1, ms.tensor_parallel);
+  const double elem = ms.activation_bytes_per_element;
+  const double lse_bytes = b * ms.heads * s * 4;
+  double estimate = h > 0 ? b * s * h * 34 * elem / 2 + lse_bytes : 0;
+  if (ms.recompute == Recompute::kSelective) estimate -= b * s * h * elem + lse_bytes;
+  if (ms.recompute == Recompute::kFull) estimate = b * s * h * elem;
   const double layer_act =
-      (ms.layer_activation_bytes > 0
-           ? ms.layer_activation_bytes
-           : (h > 0 ? b * s * h * 34 * ms.activation_bytes_per_element / 2 + b * ms.heads * s * 4
-                    : 0)) /
-      tp;
+      (ms.layer_activation_bytes > 0 ? ms.layer_activation_bytes : estimate) / tp;
   const double stage_act = layer_act * l->layers / l->p;
   // Per stage microbatch: what a slot holds between its split B and its W beyond its F bytes
   // (under full recomputation nearly all of it: F kept only the layer inputs).

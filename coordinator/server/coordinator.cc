@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/planner/layout.h"
 #include "coordinator/server/job_plan.h"
 #include "coordinator/server/placement.h"
 #include "proto/grpc/auth.h"
@@ -613,11 +614,27 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
     std::lock_guard<std::mutex> lock(mu_);
     if (auto st = CheckQueue(owner); !st.ok()) return st;
   }
-  // Memory admission: the planner's memory model, off the lock and under a deadline.
-  absl::StatusOr<JobPlan> plan = PlanWithDeadline(spec, std::nullopt, owner);
+  // parallel.world without a budget: the layout must fit the largest worker of the kind.
+  v1::JobSpec requested = spec;
+  if (planner::NeedsLayoutChoice(requested) && requested.parallel().memory_budget_bytes() == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t largest = 0;
+    for (const auto& [wid, w] : workers_) {
+      if (DeviceMatches(spec.device(), w.info.device())) {
+        largest = std::max(largest, w.info.memory_bytes());
+      }
+    }
+    requested.mutable_parallel()->set_memory_budget_bytes(largest);
+  }
+  // Memory admission: the planner's memory model, off the lock and under a deadline (and the
+  // layout choice first, under parallel.world).
+  absl::StatusOr<JobPlan> plan = PlanWithDeadline(requested, std::nullopt, owner);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(), absl::StrCat("planning: ", plan.status().message()));
   }
+  // The layout chosen, with the user's budget (a worker-memory one was only for the choice).
+  v1::JobSpec chosen = plan->spec;
+  chosen.mutable_parallel()->set_memory_budget_bytes(spec.parallel().memory_budget_bytes());
   const std::vector<int64_t> need = PredictedRankBytes(*plan);
   std::lock_guard<std::mutex> lock(mu_);
   // Again: a job of the user may have been queued while this one was planned.
@@ -642,7 +659,9 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   }
   v1::Job job;
   job.set_id(absl::StrCat("job-", next_job_));
-  *job.mutable_spec() = spec;
+  *job.mutable_spec() = chosen;
+  job.set_layout(plan->layout);
+  job.set_layout_table(plan->layout_table);
   job.set_resume(resume);
   job.set_owner(owner);
   job.set_run_owner(folder_user.name);
@@ -651,7 +670,8 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   job.set_created_unix_ms(NowMs());
   for (int64_t bytes : need) job.add_predicted_rank_bytes(bytes);
   if (auto st = SetState(job, v1::JOB_STATE_PENDING,
-                         absl::StrCat("waiting for ", JobTopology(spec).world(), " free ",
+                         absl::StrCat(plan->layout.empty() ? "" : plan->layout + "; ",
+                                      "waiting for ", JobTopology(chosen).world(), " free ",
                                       spec.device().empty() ? "cpu" : spec.device(), " workers"));
       !st.ok()) {
     return st;
@@ -747,6 +767,8 @@ absl::StatusOr<v1::PlanJobResponse> Coordinator::PlanDryRun(const v1::JobSpec& s
   for (auto& c : plan->candidates) *out.add_candidates() = c;
   out.set_plan_text(planner::PlanToText(plan->plan));
   out.set_table(plan->table);
+  out.set_layout(plan->layout);
+  out.set_layout_table(plan->layout_table);
   return out;
 }
 

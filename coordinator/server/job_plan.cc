@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator/planner/layout.h"
 #include "coordinator/planner/spec_input.h"
 
 namespace vp::server {
@@ -42,9 +44,28 @@ void MergeSlowestLink(const vocabpipe::v1::PassCosts& worker, vocabpipe::v1::Pas
       slower_bandwidth(merged->tensor_bandwidth(), worker.tensor_bandwidth()));
 }
 
-absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
+absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& requested,
                                    const vocabpipe::v1::PassCosts* profiled,
                                    double flops_per_second, const std::atomic<bool>* cancel) {
+  JobPlan out;
+  out.spec = requested;
+  if (planner::NeedsLayoutChoice(requested)) {
+    planner::LayoutOptions lo;
+    lo.flops_per_second = flops_per_second;
+    lo.link = planner::DefaultLink(requested.device());
+    lo.cancel = cancel;
+    absl::StatusOr<planner::ResolvedLayout> resolved = planner::ResolveLayout(requested, lo);
+    if (!resolved.ok()) return resolved.status();
+    out.spec = resolved->spec;
+    const planner::LayoutCandidate& c = resolved->chosen;
+    out.layout = absl::StrFormat(
+        "layout %s of %d candidates for %d ranks (predicted %.4g s a step, %.4g tokens/s, peak "
+        "%.1f MiB a rank)",
+        planner::LayoutName(c), resolved->candidates.size(), requested.parallel().world(),
+        c.step_seconds, c.tokens_per_second, c.peak_bytes / 1048576.0);
+    out.layout_table = planner::LayoutTable(*resolved);
+  }
+  const vocabpipe::v1::JobSpec& spec = out.spec;
   planner::Costs measured;
   if (profiled != nullptr) {
     measured = {.f = profiled->f(),
@@ -74,7 +95,6 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
   }
   auto built = planner::BuildPlanFromSpec(spec, options);
   if (!built.ok()) return built.status();
-  JobPlan out;
   out.input = std::move(built->input);
   out.plan = std::move(built->plan);
   const planner::PlannerInput& in = out.input;

@@ -17,6 +17,13 @@
 namespace vp::server {
 
 struct JobPlan {
+  // What was planned: the spec given, or under parallel.world the layout the planner chose (a
+  // plain spec: world 0, the axes and recompute set, microbatches per replica).
+  vocabpipe::v1::JobSpec spec;
+  // parallel.world: the chosen layout in one line with its predictions, and every candidate
+  // (planner::LayoutTable). Empty otherwise.
+  std::string layout;
+  std::string layout_table;
   planner::PlannerInput input;
   planner::Plan plan;
   planner::SimResult sim;
@@ -31,7 +38,9 @@ struct JobPlan {
 // Errors: InvalidArgument naming the field (parallel.schedule, parallel.vocab, ...).
 // cancel (null: never): polled between the planner's steps; once set the planner stops with
 // Cancelled (the coordinator's planning deadline).
-absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& spec,
+// A spec with parallel.world first has its layout chosen (planner::ResolveLayout, with
+// FLOP-proportional costs and planner::DefaultLink for the device), then the chosen one planned.
+absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& requested,
                                    const vocabpipe::v1::PassCosts* profiled,
                                    double flops_per_second,
                                    const std::atomic<bool>* cancel = nullptr);

@@ -64,6 +64,13 @@ std::string Child(const std::string& parent, std::string_view name) {
 
 bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
 
+// parallel.pipeline, data and tensor: integers that may also be `auto` under parallel.world.
+bool IsLayoutAxis(const pb::FieldDescriptor* field) {
+  const std::string& name = field->full_name();
+  return name == "vocabpipe.v1.ParallelSpec.pipeline" || name == "vocabpipe.v1.ParallelSpec.data" ||
+         name == "vocabpipe.v1.ParallelSpec.tensor";
+}
+
 // Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
 bool ValidUtf8(std::string_view s) {
   size_t i = 0;
@@ -340,6 +347,11 @@ class YamlToProto {
       case FD::CPPTYPE_INT64: {
         int64_t v;
         bool out_of_range;
+        // The layout axes take `auto` (stored as 0; validation wants parallel.world with it).
+        if (!quoted && text == "auto" && !repeated && IsLayoutAxis(field)) {
+          refl->SetInt32(msg, field, 0);
+          return;
+        }
         if (quoted || !ParseInt64(text, &v, &out_of_range)) {
           if (!quoted && out_of_range) {
             Error(value, path, absl::StrCat(text, " is out of int64 range"));
@@ -608,8 +620,37 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   }
 
   const auto& p = s.parallel();
-  in_range("parallel.pipeline", p.pipeline(), 1, kMaxPipeline);
-  in_range("parallel.data", p.data(), 1, kMaxData);
+  // parallel.world (docs/recompute.md, "Choosing the layout"): the job's ranks; pipeline, data
+  // and tensor may then be auto (0 here), and microbatches counts the whole step's.
+  in_range("parallel.world", p.world(), 0, kMaxRanks);
+  const bool layout = p.world() >= 1 && p.world() <= kMaxRanks;
+  auto axis = [&](const char* path, int v, int64_t max) {
+    if (v == 0 && layout) return;  // auto: the planner chooses
+    if (v == 0) {
+      add(path, "must be >= 1 (got 0 or auto); auto needs parallel.world (the job's ranks)");
+      return;
+    }
+    in_range(path, v, 1, max);
+  };
+  axis("parallel.pipeline", p.pipeline(), kMaxPipeline);
+  axis("parallel.data", p.data(), kMaxData);
+  if (layout && p.pipeline() >= 0 && p.data() >= 0 && p.tensor() >= 0) {
+    const int64_t fixed = static_cast<int64_t>(std::max(1, p.pipeline())) *
+                          std::max(1, p.data()) * std::max(1, p.tensor());
+    const bool any_auto = p.pipeline() == 0 || p.data() == 0 || p.tensor() == 0;
+    if (!any_auto && fixed != p.world()) {
+      add("parallel.world", absl::StrCat("must equal data x tensor x pipeline when none is auto (",
+                                         p.world(), " != ", fixed, ")"));
+    } else if (p.world() % fixed != 0) {
+      add("parallel.world",
+          absl::StrCat("must be a multiple of the axes given (", p.world(), " % ", fixed, " != 0)"));
+    }
+    if (p.data() >= 1 && p.microbatches() >= 1 && p.microbatches() % p.data() != 0) {
+      add("parallel.microbatches",
+          absl::StrCat("must be divisible by parallel.data under parallel.world (the step's ",
+                       p.microbatches(), " microbatches over ", p.data(), " replicas)"));
+    }
+  }
   if (p.zero() == 2 || p.zero() == 3) {
     add("parallel.zero",
         absl::StrCat("must be 0 or 1 (got ", p.zero(), "): ZeRO stages 2 and 3 shard gradients ",
@@ -618,7 +659,7 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   } else {
     in_range("parallel.zero", p.zero(), 0, 1);
   }
-  in_range("parallel.tensor", p.tensor(), 1, kMaxTensor);
+  axis("parallel.tensor", p.tensor(), kMaxTensor);
   if (p.pipeline() >= 1 && p.data() >= 1 && p.tensor() >= 1 &&
       static_cast<int64_t>(p.pipeline()) * p.data() * p.tensor() > kMaxRanks) {
     add("parallel.data",
@@ -634,9 +675,11 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
     add("parallel.vocab", absl::StrCat("must be one of ", JoinSet(kVocabMethods), " (got \"",
                                        absl::CHexEscape(p.vocab()), "\")"));
   }
-  if (!OneOf(p.recompute(), kRecomputeModes)) {
-    add("parallel.recompute", absl::StrCat("must be one of ", JoinSet(kRecomputeModes), " (got \"",
-                                           absl::CHexEscape(p.recompute()), "\")"));
+  if (!OneOf(p.recompute(), kRecomputeModes) && !(layout && p.recompute() == "auto")) {
+    add("parallel.recompute",
+        absl::StrCat("must be one of ", JoinSet(kRecomputeModes),
+                     layout ? ", auto" : " (auto needs parallel.world)", " (got \"",
+                     absl::CHexEscape(p.recompute()), "\")"));
   }
   in_range("parallel.seq_chunks", p.seq_chunks(), 1, kMaxSeqChunks);
   if (p.seq_chunks() > 1 && m.seq_len() >= 1 && p.seq_chunks() > m.seq_len()) {
@@ -1006,6 +1049,7 @@ void ApplyDefaults(JobSpec* spec) {
   if (!p->has_tensor()) p->set_tensor(1);
   if (!p->has_sequence_parallel()) p->set_sequence_parallel(true);
   if (!p->has_recompute()) p->set_recompute("none");
+  if (!p->has_world()) p->set_world(0);
 
   auto* t = spec->mutable_train();
   if (!t->has_steps()) t->set_steps(10);

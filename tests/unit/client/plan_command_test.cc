@@ -86,6 +86,30 @@ TEST(PlanCommand, ShowsTheTensorAxis) {
   EXPECT_GT(bytes(out2), 0.45 * bytes(out1));
 }
 
+// parallel.world with auto axes: the plan names the layout it chose; --explain adds the table
+// of every candidate (d, t, p, recompute, predicted step time, tokens/s, peak bytes, why
+// refused); a budget no layout fits is refused naming the smallest predicted peak.
+TEST(PlanCommand, ChoosesTheLayoutOfAWorld) {
+  const std::string dir = ::testing::TempDir() + "/plan_cmd_world";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/job.yaml")
+      << "model: {layers: 8, hidden: 64, heads: 4, vocab_size: 1000, seq_len: 64}\n"
+         "parallel: {world: 4, pipeline: auto, data: auto, tensor: auto, recompute: auto,\n"
+         "           microbatches: 8, schedule: 1f1b, vocab: vocab2}\n"
+         "data: {path: train.bin}\n";
+  std::string out, err;
+  ASSERT_EQ(RunPlan({dir + "/job.yaml"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("layout: d "), std::string::npos) << out;
+  EXPECT_NE(out.find("of 18 candidates for 4 ranks"), std::string::npos) << out;
+  EXPECT_EQ(out.find("tokens/s"), std::string::npos);  // the table only with --explain
+  ASSERT_EQ(RunPlan({dir + "/job.yaml", "--explain"}, &out, &err), 0) << err;
+  EXPECT_NE(out.find("tokens/s"), std::string::npos) << out;
+  EXPECT_NE(out.find("<- chosen"), std::string::npos) << out;
+  EXPECT_NE(out.find("recompute"), std::string::npos) << out;
+  EXPECT_EQ(RunPlan({dir + "/job.yaml", "--budget", "1000"}, &out, &err), 2);
+  EXPECT_NE(err.find("the smallest predicted peak is"), std::string::npos) << err;
+}
+
 // Number after `"key":` in the JSON output (the first occurrence).
 double JsonNumber(const std::string& out, const std::string& key) {
   const size_t at = out.find("\"" + key + "\":");
