@@ -220,6 +220,12 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
   // the plan's (bubble-limited) MFU at peak speed; with --costs the units are the user's and
   // MFU is left out.
   in.costs = planner::FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12);
+  if (!layout_text.empty()) {
+    // The chosen layout is timed as the choice timed it: with the device's default link.
+    const planner::LinkCost link = planner::DefaultLink(spec->device());
+    in.costs = planner::FlopProportionalCosts(in.pipeline, in.layers, in.model, 1e12, link);
+    in.costs.p2p = in.costs.broadcast = in.costs.allreduce = link;
+  }
   if (costs_text.empty()) in.model.peak_flops = 1e12;
   std::string cost_error;
   if (!costs_text.empty() && !ParseCosts(costs_text, &in.costs, &cost_error))

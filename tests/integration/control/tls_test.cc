@@ -628,6 +628,63 @@ TEST_F(TlsTest, ATensorParallelPipelineRunsOnFourDaemons) {
   EXPECT_EQ(stages[3].value("stage", -1), 1) << status.output;
 }
 
+// parallel.world through the control plane: a job of 4 ranks with every axis and the
+// recomputation left to the planner runs on four daemons over TLS and succeeds; the layout the
+// planner chose is the job's spec, its line and candidate table are in the record, `status`
+// prints them and the job's first event names the choice.
+TEST_F(TlsTest, AWorldOfFourRanksRunsTheLayoutThePlannerChose) {
+  MakeData();
+  auto c = StartCoordinator();
+  for (int n = 1; n <= 4; ++n) StartWorker(*c, n);
+  v1::SubmitJobRequest req = TinyJob("world", 1, 3);
+  std::string spec = req.spec_text();
+  const std::string from = "pipeline: 1, microbatch_size: 2, microbatches: 2}";
+  spec.replace(spec.find(from), from.size(),
+               "world: 4, pipeline: auto, data: auto, tensor: auto, recompute: auto, "
+               "microbatch_size: 2, microbatches: 4}");
+  req.set_spec_text(spec);
+  v1::SubmitJobResponse submitted;
+  ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const v1::JobState s = GetJob(*Jobs(*c, admin_), submitted.job_id()).state();
+        return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED;
+      },
+      std::chrono::seconds(120)))
+      << workers_[0]->Log();
+  const v1::Job job = GetJob(*Jobs(*c, admin_), submitted.job_id());
+  EXPECT_TRUE(Succeeded(job)) << job.reason();
+  EXPECT_EQ(job.step(), 3);
+  const auto& par = job.spec().parallel();
+  EXPECT_EQ(par.world(), 0);
+  EXPECT_EQ(par.data() * par.tensor() * par.pipeline(), 4);
+  EXPECT_EQ(par.microbatches() * par.data(), 4);  // the step's 4 microbatches kept
+  EXPECT_NE(par.recompute(), "auto");
+  EXPECT_EQ(job.stages_size(), 4);
+  EXPECT_THAT(job.layout(), HasSubstr(absl::StrCat("layout d ", par.data(), " x t ",
+                                                   par.tensor(), " x p ", par.pipeline())));
+  EXPECT_THAT(job.layout(), HasSubstr("candidates for 4 ranks"));
+  EXPECT_THAT(job.layout_table(), HasSubstr("<- chosen"));
+  // Two layers cannot make four stages: that candidate is in the table with its reason.
+  EXPECT_THAT(job.layout_table(), HasSubstr("no: "));
+  // The first event names the choice.
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchJobRequest watch;
+  watch.set_job_id(job.id());
+  auto reader = Jobs(*c, alice_)->WatchJob(&watch_ctx, watch);
+  v1::JobEvent first;
+  ASSERT_TRUE(reader->Read(&first));
+  EXPECT_THAT(first.message(), HasSubstr("layout d "));
+  watch_ctx.TryCancel();
+  const std::string flags =
+      absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
+  CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_), "status " + job.id() + flags);
+  ASSERT_EQ(status.code, 0) << status.output;
+  EXPECT_THAT(status.output, HasSubstr("candidates for 4 ranks"));
+  EXPECT_THAT(status.output, HasSubstr("tokens/s"));
+}
+
 // A user's queued (PENDING) jobs are capped; other users and stored jobs are unaffected.
 TEST_F(TlsTest, QueuedJobsPerUserAreCapped) {
   auto c = StartCoordinator({"--max-queued-per-user", "2"});
