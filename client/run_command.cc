@@ -146,10 +146,20 @@ void PrintSummary(const runtime::RunSummary& s, bool per_rank, bool cuda, std::o
       s.peak_memory_bytes / 1048576.0, s.metrics_path, s.last_checkpoint);
 }
 
+// The daemons a local run starts: one per rank, d·t·p, or parallel.world when the planner
+// chooses the layout.
+int LocalRanks(const v1::JobSpec& spec) {
+  const auto& p = spec.parallel();
+  if (planner::NeedsLayoutChoice(spec)) return p.world();
+  return std::max(1, p.pipeline()) * std::max(1, p.data()) * std::max(1, p.tensor());
+}
+
 int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std::ostream& out,
               std::ostream& err) {
   absl::StatusOr<runtime::RunSummary> summary;
-  if (spec.parallel().pipeline() == 1 && spec.parallel().data() == 1 && spec.device() == "cpu") {
+  // One rank on the CPU trains in this process; anything else (a pipeline, replicas, a tensor
+  // group, a layout still to choose) runs worker processes.
+  if (!planner::NeedsLayoutChoice(spec) && LocalRanks(spec) == 1 && spec.device() == "cpu") {
     runtime::RunOptions options;
     options.resume = f.resume;
     options.interactive = interactive;
@@ -168,8 +178,7 @@ int RunDirect(const v1::JobSpec& spec, const RunFlags& f, bool interactive, std:
                ? kExitUsage
                : kExitFailed;
   }
-  PrintSummary(*summary, spec.parallel().pipeline() * spec.parallel().data() > 1,
-               spec.device() != "cpu", out);
+  PrintSummary(*summary, LocalRanks(spec) > 1, spec.device() != "cpu", out);
   return kExitOk;
 }
 
@@ -291,13 +300,6 @@ absl::Status CheckRunnable(const v1::JobSpec& spec) {
   return CheckJobRunsHere(spec);
 }
 
-// The daemons a local run starts: one per rank, d·t·p, or parallel.world when the planner
-// chooses the layout.
-int LocalRanks(const v1::JobSpec& spec) {
-  const auto& p = spec.parallel();
-  if (planner::NeedsLayoutChoice(spec)) return p.world();
-  return std::max(1, p.pipeline()) * std::max(1, p.data()) * std::max(1, p.tensor());
-}
 
 int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool interactive,
                          std::ostream& out, std::ostream& err) {
