@@ -161,7 +161,8 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
     // default link, the planner's activation estimates), then the chosen one is planned below.
     if (auto it = flags.find("--budget"); it != flags.end()) {
       int64_t b = 0;
-      if (!absl::SimpleAtoi(it->second, &b) || b < 0) return Usage(err, "--budget: need bytes >= 0");
+      if (!absl::SimpleAtoi(it->second, &b) || b < 0)
+        return Usage(err, "--budget: need bytes >= 0");
       spec->mutable_parallel()->set_memory_budget_bytes(b);
     }
     planner::LayoutOptions lo;
@@ -243,9 +244,10 @@ int RunPlanCommand(const Args& args, std::ostream& out, std::ostream& err) {
     in.vocab = *v;
   }
   std::string explanation;
-  if (schedule_auto || vocab_auto) {
+  const bool seq_chunks_auto = in.seq_chunks == 0;  // parallel.seq_chunks: auto
+  if (schedule_auto || vocab_auto || seq_chunks_auto) {
     absl::StatusOr<planner::AutoChoice> choice =
-        planner::ChoosePlan(in, schedule_auto, vocab_auto, budget);
+        planner::ChoosePlan(in, schedule_auto, vocab_auto, budget, seq_chunks_auto);
     if (!choice.ok()) {
       err << "vocabpipe plan: " << choice.status().message() << "\n";
       return 2;

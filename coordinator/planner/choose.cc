@@ -164,14 +164,15 @@ Costs FlopProportionalCosts(int pipeline, int layers, const ModelShape& m, doubl
 }
 
 absl::StatusOr<AutoChoice> ChoosePlan(const PlannerInput& in, bool schedule_auto, bool vocab_auto,
-                                      int64_t budget_bytes) {
+                                      int64_t budget_bytes, bool seq_chunks_auto) {
   AutoChoice choice;
   std::vector<Schedule> scheds = schedule_auto ? AllSchedules() : std::vector{in.schedule};
   std::vector<VocabMethod> vocabs = vocab_auto ? AllVocabMethods() : std::vector{in.vocab};
   for (Schedule s : scheds) {
     const bool seq = s == Schedule::kSeq1F1B || s == Schedule::kSeq1F1BInterleaved;
     std::vector<int> ks =
-        seq ? (schedule_auto ? std::vector{2, 4} : std::vector{in.seq_chunks}) : std::vector{1};
+        seq ? (schedule_auto || seq_chunks_auto ? std::vector{2, 4} : std::vector{in.seq_chunks})
+            : std::vector{1};
     for (VocabMethod v : vocabs)
       for (int k : ks) {
         PlannerInput cand = in;

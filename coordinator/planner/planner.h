@@ -242,9 +242,10 @@ struct AutoChoice {
   std::vector<Candidate> candidates;  // sorted: fitting first, then by step time
 };
 // Candidates: every schedule when in.schedule_auto, else in.schedule; same for vocab; k in
-// {1,2,4} for Seq1F1B schedules. budget_bytes 0 = unlimited.
+// {2,4} for Seq1F1B schedules when the schedule or seq_chunks_auto says so, else in.seq_chunks.
+// budget_bytes 0 = unlimited.
 absl::StatusOr<AutoChoice> ChoosePlan(const PlannerInput& in, bool schedule_auto, bool vocab_auto,
-                                      int64_t budget_bytes);
+                                      int64_t budget_bytes, bool seq_chunks_auto = false);
 std::string CandidatesTable(const AutoChoice& choice);
 
 // Renderers.

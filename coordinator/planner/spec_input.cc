@@ -104,9 +104,10 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
     }
     in.vocab = *v;
   }
-  if (schedule_auto || vocab_auto) {
-    absl::StatusOr<AutoChoice> choice =
-        ChoosePlan(in, schedule_auto, vocab_auto, spec.parallel().memory_budget_bytes());
+  const bool seq_chunks_auto = spec.parallel().seq_chunks() == 0;
+  if (schedule_auto || vocab_auto || seq_chunks_auto) {
+    absl::StatusOr<AutoChoice> choice = ChoosePlan(
+        in, schedule_auto, vocab_auto, spec.parallel().memory_budget_bytes(), seq_chunks_auto);
     if (!choice.ok()) return choice.status();
     in = choice->chosen;
     out.candidates = std::move(choice->candidates);

@@ -64,11 +64,13 @@ std::string Child(const std::string& parent, std::string_view name) {
 
 bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
 
-// parallel.pipeline, data and tensor: integers that may also be `auto` under parallel.world.
+// parallel.pipeline, data and tensor: integers that may also be `auto` under parallel.world;
+// parallel.seq_chunks, which may be `auto` with a Seq1F1B (or auto) schedule.
 bool IsLayoutAxis(const pb::FieldDescriptor* field) {
   const std::string& name = field->full_name();
   return name == "vocabpipe.v1.ParallelSpec.pipeline" || name == "vocabpipe.v1.ParallelSpec.data" ||
-         name == "vocabpipe.v1.ParallelSpec.tensor";
+         name == "vocabpipe.v1.ParallelSpec.tensor" ||
+         name == "vocabpipe.v1.ParallelSpec.seq_chunks";
 }
 
 // Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
@@ -635,15 +637,15 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   axis("parallel.pipeline", p.pipeline(), kMaxPipeline);
   axis("parallel.data", p.data(), kMaxData);
   if (layout && p.pipeline() >= 0 && p.data() >= 0 && p.tensor() >= 0) {
-    const int64_t fixed = static_cast<int64_t>(std::max(1, p.pipeline())) *
-                          std::max(1, p.data()) * std::max(1, p.tensor());
+    const int64_t fixed = static_cast<int64_t>(std::max(1, p.pipeline())) * std::max(1, p.data()) *
+                          std::max(1, p.tensor());
     const bool any_auto = p.pipeline() == 0 || p.data() == 0 || p.tensor() == 0;
     if (!any_auto && fixed != p.world()) {
       add("parallel.world", absl::StrCat("must equal data x tensor x pipeline when none is auto (",
                                          p.world(), " != ", fixed, ")"));
     } else if (p.world() % fixed != 0) {
-      add("parallel.world",
-          absl::StrCat("must be a multiple of the axes given (", p.world(), " % ", fixed, " != 0)"));
+      add("parallel.world", absl::StrCat("must be a multiple of the axes given (", p.world(), " % ",
+                                         fixed, " != 0)"));
     }
     if (p.data() >= 1 && p.microbatches() >= 1 && p.microbatches() % p.data() != 0) {
       add("parallel.microbatches",
@@ -676,12 +678,21 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
                                        absl::CHexEscape(p.vocab()), "\")"));
   }
   if (!OneOf(p.recompute(), kRecomputeModes) && !(layout && p.recompute() == "auto")) {
-    add("parallel.recompute",
-        absl::StrCat("must be one of ", JoinSet(kRecomputeModes),
-                     layout ? ", auto" : " (auto needs parallel.world)", " (got \"",
-                     absl::CHexEscape(p.recompute()), "\")"));
+    add("parallel.recompute", absl::StrCat("must be one of ", JoinSet(kRecomputeModes),
+                                           layout ? ", auto" : " (auto needs parallel.world)",
+                                           " (got \"", absl::CHexEscape(p.recompute()), "\")"));
   }
-  in_range("parallel.seq_chunks", p.seq_chunks(), 1, kMaxSeqChunks);
+  const bool seq_schedule =
+      p.schedule() == "seq1f1b" || p.schedule() == "seq1f1b-interleaved" || p.schedule() == "auto";
+  if (p.seq_chunks() == 0) {  // auto: the planner tries k of 2 and 4
+    if (!seq_schedule && OneOf(p.schedule(), kSchedules)) {
+      add("parallel.seq_chunks",
+          absl::StrCat("auto requires schedule seq1f1b, seq1f1b-interleaved or auto (got schedule ",
+                       p.schedule(), ")"));
+    }
+  } else {
+    in_range("parallel.seq_chunks", p.seq_chunks(), 1, kMaxSeqChunks);
+  }
   if (p.seq_chunks() > 1 && m.seq_len() >= 1 && p.seq_chunks() > m.seq_len()) {
     add("parallel.seq_chunks",
         absl::StrCat("must be <= model.seq_len (", p.seq_chunks(), " > ", m.seq_len(), ")"));
@@ -699,9 +710,10 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   in_range("parallel.max_pending_t", p.max_pending_t(), 1, kMaxPendingT);
   // The plan has about pipeline x microbatches x seq_chunks x chunks passes of each kind per
   // rank: bound its size, so planning stays quick whatever each size is.
-  if (p.pipeline() >= 1 && p.microbatches() >= 1 && p.seq_chunks() >= 1 &&
+  const int most_seq_chunks = p.seq_chunks() == 0 ? 4 : p.seq_chunks();  // auto: at most 4
+  if (p.pipeline() >= 1 && p.microbatches() >= 1 && most_seq_chunks >= 1 &&
       p.chunks_per_rank() >= 1) {
-    const int64_t passes = static_cast<int64_t>(p.pipeline()) * p.microbatches() * p.seq_chunks() *
+    const int64_t passes = static_cast<int64_t>(p.pipeline()) * p.microbatches() * most_seq_chunks *
                            p.chunks_per_rank();
     if (passes > kMaxPlanPasses) {
       add("parallel",

@@ -35,9 +35,9 @@ device: cpu
 }
 
 TEST(Layout, WeighsEveryFactorisationAndModeAndPicksTheFastestThatFits) {
-  const vocabpipe::v1::JobSpec spec =
-      Spec("world: 4, pipeline: auto, data: auto, tensor: auto, recompute: auto, "
-           "microbatches: 8, schedule: 1f1b, vocab: vocab2");
+  const vocabpipe::v1::JobSpec spec = Spec(
+      "world: 4, pipeline: auto, data: auto, tensor: auto, recompute: auto, "
+      "microbatches: 8, schedule: 1f1b, vocab: vocab2");
   absl::StatusOr<ResolvedLayout> r = ResolveLayout(spec);
   ASSERT_TRUE(r.ok()) << r.status();
   // (d, t, p) with d·t·p = 4: (1,1,4) (1,2,2) (1,4,1) (2,1,2) (2,2,1) (4,1,1), each × 3 modes.
@@ -129,9 +129,9 @@ TEST(Layout, RefusedLayoutsSayWhy) {
   EXPECT_NE(r->chosen.tensor, 4);
   EXPECT_NE(r->chosen.data, 4);
   // Axes given are kept.
-  absl::StatusOr<ResolvedLayout> fixed = ResolveLayout(Spec(
-      "world: 4, pipeline: 2, data: auto, tensor: 1, microbatches: 8, schedule: 1f1b, "
-      "vocab: vocab2"));
+  absl::StatusOr<ResolvedLayout> fixed = ResolveLayout(
+      Spec("world: 4, pipeline: 2, data: auto, tensor: 1, microbatches: 8, schedule: 1f1b, "
+           "vocab: vocab2"));
   ASSERT_TRUE(fixed.ok()) << fixed.status();
   ASSERT_EQ(fixed->candidates.size(), 1u);
   EXPECT_EQ(fixed->chosen.data, 2);
@@ -159,6 +159,24 @@ checkpoint: {dir: runs/layout}
               HasSubstr("parallel.microbatches: must be divisible by parallel.data"));
   EXPECT_THAT(message("recompute: auto"), HasSubstr("(auto needs parallel.world)"));
   EXPECT_EQ(message("world: 4, pipeline: auto, recompute: auto, microbatches: 4"), "");
+  EXPECT_THAT(message("seq_chunks: auto"),
+              HasSubstr("parallel.seq_chunks: auto requires schedule seq1f1b, "
+                        "seq1f1b-interleaved or auto (got schedule 1f1b)"));
+  EXPECT_EQ(message("seq_chunks: auto, schedule: seq1f1b"), "");
+}
+
+// seq_chunks: auto with a Seq1F1B schedule: the auto choice weighs k = 2 and 4 and plans one.
+TEST(Layout, SeqChunksAuto) {
+  const vocabpipe::v1::JobSpec spec =
+      Spec("pipeline: 2, microbatches: 4, schedule: seq1f1b, vocab: vocab2, seq_chunks: auto");
+  EXPECT_EQ(spec.parallel().seq_chunks(), 0);
+  absl::StatusOr<SpecPlan> built = BuildPlanFromSpec(spec);
+  ASSERT_TRUE(built.ok()) << built.status();
+  std::set<int> ks;
+  for (const Candidate& c : built->candidates) ks.insert(c.seq_chunks);
+  EXPECT_EQ(ks, (std::set<int>{2, 4}));
+  EXPECT_TRUE(built->input.seq_chunks == 2 || built->input.seq_chunks == 4);
+  EXPECT_EQ(built->plan.seq_bounds.size(), static_cast<size_t>(built->input.seq_chunks) + 1);
 }
 
 }  // namespace
