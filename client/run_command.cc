@@ -300,7 +300,6 @@ absl::Status CheckRunnable(const v1::JobSpec& spec) {
   return CheckJobRunsHere(spec);
 }
 
-
 int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool interactive,
                          std::ostream& out, std::ostream& err) {
   if (auto st = CheckRunnable(spec); !st.ok()) {
@@ -403,8 +402,7 @@ int RunLocalControlPlane(const v1::JobSpec& spec, const RunFlags& f, bool intera
   switch (r.last_state) {
     case v1::JOB_STATE_SUCCEEDED:
       if (!f.json) {
-        PrintSummary(summary, LocalRanks(spec) > 1,
-                     spec.device() != "cpu", out);
+        PrintSummary(summary, LocalRanks(spec) > 1, spec.device() != "cpu", out);
       }
       return kExitOk;
     case v1::JOB_STATE_CANCELLED:

@@ -99,13 +99,13 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int hidden = 256, heads = 8, layers = 4, vocab = 16384, seq = 256, b = 2, m = 4, p = 2,
-      steps = 4;
+  int hidden = 256, heads = 8, layers = 4, vocab = 16384, seq = 256, b = 2, m = 4, p = 2, steps = 4;
   std::string ts = "1,2", method = "vocab2";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t eq = arg.find('=');
-    const std::string key = arg.substr(0, eq), value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    const std::string key = arg.substr(0, eq),
+                      value = eq == std::string::npos ? "" : arg.substr(eq + 1);
     int v = 0;
     const bool number = absl::SimpleAtoi(value, &v);
     if (key == "--t") {
@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
               hidden, heads, layers, vocab, seq, b, m, p, method.c_str(), steps);
   std::printf("%3s %6s %12s %14s %16s %15s %13s %14s\n", "t", "ranks", "tokens/s", "peak_MiB",
               "predicted_MiB", "barrier_KiB", "p2p_KiB", "tensor_KiB");
-  auto tokens = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(steps) * m * b * seq + 1);
+  auto tokens =
+      std::make_shared<std::vector<int32_t>>(static_cast<size_t>(steps) * m * b * seq + 1);
   std::mt19937 rng(5);
   for (auto& tok : *tokens) tok = static_cast<int32_t>(rng() % vocab);
   const vp::runtime::BatchFn batches = [tokens, b, m, seq](int64_t step, int j, int32_t* in,
@@ -161,8 +162,12 @@ int main(int argc, char** argv) {
     int t = 1;
     if (!absl::SimpleAtoi(tv, &t) || t < 1) return 2;
     vp::runtime::TrainerOptions opt;
-    opt.model = {.layers = layers, .hidden = hidden, .heads = heads, .vocab = vocab,
-                 .seq_len = seq, .ffn_hidden = 4 * hidden};
+    opt.model = {.layers = layers,
+                 .hidden = hidden,
+                 .heads = heads,
+                 .vocab = vocab,
+                 .seq_len = seq,
+                 .ffn_hidden = 4 * hidden};
     opt.microbatch_size = b;
     opt.microbatches = m;
     opt.lr = {.lr = 1e-4f, .total_steps = steps};

@@ -62,8 +62,8 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
     modes = {*r};
   }
   const int64_t budget = par.memory_budget_bytes();
-  const int64_t step_tokens = static_cast<int64_t>(par.microbatches()) * par.microbatch_size() *
-                              spec.model().seq_len();
+  const int64_t step_tokens =
+      static_cast<int64_t>(par.microbatches()) * par.microbatch_size() * spec.model().seq_len();
   ResolvedLayout out;
   std::vector<vocabpipe::v1::JobSpec> specs;  // parallel to out.candidates
   for (const int d : Divisors(world)) {
@@ -88,8 +88,8 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
         cp->set_pipeline(p);
         cp->set_recompute(std::string(RecomputeName(mode)));
         if (par.microbatches() % d != 0) {
-          c.why = absl::StrCat("the step's ", par.microbatches(), " microbatches do not split over ",
-                               d, " replicas");
+          c.why = absl::StrCat("the step's ", par.microbatches(),
+                               " microbatches do not split over ", d, " replicas");
         } else {
           c.microbatches = par.microbatches() / d;
           cp->set_microbatches(c.microbatches);
@@ -171,14 +171,13 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
   const LayoutCandidate& top = out.candidates[0];
   if (!top.fits) {
     if (!top.planned) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parallel.world: no layout of ", world, " ranks can be planned\n",
-                       LayoutTable(out)));
+      return absl::InvalidArgumentError(absl::StrCat("parallel.world: no layout of ", world,
+                                                     " ranks can be planned\n", LayoutTable(out)));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.memory_budget_bytes: no layout of ", world, " ranks fits ", budget,
-        " bytes per rank; the smallest predicted peak is ", top.peak_bytes, " bytes (",
-        LayoutName(top), ")\n", LayoutTable(out)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("parallel.memory_budget_bytes: no layout of ", world, " ranks fits ", budget,
+                     " bytes per rank; the smallest predicted peak is ", top.peak_bytes, " bytes (",
+                     LayoutName(top), ")\n", LayoutTable(out)));
   }
   out.chosen = top;
   out.spec = specs[best];
@@ -201,8 +200,8 @@ std::string LayoutTable(const ResolvedLayout& resolved) {
     const std::string fits = c.fits ? (i == 1 ? "yes <- chosen" : "yes") : "no: " + c.why;
     absl::StrAppendFormat(&s, "%-4d %3d %3d %3d %-10s %-20s %-7s %2d %12.6g %12.6g %14d %s\n", i,
                           c.data, c.tensor, c.pipeline, RecomputeName(c.recompute), c.schedule,
-                          c.vocab, c.seq_chunks, c.step_seconds, c.tokens_per_second,
-                          c.peak_bytes, fits);
+                          c.vocab, c.seq_chunks, c.step_seconds, c.tokens_per_second, c.peak_bytes,
+                          fits);
   }
   return s;
 }

@@ -661,8 +661,8 @@ TEST_F(TlsTest, AWorldOfFourRanksRunsTheLayoutThePlannerChose) {
   EXPECT_EQ(par.microbatches() * par.data(), 4);  // the step's 4 microbatches kept
   EXPECT_NE(par.recompute(), "auto");
   EXPECT_EQ(job.stages_size(), 4);
-  EXPECT_THAT(job.layout(), HasSubstr(absl::StrCat("layout d ", par.data(), " x t ",
-                                                   par.tensor(), " x p ", par.pipeline())));
+  EXPECT_THAT(job.layout(), HasSubstr(absl::StrCat("layout d ", par.data(), " x t ", par.tensor(),
+                                                   " x p ", par.pipeline())));
   EXPECT_THAT(job.layout(), HasSubstr("candidates for 4 ranks"));
   EXPECT_THAT(job.layout_table(), HasSubstr("<- chosen"));
   // Two layers cannot make four stages: that candidate is in the table with its reason.
@@ -679,7 +679,8 @@ TEST_F(TlsTest, AWorldOfFourRanksRunsTheLayoutThePlannerChose) {
   watch_ctx.TryCancel();
   const std::string flags =
       absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
-  CliResult status = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_), "status " + job.id() + flags);
+  CliResult status =
+      Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_), "status " + job.id() + flags);
   ASSERT_EQ(status.code, 0) << status.output;
   EXPECT_THAT(status.output, HasSubstr("candidates for 4 ranks"));
   EXPECT_THAT(status.output, HasSubstr("tokens/s"));
