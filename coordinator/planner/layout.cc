@@ -93,9 +93,9 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
         } else {
           c.microbatches = par.microbatches() / d;
           cp->set_microbatches(c.microbatches);
-          // Tensor parallelism takes Vocab-1 or Vocab-2 only: an auto vocabulary method then
-          // chooses between those two.
-          if (t > 1 && cp->vocab() != "vocab1" && cp->vocab() != "auto") cp->set_vocab("vocab2");
+          // Tensor parallelism takes Vocab-1 or Vocab-2 only: Vocab-2 unless Vocab-1 was named
+          // (an auto vocabulary method included).
+          if (t > 1 && cp->vocab() != "vocab1") cp->set_vocab("vocab2");
           if (absl::Status valid = spec::ValidateJobSpec(cand); !valid.ok()) {
             c.why = FirstLine(valid.message());
           }
@@ -117,10 +117,6 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
             po.measured_costs = &stage;
           }
           absl::StatusOr<SpecPlan> built = BuildPlanFromSpec(cand, po);
-          if (built.ok() && t > 1 && built->input.vocab != VocabMethod::kVocab1 &&
-              built->input.vocab != VocabMethod::kVocab2) {
-            built = absl::InvalidArgumentError("tensor parallelism needs vocab1 or vocab2");
-          }
           absl::StatusOr<SimResult> sim =
               built.ok() ? Simulate(built->plan, built->input) : built.status();
           if (!sim.ok()) {

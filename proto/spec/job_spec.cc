@@ -629,7 +629,7 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   auto axis = [&](const char* path, int v, int64_t max) {
     if (v == 0 && layout) return;  // auto: the planner chooses
     if (v == 0) {
-      add(path, "must be >= 1 (got 0 or auto); auto needs parallel.world (the job's ranks)");
+      add(path, "must be >= 1 (got 0); auto needs parallel.world (the job's ranks)");
       return;
     }
     in_range(path, v, 1, max);

@@ -128,6 +128,15 @@ TEST(Layout, RefusedLayoutsSayWhy) {
   EXPECT_TRUE(saw_heads && saw_batch);
   EXPECT_NE(r->chosen.tensor, 4);
   EXPECT_NE(r->chosen.data, 4);
+  // An auto vocabulary method: tensor groups are planned with Vocab-2.
+  vocabpipe::v1::JobSpec any_vocab = Spec(
+      "world: 2, pipeline: 1, data: 1, tensor: auto, microbatches: 4, schedule: 1f1b, "
+      "vocab: auto");
+  absl::StatusOr<ResolvedLayout> v = ResolveLayout(any_vocab);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->candidates.size(), 1u);
+  EXPECT_TRUE(v->candidates[0].planned) << v->candidates[0].why;
+  EXPECT_EQ(v->candidates[0].vocab, "vocab2");
   // Axes given are kept.
   absl::StatusOr<ResolvedLayout> fixed = ResolveLayout(
       Spec("world: 4, pipeline: 2, data: auto, tensor: 1, microbatches: 8, schedule: 1f1b, "
@@ -149,8 +158,7 @@ checkpoint: {dir: runs/layout}
     return std::string(spec::ParseJobSpec(text, "/base").status().message());
   };
   EXPECT_THAT(message("pipeline: auto"),
-              HasSubstr("parallel.pipeline: must be >= 1 (got 0 or auto); auto needs "
-                        "parallel.world"));
+              HasSubstr("parallel.pipeline: must be >= 1 (got 0); auto needs parallel.world"));
   EXPECT_THAT(message("world: 6, pipeline: 4, data: auto"),
               HasSubstr("parallel.world: must be a multiple of the axes given (6 % 4 != 0)"));
   EXPECT_THAT(message("world: 4, pipeline: 2, data: 1, tensor: 1"),

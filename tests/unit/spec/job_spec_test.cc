@@ -525,10 +525,17 @@ INSTANTIATE_TEST_SUITE_P(
                  "parallel.sequence_parallel: must be true while parallel.tensor > 1 (got false, "
                  "tensor 2)"},
         RuleCase{"  microbatches: 2", "  microbatches: 2\n  recompute: attention",
-                 "parallel.recompute: must be one of none, selective, full (got \"attention\")"},
+                 "parallel.recompute: must be one of none, selective, full (auto needs "
+                 "parallel.world) (got \"attention\")"},
+        RuleCase{"  microbatches: 2", "  microbatches: 2\n  world: 4",
+                 "parallel.world: must equal data x tensor x pipeline when none is auto (4 != 1)"},
         RuleCase{"  microbatch_size: 2", "  microbatch_size: -1",
                  "parallel.microbatch_size: must be >= 1 (got -1)"},
-        RuleCase{"  seq_chunks: 1", "  seq_chunks: 0", "parallel.seq_chunks: must be >= 1 (got 0)"},
+        RuleCase{"  seq_chunks: 1", "  seq_chunks: -1",
+                 "parallel.seq_chunks: must be >= 1 (got -1)"},
+        RuleCase{"  seq_chunks: 1", "  seq_chunks: auto",
+                 "parallel.seq_chunks: auto requires schedule seq1f1b, seq1f1b-interleaved or auto "
+                 "(got schedule 1f1b)"},
         RuleCase{"  seq_chunks: 1\n", "  seq_chunks: 2\n",
                  "parallel.seq_chunks: > 1 requires schedule seq1f1b, seq1f1b-interleaved or "
                  "auto (got schedule 1f1b)"},
