@@ -241,6 +241,13 @@ nlohmann::json JobJson(const v1::Job& job) {
       {"updated_unix_ms", job.updated_unix_ms()},
       {"last_event", job.last_event()},
   };
+  if (!job.layout().empty()) {
+    // parallel.world: the layout the planner chose at submit, and its table of candidates.
+    const auto& par = job.spec().parallel();
+    j["layout"] = {{"chosen", job.layout()},       {"data", par.data()},
+                   {"tensor", par.tensor()},       {"pipeline", par.pipeline()},
+                   {"recompute", par.recompute()}, {"table", job.layout_table()}};
+  }
   if (job.has_profiled_costs()) {
     const v1::PassCosts& c = job.profiled_costs();
     j["profiled_costs"] = {

@@ -684,6 +684,13 @@ TEST_F(TlsTest, AWorldOfFourRanksRunsTheLayoutThePlannerChose) {
   ASSERT_EQ(status.code, 0) << status.output;
   EXPECT_THAT(status.output, HasSubstr("candidates for 4 ranks"));
   EXPECT_THAT(status.output, HasSubstr("tokens/s"));
+  CliResult json = Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", alice_),
+                             "status " + job.id() + " --output json" + flags);
+  ASSERT_EQ(json.code, 0) << json.output;
+  const auto layout = nlohmann::json::parse(json.output)["layout"];
+  EXPECT_EQ(layout.value("data", 0) * layout.value("tensor", 0) * layout.value("pipeline", 0), 4)
+      << json.output;
+  EXPECT_EQ(layout.value("recompute", ""), par.recompute());
 }
 
 // A user's queued (PENDING) jobs are capped; other users and stored jobs are unaffected.
