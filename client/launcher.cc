@@ -259,7 +259,11 @@ absl::StatusOr<vocabpipe::v1::JobSpec> ChooseLayout(const vocabpipe::v1::JobSpec
                                                     std::ostream& progress) {
   planner::LayoutOptions lo;
   lo.link = planner::DefaultLink(spec.device());
-  for (const char* mode : {"none", "selective", "full"}) {
+  // The modes the choice weighs: all three under `recompute: auto`, else the one named (a
+  // layer's forward and backward at the job's size each: not free at large shapes).
+  std::vector<std::string> modes = {spec.parallel().recompute()};
+  if (modes[0] == "auto") modes = {"none", "selective", "full"};
+  for (const std::string& mode : modes) {
     vocabpipe::v1::JobSpec probe = spec;
     probe.mutable_parallel()->set_recompute(mode);
     auto bytes = launch::MeasureJobLayerActivations(probe);

@@ -30,6 +30,24 @@ std::string FirstLine(absl::string_view text) {
   return std::string(text.substr(0, std::min(text.find('\n'), text.size())));
 }
 
+// The plain spec of one layout of `spec`'s world: the axes and mode set, world 0, the step's
+// microbatches split over the d replicas (the caller checked they split), and Vocab-2 for a
+// tensor group unless Vocab-1 was named (tensor parallelism takes only those two; an auto
+// method included).
+vocabpipe::v1::JobSpec CandidateSpec(const vocabpipe::v1::JobSpec& spec, int d, int t, int p,
+                                     Recompute mode) {
+  vocabpipe::v1::JobSpec cand = spec;
+  auto* cp = cand.mutable_parallel();
+  cp->set_world(0);
+  cp->set_data(d);
+  cp->set_tensor(t);
+  cp->set_pipeline(p);
+  cp->set_recompute(std::string(RecomputeName(mode)));
+  cp->set_microbatches(spec.parallel().microbatches() / d);
+  if (t > 1 && cp->vocab() != "vocab1") cp->set_vocab("vocab2");
+  return cand;
+}
+
 }  // namespace
 
 LinkCost DefaultLink(const std::string& device) {
@@ -65,7 +83,6 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
   const int64_t step_tokens =
       static_cast<int64_t>(par.microbatches()) * par.microbatch_size() * spec.model().seq_len();
   ResolvedLayout out;
-  std::vector<vocabpipe::v1::JobSpec> specs;  // parallel to out.candidates
   for (const int d : Divisors(world)) {
     if (par.data() != 0 && par.data() != d) continue;
     for (const int t : Divisors(world / d)) {
@@ -80,22 +97,12 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
         c.schedule = par.schedule();
         c.vocab = par.vocab();
         c.seq_chunks = par.seq_chunks();
-        vocabpipe::v1::JobSpec cand = spec;
-        auto* cp = cand.mutable_parallel();
-        cp->set_world(0);
-        cp->set_data(d);
-        cp->set_tensor(t);
-        cp->set_pipeline(p);
-        cp->set_recompute(std::string(RecomputeName(mode)));
+        const vocabpipe::v1::JobSpec cand = CandidateSpec(spec, d, t, p, mode);
         if (par.microbatches() % d != 0) {
           c.why = absl::StrCat("the step's ", par.microbatches(),
                                " microbatches do not split over ", d, " replicas");
         } else {
           c.microbatches = par.microbatches() / d;
-          cp->set_microbatches(c.microbatches);
-          // Tensor parallelism takes Vocab-1 or Vocab-2 only: Vocab-2 unless Vocab-1 was named
-          // (an auto vocabulary method included).
-          if (t > 1 && cp->vocab() != "vocab1") cp->set_vocab("vocab2");
           if (absl::Status valid = spec::ValidateJobSpec(cand); !valid.ok()) {
             c.why = FirstLine(valid.message());
           }
@@ -139,7 +146,6 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
           }
         }
         out.candidates.push_back(std::move(c));
-        specs.push_back(std::move(cand));
       }
     }
   }
@@ -149,21 +155,16 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
         par.pipeline(), ", data ", par.data(), ", tensor ", par.tensor(), "; 0 = auto)"));
   }
   // Rank: fitting by step time, then planned but too big by peak, then refused.
-  std::vector<size_t> order(out.candidates.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  auto rank_key = [&](size_t i) {
-    const LayoutCandidate& c = out.candidates[i];
+  auto rank_key = [](const LayoutCandidate& c) {
     const int group = c.fits ? 0 : (c.planned ? 1 : 2);
     const double value =
         group == 0 ? c.step_seconds : (group == 1 ? static_cast<double>(c.peak_bytes) : 0);
     return std::pair(group, value);
   };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return rank_key(a) < rank_key(b); });
-  std::vector<LayoutCandidate> sorted;
-  for (size_t i : order) sorted.push_back(out.candidates[i]);
-  const size_t best = order[0];
-  out.candidates = std::move(sorted);
+  std::stable_sort(out.candidates.begin(), out.candidates.end(),
+                   [&](const LayoutCandidate& a, const LayoutCandidate& b) {
+                     return rank_key(a) < rank_key(b);
+                   });
   const LayoutCandidate& top = out.candidates[0];
   if (!top.fits) {
     if (!top.planned) {
@@ -176,7 +177,7 @@ absl::StatusOr<ResolvedLayout> ResolveLayout(const vocabpipe::v1::JobSpec& spec,
                      LayoutName(top), ")\n", LayoutTable(out)));
   }
   out.chosen = top;
-  out.spec = specs[best];
+  out.spec = CandidateSpec(spec, top.data, top.tensor, top.pipeline, top.recompute);
   return out;
 }
 

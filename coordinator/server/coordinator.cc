@@ -618,13 +618,7 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   v1::JobSpec requested = spec;
   if (planner::NeedsLayoutChoice(requested) && requested.parallel().memory_budget_bytes() == 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    int64_t largest = 0;
-    for (const auto& [wid, w] : workers_) {
-      if (DeviceMatches(spec.device(), w.info.device())) {
-        largest = std::max(largest, w.info.memory_bytes());
-      }
-    }
-    requested.mutable_parallel()->set_memory_budget_bytes(largest);
+    requested.mutable_parallel()->set_memory_budget_bytes(LargestWorkerMemory(spec.device()));
   }
   // Memory admission: the planner's memory model, off the lock and under a deadline (and the
   // layout choice first, under parallel.world).
@@ -639,12 +633,7 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   std::lock_guard<std::mutex> lock(mu_);
   // Again: a job of the user may have been queued while this one was planned.
   if (auto st = CheckQueue(owner); !st.ok()) return st;
-  int64_t largest = 0;
-  for (const auto& [wid, w] : workers_) {
-    if (DeviceMatches(spec.device(), w.info.device())) {
-      largest = std::max(largest, w.info.memory_bytes());
-    }
-  }
+  const int64_t largest = LargestWorkerMemory(spec.device());
   // With no worker of the kind registered (or none that reports its memory) there is nothing
   // to compare with: the job waits, and is checked against its own workers before it runs.
   if (largest > 0 && !need.empty()) {
@@ -681,6 +670,14 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   jobs_[id] = std::move(job);
   Schedule();
   return id;
+}
+
+int64_t Coordinator::LargestWorkerMemory(const std::string& device) const {
+  int64_t largest = 0;
+  for (const auto& [wid, w] : workers_) {
+    if (DeviceMatches(device, w.info.device())) largest = std::max(largest, w.info.memory_bytes());
+  }
+  return largest;
 }
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const std::string& id) {

@@ -267,6 +267,9 @@ class Coordinator {
                                            const std::string& user);
   // ResourceExhausted "queue: ..." when `owner` has max_queued_per_user PENDING jobs.
   absl::Status CheckQueue(const std::string& owner);
+  // The memory of the largest registered worker of `device`'s kind; 0 when none reports any.
+  // Requires mu_.
+  int64_t LargestWorkerMemory(const std::string& device) const;
   void ExpireWorkers();
   // Deletes finished jobs past finished_ttl or beyond a user's max_finished_per_user.
   void PurgeFinished();

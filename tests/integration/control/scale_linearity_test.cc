@@ -8,6 +8,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "coordinator/metrics/metrics.h"
 #include "coordinator/server/coordinator.h"
 #include "coordinator/server/prometheus_observer.h"
@@ -36,16 +38,12 @@ struct Counts {
   int series_idle = 0;      // before it was submitted
 };
 
+// Samples of the exposition (comment lines left out).
 int Series(PrometheusObserver& o) {
-  int n = 0;
-  const std::string text = o.exporter().Scrape();
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t end = std::min(text.find('\n', at), text.size());
-    if (end > at && text[at] != '#') ++n;
-    at = end + 1;
-  }
-  return n;
+  const std::vector<std::string> lines =
+      absl::StrSplit(o.exporter().Scrape(), '\n', absl::SkipEmpty());
+  return static_cast<int>(
+      std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l[0] != '#'; }));
 }
 
 Counts RunJob(int n) {

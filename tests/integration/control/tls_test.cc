@@ -113,6 +113,18 @@ class TlsTest : public ::testing::Test {
     return req;
   }
 
+  // Waits (up to 120 s) for job `id` to end and returns its record as the admin reads it.
+  v1::Job WaitForEnd(CoordinatorProcess& c, const std::string& id) {
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          const v1::JobState s = GetJob(*Jobs(c, admin_), id).state();
+          return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED;
+        },
+        std::chrono::seconds(120)))
+        << workers_[0]->Log();
+    return GetJob(*Jobs(c, admin_), id);
+  }
+
   v1::Job GetJob(v1::JobService::Stub& jobs, const std::string& id, grpc::Status* st = nullptr) {
     v1::GetJobRequest get;
     get.set_job_id(id);
@@ -538,16 +550,9 @@ TEST_F(TlsTest, TwoReplicasOfATwoStagePipelineRunOnFourDaemons) {
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_PENDING);
   EXPECT_THAT(waiting.reason(), HasSubstr("waiting for 4 free cpu workers"));
   StartWorker(*c, 4);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const v1::JobState s = GetJob(*Jobs(*c, admin_), submitted.job_id()).state();
-        return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED;
-      },
-      std::chrono::seconds(120)))
-      << workers_[0]->Log();
+  const v1::Job job = WaitForEnd(*c, submitted.job_id());
   const std::string flags =
       absl::StrCat(" --coordinator ", c->address(), " --tls-ca ", Path("ca.pem"));
-  const v1::Job job = GetJob(*Jobs(*c, admin_), "job-1");
   EXPECT_TRUE(Succeeded(job)) << job.reason();
   EXPECT_EQ(job.step(), 3);
   ASSERT_EQ(job.stages_size(), 4);
@@ -593,14 +598,7 @@ TEST_F(TlsTest, ATensorParallelPipelineRunsOnFourDaemons) {
   req.set_spec_text(spec);
   v1::SubmitJobResponse submitted;
   ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const v1::JobState s = GetJob(*Jobs(*c, admin_), submitted.job_id()).state();
-        return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED;
-      },
-      std::chrono::seconds(120)))
-      << workers_[0]->Log();
-  const v1::Job job = GetJob(*Jobs(*c, admin_), submitted.job_id());
+  const v1::Job job = WaitForEnd(*c, submitted.job_id());
   EXPECT_TRUE(Succeeded(job)) << job.reason();
   EXPECT_EQ(job.step(), 3);
   ASSERT_EQ(job.stages_size(), 4);
@@ -645,14 +643,7 @@ TEST_F(TlsTest, AWorldOfFourRanksRunsTheLayoutThePlannerChose) {
   req.set_spec_text(spec);
   v1::SubmitJobResponse submitted;
   ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        const v1::JobState s = GetJob(*Jobs(*c, admin_), submitted.job_id()).state();
-        return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED;
-      },
-      std::chrono::seconds(120)))
-      << workers_[0]->Log();
-  const v1::Job job = GetJob(*Jobs(*c, admin_), submitted.job_id());
+  const v1::Job job = WaitForEnd(*c, submitted.job_id());
   EXPECT_TRUE(Succeeded(job)) << job.reason();
   EXPECT_EQ(job.step(), 3);
   const auto& par = job.spec().parallel();

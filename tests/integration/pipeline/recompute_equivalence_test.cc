@@ -14,9 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
-#include "tests/support/gloo_threads.h"
+#include "tests/support/tensor_grid.h"
 #include "tests/support/training_fixtures.h"
-#include "worker/engine/kernels/cpu/blas.h"
 #include "worker/runtime/pipeline_rank.h"
 
 namespace vp::runtime {
@@ -80,27 +79,11 @@ TrainedRun Train(const Case& c, Recompute mode) {
   out.peak_activations.resize(world);
   std::mutex mu;
   std::vector<std::string> errors(world);
-  static std::atomic<int> run{0};
-  const std::string prefix = absl::StrCat("recompute", run.fetch_add(1));
-  auto store = comm::MakeHashStore();
-  comm::testing::RunOnGlooRanks(
-      world,
-      [&](comm::GlooCommunicator& w) {
-        const int rank = w.rank(), tp = rank % t, stage = rank / t;
-        engine::cpu::SetBlasThreads(1);
-        auto connect = [&](const std::string& name, int r, int size) {
-          return comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/", name), r, size);
-        };
-        auto pipe = connect(absl::StrCat("pipe-t", tp), stage, p);
-        auto tensor = connect(absl::StrCat("tensor-s", stage), tp, t);
-        if (!pipe.ok() || !tensor.ok()) {
-          errors[rank] = "connect failed";
-          return;
-        }
+  fixtures::RunGrid(
+      p, t, [&](int rank, int stage, int tp, comm::Communicator* pipe, comm::Communicator* tensor) {
         TrainerOptions mine = opt;
         mine.tensor.rank = tp;
-        auto pr = PipelineRank::Create(*plan, stage, mine, pipe->get(), nullptr,
-                                       t > 1 ? tensor->get() : nullptr);
+        auto pr = PipelineRank::Create(*plan, stage, mine, pipe, nullptr, tensor);
         if (!pr.ok()) {
           errors[rank] = pr.status().ToString();
           return;
@@ -116,8 +99,7 @@ TrainedRun Train(const Case& c, Recompute mode) {
           out.peak_activations[rank] = res->peak_activations;
         }
         fixtures::Gather((*pr)->model(), &out.weights, &mu);
-      },
-      absl::Seconds(60), store);
+      });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
 }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
 #include "tests/support/gloo_threads.h"
+#include "tests/support/tensor_grid.h"
 #include "tests/support/training_fixtures.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/shard_checkpoint.h"
@@ -32,6 +33,7 @@ namespace {
 
 using fixtures::Batches;
 using fixtures::Gather;
+using fixtures::RunGrid;
 using fixtures::Weights;
 using planner::Schedule;
 using planner::VocabMethod;
@@ -164,30 +166,6 @@ TEST_P(TensorParallelEquivalence, MatchesOneProcess) {
   }
   EXPECT_GE(checked, t * kSteps);  // at least the last stage's tensor ranks saw every loss
   fixtures::ExpectWeightsNear(want_w, got_w, 1e-5);
-}
-
-// Runs `fn(rank, stage, tp, pipeline comm, tensor comm)` on the t·p ranks of one pipeline as
-// threads (rank = stage·t + tp), each with its groups connected.
-void RunGrid(
-    int p, int t,
-    const std::function<void(int, int, int, comm::Communicator*, comm::Communicator*)>& fn) {
-  static std::atomic<int> run{0};
-  const std::string prefix = absl::StrCat("tp-grid", run.fetch_add(1));
-  auto store = comm::MakeHashStore();
-  comm::testing::RunOnGlooRanks(
-      p * t,
-      [&](comm::GlooCommunicator& w) {
-        const int rank = w.rank(), tp = rank % t, stage = rank / t;
-        engine::cpu::SetBlasThreads(1);
-        auto connect = [&](const std::string& name, int r, int size) {
-          return comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/", name), r, size);
-        };
-        auto pipe = connect(absl::StrCat("pipe-t", tp), stage, p);
-        auto tensor = connect(absl::StrCat("tensor-s", stage), tp, t);
-        ASSERT_TRUE(pipe.ok() && tensor.ok());
-        fn(rank, stage, tp, pipe->get(), t > 1 ? tensor->get() : nullptr);
-      },
-      absl::Seconds(60), store);
 }
 
 // Saved at (d, t, p) = (1, 2, 2) after 2 steps: the (tp, pp) shards merge into the one-process
