@@ -254,6 +254,11 @@ struct MetricsExporter::Impl {
                                "Busy share of a stage in the latest step (0-1).")),
         job_state(Build(prometheus::BuildGauge(), *registry, "vocabpipe_job_state",
                         "1 for the job's current state, 0 for the others.")),
+        job_data_replicas(Build(prometheus::BuildGauge(), *registry, "vocabpipe_job_data_replicas",
+                                "Data-parallel replicas the job runs at now.")),
+        job_requested_data_replicas(
+            Build(prometheus::BuildGauge(), *registry, "vocabpipe_job_requested_data_replicas",
+                  "Data-parallel replicas the job asked for (parallel.data).")),
         workers(Build(prometheus::BuildGauge(), *registry, "vocabpipe_workers",
                       "Registered workers by state.")) {}
 
@@ -282,6 +287,8 @@ struct MetricsExporter::Impl {
   Family<Counter>& stage_compute_wait;
   Family<Gauge>& stage_busy_ratio;
   Family<Gauge>& job_state;
+  Family<Gauge>& job_data_replicas;
+  Family<Gauge>& job_requested_data_replicas;
   Family<Gauge>& workers;
 
   std::mutex mu;  // guards `jobs` and makes each call's updates one unit
@@ -437,6 +444,22 @@ absl::Status MetricsExporter::SetJobState(std::string_view job_id, std::string_v
     Track(job, m.job_state, {{"training_job", std::string(job_id)}, {"state", s}})
         .Set(s == state ? 1 : 0);
   }
+  return absl::OkStatus();
+}
+
+absl::Status MetricsExporter::SetJobReplicas(std::string_view job_id, int current, int requested) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id: must not be empty");
+  if (current < 1 || requested < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicas: must be >= 1 (got ", current, " of ", requested, ")"));
+  }
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.jobs.find(job_id);
+  if (it == m.jobs.end()) it = m.jobs.emplace(std::string(job_id), JobSeries{}).first;
+  const Labels labels = {{"training_job", std::string(job_id)}};
+  Track(it->second, m.job_data_replicas, labels).Set(current);
+  Track(it->second, m.job_requested_data_replicas, labels).Set(requested);
   return absl::OkStatus();
 }
 

@@ -59,6 +59,12 @@ class MetricsExporter {
   // for any other state this job had before). InvalidArgument for an empty job id or state.
   absl::Status SetJobState(std::string_view job_id, std::string_view state);
 
+  // vocabpipe_job_data_replicas{training_job} = `current` and
+  // vocabpipe_job_requested_data_replicas{training_job} = `requested`: the data-parallel
+  // replicas the job runs at now and the ones it asked for (they differ while an elastic job
+  // runs shrunk). InvalidArgument for an empty job id or a count below 1.
+  absl::Status SetJobReplicas(std::string_view job_id, int current, int requested);
+
   // vocabpipe_workers{state}: the number of registered workers in `state` (e.g. "idle",
   // "busy"); the caller picks the state names and sets each one it uses.
   void SetWorkerCount(std::string_view state, int64_t count);

@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/layout.h"
+#include "coordinator/server/elastic.h"
 #include "coordinator/server/job_plan.h"
 #include "coordinator/server/placement.h"
 #include "proto/grpc/auth.h"
@@ -168,6 +170,27 @@ planner::Topology JobTopology(const v1::JobSpec& spec) {
   return *planner::Topology::Create(p, 1);
 }
 
+// train.elastic with more than one replica asked for: requested_data is set at submit only then.
+bool IsElastic(const v1::Job& job) { return job.requested_data() > 1; }
+
+// The job's spec at `data` replicas, each with its share of the global batch. An `auto`
+// schedule or vocabulary layout is pinned to the first plan's choice: the job's exported series
+// are labelled by it, and the per-step losses stay those of one schedule. An unused
+// eval_batches (eval_every 0) follows the microbatches, whose multiple it must be.
+v1::JobSpec ElasticSpec(const v1::Job& job, int data) {
+  v1::JobSpec s = job.spec();
+  v1::ParallelSpec* par = s.mutable_parallel();
+  par->set_data(data);
+  par->set_microbatches(job.requested_data() * job.requested_microbatches() / data);
+  if (par->schedule() == "auto" && !job.plan().schedule().empty()) {
+    par->set_schedule(job.plan().schedule());
+    if (job.plan().seq_chunks() > 0) par->set_seq_chunks(job.plan().seq_chunks());
+  }
+  if (par->vocab() == "auto" && !job.plan().vocab().empty()) par->set_vocab(job.plan().vocab());
+  if (s.train().eval_every() == 0) s.mutable_train()->set_eval_batches(par->microbatches());
+  return s;
+}
+
 // The ranks that time the passes: one per pipeline position (replica 0 of each stage); the
 // other replicas run the same shapes.
 bool ProfilesPasses(const planner::Topology& t, int rank) { return t.CoordOf(rank).replica == 0; }
@@ -285,6 +308,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const Coordinator
       const std::string id = job.id();
       v1::Job& j = c->jobs_[id] = std::move(job);
       for (v1::StageStats& s : *j.mutable_stages()) s.clear_worker_id();  // old process's ids
+      if (IsElastic(j) && j.state() == v1::JOB_STATE_PENDING && j.restarts() > 0) {
+        // Restarted after a loss (or growing): it may shrink once the grace has passed, as if
+        // the loss had just happened (which worker it was is not stored).
+        c->elastic_[id].shrink_after = absl::Now() + options.adopt_grace;
+      }
       if (j.state() == v1::JOB_STATE_RUNNING && !j.attempt().empty()) {
         // Its ranks may still be running: wait for their daemons to register again with them
         // (Adopt); whatever is not back within adopt_grace restarts from the checkpoint.
@@ -443,6 +471,7 @@ void Coordinator::MonitorLoop() {
     SettleFailures();
     CheckDeadlines();
     Schedule();
+    GrowElastic();  // after Schedule: queued jobs get free workers first
     NotifyWorkers();
     if (absl::Now() >= next_purge_) {
       PurgeFinished();
@@ -481,6 +510,7 @@ void Coordinator::PurgeFinished() {
   for (const std::string& id : doomed) {
     jobs_.erase(id);
     restart_after_.erase(id);
+    elastic_.erase(id);
   }
 }
 
@@ -555,11 +585,15 @@ void Coordinator::Release(v1::Job& job, const std::string& except_worker) {
 void Coordinator::FailOrRestart(v1::Job& job, std::string reason, const std::string& except_worker,
                                 bool forced) {
   const int max = job.spec().train().max_restarts();
-  if (job.state() != v1::JOB_STATE_RUNNING || (job.restarts() >= max && !forced)) {
+  // Restarts that changed the replicas are not the job's failures (Job.resizes).
+  const int counted = job.restarts() - job.resizes();
+  // An elastic job that lost a worker restarts even with no restarts left: it may go on at
+  // fewer replicas (then the restart is refunded); at the same shape it is counted after all.
+  const bool may_resize = IsElastic(job) && !except_worker.empty();
+  if (job.state() != v1::JOB_STATE_RUNNING || (counted >= max && !forced && !may_resize)) {
     Finish(job, v1::JOB_STATE_FAILED,
            max > 0 && job.state() == v1::JOB_STATE_RUNNING
-               ? absl::StrCat(reason, " (attempt ", job.restarts() + 1, ": no restarts left of ",
-                              max, ")")
+               ? absl::StrCat(reason, " (attempt ", counted + 1, ": no restarts left of ", max, ")")
                : reason,
            except_worker);
     return;
@@ -572,13 +606,20 @@ void Coordinator::FailOrRestart(v1::Job& job, std::string reason, const std::str
   const absl::Duration backoff =
       std::min(options_.restart_backoff * (int64_t{1} << std::min(n - 1, 16)), absl::Seconds(60));
   restart_after_[job.id()] = absl::Now() + backoff;
+  if (IsElastic(job)) {
+    // It waits adopt_grace for a replacement, then may shrink (ReshapeElastic).
+    ElasticState& e = elastic_[job.id()];
+    e = ElasticState{.shrink_after = absl::Now() + std::max(backoff, options_.adopt_grace),
+                     .lost_worker = except_worker,
+                     .refund = true};
+  }
   job.set_restarts(n);
   job.set_resume(true);
   job.clear_stages();
   job.clear_attempt();
   SetState(job, v1::JOB_STATE_PENDING,
-           absl::StrCat("restart ", n, forced ? "" : absl::StrCat(" of ", max), ": attempt ", n + 1,
-                        " in ", absl::FormatDuration(backoff),
+           absl::StrCat("restart ", counted + 1, forced ? "" : absl::StrCat(" of ", max),
+                        ": attempt ", n + 1, " in ", absl::FormatDuration(backoff),
                         " from the latest verified checkpoint, after ", reason))
       .IgnoreError();  // logged; the in-memory state moves on
   job.set_state(v1::JOB_STATE_PENDING);
@@ -651,6 +692,10 @@ absl::StatusOr<std::string> Coordinator::Submit(const v1::JobSpec& spec, bool re
   *job.mutable_spec() = chosen;
   job.set_layout(plan->layout);
   job.set_layout_table(plan->layout_table);
+  if (chosen.train().elastic() && chosen.parallel().data() > 1) {
+    job.set_requested_data(chosen.parallel().data());
+    job.set_requested_microbatches(chosen.parallel().microbatches());
+  }
   job.set_resume(resume);
   job.set_owner(owner);
   job.set_run_owner(folder_user.name);
@@ -789,8 +834,6 @@ void Coordinator::Schedule() {
   std::sort(pending.begin(), pending.end());
   for (const auto& [ordinal, id] : pending) {
     v1::Job& job = jobs_[id];
-    const planner::Topology topology = JobTopology(job.spec());
-    const int p = topology.world();  // ranks: d replicas of the pipeline
     std::vector<Worker*> free;
     std::vector<PlacementCandidate> candidates;
     for (auto& [wid, w] : workers_) {
@@ -805,6 +848,9 @@ void Coordinator::Schedule() {
                               .registered = n});
       }
     }
+    if (IsElastic(job) && !ReshapeElastic(job, static_cast<int>(free.size()), now)) continue;
+    const planner::Topology topology = JobTopology(job.spec());
+    const int p = topology.world();  // ranks: d replicas of the pipeline
     if (static_cast<int>(free.size()) < p) continue;
     // Rank r runs on placed[r]: a pipeline on one host where it fits (placement.h). A job whose
     // tensor groups do not fit the hosts' free workers waits, and says why.
@@ -856,6 +902,7 @@ void Coordinator::Schedule() {
     }
     ActiveJob& a = active_[id];
     a = ActiveJob{};
+    if (auto e = elastic_.find(id); e != elastic_.end()) e->second.refund = false;
     a.attempt = absl::StrCat(id, ".", NowMs());
     a.done.assign(p, false);
     a.failed.assign(p, false);
@@ -893,6 +940,114 @@ void Coordinator::Schedule() {
       StartPlanning(job, a);
     }
   }
+}
+
+bool Coordinator::ReshapeElastic(v1::Job& job, int free, absl::Time now) {
+  const int requested = job.requested_data();
+  const int data = std::max(1, job.spec().parallel().data());
+  const planner::Topology topology = JobTopology(job.spec());
+  const int per = topology.world() / topology.data();  // p·t ranks a replica
+  auto e = elastic_.find(job.id());
+  const bool may_shrink =
+      e != elastic_.end() && !e->second.hold_full && now >= e->second.shrink_after;
+  const ReplicaChoice choice = ChooseReplicas(requested, job.requested_microbatches(), per, free,
+                                              may_shrink, job.spec().device());
+  std::string wait = choice.wait;
+  if (choice.data == 0 && wait.empty() && e != elastic_.end() && !e->second.hold_full) {
+    wait = absl::StrCat(
+        "elastic: waiting up to ",
+        absl::FormatDuration(absl::Ceil(e->second.shrink_after - now, absl::Milliseconds(100))),
+        " for ", requested * per, " free ", job.spec().device(), " workers (", free,
+        " free) before running at fewer replicas");
+    // Only the first tick's text: a countdown would be an event a tick.
+    if (absl::StartsWith(job.reason(), "elastic: waiting up to")) return false;
+  }
+  if (choice.data > 0 && choice.data != data) {
+    const v1::JobSpec shaped = ElasticSpec(job, choice.data);
+    if (absl::Status st = spec::ValidateJobSpec(shaped); !st.ok()) {
+      wait = absl::StrCat("elastic: cannot run at ",
+                          ReplicaShape(choice.data, shaped.parallel().microbatches()), ": ",
+                          st.message(), "; waiting for ", requested * per, " free workers");
+    } else {
+      const bool shrink = choice.data < data;
+      std::string what = absl::StrCat(
+          shrink ? "shrunk to " : (choice.data == requested ? "grew back to " : "grew to "),
+          ReplicaShape(choice.data, shaped.parallel().microbatches()));
+      if (shrink && e != elastic_.end() && !e->second.lost_worker.empty()) {
+        absl::StrAppend(&what, " after ", e->second.lost_worker, " lost");
+      }
+      absl::StrAppend(&what, "; global batch unchanged (", requested, " × ",
+                      job.requested_microbatches(), " microbatches)");
+      if (e != elastic_.end() && e->second.refund) {
+        // The restart that brought it here is not counted against train.max_restarts.
+        job.set_resizes(job.resizes() + 1);
+        e->second.refund = false;
+      }
+      *job.mutable_spec() = shaped;
+      (void)SetState(job, v1::JOB_STATE_PENDING, what);
+      return true;
+    }
+  }
+  if (choice.data > 0) return true;
+  if (!wait.empty() && job.reason() != wait) (void)SetState(job, v1::JOB_STATE_PENDING, wait);
+  return false;
+}
+
+void Coordinator::GrowElastic() {
+  for (auto& [id, a] : active_) {
+    v1::Job* job = FindJob(id);
+    if (job == nullptr || !IsElastic(*job) || job->state() != v1::JOB_STATE_RUNNING || a.adopting ||
+        a.growing || !a.failure.empty()) {
+      continue;
+    }
+    const int data = std::max(1, job->spec().parallel().data());
+    if (data >= job->requested_data()) continue;
+    const planner::Topology topology = JobTopology(job->spec());
+    const int per = topology.world() / topology.data();
+    int free = 0;
+    for (const auto& [wid, w] : workers_) {
+      free += w.info.job_id().empty() && !w.leaving &&
+              DeviceMatches(job->spec().device(), w.info.device());
+    }
+    // Its own workers come free when it stops: the shape it would restart at.
+    const ReplicaChoice choice =
+        ChooseReplicas(job->requested_data(), job->requested_microbatches(), per, free + data * per,
+                       /*may_shrink=*/true, job->spec().device());
+    if (choice.data <= data) continue;
+    // The ranks' own stop protocol (worker/launch/preemption.h): every rank acknowledges, they
+    // agree on the step after the next, save it and exit 75. Written to the store directly:
+    // the key-value store's persist callback would take mu_, which is held here.
+    const std::string key = absl::StrCat("vocabpipe/", a.attempt, "/preempt/request");
+    if (!store_->SaveKey(key, "1").ok()) continue;  // logged by the store; tried next tick
+    kv_.Restore(key, "1");
+    a.growing = true;
+    (void)SetState(
+        *job, v1::JOB_STATE_RUNNING,
+        absl::StrCat("growing to ",
+                     ReplicaShape(choice.data, job->requested_data() *
+                                                   job->requested_microbatches() / choice.data),
+                     ": ", free,
+                     " free workers; stopping at the next step with a "
+                     "checkpoint"));
+  }
+}
+
+void Coordinator::RestartToGrow(v1::Job& job) {
+  Release(job, "");
+  // Not the job's failure: counted as a restart and as a resize at once (never refunded again).
+  job.set_restarts(job.restarts() + 1);
+  job.set_resizes(job.resizes() + 1);
+  ElasticState& e = elastic_[job.id()];
+  e = ElasticState{};  // may take whatever fits at once: its own workers are free again
+  job.set_resume(true);
+  job.clear_stages();
+  job.clear_attempt();
+  SetState(job, v1::JOB_STATE_PENDING,
+           absl::StrCat("stopped at step ", job.step(), " with a checkpoint to grow; attempt ",
+                        job.restarts() + 1,
+                        " resumes from it"))
+      .IgnoreError();  // logged; the in-memory state moves on
+  job.set_state(v1::JOB_STATE_PENDING);
 }
 
 void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
@@ -971,9 +1126,24 @@ void Coordinator::FinishPlanning(const std::string& id, const std::string& attem
     auto w = workers_.find(a.workers[r]);
     const int64_t has = w == workers_.end() ? 0 : w->second.info.memory_bytes();
     if (has > 0 && need[r] > has) {
-      Finish(job, v1::JOB_STATE_FAILED,
-             absl::StrCat("memory: needs ", GiB(need[r]), " on rank ", r, ", its worker ",
-                          a.workers[r], " has ", GiB(has)));
+      const std::string why = absl::StrCat("memory: needs ", GiB(need[r]), " on rank ", r,
+                                           ", its worker ", a.workers[r], " has ", GiB(has));
+      if (IsElastic(job) && topology.data() < job.requested_data()) {
+        // A shrunk replica holds more (ZeRO-1's optimizer state is split over fewer ranks):
+        // not the job's failure; it waits for its full shape instead.
+        const std::string shrunk =
+            ReplicaShape(topology.data(), job.spec().parallel().microbatches());
+        Release(job, "");
+        *job.mutable_spec() = ElasticSpec(job, job.requested_data());
+        elastic_[job.id()].hold_full = true;
+        job.clear_stages();
+        (void)SetState(
+            job, v1::JOB_STATE_PENDING,
+            absl::StrCat("elastic: ", shrunk, " does not fit (", why,
+                         "); waiting for the workers of ", job.requested_data(), " replicas"));
+      } else {
+        Finish(job, v1::JOB_STATE_FAILED, why);
+      }
       Schedule();
       return;
     }
@@ -1503,7 +1673,11 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", req.worker_id(), " runs rank ", rank, ", not ", req.rank()));
   }
-  if (!req.ok()) {
+  if (!req.ok() && req.stopped() && a.growing) {
+    // Stopped with a checkpoint at the step the ranks agreed on, as GrowElastic asked.
+    a.done[rank] = true;
+    a.stopped = true;
+  } else if (!req.ok()) {
     a.failed[rank] = true;
     a.failure_refused = a.failure_refused || req.refused();
     const std::string what =
@@ -1527,7 +1701,9 @@ absl::Status Coordinator::ReportTask(const v1::ReportTaskRequest& req) {
   int reported = 0;
   for (int r = 0; r < p; ++r) reported += a.done[r] || a.failed[r];
   if (reported == p) {
-    if (a.failure.empty()) {
+    if (a.failure.empty() && a.stopped) {
+      RestartToGrow(*job);
+    } else if (a.failure.empty()) {
       Finish(*job, v1::JOB_STATE_SUCCEEDED,
              absl::StrCat(job->step(), " of ", job->total_steps(), " steps done"));
     } else if (a.failure_refused) {

@@ -83,7 +83,8 @@ struct CoordinatorOptions {
   // own word): a larger report is counted as this many bytes, and logged. 0: no cap.
   int64_t max_worker_memory = 0;
   // After a restart, how long a RUNNING job waits for all its ranks to re-register before it
-  // is restarted from its checkpoint instead.
+  // is restarted from its checkpoint instead. Also how long an elastic job (train.elastic)
+  // that lost a worker waits for a replacement before it runs at fewer replicas.
   absl::Duration adopt_grace = absl::Seconds(30);
   // A job PROFILING longer than this fails (a worker that never answers its ProfileTask).
   absl::Duration profiling_deadline = absl::Minutes(10);
@@ -212,6 +213,22 @@ class Coordinator {
     double peak_flops = 0;  // sum over the job's workers
     double model_flops_per_step = 0;
     std::vector<int64_t> predicted_memory;  // per rank: the planner's state + activations
+    // train.elastic growing back: the coordinator asked the ranks to stop at a step with a
+    // checkpoint (GrowElastic); `stopped`: a rank reported that stop (not a failure).
+    bool growing = false;
+    bool stopped = false;
+  };
+  // An elastic job (train.elastic) that lost a worker: until when it waits for a replacement
+  // before it may shrink, and what a restart that changes its replicas refunds.
+  struct ElasticState {
+    absl::Time shrink_after = absl::InfinitePast();  // lost worker + adopt_grace
+    std::string lost_worker;                         // named in the shrink event
+    // The pending restart was counted against train.max_restarts; an attempt at another
+    // number of replicas takes it back (a shrink or a grow is not the job's failure).
+    bool refund = false;
+    // The shrunk shape did not fit its workers' memory: wait for the full shape until the job
+    // loses a worker again.
+    bool hold_full = false;
   };
 
   Coordinator(const CoordinatorOptions& options, std::unique_ptr<JobStore> store);
@@ -253,6 +270,17 @@ class Coordinator {
   // progress for progress_timeout.
   void CheckDeadlines();
   void Schedule();
+  // An elastic job about to be scheduled with `free` free workers of its kind: sets the
+  // replicas it runs at (ChooseReplicas, within the spec's rules) and says whether to place it
+  // now; false: it waits (its reason says why when that is news).
+  bool ReshapeElastic(vocabpipe::v1::Job& job, int free, absl::Time now);
+  // RUNNING elastic jobs below their requested replicas with enough free workers to grow: ask
+  // their ranks to stop at the next step with a checkpoint (the rendezvous store's preemption
+  // request); Schedule then runs them at the larger shape from it.
+  void GrowElastic();
+  // A growing job's ranks all stopped at their checkpoint: the next attempt (not counted
+  // against train.max_restarts) resumes from it at more replicas.
+  void RestartToGrow(vocabpipe::v1::Job& job);
   // Sets PLANNING and plans on a thread of its own (planners_), off the lock; the result is
   // applied by FinishPlanning under the lock when the job is still in that attempt.
   void StartPlanning(vocabpipe::v1::Job& job, ActiveJob& active);
@@ -286,6 +314,7 @@ class Coordinator {
   std::map<std::string, vocabpipe::v1::Job> jobs_;
   std::map<std::string, ActiveJob> active_;
   std::map<std::string, absl::Time> restart_after_;  // restarted PENDING jobs: not before
+  std::map<std::string, ElasticState> elastic_;      // elastic jobs that lost a worker
   std::map<std::string, Worker> workers_;
   int64_t next_job_ = 1, next_worker_ = 1;
   absl::Time next_purge_ = absl::InfinitePast();

@@ -10,6 +10,12 @@ void PrometheusObserver::OnJobState(const vocabpipe::v1::Job& job) {
   if (auto st = exporter_->SetJobState(job.id(), JobStateName(job.state())); !st.ok()) {
     std::cerr << "vocabpipe-coordinator: metrics: " << st.message() << std::endl;
   }
+  const int replicas = std::max(1, job.spec().parallel().data());
+  if (auto st = exporter_->SetJobReplicas(
+          job.id(), replicas, job.requested_data() > 0 ? job.requested_data() : replicas);
+      !st.ok()) {
+    std::cerr << "vocabpipe-coordinator: metrics: " << st.message() << std::endl;
+  }
   // Pruning: a finished job's series stay until keep_finished_ newer jobs have finished.
   if (IsTerminal(job.state()) &&
       std::find(finished_.begin(), finished_.end(), job.id()) == finished_.end()) {

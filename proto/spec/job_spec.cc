@@ -1081,6 +1081,7 @@ void ApplyDefaults(JobSpec* spec) {
   if (!t->has_sample_every()) t->set_sample_every(0);
   if (!t->has_sample_tokens()) t->set_sample_tokens(std::clamp(m->seq_len(), 1, 64));
   if (!t->has_max_restarts()) t->set_max_restarts(3);
+  if (!t->has_elastic()) t->set_elastic(false);
 
   auto* d = spec->mutable_data();
   if (!d->has_shuffle()) d->set_shuffle(false);

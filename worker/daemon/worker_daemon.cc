@@ -28,6 +28,7 @@
 #include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/launch/job_rank.h"
+#include "worker/launch/preemption.h"
 #include "worker/launch/run_dir.h"
 #include "worker/launch/run_lock.h"
 #include "worker/launch/shard_checkpoint.h"
@@ -513,6 +514,7 @@ class Daemon {
       e.report.set_ok(false);
       e.report.set_message(why);
       e.report.set_term_signal(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+      e.report.set_stopped(WIFEXITED(status) && WEXITSTATUS(status) == launch::kPreemptedExitCode);
     }
     ended_ = std::move(e);
     Flush();

@@ -211,7 +211,7 @@ TEST(MetricsExporter, ReplicasOfAStageAreLabelledByStageAndReplica) {
   ASSERT_TRUE((*e)->RecordStep("job-1", "1f1b", "vocab-2", step).ok());
   const std::vector<Sample> s = ParseExposition((*e)->Scrape());
   const Labels replica1 = {{"training_job", "job-1"}, {"stage", "0"}, {"replica", "1"},
-                           {"tensor", "0"}, {"rank", "1"}, {"kind", "total"}};
+                           {"tensor", "0"},           {"rank", "1"},  {"kind", "total"}};
   EXPECT_EQ(Find(s, "vocabpipe_stage_memory_bytes", replica1), 11225600);
   Labels replica0 = replica1;
   replica0["replica"] = "0";
@@ -271,6 +271,23 @@ TEST(MetricsExporter, JobStateGaugeIsOneHot) {
     EXPECT_EQ(Find(s, "vocabpipe_job_state", l), state == "SUCCEEDED" ? 1 : 0) << state;
   }
   EXPECT_EQ(Find(s, "vocabpipe_job_state", {{"training_job", "job-2"}, {"state", "PENDING"}}), 1);
+}
+
+TEST(MetricsExporter, ReplicaGaugesFollowTheJobAndLeaveWithIt) {
+  auto exporter = Quiet();
+  ASSERT_NE(exporter, nullptr);
+  const Labels job = {{"training_job", "job-1"}};
+  ASSERT_TRUE(exporter->SetJobReplicas("job-1", 2, 2).ok());
+  ASSERT_TRUE(exporter->SetJobReplicas("job-1", 1, 2).ok());  // an elastic job shrank
+  std::vector<Sample> s = ParseExposition(exporter->Scrape());
+  EXPECT_EQ(Find(s, "vocabpipe_job_data_replicas", job), 1);
+  EXPECT_EQ(Find(s, "vocabpipe_job_requested_data_replicas", job), 2);
+  EXPECT_EQ(exporter->SetJobReplicas("", 1, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(exporter->SetJobReplicas("job-1", 0, 2).code(), absl::StatusCode::kInvalidArgument);
+  exporter->RemoveJob("job-1");
+  s = ParseExposition(exporter->Scrape());
+  EXPECT_FALSE(Find(s, "vocabpipe_job_data_replicas", job).has_value());
+  EXPECT_FALSE(Find(s, "vocabpipe_job_requested_data_replicas", job).has_value());
 }
 
 TEST(MetricsExporter, WorkerCounts) {

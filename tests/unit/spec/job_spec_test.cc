@@ -154,6 +154,8 @@ TEST(ParseJobSpec, DefaultsApplied) {
   EXPECT_DOUBLE_EQ(t.grad_clip(), 0.0);
   EXPECT_EQ(t.seed(), 1234u);
   EXPECT_EQ(t.threads(), 0);
+  EXPECT_EQ(t.max_restarts(), 3);
+  EXPECT_FALSE(t.elastic());
   EXPECT_FALSE(spec->data().shuffle());
   EXPECT_EQ(spec->checkpoint().dir(), "/runs/runs/job");
   EXPECT_EQ(spec->checkpoint().every(), 0);
