@@ -241,6 +241,13 @@ nlohmann::json JobJson(const v1::Job& job) {
       {"updated_unix_ms", job.updated_unix_ms()},
       {"last_event", job.last_event()},
   };
+  if (job.requested_data() > 1) {  // train.elastic: now and as asked for
+    j["elastic"] = {{"data", job.spec().parallel().data()},
+                    {"microbatches", job.spec().parallel().microbatches()},
+                    {"requested_data", job.requested_data()},
+                    {"requested_microbatches", job.requested_microbatches()},
+                    {"resizes", job.resizes()}};
+  }
   if (!job.layout().empty()) {
     // parallel.world: the layout the planner chose at submit, and its table of candidates.
     const auto& par = job.spec().parallel();

@@ -38,7 +38,15 @@ void PrintJob(const v1::Job& job, std::ostream& out) {
     }
   }
   const bool replicated = job.spec().parallel().data() > 1;
-  if (replicated) {
+  if (job.requested_data() > 1) {
+    // train.elastic: the shape it runs at now, of the one asked for.
+    out << absl::StrFormat(
+        "  data parallel (elastic): %d of %d replicas, m=%d each (global batch %d × %d)%s, "
+        "%d resizes\n",
+        job.spec().parallel().data(), job.requested_data(), job.spec().parallel().microbatches(),
+        job.requested_data(), job.requested_microbatches(),
+        job.spec().parallel().zero() == 1 ? ", ZeRO-1" : "", job.resizes());
+  } else if (replicated) {
     out << absl::StrFormat("  data parallel: %d replicas of the pipeline%s\n",
                            job.spec().parallel().data(),
                            job.spec().parallel().zero() == 1 ? ", ZeRO-1" : "");

@@ -6,6 +6,10 @@ coordinator's CPU per wall second and resident memory, heartbeat and report late
 p99), its SQLite file's bytes per merged step, and the Prometheus series count and scrape time.
 
 usage: scale_bench.py --build BUILD [--workers 64,256,1024] [--seconds 20] [--workdir DIR]
+                      [--perf]
+
+--perf: run the coordinator under `perf record -g` (WORKDIR/perf-N.data, for `perf report`);
+its CPU figures are then perf's process's, so use it to find where the time goes, not to measure.
 
 Everything runs on this machine: the simulated workers share its cores with the coordinator.
 Prints a markdown table.
@@ -53,7 +57,9 @@ def main():
     ap.add_argument("--workers", default="64,256,1024")
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--workdir", default="")
+    ap.add_argument("--perf", action="store_true")
     a = ap.parse_args()
+    a.build = os.path.abspath(a.build)  # the coordinator and the bench run in the work folder
     vocabpipe = os.path.join(a.build, "client", "vocabpipe")
     coordinator = os.path.join(a.build, "coordinator", "server", "vocabpipe-coordinator")
     bench = os.path.join(a.build, "bench", "control", "scale_bench")
@@ -76,8 +82,10 @@ def main():
                 os.remove(db + suffix)
         log = os.path.join(work, f"coordinator-{n}.log")
         with open(log, "w") as out:
+            wrap = (["perf", "record", "-F", "499", "-g", "-o",
+                     os.path.join(work, f"perf-{n}.data"), "--"] if a.perf else [])
             proc = subprocess.Popen(
-                [coordinator, "--listen", "127.0.0.1:0", "--db", db,
+                wrap + [coordinator, "--listen", "127.0.0.1:0", "--db", db,
                  "--tls-cert", os.path.join(certs, "server.pem"),
                  "--tls-key", os.path.join(certs, "server-key.pem"),
                  "--tls-ca", os.path.join(certs, "ca.pem"), "--tokens", tokens,

@@ -45,8 +45,9 @@
 namespace vp::server {
 
 // Told about job state changes, merged steps and worker counts (the Prometheus exporter in
-// coordinator_main.cc). Called with the coordinator's lock held: keep it quick, never call
-// back into the Coordinator.
+// coordinator_main.cc). Never call back into the Coordinator. OnJobState and OnWorkers are
+// called with the coordinator's lock held (keep them quick); OnStep without it, one call at a
+// time, in the order the steps were merged, with a Job that carries only its id and plan.
 class CoordinatorObserver {
  public:
   virtual ~CoordinatorObserver() = default;
@@ -269,6 +270,10 @@ class Coordinator {
   // Deadlines: PROFILING too long, a re-adoption whose grace ran out, a RUNNING job without
   // progress for progress_timeout.
   void CheckDeadlines();
+  // ReportMetrics under mu_: checks the lines, merges every step all ranks have reported and
+  // stores it; the merged steps the observer is to be told go to `observed`.
+  absl::Status MergeReport(const vocabpipe::v1::ReportMetricsRequest& req,
+                           std::vector<vocabpipe::v1::StepMetrics>* observed);
   void Schedule();
   // An elastic job about to be scheduled with `free` free workers of its kind: sets the
   // replicas it runs at (ChooseReplicas, within the spec's rules) and says whether to place it
@@ -310,6 +315,7 @@ class Coordinator {
   KvStore kv_;
 
   std::mutex mu_;
+  std::mutex observe_mu_;  // taken under mu_ (never the other way): observer steps in order
   std::condition_variable events_cv_;  // a job got a new event
   std::map<std::string, vocabpipe::v1::Job> jobs_;
   std::map<std::string, ActiveJob> active_;

@@ -76,17 +76,44 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
     if (u.keys == 0 && u.pending_keys == 0 && u.pending_bytes == 0) usage_.erase(run);
   }
   if (!persisted.ok()) return persisted;
-  cv_.notify_all();
+  Wake(key);
   return absl::OkStatus();
+}
+
+void KvStore::Wake(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto [it, end] = waiting_.equal_range(key); it != end; ++it) {
+    ++wakeups_;
+    it->second->notify_one();
+  }
+}
+
+bool KvStore::WaitForKey(std::unique_lock<std::mutex>& lock, const std::string& key,
+                         absl::Time deadline) {
+  std::condition_variable cv;
+  const auto entry = waiting_.emplace(key, &cv);
+  const bool woken =
+      cv.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::no_timeout;
+  waiting_.erase(entry);
+  return woken;
+}
+
+size_t KvStore::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_.size();
+}
+
+uint64_t KvStore::wakeups() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wakeups_;
 }
 
 absl::StatusOr<std::string> KvStore::Get(const std::string& key, absl::Time deadline) {
   if (auto st = ValidateKey(key, "key"); !st.ok()) return st;
   std::unique_lock<std::mutex> lock(mu_);
-  const auto until = absl::ToChronoTime(deadline);
   for (;;) {
     if (auto it = kv_.find(key); it != kv_.end()) return it->second;
-    if (cv_.wait_until(lock, until) == std::cv_status::timeout && !kv_.count(key)) {
+    if (!WaitForKey(lock, key, deadline) && !kv_.count(key)) {
       return absl::NotFoundError(absl::StrCat("key ", key, ": not set before the timeout"));
     }
   }
@@ -97,7 +124,6 @@ absl::Status KvStore::Wait(const std::vector<std::string>& keys, absl::Time dead
     if (auto st = ValidateKey(keys[i], absl::StrCat("keys[", i, "]")); !st.ok()) return st;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  const auto until = absl::ToChronoTime(deadline);
   for (;;) {
     const std::string* missing = nullptr;
     for (const std::string& k : keys) {
@@ -107,7 +133,8 @@ absl::Status KvStore::Wait(const std::vector<std::string>& keys, absl::Time dead
       }
     }
     if (missing == nullptr) return absl::OkStatus();
-    if (cv_.wait_until(lock, until) == std::cv_status::timeout) {
+    // Woken by the first missing key only: the others are checked when it has come.
+    if (!WaitForKey(lock, *missing, deadline)) {
       for (const std::string& k : keys) {
         if (!kv_.count(k)) {
           return absl::NotFoundError(absl::StrCat("key ", k, ": not set before the timeout"));
@@ -198,7 +225,7 @@ void KvStore::Restore(const std::string& key, std::string value) {
     u.bytes += key.size() + value.size();
     kv_[key] = std::move(value);
   }
-  cv_.notify_all();
+  Wake(key);
 }
 
 }  // namespace vp::server

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -59,7 +60,19 @@ class KvStore {
   // run may hold at most kMaxKeysPerRun keys and kMaxBytesPerRun bytes (ResourceExhausted).
   static std::string RunOf(const std::string& key);
 
+  // Waiters woken so far: a write wakes only the calls waiting for its key (never every
+  // waiter of the store, which at N ranks connecting would be N wake-ups a write).
+  uint64_t wakeups() const;
+  // Get and Wait calls waiting now.
+  size_t waiting() const;
+
  private:
+  // Wakes the Get and Wait calls waiting for `key`.
+  void Wake(const std::string& key);
+  // Sleeps (releasing `lock`) until `key` is written or the deadline passes; false at the
+  // deadline. Requires mu_ held through `lock`.
+  bool WaitForKey(std::unique_lock<std::mutex>& lock, const std::string& key, absl::Time deadline);
+
   struct Usage {
     size_t keys = 0, bytes = 0;
     // Reserved by writes being persisted (Set): counted against the limits until they land.
@@ -68,7 +81,9 @@ class KvStore {
   void Forget(const std::string& key, const std::string& value);  // requires mu_
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  // The calls waiting for each key, each on a condition variable of its own.
+  std::multimap<std::string, std::condition_variable*> waiting_;
+  uint64_t wakeups_ = 0;
   std::map<std::string, std::string> kv_;
   std::map<std::string, Usage> usage_;          // per run
   size_t pending_keys_ = 0;                     // new keys reserved by writes being persisted

@@ -100,7 +100,7 @@ class Guard {
       // The peer's certificate, verified against --tls-ca in the handshake.
       for (const grpc::string_ref& pem : auth->FindPropertyValues("x509_pem_cert")) {
         std::optional<auth::WorkerCertificate> cert =
-            auth::ParseWorkerCertificate(std::string_view(pem.data(), pem.size()));
+            ParsedWorkerCertificate(std::string_view(pem.data(), pem.size()));
         if (!cert) continue;
         std::shared_ptr<const auth::RevocationList> revoked;
         {
@@ -129,10 +129,28 @@ class Guard {
   }
 
  private:
+  // auth::ParseWorkerCertificate, remembered by the PEM text: every call of a connection
+  // presents the same verified certificate, and parsing it again (two X.509 decodes and a
+  // digest, ~0.1 ms of OpenSSL's locked decoder lookups) was the largest part of a heartbeat's
+  // cost (docs/benchmarks.md §18). Bounded: cleared when it reaches kMaxParsed entries.
+  std::optional<auth::WorkerCertificate> ParsedWorkerCertificate(std::string_view pem) const {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = parsed_.find(pem); it != parsed_.end()) return it->second;
+    }
+    std::optional<auth::WorkerCertificate> cert = auth::ParseWorkerCertificate(pem);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (parsed_.size() >= kMaxParsed) parsed_.clear();
+    parsed_.emplace(std::string(pem), cert);
+    return cert;
+  }
+
+  static constexpr size_t kMaxParsed = 1 << 14;
   const bool secure_;
   mutable std::mutex mu_;
   std::shared_ptr<const auth::TokenTable> tokens_;
   std::shared_ptr<const auth::RevocationList> revoked_;
+  mutable std::map<std::string, std::optional<auth::WorkerCertificate>, std::less<>> parsed_;
 };
 
 namespace {

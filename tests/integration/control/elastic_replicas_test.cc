@@ -98,6 +98,13 @@ TEST_F(ElasticTest, AJobThatLosesAWorkerShrinksKeepsItsLossesGrowsBackAndSucceed
   EXPECT_EQ(shrunk.restarts(), 1);
   EXPECT_EQ(shrunk.restarts() - shrunk.resizes(), 0) << "the shrink counted as a restart";
   EXPECT_EQ(Replicas(port, id), 1);
+  // vocabpipe status shows the shape now and the one asked for.
+  const CliResult status =
+      Vocabpipe(absl::StrCat("VOCABPIPE_TOKEN=", admin_),
+                absl::StrCat("status ", id, " --coordinator ", c->address(), " --tls-ca ",
+                             (pki_->certs() / "ca.pem").string()));
+  EXPECT_THAT(status.output,
+              HasSubstr("data parallel (elastic): 1 of 2 replicas, m=8 each (global batch 2 × 4)"));
 
   // A fifth worker: the job stops at the next step with a checkpoint and resumes at d = 2.
   const size_t before = workers_.size();
