@@ -31,24 +31,7 @@ import sys
 import tempfile
 import time
 
-
-def run(cmd, env=None, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                       **kw)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}")
-    return r.stdout
-
-
-def wait_line(path, pattern, seconds=30):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if os.path.exists(path):
-            m = re.search(pattern, open(path).read())
-            if m:
-                return m
-        time.sleep(0.1)
-    sys.exit(f"no '{pattern}' in {path}:\n" + (open(path).read() if os.path.exists(path) else ""))
+from bench_control import pki, run, start_coordinator, synth_data
 
 
 def cpu_seconds(pid):
@@ -77,38 +60,18 @@ def main():
     worker = os.path.join(build, "worker", "main", "vocabpipe-worker")
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="vp_rendezvous_bench_"))
     os.makedirs(work, exist_ok=True)
-    certs = os.path.join(work, "certs")
-    if not os.path.exists(os.path.join(certs, "ca.pem")):
-        run([vocabpipe, "certs", "init", certs])
-        run([vocabpipe, "certs", "worker", "bench-worker", certs])
-    tokens = os.path.join(work, "tokens")
-    token = run([vocabpipe, "certs", "token", "bench", "--tokens", tokens,
-                 "--role", "admin"]).strip().split()[-1]
-    data = os.path.join(work, "data.bin")
-    if not os.path.exists(data):
-        run([vocabpipe, "data", "synth", "--vocab", "64", "--tokens", "100000", "--out", data,
-             "--seed", "1"])
+    certs, token = pki(vocabpipe, work, worker_names=["bench-worker"])
+    data = synth_data(vocabpipe, work)
     rows = []
     for n in [int(x) for x in a.ranks.split(",")]:
         p = a.pipeline
         d = n // p
         db = os.path.join(work, f"jobs-{n}.db")
-        for suffix in ("", "-wal", "-shm"):
-            if os.path.exists(db + suffix):
-                os.remove(db + suffix)
         log = os.path.join(work, f"coordinator-{n}.log")
         daemons = []
-        with open(log, "w") as out:
-            proc = subprocess.Popen(
-                [coordinator, "--listen", "127.0.0.1:0", "--db", db,
-                 "--tls-cert", os.path.join(certs, "server.pem"),
-                 "--tls-key", os.path.join(certs, "server-key.pem"),
-                 "--tls-ca", os.path.join(certs, "ca.pem"), "--tokens", tokens,
-                 "--no-profile", "--storage-root", work, "--rank-timeout", "300"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=work)
+        proc, address = start_coordinator(coordinator, work, certs, db, log,
+                                          extra=["--rank-timeout", "300"])
         try:
-            port = wait_line(log, r"listening on [^\s:]+:(\d+)").group(1)
-            address = f"127.0.0.1:{port}"
             env = dict(os.environ, VOCABPIPE_TOKEN=token)
             cli = ["--coordinator", address, "--tls-ca", os.path.join(certs, "ca.pem")]
             for i in range(n):

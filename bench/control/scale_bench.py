@@ -17,30 +17,12 @@ Prints a markdown table.
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
-
-def run(cmd, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}")
-    return r.stdout
-
-
-def wait_line(path, pattern, seconds=30):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if os.path.exists(path):
-            m = re.search(pattern, open(path).read())
-            if m:
-                return m
-        time.sleep(0.1)
-    sys.exit(f"no '{pattern}' in {path}:\n" + (open(path).read() if os.path.exists(path) else ""))
+from bench_control import pki, run, start_coordinator, synth_data, wait_line
 
 
 def scrape(port):
@@ -63,40 +45,23 @@ def main():
     vocabpipe = os.path.join(a.build, "client", "vocabpipe")
     coordinator = os.path.join(a.build, "coordinator", "server", "vocabpipe-coordinator")
     bench = os.path.join(a.build, "bench", "control", "scale_bench")
-    work = a.workdir or tempfile.mkdtemp(prefix="vp_scale_bench_")
+    work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="vp_scale_bench_"))
     os.makedirs(work, exist_ok=True)
-    certs = os.path.join(work, "certs")
-    if not os.path.exists(os.path.join(certs, "ca.pem")):
-        run([vocabpipe, "certs", "init", certs])
-    tokens = os.path.join(work, "tokens")
-    token = run([vocabpipe, "certs", "token", "bench", "--tokens", tokens]).strip().split()[-1]
-    data = os.path.join(work, "data.bin")
-    if not os.path.exists(data):
-        run([vocabpipe, "data", "synth", "--vocab", "64", "--tokens", "100000", "--out", data,
-             "--seed", "1"])
+    certs, token = pki(vocabpipe, work)
+    data = synth_data(vocabpipe, work)
     rows = []
     for n in [int(x) for x in a.workers.split(",")]:
         db = os.path.join(work, f"jobs-{n}.db")
-        for suffix in ("", "-wal", "-shm"):
-            if os.path.exists(db + suffix):
-                os.remove(db + suffix)
         log = os.path.join(work, f"coordinator-{n}.log")
-        with open(log, "w") as out:
-            wrap = (["perf", "record", "-F", "499", "-g", "-o",
-                     os.path.join(work, f"perf-{n}.data"), "--"] if a.perf else [])
-            proc = subprocess.Popen(
-                wrap + [coordinator, "--listen", "127.0.0.1:0", "--db", db,
-                 "--tls-cert", os.path.join(certs, "server.pem"),
-                 "--tls-key", os.path.join(certs, "server-key.pem"),
-                 "--tls-ca", os.path.join(certs, "ca.pem"), "--tokens", tokens,
-                 "--no-profile", "--heartbeat-interval", "1", "--heartbeat-timeout", "60",
-                 "--max-worker-memory", "0", "--metrics-listen", "127.0.0.1:0",
-                 "--storage-root", work],
-                stdout=out, stderr=subprocess.STDOUT, cwd=work)
+        wrap = (["perf", "record", "-F", "499", "-g", "-o",
+                 os.path.join(work, f"perf-{n}.data"), "--"] if a.perf else [])
+        proc, address = start_coordinator(
+            coordinator, work, certs, db, log, wrap=wrap,
+            extra=["--heartbeat-interval", "1", "--heartbeat-timeout", "60",
+                   "--max-worker-memory", "0", "--metrics-listen", "127.0.0.1:0"])
         try:
-            port = wait_line(log, r"listening on [^\s:]+:(\d+)").group(1)
             metrics = wait_line(log, r"metrics on port (\d+)").group(1)
-            result = json.loads(run([bench, "--coordinator", f"127.0.0.1:{port}", "--certs", certs,
+            result = json.loads(run([bench, "--coordinator", address, "--certs", certs,
                                      "--token", token, "--pid", str(proc.pid), "--workers", str(n),
                                      "--data", data, "--db", db, "--seconds", str(a.seconds)],
                                     cwd=work))

@@ -1029,9 +1029,7 @@ void Coordinator::GrowElastic() {
         absl::StrCat("growing to ",
                      ReplicaShape(choice.data, job->requested_data() *
                                                    job->requested_microbatches() / choice.data),
-                     ": ", free,
-                     " free workers; stopping at the next step with a "
-                     "checkpoint"));
+                     ": ", free, " free workers; stopping at the next step with a checkpoint"));
   }
 }
 
@@ -1047,8 +1045,7 @@ void Coordinator::RestartToGrow(v1::Job& job) {
   job.clear_attempt();
   SetState(job, v1::JOB_STATE_PENDING,
            absl::StrCat("stopped at step ", job.step(), " with a checkpoint to grow; attempt ",
-                        job.restarts() + 1,
-                        " resumes from it"))
+                        job.restarts() + 1, " resumes from it"))
       .IgnoreError();  // logged; the in-memory state moves on
   job.set_state(v1::JOB_STATE_PENDING);
 }
