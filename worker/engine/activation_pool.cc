@@ -42,10 +42,12 @@ PooledBuffer ActivationPool::Acquire(size_t count, bool zero) {
     std::multimap<size_t, Buffer> evicted;  // freed after the lock is dropped
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // Keep live + parked within the high-water mark of live bytes: parked buffers of other
-      // sizes that would push the footprint past it go back to the system first.
+      // Keep live + parked within the high-water mark of live bytes and its slack (the
+      // header): parked buffers of other sizes that would push the footprint past it go back
+      // to the system first.
       const int64_t live = live_bytes_ + bytes;
-      const int64_t cap = std::max(peak_live_bytes_, live);
+      const int64_t peak = std::max(peak_live_bytes_, live);
+      const int64_t cap = peak + std::min(peak / 4, kMaxSlackBytes);
       while (!free_.empty() && live + cached_bytes_ > cap) {
         auto largest = std::prev(free_.end());
         cached_bytes_ -= static_cast<int64_t>(largest->first * sizeof(float));

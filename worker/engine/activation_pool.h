@@ -14,12 +14,14 @@
 // phase (the MLP input, the qkv block) could sit idle while another phase allocates other
 // sizes, and the process would hold more than the peak the tracker reports. So a fresh
 // allocation first frees parked buffers, largest first, while live + parked bytes would exceed
-// the highest live total seen: the pool never holds more than its peak of live bytes. In the
-// steady state of a training loop the same sizes come back each step and nearly everything is
-// reused. What stays parked after a forward (sizes only the backward uses) is still resident
-// while other, non-pool buffers (the output layer's n×V block) come on top; the standalone
-// trainer therefore calls ReleaseCached() between the stack's forward and the output layer
-// (docs/benchmarks.md §13: 192 MiB at s = 32768).
+// the highest live total seen plus a slack of a quarter of it (at most kMaxSlackBytes): the
+// pool never holds more than that. The slack is what a layer's working set of sizes needs
+// beyond its live peak (the backward's buffers are parked while the forward's are live): with
+// none, a GPT-2 layer at h = 256 unmapped and mapped three buffers afresh every backward and
+// ran its B pass 1.4× slower (docs/benchmarks.md §1); 1/8 left half of that. What stays parked
+// after a forward (sizes only the backward uses) is still resident while other, non-pool
+// buffers (the output layer's n×V block) come on top; the standalone trainer therefore calls
+// ReleaseCached() between the stack's forward and the output layer (docs/benchmarks.md §13).
 #pragma once
 
 #include <cstddef>
@@ -61,6 +63,9 @@ class PooledBuffer {
 
 class ActivationPool {
  public:
+  // The most the pool holds beyond its live peak (see "Footprint" above).
+  static constexpr int64_t kMaxSlackBytes = int64_t{64} << 20;
+
   // tracker may be null. The pool must outlive every buffer it lends.
   explicit ActivationPool(MemoryTracker* tracker) : tracker_(tracker) {}
   ActivationPool(const ActivationPool&) = delete;

@@ -59,6 +59,38 @@ void MemoryTracker::ResetPeaks() {
   total_peak_.store(total_current_.load());
 }
 
+namespace {
+
+// Linux 5.14's MADV_POPULATE_WRITE, for headers older than the kernel.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+}  // namespace
+
+float* Buffer::MapZeroed(size_t bytes) {
+  // Page-aligned, and the kernel hands out zeroed pages: no memset. Some buffers are mapped
+  // afresh every step (what the pool gives back, the output layer's n×V block, the final
+  // norm's), so their first touch must be cheap:
+  //  - transparent huge pages where the system allows them (THP "madvise", the usual
+  //    default): one fault per 2 MiB instead of 512. On a virtual machine each 4 KiB page's
+  //    first write can cost microseconds even after it was populated — a GEMM writing a fresh
+  //    4 MiB output ran 3-4× slower than into a reused one (docs/benchmarks.md §1);
+  //  - the pages faulted in now, writable (MADV_POPULATE_WRITE): without populating, a step at
+  //    s = 8192 was ~35% slower. MAP_POPULATE does it on kernels before 5.14, but only as
+  //    read faults of the shared zero page, which every first write then copies.
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  (void)madvise(p, bytes, MADV_HUGEPAGE);  // advice: refused where THP is off
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0) {
+    munmap(p, bytes);
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1,
+             0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+  }
+  return static_cast<float*>(p);
+}
+
 void Buffer::FreeDeleter::operator()(float* p) const {
   if (mapped_bytes > 0) {
     munmap(p, mapped_bytes);
@@ -73,14 +105,7 @@ Buffer::Buffer(MemoryTracker* tracker, MemoryCategory category, size_t count)
   // 64-byte alignment: a cache line, and what AVX-512 loads and cuBLAS-style kernels like.
   const size_t bytes = ((count * sizeof(float) + 63) / 64) * 64;
   if (bytes >= kMappedBytes) {
-    // Page-aligned, and the kernel hands out zeroed pages: no memset. MAP_POPULATE faults the
-    // pages in with the call instead of one trap per 4 KiB page on first touch: without it a
-    // step at s = 8192 was ~35% slower, since some buffers are mapped afresh every step (what
-    // the trainer trims from the pool, the output layer's n×V block, the final norm's).
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    data_ = std::unique_ptr<float, FreeDeleter>(static_cast<float*>(p), FreeDeleter(bytes));
+    data_ = std::unique_ptr<float, FreeDeleter>(MapZeroed(bytes), FreeDeleter(bytes));
   } else {
     void* p = std::aligned_alloc(64, bytes);
     if (p == nullptr) throw std::bad_alloc();

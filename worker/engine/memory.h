@@ -65,6 +65,9 @@ class Buffer {
 
  private:
   static constexpr size_t kMappedBytes = size_t{1} << 20;
+  // `bytes` (a multiple of 64) of zeroed, mapped and already faulted-in memory; bad_alloc when
+  // the system has none.
+  static float* MapZeroed(size_t bytes);
 
   // Frees with munmap when `mapped_bytes` is set (a mapped buffer), else with free.
   // (Constructors rather than a member initializer: unique_ptr checks that its deleter is
