@@ -131,7 +131,7 @@ class Guard {
  private:
   // auth::ParseWorkerCertificate, remembered by the PEM text: every call of a connection
   // presents the same verified certificate, and parsing it again (two X.509 decodes and a
-  // digest, ~0.1 ms of OpenSSL's locked decoder lookups) was the largest part of a heartbeat's
+  // digest, ~0.6 ms of OpenSSL's locked decoder lookups) was most of a heartbeat's
   // cost (docs/benchmarks.md §18). Bounded: cleared when it reaches kMaxParsed entries.
   std::optional<auth::WorkerCertificate> ParsedWorkerCertificate(std::string_view pem) const {
     {
