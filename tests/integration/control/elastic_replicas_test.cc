@@ -124,10 +124,16 @@ TEST_F(ElasticTest, AJobThatLosesAWorkerShrinksKeepsItsLossesGrowsBackAndSucceed
   std::vector<int64_t> steps;
   Read(Watch(*c, id), &losses, &messages, &steps);
   const std::string story = absl::StrJoin(messages, "\n");
-  EXPECT_EQ(Count(messages, absl::StrCat("shrunk to 1 replica (m 8) after ", lost,
-                                         " lost; global batch unchanged")),
-            1)
-      << story;
+  // The shrink names the lost worker when the heartbeat timeout revealed it (the usual order:
+  // a held-back failure waits a heartbeat interval longer than the timeout).
+  ASSERT_EQ(Count(messages, "shrunk to 1 replica (m 8)"), 1) << story;
+  for (const std::string& m : messages) {
+    if (m.rfind("shrunk to", 0) != 0) continue;
+    EXPECT_THAT(m, HasSubstr("global batch unchanged (2 × 4 microbatches)"));
+    if (m.find(" after ") != std::string::npos) {
+      EXPECT_THAT(m, HasSubstr(lost + " lost"));
+    }
+  }
   EXPECT_EQ(Count(messages, "grew back to 2 replicas (m 4); global batch unchanged"), 1) << story;
   EXPECT_EQ(Count(messages, "growing to 2 replicas (m 4)"), 1) << story;
   ASSERT_EQ(steps.size(), 60u) << absl::StrJoin(steps, " ");  // every step once
