@@ -617,15 +617,22 @@ void Coordinator::FailOrRestart(v1::Job& job, std::string reason, const std::str
                      .refund = true};
   }
   job.set_restarts(n);
+  Requeue(job, absl::StrCat("restart ", counted + 1, forced ? "" : absl::StrCat(" of ", max),
+                            ": attempt ", n + 1, " in ", absl::FormatDuration(backoff),
+                            " from the latest verified checkpoint, after ", reason));
+}
+
+bool Coordinator::IsFreeFor(const Worker& worker, const std::string& device) {
+  return worker.info.job_id().empty() && !worker.leaving &&
+         DeviceMatches(device, worker.info.device());
+}
+
+void Coordinator::Requeue(v1::Job& job, const std::string& reason) {
   job.set_resume(true);
   job.clear_stages();
   job.clear_attempt();
-  SetState(job, v1::JOB_STATE_PENDING,
-           absl::StrCat("restart ", counted + 1, forced ? "" : absl::StrCat(" of ", max),
-                        ": attempt ", n + 1, " in ", absl::FormatDuration(backoff),
-                        " from the latest verified checkpoint, after ", reason))
-      .IgnoreError();  // logged; the in-memory state moves on
-  job.set_state(v1::JOB_STATE_PENDING);
+  SetState(job, v1::JOB_STATE_PENDING, reason).IgnoreError();  // logged
+  job.set_state(v1::JOB_STATE_PENDING);  // the in-memory state moves on whatever the store did
 }
 
 absl::Status Coordinator::CheckQueue(const std::string& owner) {
@@ -840,8 +847,7 @@ void Coordinator::Schedule() {
     std::vector<Worker*> free;
     std::vector<PlacementCandidate> candidates;
     for (auto& [wid, w] : workers_) {
-      if (w.info.job_id().empty() && !w.leaving &&
-          DeviceMatches(job.spec().device(), w.info.device())) {
+      if (IsFreeFor(w, job.spec().device())) {
         int64_t n = 0;
         (void)absl::SimpleAtoi(wid.substr(wid.find('-') + 1), &n);
         free.push_back(&w);
@@ -949,7 +955,7 @@ bool Coordinator::ReshapeElastic(v1::Job& job, int free, absl::Time now) {
   const int requested = job.requested_data();
   const int data = std::max(1, job.spec().parallel().data());
   const planner::Topology topology = JobTopology(job.spec());
-  const int per = topology.world() / topology.data();  // p·t ranks a replica
+  const int per = topology.pipeline() * topology.tensor();  // ranks a replica
   auto e = elastic_.find(job.id());
   const bool may_shrink =
       e != elastic_.end() && !e->second.hold_full && now >= e->second.shrink_after;
@@ -1006,11 +1012,10 @@ void Coordinator::GrowElastic() {
     const int data = std::max(1, job->spec().parallel().data());
     if (data >= job->requested_data()) continue;
     const planner::Topology topology = JobTopology(job->spec());
-    const int per = topology.world() / topology.data();
+    const int per = topology.pipeline() * topology.tensor();  // ranks a replica
     int free = 0;
     for (const auto& [wid, w] : workers_) {
-      free += w.info.job_id().empty() && !w.leaving &&
-              DeviceMatches(job->spec().device(), w.info.device());
+      free += IsFreeFor(w, job->spec().device());
     }
     // Its own workers come free when it stops: the shape it would restart at.
     const ReplicaChoice choice =
@@ -1038,16 +1043,9 @@ void Coordinator::RestartToGrow(v1::Job& job) {
   // Not the job's failure: counted as a restart and as a resize at once (never refunded again).
   job.set_restarts(job.restarts() + 1);
   job.set_resizes(job.resizes() + 1);
-  ElasticState& e = elastic_[job.id()];
-  e = ElasticState{};  // may take whatever fits at once: its own workers are free again
-  job.set_resume(true);
-  job.clear_stages();
-  job.clear_attempt();
-  SetState(job, v1::JOB_STATE_PENDING,
-           absl::StrCat("stopped at step ", job.step(), " with a checkpoint to grow; attempt ",
-                        job.restarts() + 1, " resumes from it"))
-      .IgnoreError();  // logged; the in-memory state moves on
-  job.set_state(v1::JOB_STATE_PENDING);
+  elastic_[job.id()] = ElasticState{};  // may take whatever fits at once: its workers are free
+  Requeue(job, absl::StrCat("stopped at step ", job.step(), " with a checkpoint to grow; attempt ",
+                            job.restarts() + 1, " resumes from it"));
 }
 
 void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {

@@ -260,6 +260,11 @@ class Coordinator {
   // lost the launch; not the job's failure).
   void FailOrRestart(vocabpipe::v1::Job& job, std::string reason,
                      const std::string& except_worker = "", bool forced = false);
+  // A released job back to PENDING for its next attempt, resuming from its checkpoint, with
+  // `reason` as its event (FailOrRestart, RestartToGrow).
+  void Requeue(vocabpipe::v1::Job& job, const std::string& reason);
+  // Free (no job, not leaving) and of `device`'s kind.
+  static bool IsFreeFor(const Worker& worker, const std::string& device);
   // A re-registering worker holds `held`: take it as that rank of the job when the job is
   // RUNNING that attempt and the rank is not adopted yet; otherwise tell the worker to cancel.
   void Adopt(Worker& worker, const vocabpipe::v1::HeldTask& held);

@@ -102,12 +102,17 @@ class TlsTest : public ::testing::Test {
     ASSERT_EQ(r.code, 0) << r.output;
   }
 
-  v1::SubmitJobRequest TinyJob(const std::string& name, int pipeline = 1, int steps = 3) {
+  // `parallel`: the parallel block's fields instead of a p-stage pipeline of m = 2 of b = 2.
+  v1::SubmitJobRequest TinyJob(const std::string& name, int pipeline = 1, int steps = 3,
+                               const std::string& parallel = "") {
     v1::SubmitJobRequest req;
     req.set_spec_text(absl::StrCat(
         "name: ", name, "\nmodel: {layers: 2, hidden: 32, heads: 2, vocab_size: 64, seq_len: 16}\n",
-        "parallel: {pipeline: ", pipeline, ", microbatch_size: 2, microbatches: 2}\n",
-        "train: {steps: ", steps, ", lr: 0.003, threads: 1}\n",
+        "parallel: {",
+        parallel.empty()
+            ? absl::StrCat("pipeline: ", pipeline, ", microbatch_size: 2, microbatches: 2")
+            : parallel,
+        "}\n", "train: {steps: ", steps, ", lr: 0.003, threads: 1}\n",
         "data: {path: data.bin}\ncheckpoint: {dir: runs/", name, "}\n"));
     req.set_base_dir(dir_.string());
     return req;
@@ -537,11 +542,8 @@ TEST_F(TlsTest, TwoReplicasOfATwoStagePipelineRunOnFourDaemons) {
   MakeData();
   auto c = StartCoordinator();
   for (int n = 1; n <= 3; ++n) StartWorker(*c, n);
-  v1::SubmitJobRequest req = TinyJob("dp", 2, 3);
-  std::string spec = req.spec_text();
-  const std::string from = "microbatches: 2}";
-  spec.replace(spec.find(from), from.size(), "microbatches: 2, data: 2, zero: 1}");
-  req.set_spec_text(spec);
+  const v1::SubmitJobRequest req =
+      TinyJob("dp", 2, 3, "pipeline: 2, microbatch_size: 2, microbatches: 2, data: 2, zero: 1");
   v1::SubmitJobResponse submitted;
   ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
   // Three free workers for four ranks: the job waits, naming what it needs.
@@ -591,11 +593,8 @@ TEST_F(TlsTest, ATensorParallelPipelineRunsOnFourDaemons) {
   MakeData();
   auto c = StartCoordinator();
   for (int n = 1; n <= 4; ++n) StartWorker(*c, n);
-  v1::SubmitJobRequest req = TinyJob("tp", 2, 3);
-  std::string spec = req.spec_text();
-  const std::string from = "microbatches: 2}";
-  spec.replace(spec.find(from), from.size(), "microbatches: 2, tensor: 2}");
-  req.set_spec_text(spec);
+  const v1::SubmitJobRequest req =
+      TinyJob("tp", 2, 3, "pipeline: 2, microbatch_size: 2, microbatches: 2, tensor: 2");
   v1::SubmitJobResponse submitted;
   ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
   const v1::Job job = WaitForEnd(*c, submitted.job_id());
@@ -634,13 +633,10 @@ TEST_F(TlsTest, AWorldOfFourRanksRunsTheLayoutThePlannerChose) {
   MakeData();
   auto c = StartCoordinator();
   for (int n = 1; n <= 4; ++n) StartWorker(*c, n);
-  v1::SubmitJobRequest req = TinyJob("world", 1, 3);
-  std::string spec = req.spec_text();
-  const std::string from = "pipeline: 1, microbatch_size: 2, microbatches: 2}";
-  spec.replace(spec.find(from), from.size(),
-               "world: 4, pipeline: auto, data: auto, tensor: auto, recompute: auto, "
-               "microbatch_size: 2, microbatches: 4}");
-  req.set_spec_text(spec);
+  const v1::SubmitJobRequest req =
+      TinyJob("world", 1, 3,
+              "world: 4, pipeline: auto, data: auto, tensor: auto, recompute: auto, "
+              "microbatch_size: 2, microbatches: 4");
   v1::SubmitJobResponse submitted;
   ASSERT_TRUE(Jobs(*c, alice_)->SubmitJob(Ctx().get(), req, &submitted).ok());
   const v1::Job job = WaitForEnd(*c, submitted.job_id());
