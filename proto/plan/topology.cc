@@ -55,6 +55,26 @@ std::vector<int> Topology::TensorGroup(int rank) const {
   return out;
 }
 
+// Each id is the group's first member (the coordinate of its axis set to 0), so it is shared
+// by exactly the group.
+int Topology::PipelineGroupId(int rank) const {
+  RankCoord c = CoordOf(rank);
+  c.stage = 0;
+  return RankOf(c);
+}
+
+int Topology::DataGroupId(int rank) const {
+  RankCoord c = CoordOf(rank);
+  c.replica = 0;
+  return RankOf(c);
+}
+
+int Topology::TensorGroupId(int rank) const {
+  RankCoord c = CoordOf(rank);
+  c.tensor = 0;
+  return RankOf(c);
+}
+
 std::string Topology::Describe(int rank) const {
   const RankCoord c = CoordOf(rank);
   std::string out = absl::StrCat("replica ", c.replica, " stage ", c.stage);

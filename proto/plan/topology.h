@@ -47,6 +47,12 @@ class Topology {
   std::vector<int> PipelineGroup(int rank) const;
   std::vector<int> DataGroup(int rank) const;
   std::vector<int> TensorGroup(int rank) const;
+  // An id every member of the rank's group shares and no other group of that axis has, in
+  // [0, world()): the `color` of a communicator split (ncclCommSplit) from a world communicator,
+  // whose `key` is then the rank's index in the group (its stage, replica or tensor index).
+  int PipelineGroupId(int rank) const;
+  int DataGroupId(int rank) const;
+  int TensorGroupId(int rank) const;
 
   // "replica R stage S" (and " tensor T" when t > 1): how logs and status name a rank.
   std::string Describe(int rank) const;

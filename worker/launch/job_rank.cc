@@ -173,20 +173,14 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     out->comms.push_back(std::move(*tensor));
     out->tensor = out->comms.back().get();
   }
-  if (topology->data() > 1) {
-    if (IsCuda(spec)) {
-      // NCCL groups (ncclCommSplit) and the device ZeRO-1 state have not run on GPUs yet.
-      return absl::UnimplementedError(
-          "parallel.data: > 1 runs on device cpu only in this version (the CUDA data-parallel "
-          "groups have not run on GPUs yet)");
-    }
-    auto data = Gloo(options, replica, topology->data(), store,
-                     absl::StrCat(base, "/data/stage", stage, tensor_suffix));
-    if (!data.ok()) return data.status();
-    out->comms.push_back(std::move(*data));
-    out->data = out->comms.back().get();
-  }
   if (!IsCuda(spec)) {
+    if (topology->data() > 1) {
+      auto data = Gloo(options, replica, topology->data(), store,
+                       absl::StrCat(base, "/data/stage", stage, tensor_suffix));
+      if (!data.ok()) return data.status();
+      out->comms.push_back(std::move(*data));
+      out->data = out->comms.back().get();
+    }
     auto gloo = Gloo(options, stage, p, store, prefix);
     if (!gloo.ok()) return gloo.status();
     out->comms.push_back(std::move(*gloo));
@@ -205,19 +199,25 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   cuda.device = *device;
   cuda.precision = spec.precision() == "fp32" ? runtime::DevicePrecision::kFp32
                                               : runtime::DevicePrecision::kBf16;
-  if (p == 1) {
-    // One rank never communicates: the self communicator (identity collectives on device
-    // pointers), so a one-GPU job does not depend on NCCL's bootstrap and topology detection.
+  const int d = topology->data(), world = topology->world();
+  // The pipeline's communicator of a one-stage job: one rank never transfers, the self
+  // communicator (identity collectives on device pointers), so a one-GPU job does not depend
+  // on NCCL's bootstrap and topology detection.
+  auto self = [&out]() {
+    out->comms.push_back(comm::MakeSelfCommunicator());
+    return out->comms.back().get();
+  };
+  if (world == 1) {
     out->transport = "self";
     cuda.untagged_p2p = false;
-    out->comms.push_back(comm::MakeSelfCommunicator());
-    auto rank = runtime::CreateCudaPipelineRank(plan, options.rank, trainer, cuda,
-                                                out->comms[0].get(), out->comms[0].get());
+    comm::Communicator* one = self();
+    auto rank = runtime::CreateCudaPipelineRank(plan, stage, trainer, cuda, one, one);
     if (!rank.ok()) return rank.status();
     out->rank = std::move(*rank);
     return out;
   }
-  // Which physical GPU this is, host-wide: the transport depends on whether two ranks share one.
+  // Which physical GPU each rank of the job has, host-wide: NCCL needs every member of a
+  // communicator on a GPU of its own.
   char bus[64] = {0};
   if (cudaDeviceGetPCIBusId(bus, sizeof(bus), *device) != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cuda:", *device, ": cannot read its PCI bus id"));
@@ -227,10 +227,9 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   const std::string id = absl::StrCat(host, "/", bus);
   std::set<std::string> ids;
   try {
-    store->set(absl::StrCat(prefix, "/gpu/", options.rank),
-               std::vector<char>(id.begin(), id.end()));
+    store->set(absl::StrCat(base, "/gpu/", options.rank), std::vector<char>(id.begin(), id.end()));
     std::vector<std::string> keys;
-    for (int r = 0; r < p; ++r) keys.push_back(absl::StrCat(prefix, "/gpu/", r));
+    for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(base, "/gpu/", r));
     store->wait(keys, absl::ToChronoMilliseconds(options.timeout));
     for (const std::string& k : keys) {
       const std::vector<char> v = store->get(k);
@@ -242,42 +241,90 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   }
   comm::Communicator* p2p = nullptr;
   comm::Communicator* coll = nullptr;
-  if (static_cast<int>(ids.size()) == p) {
+  if (static_cast<int>(ids.size()) == world) {
     out->transport = "nccl";
     cuda.untagged_p2p = true;
-    // One communicator, driven by one communication thread in the plan's order (as Gloo on the
-    // CPU), unless VOCABPIPE_NCCL_SPLIT_COMM=1: then transfers and vocabulary barriers get a
-    // communicator each, driven from two threads. NCCL calls it unsafe to drive two
-    // communicators of one device from two threads at once, and the split has not yet run on
-    // two GPUs, so it stays opt-in until a multi-GPU run validates it.
+    // One communicator per pipeline, driven by one communication thread in the plan's order
+    // (as Gloo on the CPU), unless VOCABPIPE_NCCL_SPLIT_COMM=1: then transfers and vocabulary
+    // barriers get a communicator each, driven from two threads, and the data-parallel
+    // reduction overlaps the backward on a third. NCCL calls it unsafe to drive communicators
+    // of one device from several threads at once, and the split has not yet run on two GPUs,
+    // so it stays opt-in until a multi-GPU run validates it; without it the replicas' gradients
+    // are summed at OPT, after the pipeline's transfers.
     const char* split_env = std::getenv("VOCABPIPE_NCCL_SPLIT_COMM");
     const bool split = split_env != nullptr && std::string(split_env) == "1";
-    for (bool vocab : split ? std::vector<bool>{false, true} : std::vector<bool>{true}) {
-      auto nccl = comm::ConnectNccl({.rank = options.rank,
-                                     .size = p,
-                                     .device = *device,
-                                     .store = store,
-                                     .prefix = absl::StrCat(prefix, vocab ? "/vocab" : "/pp"),
-                                     .high_priority_stream = vocab,
-                                     .timeout = options.timeout});
-      if (!nccl.ok()) {
-        return absl::Status(nccl.status().code(),
-                            absl::StrCat("connect (NCCL): ", nccl.status().message()));
-      }
-      out->comms.push_back(std::move(*nccl));
+    cuda.overlap_data_sync = split;
+    // One bootstrap for the whole job (the world), then each group split from it
+    // (ncclCommSplit, every rank in the same order): the pipeline's communicator(s), then the
+    // data group's.
+    auto world_comm = comm::ConnectNccl({.rank = options.rank,
+                                         .size = world,
+                                         .device = *device,
+                                         .store = store,
+                                         .prefix = absl::StrCat(base, "/world"),
+                                         .high_priority_stream = !split,
+                                         .timeout = options.timeout});
+    if (!world_comm.ok()) {
+      return absl::Status(world_comm.status().code(),
+                          absl::StrCat("connect (NCCL): ", world_comm.status().message()));
     }
-    p2p = out->comms.front().get();
-    coll = out->comms.back().get();
+    comm::NcclCommunicator* w = world_comm->get();
+    out->comms.push_back(std::move(*world_comm));
+    auto add = [&out](absl::StatusOr<std::unique_ptr<comm::NcclCommunicator>> c)
+        -> absl::StatusOr<comm::Communicator*> {
+      if (!c.ok()) {
+        return absl::Status(c.status().code(),
+                            absl::StrCat("connect (NCCL): ", c.status().message()));
+      }
+      out->comms.push_back(std::move(*c));
+      return out->comms.back().get();
+    };
+    if (p == 1) {
+      p2p = coll = self();
+    } else if (d == 1 && !split) {
+      p2p = coll = w;  // the world is the pipeline: world rank = stage
+    } else {
+      for (bool vocab : split ? std::vector<bool>{false, true} : std::vector<bool>{true}) {
+        auto c = add(w->Split(topology->PipelineGroupId(options.rank), stage, stage, p, vocab,
+                              absl::StrCat(prefix, vocab ? "/vocab" : "/pp")));
+        if (!c.ok()) return c.status();
+        (vocab ? coll : p2p) = *c;
+      }
+      if (p2p == nullptr) p2p = coll;
+    }
+    if (d > 1) {
+      auto c = add(w->Split(topology->DataGroupId(options.rank), replica, replica, d, false,
+                            absl::StrCat(base, "/data/stage", stage)));
+      if (!c.ok()) return c.status();
+      out->data = *c;
+    }
   } else {
+    // Several ranks on one GPU: Gloo with device buffers staged through host memory, one
+    // communicator per group as on the CPU.
     out->transport = "gloo-staged";
     cuda.untagged_p2p = false;
-    auto gloo = Gloo(options, options.rank, p, store, prefix);
-    if (!gloo.ok()) return gloo.status();
-    out->comms.push_back(std::move(*gloo));
-    out->comms.push_back(std::make_unique<comm::StagedCommunicator>(out->comms[0].get()));
-    p2p = coll = out->comms[1].get();
+    auto staged = [&](int rank, int size,
+                      const std::string& group_prefix) -> absl::StatusOr<comm::Communicator*> {
+      auto gloo = Gloo(options, rank, size, store, group_prefix);
+      if (!gloo.ok()) return gloo.status();
+      out->comms.push_back(std::move(*gloo));
+      out->comms.push_back(std::make_unique<comm::StagedCommunicator>(out->comms.back().get()));
+      return out->comms.back().get();
+    };
+    if (p == 1) {
+      p2p = coll = self();
+    } else {
+      auto c = staged(stage, p, prefix);
+      if (!c.ok()) return c.status();
+      p2p = coll = *c;
+    }
+    if (d > 1) {
+      auto c = staged(replica, d, absl::StrCat(base, "/data/stage", stage));
+      if (!c.ok()) return c.status();
+      out->data = *c;
+    }
   }
-  auto rank = runtime::CreateCudaPipelineRank(plan, options.rank, trainer, cuda, p2p, coll);
+  auto rank = runtime::CreateCudaPipelineRank(plan, stage, trainer, cuda, p2p, coll, out->data);
   if (!rank.ok()) return rank.status();
   out->rank = std::move(*rank);
   return out;

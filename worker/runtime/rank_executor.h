@@ -105,6 +105,10 @@ struct RankSetup {
   // Per local chunk: the index in this rank's actions of its last W or BW (after which the
   // data thread may sum the chunk's gradients, GRAD_SYNC); the action count when it has none.
   std::vector<size_t> last_weight_action;
+  // GRAD_SYNC on a thread of its own, overlapping the backward (true); false: every chunk's
+  // reduction waits for OPT, when the pipeline's transfers are done — for a transport that must
+  // not be driven from two threads at once (NCCL communicators of one device, CudaRankOptions).
+  bool overlap_data_sync = true;
   engine::vocab::OutputAlgorithm algorithm = engine::vocab::OutputAlgorithm::kAlgorithm2;
 };
 

@@ -15,8 +15,7 @@ absl::Status RankExecutor<E>::DoIF(const planner::Action& a) {
   std::vector<int32_t> ordered;
   const int32_t* tokens = inputs_[a.mb].data();
   if (t() > 1) {
-    ordered =
-        TensorRows(t(), options_.tensor.rank, b(), plan_.seq_bounds).GatherOrder(tokens, s());
+    ordered = TensorRows(t(), options_.tensor.rank, b(), plan_.seq_bounds).GatherOrder(tokens, s());
     tokens = ordered.data();
   }
   auto st = engine_->model().input_layer().Forward(tokens, b() * s());
@@ -525,10 +524,11 @@ absl::Status RankExecutor<E>::RunPlan(int64_t step, const BatchFn& batches, Rank
   // time), else point-to-point and collectives each on their own.
   const bool split = p2p_ != coll_;
   // GRAD_SYNC runs on a thread of its own over the data communicator, so a chunk's reduction
-  // overlaps the backward passes after it. Without replicas, or under ZeRO-1 (whose OPT
-  // reduce-scatters the whole buffer), a plan's GRAD_SYNC is skipped.
-  const bool grad_sync =
-      !forward_only_ && data_ != nullptr && data_->size() > 1 && !options_.data.zero;
+  // overlaps the backward passes after it. Without replicas, under ZeRO-1 (whose OPT
+  // reduce-scatters the whole buffer) or without overlap (RankSetup), a plan's GRAD_SYNC is
+  // skipped and OPT sums what is left (all of it).
+  const bool grad_sync = !forward_only_ && data_ != nullptr && data_->size() > 1 &&
+                         !options_.data.zero && setup_.overlap_data_sync;
   std::vector<planner::Action> comm_a, comm_b, comm_data;
   for (const planner::Action& a : actions) {
     if (planner::IsCompute(a.kind) || !selected(a)) continue;

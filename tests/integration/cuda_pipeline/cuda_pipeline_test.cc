@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -450,6 +451,223 @@ TEST(CudaMatchesCpuMedium, Fp32Gpt2LayerShapeOddVocabularyShard) {
   }
   ExpectFp32Match(want, got, /*rel=*/1e-4, /*grad_rel=*/1e-3, /*weight_abs=*/1e-4);
 }
+
+// Data parallelism on the device: d = 2 replicas × p stages as 2p threads on one GPU, each
+// pipeline and each stage's data group a Gloo group staged through host memory (what the
+// launcher uses when ranks share a GPU), against the same shape on CPU ranks — which the CPU
+// tests prove equal to one process with d·m microbatches — for the plain reduction (GRAD_SYNC
+// overlapping the backward, and at OPT as the NCCL launcher runs it) and ZeRO-1 (the device
+// AdamW on the replica's range, then the fp32 master weights gathered and, in bf16, the
+// parameter copy refreshed). Replica 0's weights and the losses must match; every replica must
+// end with the same weights (a missing gather leaves a replica's other ranges stale).
+struct DataCase {
+  Case base;
+  int d = 2;
+  bool zero = false;
+  bool overlap = true;  // CudaRankOptions::overlap_data_sync
+};
+
+struct DataRun {
+  std::vector<double> losses;  // per step, from a rank that sees them (replica 0)
+  std::vector<double> grad_norms;
+  std::vector<Weights> weights;          // per replica, after the last step
+  std::vector<size_t> optimizer_floats;  // per rank: AdamW state elements (m) it holds
+  std::vector<size_t> params;            // per rank: its stage's parameter count
+  std::vector<std::string> errors;
+};
+
+DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planner::Plan& plan,
+                    const BatchFn& all, bool cuda, DevicePrecision precision) {
+  const int p = dc.base.p, d = dc.d, m = base.microbatches, world = d * p;
+  DataRun out;
+  out.errors.resize(world);
+  out.weights.resize(d);
+  out.optimizer_floats.resize(world);
+  out.params.resize(world);
+  std::vector<std::vector<double>> losses(world), norms(world);
+  std::vector<std::vector<char>> has(world);
+  std::mutex mu;
+  static std::atomic<int> run{0};
+  const std::string prefix = absl::StrCat("cuda-data", run.fetch_add(1));
+  auto store = comm::MakeHashStore();
+  comm::testing::RunOnGlooRanks(
+      world,
+      [&](comm::GlooCommunicator& w) {
+        // The launcher's numbering (planner::Topology, t = 1): rank = replica + d · stage.
+        const int rank = w.rank(), replica = rank % d, stage = rank / d;
+        auto pipe =
+            comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/pipe", replica), stage, p);
+        auto data =
+            comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/data", stage), replica, d);
+        if (!pipe.ok() || !data.ok()) {
+          out.errors[rank] = "connect failed";
+          return;
+        }
+        comm::StagedCommunicator staged_pipe(pipe->get()), staged_data(data->get());
+        TrainerOptions mine = base;
+        mine.data = {.replicas = d, .replica = replica, .zero = dc.zero};
+        // Replica r's j-th microbatch is the step's global microbatch r·m + j.
+        const BatchFn batches = [&, replica](int64_t step, int j, int32_t* in, int32_t* tg) {
+          return all(step, replica * m + j, in, tg);
+        };
+        absl::StatusOr<std::unique_ptr<PipelineRank>> pr =
+            cuda ? CreateCudaPipelineRank(plan, stage, mine,
+                                          {.device = 0,
+                                           .precision = precision,
+                                           .untagged_p2p = false,
+                                           .overlap_data_sync = dc.overlap},
+                                          &staged_pipe, &staged_pipe, &staged_data)
+                 : PipelineRank::Create(plan, stage, mine, pipe->get(), data->get());
+        if (!pr.ok()) {
+          out.errors[rank] = pr.status().ToString();
+          return;
+        }
+        for (int step = 0; step < kSteps; ++step) {
+          auto res = (*pr)->Step(step, batches);
+          if (!res.ok()) {
+            out.errors[rank] = res.status().ToString();
+            return;
+          }
+          losses[rank].push_back(res->loss);
+          has[rank].push_back(res->has_loss);
+          norms[rank].push_back(res->grad_norm);
+        }
+        if (auto st = (*pr)->PullState(); !st.ok()) {
+          out.errors[rank] = st.ToString();
+          return;
+        }
+        out.optimizer_floats[rank] = (*pr)->optimizer().m().size();
+        out.params[rank] = (*pr)->model().param_count();
+        Gather((*pr)->model(), &out.weights[replica], &mu);
+      },
+      absl::Seconds(60), store);
+  for (int r = 0; r < world; ++r) {
+    if (!has[r].empty() && has[r][0] && r % d == 0) {
+      out.losses = losses[r];
+      break;
+    }
+  }
+  out.grad_norms = norms[0];
+  return out;
+}
+
+class CudaDataParallel : public testing::TestWithParam<DataCase> {};
+
+TEST_P(CudaDataParallel, MatchesTheCpuReplicas) {
+  SKIP_WITHOUT_DEVICE();
+  const DataCase& dc = GetParam();
+  const Case& c = dc.base;
+  const TrainerOptions o = Options(c);
+  TrainerOptions global = o;
+  global.microbatches = dc.d * o.microbatches;
+  const BatchFn all = Batches(global);
+  // One replica's plan, with the replicas' GRAD_SYNC actions (none under ZeRO-1).
+  planner::PlannerInput in = fixtures::PlannerInputFor(c.schedule, c.vocab, c.p, c.k, o);
+  in.model.data_parallel = dc.d;
+  in.model.zero = dc.zero;
+  auto plan = planner::BuildPlan(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  if (!dc.zero) {
+    const auto& acts = plan->ranks[0].actions;
+    ASSERT_TRUE(std::any_of(acts.begin(), acts.end(), [](const planner::Action& a) {
+      return a.kind == planner::ActionKind::kGradSync;
+    })) << "the plan has no GRAD_SYNC to overlap";
+  }
+  const DataRun want = RunReplicas(dc, o, *plan, all, /*cuda=*/false, DevicePrecision::kFp32);
+  const DataRun got = RunReplicas(dc, o, *plan, all, /*cuda=*/true, DevicePrecision::kFp32);
+  for (size_t r = 0; r < got.errors.size(); ++r) {
+    ASSERT_EQ(want.errors[r], "") << "cpu rank " << r;
+    ASSERT_EQ(got.errors[r], "") << "cuda rank " << r;
+  }
+  ASSERT_EQ(got.losses.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(want.losses.size(), got.losses.size());
+  for (int i = 0; i < kSteps; ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-4 * want.losses[i]) << "loss, step " << i;
+    EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 1e-4 * want.grad_norms[i])
+        << "grad_norm, step " << i;
+  }
+  fixtures::ExpectWeightsNear(want.weights[0], got.weights[0], 1e-4);
+  for (int r = 1; r < dc.d; ++r) fixtures::ExpectWeightsNear(got.weights[0], got.weights[r], 0);
+  // The device ranks hold the CPU ranks' optimizer ranges (1/d of the stage under ZeRO-1, the
+  // harness test checks that on the CPU ranks).
+  for (size_t r = 0; r < got.optimizer_floats.size(); ++r) {
+    EXPECT_EQ(got.optimizer_floats[r], want.optimizer_floats[r]) << "rank " << r;
+  }
+  // bf16 under the same replicas: the loss within the bf16 tolerance, replicas in agreement
+  // (the gather refreshes the bf16 copy of every range, not only the replica's own).
+  const DataRun bf16 = RunReplicas(dc, o, *plan, all, /*cuda=*/true, DevicePrecision::kBf16);
+  for (size_t r = 0; r < bf16.errors.size(); ++r) ASSERT_EQ(bf16.errors[r], "") << "rank " << r;
+  ASSERT_EQ(bf16.losses.size(), want.losses.size());
+  for (int i = 0; i < kSteps; ++i) {
+    EXPECT_NEAR(bf16.losses[i], want.losses[i], 2e-2 * want.losses[i]) << "bf16 step " << i;
+  }
+  for (int r = 1; r < dc.d; ++r) fixtures::ExpectWeightsNear(bf16.weights[0], bf16.weights[r], 0);
+}
+
+// Device-free check of the harness the CUDA comparison relies on: its CPU replicas (the
+// groups, the batch split, the plan with GRAD_SYNC, ZeRO-1) train as one process on all d·m
+// microbatches, and ZeRO-1 holds 1/d of the AdamW state per rank.
+TEST(CudaDataParallelHarness, CpuReplicasEqualOneProcess) {
+  for (bool zero : {false, true}) {
+    const DataCase dc{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .zero = zero};
+    const TrainerOptions o = Options(dc.base);
+    TrainerOptions global = o;
+    global.microbatches = dc.d * o.microbatches;
+    const BatchFn all = Batches(global);
+    planner::PlannerInput in =
+        fixtures::PlannerInputFor(dc.base.schedule, dc.base.vocab, dc.base.p, dc.base.k, o);
+    in.model.data_parallel = dc.d;
+    in.model.zero = zero;
+    auto plan = planner::BuildPlan(in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const DataRun got = RunReplicas(dc, o, *plan, all, /*cuda=*/false, DevicePrecision::kFp32);
+    for (size_t r = 0; r < got.errors.size(); ++r) ASSERT_EQ(got.errors[r], "") << "rank " << r;
+    auto one = StandaloneTrainer::Create(global);
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_EQ(got.losses.size(), static_cast<size_t>(kSteps));
+    for (int step = 0; step < kSteps; ++step) {
+      auto r = (*one)->Step(step, all);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_NEAR(got.losses[step], r->loss, 1e-5 * r->loss) << "zero " << zero << " step " << step;
+      EXPECT_NEAR(got.grad_norms[step], r->grad_norm, 1e-5 * r->grad_norm) << "step " << step;
+    }
+    Weights want;
+    std::mutex mu;
+    Gather((*one)->model(), &want, &mu);
+    fixtures::ExpectWeightsNear(want, got.weights[0], 1e-5);
+    fixtures::ExpectWeightsNear(got.weights[0], got.weights[1], 0);
+    // Per rank: the stage's whole parameter count without ZeRO; with it, the two replicas'
+    // ranges tile the stage (balanced: they differ by at most one element).
+    for (int stage = 0; stage < dc.base.p; ++stage) {
+      const int r0 = stage * dc.d;
+      const size_t a = got.optimizer_floats[r0], b = got.optimizer_floats[r0 + 1];
+      if (zero) {
+        EXPECT_EQ(a + b, got.params[r0]) << "stage " << stage;
+        EXPECT_LE(a > b ? a - b : b - a, 1u) << "stage " << stage;
+      } else {
+        EXPECT_EQ(a, got.params[r0]) << "stage " << stage;
+        EXPECT_EQ(b, got.params[r0]) << "stage " << stage;
+      }
+    }
+  }
+}
+
+std::string DataName(const testing::TestParamInfo<DataCase>& info) {
+  const DataCase& dc = info.param;
+  return fixtures::CaseName(
+      dc.base.schedule, dc.base.vocab, dc.base.p, dc.base.k,
+      absl::StrCat("_d", dc.d, dc.zero ? "_zero1" : "", dc.overlap ? "" : "_at_opt"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Replicas, CudaDataParallel,
+    testing::Values(
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .overlap = false},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, true}, .zero = true},
+        DataCase{.base = {Schedule::kZBV, VocabMethod::kVocab2, 2, 1, false}},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false}, .zero = true}),
+    DataName);
 
 // Llama on the CUDA engine against the CPU engine's Llama (RMSNorm, RoPE, grouped-query
 // attention, SwiGLU, no position table, untied lm_head): standalone (p = 1) and a 2-rank

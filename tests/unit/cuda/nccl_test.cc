@@ -4,9 +4,13 @@
 #include <gloo/rendezvous/hash_store.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "proto/plan/topology.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 
@@ -74,6 +78,69 @@ TEST(NcclCommunicator, CollectivesAndPointToPointAcrossDevices) {
         ASSERT_EQ(recv[r][i], float((r + p - 1) % p + 1) * (i % 7));
       }
     }
+  }
+}
+
+// The job's groups split from one world communicator (ncclCommSplit, as the launcher does):
+// with 4+ devices 2 replicas × 2 stages, with 2-3 a pipeline over all, with 1 a world of one
+// (the split itself still runs). Each group's sum of (world rank + 1) must be its members'.
+TEST(NcclCommunicator, SplitFormsTheTopologysGroups) {
+  const int devices = DeviceCount();
+  if (devices == 0) GTEST_SKIP() << "no CUDA device";
+  const int world = std::min(devices, 4), d = world >= 4 ? 2 : 1, p = world / d;
+  auto topology = planner::Topology::Create(p, d);
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::string> errors(world);
+  std::vector<float> pipe_sum(world), data_sum(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto w = ConnectNccl({.rank = r,
+                            .size = world,
+                            .device = r,
+                            .store = store,
+                            .prefix = "test/attempt0/world",
+                            .timeout = absl::Seconds(60)});
+      if (!w.ok()) {
+        errors[r] = w.status().ToString();
+        return;
+      }
+      const planner::RankCoord c = topology->CoordOf(r);
+      auto pipe = (*w)->Split(topology->PipelineGroupId(r), c.stage, c.stage, p, true, "pipe");
+      auto data = (*w)->Split(topology->DataGroupId(r), c.replica, c.replica, d, false, "data");
+      if (!pipe.ok() || !data.ok()) {
+        errors[r] = absl::StrCat(pipe.status().ToString(), " / ", data.status().ToString());
+        return;
+      }
+      // A split whose expectation NCCL cannot meet is refused (the world stays usable).
+      auto wrong = (*w)->Split(0, 0, 0, world + 1, false, "too-big");
+      if (wrong.status().code() != absl::StatusCode::kInvalidArgument) {
+        errors[r] = absl::StrCat("oversized split: ", wrong.status().ToString());
+      }
+      float* buf = nullptr;
+      cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(float));
+      for (auto [comm, out] :
+           {std::pair{pipe->get(), &pipe_sum}, std::pair{data->get(), &data_sum}}) {
+        const float mine = float(r + 1);
+        cudaMemcpy(buf, &mine, sizeof(float), cudaMemcpyHostToDevice);
+        if (absl::Status s = comm->AllReduce(buf, 1, ReduceOp::kSum); !s.ok()) {
+          errors[r] += s.ToString();
+        }
+        cudaMemcpy(&(*out)[r], buf, sizeof(float), cudaMemcpyDeviceToHost);
+      }
+      if (absl::Status s = (*w)->Barrier(); !s.ok()) errors[r] += s.ToString();
+      cudaFree(buf);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    float want_pipe = 0, want_data = 0;
+    for (int m : topology->PipelineGroup(r)) want_pipe += float(m + 1);
+    for (int m : topology->DataGroup(r)) want_data += float(m + 1);
+    EXPECT_EQ(pipe_sum[r], want_pipe) << "rank " << r;
+    EXPECT_EQ(data_sum[r], want_data) << "rank " << r;
   }
 }
 

@@ -2,7 +2,9 @@
 // the groups each rank belongs to.
 #include "proto/plan/topology.h"
 
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,6 +57,38 @@ TEST(Topology, ThreeAxesRoundTripAndPartitionTheRanks) {
   EXPECT_EQ(datas.size(), 6u);
   EXPECT_EQ(tensors.size(), 12u);
   EXPECT_EQ(t->Describe(23), "replica 3 stage 2 tensor 1");
+}
+
+// A split of the world communicator by (group id, axis coordinate) must form exactly the
+// topology's groups, each member at its index: collect the members of every id, ordered by key.
+TEST(Topology, GroupIdsSplitTheWorldIntoTheGroups) {
+  auto t = Topology::Create(/*pipeline=*/3, /*data=*/4, /*tensor=*/2);
+  ASSERT_TRUE(t.ok()) << t.status();
+  using Split = std::map<int, std::map<int, int>>;  // color → key → rank
+  Split pipe, data, tensor;
+  for (int r = 0; r < t->world(); ++r) {
+    const RankCoord c = t->CoordOf(r);
+    for (auto [split, id, key] : {std::tuple{&pipe, t->PipelineGroupId(r), c.stage},
+                                  std::tuple{&data, t->DataGroupId(r), c.replica},
+                                  std::tuple{&tensor, t->TensorGroupId(r), c.tensor}}) {
+      ASSERT_GE(id, 0);
+      ASSERT_LT(id, t->world());
+      ASSERT_EQ((*split)[id].count(key), 0u) << "rank " << r << ": key " << key << " taken";
+      (*split)[id][key] = r;
+    }
+  }
+  EXPECT_EQ(pipe.size(), 8u);
+  EXPECT_EQ(data.size(), 6u);
+  EXPECT_EQ(tensor.size(), 12u);
+  for (int r = 0; r < t->world(); ++r) {
+    for (auto [split, id, want] : {std::tuple{&pipe, t->PipelineGroupId(r), t->PipelineGroup(r)},
+                                   std::tuple{&data, t->DataGroupId(r), t->DataGroup(r)},
+                                   std::tuple{&tensor, t->TensorGroupId(r), t->TensorGroup(r)}}) {
+      std::vector<int> members;
+      for (const auto& [key, rank] : split->at(id)) members.push_back(rank);
+      EXPECT_EQ(members, want) << "rank " << r;
+    }
+  }
 }
 
 TEST(Topology, RefusesEmptyAxesAndOversizedWorlds) {

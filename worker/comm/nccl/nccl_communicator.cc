@@ -57,6 +57,24 @@ ncclResult_t Settle(const Nccl& nccl, ncclComm_t comm, ncclResult_t r, absl::Tim
   return r;
 }
 
+// A communicator's stream (normal or high priority) and its one-float Barrier scratch.
+absl::Status CreateStreamAndScratch(bool high_priority, cudaStream_t* stream, float** scratch) {
+  int least = 0, greatest = 0;
+  cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  if (cudaError_t e = cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking,
+                                                   high_priority ? greatest : least);
+      e != cudaSuccess) {
+    return CudaError(e, "nccl connect: stream");
+  }
+  if (cudaError_t e = cudaMalloc(scratch, sizeof(float)); e != cudaSuccess) {
+    cudaStreamDestroy(*stream);
+    *stream = nullptr;
+    return CudaError(e, "nccl connect: scratch");
+  }
+  cudaMemset(*scratch, 0, sizeof(float));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<NcclIdBytes> ExchangeNcclId(
@@ -287,6 +305,71 @@ absl::Status NcclCommunicator::Barrier() {
   return AllReduce(scratch_, 1, ReduceOp::kSum);
 }
 
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int color, int key,
+                                                                          int expect_rank,
+                                                                          int expect_size,
+                                                                          bool high_priority_stream,
+                                                                          const std::string& name) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (color < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl split: color ", color, " must be >= 0"));
+  }
+  if (expect_size < 1 || expect_rank < 0 || expect_rank >= expect_size || expect_size > size_) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl split \"", name, "\": rank ", expect_rank,
+                                                   " of ", expect_size, " in a communicator of ",
+                                                   size_));
+  }
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return CudaError(e, "nccl split: device");
+  }
+  cudaStream_t stream = nullptr;
+  float* scratch = nullptr;
+  if (absl::Status st = CreateStreamAndScratch(high_priority_stream, &stream, &scratch); !st.ok()) {
+    return st;
+  }
+  auto release = [&] {
+    cudaFree(scratch);
+    cudaStreamDestroy(stream);
+  };
+  const std::string what =
+      absl::StrCat("nccl split of \"", prefix_, "\" into \"", name, "\" (color ", color, ", key ",
+                   key, ") on rank ", rank_, " (timeout ", absl::FormatDuration(timeout_), ")");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // a member that never calls surfaces as a timeout, not a hang
+  ncclComm_t child = nullptr;
+  const absl::Time deadline = absl::Now() + timeout_;
+  // The split is collective over the parent: its progress is the parent's until the child
+  // exists, then the child's own.
+  ncclResult_t r =
+      Settle(*nccl_, comm_, nccl_->ncclCommSplit(comm_, color, key, &child, &config), deadline);
+  if (r == ncclSuccess && child != nullptr) r = Settle(*nccl_, child, ncclInProgress, deadline);
+  if (r == ncclSuccess && child == nullptr) r = ncclInternalError;
+  if (r != ncclSuccess) {
+    if (child != nullptr) nccl_->ncclCommAbort(child);
+    release();
+    if (r == ncclInProgress) return Fail(absl::DeadlineExceededError(what));
+    return Fail(NcclError(*nccl_, r, what));
+  }
+  int count = 0, user_rank = -1;
+  if (nccl_->ncclCommCount(child, &count) != ncclSuccess ||
+      nccl_->ncclCommUserRank(child, &user_rank) != ncclSuccess || count != expect_size ||
+      user_rank != expect_rank) {
+    nccl_->ncclCommAbort(child);
+    release();
+    return absl::InvalidArgumentError(absl::StrCat(what, ": NCCL formed rank ", user_rank, " of ",
+                                                   count, ", expected rank ", expect_rank, " of ",
+                                                   expect_size));
+  }
+  NcclOptions o;
+  o.rank = expect_rank;
+  o.size = expect_size;
+  o.device = device_;
+  o.prefix = name;
+  o.high_priority_stream = high_priority_stream;
+  o.timeout = timeout_;
+  return std::make_unique<NcclCommunicator>(ConnectKey(), o, nccl_, child, stream, scratch);
+}
+
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(const NcclOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
     return absl::InvalidArgumentError(
@@ -318,20 +401,12 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(const NcclOptions&
                      });
   if (!id.ok()) return id.status();
 
-  int least = 0, greatest = 0;
-  cudaDeviceGetStreamPriorityRange(&least, &greatest);
   cudaStream_t stream = nullptr;
-  if (cudaError_t e = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
-                                                   o.high_priority_stream ? greatest : least);
-      e != cudaSuccess) {
-    return CudaError(e, "nccl connect: stream");
-  }
   float* scratch = nullptr;
-  if (cudaError_t e = cudaMalloc(&scratch, sizeof(float)); e != cudaSuccess) {
-    cudaStreamDestroy(stream);
-    return CudaError(e, "nccl connect: scratch");
+  if (absl::Status st = CreateStreamAndScratch(o.high_priority_stream, &stream, &scratch);
+      !st.ok()) {
+    return st;
   }
-  cudaMemset(scratch, 0, sizeof(float));
 
   ncclUniqueId uid;
   std::memcpy(uid.internal, id->data(), kNcclIdBytes);

@@ -91,6 +91,18 @@ class NcclCommunicator final : public Communicator {
 
   cudaStream_t stream() const { return stream_; }
 
+  // A communicator of the members of this one that pass the same `color` (>= 0), ranked by
+  // `key` (ncclCommSplit; the job's groups use planner::Topology's group ids and group ranks).
+  // Collective over this communicator: every member calls it, the splits in the same order.
+  // The new communicator has its own stream; `name` is its prefix in messages. InvalidArgument
+  // when the group NCCL formed is not the `expect_size` members with this member at
+  // `expect_rank` (the caller's arithmetic and NCCL's must agree). This communicator stays
+  // usable.
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> Split(int color, int key, int expect_rank,
+                                                          int expect_size,
+                                                          bool high_priority_stream,
+                                                          const std::string& name);
+
  private:
   friend absl::StatusOr<std::unique_ptr<NcclCommunicator>> ConnectNccl(const NcclOptions&);
   absl::Status CheckUsable() const;

@@ -23,6 +23,9 @@ namespace vp::comm {
 #define VP_NCCL_FUNCTIONS(X) \
   X(ncclGetUniqueId) \
   X(ncclCommInitRankConfig) \
+  X(ncclCommSplit) \
+  X(ncclCommCount) \
+  X(ncclCommUserRank) \
   X(ncclCommFinalize) \
   X(ncclCommDestroy) \
   X(ncclCommAbort) \

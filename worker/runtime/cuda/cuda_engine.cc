@@ -50,8 +50,13 @@ absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
   e->comm_gemm_ = std::move(*g2);
   e->compute_ = {e->compute_stream_.get(), e->compute_gemm_.get(), e->alloc_.get()};
   e->comm_ = {e->comm_stream_.get(), e->comm_gemm_.get(), e->alloc_.get()};
+  // ZeRO-1: the AdamW state of this replica's range only (the range RunOptimizerStep
+  // reduce-scatters into, comm::RangeOf over the data group).
+  const engine::cuda::ZeroShard zero =
+      options.data.zero ? engine::cuda::ZeroShard{options.data.replicas, options.data.replica}
+                        : engine::cuda::ZeroShard{};
   auto model = Model::Create(options.model, layout, options.microbatch_size, seq_bounds, algorithm,
-                             options.adamw, e->compute_, e->comm_);
+                             options.adamw, e->compute_, e->comm_, zero);
   if (!model.ok()) return model.status();
   e->model_ = std::move(*model);
   // The same initialisation as the CPU engine (slice-independent), then to the device.
@@ -221,14 +226,14 @@ class CudaGradOps {
     if (auto st = Finish(ctx_); !st.ok()) return st;
     return data.AllReduce(model_.grads() + offset, n, comm::ReduceOp::kSum);
   }
-  // ZeRO-1 needs the device AdamW on a range and the gather of the (bf16) parameters and their
-  // fp32 master copy; until then the launcher refuses zero: 1 on cuda before any rank starts.
-  absl::Status ReduceScatterGrads(comm::Communicator&) {
-    return absl::UnimplementedError("parallel.zero: 1 is not available on device cuda yet");
+  // ZeRO-1: the whole fp32 gradient buffer reduce-scattered (this replica keeps its range's
+  // sum), AdamW on the range (AdamW above: the model's state is the range's), then the fp32
+  // master weights all-gathered and the T copy refreshed (DeviceRankModel::GatherParams).
+  absl::Status ReduceScatterGrads(comm::Communicator& data) {
+    if (auto st = Finish(ctx_); !st.ok()) return st;
+    return data.ReduceScatterSum(model_.grads(), model_.param_count());
   }
-  absl::Status AllGatherParams(comm::Communicator&) {
-    return absl::UnimplementedError("parallel.zero: 1 is not available on device cuda yet");
-  }
+  absl::Status AllGatherParams(comm::Communicator& data) { return model_.GatherParams(data); }
 
  private:
   engine::cuda::DeviceRankModel<T>& model_;
@@ -245,6 +250,13 @@ absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm
                                                float lr, float grad_clip, double* grad_norm,
                                                double* data_seconds,
                                                const std::vector<comm::ShardRange>& reduced) {
+  if (opt_.data.zero && data != nullptr && data->size() > 1 &&
+      (data->size() != opt_.data.replicas || data->rank() != opt_.data.replica)) {
+    return absl::InvalidArgumentError(absl::StrCat("zero: the data group is replica ", data->rank(),
+                                                   " of ", data->size(),
+                                                   ", the optimizer state was sharded for replica ",
+                                                   opt_.data.replica, " of ", opt_.data.replicas));
+  }
   CudaGradOps<T> ops(*model_, compute_);
   return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip, grad_norm,
                           data_seconds, reduced);

@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
   }
   auto setup = internal::BuildRankSetup(plan, rank, options, p2p, data);
   if (!setup.ok()) return setup.status();
+  setup->overlap_data_sync = cuda.overlap_data_sync;
   if (cuda.untagged_p2p) {
     if (auto st = CheckP2POrderMatches(plan); !st.ok()) return st;
   }

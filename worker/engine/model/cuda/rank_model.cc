@@ -1,9 +1,12 @@
 #include "worker/engine/model/cuda/rank_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "worker/comm/communicator.h"
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/model/cuda/model_kernels.h"
@@ -24,7 +27,11 @@ template <typename T>
 absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
     std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
-    const DeviceContext& compute, const DeviceContext& comm) {
+    const DeviceContext& compute, const DeviceContext& comm, ZeroShard zero) {
+  if (zero.parts < 1 || zero.index < 0 || zero.index >= zero.parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device model: ZeRO shard ", zero.index, " must be in [0, ", zero.parts, ")"));
+  }
   if (cfg.hidden % 8 != 0 || cfg.ffn_hidden % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.hidden (", cfg.hidden, ") and ffn_hidden (", cfg.ffn_hidden,
@@ -41,11 +48,15 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
   auto host = RankModel::Create(cfg, layout, microbatch_size, seq_bounds, algorithm, nullptr);
   if (!host.ok()) return host.status();
   m->host_ = std::move(*host);
-  auto opt = AdamW::Create(nullptr, m->host_->param_count(), adamw, m->host_->DecayRanges());
-  if (!opt.ok()) return opt.status();
-  m->host_opt_ = std::make_unique<AdamW>(std::move(*opt));
   const RankModel& h = *m->host_;
   m->count_ = h.param_count();
+  const comm::ShardRange shard = comm::RangeOf(m->count_, zero.parts, zero.index);
+  m->shard_begin_ = shard.begin;
+  m->shard_count_ = shard.count;
+  auto opt =
+      AdamW::CreateShard(nullptr, m->count_, adamw, h.DecayRanges(), shard.begin, shard.count);
+  if (!opt.ok()) return opt.status();
+  m->host_opt_ = std::make_unique<AdamW>(std::move(*opt));
   if (layout.holds_first_group) m->wpe_offset_ = static_cast<size_t>(h.wpe() - h.params());
   if (layout.holds_last_group) m->lnf_offset_ = static_cast<size_t>(h.lnf_weight() - h.params());
 
@@ -60,23 +71,29 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     if (!params.ok()) return params.status();
     m->params_ = std::move(*params);
   }
-  for (auto [arr, cat] : {std::pair{&m->grads_, MemoryCategory::kGradients},
-                          std::pair{&m->m_, MemoryCategory::kOptimizer},
-                          std::pair{&m->v_, MemoryCategory::kOptimizer}}) {
-    auto a = DeviceArray<float>::Create(compute, cat, n);
+  const size_t ns = shard.count;  // the optimizer state's length
+  for (auto [arr, cat, len] : {std::tuple{&m->grads_, MemoryCategory::kGradients, n},
+                               std::tuple{&m->m_, MemoryCategory::kOptimizer, ns},
+                               std::tuple{&m->v_, MemoryCategory::kOptimizer, ns}}) {
+    auto a = DeviceArray<float>::Create(compute, cat, len);
     if (!a.ok()) return a.status();
     *arr = std::move(*a);
   }
-  auto decay = DeviceArray<uint8_t>::Create(compute, MemoryCategory::kOptimizer, n);
+  auto decay = DeviceArray<uint8_t>::Create(compute, MemoryCategory::kOptimizer, ns);
   if (!decay.ok()) return decay.status();
   m->decay_ = std::move(*decay);
   {
-    std::vector<uint8_t> mask(n, 0);
+    // The decayed ranges' parts inside the shard, shard-relative.
+    std::vector<uint8_t> mask(ns, 0);
+    const size_t lo_shard = shard.begin, hi_shard = shard.end();
     for (const DecayRange& r : h.DecayRanges()) {
-      if (r.weight_decay) std::fill_n(mask.begin() + r.offset, r.count, uint8_t{1});
+      const size_t lo = std::max(r.offset, lo_shard), hi = std::min(r.offset + r.count, hi_shard);
+      if (r.weight_decay && lo < hi) {
+        std::fill(mask.begin() + (lo - lo_shard), mask.begin() + (hi - lo_shard), uint8_t{1});
+      }
     }
     VP_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(m->decay_.data(), mask.data(), n, cudaMemcpyHostToDevice, compute.stream));
+        cudaMemcpyAsync(m->decay_.data(), mask.data(), ns, cudaMemcpyHostToDevice, compute.stream));
     // The mask's host memory goes away at scope exit.
     if (auto st = Finish(compute); !st.ok()) return st;
   }
@@ -118,13 +135,14 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
 template <typename T>
 absl::Status DeviceRankModel<T>::Upload() {
   const size_t bytes = count_ * sizeof(float);
+  const size_t state_bytes = shard_count_ * sizeof(float);  // m, v: the shard's
   const cudaStream_t s = compute_.stream;
   VP_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(master_.data(), host_->params(), bytes, cudaMemcpyHostToDevice, s));
   VP_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(m_.data(), host_opt_->m().data(), bytes, cudaMemcpyHostToDevice, s));
+      cudaMemcpyAsync(m_.data(), host_opt_->m().data(), state_bytes, cudaMemcpyHostToDevice, s));
   VP_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(v_.data(), host_opt_->v().data(), bytes, cudaMemcpyHostToDevice, s));
+      cudaMemcpyAsync(v_.data(), host_opt_->v().data(), state_bytes, cudaMemcpyHostToDevice, s));
   if constexpr (!std::is_same_v<T, float>) {
     VP_CUDA_RETURN_IF_ERROR(
         FloatToBf16(params_.data(), master_.data(), static_cast<long>(count_), s));
@@ -135,13 +153,14 @@ absl::Status DeviceRankModel<T>::Upload() {
 template <typename T>
 absl::Status DeviceRankModel<T>::Download() {
   const size_t bytes = count_ * sizeof(float);
+  const size_t state_bytes = shard_count_ * sizeof(float);
   const cudaStream_t s = compute_.stream;
   VP_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host_->params(), master_.data(), bytes, cudaMemcpyDeviceToHost, s));
   VP_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_opt_->m().data(), m_.data(), bytes, cudaMemcpyDeviceToHost, s));
+      cudaMemcpyAsync(host_opt_->m().data(), m_.data(), state_bytes, cudaMemcpyDeviceToHost, s));
   VP_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_opt_->v().data(), v_.data(), bytes, cudaMemcpyDeviceToHost, s));
+      cudaMemcpyAsync(host_opt_->v().data(), v_.data(), state_bytes, cudaMemcpyDeviceToHost, s));
   return Finish(compute_);
 }
 
@@ -181,10 +200,24 @@ absl::Status DeviceRankModel<T>::OptimizerStep(float lr, float grad_scale) {
   // Bias corrections in double, as the CPU optimizer computes them.
   p.bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(opt.step()));
   p.bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(opt.step()));
+  // The shard's elements only (the whole buffer without ZeRO-1); m, v and decay are the shard's.
   bf16* copy = nullptr;
-  if constexpr (!std::is_same_v<T, float>) copy = params_.data();
-  VP_CUDA_RETURN_IF_ERROR(AdamWStep(master_.data(), copy, grads_.data(), m_.data(), v_.data(),
-                                    decay_.data(), count_, p, compute_.stream));
+  if constexpr (!std::is_same_v<T, float>) copy = params_.data() + shard_begin_;
+  VP_CUDA_RETURN_IF_ERROR(AdamWStep(master_.data() + shard_begin_, copy,
+                                    grads_.data() + shard_begin_, m_.data(), v_.data(),
+                                    decay_.data(), shard_count_, p, compute_.stream));
+  return Finish(compute_);
+}
+
+template <typename T>
+absl::Status DeviceRankModel<T>::GatherParams(comm::Communicator& data) {
+  if (shard_count_ == count_) return absl::OkStatus();
+  if (auto st = Finish(compute_); !st.ok()) return st;
+  if (auto st = data.AllGather(master_.data(), count_); !st.ok()) return st;
+  if constexpr (!std::is_same_v<T, float>) {
+    VP_CUDA_RETURN_IF_ERROR(
+        FloatToBf16(params_.data(), master_.data(), static_cast<long>(count_), compute_.stream));
+  }
   return Finish(compute_);
 }
 

@@ -7,9 +7,15 @@
 //   master   fp32 (param_count)  AdamW's master weights           kOptimizer (T = bf16 only)
 //   params   T    (param_count)  what the passes read             kParameters
 //   grads    fp32 (param_count)  accumulated over a step          kGradients
-//   m, v     fp32 (param_count)  AdamW moments                    kOptimizer
-//   decay    u8   (param_count)  1 where weight decay applies     kOptimizer
+//   m, v     fp32 (shard)        AdamW moments                    kOptimizer
+//   decay    u8   (shard)        1 where weight decay applies     kOptimizer
 // With T = float the passes read the master weights directly (no separate copy).
+//
+// ZeRO-1 (a ZeroShard of parts > 1): the AdamW state covers only this replica's range
+// comm::RangeOf(param_count, parts, index) of the flat buffer — the host AdamW is a shard of
+// the same range, so checkpoints save it as on the CPU. OptimizerStep updates the range's
+// master weights (and their T copy); GatherParams then all-gathers the fp32 master weights over
+// the data group and refreshes the whole T copy. Without ZeRO the shard is the whole buffer.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +31,18 @@
 #include "worker/engine/transformer/cuda/transformer.h"
 #include "worker/engine/vocab/cuda/vocab_shards.h"
 
+namespace vp::comm {
+class Communicator;
+}  // namespace vp::comm
+
 namespace vp::engine::cuda {
+
+// Which part of the flat buffer this rank's optimizer state covers: part `index` of `parts`
+// (ZeRO-1 over `parts` data-parallel replicas), or the whole buffer (parts = 1).
+struct ZeroShard {
+  int parts = 1;
+  int index = 0;
+};
 
 template <typename T>
 class DeviceRankModel {
@@ -35,7 +52,7 @@ class DeviceRankModel {
   static absl::StatusOr<std::unique_ptr<DeviceRankModel>> Create(
       const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
       std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
-      const DeviceContext& compute, const DeviceContext& comm);
+      const DeviceContext& compute, const DeviceContext& comm, ZeroShard zero = {});
 
   // Host view: tensor table, Init, checkpoints. Valid after Download(); Upload() after changing.
   RankModel& host() { return *host_; }
@@ -68,6 +85,12 @@ class DeviceRankModel {
   // One AdamW step (the host optimizer's step count and config) on the master weights, then
   // the T copy refreshed. grad_scale: clipping.
   absl::Status OptimizerStep(float lr, float grad_scale);
+  // ZeRO-1's parameter gather: every replica's range of the fp32 master weights over `data`
+  // (device pointers; the compute stream must be idle, as OptimizerStep leaves it), then the T
+  // copy of the whole buffer refreshed. Nothing to do without a shard.
+  absl::Status GatherParams(comm::Communicator& data);
+  size_t shard_begin() const { return shard_begin_; }
+  size_t shard_count() const { return shard_count_; }
 
  private:
   DeviceRankModel() = default;
@@ -78,6 +101,8 @@ class DeviceRankModel {
   std::unique_ptr<RankModel> host_;
   std::unique_ptr<AdamW> host_opt_;
   size_t count_ = 0;
+  size_t shard_begin_ = 0;  // the optimizer state's range of the flat buffer
+  size_t shard_count_ = 0;
   size_t wpe_offset_ = 0;
   size_t lnf_offset_ = 0;
   DeviceArray<float> master_;  // fp32 weights (the parameters themselves when T = float)
