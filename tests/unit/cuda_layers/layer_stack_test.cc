@@ -14,11 +14,15 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "tests/support/cuda_test_device.h"
+#include "tests/support/gloo_threads.h"
+#include "worker/comm/nccl/staged_communicator.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
 #include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
@@ -573,6 +577,226 @@ TEST_F(DeviceLayerStackTest, OutOfOrderCallsAreRejected) {
   ASSERT_TRUE(st.Backward({0, 1}, g.data(), y.data()).ok());
   ASSERT_TRUE(st.Backward({0, 0}, g.data(), y.data()).ok());
   EXPECT_EQ(tracker_.current(MemoryCategory::kActivations), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor parallelism: t ranks as threads on one GPU (their group a Gloo group staged through
+// host memory), each running the schedule above on its b·len/t sequence-parallel rows, against
+// the CPU LayerStack at the same t (whose own tests prove it equal to t = 1): every rank's
+// outputs, input gradients and gradient slices. The parameters are each rank's slice as the CPU
+// stack initialises it (slice-independent), perturbed alike on both.
+
+struct TensorRankResults {
+  Results cpu, device;
+  std::string error;
+};
+
+// Rows [r·m, (r+1)·m) of a chunk's (b·len, h) rows: tensor rank r's share.
+std::vector<float> RankRows(const std::vector<float>& rows, int h, int r, int t) {
+  const size_t m = rows.size() / h / t;
+  return std::vector<float>(rows.begin() + static_cast<long>(r * m * h),
+                            rows.begin() + static_cast<long>((r + 1) * m * h));
+}
+
+template <typename T>
+std::vector<TensorRankResults> RunTensorRanks(const ModelConfig& cfg, int t) {
+  std::vector<TensorRankResults> out(t);
+  const Inputs whole = MakeInputs(cfg);  // only x and dout are used: the rows of every rank
+  comm::testing::RunOnGlooRanks(t, [&](comm::GlooCommunicator& gloo) {
+    const int r = gloo.rank();
+    TensorRankResults& res = out[r];
+    const engine::tp::TensorGroup cpu_group(&gloo);
+    const size_t count = cfg.layers * LayerParamCount(cfg, t);
+    std::vector<float> params(count), no_grads(count);
+    {
+      auto init = LayerStack::Create(cfg, 0, cfg.layers, kBatch, kBounds, params.data(),
+                                     no_grads.data(), nullptr, cpu_group);
+      if (!init.ok()) {
+        res.error = init.status().ToString();
+        return;
+      }
+      init->InitParams(1234);
+      const std::vector<float> noise = Random(count, 99 + r, 0.02f);
+      for (size_t i = 0; i < count; ++i) params[i] += noise[i];
+    }
+    auto rows = [&](const std::vector<float>& full, SeqChunk c) {
+      return RankRows(ChunkRows(full, kBatch, cfg.seq_len, cfg.hidden, c), cfg.hidden, r, t);
+    };
+    // The CPU stack at t.
+    {
+      std::vector<float> p = params;
+      res.cpu.grads.assign(count, 0.0f);
+      MemoryTracker tracker;
+      auto stack = LayerStack::Create(cfg, 0, cfg.layers, kBatch, kBounds, p.data(),
+                                      res.cpu.grads.data(), &tracker, cpu_group);
+      if (!stack.ok()) {
+        res.error = stack.status().ToString();
+        return;
+      }
+      for (const Step& step : kSchedule) {
+        const SeqChunk c = stack->seq_chunk(step.slot.seq);
+        const int mb = step.slot.microbatch;
+        absl::Status st;
+        if (step.pass == Pass::kF) {
+          const std::vector<float> x = rows(whole.x[mb], c);
+          std::vector<float>& o = res.cpu.out[step.slot];
+          o.resize(x.size());
+          st = stack->Forward(step.slot, x.data(), o.data());
+        } else if (step.pass == Pass::kW) {
+          st = stack->BackwardWeight(step.slot);
+        } else {
+          const std::vector<float> dout = rows(whole.dout[mb], c);
+          std::vector<float>& dx = res.cpu.dx[step.slot];
+          dx.resize(dout.size());
+          st = step.pass == Pass::kB ? stack->BackwardInput(step.slot, dout.data(), dx.data())
+                                     : stack->Backward(step.slot, dout.data(), dx.data());
+        }
+        if (!st.ok()) {
+          res.error = absl::StrCat("cpu: ", st.ToString());
+          return;
+        }
+      }
+    }
+    // The device stack at t, its group the same Gloo group staged through host memory.
+    comm::StagedCommunicator staged(&gloo);
+    test_support::TestDevice dev;
+    if (!dev.error.empty()) {
+      res.error = dev.error;
+      return;
+    }
+    DeviceArray<T> p = dev.Up<T>(params);
+    DeviceArray<float> g = dev.Up<float>(std::vector<float>(count, 0.0f));
+    auto stack = DeviceLayerStack<T>::Create(cfg, 0, cfg.layers, kBatch, kBounds, p.data(),
+                                             g.data(), dev.ctx, engine::tp::TensorGroup(&staged));
+    if (!stack.ok()) {
+      res.error = stack.status().ToString();
+      return;
+    }
+    for (const Step& step : kSchedule) {
+      const SeqChunk c = (*stack)->seq_chunk(step.slot.seq);
+      const int mb = step.slot.microbatch;
+      absl::Status st;
+      if (step.pass == Pass::kF) {
+        const std::vector<float> host_x = rows(whole.x[mb], c);
+        DeviceArray<T> x = dev.Up<T>(host_x);
+        DeviceArray<T> o = dev.Up<T>(std::vector<float>(host_x.size(), 0.0f));
+        st = (*stack)->Forward(step.slot, x.data(), o.data());
+        res.device.out[step.slot] = dev.Down(o.data(), o.size());
+      } else if (step.pass == Pass::kW) {
+        st = (*stack)->BackwardWeight(step.slot);
+      } else {
+        const std::vector<float> host_dout = rows(whole.dout[mb], c);
+        DeviceArray<T> dout = dev.Up<T>(host_dout);
+        DeviceArray<T> dx = dev.Up<T>(std::vector<float>(host_dout.size(), 7.0f));
+        st = step.pass == Pass::kB ? (*stack)->BackwardInput(step.slot, dout.data(), dx.data())
+                                   : (*stack)->Backward(step.slot, dout.data(), dx.data());
+        res.device.dx[step.slot] = dev.Down(dx.data(), dx.size());
+      }
+      if (!st.ok()) {
+        res.error = absl::StrCat("device: ", st.ToString());
+        return;
+      }
+    }
+    if ((*stack)->live_slots() != 0) res.error = "device: slots still live after the schedule";
+    res.device.grads = dev.Down(g.data(), g.size());
+  });
+  return out;
+}
+
+template <typename T>
+void ExpectTensorRanksMatchCpu(const ModelConfig& cfg, int t) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<TensorRankResults> ranks = RunTensorRanks<T>(cfg, t);
+  const bool fp32 = std::is_same_v<T, float>;
+  for (int r = 0; r < t; ++r) {
+    const TensorRankResults& res = ranks[r];
+    ASSERT_EQ(res.error, "") << "tensor rank " << r;
+    const std::string at = " (tensor rank " + std::to_string(r) + ")";
+    ASSERT_EQ(res.device.out.size(), res.cpu.out.size());
+    for (const auto& [slot, w] : res.cpu.out) {
+      const std::string name =
+          "out mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq) + at;
+      if (fp32) {
+        ExpectClose(res.device.out.at(slot), w, 1e-4, 1e-5, name);
+      } else {
+        ExpectClose(res.device.out.at(slot), w, 3e-2, 3e-2, name);
+      }
+    }
+    for (const auto& [slot, w] : res.cpu.dx) {
+      const std::string name =
+          "dx mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq) + at;
+      if (fp32) {
+        ExpectClose(res.device.dx.at(slot), w, 1e-4, 1e-5, name);
+      } else {
+        ExpectClose(res.device.dx.at(slot), w, 3e-2, 3e-2, name);
+      }
+    }
+    ASSERT_EQ(res.device.grads.size(), res.cpu.grads.size());
+    const size_t per_layer = LayerParamCount(cfg, t);
+    for (int layer = 0; layer < cfg.layers; ++layer) {
+      for (const TensorSpec& spec : LayerTensorSpecs(cfg, t)) {
+        const size_t begin = layer * per_layer + spec.offset;
+        const std::vector<float> got(res.device.grads.begin() + begin,
+                                     res.device.grads.begin() + begin + spec.count());
+        const std::vector<float> want(res.cpu.grads.begin() + begin,
+                                      res.cpu.grads.begin() + begin + spec.count());
+        const std::string name = "grad " + LayerTensorName(cfg, layer, spec.name) + at;
+        if (fp32) {
+          ExpectClose(got, want, 1e-4, 1e-5, name);
+        } else {
+          ExpectCloseL2(got, want, 5e-2, name);
+        }
+      }
+    }
+  }
+}
+
+TEST(DeviceLayerStackTensorParallel, Gpt2Fp32TwoRanks) {
+  ExpectTensorRanksMatchCpu<float>(SmallConfig(), 2);
+}
+TEST(DeviceLayerStackTensorParallel, Gpt2Fp32FourRanks) {
+  ExpectTensorRanksMatchCpu<float>(SmallConfig(), 4);
+}
+TEST(DeviceLayerStackTensorParallel, Gpt2Bf16TwoRanks) {
+  ExpectTensorRanksMatchCpu<bf16>(SmallConfig(), 2);
+}
+// Llama with its 2 key/value heads cut (one per rank) and with a single, replicated one.
+TEST(DeviceLayerStackTensorParallel, LlamaFp32TwoRanks) {
+  ExpectTensorRanksMatchCpu<float>(LlamaConfig(), 2);
+}
+TEST(DeviceLayerStackTensorParallel, LlamaFp32ReplicatedKeyValueHead) {
+  ModelConfig cfg = LlamaConfig();
+  cfg.kv_heads = 1;  // kv width 8: whole on both ranks
+  ExpectTensorRanksMatchCpu<float>(cfg, 2);
+}
+TEST(DeviceLayerStackTensorParallel, LlamaBf16TwoRanks) {
+  ExpectTensorRanksMatchCpu<bf16>(LlamaConfig(), 2);
+}
+
+// Device-free: the tensor rules are checked before the device is touched.
+TEST(DeviceLayerStackCreate, RefusesATensorSplitTheModelOrTheDeviceCannotTake) {
+  const DeviceContext no_device;
+  alignas(16) float params[8] = {};
+  alignas(16) float grads[8] = {};
+  comm::testing::RunOnGlooRanks(2, [&](comm::GlooCommunicator& gloo) {
+    const engine::tp::TensorGroup group(&gloo);
+    auto create = [&](const ModelConfig& cfg, std::vector<int> bounds) {
+      return DeviceLayerStack<float>::Create(cfg, 0, 1, kBatch, std::move(bounds), params, grads,
+                                             no_device, group)
+          .status();
+    };
+    ModelConfig odd_heads = SmallConfig();
+    odd_heads.heads = 1;
+    odd_heads.hidden = 32;
+    ExpectStatus(create(odd_heads, kBounds), absl::StatusCode::kInvalidArgument, "heads");
+    ExpectStatus(create(SmallConfig(), {0, 7, 16}), absl::StatusCode::kInvalidArgument,
+                 "divisible by parallel.tensor");
+    ModelConfig narrow = SmallConfig();  // 2 heads of 8: a rank's attention width 8 is fine,
+    narrow.hidden = 16;                  // but its MLP width 24 / 2 = 12 is off the alignment
+    narrow.heads = 2;
+    narrow.ffn_hidden = 24;
+    ExpectStatus(create(narrow, kBounds), absl::StatusCode::kInvalidArgument, "multiples of 8");
+  });
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/cuda_test_device.h"
 #include "tests/support/gloo_threads.h"
 #include "worker/comm/nccl/staged_communicator.h"
 #include "worker/engine/activation_pool.h"
@@ -77,67 +78,6 @@ template <typename V>
 V Rows(const V& a, int c, int r0, int h) {
   return V(a.begin() + static_cast<long>(r0) * c, a.begin() + static_cast<long>(r0 + h) * c);
 }
-
-// One rank's device: its own stream, GEMM runner and allocator, as a rank's engine has.
-struct Device {
-  MemoryTracker tracker;
-  std::unique_ptr<CachingAllocator> alloc;
-  CudaStream stream;
-  std::unique_ptr<GemmRunner> gemm;
-  DeviceContext ctx;
-  std::string error;
-
-  Device() {
-    alloc = std::make_unique<CachingAllocator>(MakeCudaMemoryBackend(), &tracker,
-                                               CachingAllocator::Reuse::kAfterSync);
-    auto s = CudaStream::Create();
-    auto g = GemmRunner::Create();
-    if (!s.ok() || !g.ok()) {
-      error = "device setup failed";
-      return;
-    }
-    stream = std::move(*s);
-    gemm = std::move(*g);
-    ctx = DeviceContext{stream.get(), gemm.get(), alloc.get()};
-  }
-
-  template <typename E>
-  DeviceArray<E> Up(const std::vector<float>& host) {
-    auto f = DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, host.size(), false);
-    if (!f.ok()) return {};
-    cudaMemcpyAsync(f->data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice,
-                    ctx.stream);
-    if constexpr (std::is_same_v<E, float>) {
-      cudaStreamSynchronize(ctx.stream);
-      return std::move(*f);
-    } else {
-      auto d = DeviceArray<E>::Create(ctx, MemoryCategory::kActivations, host.size(), false);
-      if (!d.ok()) return {};
-      FloatToBf16(d->data(), f->data(), static_cast<long>(host.size()), ctx.stream);
-      cudaStreamSynchronize(ctx.stream);
-      return std::move(*d);
-    }
-  }
-
-  template <typename E>
-  std::vector<float> Down(const E* p, size_t n) {
-    std::vector<float> host(n);
-    DeviceArray<float> tmp;
-    const float* src = nullptr;
-    if constexpr (std::is_same_v<E, float>) {
-      src = p;
-    } else {
-      auto f = DeviceArray<float>::Create(ctx, MemoryCategory::kActivations, n, false);
-      if (!f.ok()) return host;
-      tmp = std::move(*f);
-      Bf16ToFloat(tmp.data(), p, static_cast<long>(n), ctx.stream);
-      src = tmp.data();
-    }
-    cudaMemcpyAsync(host.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream);
-    cudaStreamSynchronize(ctx.stream);
-    return host;
-  }
-};
 
 // What one rank computed, as host floats.
 struct RankOut {
@@ -245,7 +185,7 @@ void RunParallelLinears(WeightLayout layout, bool cpu = false) {
       return;
     }
     comm::StagedCommunicator staged(&gloo);
-    Device dev;
+    test_support::TestDevice dev;
     if (!dev.error.empty()) {
       col[r].error = dev.error;
       return;

@@ -79,6 +79,12 @@ absl::Status ProductBackwardWeight(GemmRunner& gemm, WeightLayout layout, float*
   return LinearTBackwardWeight<T>(gemm, dw, dy, x, n, in, out, s);
 }
 
+// The end of a product: at t > 1 the stream drained (a collective follows or preceded it on the
+// communicator's own stream); at t = 1 nothing — the plain layer's GEMMs only enqueue.
+absl::Status Done(const TensorGroup& group, const DeviceContext& ctx) {
+  return group.size() > 1 ? Finish(ctx) : absl::OkStatus();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -109,8 +115,8 @@ absl::Status DeviceSequenceParallel<T>::GatherInto(const T* local, int n, int c,
   const size_t mine = count / t;
   VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(full + group_.rank() * mine, local, mine * sizeof(T),
                                           cudaMemcpyDeviceToDevice, ctx_.stream));
-  if (absl::Status s = Finish(ctx_); !s.ok()) return s;  // the communicator has its own stream
   if (t == 1) return absl::OkStatus();
+  if (absl::Status s = Finish(ctx_); !s.ok()) return s;  // the communicator has its own stream
   // Block r of t equal blocks is RangeOf's range r (t divides the slot count): a byte move.
   return group_.comm()->AllGather(reinterpret_cast<float*>(full), count / kPerSlot<T>);
 }
@@ -149,7 +155,7 @@ absl::Status DeviceColumnParallelLinear<T>::Forward(T* y, const T* x_local, int 
       !s.ok()) {
     return s;
   }
-  return Finish(ctx);
+  return Done(sp_->group(), ctx);
 }
 
 template <typename T>
@@ -161,7 +167,7 @@ absl::Status DeviceColumnParallelLinear<T>::BackwardInput(T* dx_local, const T* 
         !s.ok()) {
       return s;
     }
-    return Finish(ctx);
+    return Done(sp_->group(), ctx);
   }
   auto partial = DeviceArray<float>::Create(ctx, MemoryCategory::kActivations,
                                             static_cast<size_t>(n) * p_.in, /*zero=*/false);
@@ -185,7 +191,7 @@ absl::Status DeviceColumnParallelLinear<T>::BackwardWeight(const T* dy, const T*
       !s.ok()) {
     return s;
   }
-  return Finish(ctx);
+  return Done(sp_->group(), ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,7 +206,7 @@ absl::Status DeviceRowParallelLinear<T>::Forward(T* y_local, const T* x, int n) 
         !s.ok()) {
       return s;
     }
-    return Finish(ctx);
+    return Done(sp_->group(), ctx);
   }
   auto partial = DeviceArray<float>::Create(ctx, MemoryCategory::kActivations,
                                             static_cast<size_t>(n) * p_.out, /*zero=*/false);
@@ -214,7 +220,7 @@ absl::Status DeviceRowParallelLinear<T>::Forward(T* y_local, const T* x, int n) 
   if (p_.b != nullptr) {  // the replicated bias, once per row after the sum
     VP_CUDA_RETURN_IF_ERROR(AddBias<T>(y_local, p_.b, sp_->LocalRows(n), p_.out, ctx.stream));
   }
-  return Finish(ctx);
+  return Done(sp_->group(), ctx);
 }
 
 template <typename T>
@@ -227,7 +233,7 @@ absl::Status DeviceRowParallelLinear<T>::BackwardInput(T* dx, const T* dy_local,
       !s.ok()) {
     return s;
   }
-  return Finish(ctx);
+  return Done(sp_->group(), ctx);
 }
 
 template <typename T>
@@ -240,7 +246,7 @@ absl::Status DeviceRowParallelLinear<T>::BackwardWeight(const T* dy_local, const
         !s.ok()) {
       return s;
     }
-    return Finish(ctx);
+    return Done(sp_->group(), ctx);
   }
   auto dy = sp_->Gather(dy_local, n, p_.out);
   if (!dy.ok()) return dy.status();
@@ -253,7 +259,7 @@ absl::Status DeviceRowParallelLinear<T>::BackwardWeight(const T* dy_local, const
     VP_CUDA_RETURN_IF_ERROR(
         BiasBackward<T>(p_.db, dy_local, sp_->LocalRows(n), p_.out, ctx.stream));
   }
-  return Finish(ctx);
+  return Done(sp_->group(), ctx);
 }
 
 template class DeviceSequenceParallel<float>;

@@ -10,8 +10,9 @@
 //   - A reduction adds: the partial products that are reduce-scattered (the row-parallel
 //     forward, the column-parallel input gradient) are written by the GEMM in fp32 (cuBLASLt's
 //     fp32 C with T inputs), summed in fp32 and rounded to T once, on the rank's own rows.
-// Every call returns with ctx.stream idle (Finish), as every device pass does (device.h), so a
-// communicator (its own stream) may read what the call produced.
+// At t > 1 every call returns with ctx.stream idle (Finish), so a communicator (on its own
+// stream) may read what the call produced; at t = 1 a call only enqueues, exactly the plain
+// layer's GEMMs (the caller's pass ends with its own Finish).
 //
 // Letters: n token rows of the chunk, m = n/t this rank's rows, in/out the GEMM widths (out_r,
 // in_r this rank's slice), t the group size, c a row width.

@@ -16,6 +16,7 @@
 // backward.
 #include "worker/engine/transformer/cuda/transformer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -24,6 +25,8 @@
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/phase_timer.h"
+#include "worker/engine/tensor_parallel/cuda/parallel_linear.h"
+#include "worker/engine/tensor_parallel/split.h"
 
 // Propagates a non-OK absl::Status (the GEMM wrappers and DeviceArray::Create return one).
 #define VP_LS_RETURN_IF_ERROR(expr)                                 \
@@ -119,13 +122,40 @@ struct DeviceLayerActivations {
 template <typename T>
 class DeviceLayer {
  public:
-  DeviceLayer(const ModelConfig& cfg, int batch, const T* params, float* grads)
+  // sp: the stack's sequence-parallel rows (its group of t = 1 when the layer is whole); the
+  // tensors are one tensor rank's slices (LayerTensorSpecs(cfg, t)).
+  DeviceLayer(const ModelConfig& cfg, int batch, const T* params, float* grads,
+              const tp::DeviceSequenceParallel<T>* sp)
       : cfg_(cfg),
         batch_(batch),
-        p_(BindLayerTensors(params, cfg)),
-        g_(BindLayerTensors(grads, cfg)),
-        lp_(BindLlamaLayerTensors(params, cfg)),
-        lg_(BindLlamaLayerTensors(grads, cfg)) {}
+        sp_(sp),
+        w_(engine::tp::LocalLayerWidths(cfg, sp->group().size())),
+        p_(BindLayerTensors(params, cfg, sp->group().size())),
+        g_(BindLayerTensors(grads, cfg, sp->group().size())),
+        lp_(BindLlamaLayerTensors(params, cfg, sp->group().size())),
+        lg_(BindLlamaLayerTensors(grads, cfg, sp->group().size())),
+        qkv_(sp, cfg.llama()
+                     ? tp::DeviceLinearWeights<T>{tp::WeightLayout::kOutIn, cfg.hidden, w_.qkv(),
+                                                  lp_.wqkv, nullptr, lg_.wqkv, nullptr}
+                     : tp::DeviceLinearWeights<T>{tp::WeightLayout::kInOut, cfg.hidden, w_.qkv(),
+                                                  p_.attn_w, p_.attn_b, g_.attn_w, g_.attn_b}),
+        attn_out_(sp, cfg.llama()
+                          ? tp::DeviceLinearWeights<T>{tp::WeightLayout::kOutIn, w_.attn,
+                                                       cfg.hidden, lp_.wo, nullptr, lg_.wo, nullptr}
+                          : tp::DeviceLinearWeights<T>{tp::WeightLayout::kInOut, w_.attn,
+                                                       cfg.hidden, p_.attn_proj_w, p_.attn_proj_b,
+                                                       g_.attn_proj_w, g_.attn_proj_b}),
+        mlp_in_(sp, cfg.llama()
+                        ? tp::DeviceLinearWeights<T>{tp::WeightLayout::kOutIn, cfg.hidden,
+                                                     2 * w_.ffn, lp_.wgu, nullptr, lg_.wgu, nullptr}
+                        : tp::DeviceLinearWeights<T>{tp::WeightLayout::kInOut, cfg.hidden, w_.ffn,
+                                                     p_.fc_w, p_.fc_b, g_.fc_w, g_.fc_b}),
+        mlp_out_(sp, cfg.llama()
+                         ? tp::DeviceLinearWeights<T>{tp::WeightLayout::kOutIn, w_.ffn, cfg.hidden,
+                                                      lp_.wdown, nullptr, lg_.wdown, nullptr}
+                         : tp::DeviceLinearWeights<T>{tp::WeightLayout::kInOut, w_.ffn, cfg.hidden,
+                                                      p_.proj_w, p_.proj_b, g_.proj_w, g_.proj_b}) {
+  }
 
   // Selective recomputation (config.h): after F the attention core's output and log-sum-exp
   // are dropped ...
@@ -140,93 +170,86 @@ class DeviceLayer {
                                   DeviceLayerActivations<T>& acts) const {
     if (!acts.atty.empty()) return absl::OkStatus();
     const SeqChunk seq = acts.seq;
-    const int b = batch_, t = seq.len(), h = cfg_.hidden, heads = cfg_.heads;
-    const int ld = cfg_.llama() ? h + 2 * cfg_.kv_dim() : 3 * h;  // the q|k|v row
-    const AttentionShape shape{b,
-                               heads,
-                               cfg_.head_dim(),
-                               seq.begin,
-                               seq.end,
-                               cfg_.seq_len,
-                               cfg_.llama() ? cfg_.num_kv_heads() : 0};
+    const int b = batch_, t = seq.len(), a = w_.attn, heads = w_.heads;
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * t * h, acts.atty));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * t * a, acts.atty));
     MarkPhase(ctx.stream, Phase::kAttention);
-    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), ld,
-                                             kv.k.data(), kv.v.data(), shape, ctx.stream));
+    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(),
+                                             w_.qkv(), kv.k.data(), kv.v.data(), Shape(seq),
+                                             ctx.stream));
     return absl::OkStatus();
   }
 
+  // Letters (both blocks): b batch, t chunk length, s sequence length, n = b·t the chunk's token
+  // rows, m = n / t_p this rank's rows (sequence parallelism; m = n for a whole layer), h width,
+  // a this rank's attention width (its heads · head_dim), kvd its key/value width, qd = a + 2kvd
+  // its fused q|k|v row, f its MLP width. The layer's input and output are this rank's m rows;
+  // the four products exchange rows inside (tensor_parallel/cuda/parallel_linear.h).
+
   // F: out = layer(x) for the chunk's positions; appends the chunk's K/V to kv.
   absl::Status Forward(const DeviceContext& ctx, SeqChunk seq,
-                       const T* x,  // (b, t, h) kept alive by the stack until W
-                       T* out,      // (b, t, h)
+                       const T* x,  // (m, h) kept alive by the stack until W
+                       T* out,      // (m, h)
                        DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
     if (cfg_.llama()) return ForwardLlama(ctx, seq, x, out, kv, acts);
-    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
-              heads = cfg_.heads;
-    const int n = b * t;
-    const long nh = static_cast<long>(n) * h;
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+    const int a = w_.attn, qd = w_.qkv();
+    const int n = b * t, m = sp_->LocalRows(n);
+    const long mh = static_cast<long>(m) * h;
     cudaStream_t st = ctx.stream;
-    GemmRunner& gemm = *ctx.gemm;
     acts.seq = seq;
     acts.inp = x;
     if (kv.k.empty()) {  // the microbatch's first chunk: the cache spans the whole sequence
-      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.k));
-      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.v));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * a, kv.k));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * a, kv.v));
     }
     // Attention sub-block: res1 = x + c_proj(attn(c_attn(ln_1(x)))).
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln1));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_mean));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_rstd));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.ln1));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, m, acts.ln1_mean));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, m, acts.ln1_rstd));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormForward(acts.ln1.data(), acts.ln1_mean.data(),
-                                             acts.ln1_rstd.data(), x, p_.ln1_w, p_.ln1_b, n, h,
+                                             acts.ln1_rstd.data(), x, p_.ln1_w, p_.ln1_b, m, h,
                                              st));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, 3 * nh, acts.qkv));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * qd, acts.qkv));
     MarkPhase(st, Phase::kGemmQkv);
-    VP_LS_RETURN_IF_ERROR(LinearForward(gemm, acts.qkv.data(), acts.ln1.data(), p_.attn_w,
-                                        p_.attn_b, n, h, 3 * h, st));
+    VP_LS_RETURN_IF_ERROR(qkv_.Forward(acts.qkv.data(), acts.ln1.data(), n));
     // Append this chunk's keys and values to the cache so later chunks can attend to them.
     MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, h, 3 * h, h, seq.begin, true, st));
+        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, a, qd, a, seq.begin, true, st));
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, true, st));
-    const AttentionShape shape{b, heads, cfg_.head_dim(), seq.begin, seq.end, s};
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.atty));
+        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, a, qd, 2 * a, seq.begin, true, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, acts.lse));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, acts.atty));
     MarkPhase(st, Phase::kAttention);
-    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(),
-                                             3 * h, kv.k.data(), kv.v.data(), shape, st));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.res1));
+    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
+                                             kv.k.data(), kv.v.data(), Shape(seq), st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.res1));
     MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(LinearForward(gemm, acts.res1.data(), acts.atty.data(), p_.attn_proj_w,
-                                        p_.attn_proj_b, n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(attn_out_.Forward(acts.res1.data(), acts.atty.data(), n));
     MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, mh, st));
     DropAttentionCore(acts);
     // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_mean));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_rstd));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.ln2));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, m, acts.ln2_mean));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, m, acts.ln2_rstd));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormForward(acts.ln2.data(), acts.ln2_mean.data(),
                                              acts.ln2_rstd.data(), acts.res1.data(), p_.ln2_w,
-                                             p_.ln2_b, n, h, st));
+                                             p_.ln2_b, m, h, st));
     const long nf = static_cast<long>(n) * f;
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch));
     MarkPhase(st, Phase::kGemmFc1);
-    VP_LS_RETURN_IF_ERROR(
-        LinearForward(gemm, acts.fch.data(), acts.ln2.data(), p_.fc_w, p_.fc_b, n, h, f, st));
+    VP_LS_RETURN_IF_ERROR(mlp_in_.Forward(acts.fch.data(), acts.ln2.data(), n));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch_gelu));
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(GeluForward(acts.fch_gelu.data(), acts.fch.data(), nf, st));
     MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(
-        LinearForward(gemm, out, acts.fch_gelu.data(), p_.proj_w, p_.proj_b, n, f, h, st));
+    VP_LS_RETURN_IF_ERROR(mlp_out_.Forward(out, acts.fch_gelu.data(), n));
     MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), nh, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), mh, st));
     acts.forward_done = true;
     return absl::OkStatus();
   }
@@ -234,89 +257,83 @@ class DeviceLayer {
   // B: dx = dL/dx for the chunk (overwritten); adds this chunk's dK/dV of positions
   // [0, seq.end) into kv and uses the accumulated values for the chunk's own positions.
   absl::Status BackwardInput(const DeviceContext& ctx,
-                             const T* dout,  // (b, t, h)
-                             T* dx,          // (b, t, h)
+                             const T* dout,  // (m, h)
+                             T* dx,          // (m, h)
                              DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
     if (cfg_.llama()) return BackwardInputLlama(ctx, dout, dx, kv, acts);
     const SeqChunk seq = acts.seq;
-    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
-              heads = cfg_.heads;
-    const int n = b * t;
-    const long nh = static_cast<long>(n) * h;
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+    const int a = w_.attn, qd = w_.qkv();
+    const int n = b * t, m = sp_->LocalRows(n);
+    const long mh = static_cast<long>(m) * h;
     const long nf = static_cast<long>(n) * f;
     cudaStream_t st = ctx.stream;
-    GemmRunner& gemm = *ctx.gemm;
     // MLP sub-block. The layer output gradient is both the skip-path gradient of res1 and the
     // output gradient of mlp.c_proj (stashed for W: the caller's dout need not outlive B).
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_out));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_out));
     MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, mh, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.d_fch));
     MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(
-        LinearBackwardInput(gemm, acts.d_fch.data(), dout, p_.proj_w, n, f, h, st));
+    VP_LS_RETURN_IF_ERROR(mlp_out_.BackwardInput(acts.d_fch.data(), dout, n));
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(
         GeluBackward(acts.d_fch.data(), acts.fch.data(), acts.d_fch.data(), nf, st));
     acts.fch.Reset();  // W needs only the GELU output
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln2));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln2));
     MarkPhase(st, Phase::kGemmFc1);
-    VP_LS_RETURN_IF_ERROR(
-        LinearBackwardInput(gemm, acts.d_ln2.data(), acts.d_fch.data(), p_.fc_w, n, h, f, st));
+    VP_LS_RETURN_IF_ERROR(mlp_in_.BackwardInput(acts.d_ln2.data(), acts.d_fch.data(), n));
     // LayerNormBackwardInput accumulates: start d_res1 from the skip path's gradient, dout.
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_res1));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_res1));
     MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, mh, st));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
                                                    acts.res1.data(), p_.ln2_w, acts.ln2_mean.data(),
-                                                   acts.ln2_rstd.data(), n, h, st));
+                                                   acts.ln2_rstd.data(), m, h, st));
     // Attention sub-block.
-    DeviceArray<T> d_atty;  // (b, t, h)
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, d_atty));
+    DeviceArray<T> d_atty;  // (n, a)
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, d_atty));
     MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(
-        LinearBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), p_.attn_proj_w, n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(attn_out_.BackwardInput(d_atty.data(), acts.d_res1.data(), n));
     VP_LS_RETURN_IF_ERROR(RecomputeAttention(ctx, kv, acts));
     if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
       // Zeroed: the attention backward accumulates dK/dV over the chunks that attend to a key.
-      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.dk, /*zero=*/true));
-      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * h, kv.dv, /*zero=*/true));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * a, kv.dk, /*zero=*/true));
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * a, kv.dv, /*zero=*/true));
     }
     // No zero fill: the kernel overwrites the Q column block and the K/V blocks are copied in.
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, 3 * nh, acts.d_qkv));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * qd, acts.d_qkv));
     {
       DeviceArray<float> delta;  // (b, heads, t) scratch: Σ_d dout·out per query row
-      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, delta));
-      const AttentionShape shape{b, heads, cfg_.head_dim(), seq.begin, seq.end, s};
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, delta));
       MarkPhase(st, Phase::kAttention);
       VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
                                                 delta.data(), d_atty.data(), acts.atty.data(),
-                                                acts.lse.data(), acts.qkv.data(), 3 * h,
-                                                kv.k.data(), kv.v.data(), shape, st));
+                                                acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
+                                                kv.v.data(), Shape(seq), st));
     }
     // Later chunks (already run backward) and this chunk have now added everything they owe to
     // the keys/values at this chunk's positions; earlier chunks never see them. So the
     // accumulated dK/dV rows [begin, end) are final: take them as c_attn's output gradient.
     MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, h, seq.begin, false, st));
+        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, a, qd, a, seq.begin, false, st));
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, h, 3 * h, 2 * h, seq.begin, false, st));
+        CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, a, qd, 2 * a, seq.begin, false, st));
     // Freed blocks stay unusable by other threads until Finish (ReuseAfterSync), and this
     // stream's later work is ordered after the kernels above, so releasing here is safe.
     acts.lse.Reset();
     acts.qkv.Reset();
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln1));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln1));
     MarkPhase(st, Phase::kGemmQkv);
-    VP_LS_RETURN_IF_ERROR(LinearBackwardInput(gemm, acts.d_ln1.data(), acts.d_qkv.data(), p_.attn_w,
-                                              n, h, 3 * h, st));
+    VP_LS_RETURN_IF_ERROR(qkv_.BackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), n));
     // dx = d_res1 (the skip path) + ln_1's input gradient (accumulated by the kernel).
     MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), nh, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), mh, st));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w,
-                                                   acts.ln1_mean.data(), acts.ln1_rstd.data(), n, h,
+                                                   acts.ln1_mean.data(), acts.ln1_rstd.data(), m, h,
                                                    st));
     if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
     acts.backward_input_done = true;
@@ -324,51 +341,55 @@ class DeviceLayer {
   }
 
   // W: accumulates every parameter gradient of the chunk into the fp32 gradient block, then
-  // frees the activations.
+  // frees the activations. The products gather again the rows they need.
   absl::Status BackwardWeight(const DeviceContext& ctx, DeviceLayerActivations<T>& acts) const {
     if (cfg_.llama()) return BackwardWeightLlama(ctx, acts);
-    const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
+    const int n = batch_ * acts.seq.len(), m = sp_->LocalRows(n), h = cfg_.hidden;
     cudaStream_t st = ctx.stream;
-    GemmRunner& gemm = *ctx.gemm;
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight(g_.ln1_w, g_.ln1_b, acts.d_ln1.data(), acts.inp,
-                                                    acts.ln1_mean.data(), acts.ln1_rstd.data(), n,
+                                                    acts.ln1_mean.data(), acts.ln1_rstd.data(), m,
                                                     h, st));
     MarkPhase(st, Phase::kGemmQkv);
-    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.attn_w, g_.attn_b, acts.d_qkv.data(),
-                                               acts.ln1.data(), n, h, 3 * h, st));
+    VP_LS_RETURN_IF_ERROR(qkv_.BackwardWeight(acts.d_qkv.data(), acts.ln1.data(), n));
     MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.attn_proj_w, g_.attn_proj_b,
-                                               acts.d_res1.data(), acts.atty.data(), n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(attn_out_.BackwardWeight(acts.d_res1.data(), acts.atty.data(), n));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight(g_.ln2_w, g_.ln2_b, acts.d_ln2.data(),
                                                     acts.res1.data(), acts.ln2_mean.data(),
-                                                    acts.ln2_rstd.data(), n, h, st));
+                                                    acts.ln2_rstd.data(), m, h, st));
     MarkPhase(st, Phase::kGemmFc1);
-    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.fc_w, g_.fc_b, acts.d_fch.data(),
-                                               acts.ln2.data(), n, h, f, st));
+    VP_LS_RETURN_IF_ERROR(mlp_in_.BackwardWeight(acts.d_fch.data(), acts.ln2.data(), n));
     MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(LinearBackwardWeight(gemm, g_.proj_w, g_.proj_b, acts.d_out.data(),
-                                               acts.fch_gelu.data(), n, f, h, st));
+    VP_LS_RETURN_IF_ERROR(mlp_out_.BackwardWeight(acts.d_out.data(), acts.fch_gelu.data(), n));
     acts = DeviceLayerActivations<T>();
     return absl::OkStatus();
   }
 
  private:
+  // This rank's attention over the chunk: its query heads (and, for Llama, its key/value heads).
+  AttentionShape Shape(SeqChunk seq) const {
+    return AttentionShape{batch_,
+                          w_.heads,
+                          w_.head_dim,
+                          seq.begin,
+                          seq.end,
+                          cfg_.seq_len,
+                          cfg_.llama() ? w_.kv_heads : 0};
+  }
+
   // -------------------------------------------------------------------------------------------
-  // The Llama block (TransformerLayer::ForwardLlama & co. in ../transformer.cc, step by step).
-  // Letters: kvd = kv_heads·head_dim, qd = h + 2kvd (the fused q|k|v row), f MLP width; the
-  // cache and its gradient hold kvd columns; fch is the (n, 2f) gate|up row; ln*_mean unused.
+  // The Llama block (TransformerLayer::ForwardLlama & co. in ../transformer.cc, step by step;
+  // the same letters). The cache and its gradient hold kvd columns; fch is the (n, 2f) gate|up
+  // row; ln*_mean unused.
 
   absl::Status ForwardLlama(const DeviceContext& ctx, SeqChunk seq, const T* x, T* out,
                             DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
-    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
-              heads = cfg_.heads, kv_heads = cfg_.num_kv_heads(), hd = cfg_.head_dim();
-    const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd;
-    const int n = b * t;
-    const long nh = static_cast<long>(n) * h;
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+    const int a = w_.attn, kvd = w_.kv, qd = w_.qkv(), hd = w_.head_dim;
+    const int n = b * t, m = sp_->LocalRows(n);
+    const long mh = static_cast<long>(m) * h;
     cudaStream_t st = ctx.stream;
-    GemmRunner& gemm = *ctx.gemm;
     acts.seq = seq;
     acts.inp = x;
     if (kv.k.empty()) {
@@ -376,57 +397,53 @@ class DeviceLayer {
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.v));
     }
     // Attention: res1 = x + o_proj(attn(rope(q), rope(k), v)), q|k|v = rms(x)·Wqkvᵀ.
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln1));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln1_rstd));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.ln1));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, m, acts.ln1_rstd));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormForward(acts.ln1.data(), acts.ln1_rstd.data(), x,
-                                           lp_.attn_norm_w, n, h, cfg_.rms_eps, st));
+                                           lp_.attn_norm_w, m, h, cfg_.rms_eps, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * qd, acts.qkv));
     MarkPhase(st, Phase::kGemmQkv);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTForward(gemm, acts.qkv.data(), acts.ln1.data(), lp_.wqkv, n, h, qd, st));
+    VP_LS_RETURN_IF_ERROR(qkv_.Forward(acts.qkv.data(), acts.ln1.data(), n));
     // q and k rotated at absolute positions seq.begin + j, so keys enter the cache rotated.
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(
-        RopeForward(acts.qkv.data(), qd, b, t, heads, hd, seq.begin, cfg_.rope_theta, st));
-    VP_CUDA_RETURN_IF_ERROR(
-        RopeForward(acts.qkv.data() + h, qd, b, t, kv_heads, hd, seq.begin, cfg_.rope_theta, st));
+        RopeForward(acts.qkv.data(), qd, b, t, w_.heads, hd, seq.begin, cfg_.rope_theta, st));
+    VP_CUDA_RETURN_IF_ERROR(RopeForward(acts.qkv.data() + a, qd, b, t, w_.kv_heads, hd, seq.begin,
+                                        cfg_.rope_theta, st));
     MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, kvd, qd, h, seq.begin, true, st));
+        CopyRows(kv.k.data(), acts.qkv.data(), b, t, s, kvd, qd, a, seq.begin, true, st));
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, true, st));
-    const AttentionShape shape{b, heads, hd, seq.begin, seq.end, s, kv_heads};
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.atty));
+        CopyRows(kv.v.data(), acts.qkv.data(), b, t, s, kvd, qd, a + kvd, seq.begin, true, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, acts.lse));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, acts.atty));
     MarkPhase(st, Phase::kAttention);
     VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
-                                             kv.k.data(), kv.v.data(), shape, st));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.res1));
+                                             kv.k.data(), kv.v.data(), Shape(seq), st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.res1));
     MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTForward(gemm, acts.res1.data(), acts.atty.data(), lp_.wo, n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(attn_out_.Forward(acts.res1.data(), acts.atty.data(), n));
     MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, mh, st));
     DropAttentionCore(acts);
     // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.ln2));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, n, acts.ln2_rstd));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.ln2));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, m, acts.ln2_rstd));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormForward(acts.ln2.data(), acts.ln2_rstd.data(), acts.res1.data(),
-                                           lp_.mlp_norm_w, n, h, cfg_.rms_eps, st));
+                                           lp_.mlp_norm_w, m, h, cfg_.rms_eps, st));
     const long nf = static_cast<long>(n) * f;
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, 2 * nf, acts.fch));
     MarkPhase(st, Phase::kGemmFc1);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTForward(gemm, acts.fch.data(), acts.ln2.data(), lp_.wgu, n, h, 2 * f, st));
+    VP_LS_RETURN_IF_ERROR(mlp_in_.Forward(acts.fch.data(), acts.ln2.data(), n));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch_gelu));
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(SwigluForward(acts.fch_gelu.data(), acts.fch.data(), n, f, st));
     MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(LinearTForward(gemm, out, acts.fch_gelu.data(), lp_.wdown, n, f, h, st));
+    VP_LS_RETURN_IF_ERROR(mlp_out_.Forward(out, acts.fch_gelu.data(), n));
     MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), nh, st));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), mh, st));
     acts.forward_done = true;
     return absl::OkStatus();
   }
@@ -434,46 +451,42 @@ class DeviceLayer {
   absl::Status BackwardInputLlama(const DeviceContext& ctx, const T* dout, T* dx,
                                   DeviceKvState<T>& kv, DeviceLayerActivations<T>& acts) const {
     const SeqChunk seq = acts.seq;
-    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden, s = cfg_.seq_len,
-              heads = cfg_.heads, kv_heads = cfg_.num_kv_heads(), hd = cfg_.head_dim();
-    const int kvd = cfg_.kv_dim(), qd = h + 2 * kvd;
-    const int n = b * t;
-    const long nh = static_cast<long>(n) * h;
+    const int b = batch_, t = seq.len(), h = cfg_.hidden, f = w_.ffn, s = cfg_.seq_len;
+    const int a = w_.attn, kvd = w_.kv, qd = w_.qkv(), hd = w_.head_dim;
+    const int n = b * t, m = sp_->LocalRows(n);
+    const long mh = static_cast<long>(m) * h;
     const long nf = static_cast<long>(n) * f;
     cudaStream_t st = ctx.stream;
-    GemmRunner& gemm = *ctx.gemm;
     // MLP. dout is both res1's skip-path gradient and down_proj's output gradient (kept for W).
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_out));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_out));
     MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, mh, st));
     {
-      DeviceArray<T> d_act;  // (b, t, f) gradient of the SwiGLU output
+      DeviceArray<T> d_act;  // (n, f) gradient of the SwiGLU output
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, d_act));
       MarkPhase(st, Phase::kGemmFc2);
-      VP_LS_RETURN_IF_ERROR(LinearTBackwardInput(gemm, d_act.data(), dout, lp_.wdown, n, f, h, st));
+      VP_LS_RETURN_IF_ERROR(mlp_out_.BackwardInput(d_act.data(), dout, n));
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, 2 * nf, acts.d_fch));
       MarkPhase(st, Phase::kElementwise);
       VP_CUDA_RETURN_IF_ERROR(
           SwigluBackward(acts.d_fch.data(), acts.fch.data(), d_act.data(), n, f, st));
     }
     acts.fch.Reset();  // W needs only the SwiGLU output
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln2));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln2));
     MarkPhase(st, Phase::kGemmFc1);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTBackwardInput(gemm, acts.d_ln2.data(), acts.d_fch.data(), lp_.wgu, n, h, 2 * f, st));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_res1));
+    VP_LS_RETURN_IF_ERROR(mlp_in_.BackwardInput(acts.d_ln2.data(), acts.d_fch.data(), n));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_res1));
     MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, nh, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, mh, st));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
                                                  acts.res1.data(), lp_.mlp_norm_w,
-                                                 acts.ln2_rstd.data(), n, h, st));
+                                                 acts.ln2_rstd.data(), m, h, st));
     // Attention.
-    DeviceArray<T> d_atty;  // (b, t, h)
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, d_atty));
+    DeviceArray<T> d_atty;  // (n, a)
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, d_atty));
     MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTBackwardInput(gemm, d_atty.data(), acts.d_res1.data(), lp_.wo, n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(attn_out_.BackwardInput(d_atty.data(), acts.d_res1.data(), n));
     VP_LS_RETURN_IF_ERROR(RecomputeAttention(ctx, kv, acts));
     if (kv.dk.empty()) {  // the first backward of this microbatch (its last chunk)
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * s * kvd, kv.dk, /*zero=*/true));
@@ -482,37 +495,38 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * qd, acts.d_qkv));
     {
       DeviceArray<float> delta;  // (b, heads, t)
-      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, delta));
-      const AttentionShape shape{b, heads, hd, seq.begin, seq.end, s, kv_heads};
+      VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, delta));
       MarkPhase(st, Phase::kAttention);
       VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
                                                 delta.data(), d_atty.data(), acts.atty.data(),
                                                 acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
-                                                kv.v.data(), shape, st));
+                                                kv.v.data(), Shape(seq), st));
     }
-    // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now.
+    // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now. (With
+    // replicated key/value heads they hold only this rank's query heads' share: the k and v
+    // weight gradients are summed over the group as replicated tensors, and the input gradient
+    // by the q|k|v product's reduce-scatter.)
     MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h, seq.begin, false, st));
+        CopyRows(kv.dk.data(), acts.d_qkv.data(), b, t, s, kvd, qd, a, seq.begin, false, st));
     VP_CUDA_RETURN_IF_ERROR(
-        CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, kvd, qd, h + kvd, seq.begin, false, st));
+        CopyRows(kv.dv.data(), acts.d_qkv.data(), b, t, s, kvd, qd, a + kvd, seq.begin, false, st));
     // Gradients of the rotated q, k: rotate back to the projections' gradients.
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(
-        RopeBackward(acts.d_qkv.data(), qd, b, t, heads, hd, seq.begin, cfg_.rope_theta, st));
-    VP_CUDA_RETURN_IF_ERROR(RopeBackward(acts.d_qkv.data() + h, qd, b, t, kv_heads, hd, seq.begin,
-                                         cfg_.rope_theta, st));
+        RopeBackward(acts.d_qkv.data(), qd, b, t, w_.heads, hd, seq.begin, cfg_.rope_theta, st));
+    VP_CUDA_RETURN_IF_ERROR(RopeBackward(acts.d_qkv.data() + a, qd, b, t, w_.kv_heads, hd,
+                                         seq.begin, cfg_.rope_theta, st));
     acts.lse.Reset();
     acts.qkv.Reset();
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, nh, acts.d_ln1));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln1));
     MarkPhase(st, Phase::kGemmQkv);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTBackwardInput(gemm, acts.d_ln1.data(), acts.d_qkv.data(), lp_.wqkv, n, h, qd, st));
+    VP_LS_RETURN_IF_ERROR(qkv_.BackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), n));
     MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), nh, st));
+    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), mh, st));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, lp_.attn_norm_w,
-                                                 acts.ln1_rstd.data(), n, h, st));
+                                                 acts.ln1_rstd.data(), m, h, st));
     if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
     acts.backward_input_done = true;
     return absl::OkStatus();
@@ -520,38 +534,40 @@ class DeviceLayer {
 
   absl::Status BackwardWeightLlama(const DeviceContext& ctx,
                                    DeviceLayerActivations<T>& acts) const {
-    const int n = batch_ * acts.seq.len(), h = cfg_.hidden, f = cfg_.ffn_hidden;
-    const int qd = h + 2 * cfg_.kv_dim();
+    const int n = batch_ * acts.seq.len(), m = sp_->LocalRows(n), h = cfg_.hidden;
     cudaStream_t st = ctx.stream;
-    GemmRunner& gemm = *ctx.gemm;
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardWeight(lg_.attn_norm_w, acts.d_ln1.data(), acts.inp,
-                                                  acts.ln1_rstd.data(), n, h, st));
+                                                  acts.ln1_rstd.data(), m, h, st));
     MarkPhase(st, Phase::kGemmQkv);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTBackwardWeight(gemm, lg_.wqkv, acts.d_qkv.data(), acts.ln1.data(), n, h, qd, st));
+    VP_LS_RETURN_IF_ERROR(qkv_.BackwardWeight(acts.d_qkv.data(), acts.ln1.data(), n));
     MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTBackwardWeight(gemm, lg_.wo, acts.d_res1.data(), acts.atty.data(), n, h, h, st));
+    VP_LS_RETURN_IF_ERROR(attn_out_.BackwardWeight(acts.d_res1.data(), acts.atty.data(), n));
     MarkPhase(st, Phase::kNorm);
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardWeight(
-        lg_.mlp_norm_w, acts.d_ln2.data(), acts.res1.data(), acts.ln2_rstd.data(), n, h, st));
+        lg_.mlp_norm_w, acts.d_ln2.data(), acts.res1.data(), acts.ln2_rstd.data(), m, h, st));
     MarkPhase(st, Phase::kGemmFc1);
-    VP_LS_RETURN_IF_ERROR(
-        LinearTBackwardWeight(gemm, lg_.wgu, acts.d_fch.data(), acts.ln2.data(), n, h, 2 * f, st));
+    VP_LS_RETURN_IF_ERROR(mlp_in_.BackwardWeight(acts.d_fch.data(), acts.ln2.data(), n));
     MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(LinearTBackwardWeight(gemm, lg_.wdown, acts.d_out.data(),
-                                                acts.fch_gelu.data(), n, f, h, st));
+    VP_LS_RETURN_IF_ERROR(mlp_out_.BackwardWeight(acts.d_out.data(), acts.fch_gelu.data(), n));
     acts = DeviceLayerActivations<T>();
     return absl::OkStatus();
   }
 
   ModelConfig cfg_;
   int batch_;
+  const tp::DeviceSequenceParallel<T>* sp_;
+  engine::tp::LayerWidths w_;  // this tensor rank's widths (the whole layer's at t = 1)
   LayerTensors<const T> p_;
   LayerTensors<float> g_;
   LlamaLayerTensors<const T> lp_;  // Llama's tensors (empty for GPT-2)
   LlamaLayerTensors<float> lg_;
+  // The four products: column-parallel q|k|v and MLP-in, row-parallel attention-out and
+  // MLP-out (at t = 1 the plain linears).
+  tp::DeviceColumnParallelLinear<T> qkv_;
+  tp::DeviceRowParallelLinear<T> attn_out_;
+  tp::DeviceColumnParallelLinear<T> mlp_in_;
+  tp::DeviceRowParallelLinear<T> mlp_out_;
 };
 
 }  // namespace
@@ -564,7 +580,14 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
   };
 
   DeviceContext ctx;
+  // The tensor group's row exchanges (t = 1: none); the layers point at it.
+  std::unique_ptr<tp::DeviceSequenceParallel<T>> sp;
   std::vector<DeviceLayer<T>> layers;
+
+  // Elements of one layer input / output of a chunk: this rank's rows (b·len / t) · h.
+  size_t RowsTimesWidth(const SeqChunk& c) const {
+    return static_cast<size_t>(sp->LocalRows(batch * c.len())) * cfg.hidden;
+  }
   SlotOrder order{1};
   // Device buffers in the maps go back to ctx.alloc, which outlives the stack.
   std::map<SlotKey, Slot> slots;
@@ -584,7 +607,7 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
     std::vector<DeviceKvState<T>>& mb_kv = kv[slot.microbatch];
     if (mb_kv.empty()) mb_kv.resize(count);
     const SeqChunk c = seq_chunk(slot.seq);
-    const size_t nh = static_cast<size_t>(batch) * c.len() * cfg.hidden;
+    const size_t nh = RowsTimesWidth(c);
     Slot& st = slots[slot];
     st.acts.resize(count);
     absl::Status status = [&]() -> absl::Status {
@@ -621,9 +644,10 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
   // (still held: B runs the chunks in reverse order).
   absl::Status RecomputeForward(SlotKey slot, int i) {
     DeviceKvState<T>& layer_kv = kv.at(slot.microbatch)[i];
-    const size_t row = static_cast<size_t>(batch) * cfg.hidden;
     DeviceArray<T> out;  // the layer's output again: equal to the next layer's kept input
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, row * seq_chunk(slot.seq).len(), out));
+    size_t most = 0;     // earlier chunks may be longer (uneven bounds): room for the longest
+    for (int q = 0; q <= slot.seq; ++q) most = std::max(most, RowsTimesWidth(seq_chunk(q)));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, most, out));
     if (layer_kv.k.empty()) {
       for (int q = 0; q < slot.seq; ++q) {
         DeviceLayerActivations<T> scratch;
@@ -644,7 +668,7 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
     Slot& st = slots.at(slot);
     std::vector<DeviceKvState<T>>& mb_kv = kv.at(slot.microbatch);
     const SeqChunk c = seq_chunk(slot.seq);
-    const size_t nh = static_cast<size_t>(batch) * c.len() * cfg.hidden;
+    const size_t nh = RowsTimesWidth(c);
     // Ping-pong gradients between layers; the first layer writes straight into dx.
     DeviceArray<T> grad[2];  // (b, t, h) each
     if (count > 1) {
@@ -683,7 +707,8 @@ struct DeviceLayerStack<T>::Impl : LayerStackShape {
 template <typename T>
 absl::StatusOr<std::unique_ptr<DeviceLayerStack<T>>> DeviceLayerStack<T>::Create(
     const ModelConfig& cfg, int first_layer, int count, int microbatch_size,
-    std::vector<int> seq_bounds, const T* params, float* grads, const DeviceContext& ctx) {
+    std::vector<int> seq_bounds, const T* params, float* grads, const DeviceContext& ctx,
+    engine::tp::TensorGroup group) {
   // Everything is checked before the device is touched (Create itself enqueues nothing:
   // buffers are taken per pass), so these checks run on machines without a GPU. First the rules
   // every stack keeps (slot_order.h), then the device's own.
@@ -705,6 +730,29 @@ absl::StatusOr<std::unique_ptr<DeviceLayerStack<T>>> DeviceLayerStack<T>::Create
         absl::StrCat("model: kv_heads·head_dim ", cfg.kv_dim(),
                      " must be a multiple of 8 on a CUDA device (16-byte aligned GEMM operands)"));
   }
+  // Tensor parallelism: the model splits over t (heads, kv_heads, ffn_hidden), every sequence
+  // chunk's rows split over t, and this rank's widths keep the GEMM operands aligned.
+  const int t = group.size();
+  if (absl::Status s = engine::tp::ValidateTensorSplit(cfg, t); !s.ok()) return s;
+  for (size_t q = 0; t > 1 && q + 1 < seq_bounds.size(); ++q) {
+    const int len = seq_bounds[q + 1] - seq_bounds[q];
+    if (len % t != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence chunk ", q, " (", len,
+                                                     " positions): its length must be divisible by "
+                                                     "parallel.tensor (",
+                                                     t, ")"));
+    }
+  }
+  if (t > 1) {
+    const engine::tp::LayerWidths w = engine::tp::LocalLayerWidths(cfg, t);
+    if (w.attn % 8 != 0 || w.kv % 8 != 0 || w.ffn % 8 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel.tensor: a rank's attention width ", w.attn, ", key/value width ",
+                       w.kv, " and MLP width ", w.ffn,
+                       " must be multiples of 8 on a CUDA device (16-byte aligned "
+                       "GEMM operands)"));
+    }
+  }
   if (reinterpret_cast<uintptr_t>(params) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(grads) % 16 != 0) {
     return absl::InvalidArgumentError("params/grads: must be 16-byte aligned device pointers");
@@ -715,11 +763,13 @@ absl::StatusOr<std::unique_ptr<DeviceLayerStack<T>>> DeviceLayerStack<T>::Create
   auto impl = std::make_unique<Impl>();
   impl->order = SlotOrder(static_cast<int>(seq_bounds.size()) - 1);
   static_cast<LayerStackShape&>(*impl) = {
-      cfg, first_layer, count, microbatch_size, LayerParamCount(cfg), std::move(seq_bounds)};
+      cfg, first_layer, count, microbatch_size, LayerParamCount(cfg, t), std::move(seq_bounds), t};
   impl->ctx = ctx;
+  impl->sp = std::make_unique<tp::DeviceSequenceParallel<T>>(group, ctx);
   for (int i = 0; i < count; ++i) {
     const size_t offset = static_cast<size_t>(i) * impl->layer_params;
-    impl->layers.emplace_back(cfg, microbatch_size, params + offset, grads + offset);
+    impl->layers.emplace_back(cfg, microbatch_size, params + offset, grads + offset,
+                              impl->sp.get());
   }
   return std::make_unique<DeviceLayerStack<T>>(std::move(impl));
 }

@@ -5,8 +5,15 @@
 // W (parameter gradients) after B — with T = float (matches the CPU engine to rounding) or bf16
 // parameters and activations. Weight gradients are fp32 and accumulate across slots.
 //
-// Parameters are read from `params` (T, count·LayerParamCount(cfg) elements, layer-major in the
-// CPU engine's layout and tensor order); gradients go to `grads` (fp32, same layout). Both are
+// Tensor parallelism (docs/tensor-parallel.md; `group` of t > 1 ranks): the layers are this
+// tensor rank's slices, a pass's x / out / dout / dx are the rank's b·len/t sequence-parallel
+// rows, and the four products exchange rows with the group inside the pass
+// (tensor_parallel/cuda/parallel_linear.h). Every rank of the group runs the same passes in the
+// same order. The replicated tensors' gradients are the rank's own rows' (summed over the group
+// by the caller, as on the CPU).
+//
+// Parameters are read from `params` (T, count·LayerParamCount(cfg, t) elements, layer-major in
+// the CPU engine's layout and tensor order); gradients go to `grads` (fp32, same layout). Both are
 // owned by the caller (the device rank model). Activations come from ctx.alloc and are charged
 // to kActivations while live. Every public pass returns after Finish(ctx) (device.h).
 #pragma once
@@ -19,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "worker/engine/config.h"
 #include "worker/engine/kernels/cuda/device.h"
+#include "worker/engine/tensor_parallel/parallel_linear.h"
 #include "worker/engine/transformer/transformer.h"
 
 namespace vp::engine::cuda {
@@ -28,7 +36,8 @@ class DeviceLayerStack {
  public:
   static absl::StatusOr<std::unique_ptr<DeviceLayerStack>> Create(
       const ModelConfig& cfg, int first_layer, int count, int microbatch_size,
-      std::vector<int> seq_bounds, const T* params, float* grads, const DeviceContext& ctx);
+      std::vector<int> seq_bounds, const T* params, float* grads, const DeviceContext& ctx,
+      engine::tp::TensorGroup group = {});
   ~DeviceLayerStack();
 
   int first_layer() const;
