@@ -73,6 +73,10 @@ struct Costs {
   // microbatch spends computing again what F dropped (full: the layers' forward; selective:
   // the attention core's), on top of b. 0 under recompute none.
   double recompute = 0;
+  // Measured costs only (SpecPlanOptions::measured_costs): the tensor group they were timed on.
+  // Equal to the job's t > 1: every pass is already one tensor rank's, its collectives inside;
+  // otherwise (1) one worker timed the whole stage and BuildPlanFromSpec divides by t.
+  int tensor_measured = 1;
 };
 
 // Model shape for byte counts, FLOPs and the sequence partition (all optional: zeros mean

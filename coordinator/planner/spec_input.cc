@@ -53,10 +53,13 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
   if (const Costs* m = options.measured_costs; m != nullptr) {
     // Measured seconds replace the estimate pass by pass: what the workers really spend is
     // what decides between a vocabulary-parallel plan and the plain schedule.
-    // Tensor parallelism: the profile timed a whole stage on one worker (BuildProfilingPlan),
-    // so each pass is 1/t of it on a rank of the group, plus the group's collectives at the
-    // all-gather link the profile measured between t ranks (docs/tensor-parallel.md).
-    const double split = std::max(1, in.model.tensor_parallel);
+    // Tensor parallelism: a profile of the whole tensor group (BuildProfilingPlan; t workers
+    // ran the stage together) is one tensor rank's passes, collectives included: taken as is.
+    // A profile of the whole stage on one worker is divided by t, and the group's collectives
+    // are added at the all-gather link the profile measured between t ranks
+    // (docs/tensor-parallel.md).
+    const int t = std::max(1, in.model.tensor_parallel);
+    const double split = m->tensor_measured == t ? 1 : t;
     auto take = [split](double measured, double& cost) {
       if (measured > 0) cost = measured / split;
     };
@@ -69,7 +72,7 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
     take(m->input_b, in.costs.input_b);
     if (m->opt > 0) in.costs.opt = m->opt / split;
     // ... and the tensor group's calls inside F, B, W at the measured link.
-    if (split > 1 && (m->tensor.latency > 0 || m->tensor.bandwidth > 0)) {
+    if (split > 1 && (m->tensor.latency > 0 || m->tensor.bandwidth > 0)) {  // t > 1, one worker
       in.costs.tensor = m->tensor;
       const TensorCollectives tc = TensorCollectiveSeconds(in.model, m->tensor);
       const double stage_layers = static_cast<double>(in.layers) / std::max(1, in.pipeline);
@@ -137,9 +140,10 @@ absl::StatusOr<ProfilingPlan> BuildProfilingPlan(const vocabpipe::v1::JobSpec& j
   // the gradient reduction at OPT, which the link model prices).
   par->set_data(1);
   par->set_zero(0);
-  // One worker times the whole stage (its tensor group's split is priced by the planner:
-  // BuildPlanFromSpec divides measured passes by t).
-  par->set_tensor(1);
+  // Tensor parallelism: the stage at the job's t — its t tensor ranks profile it together
+  // (ProfileTask.tensor_size), each on its V/(p·t) vocabulary rows, so every pass is timed on
+  // a real tensor group with its collectives (PassCosts.tensor_measured).
+  par->set_tensor(std::max(1, job.parallel().tensor()));
   auto built = BuildPlanFromSpec(spec);
   if (!built.ok()) {
     return absl::Status(built.status().code(),

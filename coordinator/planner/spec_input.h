@@ -52,7 +52,8 @@ absl::StatusOr<SpecPlan> BuildPlanFromSpec(const vocabpipe::v1::JobSpec& spec,
 
 // What a worker times for the coordinator's planner (worker/daemon/profile.h): the job cut to
 // one pipeline stage's layers (ceil(L/p)) and one vocabulary shard (ceil(V/p) rows) on one
-// rank, scheduled with split backward (zbh1: B and W are separate passes) and a
+// pipeline rank — at the job's parallel.tensor, so under tensor parallelism the stage's t
+// tensor ranks run it together (ProfileTask.tensor_size) — scheduled with split backward (zbh1: B and W are separate passes) and a
 // vocabulary-parallel output layer (vocab1: S and T passes), 2 microbatches. The planner
 // builds it so that only the planner plans; the worker only runs it.
 struct ProfilingPlan {

@@ -195,8 +195,12 @@ v1::JobSpec ElasticSpec(const v1::Job& job, int data) {
 // other replicas run the same shapes.
 bool ProfilesPasses(const planner::Topology& t, int rank) { return t.CoordOf(rank).replica == 0; }
 
-// How many profiles planning waits for: one per pipeline position (ProfilesPasses).
-int ProfilesNeeded(const v1::JobSpec& spec) { return JobTopology(spec).pipeline(); }
+// How many profiles planning waits for: one per rank of replica 0 (ProfilesPasses), i.e. one
+// per pipeline position, each from every tensor rank of its group (they profile together).
+int ProfilesNeeded(const v1::JobSpec& spec) {
+  const planner::Topology t = JobTopology(spec);
+  return t.pipeline() * t.tensor();
+}
 
 // The job rank r a worker runs, or a stage's record of it: the rank and its coordinates.
 template <typename RankRecord>  // v1::WorkerInfo or v1::StageStats
@@ -939,10 +943,29 @@ void Coordinator::Schedule() {
         Finish(job, v1::JOB_STATE_FAILED, std::string(task.status().message()));
         continue;
       }
+      if (topology.tensor() > 1) {
+        // Each stage's tensor group profiles together, meeting in the store under the attempt's
+        // run: its secret is set now (the launch sets a fresh one; Release drops the keys).
+        absl::StatusOr<std::string> secret = auth::RandomHex(32);
+        if (!secret.ok()) {
+          Finish(job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("rendezvous secret: ", secret.status().message()));
+          continue;
+        }
+        kv_.SetRunSecret(absl::StrCat("vocabpipe/", a.attempt, "/"), *secret);
+        task->set_tensor_size(topology.tensor());
+        task->set_store_secret(*secret);
+      }
       for (int r = 0; r < p; ++r) {
         if (!ProfilesPasses(topology, r)) continue;
         v1::WorkerCommand cmd;
         *cmd.mutable_profile() = *task;
+        if (topology.tensor() > 1) {
+          const planner::RankCoord c = topology.CoordOf(r);
+          cmd.mutable_profile()->set_tensor_rank(c.tensor);
+          cmd.mutable_profile()->set_store_prefix(
+              absl::StrCat("vocabpipe/", a.attempt, "/profile/stage", c.stage));
+        }
         workers_[a.workers[r]].commands.push_back(std::move(cmd));
       }
     } else {
@@ -1050,9 +1073,17 @@ void Coordinator::RestartToGrow(v1::Job& job) {
 
 void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
   v1::PassCosts costs;
-  // One profile per pipeline position (ProfilesPasses).
+  // One profile per rank of replica 0 (ProfilesPasses).
   const bool profiled = static_cast<int>(a.profiles.size()) == ProfilesNeeded(job.spec());
   if (profiled) {
+    // The group every profile was timed on: all the stage's tensor ranks together (t), unless
+    // one worker timed its whole stage alone (1), which the planner must divide by t.
+    int tensor_measured = 0;
+    for (const auto& [rank, c] : a.profiles) {
+      const int t = std::max(1, c.tensor_measured());
+      tensor_measured = tensor_measured == 0 ? t : std::min(tensor_measured, t);
+    }
+    costs.set_tensor_measured(tensor_measured);
     // The slowest worker bounds every pass of a pipeline: plan with the per-pass maximum.
     for (const auto& [rank, c] : a.profiles) {
       costs.set_f(std::max(costs.f(), c.f()));

@@ -82,7 +82,8 @@ absl::StatusOr<JobPlan> PlanForJob(const vocabpipe::v1::JobSpec& requested,
                 .broadcast = {profiled->broadcast_latency(), profiled->broadcast_bandwidth()},
                 .allreduce = {profiled->allreduce_latency(), profiled->allreduce_bandwidth()},
                 .tensor = {profiled->tensor_latency(), profiled->tensor_bandwidth()},
-                .recompute = profiled->recompute_selective()};
+                .recompute = profiled->recompute_selective(),
+                .tensor_measured = std::max(1, profiled->tensor_measured())};
   }
   planner::SpecPlanOptions options;
   options.flops_per_second = flops_per_second;

@@ -1,6 +1,7 @@
 #include "worker/daemon/profile.h"
 
 #include <fcntl.h>
+#include <grpcpp/security/credentials.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,19 +17,23 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "proto/grpc/auth.h"
 #include "proto/plan/plan.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/daemon/log_tail.h"
 #include "worker/engine/kernels/cpu/blas.h"
 #include "worker/engine/transformer/transformer.h"
+#include "worker/launch/grpc_store.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/planner_inputs.h"
 #include "worker/runtime/job_options.h"
@@ -191,7 +196,8 @@ absl::StatusOr<CommProfile> ProfileCommunication(int ranks, size_t floats_small,
   return out;
 }
 
-absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cuda_device) {
+absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cuda_device,
+                                            const ProfileGroup& group) {
   const v1::JobSpec& job = task.spec();
   const v1::JobSpec& spec = task.stage_spec();
   const int p = std::max(1, job.parallel().pipeline());
@@ -215,15 +221,59 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
                      parsed->ranks.size()));
   }
   const planner::Plan& plan = *parsed;
+  // Tensor parallelism: this worker is one tensor rank of the stage's group, which runs the
+  // stage at t together.
+  const int t = std::max(1, task.tensor_size());
+  if (std::max(1, spec.parallel().tensor()) != t) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile task: stage_spec.parallel.tensor (", spec.parallel().tensor(),
+        ") must equal tensor_size (", t, "): a tensor-parallel stage is profiled by its group"));
+  }
+  if (t > 1) {
+    if (task.tensor_rank() < 0 || task.tensor_rank() >= t) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "profile task: tensor_rank ", task.tensor_rank(), " is not in [0, ", t, ")"));
+    }
+    if (!absl::StartsWith(task.store_prefix(), "vocabpipe/")) {
+      return absl::InvalidArgumentError(
+          "profile task: store_prefix must name the attempt's run (vocabpipe/ATTEMPT/...)");
+    }
+    if (group.store == nullptr) {
+      return absl::FailedPreconditionError(
+          "profile task: a tensor group's profile needs the coordinator's store (--store)");
+    }
+    if (cuda_device >= 0 || spec.device().rfind("cuda", 0) == 0) {
+      return absl::UnimplementedError(
+          "profile task: parallel.tensor > 1 runs on device cpu only in this version");
+    }
+  }
   auto topt = runtime::TrainerOptionsFromSpec(spec, &plan);
   if (!topt.ok()) return topt.status();
   topt->data = {};  // one replica of one stage, whatever an older coordinator's stage_spec says
+  topt->tensor = {.size = t, .rank = t > 1 ? task.tensor_rank() : 0};
   // B and W are timed without recomputation; its cost is reported apart (recompute_selective,
   // or F's own time for full) so that the planner can weigh every mode.
   topt->model.recompute = engine::Recompute::kNone;
   engine::cpu::SetBlasThreads(runtime::WorkerThreads(job));  // the share one rank of the job gets
   std::unique_ptr<comm::Communicator> self = comm::MakeSelfCommunicator();
-  auto rank = launch::CreateLocalRank(spec, plan, *topt, self.get(), cuda_device);
+  std::unique_ptr<comm::GlooCommunicator> tensor_group;  // outlives the rank (declared first)
+  if (t > 1) {
+    auto gloo = comm::ConnectGloo({.rank = task.tensor_rank(),
+                                   .size = t,
+                                   .store = group.store,
+                                   .prefix = task.store_prefix(),
+                                   .hostname = group.hostname,
+                                   .timeout = group.timeout});
+    if (!gloo.ok()) {
+      return absl::Status(
+          gloo.status().code(),
+          absl::StrCat("profile: connecting the tensor group: ", gloo.status().message()));
+    }
+    tensor_group = std::move(*gloo);
+  }
+  auto rank =
+      t > 1 ? runtime::PipelineRank::Create(plan, 0, *topt, self.get(), nullptr, tensor_group.get())
+            : launch::CreateLocalRank(spec, plan, *topt, self.get(), cuda_device);
   if (!rank.ok()) return rank.status();
 
   const int64_t tokens =
@@ -269,6 +319,7 @@ absl::StatusOr<v1::PassCosts> ProfilePasses(const v1::ProfileTask& task, int cud
   costs.set_input_f(per_pass(planner::ActionKind::kIF));
   costs.set_input_b(per_pass(planner::ActionKind::kIB));
   costs.set_opt(per_pass(planner::ActionKind::kOpt));
+  if (t > 1) costs.set_tensor_measured(t);  // one tensor rank's passes, collectives inside
   // Communication, only when the job has more than one rank (nothing to send otherwise): the
   // link model of each call kind between p ranks on this host, fitted at the job's two real
   // sizes (b·s floats: C1's vectors; b·s·h: an activation, X, ∇X, the embedding). A one-stage
@@ -356,8 +407,11 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
   const std::string task_path = tmp.path() + "/task.pb", out_path = tmp.path() + "/costs.pb",
                     log_path = tmp.path() + "/stderr.log";
   {
+    // The run secret stays out of the file (the child reads it from its environment).
+    v1::ProfileTask on_disk = task;
+    on_disk.clear_store_secret();
     std::ofstream f(task_path, std::ios::binary);
-    if (!task.SerializeToOstream(&f) || !f.flush()) {
+    if (!on_disk.SerializeToOstream(&f) || !f.flush()) {
       return absl::InternalError("profile: cannot write the task file");
     }
   }
@@ -367,9 +421,30 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
     args.push_back("--cuda-device");
     args.push_back(std::to_string(options.cuda_device));
   }
+  if (task.tensor_size() > 1 && !options.store_address.empty()) {
+    // A tensor group's profile meets in the coordinator's store, over the daemon's own channel
+    // security (as a rank does).
+    args.insert(args.end(), {"--store", options.store_address, "--hostname", options.hostname});
+    if (options.insecure) {
+      args.push_back("--insecure");
+    } else {
+      args.insert(args.end(), {"--tls-ca", options.tls_ca, "--tls-cert", options.tls_cert,
+                               "--tls-key", options.tls_key});
+    }
+  }
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The environment, with the run secret of a tensor group's profile (built before the fork,
+  // which may only call async-signal-safe functions).
+  const std::string secret_prefix = absl::StrCat(auth::kRunSecretEnv, "=");
+  const std::string secret_var = secret_prefix + task.store_secret();
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).rfind(secret_prefix, 0) != 0) envp.push_back(*e);
+  }
+  if (!task.store_secret().empty()) envp.push_back(const_cast<char*>(secret_var.c_str()));
+  envp.push_back(nullptr);
   const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (log < 0) return absl::InternalError("profile: cannot create the child's log");
   const rlim_t limit = static_cast<rlim_t>(options.memory_limit_bytes);
@@ -385,7 +460,7 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
     }
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   close(log);
@@ -472,16 +547,38 @@ int ProfileCommMain(int argc, char** argv) {
 }
 
 int ProfileChildMain(int argc, char** argv) {
-  std::string task_path, out_path;
+  std::string task_path, out_path, store_address;
   int cuda_device = -1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
+  bool insecure = false;
+  auth::TlsFiles tls;
+  ProfileGroup group;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--insecure") {
+      insecure = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::cerr << "vocabpipe-worker: " << a << " needs a value" << std::endl;
+      return 2;
+    }
+    const std::string v = argv[++i];
     if (a == "--profile-task") {
       task_path = v;
     } else if (a == "--profile-out") {
       out_path = v;
     } else if (a == "--cuda-device") {
       if (!absl::SimpleAtoi(v, &cuda_device) || cuda_device < 0) return 2;
+    } else if (a == "--store") {
+      store_address = v;
+    } else if (a == "--tls-ca") {
+      tls.ca = v;
+    } else if (a == "--tls-cert") {
+      tls.cert = v;
+    } else if (a == "--tls-key") {
+      tls.key = v;
+    } else if (a == "--hostname") {
+      group.hostname = v;
     } else {
       std::cerr << "vocabpipe-worker: unknown flag " << a << std::endl;
       return 2;
@@ -489,9 +586,33 @@ int ProfileChildMain(int argc, char** argv) {
   }
   if (task_path.empty() || out_path.empty()) {
     std::cerr << "usage: vocabpipe-worker --profile-task FILE --profile-out FILE "
-                 "[--cuda-device N]"
+                 "[--cuda-device N] [--store HOST:PORT (--tls-ca F --tls-cert F --tls-key F | "
+                 "--insecure) --hostname IP]"
               << std::endl;
     return 2;
+  }
+  std::string secret;
+  if (const char* env = std::getenv(auth::kRunSecretEnv)) secret = env;
+  unsetenv(auth::kRunSecretEnv);
+  if (!store_address.empty()) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    if (insecure) {
+      if (auto st = auth::CheckInsecure(tls, store_address, "--store"); !st.ok()) {
+        std::cerr << st.message() << std::endl;
+        return 2;
+      }
+      credentials = grpc::InsecureChannelCredentials();
+    } else {
+      auto c = auth::ClientCredentials(tls);
+      if (!c.ok()) {
+        std::cerr << "--store: " << c.status().message() << std::endl;
+        return 2;
+      }
+      credentials = *c;
+    }
+    group.store = std::make_shared<launch::GrpcStore>(store_address,
+                                                      absl::ToChronoMilliseconds(group.timeout),
+                                                      std::move(credentials), std::move(secret));
   }
   std::string bytes;
   v1::ProfileTask task;
@@ -499,7 +620,7 @@ int ProfileChildMain(int argc, char** argv) {
     std::cerr << "profile: cannot read the task file" << std::endl;
     return 1;
   }
-  absl::StatusOr<v1::PassCosts> costs = ProfilePasses(task, cuda_device);
+  absl::StatusOr<v1::PassCosts> costs = ProfilePasses(task, cuda_device, group);
   if (!costs.ok()) {
     // One line: the daemon reports the child's last line.
     std::string message(costs.status().message());

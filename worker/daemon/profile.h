@@ -23,12 +23,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "vocabpipe/v1/service.pb.h"
+
+namespace gloo::rendezvous {
+class Store;
+}  // namespace gloo::rendezvous
 
 namespace vp::daemon {
 
@@ -56,11 +61,25 @@ struct CommProfile {
 absl::StatusOr<CommProfile> ProfileCommunication(int ranks, size_t floats_small,
                                                  size_t floats_large);
 
+// Where a tensor group's profile meets (ProfileTask.tensor_size > 1): the coordinator's store
+// (or any store in tests), the address this rank's Gloo transport binds to, and the bound on
+// waiting for the group's other ranks.
+struct ProfileGroup {
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  std::string hostname;
+  absl::Duration timeout = absl::Minutes(2);
+};
+
 // task: the job and the coordinator's one-stage spec and 1-rank plan
 // (planner::BuildProfilingPlan); a task whose plan is not a 1-rank plan of a cut of the job is
-// InvalidArgument naming the field.
+// InvalidArgument naming the field. Under tensor parallelism (task.tensor_size = t > 1) this is
+// tensor rank task.tensor_rank of the stage's group: the t ranks connect through group.store
+// under task.store_prefix and run the stage together, so every pass is one tensor rank's with
+// its collectives inside (PassCosts.tensor_measured = t). CPU only (cuda jobs have no tensor
+// split yet).
 absl::StatusOr<vocabpipe::v1::PassCosts> ProfilePasses(const vocabpipe::v1::ProfileTask& task,
-                                                       int cuda_device = -1);
+                                                       int cuda_device = -1,
+                                                       const ProfileGroup& group = {});
 
 struct ProfileChildOptions {
   std::string worker_binary;  // the vocabpipe-worker executable
@@ -72,6 +91,13 @@ struct ProfileChildOptions {
   int64_t memory_limit_bytes = 0;
   // A child still running after this is killed (DeadlineExceeded).
   absl::Duration timeout = absl::Minutes(10);
+  // A tensor group's profile: the coordinator's store the child reaches (HOST:PORT), with the
+  // daemon's TLS files or `insecure` (loopback), and the address its Gloo transport binds to.
+  // The task's store_secret goes to the child in its environment, never in a file or argv.
+  std::string store_address;
+  std::string tls_ca, tls_cert, tls_key;
+  bool insecure = false;
+  std::string hostname;
 };
 
 // ProfilePasses(task) in a child process. A child that fails reports its error message; one
@@ -88,8 +114,10 @@ absl::StatusOr<vocabpipe::v1::PassCosts> ProfileInChild(
 // ok, 1 on an error, 2 bad usage.
 int ProfileCommMain(int argc, char** argv);
 
-// The child's main: `--profile-task FILE --profile-out FILE [--cuda-device N]`; reads a
-// serialized ProfileTask, writes the serialized PassCosts. Exit code 0 ok, 1 on an error (the
+// The child's main: `--profile-task FILE --profile-out FILE [--cuda-device N] [--store HOST:PORT
+// (--tls-ca F --tls-cert F --tls-key F | --insecure) --hostname IP]`; reads a serialized
+// ProfileTask (a tensor group's needs --store, and the run secret in the environment), writes
+// the serialized PassCosts. Exit code 0 ok, 1 on an error (the
 // message is the last line on stderr), 2 bad usage.
 int ProfileChildMain(int argc, char** argv);
 

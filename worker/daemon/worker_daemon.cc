@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -276,6 +277,7 @@ class Daemon {
           Log(absl::StrCat("cancel ", task_->job_id, " rank ", task_->rank));
           Kill();
         }
+        StopProfile(c.job_id());
         if (ended_ && matches(ended_->task)) ended_.reset();  // its reports are not wanted
       } else if (leaving_) {
         // Sent before the coordinator saw this daemon leave: not started (the job's ranks on
@@ -307,14 +309,35 @@ class Daemon {
     if (!st.ok()) Log(absl::StrCat("report ", job_id, ": ", st.error_message()));
   }
 
+  // Kills the profiling child of `job_id` (any job's when empty): a tensor group's profile
+  // whose peer failed would otherwise wait for it until the group's connect timeout.
+  void StopProfile(const std::string& job_id) {
+    std::lock_guard<std::mutex> lock(profile_mu_);
+    if (!job_id.empty() && job_id != profiling_job_) return;
+    if (const int pid = profile_pid_.load(); pid > 0) kill(pid, SIGKILL);
+  }
+
   void Profile(const v1::ProfileTask& task) {
+    // A new profile means the coordinator is done with the previous one (its job planned,
+    // failed or was cancelled): never wait for it on this (the heartbeat) thread.
+    StopProfile("");
     if (profiler_.joinable()) profiler_.join();
+    {
+      std::lock_guard<std::mutex> lock(profile_mu_);
+      profiling_job_ = task.job_id();
+    }
     // Off the heartbeat thread: profiling takes a few seconds and heartbeats must go on.
     const int device =
         options_.device.rfind("cuda:", 0) == 0 ? std::stoi(options_.device.substr(5)) : -1;
     ProfileChildOptions child{.worker_binary = options_.worker_binary,
                               .cuda_device = device,
-                              .memory_limit_bytes = options_.profile_memory_limit};
+                              .memory_limit_bytes = options_.profile_memory_limit,
+                              .store_address = options_.coordinator,
+                              .tls_ca = options_.tls.ca,
+                              .tls_cert = options_.tls.cert,
+                              .tls_key = options_.tls.key,
+                              .insecure = options_.insecure,
+                              .hostname = options_.address};
     profiler_ = std::thread([this, task, child, id = worker_id_] {
       // In a child process: whatever happens there, the daemon goes on.
       auto costs = ProfileInChild(task, child, [this](int pid) { profile_pid_ = pid; });
@@ -645,6 +668,8 @@ class Daemon {
   bool leaving_ = false;        // stopping: the running rank saves and exits, nothing new starts
   std::thread profiler_;
   std::atomic<int> profile_pid_{-1};  // the profiling child while it runs
+  std::mutex profile_mu_;             // guards profiling_job_ (kill vs. a new profile)
+  std::string profiling_job_;         // the job of the latest profile
 };
 
 }  // namespace

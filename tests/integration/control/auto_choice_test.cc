@@ -2,15 +2,21 @@
 // a large vocabulary makes the unsharded output layer the bottleneck, so a vocabulary-parallel
 // method wins; a tiny one makes the vocabulary collectives pure overhead, so the plain
 // (unsharded) output layer wins. The candidate table lists what was weighed.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
 
 #include "coordinator/server/job_plan.h"
 #include "proto/spec/job_spec.h"
+#include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/daemon/profile.h"
 
 namespace {
 
 namespace v1 = vocabpipe::v1;
+using ::testing::HasSubstr;
 
 v1::JobSpec Spec(int vocab) {
   auto spec = vp::spec::ParseJobSpec(
@@ -49,32 +55,66 @@ TEST(AutoChoiceTest, OneStageWithReplicasProfilesTheAllReduceLink) {
   EXPECT_EQ(alone->allreduce_bandwidth(), 0);
 }
 
-// Tensor parallelism: the profile times the stage on one worker (its task's stage spec has
-// tensor 1) and the all-gather link between t ranks; the plan's passes are 1/t of the measured
-// ones plus the group's collectives at that link.
-TEST(AutoChoiceTest, TensorGroupsProfileTheAllGatherLink) {
+// Tensor parallelism: the stage's t tensor ranks profile it together (the task's stage spec is
+// at t, each rank connects to its group through the store), so every pass is one tensor rank's
+// with its collectives inside: the plan takes the measured passes as they are. A profile of the
+// whole stage on one worker (tensor_measured 1) is divided by t, with the group's collectives
+// added at the all-gather link.
+TEST(AutoChoiceTest, TensorGroupsProfileTheStageTogether) {
   v1::JobSpec spec = Spec(64);
   spec.mutable_parallel()->set_vocab("vocab2");
   spec.mutable_parallel()->set_tensor(2);
-  const v1::ProfileTask task = Task(spec);
-  EXPECT_EQ(task.stage_spec().parallel().tensor(), 1);
-  auto costs = vp::daemon::ProfilePasses(task);
-  ASSERT_TRUE(costs.ok()) << costs.status();
-  EXPECT_GT(costs->tensor_latency() + costs->tensor_bandwidth(), 0);
-  auto plan = vp::server::PlanForJob(spec, &*costs, 1e10, nullptr);
+  v1::ProfileTask task = Task(spec);
+  EXPECT_EQ(task.stage_spec().parallel().tensor(), 2);
+  task.set_tensor_size(2);
+  task.set_store_prefix("vocabpipe/job-1.1/profile/stage0");
+  auto store = vp::comm::MakeHashStore();
+  std::vector<absl::StatusOr<v1::PassCosts>> costs(2, absl::UnknownError("not run"));
+  {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        v1::ProfileTask mine = task;
+        mine.set_tensor_rank(r);
+        costs[r] = vp::daemon::ProfilePasses(
+            mine, -1, {.store = store, .hostname = "127.0.0.1", .timeout = absl::Seconds(60)});
+      });
+    }
+    for (auto& t : ranks) t.join();
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(costs[r].ok()) << "tensor rank " << r << ": " << costs[r].status();
+    EXPECT_EQ(costs[r]->tensor_measured(), 2);
+    EXPECT_GT(costs[r]->f(), 0);
+    EXPECT_GT(costs[r]->s(), 0);
+  }
+  const v1::PassCosts& measured = *costs[0];
+  auto plan = vp::server::PlanForJob(spec, &measured, 1e10, nullptr);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  v1::JobSpec whole = spec;
-  whole.mutable_parallel()->set_tensor(1);
-  auto flat = vp::server::PlanForJob(whole, &*costs, 1e10, nullptr);
-  ASSERT_TRUE(flat.ok()) << flat.status();
-  // Half the compute a rank, plus the collectives (> 0): between half and all of t = 1's F.
-  const double f2 = plan->input.costs.f, f1 = flat->input.costs.f;
-  EXPECT_GT(f2, f1 / 2) << f2 << " vs " << f1;
-  EXPECT_GT(plan->input.costs.tensor.latency + plan->input.costs.tensor.bandwidth, 0);
-  spec.mutable_parallel()->set_tensor(1);
-  auto alone = vp::daemon::ProfilePasses(Task(spec));
-  ASSERT_TRUE(alone.ok()) << alone.status();
-  EXPECT_EQ(alone->tensor_latency(), 0);  // t = 1: no tensor group to measure
+  EXPECT_DOUBLE_EQ(plan->input.costs.f, measured.f());  // one tensor rank's, as measured
+  EXPECT_DOUBLE_EQ(plan->input.costs.s, measured.s());
+  // The same numbers taken as one worker's whole stage: halved, plus the collectives.
+  v1::PassCosts whole_stage = measured;
+  whole_stage.set_tensor_measured(1);
+  whole_stage.set_tensor_latency(1e-4);
+  auto divided = vp::server::PlanForJob(spec, &whole_stage, 1e10, nullptr);
+  ASSERT_TRUE(divided.ok()) << divided.status();
+  EXPECT_GT(divided->input.costs.f, measured.f() / 2);
+  EXPECT_LT(divided->input.costs.s, measured.s());
+  // Refused before any work: a tensor group's task without the store, or out of range, or at
+  // another t than its stage spec.
+  v1::ProfileTask no_store = task;
+  EXPECT_EQ(vp::daemon::ProfilePasses(no_store).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::ProfileTask bad_rank = task;
+  bad_rank.set_tensor_rank(2);
+  EXPECT_EQ(vp::daemon::ProfilePasses(bad_rank, -1, {.store = store}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::ProfileTask alone = task;
+  alone.set_tensor_size(1);
+  auto mismatch = vp::daemon::ProfilePasses(alone);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(mismatch.status().message()), HasSubstr("tensor_size"));
 }
 
 std::string Chosen(const vp::server::JobPlan& plan) {

@@ -588,7 +588,8 @@ TEST_F(TlsTest, TwoReplicasOfATwoStagePipelineRunOnFourDaemons) {
 // Tensor parallelism through the control plane: a t = 2, p = 2 job on four worker daemons over
 // TLS succeeds; every rank's record names its stage and tensor rank (rank = tensor + 2 · stage),
 // each tensor rank writes its own shard (rank_<stage·2 + tensor>) and the shards merge into the
-// Hugging Face checkpoint.
+// Hugging Face checkpoint. The passes were profiled by each stage's tensor group together
+// (meeting in the coordinator's store over TLS with the attempt's secret): tensor_measured 2.
 TEST_F(TlsTest, ATensorParallelPipelineRunsOnFourDaemons) {
   MakeData();
   auto c = StartCoordinator();
@@ -600,6 +601,8 @@ TEST_F(TlsTest, ATensorParallelPipelineRunsOnFourDaemons) {
   const v1::Job job = WaitForEnd(*c, submitted.job_id());
   EXPECT_TRUE(Succeeded(job)) << job.reason();
   EXPECT_EQ(job.step(), 3);
+  EXPECT_EQ(job.profiled_costs().tensor_measured(), 2);
+  EXPECT_GT(job.profiled_costs().f(), 0);
   ASSERT_EQ(job.stages_size(), 4);
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(job.stages(r).rank(), r);
