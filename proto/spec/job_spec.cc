@@ -855,14 +855,15 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   } else if (s.precision() == "bf16" && !cuda) {
     add("precision", "bf16 needs device cuda (the CPU engine computes in fp32)");
   }
-  // Refused at submit rather than when the ranks connect: the CUDA tensor-parallel layers (not
-  // built), and what is built but has not yet passed its GPU tests (the recomputation,
-  // cuda_layer_stack_test; the data-parallel groups and device ZeRO-1, cuda_pipeline_test's
-  // CudaDataParallel). Lift a rule once its test has passed on a GPU.
+  // Refused at submit rather than when the ranks connect: what is built for CUDA but has not
+  // yet passed its GPU tests — the recomputation (cuda_layer_stack_test), the data-parallel
+  // groups and device ZeRO-1 (cuda_pipeline_test's Replicas/CudaDataParallel), tensor
+  // parallelism (cuda_parallel_linear_test, cuda_layer_stack_test's TensorParallel cases,
+  // cuda_pipeline_test's TensorRanks/CudaDataParallel). Lift a rule once its tests pass on a GPU.
   if (cuda && s.parallel().tensor() > 1) {
     add("parallel.tensor",
         absl::StrCat("> 1 needs device cpu in this version (got ", s.parallel().tensor(), " on ",
-                     s.device(), "): the CUDA engine's tensor-parallel layers are not built yet"));
+                     s.device(), "): tensor parallelism on CUDA has not run on a GPU yet"));
   }
   if (cuda && s.parallel().recompute() != "none" &&
       OneOf(s.parallel().recompute(), kRecomputeModes)) {

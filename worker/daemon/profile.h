@@ -65,8 +65,8 @@ absl::StatusOr<CommProfile> ProfileCommunication(int ranks, size_t floats_small,
 // (or any store in tests), the address this rank's Gloo transport binds to, and the bound on
 // waiting for the group's other ranks.
 struct ProfileGroup {
-  std::shared_ptr<gloo::rendezvous::Store> store;
-  std::string hostname;
+  std::shared_ptr<gloo::rendezvous::Store> store = nullptr;
+  std::string hostname = "";
   absl::Duration timeout = absl::Minutes(2);
 };
 
@@ -94,10 +94,10 @@ struct ProfileChildOptions {
   // A tensor group's profile: the coordinator's store the child reaches (HOST:PORT), with the
   // daemon's TLS files or `insecure` (loopback), and the address its Gloo transport binds to.
   // The task's store_secret goes to the child in its environment, never in a file or argv.
-  std::string store_address;
-  std::string tls_ca, tls_cert, tls_key;
+  std::string store_address = "";
+  std::string tls_ca = "", tls_cert = "", tls_key = "";
   bool insecure = false;
-  std::string hostname;
+  std::string hostname = "";
 };
 
 // ProfilePasses(task) in a child process. A child that fails reports its error message; one

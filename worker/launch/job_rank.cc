@@ -161,22 +161,17 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
       (topology->data() == 1 ? absl::StrCat(base, "/pipeline")
                              : absl::StrCat(base, "/pipeline/replica", replica)) +
       tensor_suffix;
-  if (t > 1) {
-    if (IsCuda(spec)) {
-      return absl::UnimplementedError(
-          "parallel.tensor: > 1 runs on device cpu only in this version (the CUDA engine's "
-          "tensor-parallel layers are not built yet)");
-    }
-    auto tensor = Gloo(options, tp, t, store,
-                       absl::StrCat(base, "/tensor/stage", stage, "/replica", replica));
-    if (!tensor.ok()) return tensor.status();
-    out->comms.push_back(std::move(*tensor));
-    out->tensor = out->comms.back().get();
-  }
+  const std::string tensor_prefix = absl::StrCat(base, "/tensor/stage", stage, "/replica", replica);
+  const std::string data_prefix = absl::StrCat(base, "/data/stage", stage, tensor_suffix);
   if (!IsCuda(spec)) {
+    if (t > 1) {
+      auto tensor = Gloo(options, tp, t, store, tensor_prefix);
+      if (!tensor.ok()) return tensor.status();
+      out->comms.push_back(std::move(*tensor));
+      out->tensor = out->comms.back().get();
+    }
     if (topology->data() > 1) {
-      auto data = Gloo(options, replica, topology->data(), store,
-                       absl::StrCat(base, "/data/stage", stage, tensor_suffix));
+      auto data = Gloo(options, replica, topology->data(), store, data_prefix);
       if (!data.ok()) return data.status();
       out->comms.push_back(std::move(*data));
       out->data = out->comms.back().get();
@@ -281,7 +276,7 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
     };
     if (p == 1) {
       p2p = coll = self();
-    } else if (d == 1 && !split) {
+    } else if (d == 1 && t == 1 && !split) {
       p2p = coll = w;  // the world is the pipeline: world rank = stage
     } else {
       for (bool vocab : split ? std::vector<bool>{false, true} : std::vector<bool>{true}) {
@@ -293,10 +288,16 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
       if (p2p == nullptr) p2p = coll;
     }
     if (d > 1) {
-      auto c = add(w->Split(topology->DataGroupId(options.rank), replica, replica, d, false,
-                            absl::StrCat(base, "/data/stage", stage)));
+      auto c = add(
+          w->Split(topology->DataGroupId(options.rank), replica, replica, d, false, data_prefix));
       if (!c.ok()) return c.status();
       out->data = *c;
+    }
+    if (t > 1) {
+      auto c =
+          add(w->Split(topology->TensorGroupId(options.rank), tp, tp, t, false, tensor_prefix));
+      if (!c.ok()) return c.status();
+      out->tensor = *c;
     }
   } else {
     // Several ranks on one GPU: Gloo with device buffers staged through host memory, one
@@ -319,12 +320,18 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
       p2p = coll = *c;
     }
     if (d > 1) {
-      auto c = staged(replica, d, absl::StrCat(base, "/data/stage", stage));
+      auto c = staged(replica, d, data_prefix);
       if (!c.ok()) return c.status();
       out->data = *c;
     }
+    if (t > 1) {
+      auto c = staged(tp, t, tensor_prefix);
+      if (!c.ok()) return c.status();
+      out->tensor = *c;
+    }
   }
-  auto rank = runtime::CreateCudaPipelineRank(plan, stage, trainer, cuda, p2p, coll, out->data);
+  auto rank = runtime::CreateCudaPipelineRank(plan, stage, trainer, cuda, p2p, coll, out->data,
+                                              out->tensor);
   if (!rank.ok()) return rank.status();
   out->rank = std::move(*rank);
   return out;

@@ -3,14 +3,13 @@
 //                 a pipeline's transfers and barriers on one thread
 //   cuda, cuda:N: one rank in all: the self communicator (a lone rank never communicates);
 //                 NCCL when every rank of the job has a GPU of its own — one world
-//                 communicator bootstrapped through the store, and the pipeline's and the data
-//                 group's split from it (ncclCommSplit, planner::Topology's group ids); the
-//                 pipeline's is one communicator, or with VOCABPIPE_NCCL_SPLIT_COMM=1 one for
+//                 communicator bootstrapped through the store, and the pipeline's, the data
+//                 group's and the tensor group's split from it (ncclCommSplit,
+//                 planner::Topology's group ids); the pipeline's is one communicator, or with VOCABPIPE_NCCL_SPLIT_COMM=1 one for
 //                 stage-to-stage transfers and one for the vocabulary barriers on a
 //                 high-priority stream (and the data reduction then overlaps the backward);
 //                 otherwise (several ranks on one GPU, which NCCL refuses) Gloo per group with
 //                 device buffers staged through host memory (comm::StagedCommunicator).
-//                 Tensor parallelism on CUDA is not built yet (refused).
 // The ranks agree on the transport through the rendezvous store: each publishes its host and
 // the PCI bus id of its device, and all read every rank's before choosing.
 #pragma once

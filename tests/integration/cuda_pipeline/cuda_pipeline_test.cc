@@ -465,6 +465,7 @@ struct DataCase {
   int d = 2;
   bool zero = false;
   bool overlap = true;  // CudaRankOptions::overlap_data_sync
+  int t = 1;            // tensor ranks of each stage
 };
 
 struct DataRun {
@@ -478,7 +479,7 @@ struct DataRun {
 
 DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planner::Plan& plan,
                     const BatchFn& all, bool cuda, DevicePrecision precision) {
-  const int p = dc.base.p, d = dc.d, m = base.microbatches, world = d * p;
+  const int p = dc.base.p, d = dc.d, t = dc.t, m = base.microbatches, world = d * p * t;
   DataRun out;
   out.errors.resize(world);
   out.weights.resize(d);
@@ -493,19 +494,28 @@ DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planne
   comm::testing::RunOnGlooRanks(
       world,
       [&](comm::GlooCommunicator& w) {
-        // The launcher's numbering (planner::Topology, t = 1): rank = replica + d · stage.
-        const int rank = w.rank(), replica = rank % d, stage = rank / d;
-        auto pipe =
-            comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/pipe", replica), stage, p);
-        auto data =
-            comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/data", stage), replica, d);
-        if (!pipe.ok() || !data.ok()) {
+        // The launcher's numbering (planner::Topology): rank = tp + t · (replica + d · stage).
+        const int rank = w.rank(), tp = rank % t, replica = rank / t % d, stage = rank / t / d;
+        auto pipe = comm::testing::ConnectGroup(
+            store, absl::StrCat(prefix, "/pipe", replica, "-", tp), stage, p);
+        auto data = comm::testing::ConnectGroup(
+            store, absl::StrCat(prefix, "/data", stage, "-", tp), replica, d);
+        auto tensor = comm::testing::ConnectGroup(
+            store, absl::StrCat(prefix, "/tensor", stage, "-", replica), tp, t);
+        if (!pipe.ok() || !data.ok() || !tensor.ok()) {
           out.errors[rank] = "connect failed";
           return;
         }
-        comm::StagedCommunicator staged_pipe(pipe->get()), staged_data(data->get());
+        comm::StagedCommunicator staged_pipe(pipe->get()), staged_data(data->get()),
+            staged_tensor(tensor->get());
+        // As the launcher: no data group for one replica, no tensor group for one tensor rank.
+        comm::Communicator* host_data = d > 1 ? data->get() : nullptr;
+        comm::Communicator* host_tensor = t > 1 ? tensor->get() : nullptr;
+        comm::Communicator* dev_data = d > 1 ? &staged_data : nullptr;
+        comm::Communicator* dev_tensor = t > 1 ? &staged_tensor : nullptr;
         TrainerOptions mine = base;
         mine.data = {.replicas = d, .replica = replica, .zero = dc.zero};
+        mine.tensor = {.size = t, .rank = tp};
         // Replica r's j-th microbatch is the step's global microbatch r·m + j.
         const BatchFn batches = [&, replica](int64_t step, int j, int32_t* in, int32_t* tg) {
           return all(step, replica * m + j, in, tg);
@@ -516,8 +526,8 @@ DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planne
                                            .precision = precision,
                                            .untagged_p2p = false,
                                            .overlap_data_sync = dc.overlap},
-                                          &staged_pipe, &staged_pipe, &staged_data)
-                 : PipelineRank::Create(plan, stage, mine, pipe->get(), data->get());
+                                          &staged_pipe, &staged_pipe, dev_data, dev_tensor)
+                 : PipelineRank::Create(plan, stage, mine, pipe->get(), host_data, host_tensor);
         if (!pr.ok()) {
           out.errors[rank] = pr.status().ToString();
           return;
@@ -542,7 +552,7 @@ DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planne
       },
       absl::Seconds(60), store);
   for (int r = 0; r < world; ++r) {
-    if (!has[r].empty() && has[r][0] && r % d == 0) {
+    if (!has[r].empty() && has[r][0] && r / t % d == 0) {
       out.losses = losses[r];
       break;
     }
@@ -561,8 +571,10 @@ TEST_P(CudaDataParallel, MatchesTheCpuReplicas) {
   TrainerOptions global = o;
   global.microbatches = dc.d * o.microbatches;
   const BatchFn all = Batches(global);
-  // One replica's plan, with the replicas' GRAD_SYNC actions (none under ZeRO-1).
-  planner::PlannerInput in = fixtures::PlannerInputFor(c.schedule, c.vocab, c.p, c.k, o);
+  // One replica's plan, with the replicas' GRAD_SYNC actions (none under ZeRO-1), at t.
+  TrainerOptions at_t = o;
+  at_t.tensor.size = dc.t;
+  planner::PlannerInput in = fixtures::PlannerInputFor(c.schedule, c.vocab, c.p, c.k, at_t);
   in.model.data_parallel = dc.d;
   in.model.zero = dc.zero;
   auto plan = planner::BuildPlan(in);
@@ -608,16 +620,22 @@ TEST_P(CudaDataParallel, MatchesTheCpuReplicas) {
 // groups, the batch split, the plan with GRAD_SYNC, ZeRO-1) train as one process on all d·m
 // microbatches, and ZeRO-1 holds 1/d of the AdamW state per rank.
 TEST(CudaDataParallelHarness, CpuReplicasEqualOneProcess) {
-  for (bool zero : {false, true}) {
-    const DataCase dc{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .zero = zero};
+  for (const DataCase& dc :
+       {DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .zero = true},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .d = 1, .t = 2},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .t = 2}}) {
+    SCOPED_TRACE(absl::StrCat("d ", dc.d, " t ", dc.t, " zero ", dc.zero));
     const TrainerOptions o = Options(dc.base);
     TrainerOptions global = o;
     global.microbatches = dc.d * o.microbatches;
     const BatchFn all = Batches(global);
+    TrainerOptions at_t = o;
+    at_t.tensor.size = dc.t;
     planner::PlannerInput in =
-        fixtures::PlannerInputFor(dc.base.schedule, dc.base.vocab, dc.base.p, dc.base.k, o);
+        fixtures::PlannerInputFor(dc.base.schedule, dc.base.vocab, dc.base.p, dc.base.k, at_t);
     in.model.data_parallel = dc.d;
-    in.model.zero = zero;
+    in.model.zero = dc.zero;
     auto plan = planner::BuildPlan(in);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const DataRun got = RunReplicas(dc, o, *plan, all, /*cuda=*/false, DevicePrecision::kFp32);
@@ -628,20 +646,21 @@ TEST(CudaDataParallelHarness, CpuReplicasEqualOneProcess) {
     for (int step = 0; step < kSteps; ++step) {
       auto r = (*one)->Step(step, all);
       ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_NEAR(got.losses[step], r->loss, 1e-5 * r->loss) << "zero " << zero << " step " << step;
+      EXPECT_NEAR(got.losses[step], r->loss, 1e-5 * r->loss) << "step " << step;
       EXPECT_NEAR(got.grad_norms[step], r->grad_norm, 1e-5 * r->grad_norm) << "step " << step;
     }
     Weights want;
     std::mutex mu;
     Gather((*one)->model(), &want, &mu);
     fixtures::ExpectWeightsNear(want, got.weights[0], 1e-5);
-    fixtures::ExpectWeightsNear(got.weights[0], got.weights[1], 0);
+    for (int r = 1; r < dc.d; ++r) fixtures::ExpectWeightsNear(got.weights[0], got.weights[r], 0);
+    if (dc.t > 1) continue;
     // Per rank: the stage's whole parameter count without ZeRO; with it, the two replicas'
     // ranges tile the stage (balanced: they differ by at most one element).
     for (int stage = 0; stage < dc.base.p; ++stage) {
       const int r0 = stage * dc.d;
       const size_t a = got.optimizer_floats[r0], b = got.optimizer_floats[r0 + 1];
-      if (zero) {
+      if (dc.zero) {
         EXPECT_EQ(a + b, got.params[r0]) << "stage " << stage;
         EXPECT_LE(a > b ? a - b : b - a, 1u) << "stage " << stage;
       } else {
@@ -654,9 +673,9 @@ TEST(CudaDataParallelHarness, CpuReplicasEqualOneProcess) {
 
 std::string DataName(const testing::TestParamInfo<DataCase>& info) {
   const DataCase& dc = info.param;
-  return fixtures::CaseName(
-      dc.base.schedule, dc.base.vocab, dc.base.p, dc.base.k,
-      absl::StrCat("_d", dc.d, dc.zero ? "_zero1" : "", dc.overlap ? "" : "_at_opt"));
+  return fixtures::CaseName(dc.base.schedule, dc.base.vocab, dc.base.p, dc.base.k,
+                            absl::StrCat("_d", dc.d, dc.t > 1 ? absl::StrCat("_t", dc.t) : "",
+                                         dc.zero ? "_zero1" : "", dc.overlap ? "" : "_at_opt"));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -667,6 +686,21 @@ INSTANTIATE_TEST_SUITE_P(
         DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, true}, .zero = true},
         DataCase{.base = {Schedule::kZBV, VocabMethod::kVocab2, 2, 1, false}},
         DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false}, .zero = true}),
+    DataName);
+
+// Tensor parallelism on the device (t = 2 tensor ranks of each stage, every group staged Gloo on
+// one GPU) against the same grid of CPU ranks: the device layers' column-/row-parallel products,
+// the vocabulary over p·t shards, the replicated gradients' group sum and the clipping norm.
+INSTANTIATE_TEST_SUITE_P(
+    TensorRanks, CudaDataParallel,
+    testing::Values(
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .d = 1, .t = 2},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, true}, .d = 1, .t = 2},
+        DataCase{.base = {Schedule::kZBV, VocabMethod::kVocab1, 2, 1, false}, .d = 1, .t = 2},
+        DataCase{.base = {Schedule::kSeq1F1B, VocabMethod::kVocab2, 2, 2, false}, .d = 1, .t = 2},
+        DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false}, .d = 1, .t = 2},
+        DataCase{
+            .base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .zero = true, .t = 2}),
     DataName);
 
 // Llama on the CUDA engine against the CPU engine's Llama (RMSNorm, RoPE, grouped-query

@@ -10,6 +10,7 @@
 #include "worker/engine/optimizer.h"
 #include "worker/engine/vocab/partition.h"
 #include "worker/runtime/optimizer_step.h"
+#include "worker/runtime/tensor_rows.h"
 
 namespace vp::runtime {
 
@@ -17,10 +18,38 @@ using engine::MemoryCategory;
 using engine::cuda::DeviceArray;
 using engine::cuda::Finish;
 
+namespace {
+
+// A run of a tensor rank's rows of chunk q that lie in one sample, at consecutive positions:
+// rows [first_row, first_row + rows) of the rank's block, positions [position, position + rows).
+struct RowRun {
+  int first_row = 0;
+  int rows = 0;
+  int position = 0;
+};
+
+// The rank's block of a chunk's b·len rows crosses from one sample into the next at most b
+// times: one run per sample it touches.
+std::vector<RowRun> RowRuns(const TensorRows& rows, int q) {
+  std::vector<RowRun> runs;
+  const int m = rows.LocalRows(q);
+  for (int i = 0; i < m;) {
+    const auto [sample, position] = rows.Row(q, i);
+    int n = 1;
+    while (i + n < m && rows.Row(q, i + n).first == sample) ++n;
+    runs.push_back({.first_row = i, .rows = n, .position = position});
+    i += n;
+  }
+  return runs;
+}
+
+}  // namespace
+
 template <typename T>
 absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
     const TrainerOptions& options, const engine::RankLayout& layout,
-    const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm, int device) {
+    const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm, int device,
+    comm::Communicator* tensor) {
   const int count = engine::cuda::DeviceCount();
   if (count == 0) return absl::FailedPreconditionError("no CUDA device");
   if (device < 0 || device >= count) {
@@ -30,6 +59,11 @@ absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
   std::unique_ptr<CudaStageEngine> e(new CudaStageEngine());
   e->opt_ = options;
   e->device_ = device;
+  e->seq_bounds_ = seq_bounds;
+  e->tensor_ = options.tensor.size > 1 ? tensor : nullptr;
+  if (options.tensor.size > 1 && e->tensor_ == nullptr) {
+    return absl::InvalidArgumentError("cuda rank: parallel.tensor > 1 needs the tensor group");
+  }
   if (auto st = e->EnterThread(); !st.ok()) return st;
   e->tracker_ = std::make_unique<engine::MemoryTracker>();
   e->alloc_ = std::make_unique<engine::cuda::CachingAllocator>(
@@ -56,7 +90,8 @@ absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
       options.data.zero ? engine::cuda::ZeroShard{options.data.replicas, options.data.replica}
                         : engine::cuda::ZeroShard{};
   auto model = Model::Create(options.model, layout, options.microbatch_size, seq_bounds, algorithm,
-                             options.adamw, e->compute_, e->comm_, zero);
+                             options.adamw, e->compute_, e->comm_, zero,
+                             engine::tp::TensorGroup(e->tensor_));
   if (!model.ok()) return model.status();
   e->model_ = std::move(*model);
   // The same initialisation as the CPU engine (slice-independent), then to the device.
@@ -90,6 +125,28 @@ absl::Status CudaStageEngine<T>::EmbedSeqChunk(Buffer& x, const InputState& in, 
                                                int len, int h, int start) {
   // Llama has no position table: RoPE inside the layers handles positions.
   const T* wpe = opt_.model.llama() ? nullptr : model_->wpe();
+  if (tensor_ != nullptr) {
+    // The rank's rows of the chunk (tensor_rows.h), each at its own position: its embedding rows
+    // converted to T, then the position rows added one sample's run of rows at a time.
+    const TensorRows rows(opt_.tensor.size, opt_.tensor.rank, b, seq_bounds_);
+    const int q = rows.ChunkAt(start), m = rows.LocalRows(q);
+    const float* src = in.output() + static_cast<size_t>(rows.EmbedOffset(q)) * h;
+    const long count = static_cast<long>(m) * h;
+    if constexpr (std::is_same_v<T, float>) {
+      VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(x.data(), src, count * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, compute_.stream));
+    } else {
+      VP_CUDA_RETURN_IF_ERROR(engine::cuda::FloatToBf16(x.data(), src, count, compute_.stream));
+    }
+    if (wpe != nullptr) {
+      for (const RowRun& run : RowRuns(rows, q)) {
+        VP_CUDA_RETURN_IF_ERROR(engine::cuda::PositionEmbeddingForward<T>(
+            x.data() + static_cast<size_t>(run.first_row) * h, wpe, 1, run.rows, h, run.position,
+            compute_.stream));
+      }
+    }
+    return Finish(compute_);
+  }
   VP_CUDA_RETURN_IF_ERROR(engine::cuda::EmbedSeqChunkForward<T>(x.data(), in.output(), wpe, b, s,
                                                                 len, h, start, compute_.stream));
   return Finish(compute_);
@@ -98,6 +155,21 @@ absl::Status CudaStageEngine<T>::EmbedSeqChunk(Buffer& x, const InputState& in, 
 template <typename T>
 absl::Status CudaStageEngine<T>::EmbedSeqChunkBackward(Buffer& dembed, const Buffer& dx, int b,
                                                        int s, int len, int h, int start) {
+  if (tensor_ != nullptr) {  // mirrors EmbedSeqChunk's rows
+    const TensorRows rows(opt_.tensor.size, opt_.tensor.rank, b, seq_bounds_);
+    const int q = rows.ChunkAt(start), m = rows.LocalRows(q);
+    if (!opt_.model.llama()) {
+      for (const RowRun& run : RowRuns(rows, q)) {
+        VP_CUDA_RETURN_IF_ERROR(engine::cuda::PositionEmbeddingBackward<T>(
+            model_->wpe_grad(), dx.data() + static_cast<size_t>(run.first_row) * h, 1, run.rows, h,
+            run.position, compute_.stream));
+      }
+    }
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        dembed.data() + static_cast<size_t>(rows.EmbedOffset(q)) * h, dx.data(),
+        sizeof(T) * static_cast<size_t>(m) * h, cudaMemcpyDeviceToDevice, compute_.stream));
+    return Finish(compute_);
+  }
   if (!opt_.model.llama()) {
     VP_CUDA_RETURN_IF_ERROR(engine::cuda::PositionEmbeddingBackward<T>(
         model_->wpe_grad(), dx.data(), b, len, h, start, compute_.stream));
@@ -259,7 +331,7 @@ absl::Status CudaStageEngine<T>::OptimizerStep(int64_t, comm::Communicator& comm
   }
   CudaGradOps<T> ops(*model_, compute_);
   return RunOptimizerStep(ops, comm, data, opt_.data.zero, tied_copy_sync, lr, grad_clip, grad_norm,
-                          data_seconds, reduced);
+                          data_seconds, reduced, tensor_);
 }
 
 // The compute stream wrote the chunk's gradients (its last W): the ops drain it, then sum.

@@ -42,10 +42,12 @@ class CudaStageEngine {
   };
 
   // Makes `device` current on the calling thread, creates the streams, allocator, GEMM runners
-  // and the model (initialised from options.seed on the host, then uploaded).
+  // and the model (initialised from options.seed on the host, then uploaded). tensor: this
+  // stage's tensor group (options.tensor; null for t = 1), a communicator on device pointers.
   static absl::StatusOr<std::unique_ptr<CudaStageEngine>> Create(
       const TrainerOptions& options, const engine::RankLayout& layout,
-      const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm, int device);
+      const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm, int device,
+      comm::Communicator* tensor = nullptr);
   ~CudaStageEngine();
 
   Model& model() { return *model_; }
@@ -68,11 +70,8 @@ class CudaStageEngine {
   // pointers).
   absl::Status AllReduceHostFloats(comm::Communicator& comm, float* values, size_t n);
   absl::Status ZeroGrads() { return model_->ZeroGrads(); }
-  // Tensor parallelism has no CUDA engine yet (BuildRankSetup refuses t > 1 for a device
-  // rank, so the executor never calls this).
-  absl::Status SumTensorReplicatedGrads() {
-    return absl::UnimplementedError("parallel.tensor > 1 on CUDA: not built yet");
-  }
+  // Tensor parallelism: the replicated tensors' gradients summed over the tensor group.
+  absl::Status SumTensorReplicatedGrads() { return model_->SumReplicatedGrads(); }
   absl::Status EnterThread();
   void ActionDone(Thread) { alloc_->ReleasePending(); }
 
@@ -84,6 +83,8 @@ class CudaStageEngine {
 
   TrainerOptions opt_;
   int device_ = 0;
+  std::vector<int> seq_bounds_;
+  comm::Communicator* tensor_ = nullptr;  // t > 1 only
   // Declared before everything that allocates from it: destroyed last.
   std::unique_ptr<engine::MemoryTracker> tracker_;
   std::unique_ptr<engine::cuda::CachingAllocator> alloc_;

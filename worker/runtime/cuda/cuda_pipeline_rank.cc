@@ -42,39 +42,37 @@ class CudaPipelineRank final : public PipelineRank {
 template <typename T>
 absl::StatusOr<std::unique_ptr<PipelineRank>> Create(
     const planner::Plan& plan, int rank, const TrainerOptions& options, internal::RankSetup setup,
-    int device, comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data) {
-  auto engine =
-      CudaStageEngine<T>::Create(options, setup.layout, plan.seq_bounds, setup.algorithm, device);
+    int device, comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data,
+    comm::Communicator* tensor) {
+  auto engine = CudaStageEngine<T>::Create(options, setup.layout, plan.seq_bounds, setup.algorithm,
+                                           device, tensor);
   if (!engine.ok()) return engine.status();
   return std::make_unique<CudaPipelineRank<T>>(
       std::make_unique<internal::RankExecutor<CudaStageEngine<T>>>(
-          plan, rank, options, std::move(setup), std::move(*engine), p2p, coll, data));
+          plan, rank, options, std::move(setup), std::move(*engine), p2p, coll, data, tensor));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
     const planner::Plan& plan, int rank, const TrainerOptions& options, const CudaRankOptions& cuda,
-    comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data) {
+    comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data,
+    comm::Communicator* tensor) {
   if (coll == nullptr || (p2p != nullptr && p2p->size() != coll->size())) {
     return absl::InvalidArgumentError("cuda rank: both communicators must span the pipeline");
   }
-  if (options.tensor.size > 1) {
-    return absl::UnimplementedError(
-        "parallel.tensor > 1 on CUDA: the device engine's tensor-parallel layers are not built "
-        "yet (docs/tensor-parallel.md)");
-  }
-  auto setup = internal::BuildRankSetup(plan, rank, options, p2p, data);
+  auto setup = internal::BuildRankSetup(plan, rank, options, p2p, data, tensor);
   if (!setup.ok()) return setup.status();
   setup->overlap_data_sync = cuda.overlap_data_sync;
   if (cuda.untagged_p2p) {
     if (auto st = CheckP2POrderMatches(plan); !st.ok()) return st;
   }
   if (cuda.precision == DevicePrecision::kFp32) {
-    return Create<float>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll, data);
+    return Create<float>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll, data,
+                         tensor);
   }
   return Create<engine::cuda::bf16>(plan, rank, options, std::move(*setup), cuda.device, p2p, coll,
-                                    data);
+                                    data, tensor);
 }
 
 }  // namespace vp::runtime

@@ -30,9 +30,11 @@ struct CudaRankOptions {
 // p2p: stage-to-stage transfers; coll: the vocabulary barriers and the optimizer's all-reduces.
 // Both take device pointers (NCCL, or comm::StagedCommunicator); they may be the same object.
 // data: this stage's replicas (d > 1; device pointers too): the gradient reduction and, with
-// options.data.zero, ZeRO-1's reduce-scatter and parameter gather.
+// options.data.zero, ZeRO-1's reduce-scatter and parameter gather. tensor: this stage's tensor
+// group (options.tensor.size > 1; device pointers): the collectives inside the passes.
 absl::StatusOr<std::unique_ptr<PipelineRank>> CreateCudaPipelineRank(
     const planner::Plan& plan, int rank, const TrainerOptions& options, const CudaRankOptions& cuda,
-    comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data = nullptr);
+    comm::Communicator* p2p, comm::Communicator* coll, comm::Communicator* data = nullptr,
+    comm::Communicator* tensor = nullptr);
 
 }  // namespace vp::runtime

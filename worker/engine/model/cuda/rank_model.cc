@@ -27,7 +27,8 @@ template <typename T>
 absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
     std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
-    const DeviceContext& compute, const DeviceContext& comm, ZeroShard zero) {
+    const DeviceContext& compute, const DeviceContext& comm, ZeroShard zero,
+    engine::tp::TensorGroup tensor) {
   if (zero.parts < 1 || zero.index < 0 || zero.index >= zero.parts) {
     return absl::InvalidArgumentError(
         absl::StrCat("device model: ZeRO shard ", zero.index, " must be in [0, ", zero.parts, ")"));
@@ -43,9 +44,11 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
   std::unique_ptr<DeviceRankModel> m(new DeviceRankModel());
   m->cfg_ = cfg;
   m->compute_ = compute;
+  m->tensor_ = tensor;
   // The host mirror: layout, tensor table, initialisation; null tracker (host memory is not
   // what this rank reports).
-  auto host = RankModel::Create(cfg, layout, microbatch_size, seq_bounds, algorithm, nullptr);
+  auto host =
+      RankModel::Create(cfg, layout, microbatch_size, seq_bounds, algorithm, nullptr, tensor);
   if (!host.ok()) return host.status();
   m->host_ = std::move(*host);
   const RankModel& h = *m->host_;
@@ -107,15 +110,16 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
   for (const RankLayout::Chunk& c : layout.chunks) {
     const ParamTensor* t = h.Find(LayerTensorName(cfg, c.first_layer, first_tensor));
     if (t == nullptr) return absl::InternalError("device model: layer tensor missing");
-    auto stack =
-        DeviceLayerStack<T>::Create(cfg, c.first_layer, c.count, microbatch_size, seq_bounds,
-                                    m->Params() + t->offset, m->grads_.data() + t->offset, compute);
+    auto stack = DeviceLayerStack<T>::Create(cfg, c.first_layer, c.count, microbatch_size,
+                                             seq_bounds, m->Params() + t->offset,
+                                             m->grads_.data() + t->offset, compute, tensor);
     if (!stack.ok()) return stack.status();
     m->stacks_.push_back(std::move(*stack));
   }
   if (const ParamTensor* wte = h.Find(EmbeddingTensorName(cfg)); wte != nullptr) {
-    auto in = DeviceInputLayerShard<T>::Create(h.partition(), cfg.hidden, m->Params() + wte->offset,
-                                               m->grads_.data() + wte->offset, compute, comm);
+    auto in =
+        DeviceInputLayerShard<T>::Create(h.partition(), cfg.hidden, m->Params() + wte->offset,
+                                         m->grads_.data() + wte->offset, compute, comm, tensor);
     if (!in.ok()) return in.status();
     m->input_ = std::move(*in);
   }
@@ -123,9 +127,9 @@ absl::StatusOr<std::unique_ptr<DeviceRankModel<T>>> DeviceRankModel<T>::Create(
     const ParamTensor* w = h.Find("lm_head.weight");
     if (w == nullptr) w = h.Find(EmbeddingTensorName(cfg));  // tied, same rank
     if (w == nullptr) return absl::InternalError("device model: output weight missing");
-    auto out = DeviceOutputLayerShard<T>::Create(h.partition(), cfg.hidden, algorithm,
-                                                 m->Params() + w->offset,
-                                                 m->grads_.data() + w->offset, compute, comm);
+    auto out = DeviceOutputLayerShard<T>::Create(
+        h.partition(), cfg.hidden, algorithm, m->Params() + w->offset, m->grads_.data() + w->offset,
+        compute, comm, tensor);
     if (!out.ok()) return out.status();
     m->output_ = std::move(*out);
   }
@@ -219,6 +223,21 @@ absl::Status DeviceRankModel<T>::GatherParams(comm::Communicator& data) {
         FloatToBf16(params_.data(), master_.data(), static_cast<long>(count_), compute_.stream));
   }
   return Finish(compute_);
+}
+
+template <typename T>
+absl::Status DeviceRankModel<T>::SumReplicatedGrads() {
+  if (tensor_.size() == 1) return absl::OkStatus();
+  if (auto st = Finish(compute_); !st.ok()) return st;  // the W passes wrote them
+  for (const DecayRange& r : host_->ReplicatedRanges()) {
+    if (absl::Status st =
+            tensor_.comm()->AllReduce(grads_.data() + r.offset, r.count, comm::ReduceOp::kSum);
+        !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("tensor group sum of replicated gradients: ", st.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 template class DeviceRankModel<float>;

@@ -13,9 +13,14 @@
 //
 // ZeRO-1 (a ZeroShard of parts > 1): the AdamW state covers only this replica's range
 // comm::RangeOf(param_count, parts, index) of the flat buffer — the host AdamW is a shard of
-// the same range, so checkpoints save it as on the CPU. OptimizerStep updates the range's
-// master weights (and their T copy); GatherParams then all-gathers the fp32 master weights over
-// the data group and refreshes the whole T copy. Without ZeRO the shard is the whole buffer.
+// the same range, so checkpoints save it as on the CPU.
+//
+// Tensor parallelism (a TensorGroup of t > 1): the host mirror is the tensor rank's slices
+// (RankModel with the group), the layer stacks and vocabulary shards run the group's
+// collectives inside their passes (their communicator takes device pointers). OptimizerStep updates
+// the range's master weights (and their T copy); GatherParams then all-gathers the fp32 master
+// weights over the data group and refreshes the whole T copy. Without ZeRO the shard is the whole
+// buffer.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +57,8 @@ class DeviceRankModel {
   static absl::StatusOr<std::unique_ptr<DeviceRankModel>> Create(
       const ModelConfig& cfg, const RankLayout& layout, int microbatch_size,
       std::vector<int> seq_bounds, vocab::OutputAlgorithm algorithm, const AdamWConfig& adamw,
-      const DeviceContext& compute, const DeviceContext& comm, ZeroShard zero = {});
+      const DeviceContext& compute, const DeviceContext& comm, ZeroShard zero = {},
+      engine::tp::TensorGroup tensor = {});
 
   // Host view: tensor table, Init, checkpoints. Valid after Download(); Upload() after changing.
   RankModel& host() { return *host_; }
@@ -89,6 +95,10 @@ class DeviceRankModel {
   // (device pointers; the compute stream must be idle, as OptimizerStep leaves it), then the T
   // copy of the whole buffer refreshed. Nothing to do without a shard.
   absl::Status GatherParams(comm::Communicator& data);
+  // Tensor parallelism: the replicated tensors' gradients (norms, row-parallel biases, the
+  // position table, replicated key/value heads) summed over the tensor group, once a step before
+  // OPT (each rank computed them from its own token rows). Nothing to do without a group.
+  absl::Status SumReplicatedGrads();
   size_t shard_begin() const { return shard_begin_; }
   size_t shard_count() const { return shard_count_; }
 
@@ -101,6 +111,7 @@ class DeviceRankModel {
   std::unique_ptr<RankModel> host_;
   std::unique_ptr<AdamW> host_opt_;
   size_t count_ = 0;
+  engine::tp::TensorGroup tensor_;
   size_t shard_begin_ = 0;  // the optimizer state's range of the flat buffer
   size_t shard_count_ = 0;
   size_t wpe_offset_ = 0;

@@ -101,6 +101,26 @@ absl::Status ValidateDeviceShardArgs(const char* layer, const vocab::VocabPartit
   return absl::OkStatus();
 }
 
+// Host → device copy of `n` values into a fresh array on ctx (kActivations).
+template <typename V>
+absl::StatusOr<DeviceArray<V>> Upload(const DeviceContext& ctx, const V* host, size_t n) {
+  auto a = DeviceArray<V>::Create(ctx, kAct, n, /*zero=*/false);
+  if (!a.ok()) return a.status();
+  VP_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(a->data(), host, n * sizeof(V), cudaMemcpyHostToDevice, ctx.stream));
+  return a;
+}
+
+// Device → host copy of `n` floats (synchronises ctx.stream).
+absl::StatusOr<std::vector<float>> Download(const DeviceContext& ctx, const float* device,
+                                            size_t n) {
+  std::vector<float> host(n);
+  VP_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream));
+  VP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+  return host;
+}
+
 // Checks a host id array against [0, V); `what` is e.g. "output layer S: labels".
 absl::Status CheckIds(const int32_t* ids, int n, int64_t vocab, const char* what) {
   for (int i = 0; i < n; ++i) {
@@ -143,13 +163,18 @@ void DeviceOutputLayerState<E>::Release() {
   grad_x_.Reset();
   loss_host_.clear();
   loss_host_.shrink_to_fit();
+  c1_label_.Reset();
+  no_label_.Reset();
+  label_rows_.Reset();
+  group_share_.clear();
+  group_share_.shrink_to_fit();
 }
 
 template <typename E>
 int64_t DeviceOutputLayerState<E>::bytes() const {
   const size_t b = local_label_.bytes() + probs_.bytes() + local_max_.bytes() + local_sum_.bytes() +
                    label_logit_.bytes() + scale_.bytes() + sums_.bytes() + loss_.bytes() +
-                   grad_x_.bytes();
+                   grad_x_.bytes() + c1_label_.bytes() + no_label_.bytes() + label_rows_.bytes();
   return static_cast<int64_t>(b);
 }
 
@@ -159,10 +184,14 @@ int64_t DeviceOutputLayerState<E>::bytes() const {
 template <typename E>
 absl::StatusOr<std::unique_ptr<DeviceOutputLayerShard<E>>> DeviceOutputLayerShard<E>::Create(
     const vocab::VocabPartition& partition, int hidden, OutputAlgorithm algorithm, const E* weight,
-    float* weight_grad, const DeviceContext& compute, const DeviceContext& comm) {
+    float* weight_grad, const DeviceContext& compute, const DeviceContext& comm,
+    engine::tp::TensorGroup tensor) {
   if (absl::Status st = ValidateDeviceShardArgs("output layer", partition, hidden, weight,
                                                 weight_grad, compute, comm);
       !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = vocab::ValidateTensorShard("output layer", partition, tensor); !st.ok()) {
     return st;
   }
   // The constructor is private (only Create validates), so make_unique cannot reach it.
@@ -174,7 +203,19 @@ absl::StatusOr<std::unique_ptr<DeviceOutputLayerShard<E>>> DeviceOutputLayerShar
   shard->weight_grad_ = weight_grad;
   shard->compute_ = compute;
   shard->comm_ = comm;
+  shard->tensor_ = tensor;
+  shard->rows_ = std::make_unique<tp::DeviceSequenceParallel<E>>(tensor, compute);
+  shard->sums_ = std::make_unique<tp::DeviceSequenceParallel<float>>(tensor, compute);
   return shard;
+}
+
+template <typename E>
+bool DeviceOutputLayerShard<E>::GroupOwns(int64_t label) const {
+  const int t = tensor_.size();
+  const int64_t group_begin =
+      partition_.begin - static_cast<int64_t>(tensor_.rank()) * partition_.rows;
+  const int64_t group_end = std::min(group_begin + t * partition_.rows, partition_.vocab);
+  return label >= group_begin && label < group_end;
 }
 
 template <typename E>
@@ -189,9 +230,18 @@ absl::StatusOr<DeviceOutputLayerState<E>> DeviceOutputLayerShard<E>::S(const E* 
   if (absl::Status s = CheckIds(labels, n, partition_.vocab, "output layer S: labels"); !s.ok()) {
     return s;
   }
+  const int t = tensor_.size();
+  if (n % t != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output layer S: n ", n, " tokens do not split over ", t, " tensor ranks"));
+  }
   const DeviceContext& ctx = compute_;
   const int64_t rows = partition_.rows, valid = partition_.valid_rows;
   const int h = hidden_;
+  // Under tensor parallelism the logits are computed for all the group's rows.
+  absl::StatusOr<tp::DeviceGatheredRows<E>> gathered = rows_->Gather(x, n, h);
+  if (!gathered.ok()) return Annotate(gathered.status(), "output layer S gather");
+  x = gathered->data();
 
   // The label → shard row mapping on the host (labels arrive as a host array): one (n) int32
   // upload instead of a kernel.
@@ -203,7 +253,8 @@ absl::StatusOr<DeviceOutputLayerState<E>> DeviceOutputLayerShard<E>::S(const E* 
 
   DeviceOutputLayerState<E> st;
   st.algorithm_ = algorithm_;
-  st.n_ = n;
+  st.n_ = n / t;
+  st.n_all_ = n;
   st.d_ = d;
   absl::Status pass = [&]() -> absl::Status {
     // No zero fill anywhere below: the softmax kernel writes every column of the n×rows buffer
@@ -239,8 +290,119 @@ absl::StatusOr<DeviceOutputLayerState<E>> DeviceOutputLayerShard<E>::S(const E* 
                            rows, valid, ctx.stream);
   }();
   if (absl::Status s = Finished(std::move(pass), ctx); !s.ok()) return s;
+  if (t > 1) {
+    absl::Status merged = MergeOverTensorGroup(st, labels, local_label);
+    if (absl::Status s = Finished(std::move(merged), ctx); !s.ok()) return s;
+  }
   st.phase_ = Phase::kS;
   return st;
+}
+
+// The group's t shards as one (the CPU shard's MergeOverTensorGroup): with M the max of their
+// m' and S = Σ s'·exp(m' − M), the merged shard's P' on shard v's rows is share_v · P'_v,
+// share_v = s'_v·exp(m'_v − M)/S; its label logit is the owning shard's, shifted to M; and
+// (Algorithm 2) its A = Σ_v share_v·A_v. The n-sized vectors go through the host (a few floats a
+// token; every rank keeps share for T); A and the label's weight rows are reduce-scattered in
+// fp32, each rank keeping its m rows.
+template <typename E>
+absl::Status DeviceOutputLayerShard<E>::MergeOverTensorGroup(
+    DeviceOutputLayerState<E>& st, const int32_t* labels,
+    const std::vector<int32_t>& local_label) const {
+  const DeviceContext& ctx = compute_;
+  const int n = st.n_all_, m = st.n_, h = hidden_, first = tensor_.rank() * m;
+  comm::Communicator& comm = *tensor_.comm();
+  auto group_max = DeviceArray<float>::Create(ctx, kAct, n, false);  // (n) M
+  if (!group_max.ok()) return group_max.status();
+  VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(group_max->data(), st.local_max_.data(),
+                                          n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream));
+  if (absl::Status s = Idle(ctx); !s.ok()) return s;
+  if (absl::Status s = comm.AllReduce(group_max->data(), n, comm::ReduceOp::kMax); !s.ok()) {
+    return Annotate(s, "output layer S group max");
+  }
+  auto lmax = Download(ctx, st.local_max_.data(), n);
+  auto lsum = Download(ctx, st.local_sum_.data(), n);
+  auto llogit = Download(ctx, st.label_logit_.data(), n);
+  auto gmax = Download(ctx, group_max->data(), n);
+  for (const absl::Status& s : {lmax.status(), lsum.status(), llogit.status(), gmax.status()}) {
+    if (!s.ok()) return s;
+  }
+  std::vector<float> share(n), sums(2 * static_cast<size_t>(n));  // [share | label term]
+  for (int i = 0; i < n; ++i) {
+    // <= 0, or -inf for an all-padding shard (also when the whole group is padding, where
+    // -inf − -inf would be NaN): it then adds exactly 0.
+    const float lm = (*lmax)[i];
+    const float delta = std::isinf(lm) && lm < 0 ? lm : lm - (*gmax)[i];
+    share[i] = (*lsum)[i] * std::exp(delta);
+    sums[i] = share[i];
+    sums[n + i] = local_label[i] >= 0 ? (*llogit)[i] + delta : 0.0f;
+  }
+  auto sums_dev = Upload(ctx, sums.data(), sums.size());
+  if (!sums_dev.ok()) return sums_dev.status();
+  if (absl::Status s = Idle(ctx); !s.ok()) return s;
+  if (absl::Status s = comm.AllReduce(sums_dev->data(), sums.size(), comm::ReduceOp::kSum);
+      !s.ok()) {
+    return Annotate(s, "output layer S group sum");
+  }
+  auto total = Download(ctx, sums_dev->data(), sums.size());
+  if (!total.ok()) return total.status();
+  for (int i = 0; i < n; ++i) {
+    const float s = (*total)[i];  // 0 only when all t shards are padding
+    share[i] = s > 0 ? share[i] / s : 0.0f;
+  }
+  if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
+    // VocabGradInputFix with no label is a row scaling: A ← share·A, then summed over the group.
+    const std::vector<int32_t> none(n, -1);
+    auto none_dev = Upload(ctx, none.data(), none.size());
+    auto share_dev = Upload(ctx, share.data(), share.size());
+    auto labels_dev = Upload(ctx, labels, static_cast<size_t>(n));
+    auto label_rows = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(n) * h, false);
+    auto mine_a = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(m) * h, false);
+    auto mine_rows = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(m) * h, false);
+    for (const absl::Status& s : {none_dev.status(), share_dev.status(), labels_dev.status(),
+                                  label_rows.status(), mine_a.status(), mine_rows.status()}) {
+      if (!s.ok()) return s;
+    }
+    VP_CUDA_RETURN_IF_ERROR(VocabGradInputFix<E>(st.grad_x_.data(), share_dev->data(), weight_,
+                                                 none_dev->data(), 1.0f, n, h, ctx.stream));
+    if (absl::Status s = sums_->ScatterSum(st.grad_x_.data(), n, h, mine_a->data()); !s.ok()) {
+      return Annotate(s, "output layer S group A");
+    }
+    // The label's weight row (fp32) where this shard owns it, zero elsewhere; summed over the
+    // group, each token gets its label's row from the shard that has it.
+    VP_CUDA_RETURN_IF_ERROR(EmbeddingForwardToFloat<E>(label_rows->data(), weight_,
+                                                       labels_dev->data(), n, h, partition_.begin,
+                                                       partition_.valid_rows, ctx.stream));
+    if (absl::Status s = sums_->ScatterSum(label_rows->data(), n, h, mine_rows->data()); !s.ok()) {
+      return Annotate(s, "output layer S group label rows");
+    }
+    // Kept as −d·W[label], so that C1 adds it to d·scale·A.
+    const std::vector<float> minus_d(m, -st.d_);
+    auto minus_d_dev = Upload(ctx, minus_d.data(), minus_d.size());
+    if (!minus_d_dev.ok()) return minus_d_dev.status();
+    VP_CUDA_RETURN_IF_ERROR(VocabGradInputFix<E>(mine_rows->data(), minus_d_dev->data(), weight_,
+                                                 none_dev->data(), 1.0f, m, h, ctx.stream));
+    st.grad_x_ = std::move(*mine_a);
+    st.label_rows_ = std::move(*mine_rows);
+  }
+  // The merged statistics of this rank's own m tokens, for C1, and its label test there.
+  std::vector<int32_t> c1_label(m), none(m, -1);
+  for (int i = 0; i < m; ++i) c1_label[i] = GroupOwns(labels[first + i]) ? 0 : -1;
+  auto merged_max = Upload(ctx, gmax->data() + first, m);
+  auto merged_sum = Upload(ctx, total->data() + first, m);
+  auto merged_label = Upload(ctx, total->data() + n + first, m);
+  auto c1 = Upload(ctx, c1_label.data(), c1_label.size());
+  auto no_label = Upload(ctx, none.data(), none.size());
+  for (const absl::Status& s : {merged_max.status(), merged_sum.status(), merged_label.status(),
+                                c1.status(), no_label.status()}) {
+    if (!s.ok()) return s;
+  }
+  st.local_max_ = std::move(*merged_max);
+  st.local_sum_ = std::move(*merged_sum);
+  st.label_logit_ = std::move(*merged_label);
+  st.c1_label_ = std::move(*c1);
+  st.no_label_ = std::move(*no_label);
+  st.group_share_ = std::move(share);
+  return absl::OkStatus();
 }
 
 template <typename E>
@@ -271,9 +433,12 @@ absl::Status DeviceOutputLayerShard<E>::C1(DeviceOutputLayerState<E>& st,
     st.sums_ = std::move(*sums);
     st.scale_ = std::move(*scale);
     st.loss_ = std::move(*loss);
-    VP_CUDA_RETURN_IF_ERROR(VocabC1Prepare(
-        st.sums_.data(), st.scale_.data(), st.local_max_.data(), global_max->data(),
-        st.local_sum_.data(), st.label_logit_.data(), st.local_label_.data(), n, ctx.stream));
+    // The label test: this shard's row (t = 1), or the merged group's (t > 1).
+    const bool grouped = tensor_.size() > 1;
+    VP_CUDA_RETURN_IF_ERROR(
+        VocabC1Prepare(st.sums_.data(), st.scale_.data(), st.local_max_.data(), global_max->data(),
+                       st.local_sum_.data(), st.label_logit_.data(),
+                       grouped ? st.c1_label_.data() : st.local_label_.data(), n, ctx.stream));
     if (absl::Status s = Idle(ctx); !s.ok()) return s;
     if (absl::Status s = comm.AllReduce(st.sums_.data(), st.sums_.size(), comm::ReduceOp::kSum);
         !s.ok()) {
@@ -285,9 +450,15 @@ absl::Status DeviceOutputLayerShard<E>::C1(DeviceOutputLayerState<E>& st,
 
     if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
       // This rank's ∇X part d·(A·scale − W_r[label]); the sum over ranks is the full ∇X.
-      VP_CUDA_RETURN_IF_ERROR(VocabGradInputFix<E>(st.grad_x_.data(), st.scale_.data(), weight_,
-                                                   st.local_label_.data(), st.d_, n, hidden_,
-                                                   ctx.stream));
+      // Under tensor parallelism the label's row came from its shard in S (as −d·W[label]).
+      VP_CUDA_RETURN_IF_ERROR(VocabGradInputFix<E>(
+          st.grad_x_.data(), st.scale_.data(), weight_,
+          grouped ? st.no_label_.data() : st.local_label_.data(), st.d_, n, hidden_, ctx.stream));
+      if (grouped) {
+        VP_CUDA_RETURN_IF_ERROR(ResidualForward<float>(st.grad_x_.data(), st.grad_x_.data(),
+                                                       st.label_rows_.data(),
+                                                       static_cast<long>(n) * hidden_, ctx.stream));
+      }
       if (absl::Status s = Idle(ctx); !s.ok()) return s;
       if (absl::Status s =
               comm.AllReduce(st.grad_x_.data(), st.grad_x_.size(), comm::ReduceOp::kSum);
@@ -308,6 +479,9 @@ absl::Status DeviceOutputLayerShard<E>::C1(DeviceOutputLayerState<E>& st,
     st.label_logit_.Reset();
     st.sums_.Reset();
     st.loss_.Reset();
+    st.c1_label_.Reset();
+    st.no_label_.Reset();
+    st.label_rows_.Reset();
   }
   if (absl::Status s = Finished(std::move(pass), ctx); !s.ok()) return s;
   st.phase_ = Phase::kC1;
@@ -319,19 +493,60 @@ absl::Status DeviceOutputLayerShard<E>::T(DeviceOutputLayerState<E>& st, const E
   if (absl::Status s = ExpectPhase(st.phase_, Phase::kC1, "T"); !s.ok()) return s;
   if (x == nullptr) return absl::InvalidArgumentError("output layer T: x must be non-null");
   const DeviceContext& ctx = compute_;
-  const int n = st.n_, h = hidden_;
+  const int n = st.n_all_, m = st.n_, h = hidden_;
+  const bool grouped = tensor_.size() > 1;
   absl::Status pass = [&]() -> absl::Status {
-    float* grad_x_partial = nullptr;  // (n, h) Algorithm 1's ∇X', overwritten by OutputLayerT
+    // Under tensor parallelism: the group's rows again, and every token's merged scale (the
+    // factor turning the merged P' into the softmax) times this shard's share of it.
+    absl::StatusOr<tp::DeviceGatheredRows<E>> rows = rows_->Gather(x, n, h);
+    if (!rows.ok()) return Annotate(rows.status(), "output layer T gather");
+    const float* scale = st.scale_.data();
+    DeviceArray<float> all_scale;
+    if (grouped) {
+      auto a = DeviceArray<float>::Create(ctx, kAct, n, false);
+      if (!a.ok()) return a.status();
+      all_scale = std::move(*a);
+      if (absl::Status s = sums_->GatherInto(st.scale_.data(), n, 1, all_scale.data()); !s.ok()) {
+        return Annotate(s, "output layer T gather");
+      }
+      auto host = Download(ctx, all_scale.data(), n);
+      if (!host.ok()) return host.status();
+      for (int i = 0; i < n; ++i) (*host)[i] *= st.group_share_[i];
+      VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all_scale.data(), host->data(), n * sizeof(float),
+                                              cudaMemcpyHostToDevice, ctx.stream));
+      VP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));  // host vector goes away
+      scale = all_scale.data();
+    }
+    DeviceArray<float> partial;  // (n, h) Algorithm 1's ∇X', overwritten by OutputLayerT
+    float* grad_x_partial = nullptr;
     if (algorithm_ == OutputAlgorithm::kAlgorithm1) {
       auto gx = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(n) * h, false);
       if (!gx.ok()) return gx.status();
-      st.grad_x_ = std::move(*gx);
-      grad_x_partial = st.grad_x_.data();
+      partial = std::move(*gx);
+      grad_x_partial = partial.data();
     }
     // probs → d·(scale·P' − onehot) in place; ∇W_r += gradᵀ·X (accumulates in fp32).
-    return OutputLayerT<E>(*ctx.gemm, st.probs_.data(), weight_grad_, grad_x_partial, x, weight_,
-                           st.scale_.data(), st.local_label_.data(), st.d_, n, h, partition_.rows,
-                           partition_.valid_rows, ctx.stream);
+    if (absl::Status s =
+            OutputLayerT<E>(*ctx.gemm, st.probs_.data(), weight_grad_, grad_x_partial, rows->data(),
+                            weight_, scale, st.local_label_.data(), st.d_, n, h, partition_.rows,
+                            partition_.valid_rows, ctx.stream);
+        !s.ok()) {
+      return s;
+    }
+    if (algorithm_ == OutputAlgorithm::kAlgorithm1) {
+      if (!grouped) {
+        st.grad_x_ = std::move(partial);
+      } else {
+        // This rank's partial sum for C2, summed over the group first (its own rows kept).
+        auto mine = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(m) * h, false);
+        if (!mine.ok()) return mine.status();
+        if (absl::Status s = sums_->ScatterSum(partial.data(), n, h, mine->data()); !s.ok()) {
+          return Annotate(s, "output layer T grad_x");
+        }
+        st.grad_x_ = std::move(*mine);
+      }
+    }
+    return absl::OkStatus();
   }();
   if (pass.ok()) {
     // T is the last reader of the n×rows buffer, the scale and the label rows; only the losses
@@ -339,6 +554,7 @@ absl::Status DeviceOutputLayerShard<E>::T(DeviceOutputLayerState<E>& st, const E
     st.probs_.Reset();
     st.scale_.Reset();
     st.local_label_.Reset();
+    st.group_share_.clear();
   }
   if (absl::Status s = Finished(std::move(pass), ctx); !s.ok()) return s;
   st.phase_ = Phase::kT;
@@ -373,10 +589,13 @@ absl::Status DeviceOutputLayerShard<E>::C2(DeviceOutputLayerState<E>& st,
 template <typename E>
 absl::StatusOr<std::unique_ptr<DeviceInputLayerShard<E>>> DeviceInputLayerShard<E>::Create(
     const vocab::VocabPartition& partition, int hidden, const E* weight, float* weight_grad,
-    const DeviceContext& compute, const DeviceContext& comm) {
+    const DeviceContext& compute, const DeviceContext& comm, engine::tp::TensorGroup tensor) {
   if (absl::Status st = ValidateDeviceShardArgs("input layer", partition, hidden, weight,
                                                 weight_grad, compute, comm);
       !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = vocab::ValidateTensorShard("input layer", partition, tensor); !st.ok()) {
     return st;
   }
   // The constructor is private (only Create validates), so make_unique cannot reach it.
@@ -387,6 +606,8 @@ absl::StatusOr<std::unique_ptr<DeviceInputLayerShard<E>>> DeviceInputLayerShard<
   shard->weight_grad_ = weight_grad;
   shard->compute_ = compute;
   shard->comm_ = comm;
+  shard->rows_ = std::make_unique<tp::DeviceSequenceParallel<E>>(tensor, compute);
+  shard->sums_ = std::make_unique<tp::DeviceSequenceParallel<float>>(tensor, compute);
   return shard;
 }
 
@@ -399,9 +620,14 @@ absl::StatusOr<DeviceInputLayerState<E>> DeviceInputLayerShard<E>::Forward(const
     return s;
   }
   const DeviceContext& ctx = compute_;
-  const int h = hidden_;
+  const int h = hidden_, t = sums_->group().size();
+  if (n % t != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input layer IF: n ", n, " tokens do not split over ", t, " tensor ranks"));
+  }
   DeviceInputLayerState<E> st;
-  st.n_ = n;
+  st.n_ = n / t;
+  st.n_all_ = n;
   absl::Status pass = [&]() -> absl::Status {
     auto tok = DeviceArray<int32_t>::Create(ctx, kAct, n, false);
     // Not zero-filled: the lookup kernel writes every element (zero rows for foreign tokens).
@@ -417,6 +643,15 @@ absl::StatusOr<DeviceInputLayerState<E>> DeviceInputLayerShard<E>::Forward(const
     VP_CUDA_RETURN_IF_ERROR(EmbeddingForwardToFloat<E>(st.output_.data(), weight_,
                                                        st.tokens_.data(), n, h, partition_.begin,
                                                        partition_.valid_rows, ctx.stream));
+    if (t > 1) {
+      // The group's t shards summed, each rank keeping its own m rows.
+      auto mine = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(st.n_) * h, false);
+      if (!mine.ok()) return mine.status();
+      if (absl::Status s = sums_->ScatterSum(st.output_.data(), n, h, mine->data()); !s.ok()) {
+        return Annotate(s, "input layer IF group sum");
+      }
+      st.output_ = std::move(*mine);
+    }
     return absl::OkStatus();
   }();
   if (absl::Status s = Finished(std::move(pass), ctx); !s.ok()) return s;
@@ -494,9 +729,14 @@ absl::Status DeviceInputLayerShard<E>::Backward(DeviceInputLayerState<E>& st) co
   const DeviceContext& ctx = compute_;
   // Scatter-add with fp32 atomics: a token repeated in the microbatch adds once per occurrence.
   absl::Status pass = [&]() -> absl::Status {
-    VP_CUDA_RETURN_IF_ERROR(
-        EmbeddingBackward<E>(weight_grad_, st.output_grad_.data(), st.tokens_.data(), st.n_,
-                             hidden_, partition_.begin, partition_.valid_rows, ctx.stream));
+    // Under tensor parallelism the group's rows of the gradient first (E rows, byte moves).
+    const int n = rows_->group().size() > 1 ? st.n_all_ : st.n_;
+    absl::StatusOr<tp::DeviceGatheredRows<E>> grad =
+        rows_->Gather(st.output_grad_.data(), n, hidden_);
+    if (!grad.ok()) return Annotate(grad.status(), "input layer IB gather");
+    VP_CUDA_RETURN_IF_ERROR(EmbeddingBackward<E>(weight_grad_, grad->data(), st.tokens_.data(), n,
+                                                 hidden_, partition_.begin, partition_.valid_rows,
+                                                 ctx.stream));
     return absl::OkStatus();
   }();
   // The kernel may still be reading it: released to this thread's pending list, reusable only

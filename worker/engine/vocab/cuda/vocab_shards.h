@@ -10,6 +10,15 @@
 // communicator gets device pointers (NCCL, or a host-staged communicator) and is called only
 // after the context's stream is idle. Every public method returns after Finish(ctx)
 // (device.h), so states move between threads freely.
+//
+// Tensor parallelism (`tensor` of t > 1 at Create; the CPU shards' rules and messages): the
+// partition is over p·t shards and a rank holds m = n/t of the microbatch's token rows. S gathers
+// the group's rows, computes its shard's statistics for all n tokens and merges them over the
+// tensor group (the n-sized vectors on the host: a few floats a token), keeping the merged
+// statistics, A and the label rows of its own m tokens for C1; T gathers the rows and the merged
+// scale again. The input layer looks up all n tokens and reduce-scatters over the group (IF),
+// and gathers the m-row gradient back to n rows before its scatter-add (IB). The group's
+// collectives run on the compute context (they are inside the compute passes).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/kernels/cuda/device.h"
+#include "worker/engine/tensor_parallel/cuda/parallel_linear.h"
 #include "worker/engine/vocab/output_layer.h"
 #include "worker/engine/vocab/partition.h"
 
@@ -66,6 +76,15 @@ class DeviceOutputLayerState {
   DeviceArray<float> loss_;           // (n)
   DeviceArray<float> grad_x_;         // (n, h)
   std::vector<float> loss_host_;      // (n)
+  // Tensor parallelism (t > 1): n_ is this rank's m tokens, n_all_ the group's n (local_label_
+  // and probs_ are the group's n rows); the merged shard's label test for C1 and, for
+  // Algorithm 2, -d times the label's weight row of each own token; each shard's share of the
+  // merged P' (host, n_all).
+  int n_all_ = 0;
+  DeviceArray<int32_t> c1_label_;   // (n) 0 where the group owns the label, -1 elsewhere
+  DeviceArray<int32_t> no_label_;   // (n) all -1: VocabGradInputFix as a row scaling
+  DeviceArray<float> label_rows_;   // (n, h) -d·W[label] (Algorithm 2)
+  std::vector<float> group_share_;  // (n_all)
 };
 
 template <typename E>
@@ -75,7 +94,8 @@ class DeviceOutputLayerShard {
   // partition.rows must be a multiple of 8 and h too (cuBLASLt alignment).
   static absl::StatusOr<std::unique_ptr<DeviceOutputLayerShard>> Create(
       const vocab::VocabPartition& partition, int hidden, OutputAlgorithm algorithm,
-      const E* weight, float* weight_grad, const DeviceContext& compute, const DeviceContext& comm);
+      const E* weight, float* weight_grad, const DeviceContext& compute, const DeviceContext& comm,
+      engine::tp::TensorGroup tensor = {});
 
   absl::StatusOr<DeviceOutputLayerState<E>> S(const E* x, const int32_t* labels, int n,
                                               float d) const;
@@ -92,6 +112,12 @@ class DeviceOutputLayerShard {
 
  private:
   DeviceOutputLayerShard() = default;
+  // t > 1: S's statistics of the group's t shards merged (DeviceOutputLayerShard::S).
+  // labels: the group's n global labels (host); local_label: their rows in this shard, or -1.
+  absl::Status MergeOverTensorGroup(DeviceOutputLayerState<E>& st, const int32_t* labels,
+                                    const std::vector<int32_t>& local_label) const;
+  // t > 1: whether global token `label` is a real row of this tensor group's t shards.
+  bool GroupOwns(int64_t label) const;
 
   vocab::VocabPartition partition_;
   int hidden_ = 0;
@@ -100,6 +126,10 @@ class DeviceOutputLayerShard {
   float* weight_grad_ = nullptr;
   DeviceContext compute_;
   DeviceContext comm_;
+  engine::tp::TensorGroup tensor_;
+  // The group's row exchanges on the compute context: E rows, fp32 sums.
+  std::unique_ptr<tp::DeviceSequenceParallel<E>> rows_;
+  std::unique_ptr<tp::DeviceSequenceParallel<float>> sums_;
 };
 
 template <typename E>
@@ -121,7 +151,8 @@ class DeviceInputLayerState {
  private:
   friend class DeviceInputLayerShard<E>;
   int n_ = 0;
-  DeviceArray<int32_t> tokens_;  // (n) global ids
+  int n_all_ = 0;                // t > 1: the group's tokens (n_ = n_all_ / t this rank's)
+  DeviceArray<int32_t> tokens_;  // (n_all) global ids
   DeviceArray<float> output_;    // (n, h)
   DeviceArray<E> output_grad_;   // (n, h) after BackwardBroadcast (a byte-exact copy)
 };
@@ -132,7 +163,7 @@ class DeviceInputLayerShard {
   // weight (partition.rows, h) T, weight_grad fp32, both device.
   static absl::StatusOr<std::unique_ptr<DeviceInputLayerShard>> Create(
       const vocab::VocabPartition& partition, int hidden, const E* weight, float* weight_grad,
-      const DeviceContext& compute, const DeviceContext& comm);
+      const DeviceContext& compute, const DeviceContext& comm, engine::tp::TensorGroup tensor = {});
 
   // IF, local part. tokens (n) host, in [0, V).
   absl::StatusOr<DeviceInputLayerState<E>> Forward(const int32_t* tokens, int n) const;
@@ -157,6 +188,8 @@ class DeviceInputLayerShard {
   float* weight_grad_ = nullptr;
   DeviceContext compute_;
   DeviceContext comm_;
+  std::unique_ptr<tp::DeviceSequenceParallel<E>> rows_;      // the gradient's gather
+  std::unique_ptr<tp::DeviceSequenceParallel<float>> sums_;  // the lookup's reduce-scatter
 };
 
 extern template class DeviceOutputLayerShard<float>;
