@@ -38,7 +38,7 @@ MAX_BYTES=$((64 * 1024 * 1024))
 PROGRAMS=(client/vocabpipe worker/main/vocabpipe-worker
           coordinator/server/vocabpipe-coordinator)
 CUDA_TESTS=(tests/unit/cuda/cuda_library_loading_test tests/unit/cuda/cuda_runtime_test tests/unit/cuda/cuda_kernels_test
-            tests/unit/cuda_layers/cuda_layer_stack_test
+            tests/unit/cuda_layers/cuda_layer_stack_test tests/unit/cuda_layers/cuda_parallel_linear_test
             tests/unit/cuda_vocab/cuda_vocab_shards_test
             tests/integration/cuda_pipeline/cuda_pipeline_test tests/unit/cuda/cuda_nccl_test)
 BENCHES=(bench/cuda/cuda_bench)

@@ -406,7 +406,7 @@ run_job() {  # NAME CAP: `vocabpipe run` through the control plane, as a user ru
 if ((DRY)); then
   say "== tests (device-free parts)"
   for t in cuda_library_loading_test cuda_runtime_test cuda_kernels_test cuda_pipeline_test \
-    cuda_layer_stack_test cuda_vocab_shards_test cuda_nccl_test; do
+    cuda_layer_stack_test cuda_vocab_shards_test cuda_nccl_test cuda_parallel_linear_test; do
     run_test "$t" 120
   done
   say "== end-to-end"
@@ -426,7 +426,7 @@ else
   run_test cuda_runtime_test 30
   run_test cuda_kernels_test 60
   run_job gpu-p1-fp32 75
-  run_test cuda_pipeline_test 90
+  run_test cuda_pipeline_test 150
   run_job gpu-p1-bf16 60
   run_job gpu-p2-vocab1 45
   run_job gpu-p2-vocab2 45
@@ -434,6 +434,7 @@ else
   run_test cuda_vocab_shards_test 45
   run_job gpu-llama-p2 45
   run_test cuda_nccl_test 30
+  run_test cuda_parallel_linear_test 30
   # bf16 attention runs on the flash kernels by default (mma.sync, registers; the third GPU run
   # measured them fastest); the tensor-core (WMMA) and FMA ones stay selectable with
   # VOCABPIPE_ATTENTION: the layer stack and the 200-step bf16 job with each (cuda_kernels_test
