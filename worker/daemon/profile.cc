@@ -1,7 +1,6 @@
 #include "worker/daemon/profile.h"
 
 #include <fcntl.h>
-#include <grpcpp/security/credentials.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -595,24 +594,14 @@ int ProfileChildMain(int argc, char** argv) {
   if (const char* env = std::getenv(auth::kRunSecretEnv)) secret = env;
   unsetenv(auth::kRunSecretEnv);
   if (!store_address.empty()) {
-    std::shared_ptr<grpc::ChannelCredentials> credentials;
-    if (insecure) {
-      if (auto st = auth::CheckInsecure(tls, store_address, "--store"); !st.ok()) {
-        std::cerr << st.message() << std::endl;
-        return 2;
-      }
-      credentials = grpc::InsecureChannelCredentials();
-    } else {
-      auto c = auth::ClientCredentials(tls);
-      if (!c.ok()) {
-        std::cerr << "--store: " << c.status().message() << std::endl;
-        return 2;
-      }
-      credentials = *c;
+    auto credentials = launch::StoreCredentials(store_address, tls, insecure);
+    if (!credentials.ok()) {
+      std::cerr << credentials.status().message() << std::endl;
+      return 2;
     }
     group.store = std::make_shared<launch::GrpcStore>(store_address,
                                                       absl::ToChronoMilliseconds(group.timeout),
-                                                      std::move(credentials), std::move(secret));
+                                                      std::move(*credentials), std::move(secret));
   }
   std::string bytes;
   v1::ProfileTask task;

@@ -126,4 +126,21 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
   if (!st.ok()) Throw(absl::StrCat("wait for ", keys.size(), " keys"), st);
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> StoreCredentials(
+    const std::string& address, const auth::TlsFiles& tls, bool insecure) {
+  if (insecure) {
+    if (auto st = auth::CheckInsecure(tls, address, "--store"); !st.ok()) return st;
+    return grpc::InsecureChannelCredentials();
+  }
+  if (tls.cert.empty() || tls.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--store: needs --tls-ca, --tls-cert and --tls-key (or --insecure on loopback)");
+  }
+  auto credentials = auth::ClientCredentials(tls);
+  if (!credentials.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--store: ", credentials.status().message()));
+  }
+  return *credentials;
+}
+
 }  // namespace vp::launch

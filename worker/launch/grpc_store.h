@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "gloo/rendezvous/store.h"
+#include "proto/grpc/auth.h"
 
 namespace grpc {
 class Channel;
@@ -44,5 +46,11 @@ class GrpcStore final : public gloo::rendezvous::Store {
   std::string run_secret_;
   std::chrono::milliseconds timeout_;
 };
+
+// The credentials a process started by a worker daemon (a rank, a profiling child) reaches the
+// store at `address` with: TLS with `tls` (the daemon's certificate and CA), or plaintext when
+// `insecure` (loopback only). InvalidArgument naming --store otherwise.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> StoreCredentials(
+    const std::string& address, const auth::TlsFiles& tls, bool insecure);
 
 }  // namespace vp::launch

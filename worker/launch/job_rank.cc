@@ -294,6 +294,9 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
       out->data = *c;
     }
     if (t > 1) {
+      // Driven by the compute thread inside the passes while the pipeline's communicator runs
+      // on the communication thread — the concurrency Megatron-LM also relies on, which NCCL
+      // documents as unsafe in general; the first multi-GPU run must confirm it (docs/cuda.md).
       auto c =
           add(w->Split(topology->TensorGroupId(options.rank), tp, tp, t, false, tensor_prefix));
       if (!c.ok()) return c.status();

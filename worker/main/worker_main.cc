@@ -22,7 +22,6 @@
 //       code 0 when the job's steps are done, 1 on any error (the message goes to stderr, the
 //       rank's log), 2 on bad usage, 75 after a preemption: on SIGTERM the ranks agree on a step,
 //       save an emergency checkpoint after it and stop (worker/launch/preemption.h).
-#include <grpcpp/security/credentials.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -246,27 +245,14 @@ int main(int argc, char** argv) {
   }
   if (!have_dir || !have_rank) return Usage("--run-dir and --rank are required");
   if (!store_address.empty()) {
-    std::shared_ptr<grpc::ChannelCredentials> credentials;
-    if (insecure) {
-      if (auto st = vp::auth::CheckInsecure(tls, store_address, "--store"); !st.ok()) {
-        return Usage(std::string(st.message()));
-      }
-      credentials = grpc::InsecureChannelCredentials();
-    } else {
-      if (tls.cert.empty() || tls.key.empty()) {
-        return Usage(
-            "--store: needs --tls-ca, --tls-cert and --tls-key (or --insecure on loopback)");
-      }
-      auto c = vp::auth::ClientCredentials(tls);
-      if (!c.ok()) return Usage(std::string(c.status().message()));
-      credentials = *c;
-    }
+    auto credentials = vp::launch::StoreCredentials(store_address, tls, insecure);
+    if (!credentials.ok()) return Usage(std::string(credentials.status().message()));
     std::string secret;
     if (const char* env = std::getenv(vp::auth::kRunSecretEnv)) secret = env;
     unsetenv(vp::auth::kRunSecretEnv);  // not for whatever this rank starts
     // The store's waits are bounded by the rank's timeout, like every Gloo operation.
     options.store = std::make_shared<vp::launch::GrpcStore>(
-        store_address, absl::ToChronoMilliseconds(options.timeout), std::move(credentials),
+        store_address, absl::ToChronoMilliseconds(options.timeout), std::move(*credentials),
         std::move(secret));
   }
   const int rank = options.rank;

@@ -17,9 +17,11 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/support/cuda_test_device.h"
 #include "tests/support/gloo_threads.h"
 #include "worker/comm/nccl/staged_communicator.h"
@@ -712,23 +714,14 @@ void ExpectTensorRanksMatchCpu(const ModelConfig& cfg, int t) {
     const TensorRankResults& res = ranks[r];
     ASSERT_EQ(res.error, "") << "tensor rank " << r;
     const std::string at = " (tensor rank " + std::to_string(r) + ")";
-    ASSERT_EQ(res.device.out.size(), res.cpu.out.size());
-    for (const auto& [slot, w] : res.cpu.out) {
-      const std::string name =
-          "out mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq) + at;
-      if (fp32) {
-        ExpectClose(res.device.out.at(slot), w, 1e-4, 1e-5, name);
-      } else {
-        ExpectClose(res.device.out.at(slot), w, 3e-2, 3e-2, name);
-      }
-    }
-    for (const auto& [slot, w] : res.cpu.dx) {
-      const std::string name =
-          "dx mb " + std::to_string(slot.microbatch) + " seq " + std::to_string(slot.seq) + at;
-      if (fp32) {
-        ExpectClose(res.device.dx.at(slot), w, 1e-4, 1e-5, name);
-      } else {
-        ExpectClose(res.device.dx.at(slot), w, 3e-2, 3e-2, name);
+    // fp32 to the fp32 tolerances, bf16 to the bf16 ones (the file comment).
+    const double rel = fp32 ? 1e-4 : 3e-2, floor = fp32 ? 1e-5 : 3e-2;
+    for (const auto& [what, got, want] : {std::tuple{"out", &res.device.out, &res.cpu.out},
+                                          std::tuple{"dx", &res.device.dx, &res.cpu.dx}}) {
+      ASSERT_EQ(got->size(), want->size()) << what;
+      for (const auto& [slot, w] : *want) {
+        ExpectClose(got->at(slot), w, rel, floor,
+                    absl::StrCat(what, " mb ", slot.microbatch, " seq ", slot.seq, at));
       }
     }
     ASSERT_EQ(res.device.grads.size(), res.cpu.grads.size());

@@ -179,9 +179,13 @@ std::vector<DecayRange> RankModel::ReplicatedRanges() const {
 }
 
 absl::Status RankModel::SumReplicatedGrads() {
+  if (tensor_.size() == 1) return absl::OkStatus();
+  return SumReplicatedGrads(*tensor_.comm(), grads_.data());
+}
+
+absl::Status RankModel::SumReplicatedGrads(comm::Communicator& tensor, float* grads) const {
   for (const DecayRange& r : ReplicatedRanges()) {
-    if (absl::Status st =
-            tensor_.comm()->AllReduce(grads_.data() + r.offset, r.count, comm::ReduceOp::kSum);
+    if (absl::Status st = tensor.AllReduce(grads + r.offset, r.count, comm::ReduceOp::kSum);
         !st.ok()) {
       return absl::Status(st.code(),
                           absl::StrCat("tensor group sum of replicated gradients: ", st.message()));

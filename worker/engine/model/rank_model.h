@@ -108,6 +108,9 @@ class RankModel {
   // Tensor parallelism: the replicated tensors' gradients (the layers' norms and row-parallel
   // biases, wpe, the final norm) summed over the tensor group. Nothing at t = 1.
   absl::Status SumReplicatedGrads();
+  // The same for any gradient block laid out like this model's (a device copy: `grads` in the
+  // memory `tensor` takes), over `tensor`.
+  absl::Status SumReplicatedGrads(comm::Communicator& tensor, float* grads) const;
   // The flat ranges of the replicated tensors (empty at t = 1): the gradient norm counts them
   // once per tensor group.
   std::vector<DecayRange> ReplicatedRanges() const;

@@ -229,15 +229,7 @@ template <typename T>
 absl::Status DeviceRankModel<T>::SumReplicatedGrads() {
   if (tensor_.size() == 1) return absl::OkStatus();
   if (auto st = Finish(compute_); !st.ok()) return st;  // the W passes wrote them
-  for (const DecayRange& r : host_->ReplicatedRanges()) {
-    if (absl::Status st =
-            tensor_.comm()->AllReduce(grads_.data() + r.offset, r.count, comm::ReduceOp::kSum);
-        !st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat("tensor group sum of replicated gradients: ", st.message()));
-    }
-  }
-  return absl::OkStatus();
+  return host_->SumReplicatedGrads(*tensor_.comm(), grads_.data());
 }
 
 template class DeviceRankModel<float>;
