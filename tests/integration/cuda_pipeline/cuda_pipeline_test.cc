@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
 #include "tests/support/gloo_threads.h"
+#include "tests/support/tensor_grid.h"
 #include "tests/support/training_fixtures.h"
 #include "worker/comm/nccl/staged_communicator.h"
 #include "worker/data/synth.h"
@@ -488,31 +490,18 @@ DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planne
   std::vector<std::vector<double>> losses(world), norms(world);
   std::vector<std::vector<char>> has(world);
   std::mutex mu;
-  static std::atomic<int> run{0};
-  const std::string prefix = absl::StrCat("cuda-data", run.fetch_add(1));
-  auto store = comm::MakeHashStore();
-  comm::testing::RunOnGlooRanks(
-      world,
-      [&](comm::GlooCommunicator& w) {
-        // The launcher's numbering (planner::Topology): rank = tp + t · (replica + d · stage).
-        const int rank = w.rank(), tp = rank % t, replica = rank / t % d, stage = rank / t / d;
-        auto pipe = comm::testing::ConnectGroup(
-            store, absl::StrCat(prefix, "/pipe", replica, "-", tp), stage, p);
-        auto data = comm::testing::ConnectGroup(
-            store, absl::StrCat(prefix, "/data", stage, "-", tp), replica, d);
-        auto tensor = comm::testing::ConnectGroup(
-            store, absl::StrCat(prefix, "/tensor", stage, "-", replica), tp, t);
-        if (!pipe.ok() || !data.ok() || !tensor.ok()) {
-          out.errors[rank] = "connect failed";
-          return;
-        }
-        comm::StagedCommunicator staged_pipe(pipe->get()), staged_data(data->get()),
-            staged_tensor(tensor->get());
-        // As the launcher: no data group for one replica, no tensor group for one tensor rank.
-        comm::Communicator* host_data = d > 1 ? data->get() : nullptr;
-        comm::Communicator* host_tensor = t > 1 ? tensor->get() : nullptr;
-        comm::Communicator* dev_data = d > 1 ? &staged_data : nullptr;
-        comm::Communicator* dev_tensor = t > 1 ? &staged_tensor : nullptr;
+  fixtures::RunJobGrid(
+      d, p, t,
+      [&](int rank, const planner::RankCoord& coord, comm::Communicator* pipe,
+          comm::Communicator* data, comm::Communicator* tensor) {
+        const int tp = coord.tensor, replica = coord.replica, stage = coord.stage;
+        // The device ranks' groups: the same Gloo groups staged through host memory.
+        comm::StagedCommunicator staged_pipe(pipe);
+        std::optional<comm::StagedCommunicator> staged_data, staged_tensor;
+        if (data != nullptr) staged_data.emplace(data);
+        if (tensor != nullptr) staged_tensor.emplace(tensor);
+        comm::Communicator* dev_data = data != nullptr ? &*staged_data : nullptr;
+        comm::Communicator* dev_tensor = tensor != nullptr ? &*staged_tensor : nullptr;
         TrainerOptions mine = base;
         mine.data = {.replicas = d, .replica = replica, .zero = dc.zero};
         mine.tensor = {.size = t, .rank = tp};
@@ -527,7 +516,7 @@ DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planne
                                            .untagged_p2p = false,
                                            .overlap_data_sync = dc.overlap},
                                           &staged_pipe, &staged_pipe, dev_data, dev_tensor)
-                 : PipelineRank::Create(plan, stage, mine, pipe->get(), host_data, host_tensor);
+                 : PipelineRank::Create(plan, stage, mine, pipe, data, tensor);
         if (!pr.ok()) {
           out.errors[rank] = pr.status().ToString();
           return;
@@ -549,8 +538,7 @@ DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planne
         out.optimizer_floats[rank] = (*pr)->optimizer().m().size();
         out.params[rank] = (*pr)->model().param_count();
         Gather((*pr)->model(), &out.weights[replica], &mu);
-      },
-      absl::Seconds(60), store);
+      });
   for (int r = 0; r < world; ++r) {
     if (!has[r].empty() && has[r][0] && r / t % d == 0) {
       out.losses = losses[r];

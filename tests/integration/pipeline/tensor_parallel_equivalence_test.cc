@@ -103,57 +103,40 @@ TEST_P(TensorParallelEquivalence, MatchesOneProcess) {
     ASSERT_EQ((plan->seq_bounds[q + 1] - plan->seq_bounds[q]) % t, 0) << "chunk " << q;
   }
 
-  // World rank = (replica·p + stage)·t + tensor rank: the tensor axis innermost.
+  // Ranks numbered as planner::Topology: the tensor axis innermost.
   const int world = c.d * p * t;
   std::vector<std::vector<double>> got(world);
   std::vector<std::vector<char>> has(world);
   std::vector<std::string> errors(world);
   Weights got_w;
-  static std::atomic<int> run{0};
-  const std::string prefix = absl::StrCat("tp-equivalence", run.fetch_add(1));
-  auto store = comm::MakeHashStore();
-  comm::testing::RunOnGlooRanks(
-      world,
-      [&](comm::GlooCommunicator& w) {
-        const int rank = w.rank(), tp = rank % t, stage = rank / t % p, replica = rank / t / p;
-        engine::cpu::SetBlasThreads(1);
-        auto connect = [&](const std::string& name, int r, int size) {
-          return comm::testing::ConnectGroup(store, absl::StrCat(prefix, "/", name), r, size);
-        };
-        auto pipe = connect(absl::StrCat("pipe-r", replica, "-t", tp), stage, p);
-        auto tensor = connect(absl::StrCat("tensor-r", replica, "-s", stage), tp, t);
-        absl::StatusOr<std::unique_ptr<comm::GlooCommunicator>> data;
-        if (c.d > 1) data = connect(absl::StrCat("data-s", stage, "-t", tp), replica, c.d);
-        if (!pipe.ok() || !tensor.ok() || (c.d > 1 && !data.ok())) {
-          errors[rank] = "connect failed";
-          return;
-        }
-        TrainerOptions mine = opt;
-        mine.tensor.rank = tp;
-        mine.data.replica = replica;
-        // Replica r's j-th microbatch is the reference's r·m + j.
-        const BatchFn batches = [&, replica](int64_t step, int j, int32_t* in, int32_t* out) {
-          (void)step;
-          return all(step, replica * m + j, in, out);
-        };
-        auto pr = PipelineRank::Create(*plan, stage, mine, pipe->get(),
-                                       c.d > 1 ? data->get() : nullptr, tensor->get());
-        if (!pr.ok()) {
-          errors[rank] = pr.status().ToString();
-          return;
-        }
-        for (int step = 0; step < kSteps; ++step) {
-          auto res = (*pr)->Step(step, batches);
-          if (!res.ok()) {
-            errors[rank] = res.status().ToString();
-            return;
-          }
-          got[rank].push_back(res->loss);
-          has[rank].push_back(res->has_loss);
-        }
-        if (replica == 0) Gather((*pr)->model(), &got_w, &mu);
-      },
-      absl::Seconds(60), store);
+  fixtures::RunJobGrid(c.d, p, t,
+                       [&](int rank, const planner::RankCoord& coord, comm::Communicator* pipe,
+                           comm::Communicator* data, comm::Communicator* tensor) {
+                         const int replica = coord.replica, stage = coord.stage;
+                         TrainerOptions mine = opt;
+                         mine.tensor.rank = coord.tensor;
+                         mine.data.replica = replica;
+                         // Replica r's j-th microbatch is the reference's r·m + j.
+                         const BatchFn batches = [&, replica](int64_t step, int j, int32_t* in,
+                                                              int32_t* out) {
+                           return all(step, replica * m + j, in, out);
+                         };
+                         auto pr = PipelineRank::Create(*plan, stage, mine, pipe, data, tensor);
+                         if (!pr.ok()) {
+                           errors[rank] = pr.status().ToString();
+                           return;
+                         }
+                         for (int step = 0; step < kSteps; ++step) {
+                           auto res = (*pr)->Step(step, batches);
+                           if (!res.ok()) {
+                             errors[rank] = res.status().ToString();
+                             return;
+                           }
+                           got[rank].push_back(res->loss);
+                           has[rank].push_back(res->has_loss);
+                         }
+                         if (replica == 0) Gather((*pr)->model(), &got_w, &mu);
+                       });
   for (int r = 0; r < world; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
 
   int checked = 0;

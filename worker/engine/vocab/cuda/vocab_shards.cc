@@ -3,6 +3,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -111,12 +112,17 @@ absl::StatusOr<DeviceArray<V>> Upload(const DeviceContext& ctx, const V* host, s
   return a;
 }
 
-// Device → host copy of `n` floats (synchronises ctx.stream).
-absl::StatusOr<std::vector<float>> Download(const DeviceContext& ctx, const float* device,
-                                            size_t n) {
-  std::vector<float> host(n);
-  VP_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, ctx.stream));
+// Device → host copies of `n` floats from each of `device`, with one synchronisation of
+// ctx.stream for all of them.
+absl::StatusOr<std::vector<std::vector<float>>> Download(const DeviceContext& ctx,
+                                                         std::initializer_list<const float*> device,
+                                                         size_t n) {
+  std::vector<std::vector<float>> host;
+  for (const float* d : device) {
+    host.emplace_back(n);
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.back().data(), d, n * sizeof(float),
+                                            cudaMemcpyDeviceToHost, ctx.stream));
+  }
   VP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
   return host;
 }
@@ -319,22 +325,21 @@ absl::Status DeviceOutputLayerShard<E>::MergeOverTensorGroup(
   if (absl::Status s = comm.AllReduce(group_max->data(), n, comm::ReduceOp::kMax); !s.ok()) {
     return Annotate(s, "output layer S group max");
   }
-  auto lmax = Download(ctx, st.local_max_.data(), n);
-  auto lsum = Download(ctx, st.local_sum_.data(), n);
-  auto llogit = Download(ctx, st.label_logit_.data(), n);
-  auto gmax = Download(ctx, group_max->data(), n);
-  for (const absl::Status& s : {lmax.status(), lsum.status(), llogit.status(), gmax.status()}) {
-    if (!s.ok()) return s;
-  }
+  auto stats = Download(
+      ctx, {st.local_max_.data(), st.local_sum_.data(), st.label_logit_.data(), group_max->data()},
+      n);
+  if (!stats.ok()) return stats.status();
+  const std::vector<float>&lmax = (*stats)[0], &lsum = (*stats)[1], &llogit = (*stats)[2],
+        &gmax = (*stats)[3];
   std::vector<float> share(n), sums(2 * static_cast<size_t>(n));  // [share | label term]
   for (int i = 0; i < n; ++i) {
     // <= 0, or -inf for an all-padding shard (also when the whole group is padding, where
     // -inf − -inf would be NaN): it then adds exactly 0.
-    const float lm = (*lmax)[i];
-    const float delta = std::isinf(lm) && lm < 0 ? lm : lm - (*gmax)[i];
-    share[i] = (*lsum)[i] * std::exp(delta);
+    const float lm = lmax[i];
+    const float delta = std::isinf(lm) && lm < 0 ? lm : lm - gmax[i];
+    share[i] = lsum[i] * std::exp(delta);
     sums[i] = share[i];
-    sums[n + i] = local_label[i] >= 0 ? (*llogit)[i] + delta : 0.0f;
+    sums[n + i] = local_label[i] >= 0 ? llogit[i] + delta : 0.0f;
   }
   auto sums_dev = Upload(ctx, sums.data(), sums.size());
   if (!sums_dev.ok()) return sums_dev.status();
@@ -343,27 +348,31 @@ absl::Status DeviceOutputLayerShard<E>::MergeOverTensorGroup(
       !s.ok()) {
     return Annotate(s, "output layer S group sum");
   }
-  auto total = Download(ctx, sums_dev->data(), sums.size());
-  if (!total.ok()) return total.status();
+  auto summed = Download(ctx, {sums_dev->data()}, sums.size());
+  if (!summed.ok()) return summed.status();
+  const std::vector<float>& total = (*summed)[0];
   for (int i = 0; i < n; ++i) {
-    const float s = (*total)[i];  // 0 only when all t shards are padding
+    const float s = total[i];  // 0 only when all t shards are padding
     share[i] = s > 0 ? share[i] / s : 0.0f;
   }
+  // All -1: VocabGradInputFix without a label is a row scaling (here and in C1).
+  const std::vector<int32_t> none(n, -1);
+  auto no_label = Upload(ctx, none.data(), none.size());
+  if (!no_label.ok()) return no_label.status();
+  st.no_label_ = std::move(*no_label);
   if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
-    // VocabGradInputFix with no label is a row scaling: A ← share·A, then summed over the group.
-    const std::vector<int32_t> none(n, -1);
-    auto none_dev = Upload(ctx, none.data(), none.size());
+    // A ← share·A, then summed over the group.
     auto share_dev = Upload(ctx, share.data(), share.size());
     auto labels_dev = Upload(ctx, labels, static_cast<size_t>(n));
     auto label_rows = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(n) * h, false);
     auto mine_a = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(m) * h, false);
     auto mine_rows = DeviceArray<float>::Create(ctx, kAct, static_cast<size_t>(m) * h, false);
-    for (const absl::Status& s : {none_dev.status(), share_dev.status(), labels_dev.status(),
-                                  label_rows.status(), mine_a.status(), mine_rows.status()}) {
+    for (const absl::Status& s : {share_dev.status(), labels_dev.status(), label_rows.status(),
+                                  mine_a.status(), mine_rows.status()}) {
       if (!s.ok()) return s;
     }
     VP_CUDA_RETURN_IF_ERROR(VocabGradInputFix<E>(st.grad_x_.data(), share_dev->data(), weight_,
-                                                 none_dev->data(), 1.0f, n, h, ctx.stream));
+                                                 st.no_label_.data(), 1.0f, n, h, ctx.stream));
     if (absl::Status s = sums_->ScatterSum(st.grad_x_.data(), n, h, mine_a->data()); !s.ok()) {
       return Annotate(s, "output layer S group A");
     }
@@ -380,27 +389,25 @@ absl::Status DeviceOutputLayerShard<E>::MergeOverTensorGroup(
     auto minus_d_dev = Upload(ctx, minus_d.data(), minus_d.size());
     if (!minus_d_dev.ok()) return minus_d_dev.status();
     VP_CUDA_RETURN_IF_ERROR(VocabGradInputFix<E>(mine_rows->data(), minus_d_dev->data(), weight_,
-                                                 none_dev->data(), 1.0f, m, h, ctx.stream));
+                                                 st.no_label_.data(), 1.0f, m, h, ctx.stream));
     st.grad_x_ = std::move(*mine_a);
     st.label_rows_ = std::move(*mine_rows);
   }
   // The merged statistics of this rank's own m tokens, for C1, and its label test there.
-  std::vector<int32_t> c1_label(m), none(m, -1);
+  std::vector<int32_t> c1_label(m);
   for (int i = 0; i < m; ++i) c1_label[i] = GroupOwns(labels[first + i]) ? 0 : -1;
-  auto merged_max = Upload(ctx, gmax->data() + first, m);
-  auto merged_sum = Upload(ctx, total->data() + first, m);
-  auto merged_label = Upload(ctx, total->data() + n + first, m);
+  auto merged_max = Upload(ctx, gmax.data() + first, m);
+  auto merged_sum = Upload(ctx, total.data() + first, m);
+  auto merged_label = Upload(ctx, total.data() + n + first, m);
   auto c1 = Upload(ctx, c1_label.data(), c1_label.size());
-  auto no_label = Upload(ctx, none.data(), none.size());
-  for (const absl::Status& s : {merged_max.status(), merged_sum.status(), merged_label.status(),
-                                c1.status(), no_label.status()}) {
+  for (const absl::Status& s :
+       {merged_max.status(), merged_sum.status(), merged_label.status(), c1.status()}) {
     if (!s.ok()) return s;
   }
   st.local_max_ = std::move(*merged_max);
   st.local_sum_ = std::move(*merged_sum);
   st.label_logit_ = std::move(*merged_label);
   st.c1_label_ = std::move(*c1);
-  st.no_label_ = std::move(*no_label);
   st.group_share_ = std::move(share);
   return absl::OkStatus();
 }
@@ -509,10 +516,11 @@ absl::Status DeviceOutputLayerShard<E>::T(DeviceOutputLayerState<E>& st, const E
       if (absl::Status s = sums_->GatherInto(st.scale_.data(), n, 1, all_scale.data()); !s.ok()) {
         return Annotate(s, "output layer T gather");
       }
-      auto host = Download(ctx, all_scale.data(), n);
+      auto host = Download(ctx, {all_scale.data()}, n);
       if (!host.ok()) return host.status();
-      for (int i = 0; i < n; ++i) (*host)[i] *= st.group_share_[i];
-      VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all_scale.data(), host->data(), n * sizeof(float),
+      std::vector<float>& values = (*host)[0];
+      for (int i = 0; i < n; ++i) values[i] *= st.group_share_[i];
+      VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all_scale.data(), values.data(), n * sizeof(float),
                                               cudaMemcpyHostToDevice, ctx.stream));
       VP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));  // host vector goes away
       scale = all_scale.data();

@@ -82,7 +82,7 @@ class DeviceOutputLayerState {
   // merged P' (host, n_all).
   int n_all_ = 0;
   DeviceArray<int32_t> c1_label_;   // (n) 0 where the group owns the label, -1 elsewhere
-  DeviceArray<int32_t> no_label_;   // (n) all -1: VocabGradInputFix as a row scaling
+  DeviceArray<int32_t> no_label_;   // (n_all) all -1: VocabGradInputFix as a row scaling
   DeviceArray<float> label_rows_;   // (n, h) -d·W[label] (Algorithm 2)
   std::vector<float> group_share_;  // (n_all)
 };
