@@ -1078,14 +1078,10 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
   if (profiled) {
     // The group every profile was timed on: all the stage's tensor ranks together (t), unless
     // one worker timed its whole stage alone (1), which the planner must divide by t.
-    int tensor_measured = 0;
-    for (const auto& [rank, c] : a.profiles) {
-      const int t = std::max(1, c.tensor_measured());
-      tensor_measured = tensor_measured == 0 ? t : std::min(tensor_measured, t);
-    }
-    costs.set_tensor_measured(tensor_measured);
+    int tensor_measured = std::numeric_limits<int>::max();
     // The slowest worker bounds every pass of a pipeline: plan with the per-pass maximum.
     for (const auto& [rank, c] : a.profiles) {
+      tensor_measured = std::min(tensor_measured, std::max(1, c.tensor_measured()));
       costs.set_f(std::max(costs.f(), c.f()));
       costs.set_b(std::max(costs.b(), c.b()));
       costs.set_w(std::max(costs.w(), c.w()));
@@ -1105,6 +1101,7 @@ void Coordinator::StartPlanning(v1::Job& job, ActiveJob& a) {
           costs.layer_activation_held_for_w_bytes(), c.layer_activation_held_for_w_bytes()));
       costs.set_recompute_selective(std::max(costs.recompute_selective(), c.recompute_selective()));
     }
+    costs.set_tensor_measured(tensor_measured);
     *job.mutable_profiled_costs() = costs;
   }
   if (!SetState(job, v1::JOB_STATE_PLANNING,

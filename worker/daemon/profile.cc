@@ -427,8 +427,8 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
     if (options.insecure) {
       args.push_back("--insecure");
     } else {
-      args.insert(args.end(), {"--tls-ca", options.tls_ca, "--tls-cert", options.tls_cert,
-                               "--tls-key", options.tls_key});
+      args.insert(args.end(), {"--tls-ca", options.tls.ca, "--tls-cert", options.tls.cert,
+                               "--tls-key", options.tls.key});
     }
   }
   std::vector<char*> argv;

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/grpc/auth.h"
 #include "vocabpipe/v1/job.pb.h"
 #include "vocabpipe/v1/service.pb.h"
 
@@ -95,7 +96,7 @@ struct ProfileChildOptions {
   // daemon's TLS files or `insecure` (loopback), and the address its Gloo transport binds to.
   // The task's store_secret goes to the child in its environment, never in a file or argv.
   std::string store_address = "";
-  std::string tls_ca = "", tls_cert = "", tls_key = "";
+  auth::TlsFiles tls = {};
   bool insecure = false;
   std::string hostname = "";
 };

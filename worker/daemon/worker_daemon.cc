@@ -11,7 +11,6 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -310,9 +309,9 @@ class Daemon {
   }
 
   // Kills the profiling child of `job_id` (any job's when empty): a tensor group's profile
-  // whose peer failed would otherwise wait for it until the group's connect timeout.
+  // whose peer failed would otherwise wait for it until the group's connect timeout. Called,
+  // like Profile, on the heartbeat thread only.
   void StopProfile(const std::string& job_id) {
-    std::lock_guard<std::mutex> lock(profile_mu_);
     if (!job_id.empty() && job_id != profiling_job_) return;
     if (const int pid = profile_pid_.load(); pid > 0) kill(pid, SIGKILL);
   }
@@ -322,10 +321,7 @@ class Daemon {
     // failed or was cancelled): never wait for it on this (the heartbeat) thread.
     StopProfile("");
     if (profiler_.joinable()) profiler_.join();
-    {
-      std::lock_guard<std::mutex> lock(profile_mu_);
-      profiling_job_ = task.job_id();
-    }
+    profiling_job_ = task.job_id();
     // Off the heartbeat thread: profiling takes a few seconds and heartbeats must go on.
     const int device =
         options_.device.rfind("cuda:", 0) == 0 ? std::stoi(options_.device.substr(5)) : -1;
@@ -333,9 +329,7 @@ class Daemon {
                               .cuda_device = device,
                               .memory_limit_bytes = options_.profile_memory_limit,
                               .store_address = options_.coordinator,
-                              .tls_ca = options_.tls.ca,
-                              .tls_cert = options_.tls.cert,
-                              .tls_key = options_.tls.key,
+                              .tls = options_.tls,
                               .insecure = options_.insecure,
                               .hostname = options_.address};
     profiler_ = std::thread([this, task, child, id = worker_id_] {
@@ -668,8 +662,7 @@ class Daemon {
   bool leaving_ = false;        // stopping: the running rank saves and exits, nothing new starts
   std::thread profiler_;
   std::atomic<int> profile_pid_{-1};  // the profiling child while it runs
-  std::mutex profile_mu_;             // guards profiling_job_ (kill vs. a new profile)
-  std::string profiling_job_;         // the job of the latest profile
+  std::string profiling_job_;         // the job of the latest profile (heartbeat thread)
 };
 
 }  // namespace
