@@ -16,6 +16,7 @@
 
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/norm_vector.h"
 #include "worker/engine/kernels/cuda/phase_timer.h"
 #include "worker/engine/kernels/cuda/runtime.h"
 #include "worker/engine/optimizer.h"
@@ -61,32 +62,6 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_NEAR(got[i], want[i], abs_floor + rel * std::abs(want[i])) << what << " at " << i;
   }
-}
-
-TEST(CudaKernels, LayerNormMatchesCpu) {
-  SKIP_WITHOUT_DEVICE();
-  const int n = 37, c = 96;
-  auto x = Random(n * c, 1), w = Random(c, 2), b = Random(c, 3), dy = Random(n * c, 4);
-  std::vector<float> out(n * c), mean(n), rstd(n), dx(n * c, 0.5f), dw(c, 0.1f), db(c, 0.2f);
-  cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
-  cpu::LayerNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), n,
-                              c);
-  cpu::LayerNormBackwardWeight(dw.data(), db.data(), dy.data(), x.data(), mean.data(), rstd.data(),
-                               n, c);
-  Dev<float> gx(x), gw(w), gb(b), gdy(dy), gout(n * c), gmean(n), grstd(n),
-      gdx(std::vector<float>(n * c, 0.5f)), gdw(std::vector<float>(c, 0.1f)),
-      gdb(std::vector<float>(c, 0.2f));
-  ASSERT_EQ(LayerNormForward(gout.p, gmean.p, grstd.p, gx.p, gw.p, gb.p, n, c, nullptr),
-            cudaSuccess);
-  ASSERT_EQ(LayerNormBackwardInput(gdx.p, gdy.p, gx.p, gw.p, gmean.p, grstd.p, n, c, nullptr),
-            cudaSuccess);
-  ASSERT_EQ(LayerNormBackwardWeight(gdw.p, gdb.p, gdy.p, gx.p, gmean.p, grstd.p, n, c, nullptr),
-            cudaSuccess);
-  ExpectClose(gout.Get(), out, 1e-5, 1e-5, "out");
-  ExpectClose(grstd.Get(), rstd, 1e-5, 1e-6, "rstd");
-  ExpectClose(gdx.Get(), dx, 1e-5, 1e-5, "dinp");
-  ExpectClose(gdw.Get(), dw, 1e-5, 1e-4, "dweight");
-  ExpectClose(gdb.Get(), db, 1e-5, 1e-4, "dbias");
 }
 
 // GELU's backward in float64: the reference both float implementations are held to.
@@ -509,24 +484,123 @@ TEST(CudaKernels, GroupedQueryAttentionRejectsUnevenGroups) {
   EXPECT_EQ(AttentionForward(out.p, lse.p, q.p, 24, k.p, v.p, s, nullptr), cudaErrorInvalidValue);
 }
 
+// LayerNorm (layer_norm) or RMSNorm over n rows of c on the device with `kernels`, forward and
+// both backward parts, against the CPU on the same inputs (for bf16: the bf16-rounded ones). The
+// input gradient accumulates onto 0.5, the weight gradients onto 0.1 and 0.2. Tolerances: fp32
+// 1e-5 relative; bf16 outputs one bf16 rounding of the fp32 result (2^-9 relative, checked at
+// 8e-3 + 1e-2 absolute), the fp32 statistics and weight gradients 1e-5 / 1e-4.
+template <typename T>
+void CheckNorm(bool layer_norm, int n, int c, NormKernels kernels, uint32_t seed) {
+  SCOPED_TRACE(std::string(layer_norm ? "LayerNorm" : "RMSNorm") +
+               (std::is_same_v<T, bf16> ? " bf16" : " fp32") + " n " + std::to_string(n) + " c " +
+               std::to_string(c) +
+               (kernels == NormKernels::kVector ? " vector kernels" : " warp kernels"));
+  const size_t nc = size_t(n) * c;
+  auto x = Random(nc, seed), w = Random(c, seed + 1), b = Random(c, seed + 2),
+       dy = Random(nc, seed + 3);
+  std::vector<float> dx(nc, 0.5f), dw(c, 0.1f), db(c, 0.2f);
+  Dev<T> gx(nc), gw(c), gb(c), gdy(nc), gout(nc), gdx(nc);
+  Upload(gx, x);
+  Upload(gw, w);
+  Upload(gb, b);
+  Upload(gdy, dy);
+  Upload(gdx, dx);  // 0.5 is exact in bf16
+  Dev<float> gmean(n), grstd(n), gdw(dw), gdb(db);
+  std::vector<float> out(nc), mean(n), rstd(n);
+  constexpr float kRmsEps = 1e-5f;
+  if (layer_norm) {
+    cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+    cpu::LayerNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                                n, c);
+    cpu::LayerNormBackwardWeight(dw.data(), db.data(), dy.data(), x.data(), mean.data(),
+                                 rstd.data(), n, c);
+    ASSERT_EQ(LayerNormForward(gout.p, gmean.p, grstd.p, gx.p, gw.p, gb.p, n, c, nullptr, kernels),
+              cudaSuccess);
+    ASSERT_EQ(
+        LayerNormBackwardInput(gdx.p, gdy.p, gx.p, gw.p, gmean.p, grstd.p, n, c, nullptr, kernels),
+        cudaSuccess);
+    ASSERT_EQ(LayerNormBackwardWeight(gdw.p, gdb.p, gdy.p, gx.p, gmean.p, grstd.p, n, c, nullptr,
+                                      kernels),
+              cudaSuccess);
+  } else {
+    cpu::RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), n, c, kRmsEps);
+    cpu::RmsNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+    cpu::RmsNormBackwardWeight(dw.data(), dy.data(), x.data(), rstd.data(), n, c);
+    ASSERT_EQ(RmsNormForward(gout.p, grstd.p, gx.p, gw.p, n, c, kRmsEps, nullptr, kernels),
+              cudaSuccess);
+    ASSERT_EQ(RmsNormBackwardInput(gdx.p, gdy.p, gx.p, gw.p, grstd.p, n, c, nullptr, kernels),
+              cudaSuccess);
+    ASSERT_EQ(RmsNormBackwardWeight(gdw.p, gdy.p, gx.p, grstd.p, n, c, nullptr, kernels),
+              cudaSuccess);
+  }
+  const bool bf = std::is_same_v<T, bf16>;
+  ExpectClose(Download(gout), out, bf ? 8e-3 : 1e-5, bf ? 1e-2 : 1e-5, "out");
+  ExpectClose(grstd.Get(), rstd, 1e-5, 1e-6, "rstd");
+  if (layer_norm) ExpectClose(gmean.Get(), mean, 1e-5, 1e-6, "mean");
+  ExpectClose(Download(gdx), dx, bf ? 8e-3 : 1e-5, bf ? 1e-2 : 1e-5, "dinp");
+  ExpectClose(gdw.Get(), dw, 1e-5, 1e-4, "dweight");
+  if (layer_norm) ExpectClose(gdb.Get(), db, 1e-5, 1e-4, "dbias");
+}
+
+// Both kernel sets; c = 96 / 160 and 2048 allow 16-byte accesses, 98 / 162 and 100 do not (the
+// vector kernels fall back to the warp ones there); GPT-2's and Llama's widths in bf16.
+TEST(CudaKernels, LayerNormMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  for (NormKernels kernels : {NormKernels::kWarp, NormKernels::kVector}) {
+    CheckNorm<float>(true, 37, 96, kernels, 1);
+    CheckNorm<float>(true, 37, 98, kernels, 5);
+    CheckNorm<bf16>(true, 300, 2048, kernels, 9);
+    CheckNorm<bf16>(true, 19, 100, kernels, 13);
+  }
+}
+
 TEST(CudaKernels, RmsNormMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
-  const int n = 41, c = 160;
-  const float eps = 1e-5f;
-  auto x = Random(n * c, 200), w = Random(c, 201), dy = Random(n * c, 202);
-  std::vector<float> out(n * c), rstd(n), dx(n * c, 0.5f), dw(c, 0.1f);
-  cpu::RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), n, c, eps);
-  cpu::RmsNormBackwardInput(dx.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
-  cpu::RmsNormBackwardWeight(dw.data(), dy.data(), x.data(), rstd.data(), n, c);
-  Dev<float> gx(x), gw(w), gdy(dy), gout(n * c), grstd(n), gdx(std::vector<float>(n * c, 0.5f)),
-      gdw(std::vector<float>(c, 0.1f));
-  ASSERT_EQ(RmsNormForward(gout.p, grstd.p, gx.p, gw.p, n, c, eps, nullptr), cudaSuccess);
-  ASSERT_EQ(RmsNormBackwardInput(gdx.p, gdy.p, gx.p, gw.p, grstd.p, n, c, nullptr), cudaSuccess);
-  ASSERT_EQ(RmsNormBackwardWeight(gdw.p, gdy.p, gx.p, grstd.p, n, c, nullptr), cudaSuccess);
-  ExpectClose(gout.Get(), out, 1e-5, 1e-5, "out");
-  ExpectClose(grstd.Get(), rstd, 1e-5, 1e-6, "rstd");
-  ExpectClose(gdx.Get(), dx, 1e-5, 1e-5, "dinp (accumulated onto 0.5)");
-  ExpectClose(gdw.Get(), dw, 1e-5, 1e-4, "dweight (accumulated onto 0.1)");
+  for (NormKernels kernels : {NormKernels::kWarp, NormKernels::kVector}) {
+    CheckNorm<float>(false, 41, 160, kernels, 200);
+    CheckNorm<float>(false, 41, 162, kernels, 204);
+    CheckNorm<bf16>(false, 300, 4096, kernels, 208);
+    CheckNorm<bf16>(false, 19, 100, kernels, 212);
+  }
+}
+
+// Device-free: the environment picks the norm kernels when the caller does not, and the vector
+// kernels refuse (launching nothing) a width or a pointer that 16-byte accesses cannot serve.
+TEST(NormKernelsDefault, FollowsVocabpipeNormAndRefusesUnalignedRows) {
+  const char* saved = std::getenv("VOCABPIPE_NORM");
+  const std::string restore = saved != nullptr ? saved : "";
+  setenv("VOCABPIPE_NORM", "vector", 1);
+  EXPECT_EQ(DefaultNormKernels(), NormKernels::kVector);
+  EXPECT_TRUE(UseVectorNorm(NormKernels::kDefault));
+  EXPECT_FALSE(UseVectorNorm(NormKernels::kWarp));
+  setenv("VOCABPIPE_NORM", "warp", 1);
+  EXPECT_EQ(DefaultNormKernels(), NormKernels::kWarp);
+  unsetenv("VOCABPIPE_NORM");
+  EXPECT_EQ(DefaultNormKernels(), NormKernels::kWarp);
+  EXPECT_TRUE(UseVectorNorm(NormKernels::kVector));
+  if (saved != nullptr) setenv("VOCABPIPE_NORM", restore.c_str(), 1);
+
+  // Never dereferenced: the checks come before any launch.
+  auto* aligned = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
+  auto* odd = reinterpret_cast<bf16*>((uintptr_t{1} << 20) + 8);
+  auto* stats = reinterpret_cast<float*>(uintptr_t{1} << 21);
+  EXPECT_EQ(NormForwardVector<bf16>(aligned, stats, stats, aligned, aligned, aligned, 4, 100, 1e-5f,
+                                    nullptr),
+            cudaErrorNotSupported);  // 100 is not a multiple of 8
+  EXPECT_EQ(
+      NormForwardVector<bf16>(aligned, stats, stats, odd, aligned, aligned, 4, 96, 1e-5f, nullptr),
+      cudaErrorNotSupported);  // rows 8 bytes off the 16-byte grid
+  EXPECT_EQ(
+      NormBackwardInputVector<bf16>(odd, aligned, aligned, aligned, stats, stats, 4, 96, nullptr),
+      cudaErrorNotSupported);
+  EXPECT_EQ(NormBackwardWeightVector<float>(stats, stats, reinterpret_cast<float*>(odd),
+                                            reinterpret_cast<float*>(aligned), stats, stats, 4, 96,
+                                            nullptr),
+            cudaErrorNotSupported);
+  EXPECT_EQ(NormBackwardWeightVector<float>(stats, nullptr, reinterpret_cast<float*>(aligned),
+                                            reinterpret_cast<float*>(aligned), nullptr, stats, 4, 6,
+                                            nullptr),
+            cudaErrorNotSupported);  // 6 is not a multiple of 4
 }
 
 TEST(CudaKernels, RopeMatchesCpuIncludingChunkOffset) {

@@ -54,6 +54,30 @@ __device__ __forceinline__ float BlockMax(float x, float* shared) {
   return r;
 }
 
+// 16-byte vectors: kVec<T> elements of T (4 fp32 or 8 bf16) moved by one load or store, which
+// the caller has checked are 16-byte aligned (Aligned16).
+template <typename T>
+inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+template <typename T>
+__device__ __forceinline__ void LoadVec(float (&dst)[kVec<T>], const T* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i) dst[i] = ToFloat(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreVec(T* p, const float (&src)[kVec<T>]) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVec<T>; ++i) e[i] = FromFloat<T>(src[i]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 inline unsigned CeilDiv(long a, long b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Grid for an elementwise kernel over n items with a grid-stride loop (capped grid).

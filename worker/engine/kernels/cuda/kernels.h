@@ -65,6 +65,16 @@ cudaError_t PositionEmbeddingBackward(float* dwpe,  // (>= start_pos + t, c)
                                       int batch, int t, int c, int start_pos, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
+// Which kernels compute LayerNorm and RMSNorm (here and in the Llama ops below). kWarp: one warp
+// per row with element loads (layernorm.cu, llama.cu). kVector: the same math with 16-byte loads
+// and stores (norm_vector.cu), used where c is a multiple of 16 / sizeof(T) and every row
+// pointer is 16-byte aligned, else kWarp. Statistics, accumulation and the CPU tolerances are
+// the same. kDefault: the VOCABPIPE_NORM environment variable ("warp" or "vector"), else kWarp
+// until the vector kernels have passed on a GPU.
+enum class NormKernels { kDefault, kWarp, kVector };
+// The kernels kDefault resolves to now (reads VOCABPIPE_NORM).
+NormKernels DefaultNormKernels();
+
 // LayerNorm over the last dimension, fp32 statistics, eps 1e-5.
 
 template <typename T>
@@ -74,7 +84,8 @@ cudaError_t LayerNormForward(T* out,           // (n, c)
                              const T* inp,     // (n, c)
                              const T* weight,  // (c)
                              const T* bias,    // (c)
-                             int n, int c, cudaStream_t stream);
+                             int n, int c, cudaStream_t stream,
+                             NormKernels kernels = NormKernels::kDefault);
 
 // B part: dinp += dL/dinp (accumulates into the residual stream's gradient).
 template <typename T>
@@ -84,7 +95,8 @@ cudaError_t LayerNormBackwardInput(T* dinp,            // (n, c)
                                    const T* weight,    // (c)
                                    const float* mean,  // (n)
                                    const float* rstd,  // (n)
-                                   int n, int c, cudaStream_t stream);
+                                   int n, int c, cudaStream_t stream,
+                                   NormKernels kernels = NormKernels::kDefault);
 
 // W part: dweight += Σ_rows dout·xhat, dbias += Σ_rows dout (fp32, accumulates).
 template <typename T>
@@ -94,7 +106,8 @@ cudaError_t LayerNormBackwardWeight(float* dweight,     // (c)
                                     const T* inp,       // (n, c)
                                     const float* mean,  // (n)
                                     const float* rstd,  // (n)
-                                    int n, int c, cudaStream_t stream);
+                                    int n, int c, cudaStream_t stream,
+                                    NormKernels kernels = NormKernels::kDefault);
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise.
@@ -152,8 +165,8 @@ struct AttentionShape {
 // arithmetic, ~3x slower); kFlash: mma.sync m16n8k16 tensor cores with scores, probabilities and
 // accumulators in registers, FlashAttention-2 style (attention_flash.cu; the fastest on an H100,
 // 1.37x the tensor-core kernels' step at GPT-2 h = 2048). kDefault: the VOCABPIPE_ATTENTION
-// environment variable ("fma", "tensor-core" or "flash"), else kFlash. fp32 attention always uses kFma: its results must equal the CPU's
-// to fp32 rounding.
+// environment variable ("fma", "tensor-core" or "flash"), else kFlash. fp32 attention always uses
+// kFma: its results must equal the CPU's to fp32 rounding.
 enum class AttentionKernels { kDefault, kFma, kTensorCore, kFlash };
 // The kernels kDefault resolves to for bf16 now (reads VOCABPIPE_ATTENTION).
 AttentionKernels DefaultAttentionKernels();
@@ -201,7 +214,8 @@ cudaError_t RmsNormForward(T* out,           // (n, c)
                            float* rstd,      // (n)
                            const T* inp,     // (n, c)
                            const T* weight,  // (c)
-                           int n, int c, float eps, cudaStream_t stream);
+                           int n, int c, float eps, cudaStream_t stream,
+                           NormKernels kernels = NormKernels::kDefault);
 // B part: dinp += rstd · (g − x̂ · mean(g · x̂)), g = dout·weight, x̂ = inp·rstd (accumulates).
 template <typename T>
 cudaError_t RmsNormBackwardInput(T* dinp,            // (n, c)
@@ -209,14 +223,16 @@ cudaError_t RmsNormBackwardInput(T* dinp,            // (n, c)
                                  const T* inp,       // (n, c)
                                  const T* weight,    // (c)
                                  const float* rstd,  // (n)
-                                 int n, int c, cudaStream_t stream);
+                                 int n, int c, cudaStream_t stream,
+                                 NormKernels kernels = NormKernels::kDefault);
 // W part: dweight += Σ_rows dout · x̂ (fp32, accumulates).
 template <typename T>
 cudaError_t RmsNormBackwardWeight(float* dweight,     // (c)
                                   const T* dout,      // (n, c)
                                   const T* inp,       // (n, c)
                                   const float* rstd,  // (n)
-                                  int n, int c, cudaStream_t stream);
+                                  int n, int c, cudaStream_t stream,
+                                  NormKernels kernels = NormKernels::kDefault);
 
 // Rotary position embedding in place on `heads` heads of head_dim columns from column 0 of each
 // row (row stride ld), "rotate half" pairing, angle (start_pos + row's chunk position) ·

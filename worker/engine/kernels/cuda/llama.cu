@@ -8,6 +8,7 @@
 // starts mid-sequence rotates bit-for-bit like the CPU does. SwiGLU: one thread per column.
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/kernels.h"
+#include "worker/engine/kernels/cuda/norm_vector.h"
 
 namespace vp::engine::cuda {
 namespace {
@@ -146,8 +147,13 @@ cudaError_t LaunchRope(T* x, int ld, int batch, int t, int heads, int head_dim, 
 
 template <typename T>
 cudaError_t RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, int n, int c,
-                           float eps, cudaStream_t stream) {
+                           float eps, cudaStream_t stream, NormKernels kernels) {
   if (n <= 0) return cudaSuccess;
+  if (UseVectorNorm(kernels)) {
+    const cudaError_t e =
+        NormForwardVector<T>(out, nullptr, rstd, inp, weight, nullptr, n, c, eps, stream);
+    if (e != cudaErrorNotSupported) return e;  // else: the element kernel below
+  }
   RmsNormForwardKernel<T><<<CeilDiv(n, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
       out, rstd, inp, weight, n, c, eps);
   return cudaGetLastError();
@@ -155,8 +161,14 @@ cudaError_t RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, i
 
 template <typename T>
 cudaError_t RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* weight,
-                                 const float* rstd, int n, int c, cudaStream_t stream) {
+                                 const float* rstd, int n, int c, cudaStream_t stream,
+                                 NormKernels kernels) {
   if (n <= 0) return cudaSuccess;
+  if (UseVectorNorm(kernels)) {
+    const cudaError_t e =
+        NormBackwardInputVector<T>(dinp, dout, inp, weight, nullptr, rstd, n, c, stream);
+    if (e != cudaErrorNotSupported) return e;
+  }
   RmsNormBackwardInputKernel<T><<<CeilDiv(n, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
       dinp, dout, inp, weight, rstd, n, c);
   return cudaGetLastError();
@@ -164,8 +176,13 @@ cudaError_t RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* 
 
 template <typename T>
 cudaError_t RmsNormBackwardWeight(float* dweight, const T* dout, const T* inp, const float* rstd,
-                                  int n, int c, cudaStream_t stream) {
+                                  int n, int c, cudaStream_t stream, NormKernels kernels) {
   if (n <= 0 || c <= 0) return cudaSuccess;
+  if (UseVectorNorm(kernels)) {
+    const cudaError_t e =
+        NormBackwardWeightVector<T>(dweight, nullptr, dout, inp, nullptr, rstd, n, c, stream);
+    if (e != cudaErrorNotSupported) return e;
+  }
   const int rows_per_block = 256;
   const dim3 grid(CeilDiv(c, 32), CeilDiv(n, rows_per_block));
   RmsNormBackwardWeightKernel<T>
@@ -204,11 +221,11 @@ cudaError_t SwigluBackward(T* dgu, const T* gu, const T* dout, long n, int f, cu
 
 #define VP_INSTANTIATE(T)                                                                      \
   template cudaError_t RmsNormForward<T>(T*, float*, const T*, const T*, int, int, float,      \
-                                         cudaStream_t);                                        \
+                                         cudaStream_t, NormKernels);                           \
   template cudaError_t RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const float*, \
-                                               int, int, cudaStream_t);                        \
+                                               int, int, cudaStream_t, NormKernels);           \
   template cudaError_t RmsNormBackwardWeight<T>(float*, const T*, const T*, const float*, int, \
-                                                int, cudaStream_t);                            \
+                                                int, cudaStream_t, NormKernels);               \
   template cudaError_t RopeForward<T>(T*, int, int, int, int, int, int, float, cudaStream_t);  \
   template cudaError_t RopeBackward<T>(T*, int, int, int, int, int, int, float, cudaStream_t); \
   template cudaError_t SwigluForward<T>(T*, const T*, long, int, cudaStream_t);                \
