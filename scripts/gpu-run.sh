@@ -27,9 +27,10 @@
 #   3. `vocabpipe run` p = 1 fp32 (200 steps) through the control plane;
 #   4. cuda_pipeline_test;
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
-#      then the layer stack and the bf16 job with the tensor-core and the FMA attention kernels
-#      (VOCABPIPE_ATTENTION=tensor-core / fma; the flash ones are the default) and with the
-#      cuBLASLt bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias, opt-in);
+#      then the layer stack and the bf16 job with the pipelined flash attention kernels
+#      (VOCABPIPE_ATTENTION=flash-pipelined; the flash ones are the default), the 16-byte norm
+#      kernels (VOCABPIPE_NORM=vector) and the cuBLASLt bias epilogue
+#      (VOCABPIPE_GEMM_EPILOGUE=bias), each opt-in;
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
 #      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it;
 #   7. compare.py: the GPU losses against the CPU references shipped in refs/.
@@ -436,10 +437,11 @@ else
   run_test cuda_nccl_test 30
   run_test cuda_parallel_linear_test 30
   # bf16 attention runs on the flash kernels by default (mma.sync, registers; the third GPU run
-  # measured them fastest); the tensor-core (WMMA) and FMA ones stay selectable with
-  # VOCABPIPE_ATTENTION: the layer stack and the 200-step bf16 job with each (cuda_kernels_test
-  # checks every kernel set explicitly).
-  for kernels in tensor-core fma; do
+  # measured them fastest). The pipelined flash kernels (cp.async double buffering, ldmatrix
+  # operands) are opt-in until they pass here: the layer stack and the 200-step bf16 job with
+  # them (cuda_kernels_test checks every kernel set explicitly, the tensor-core and FMA ones
+  # included, which passed these end-to-end checks in runs 2-4).
+  for kernels in flash-pipelined; do
     say "== the $kernels attention kernels (VOCABPIPE_ATTENTION=$kernels)"
     export VOCABPIPE_ATTENTION=$kernels
     run_test cuda_layer_stack_test 45 "$kernels"
@@ -449,6 +451,16 @@ else
     run_job "gpu-p1-bf16-$kernels" 60
   done
   unset VOCABPIPE_ATTENTION
+  # The 16-byte LayerNorm / RMSNorm kernels (opt-in, VOCABPIPE_NORM=vector): the layer stacks
+  # (GPT-2 and Llama) and the bf16 job.
+  say "== the vector norm kernels (VOCABPIPE_NORM=vector)"
+  export VOCABPIPE_NORM=vector
+  run_test cuda_layer_stack_test 45 norm-vector
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-norm-vector,#" \
+    -e "s/^name: .*/name: gpu-p1-bf16-norm-vector/" \
+    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-norm-vector.yaml"
+  run_job gpu-p1-bf16-norm-vector 60
+  unset VOCABPIPE_NORM
   # The linear layers' bias in the cuBLASLt epilogue (opt-in, VOCABPIPE_GEMM_EPILOGUE=bias).
   say "== the bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias)"
   export VOCABPIPE_GEMM_EPILOGUE=bias

@@ -470,6 +470,8 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFma);
   setenv("VOCABPIPE_ATTENTION", "flash", 1);
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
+  setenv("VOCABPIPE_ATTENTION", "flash-pipelined", 1);
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlashPipelined);
   unsetenv("VOCABPIPE_ATTENTION");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   if (saved != nullptr) setenv("VOCABPIPE_ATTENTION", restore.c_str(), 1);
@@ -846,38 +848,36 @@ TEST(PhaseTimer, ChargesDeviceTimeToTheMarkedPhases) {
   ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
-// Last in the file and in a suite of its own, so it runs last: a fault in these opt-in kernels
-// would be sticky and fail every later test.
+// Last in the file and in a suite of its own, so it runs last: a fault in these kernels would be
+// sticky and fail every later test.
 // The mma.sync flash kernels (attention_flash.cu, VOCABPIPE_ATTENTION=flash) on the tensor-core
 // test's shapes, which cover partial tiles, chunks off the tile grid, both head_dim buckets,
 // element loads and grouped-query attention, plus the model's head_dims over sequences of
 // 1000 rows (16 tiles, the last partial; the causal skip of whole tiles, the heaviest-first
 // block order).
-TEST(CudaFlashAttention, MatchesCpu) {
-  SKIP_WITHOUT_DEVICE();
+void CheckernelsAttention(AttentionKernels kernels) {
   constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
-  constexpr auto kFlash = AttentionKernels::kFlash;
   CheckAttention<bf16>(
       {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>(
       {.batch = 1, .heads = 3, .head_dim = 32, .q_begin = 70, .q_end = 150, .kv_rows = 192}, 410,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>(
       {.batch = 1, .heads = 2, .head_dim = 128, .q_begin = 0, .q_end = 130, .kv_rows = 130}, 420,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>(
       {.batch = 1, .heads = 2, .head_dim = 80, .q_begin = 20, .q_end = 90, .kv_rows = 96}, 430,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>(
       {.batch = 1, .heads = 2, .head_dim = 20, .q_begin = 5, .q_end = 77, .kv_rows = 80}, 440, kTol,
-      kFlash);
+      kernels);
   CheckAttention<bf16>(
       {.batch = 1, .heads = 1, .head_dim = 64, .q_begin = 40, .q_end = 41, .kv_rows = 48}, 450,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>(
       {.batch = 1, .heads = 1, .head_dim = 64, .q_begin = 64, .q_end = 128, .kv_rows = 128}, 460,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>({.batch = 2,
                         .heads = 8,
                         .head_dim = 64,
@@ -885,7 +885,7 @@ TEST(CudaFlashAttention, MatchesCpu) {
                         .q_end = 161,
                         .kv_rows = 192,
                         .kv_heads = 2},
-                       470, kTol, kFlash);
+                       470, kTol, kernels);
   CheckAttention<bf16>({.batch = 1,
                         .heads = 4,
                         .head_dim = 128,
@@ -893,15 +893,15 @@ TEST(CudaFlashAttention, MatchesCpu) {
                         .q_end = 100,
                         .kv_rows = 100,
                         .kv_heads = 1},
-                       480, kTol, kFlash);
+                       480, kTol, kernels);
   // GPT-2 (head_dim 128 at h 2048 / 16 heads; 64 at GPT-2 small) and Llama (128, 4 → 1 here)
   // over 1000 rows.
   CheckAttention<bf16>(
       {.batch = 1, .heads = 2, .head_dim = 128, .q_begin = 0, .q_end = 1000, .kv_rows = 1000}, 490,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>(
       {.batch = 2, .heads = 1, .head_dim = 64, .q_begin = 0, .q_end = 1000, .kv_rows = 1000}, 500,
-      kTol, kFlash);
+      kTol, kernels);
   CheckAttention<bf16>({.batch = 1,
                         .heads = 4,
                         .head_dim = 128,
@@ -909,7 +909,21 @@ TEST(CudaFlashAttention, MatchesCpu) {
                         .q_end = 1000,
                         .kv_rows = 1000,
                         .kv_heads = 1},
-                       510, kTol, kFlash);
+                       510, kTol, kernels);
+}
+
+TEST(CudaFlashAttention, MatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  CheckFlashAttention(AttentionKernels::kFlash);
+}
+
+// The same shapes through the pipelined flash kernels (double-buffered cp.async tile loads,
+// ldmatrix operands; VOCABPIPE_ATTENTION=flash-pipelined): head_dim 20 takes their synchronous
+// fall-back loads, every other shape the asynchronous ones; the 1000-row sequences stream 16 key
+// tiles through the two stages, and grouped-query attention streams 4 heads' query tiles.
+TEST(CudaFlashAttention, PipelinedMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  CheckFlashAttention(AttentionKernels::kFlashPipelined);
 }
 
 }  // namespace

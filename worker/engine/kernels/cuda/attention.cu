@@ -450,7 +450,11 @@ AttentionKernels Resolve(AttentionKernels kernels) {
 AttentionKernels DefaultAttentionKernels() {
   const char* env = std::getenv("VOCABPIPE_ATTENTION");
   if (env != nullptr && std::string_view(env) == "fma") return AttentionKernels::kFma;
-  if (env != nullptr && std::string_view(env) == "tensor-core") return AttentionKernels::kTensorCore;
+  if (env != nullptr && std::string_view(env) == "tensor-core")
+    return AttentionKernels::kTensorCore;
+  if (env != nullptr && std::string_view(env) == "flash-pipelined") {
+    return AttentionKernels::kFlashPipelined;
+  }
   return AttentionKernels::kFlash;  // measured fastest on an H100 (docs/benchmarks.md §7.4)
 }
 
@@ -464,7 +468,9 @@ cudaError_t AttentionForward(T* out, float* lse, const T* q, int ldq, const T* k
       case AttentionKernels::kTensorCore:
         return AttentionForwardTensorCore(out, lse, q, ldq, k, v, shape, stream);
       case AttentionKernels::kFlash:
-        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream);
+        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream, false);
+      case AttentionKernels::kFlashPipelined:
+        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream, true);
       default:
         break;
     }
@@ -490,7 +496,11 @@ cudaError_t AttentionBackward(T* dq, T* dk, T* dv, float* delta, const T* dout, 
         return AttentionBackwardTensorCore(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape,
                                            stream);
       case AttentionKernels::kFlash:
-        return AttentionBackwardFlash(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+        return AttentionBackwardFlash(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream,
+                                      false);
+      case AttentionKernels::kFlashPipelined:
+        return AttentionBackwardFlash(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream,
+                                      true);
       default:
         break;
     }

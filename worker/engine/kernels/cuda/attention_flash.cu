@@ -33,8 +33,17 @@
 //   dQ       one block per (query tile, head, sequence): S, dP = dO·Vᵀ, dS, dQ += dS·K; dq
 //            overwritten.
 // Shared memory: the forward 2 bf16 tiles (34 KiB at D = 128; the queries stay in registers),
-// the backward kernels 4 (68 KiB, opt-in above the 48 KiB default). No cp.async double
-// buffering yet: several blocks per SM hide the tile loads.
+// the backward kernels 4 (68 KiB, opt-in above the 48 KiB default).
+//
+// kPipelined (AttentionKernels::kFlashPipelined, VOCABPIPE_ATTENTION=flash-pipelined): the same
+// kernels with the streamed tiles (K/V in the forward and dQ, Q/dO/lse/delta in dK/dV) double
+// buffered: while the warps compute on one stage, cp.async copies the next tile into the other,
+// so a block no longer waits for global memory between tiles (at D = 128 the forward fits only
+// 2 blocks, 8 warps, per SM, too few to hide a load); and the A and row-B operands come from
+// ldmatrix.x4 (one instruction for what took four 32-bit loads). Shared memory: 4 tiles in the
+// forward (68 KiB at D = 128), 6 in the backward (102 KiB). Rows that 16-byte copies cannot
+// serve (head_dim not a multiple of 8, unaligned rows) are loaded synchronously into the same
+// stages, so every shape runs either way.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -81,20 +90,51 @@ __device__ __forceinline__ uint32_t Load32(const bf16* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
+// Four 8×8 bf16 matrices from shared memory, not transposed: lane l gives the address of row
+// l % 8 of matrix l / 8 (16-byte aligned) and receives, from matrix i in r[i], the elements
+// (row l / 4, columns 2(l % 4), 2(l % 4) + 1): the m16n8k16 A/B fragment layout above.
+__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// 16 bytes global → shared without passing through registers (sm_80+), in the current group.
+__device__ __forceinline__ void CopyAsync16(bf16* shared_dst, const bf16* global_src) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(global_src));
+}
+// Closes the group of the copies issued since the last commit.
+__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `kPending` of this thread's committed groups are still in flight; the
+// block's __syncthreads after it makes every thread's copies visible.
+template <int kPending>
+__device__ __forceinline__ void WaitCopies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // The A operand (16×16) of rows [r0, r0+16), columns [c0, c0+16) of a row-major shared tile.
-template <int D>
+template <int D, bool kPipelined>
 __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* tile, int r0, int c0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const bf16* p = tile + (r0 + g) * Ld<D>() + c0 + 2 * t;
-  a[0] = Load32(p);
-  a[1] = Load32(p + 8 * Ld<D>());
-  a[2] = Load32(p + 8);
-  a[3] = Load32(p + 8 * Ld<D>() + 8);
+  const int lane = threadIdx.x % 32;
+  if constexpr (kPipelined) {
+    // Matrices a0..a3: (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8).
+    const int m = lane / 8;
+    LoadMatrices(a, tile + (r0 + (m % 2) * 8 + lane % 8) * Ld<D>() + c0 + (m / 2) * 8);
+  } else {
+    const int g = lane / 4, t = lane % 4;
+    const bf16* p = tile + (r0 + g) * Ld<D>() + c0 + 2 * t;
+    a[0] = Load32(p);
+    a[1] = Load32(p + 8 * Ld<D>());
+    a[2] = Load32(p + 8);
+    a[3] = Load32(p + 8 * Ld<D>() + 8);
+  }
 }
 
 // The B operand (16×8, k × n) = rowsᵀ for n = rows [n0, n0+8) and k = columns [k0, k0+16) of a
@@ -106,6 +146,15 @@ __device__ __forceinline__ void LoadBRows(uint32_t& b0, uint32_t& b1, const bf16
   const bf16* p = tile + (n0 + g) * Ld<D>() + k0 + 2 * t;
   b0 = Load32(p);
   b1 = Load32(p + 8);
+}
+
+// The same for two adjacent 8-column tiles n0 and n0 + 8 in one ldmatrix.x4: r0, r1 the B
+// operand of rows [n0, n0+8), r2, r3 that of rows [n0+8, n0+16).
+template <int D>
+__device__ __forceinline__ void LoadBRowsPair(uint32_t (&r)[4], const bf16* tile, int n0, int k0) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  // Matrices: (rows +0, cols +0), (+0, +8), (+8, +0), (+8, +8).
+  LoadMatrices(r, tile + (n0 + (m / 2) * 8 + lane % 8) * Ld<D>() + k0 + (m % 2) * 8);
 }
 
 // dst (kRows, Ld<D>) ← rows [first, first + kRows) of src (columns [0, head_dim)); rows >= limit
@@ -130,6 +179,45 @@ __device__ void LoadTile(bf16* dst, const bf16* src, long ld, int first, int lim
     dst[r * Ld<D>() + d] =
         row < limit && d < head_dim ? src[static_cast<long>(row) * ld + d] : __float2bfloat16(0.0f);
   }
+}
+
+// LoadTile as cp.async copies in the current group (the padding zeros and rows that 16-byte
+// copies cannot serve are stored at once): complete after WaitCopies and a __syncthreads.
+template <int D>
+__device__ void LoadTileAsync(bf16* dst, const bf16* src, long ld, int first, int limit,
+                              int head_dim) {
+  const bool vec = head_dim % 8 == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  if (!vec) {
+    LoadTile<D>(dst, src, ld, first, limit, head_dim);
+    return;
+  }
+  constexpr int kChunks = D / 8;
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += blockDim.x) {
+    const int r = idx / kChunks, d = (idx % kChunks) * 8, row = first + r;
+    bf16* to = dst + r * Ld<D>() + d;
+    if (row < limit && d < head_dim) {
+      CopyAsync16(to, src + static_cast<long>(row) * ld + d);
+    } else {
+      *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// One tile: asynchronously in the pipelined kernels, else at once.
+template <int D, bool kPipelined>
+__device__ __forceinline__ void LoadTileFor(bf16* dst, const bf16* src, long ld, int first,
+                                            int limit, int head_dim) {
+  if constexpr (kPipelined) {
+    LoadTileAsync<D>(dst, src, ld, first, limit, head_dim);
+  } else {
+    LoadTile<D>(dst, src, ld, first, limit, head_dim);
+  }
+}
+
+// Bytes of one (kRows, D + 8) bf16 tile.
+template <int D>
+constexpr size_t TileBytes() {
+  return size_t(kRows) * Ld<D>() * sizeof(bf16);
 }
 
 // acc[nt] (16 rows × 8 columns [8nt, 8nt+8)) += p (16 × 64, as 8 score accumulators, rounded to
@@ -157,15 +245,19 @@ __device__ __forceinline__ void AccumulateScoresTimesRows(float (&acc)[D / 8][4]
 
 // s[nt] (16 × 8 columns [8nt, 8nt+8) of a 64-column tile) = a_rows (rows [r0, r0+16) of a shared
 // (., D) tile) · b_rows (64 rows of a shared (64, D) tile)ᵀ: Q·Kᵀ, K·Qᵀ, V·dOᵀ, dO·Vᵀ.
-template <int D>
-__device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const bf16* a_tile, int r0,
-                                          const bf16* b_rows) {
+// s[nt] += a (16×16, columns [16kk, +16)) · the kk-th 16 columns of the 64 b_rows, transposed.
+template <int D, bool kPipelined>
+__device__ __forceinline__ void ScoreColumns(float (&s)[kRows / 8][4], const uint32_t (&a)[4],
+                                             const bf16* b_rows, int kk) {
+  if constexpr (kPipelined) {
 #pragma unroll
-  for (int nt = 0; nt < kRows / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    LoadA<D>(a, a_tile, r0, 16 * kk);
+    for (int nt = 0; nt < kRows / 8; nt += 2) {
+      uint32_t b[4];
+      LoadBRowsPair<D>(b, b_rows, 8 * nt, 16 * kk);
+      Mma(s[nt], a, b[0], b[1]);
+      Mma(s[nt + 1], a, b[2], b[3]);
+    }
+  } else {
 #pragma unroll
     for (int nt = 0; nt < kRows / 8; ++nt) {
       uint32_t b0, b1;
@@ -175,26 +267,37 @@ __device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const bf16* 
   }
 }
 
-// The same with the A rows already in registers (a[kk]: columns [16kk, 16kk+16)).
-template <int D>
-__device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const uint32_t (&a)[D / 16][4],
+template <int D, bool kPipelined>
+__device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const bf16* a_tile, int r0,
                                           const bf16* b_rows) {
 #pragma unroll
   for (int nt = 0; nt < kRows / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-    for (int nt = 0; nt < kRows / 8; ++nt) {
-      uint32_t b0, b1;
-      LoadBRows<D>(b0, b1, b_rows, 8 * nt, 16 * kk);
-      Mma(s[nt], a[kk], b0, b1);
-    }
+    uint32_t a[4];
+    LoadA<D, kPipelined>(a, a_tile, r0, 16 * kk);
+    ScoreColumns<D, kPipelined>(s, a, b_rows, kk);
   }
+}
+
+// The same with the A rows already in registers (a[kk]: columns [16kk, 16kk+16)).
+template <int D, bool kPipelined>
+__device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const uint32_t (&a)[D / 16][4],
+                                          const bf16* b_rows) {
+#pragma unroll
+  for (int nt = 0; nt < kRows / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) ScoreColumns<D, kPipelined>(s, a[kk], b_rows, kk);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Forward: out = softmax(scale·Q·Kᵀ, causal)·V and lse per query row.
 template <int D>
+constexpr size_t ForwardSmem(bool pipelined) {
+  return (pipelined ? 4 : 2) * TileBytes<D>();
+}
+
+template <int D, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(bf16* out,      // (batch, q_len, heads*head_dim)
                        float* lse,     // (batch, heads, q_len)
@@ -203,9 +306,12 @@ __global__ void __launch_bounds__(kThreads)
                        const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
                        const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
                        AttentionShape s, float scale_log2) {
-  // 2 tiles, 34 KiB at D = 128: the queries live in registers (staged through ks).
-  __shared__ __align__(128) bf16 ks[kRows * Ld<D>()];  // (64, D+8) key tile
-  __shared__ __align__(128) bf16 vs[kRows * Ld<D>()];  // (64, D+8) value tile
+  // ForwardSmem: stage st's key tile at 2·st, its value tile at 2·st + 1 (one stage unless
+  // pipelined). The queries live in registers, staged through the last key tile.
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* const tiles = reinterpret_cast<bf16*>(smem);
+  constexpr int kTile = kRows * Ld<D>();
+  constexpr int kStages = kPipelined ? 2 : 1;
   const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
   const int h = blockIdx.y, b = blockIdx.z;
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first (causal)
@@ -220,26 +326,50 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
   const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
   const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const int n_tiles = (n_keys + kRows - 1) / kRows;
 
-  LoadTile<D>(ks, qh, ldq, i0, q_len, hd);
+  if constexpr (kPipelined) {  // the first key/value tile flies while the queries load
+    LoadTileAsync<D>(tiles, kh, kvw, 0, n_keys, hd);
+    LoadTileAsync<D>(tiles + kTile, vh, kvw, 0, n_keys, hd);
+    CommitCopies();
+  }
+  bf16* const q_stage = tiles + (2 * kStages - 2) * kTile;
+  LoadTile<D>(q_stage, qh, ldq, i0, q_len, hd);
   __syncthreads();
   uint32_t qf[D / 16][4];  // the warp's 16 query rows as A operands
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) LoadA<D>(qf[kk], ks, w0, 16 * kk);
+  for (int kk = 0; kk < D / 16; ++kk) LoadA<D, kPipelined>(qf[kk], q_stage, w0, 16 * kk);
   float o[D / 8][4];
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY;  // running row max of the log2-scaled scores
   float l0 = 0.0f, l1 = 0.0f;            // this lane's part of the running Σ 2^(x − m)
 
-  for (int j0 = 0; j0 < n_keys; j0 += kRows) {
-    __syncthreads();  // the previous tile's reads are done (on entry: orders the Q load)
-    LoadTile<D>(ks, kh, kvw, j0, n_keys, hd);
-    LoadTile<D>(vs, vh, kvw, j0, n_keys, hd);
+  for (int it = 0; it < n_tiles; ++it) {
+    const int j0 = it * kRows;
+    const int stage = kPipelined ? it % 2 : 0;
+    const bf16* ks = tiles + 2 * stage * kTile;  // (64, D+8) key tile
+    const bf16* vs = ks + kTile;                 // (64, D+8) value tile
+    // Orders the previous tile's reads (on entry: the queries') before the stage is refilled.
+    __syncthreads();
+    if constexpr (kPipelined) {
+      if (it + 1 < n_tiles) {
+        bf16* next = tiles + 2 * (1 - stage) * kTile;
+        LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
+        LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
+        CommitCopies();
+        WaitCopies<1>();  // this tile's group is done, the next one may fly
+      } else {
+        WaitCopies<0>();
+      }
+    } else {
+      LoadTile<D>(tiles, kh, kvw, j0, n_keys, hd);
+      LoadTile<D>(tiles + kTile, vh, kvw, j0, n_keys, hd);
+    }
     __syncthreads();
     if (!warp_real || j0 > warp_last) continue;  // nothing visible to the warp's rows
     float sc[kRows / 8][4];
-    ScoreTile<D>(sc, qf, ks);
+    ScoreTile<D, kPipelined>(sc, qf, ks);
     const bool diagonal = j0 + kRows - 1 > pos0 - g;  // some key may lie after some row
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -337,8 +467,9 @@ __device__ void WriteRows(bf16* dst, long ld, int row0, int limit, int head_dim,
   }
 }
 
-// Backward, dK/dV: one block per key tile of one key/value head (warp rows = keys).
-template <int D>
+// Backward, dK/dV: one block per key tile of one key/value head (warp rows = keys). It streams
+// the (query head of the group, query tile) pairs that see the tile, in order.
+template <int D, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKeyValueKernel(bf16* dk,            // (batch, kv_rows, kv_heads*head_dim)
                                 bf16* dv,            // (batch, kv_rows, kv_heads*head_dim)
@@ -350,12 +481,12 @@ __global__ void __launch_bounds__(kThreads)
                                 const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
                                 const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
                                 AttentionShape s, float scale) {
-  extern __shared__ __align__(128) unsigned char smem[];  // BackwardSmem<D>()
-  bf16* ks = reinterpret_cast<bf16*>(smem);               // (64, D+8) keys
-  bf16* vs = ks + kRows * Ld<D>();                        // (64, D+8) values
-  bf16* qs = vs + kRows * Ld<D>();                        // (64, D+8) query tile
-  bf16* dos = qs + kRows * Ld<D>();                       // (64, D+8) dout tile
-  __shared__ float lse_s[kRows], delta_s[kRows];          // the query tile's, lse in log2 units
+  // BackwardSmem: keys, values, then per stage a query tile and a dout tile.
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kTile = kRows * Ld<D>();
+  bf16* const ks = reinterpret_cast<bf16*>(smem);       // (64, D+8) keys
+  bf16* const vs = ks + kTile;                          // (64, D+8) values
+  __shared__ float lse_s[2][kRows], delta_s[2][kRows];  // per stage, lse in log2 units
   const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
   const int kvh = blockIdx.y, b = blockIdx.z;
   const int group = s.heads / s.num_kv_heads(), kvw = s.kv_width();
@@ -365,9 +496,34 @@ __global__ void __launch_bounds__(kThreads)
   const int key0 = j0 + w0 + g, key1 = key0 + 8;  // this lane's two keys (rows of Sᵀ)
   const long kv_head = static_cast<long>(b) * s.kv_rows * kvw + kvh * hd;
   const float scale_log2 = scale * kLog2e;
+  // Query row i sees key j0 iff q_begin + i >= j0; i_first < q_len as j0 < q_end (the grid).
+  const int i_first = max(0, j0 - s.q_begin);
+  const int per_head = (q_len - i_first + kRows - 1) / kRows;  // query tiles per head
+  const int n_items = group * per_head;
 
-  LoadTile<D>(ks, k + kv_head, kvw, j0, s.q_end, hd);
-  LoadTile<D>(vs, v + kv_head, kvw, j0, s.q_end, hd);
+  // Item `it` (query head kvh·group + it / per_head, tile i_first + (it % per_head)·kRows) into
+  // stage `stage`: the query and dout tiles (asynchronously when pipelined), lse and delta.
+  auto load_item = [&](int it, int stage) {
+    const int h = kvh * group + it / per_head, i0 = i_first + (it % per_head) * kRows;
+    bf16* qs = vs + (1 + 2 * stage) * kTile;
+    LoadTileFor<D, kPipelined>(qs, q + static_cast<long>(b) * q_len * ldq + h * hd, ldq, i0, q_len,
+                               hd);
+    LoadTileFor<D, kPipelined>(qs + kTile, dout + static_cast<long>(b) * q_len * width + h * hd,
+                               width, i0, q_len, hd);
+    const long stats = (static_cast<long>(b) * s.heads + h) * q_len;
+    for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
+      const int i = i0 + r;  // padding rows: P is masked to 0
+      lse_s[stage][r] = i < q_len ? lse[stats + i] * kLog2e : 0.0f;
+      delta_s[stage][r] = i < q_len ? delta[stats + i] : 0.0f;
+    }
+  };
+
+  LoadTileFor<D, kPipelined>(ks, k + kv_head, kvw, j0, s.q_end, hd);
+  LoadTileFor<D, kPipelined>(vs, v + kv_head, kvw, j0, s.q_end, hd);
+  if constexpr (kPipelined) {
+    if (n_items > 0) load_item(0, 0);
+    CommitCopies();
+  }
   float dk_acc[D / 8][4], dv_acc[D / 8][4];  // the warp's 16 keys × D, summed over the group
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) {
@@ -375,49 +531,55 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) dk_acc[nt][e] = dv_acc[nt][e] = 0.0f;
   }
 
-  const int i_first = max(0, j0 - s.q_begin);  // query row i sees key j0 iff q_begin + i >= j0
-  for (int hg = 0; hg < group; ++hg) {
-    const int h = kvh * group + hg;
-    const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
-    const bf16* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
-    const long stats = (static_cast<long>(b) * s.heads + h) * q_len;
-    for (int i0 = i_first; i0 < q_len; i0 += kRows) {
-      __syncthreads();  // the previous query tile's reads are done; on entry: orders K/V
-      LoadTile<D>(qs, qh, ldq, i0, q_len, hd);
-      LoadTile<D>(dos, doh, width, i0, q_len, hd);
-      for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
-        const int i = i0 + r;  // padding rows: P is masked to 0
-        lse_s[r] = i < q_len ? lse[stats + i] * kLog2e : 0.0f;
-        delta_s[r] = i < q_len ? delta[stats + i] : 0.0f;
+  for (int it = 0; it < n_items; ++it) {
+    const int i0 = i_first + (it % per_head) * kRows;
+    const int stage = kPipelined ? it % 2 : 0;
+    // Orders the previous item's reads (on entry: K/V's loads) before the stage is refilled.
+    __syncthreads();
+    if constexpr (kPipelined) {
+      if (it + 1 < n_items) {
+        load_item(it + 1, 1 - stage);
+        CommitCopies();
+        WaitCopies<1>();
+      } else {
+        WaitCopies<0>();
       }
-      __syncthreads();
-      const int last_query = s.q_begin + min(i0 + kRows, q_len) - 1;  // absolute
-      if (j0 + w0 >= s.q_end || j0 + w0 > last_query) continue;       // the warp sees nothing
-      float st[kRows / 8][4], dpt[kRows / 8][4];
-      ScoreTile<D>(st, ks, w0, qs);    // Sᵀ = K·Qᵀ (16 keys × 64 queries)
-      ScoreTile<D>(dpt, vs, w0, dos);  // dPᵀ = V·dOᵀ
-#pragma unroll
-      for (int nt = 0; nt < kRows / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = 8 * nt + 2 * t + (e & 1), i = i0 + c;  // query (column)
-          const int key = e < 2 ? key0 : key1;
-          const bool visible = i < q_len && key < s.q_end && key <= s.q_begin + i;
-          const float p = visible ? exp2f(st[nt][e] * scale_log2 - lse_s[c]) : 0.0f;
-          st[nt][e] = p;                               // Pᵀ
-          dpt[nt][e] = p * (dpt[nt][e] - delta_s[c]);  // dSᵀ
-        }
-      }
-      AccumulateScoresTimesRows<D>(dv_acc, st, dos);  // dV += Pᵀ·dO
-      AccumulateScoresTimesRows<D>(dk_acc, dpt, qs);  // dK += dSᵀ·Q
+    } else {
+      load_item(it, 0);
     }
+    __syncthreads();
+    const bf16* qs = vs + (1 + 2 * stage) * kTile;  // (64, D+8) query tile
+    const bf16* dos = qs + kTile;                   // (64, D+8) dout tile
+    const float* lse_t = lse_s[stage];
+    const float* delta_t = delta_s[stage];
+    const int last_query = s.q_begin + min(i0 + kRows, q_len) - 1;  // absolute
+    if (j0 + w0 >= s.q_end || j0 + w0 > last_query) continue;       // the warp sees nothing
+    float st[kRows / 8][4], dpt[kRows / 8][4];
+    ScoreTile<D, kPipelined>(st, ks, w0, qs);    // Sᵀ = K·Qᵀ (16 keys × 64 queries)
+    ScoreTile<D, kPipelined>(dpt, vs, w0, dos);  // dPᵀ = V·dOᵀ
+#pragma unroll
+    for (int nt = 0; nt < kRows / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * nt + 2 * t + (e & 1), i = i0 + c;  // query (column)
+        const int key = e < 2 ? key0 : key1;
+        const bool visible = i < q_len && key < s.q_end && key <= s.q_begin + i;
+        const float p = visible ? exp2f(st[nt][e] * scale_log2 - lse_t[c]) : 0.0f;
+        st[nt][e] = p;                               // Pᵀ
+        dpt[nt][e] = p * (dpt[nt][e] - delta_t[c]);  // dSᵀ
+      }
+    }
+    AccumulateScoresTimesRows<D>(dv_acc, st, dos);  // dV += Pᵀ·dO
+    AccumulateScoresTimesRows<D>(dk_acc, dpt, qs);  // dK += dSᵀ·Q
   }
+  if constexpr (kPipelined) WaitCopies<0>();  // none in flight at exit, even with no items
   WriteRows<D>(dk + kv_head, kvw, j0 + w0, s.q_end, hd, dk_acc, scale, true);
   WriteRows<D>(dv + kv_head, kvw, j0 + w0, s.q_end, hd, dv_acc, 1.0f, true);
 }
 
-// Backward, dQ: one block per query tile of one head (warp rows = queries).
-template <int D>
+// Backward, dQ: one block per query tile of one head (warp rows = queries); streams the key
+// tiles the query tile sees.
+template <int D, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardQueryKernel(bf16* dq,            // (batch, q_len, ldq)
                              const bf16* dout,    // (batch, q_len, heads*head_dim)
@@ -428,11 +590,11 @@ __global__ void __launch_bounds__(kThreads)
                              const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
                              const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
                              AttentionShape s, float scale) {
-  extern __shared__ __align__(128) unsigned char smem[];  // BackwardSmem<D>()
-  bf16* qs = reinterpret_cast<bf16*>(smem);               // (64, D+8) queries
-  bf16* dos = qs + kRows * Ld<D>();                       // (64, D+8) dout rows
-  bf16* ks = dos + kRows * Ld<D>();                       // (64, D+8) key tile
-  bf16* vs = ks + kRows * Ld<D>();                        // (64, D+8) value tile
+  // BackwardSmem: queries, dout rows, then per stage a key tile and a value tile.
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kTile = kRows * Ld<D>();
+  bf16* const qs = reinterpret_cast<bf16*>(smem);  // (64, D+8) queries
+  bf16* const dos = qs + kTile;                    // (64, D+8) dout rows
   const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
   const int h = blockIdx.y, b = blockIdx.z;
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;
@@ -455,22 +617,46 @@ __global__ void __launch_bounds__(kThreads)
               lse1 = real1 ? lse[stat + 8] * kLog2e : 0.0f;
   const float delta0 = real0 ? delta[stat] : 0.0f, delta1 = real1 ? delta[stat + 8] : 0.0f;
 
-  LoadTile<D>(qs, qh, ldq, i0, q_len, hd);
-  LoadTile<D>(dos, doh, width, i0, q_len, hd);
+  const int n_tiles = (n_keys + kRows - 1) / kRows;
+
+  LoadTileFor<D, kPipelined>(qs, qh, ldq, i0, q_len, hd);
+  LoadTileFor<D, kPipelined>(dos, doh, width, i0, q_len, hd);
+  if constexpr (kPipelined) {
+    LoadTileAsync<D>(dos + kTile, kh, kvw, 0, n_keys, hd);
+    LoadTileAsync<D>(dos + 2 * kTile, vh, kvw, 0, n_keys, hd);
+    CommitCopies();
+  }
   float dq_acc[D / 8][4];  // the warp's 16 queries × D
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt)
     dq_acc[nt][0] = dq_acc[nt][1] = dq_acc[nt][2] = dq_acc[nt][3] = 0.0f;
 
-  for (int j0 = 0; j0 < n_keys; j0 += kRows) {
-    __syncthreads();  // the previous key tile's reads are done; on entry: orders Q/dO
-    LoadTile<D>(ks, kh, kvw, j0, n_keys, hd);
-    LoadTile<D>(vs, vh, kvw, j0, n_keys, hd);
+  for (int it = 0; it < n_tiles; ++it) {
+    const int j0 = it * kRows;
+    const int stage = kPipelined ? it % 2 : 0;
+    bf16* const ks = dos + (1 + 2 * stage) * kTile;  // (64, D+8) key tile
+    bf16* const vs = ks + kTile;                     // (64, D+8) value tile
+    // Orders the previous tile's reads (on entry: Q/dO's loads) before the stage is refilled.
+    __syncthreads();
+    if constexpr (kPipelined) {
+      if (it + 1 < n_tiles) {
+        bf16* next = dos + (1 + 2 * (1 - stage)) * kTile;
+        LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
+        LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
+        CommitCopies();
+        WaitCopies<1>();
+      } else {
+        WaitCopies<0>();
+      }
+    } else {
+      LoadTile<D>(ks, kh, kvw, j0, n_keys, hd);
+      LoadTile<D>(vs, vh, kvw, j0, n_keys, hd);
+    }
     __syncthreads();
     if (!warp_real || j0 > warp_last) continue;
     float sc[kRows / 8][4], dp[kRows / 8][4];
-    ScoreTile<D>(sc, qs, w0, ks);   // S = Q·Kᵀ
-    ScoreTile<D>(dp, dos, w0, vs);  // dP = dO·Vᵀ
+    ScoreTile<D, kPipelined>(sc, qs, w0, ks);   // S = Q·Kᵀ
+    ScoreTile<D, kPipelined>(dp, dos, w0, vs);  // dP = dO·Vᵀ
 #pragma unroll
     for (int nt = 0; nt < kRows / 8; ++nt) {
 #pragma unroll
@@ -490,10 +676,11 @@ __global__ void __launch_bounds__(kThreads)
                scale, false);
 }
 
-// Both backward kernels: 4 bf16 tiles, 68 KiB at D = 128 (opt-in above the 48 KiB default).
+// Both backward kernels: 4 bf16 tiles, 68 KiB at D = 128 (opt-in above the 48 KiB default); 6
+// when pipelined (102 KiB).
 template <int D>
-constexpr size_t BackwardSmem() {
-  return 4 * size_t(kRows) * Ld<D>() * sizeof(bf16);
+constexpr size_t BackwardSmem(bool pipelined) {
+  return (pipelined ? 6 : 4) * TileBytes<D>();
 }
 
 template <typename Kernel>
@@ -504,31 +691,38 @@ cudaError_t AllowSharedMemory(Kernel kernel, size_t bytes) {
 
 float Scale(const AttentionShape& s) { return 1.0f / std::sqrt(static_cast<float>(s.head_dim)); }
 
-template <int D>
+template <int D, bool kPipelined>
 cudaError_t LaunchForward(bf16* out, float* lse, const bf16* q, int ldq, const bf16* k,
                           const bf16* v, const AttentionShape& s, cudaStream_t stream) {
+  constexpr size_t smem = ForwardSmem<D>(kPipelined);
+  if (cudaError_t e = AllowSharedMemory(FlashForwardKernel<D, kPipelined>, smem);
+      e != cudaSuccess) {
+    return e;
+  }
   const dim3 grid(CeilDiv(s.q_len(), kRows), s.heads, s.batch);
-  FlashForwardKernel<D>
-      <<<grid, kThreads, 0, stream>>>(out, lse, q, ldq, k, v, s, Scale(s) * kLog2e);
+  FlashForwardKernel<D, kPipelined>
+      <<<grid, kThreads, smem, stream>>>(out, lse, q, ldq, k, v, s, Scale(s) * kLog2e);
   return cudaGetLastError();
 }
 
-template <int D>
+template <int D, bool kPipelined>
 cudaError_t LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const float* delta, const bf16* dout,
                            const float* lse, const bf16* q, int ldq, const bf16* k, const bf16* v,
                            const AttentionShape& s, cudaStream_t stream) {
-  constexpr size_t smem = BackwardSmem<D>();
-  if (cudaError_t e = AllowSharedMemory(FlashBackwardKeyValueKernel<D>, smem); e != cudaSuccess) {
+  constexpr size_t smem = BackwardSmem<D>(kPipelined);
+  if (cudaError_t e = AllowSharedMemory(FlashBackwardKeyValueKernel<D, kPipelined>, smem);
+      e != cudaSuccess) {
     return e;
   }
-  if (cudaError_t e = AllowSharedMemory(FlashBackwardQueryKernel<D>, smem); e != cudaSuccess) {
+  if (cudaError_t e = AllowSharedMemory(FlashBackwardQueryKernel<D, kPipelined>, smem);
+      e != cudaSuccess) {
     return e;
   }
-  FlashBackwardKeyValueKernel<D>
+  FlashBackwardKeyValueKernel<D, kPipelined>
       <<<dim3(CeilDiv(s.q_end, kRows), s.num_kv_heads(), s.batch), kThreads, smem, stream>>>(
           dk, dv, dout, lse, delta, q, ldq, k, v, s, Scale(s));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  FlashBackwardQueryKernel<D>
+  FlashBackwardQueryKernel<D, kPipelined>
       <<<dim3(CeilDiv(s.q_len(), kRows), s.heads, s.batch), kThreads, smem, stream>>>(
           dq, dout, lse, delta, q, ldq, k, v, s, Scale(s));
   return cudaGetLastError();
@@ -537,19 +731,30 @@ cudaError_t LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const float* delta, con
 }  // namespace
 
 cudaError_t AttentionForwardFlash(bf16* out, float* lse, const bf16* q, int ldq, const bf16* k,
-                                  const bf16* v, const AttentionShape& shape, cudaStream_t stream) {
-  if (shape.head_dim <= 64) return LaunchForward<64>(out, lse, q, ldq, k, v, shape, stream);
-  return LaunchForward<128>(out, lse, q, ldq, k, v, shape, stream);
+                                  const bf16* v, const AttentionShape& shape, cudaStream_t stream,
+                                  bool pipelined) {
+  if (shape.head_dim <= 64) {
+    return pipelined ? LaunchForward<64, true>(out, lse, q, ldq, k, v, shape, stream)
+                     : LaunchForward<64, false>(out, lse, q, ldq, k, v, shape, stream);
+  }
+  return pipelined ? LaunchForward<128, true>(out, lse, q, ldq, k, v, shape, stream)
+                   : LaunchForward<128, false>(out, lse, q, ldq, k, v, shape, stream);
 }
 
 cudaError_t AttentionBackwardFlash(bf16* dq, bf16* dk, bf16* dv, const float* delta,
                                    const bf16* dout, const float* lse, const bf16* q, int ldq,
                                    const bf16* k, const bf16* v, const AttentionShape& shape,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, bool pipelined) {
   if (shape.head_dim <= 64) {
-    return LaunchBackward<64>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+    return pipelined
+               ? LaunchBackward<64, true>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream)
+               : LaunchBackward<64, false>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape,
+                                           stream);
   }
-  return LaunchBackward<128>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream);
+  return pipelined
+             ? LaunchBackward<128, true>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream)
+             : LaunchBackward<128, false>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape,
+                                          stream);
 }
 
 }  // namespace vp::engine::cuda

@@ -1,6 +1,8 @@
 // The mma.sync flash attention kernels (attention_flash.cu), bf16 only, behind AttentionForward /
-// AttentionBackward (kernels.h) with AttentionKernels::kFlash (VOCABPIPE_ATTENTION=flash), which
-// check the shape and compute delta first. Internal to the CUDA kernels.
+// AttentionBackward (kernels.h) with AttentionKernels::kFlash (VOCABPIPE_ATTENTION=flash) or, with
+// `pipelined`, kFlashPipelined (VOCABPIPE_ATTENTION=flash-pipelined: double-buffered cp.async tile
+// loads and ldmatrix operands), which check the shape and compute delta first. Internal to the
+// CUDA kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,7 +18,7 @@ cudaError_t AttentionForwardFlash(bf16* out,      // (batch, q_len, heads*head_d
                                   int ldq,
                                   const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
                                   const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
-                                  const AttentionShape& shape, cudaStream_t stream);
+                                  const AttentionShape& shape, cudaStream_t stream, bool pipelined);
 
 // delta (Σ_d dout·out per row) already computed; dq overwritten, dk/dv accumulated.
 cudaError_t AttentionBackwardFlash(bf16* dq,            // (batch, q_len, ldq)
@@ -29,6 +31,7 @@ cudaError_t AttentionBackwardFlash(bf16* dq,            // (batch, q_len, ldq)
                                    int ldq,
                                    const bf16* k,  // (batch, kv_rows, kv_width)
                                    const bf16* v,  // (batch, kv_rows, kv_width)
-                                   const AttentionShape& shape, cudaStream_t stream);
+                                   const AttentionShape& shape, cudaStream_t stream,
+                                   bool pipelined);
 
 }  // namespace vp::engine::cuda

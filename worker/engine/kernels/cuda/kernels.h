@@ -164,10 +164,12 @@ struct AttentionShape {
 // (attention_tc.cu); kFma: fp32 FMA on CUDA cores over bf16 inputs (the first kernels, exact fp32
 // arithmetic, ~3x slower); kFlash: mma.sync m16n8k16 tensor cores with scores, probabilities and
 // accumulators in registers, FlashAttention-2 style (attention_flash.cu; the fastest on an H100,
-// 1.37x the tensor-core kernels' step at GPT-2 h = 2048). kDefault: the VOCABPIPE_ATTENTION
-// environment variable ("fma", "tensor-core" or "flash"), else kFlash. fp32 attention always uses
+// 1.37x the tensor-core kernels' step at GPT-2 h = 2048); kFlashPipelined: the flash kernels with
+// double-buffered cp.async tile loads and ldmatrix operand loads (attention_flash.cu; opt-in until
+// it has passed and been timed on a GPU). kDefault: the VOCABPIPE_ATTENTION environment variable
+// ("fma", "tensor-core", "flash" or "flash-pipelined"), else kFlash. fp32 attention always uses
 // kFma: its results must equal the CPU's to fp32 rounding.
-enum class AttentionKernels { kDefault, kFma, kTensorCore, kFlash };
+enum class AttentionKernels { kDefault, kFma, kTensorCore, kFlash, kFlashPipelined };
 // The kernels kDefault resolves to for bf16 now (reads VOCABPIPE_ATTENTION).
 AttentionKernels DefaultAttentionKernels();
 
