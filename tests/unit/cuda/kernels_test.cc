@@ -855,7 +855,7 @@ TEST(PhaseTimer, ChargesDeviceTimeToTheMarkedPhases) {
 // element loads and grouped-query attention, plus the model's head_dims over sequences of
 // 1000 rows (16 tiles, the last partial; the causal skip of whole tiles, the heaviest-first
 // block order).
-void CheckernelsAttention(AttentionKernels kernels) {
+void CheckFlashAttention(AttentionKernels kernels) {
   constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
   CheckAttention<bf16>(
       {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400,
