@@ -7,7 +7,7 @@
 # Builds with VOCABPIPE_CUDA=ON (cudart linked statically, cmake/cuda.cmake), then packs into
 # gpu-bundle/vocabpipe-gpu.tar.xz: the programs (vocabpipe, vocabpipe-worker,
 # vocabpipe-coordinator), every CUDA test executable, cuda_bench and the performance baseline
-# (bench/cuda/perf.sh, torch_baseline.py), the example specs of the end-to-end checks, the
+# (bench/cuda/perf.sh, torch_baseline.py) and the kernel profiler (bench/cuda/kernel_profile.sh), the example specs of the end-to-end checks, the
 # comparator, the CPU reference runs (refs/: made here by run.sh --make-references, so the GPU
 # host spends no time on them), and every shared library they load except
 #   - glibc (libc, libm, libpthread, libdl, librt, ld-linux, ...): the host's is newer, and
@@ -43,7 +43,7 @@ CUDA_TESTS=(tests/unit/cuda/cuda_library_loading_test tests/unit/cuda/cuda_runti
             tests/integration/cuda_pipeline/cuda_pipeline_test tests/unit/cuda/cuda_nccl_test)
 BENCHES=(bench/cuda/cuda_bench)
 # The performance baseline's scripts (when present), beside cuda_bench in bench/.
-BENCH_SCRIPTS=(bench/cuda/perf.sh bench/cuda/torch_baseline.py)
+BENCH_SCRIPTS=(bench/cuda/perf.sh bench/cuda/torch_baseline.py bench/cuda/kernel_profile.sh)
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   launcher=()

@@ -32,7 +32,8 @@
 #      kernels (VOCABPIPE_NORM=vector) and the cuBLASLt bias epilogue
 #      (VOCABPIPE_GEMM_EPILOGUE=bias), each opt-in;
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
-#      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it;
+#      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it, then
+#      bench/kernel_profile.sh (Nsight Compute on the flash and norm kernels) when ncu is there;
 #   7. compare.py: the GPU losses against the CPU references shipped in refs/.
 # The CPU tests are not run here: CI runs them. Each step runs under `timeout` bounded by the
 # time left, so a hang costs its step, not the run.
@@ -496,6 +497,27 @@ if [[ -x "$HERE/bench/perf.sh" ]]; then
     [[ -f "$LOGDIR/perf.txt" ]] && sed 's/^/     /' "$LOGDIR/perf.txt" | tee -a "$SUMMARY"
   else
     result FAIL perf "exit $rc: $(tail -1 "$LOGS/perf.log")" "$LOGS/perf.log"
+  fi
+fi
+# Nsight Compute on the layer's hand-written kernels (flash attention, norms), default and
+# opt-in sets: why each is slow (stall reasons, occupancy, bank conflicts). Last: the least
+# needed; skipped where ncu is missing or under 40 s are left.
+if [[ -x "$HERE/bench/kernel_profile.sh" ]]; then
+  kp_args=("$LOGS/ncu")
+  ((DRY)) && kp_args=(--dry-run "${kp_args[@]}")
+  if ((!DRY)) && (($(left) < 40)); then
+    result SKIP kernel-profile "$(left) s left"
+  else
+    capped 90 bash "$HERE/bench/kernel_profile.sh" "${kp_args[@]}" > "$LOGS/kernel_profile.log" 2>&1
+    rc=$?
+    if ((rc == 0)); then
+      result "$( ((DRY)) && echo SKIP || echo PASS)" kernel-profile \
+        "$(grep -c . "$LOGS/kernel_profile.log") lines (ncu/ncu-summary.txt in logs.tgz)"
+      ((DRY)) || sed 's/^/     /' "$LOGS/ncu/ncu-summary.txt" | head -80 | tee -a "$SUMMARY"
+    else
+      result FAIL kernel-profile "exit $rc: $(tail -1 "$LOGS/kernel_profile.log")" \
+        "$LOGS/kernel_profile.log"
+    fi
   fi
 fi
 

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Nsight Compute (ncu) profiles of the layer's hand-written kernels on the GPU host: the flash
+# attention kernels and the LayerNorm kernels of one GPT-2 layer at gpt2-50k's shape (h 2048,
+# 16 heads of 128, s 2048, b 2; perf.sh's first model), forward, backward input and weight
+# passes (cuda_bench --sections=layer --layers=1), once with the default kernels and once with
+# the opt-in ones (VOCABPIPE_ATTENTION=flash-pipelined, VOCABPIPE_NORM=vector). Per kernel: speed
+# of light, occupancy, launch statistics, warp states (what the warps stall on), memory and
+# compute workload, shared-memory bank conflicts, and ncu's own advice. perf.sh says how long a
+# kernel takes; this says why (global-memory latency, shared-memory bandwidth, occupancy), so the
+# next change is chosen from a reading, not a guess.
+#
+#   bench/cuda/kernel_profile.sh OUTDIR            on the GPU host (about 20-40 s)
+#   bench/cuda/kernel_profile.sh --dry-run OUTDIR  anywhere: checks the inputs, prints the commands
+#
+# Environment: VP_BIN_ENV (prefix for cuda_bench, split on spaces, as perf.sh), NCU (default:
+# ncu on PATH, else the newest /opt/nvidia/nsight-compute/*/ncu, else /usr/local/cuda/bin/ncu),
+# CUDA_BENCH (default: beside this script, then build-cuda/, build/), PYTHON (python3; reads the
+# model's flags from torch_baseline.py), VP_HOST_LD_LIBRARY_PATH (as perf.sh, for python3).
+# Output: OUTDIR/ncu-default.txt and OUTDIR/ncu-opt-in.txt (ncu's report), OUTDIR/ncu-summary.txt
+# (per kernel: duration, throughputs, occupancy, registers, the warp-state advice), also on stdout.
+# Exit status: 0 when both profiles ran, 1 when one failed, 2 on bad usage or missing inputs.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+dry_run=0
+outdir=""
+for a in "$@"; do
+  case "$a" in
+    --dry-run) dry_run=1 ;;
+    -h | --help)
+      sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+      exit 0
+      ;;
+    -*)
+      echo "kernel_profile.sh: unknown option $a" >&2
+      exit 2
+      ;;
+    *)
+      [[ -z "$outdir" ]] || {
+        echo "kernel_profile.sh: one OUTDIR only" >&2
+        exit 2
+      }
+      outdir=$a
+      ;;
+  esac
+done
+[[ -n "$outdir" ]] || {
+  echo "usage: kernel_profile.sh [--dry-run] OUTDIR" >&2
+  exit 2
+}
+mkdir -p "$outdir" || exit 2
+
+read -r -a bin_env <<< "${VP_BIN_ENV:-}"
+python=${PYTHON:-python3}
+py_env=()
+if [[ -n "${VP_HOST_LD_LIBRARY_PATH+x}" ]]; then
+  if [[ -n "$VP_HOST_LD_LIBRARY_PATH" ]]; then
+    py_env=(env "LD_LIBRARY_PATH=$VP_HOST_LD_LIBRARY_PATH")
+  else
+    py_env=(env -u LD_LIBRARY_PATH)
+  fi
+fi
+bench=${CUDA_BENCH:-}
+if [[ -z "$bench" ]]; then
+  for c in "$here/cuda_bench" "$here/../../build-cuda/bench/cuda/cuda_bench" \
+    "$here/../../build/bench/cuda/cuda_bench"; do
+    if [[ -x "$c" ]]; then
+      bench=$c
+      break
+    fi
+  done
+fi
+ncu=${NCU:-}
+if [[ -z "$ncu" ]]; then
+  ncu=$(command -v ncu 2> /dev/null)
+  if [[ -z "$ncu" ]]; then
+    for c in $(ls -d /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | sort -V -r) \
+      /usr/local/cuda/bin/ncu; do
+      if [[ -x "$c" ]]; then
+        ncu=$c
+        break
+      fi
+    done
+  fi
+fi
+
+missing=0
+[[ -n "$bench" && -x "$bench" ]] || {
+  echo "kernel_profile.sh: cuda_bench not found (beside the script, build-cuda/, build/ or" \
+    "\$CUDA_BENCH)" >&2
+  missing=1
+}
+[[ -f "$here/torch_baseline.py" ]] || {
+  echo "kernel_profile.sh: $here/torch_baseline.py not found" >&2
+  missing=1
+}
+((missing)) && exit 2
+flags=$("${py_env[@]}" "$python" "$here/torch_baseline.py" --cuda-bench-flags gpt2-50k) || {
+  echo "kernel_profile.sh: torch_baseline.py --cuda-bench-flags failed" >&2
+  exit 2
+}
+
+# One layer's F, B and W with one timed iteration: 2 LayerNorm forwards, the flash forward, the
+# delta kernel, the dK/dV and dQ kernels, 2 LayerNorm input and 2 weight gradients. The regex
+# matches the kernels' function names; 12 launches cover them once with room for the layer
+# section's finiteness checks.
+# shellcheck disable=SC2206  # flags are words
+bench_cmd=("${bin_env[@]}" "$bench" --sections=layer --warmup=0 --iters=1 $flags --layers=1)
+ncu_opts=(--clock-control none --kernel-name-base function
+  --kernel-name "regex:Flash|Norm|AttentionDelta" --launch-count 12
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+  --section SchedulerStats --section MemoryWorkloadAnalysis
+  --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis)
+
+if ((dry_run)); then
+  echo "kernel_profile.sh --dry-run: ncu ${ncu:-(not found)}"
+  echo "  would run: ${ncu:-ncu} ${ncu_opts[*]} ${bench_cmd[*]} > $outdir/ncu-default.txt"
+  echo "  would run: ${ncu:-ncu} ... (VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_NORM=vector)" \
+    "> $outdir/ncu-opt-in.txt"
+  exit 0
+fi
+[[ -n "$ncu" ]] || {
+  echo "kernel_profile.sh: ncu not found (PATH, /opt/nvidia/nsight-compute, /usr/local/cuda/bin" \
+    "or \$NCU)" >&2
+  exit 2
+}
+
+# The summary of one report: each kernel's short name (template arguments kept), then the
+# metrics that say what bounds it and ncu's warp-state and occupancy advice, one line each.
+summarize() {
+  awk '
+    /^  [^ ].*\(([0-9]+, ){2}[0-9]+\)x\(/ {
+      name = $0
+      sub(/^ +/, "", name)
+      sub(/\(.*$/, "", name)   # drop the parameter list and the launch shape
+      sub(/^void /, "", name)
+      gsub(/vp::engine::cuda::|\(anonymous namespace\)::|<unnamed>::/, "", name)
+      printf "%s\n", name
+      next
+    }
+    /^ +(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit Registers|Block Limit Shared Mem|Warp Cycles Per Issued Instruction|Issue Slots Busy|No Eligible) / {
+      line = $0
+      gsub(/ +/, " ", line)
+      printf "   %s\n", line
+      next
+    }
+    /^ +(OPT|INF|WRN) +.*(stall|Stall|occupancy|Occupancy|bank|scoreboard|Scoreboard|MIO|throttle)/ {
+      line = $0
+      gsub(/ +/, " ", line)
+      printf "   %s\n", substr(line, 1, 400)
+    }' "$1"
+}
+
+status=0
+t0=$SECONDS
+for variant in default opt-in; do
+  report=$outdir/ncu-$variant.txt
+  envs=()
+  [[ $variant == opt-in ]] && envs=(env VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_NORM=vector)
+  if "$ncu" "${ncu_opts[@]}" "${envs[@]}" "${bench_cmd[@]}" > "$report" 2>&1; then
+    echo "== ncu $variant: ok ($(grep -c 'Section: GPU Speed Of Light' "$report") kernels," \
+      "$((SECONDS - t0)) s)"
+  else
+    echo "== ncu $variant: FAIL: $(grep -m1 -E '==ERROR==|error' "$report" || tail -1 "$report")"
+    status=1
+  fi
+done
+{
+  for variant in default opt-in; do
+    echo "---- $variant kernels (ncu-$variant.txt)"
+    summarize "$outdir/ncu-$variant.txt"
+  done
+} | tee "$outdir/ncu-summary.txt"
+exit $status
