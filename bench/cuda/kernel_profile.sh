@@ -17,7 +17,8 @@
 # CUDA_BENCH (default: beside this script, then build-cuda/, build/), PYTHON (python3; reads the
 # model's flags from torch_baseline.py), VP_HOST_LD_LIBRARY_PATH (as perf.sh, for python3).
 # Output: OUTDIR/ncu-default.txt and OUTDIR/ncu-opt-in.txt (ncu's report), OUTDIR/ncu-summary.txt
-# (per kernel: duration, throughputs, occupancy, registers, the warp-state advice), also on stdout.
+# (per kernel: duration, throughputs, occupancy, registers, the first line of ncu's advice), also
+# on stdout.
 # Exit status: 0 when both profiles ran, 1 when one failed, 2 on bad usage or missing inputs.
 set -uo pipefail
 
@@ -126,15 +127,15 @@ fi
 }
 
 # The summary of one report: each kernel's short name (template arguments kept), then the
-# metrics that say what bounds it and ncu's warp-state and occupancy advice, one line each.
+# metrics that say what bounds it and the first line of each piece of ncu's advice.
 summarize() {
   awk '
-    /^  [^ ].*\(([0-9]+, ){2}[0-9]+\)x\(/ {
+    /^  [^ ].*\([0-9]+, [0-9]+, [0-9]+\)x\(/ {
       name = $0
       sub(/^ +/, "", name)
-      sub(/\(.*$/, "", name)   # drop the parameter list and the launch shape
       sub(/^void /, "", name)
       gsub(/vp::engine::cuda::|\(anonymous namespace\)::|<unnamed>::/, "", name)
+      sub(/\(.*$/, "", name)   # drop the parameter list and the launch shape
       printf "%s\n", name
       next
     }
@@ -144,7 +145,7 @@ summarize() {
       printf "   %s\n", line
       next
     }
-    /^ +(OPT|INF|WRN) +.*(stall|Stall|occupancy|Occupancy|bank|scoreboard|Scoreboard|MIO|throttle)/ {
+    /^ +(OPT|WRN) +/ {  # the first line of each piece of advice
       line = $0
       gsub(/ +/, " ", line)
       printf "   %s\n", substr(line, 1, 400)
