@@ -859,7 +859,9 @@ std::vector<FieldError> CollectValidationErrors(const JobSpec& original) {
   // yet passed its GPU tests — the recomputation (cuda_layer_stack_test), the data-parallel
   // groups and device ZeRO-1 (cuda_pipeline_test's Replicas/CudaDataParallel), tensor
   // parallelism (cuda_parallel_linear_test, cuda_layer_stack_test's TensorParallel cases,
-  // cuda_pipeline_test's TensorRanks/CudaDataParallel). Lift a rule once its tests pass on a GPU.
+  // cuda_pipeline_test's TensorRanks/CudaDataParallel). Lift a rule once its tests pass on a GPU:
+  // the GPU bundle then runs examples/gpu-d2-p2.yaml / gpu-t2-p2.yaml against the CPU (it skips
+  // them while they are refused).
   if (cuda && s.parallel().tensor() > 1) {
     add("parallel.tensor",
         absl::StrCat("> 1 needs device cpu in this version (got ", s.parallel().tensor(), " on ",
