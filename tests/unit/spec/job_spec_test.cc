@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -672,6 +673,27 @@ TEST(ParseJobSpec, DataParallelNeedsTheCpuForNow) {
               HasSubstr("parallel.data: > 1 needs device cpu in this version (got 2 on cuda)"));
   EXPECT_TRUE(
       ParseJobSpec(Edit("  microbatches: 2\n", "  microbatches: 2\n  data: 2\n"), "/base").ok());
+}
+
+// VOCABPIPE_UNVERIFIED_CUDA lets the GPU bundle run an unverified CUDA path once its tests have
+// passed in the same run: each listed path only, the others still refused.
+TEST(ParseJobSpec, UnverifiedCudaPathsAreAcceptedOnlyWhenListed) {
+  const std::string data2 = Edit("device: cpu", "device: cuda\nprecision: fp32",
+                                 Edit("  microbatches: 2\n", "  microbatches: 2\n  data: 2\n"));
+  const std::string recompute =
+      Edit("device: cpu", "device: cuda\nprecision: fp32",
+           Edit("  microbatches: 2\n", "  microbatches: 2\n  recompute: full\n"));
+  const char* saved = std::getenv("VOCABPIPE_UNVERIFIED_CUDA");
+  const std::string restore = saved != nullptr ? saved : "";
+  setenv("VOCABPIPE_UNVERIFIED_CUDA", "tensor, data", 1);
+  EXPECT_TRUE(ParseJobSpec(data2, "/base").ok()) << ErrorOf(data2);
+  EXPECT_THAT(ErrorOf(recompute), HasSubstr("parallel.recompute: must be none on device cuda"));
+  setenv("VOCABPIPE_UNVERIFIED_CUDA", "recompute,datax", 1);
+  EXPECT_TRUE(ParseJobSpec(recompute, "/base").ok()) << ErrorOf(recompute);
+  EXPECT_THAT(ErrorOf(data2), HasSubstr("parallel.data: > 1 needs device cpu in this version"));
+  unsetenv("VOCABPIPE_UNVERIFIED_CUDA");
+  EXPECT_THAT(ErrorOf(data2), HasSubstr("parallel.data: > 1 needs device cpu in this version"));
+  if (saved != nullptr) setenv("VOCABPIPE_UNVERIFIED_CUDA", restore.c_str(), 1);
 }
 
 TEST(ParseJobSpec, DataPathsList) {
