@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -838,17 +839,30 @@ TEST(LoadJobSpecFile, ResolvesAgainstTheFilesFolderAndPrefixesErrors) {
   EXPECT_THAT(spec.status().message(), HasSubstr("missing.yaml: cannot open job spec"));
 }
 
+// Every example loads; the GPU bundle's gpu-d2-p2 and gpu-t2-p2 only with the unverified CUDA
+// paths accepted (they wait for their GPU tests), and nothing else may need that.
 TEST(Examples, EveryExampleLoads) {
   const std::filesystem::path dir = std::filesystem::path(VP_SOURCE_DIR) / "examples";
-  int count = 0;
+  const char* saved = std::getenv("VOCABPIPE_UNVERIFIED_CUDA");
+  const std::string restore = saved != nullptr ? saved : "";
+  int count = 0, gated = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".yaml" && ext != ".yml" && ext != ".json") continue;
     ++count;
+    unsetenv("VOCABPIPE_UNVERIFIED_CUDA");
     absl::StatusOr<JobSpec> spec = LoadJobSpecFile(entry.path().string());
+    if (!spec.ok() && absl::StrContains(spec.status().message(), "has not run on a GPU yet")) {
+      ++gated;
+      setenv("VOCABPIPE_UNVERIFIED_CUDA", "data,tensor,recompute", 1);
+      spec = LoadJobSpecFile(entry.path().string());
+    }
     EXPECT_TRUE(spec.ok()) << spec.status();
   }
+  unsetenv("VOCABPIPE_UNVERIFIED_CUDA");
+  if (saved != nullptr) setenv("VOCABPIPE_UNVERIFIED_CUDA", restore.c_str(), 1);
   EXPECT_GE(count, 4);
+  EXPECT_LE(gated, 2);  // gpu-d2-p2 and gpu-t2-p2 until their rules are lifted
 }
 
 }  // namespace
