@@ -30,7 +30,7 @@
 #      d = 2 × p = 2 and t = 2 × p = 2 on the one GPU (SKIP while validation refuses them),
 #      then the layer stack and the bf16 job with the pipelined flash attention kernels
 #      (VOCABPIPE_ATTENTION=flash-pipelined; the flash ones are the default), the 16-byte norm
-#      kernels (VOCABPIPE_NORM=vector) and the cuBLASLt bias epilogue
+#      memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector) and the cuBLASLt bias epilogue
 #      (VOCABPIPE_GEMM_EPILOGUE=bias), each opt-in;
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
 #      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it, then
@@ -506,16 +506,16 @@ else
     run_job "gpu-p1-bf16-$kernels" 60
   done
   unset VOCABPIPE_ATTENTION
-  # The 16-byte LayerNorm / RMSNorm kernels (opt-in, VOCABPIPE_NORM=vector): the layer stacks
-  # (GPT-2 and Llama) and the bf16 job.
-  say "== the vector norm kernels (VOCABPIPE_NORM=vector)"
-  export VOCABPIPE_NORM=vector
-  run_test cuda_layer_stack_test 45 norm-vector
-  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-norm-vector,#" \
-    -e "s/^name: .*/name: gpu-p1-bf16-norm-vector/" \
-    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-norm-vector.yaml"
-  run_job gpu-p1-bf16-norm-vector 60
-  unset VOCABPIPE_NORM
+  # The 16-byte memory-bound kernels (norms, GELU, SwiGLU, residual, bias; opt-in,
+  # VOCABPIPE_MEMORY_KERNELS=vector): the layer stacks (GPT-2 and Llama) and the bf16 job.
+  say "== the 16-byte memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector)"
+  export VOCABPIPE_MEMORY_KERNELS=vector
+  run_test cuda_layer_stack_test 45 vector
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-vector,#" \
+    -e "s/^name: .*/name: gpu-p1-bf16-vector/" \
+    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-vector.yaml"
+  run_job gpu-p1-bf16-vector 60
+  unset VOCABPIPE_MEMORY_KERNELS
   # The linear layers' bias in the cuBLASLt epilogue (opt-in, VOCABPIPE_GEMM_EPILOGUE=bias).
   say "== the bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias)"
   export VOCABPIPE_GEMM_EPILOGUE=bias

@@ -3,7 +3,7 @@
 # attention kernels and the LayerNorm kernels of one GPT-2 layer at gpt2-50k's shape (h 2048,
 # 16 heads of 128, s 2048, b 2; perf.sh's first model), forward, backward input and weight
 # passes (cuda_bench --sections=layer --layers=1), once with the default kernels and once with
-# the opt-in ones (VOCABPIPE_ATTENTION=flash-pipelined, VOCABPIPE_NORM=vector). Per kernel: speed
+# the opt-in ones (VOCABPIPE_ATTENTION=flash-pipelined, VOCABPIPE_MEMORY_KERNELS=vector). Per kernel: speed
 # of light, occupancy, launch statistics, warp states (what the warps stall on), memory and
 # compute workload, shared-memory bank conflicts, and ncu's own advice. perf.sh says how long a
 # kernel takes; this says why (global-memory latency, shared-memory bandwidth, occupancy), so the
@@ -116,7 +116,7 @@ ncu_opts=(--clock-control none --kernel-name-base function
 if ((dry_run)); then
   echo "kernel_profile.sh --dry-run: ncu ${ncu:-(not found)}"
   echo "  would run: ${ncu:-ncu} ${ncu_opts[*]} ${bench_cmd[*]} > $outdir/ncu-default.txt"
-  echo "  would run: ${ncu:-ncu} ... (VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_NORM=vector)" \
+  echo "  would run: ${ncu:-ncu} ... (VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_MEMORY_KERNELS=vector)" \
     "> $outdir/ncu-opt-in.txt"
   exit 0
 fi
@@ -157,7 +157,7 @@ t0=$SECONDS
 for variant in default opt-in; do
   report=$outdir/ncu-$variant.txt
   envs=()
-  [[ $variant == opt-in ]] && envs=(env VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_NORM=vector)
+  [[ $variant == opt-in ]] && envs=(env VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_MEMORY_KERNELS=vector)
   if "$ncu" "${ncu_opts[@]}" "${envs[@]}" "${bench_cmd[@]}" > "$report" 2>&1; then
     echo "== ncu $variant: ok ($(grep -c 'Section: GPU Speed Of Light' "$report") kernels," \
       "$((SECONDS - t0)) s)"

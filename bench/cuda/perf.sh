@@ -38,8 +38,8 @@
 #
 # Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries ("" for none);
 # by default pipelined (VOCABPIPE_ATTENTION=flash-pipelined: the flash kernels with cp.async
-# double buffering and ldmatrix operands), norm (VOCABPIPE_NORM=vector: 16-byte LayerNorm and
-# RMSNorm kernels) and all (both with VOCABPIPE_GEMM_EPILOGUE=bias, the linear layers' bias in
+# double buffering and ldmatrix operands), vector (VOCABPIPE_MEMORY_KERNELS=vector: 16-byte
+# norm, GELU, SwiGLU, residual and bias kernels) and all (both with VOCABPIPE_GEMM_EPILOGUE=bias, the linear layers' bias in
 # the cuBLASLt epilogue, whose own gain runs 3 and 4 measured); about 12 s a variant for the
 # three models. Each runs cuda_bench's layer, attention and step sections for every model with
 # those variables set (the peak measured above; the output layer is the baseline's), as the
@@ -90,7 +90,7 @@ mkdir -p "$outdir" || exit 2
 outdir=$(cd "$outdir" && pwd)
 
 budget=${PERF_BUDGET_S:-130}
-read -r -a variants <<< "${PERF_VARIANTS-pipelined:VOCABPIPE_ATTENTION=flash-pipelined norm:VOCABPIPE_NORM=vector all:VOCABPIPE_ATTENTION=flash-pipelined,VOCABPIPE_NORM=vector,VOCABPIPE_GEMM_EPILOGUE=bias}"
+read -r -a variants <<< "${PERF_VARIANTS-pipelined:VOCABPIPE_ATTENTION=flash-pipelined vector:VOCABPIPE_MEMORY_KERNELS=vector all:VOCABPIPE_ATTENTION=flash-pipelined,VOCABPIPE_MEMORY_KERNELS=vector,VOCABPIPE_GEMM_EPILOGUE=bias}"
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
 read -r -a bin_env <<< "${VP_BIN_ENV:-}"

@@ -113,26 +113,44 @@ TEST(GeluBackwardReference, CpuKernelIsWithinTheFloatTanhBound) {
   EXPECT_GT(outside, n / 2);
 }
 
-TEST(CudaKernels, GeluAndResidualMatchCpu) {
+// Both kernel sets (MemoryKernels): n = 5000 and rows of 100 allow 16-byte accesses in fp32, 5002
+// and 102 do not (the vector kernels fall back to the element ones there).
+TEST(CudaKernels, GeluResidualAndBiasMatchCpu) {
   SKIP_WITHOUT_DEVICE();
-  const long n = 5000;
-  auto x = Random(n, 5, 3.0f), dy = Random(n, 6), y = Random(n, 7);
-  std::vector<float> out(n), dx(n), res(n), da(n, 1.0f), dbv(n, 2.0f);
-  cpu::GeluForward(out.data(), x.data(), n);
-  cpu::GeluBackward(dx.data(), x.data(), dy.data(), n);
-  cpu::ResidualForward(res.data(), x.data(), y.data(), n);
-  cpu::ResidualBackward(da.data(), dbv.data(), dy.data(), n);
-  Dev<float> gx(x), gdy(dy), gy(y), gout(n), gdx(n), gres(n), gda(std::vector<float>(n, 1.0f)),
-      gdb(std::vector<float>(n, 2.0f));
-  ASSERT_EQ(GeluForward(gout.p, gx.p, n, nullptr), cudaSuccess);
-  ASSERT_EQ(GeluBackward(gdx.p, gx.p, gdy.p, n, nullptr), cudaSuccess);
-  ASSERT_EQ(ResidualForward(gres.p, gx.p, gy.p, n, nullptr), cudaSuccess);
-  ASSERT_EQ(ResidualBackward(gda.p, gdb.p, gdy.p, n, nullptr), cudaSuccess);
-  ExpectClose(gout.Get(), out, 1e-5, 1e-6, "gelu");
-  ExpectGeluBackward(gdx.Get(), x, dy, "gelu backward");
-  ExpectClose(gres.Get(), res, 0, 0, "residual");
-  ExpectClose(gda.Get(), da, 0, 0, "da");
-  ExpectClose(gdb.Get(), dbv, 0, 0, "db");
+  for (MemoryKernels kernels : {MemoryKernels::kElement, MemoryKernels::kVector}) {
+    for (const long n : {5000L, 5002L}) {
+      SCOPED_TRACE(std::string(kernels == MemoryKernels::kVector ? "vector" : "element") +
+                   " kernels, n " + std::to_string(n));
+      auto x = Random(n, 5, 3.0f), dy = Random(n, 6), y = Random(n, 7);
+      std::vector<float> out(n), dx(n), res(n), da(n, 1.0f), dbv(n, 2.0f);
+      cpu::GeluForward(out.data(), x.data(), n);
+      cpu::GeluBackward(dx.data(), x.data(), dy.data(), n);
+      cpu::ResidualForward(res.data(), x.data(), y.data(), n);
+      cpu::ResidualBackward(da.data(), dbv.data(), dy.data(), n);
+      Dev<float> gx(x), gdy(dy), gy(y), gout(n), gdx(n), gres(n), gda(std::vector<float>(n, 1.0f)),
+          gdb(std::vector<float>(n, 2.0f));
+      ASSERT_EQ(GeluForward(gout.p, gx.p, n, nullptr, kernels), cudaSuccess);
+      ASSERT_EQ(GeluBackward(gdx.p, gx.p, gdy.p, n, nullptr, kernels), cudaSuccess);
+      ASSERT_EQ(ResidualForward(gres.p, gx.p, gy.p, n, nullptr, kernels), cudaSuccess);
+      ASSERT_EQ(ResidualBackward(gda.p, gdb.p, gdy.p, n, nullptr, kernels), cudaSuccess);
+      ExpectClose(gout.Get(), out, 1e-5, 1e-6, "gelu");
+      ExpectGeluBackward(gdx.Get(), x, dy, "gelu backward");
+      ExpectClose(gres.Get(), res, 0, 0, "residual");
+      ExpectClose(gda.Get(), da, 0, 0, "da");
+      ExpectClose(gdb.Get(), dbv, 0, 0, "db");
+    }
+    for (const int c : {100, 102}) {
+      const int rows = 50;
+      auto o = Random(size_t(rows) * c, 8), b = Random(c, 9);
+      std::vector<float> want = o;
+      for (int r = 0; r < rows; ++r) {
+        for (int j = 0; j < c; ++j) want[size_t(r) * c + j] += b[j];
+      }
+      Dev<float> go(o), gb(b);
+      ASSERT_EQ(AddBias(go.p, gb.p, rows, c, nullptr, kernels), cudaSuccess);
+      ExpectClose(go.Get(), want, 0, 0, c == 100 ? "bias, rows of 100" : "bias, rows of 102");
+    }
+  }
 }
 
 TEST(CudaKernels, LinearMatchesCpuFp32AndBf16) {
@@ -192,6 +210,46 @@ std::vector<float> Download(const Dev<T>& src) {
     Dev<float> tmp(src.n);
     EXPECT_EQ(Bf16ToFloat(tmp.p, src.p, static_cast<long>(src.n), nullptr), cudaSuccess);
     return tmp.Get();
+  }
+}
+
+// bf16: the vector kernels (V = 8) against the element ones on the same device inputs: the same
+// math per element, so equal to within one bf16 rounding of the result (2^-8 relative).
+TEST(CudaKernels, VectorElementwiseKernelsMatchTheElementOnesInBf16) {
+  SKIP_WITHOUT_DEVICE();
+  const long rows = 64, c = 1024, f = 512;  // GPT-2's GELU, the residual stream, Llama's SwiGLU
+  const long n = rows * c;
+  auto x = Random(n, 30, 3.0f), y = Random(n, 31), dy = Random(n, 32), b = Random(c, 33);
+  auto gu = Random(size_t(rows) * 2 * f, 34, 3.0f), dyf = Random(size_t(rows) * f, 35);
+  Dev<bf16> bx(n), by(n), bdy(n), bb(c), bgu(rows * 2 * f), bdyf(rows * f);
+  Upload(bx, x);
+  Upload(by, y);
+  Upload(bdy, dy);
+  Upload(bb, b);
+  Upload(bgu, gu);
+  Upload(bdyf, dyf);
+  std::vector<std::vector<float>> results[2];
+  const MemoryKernels sets[2] = {MemoryKernels::kElement, MemoryKernels::kVector};
+  for (int k = 0; k < 2; ++k) {
+    Dev<bf16> gelu(n), dgelu(n), res(n), da(n), db(n), biased(n), sw(rows * f), dsw(rows * 2 * f);
+    ASSERT_EQ(cudaMemcpy(biased.p, by.p, n * sizeof(bf16), cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(da.p, bx.p, n * sizeof(bf16), cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(db.p, by.p, n * sizeof(bf16), cudaMemcpyDeviceToDevice), cudaSuccess);
+    ASSERT_EQ(GeluForward(gelu.p, bx.p, n, nullptr, sets[k]), cudaSuccess);
+    ASSERT_EQ(GeluBackward(dgelu.p, bx.p, bdy.p, n, nullptr, sets[k]), cudaSuccess);
+    ASSERT_EQ(ResidualForward(res.p, bx.p, by.p, n, nullptr, sets[k]), cudaSuccess);
+    ASSERT_EQ(ResidualBackward(da.p, db.p, bdy.p, n, nullptr, sets[k]), cudaSuccess);
+    ASSERT_EQ(AddBias(biased.p, bb.p, int(rows), int(c), nullptr, sets[k]), cudaSuccess);
+    ASSERT_EQ(SwigluForward(sw.p, bgu.p, rows, int(f), nullptr, sets[k]), cudaSuccess);
+    ASSERT_EQ(SwigluBackward(dsw.p, bgu.p, bdyf.p, rows, int(f), nullptr, sets[k]), cudaSuccess);
+    for (const Dev<bf16>* d : {&gelu, &dgelu, &res, &da, &db, &biased, &sw, &dsw}) {
+      results[k].push_back(Download(*d));
+    }
+  }
+  const char* names[] = {"gelu", "gelu backward", "residual", "da",
+                         "db",   "bias",          "swiglu",   "swiglu backward"};
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    ExpectClose(results[1][i], results[0][i], 1.0 / 256, 1e-6, names[i]);
   }
 }
 
@@ -492,11 +550,11 @@ TEST(CudaKernels, GroupedQueryAttentionRejectsUnevenGroups) {
 // 1e-5 relative; bf16 outputs one bf16 rounding of the fp32 result (2^-9 relative, checked at
 // 8e-3 + 1e-2 absolute), the fp32 statistics and weight gradients 1e-5 / 1e-4.
 template <typename T>
-void CheckNorm(bool layer_norm, int n, int c, NormKernels kernels, uint32_t seed) {
+void CheckNorm(bool layer_norm, int n, int c, MemoryKernels kernels, uint32_t seed) {
   SCOPED_TRACE(std::string(layer_norm ? "LayerNorm" : "RMSNorm") +
                (std::is_same_v<T, bf16> ? " bf16" : " fp32") + " n " + std::to_string(n) + " c " +
                std::to_string(c) +
-               (kernels == NormKernels::kVector ? " vector kernels" : " warp kernels"));
+               (kernels == MemoryKernels::kVector ? " vector kernels" : " warp kernels"));
   const size_t nc = size_t(n) * c;
   auto x = Random(nc, seed), w = Random(c, seed + 1), b = Random(c, seed + 2),
        dy = Random(nc, seed + 3);
@@ -548,7 +606,7 @@ void CheckNorm(bool layer_norm, int n, int c, NormKernels kernels, uint32_t seed
 // vector kernels fall back to the warp ones there); GPT-2's and Llama's widths in bf16.
 TEST(CudaKernels, LayerNormMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
-  for (NormKernels kernels : {NormKernels::kWarp, NormKernels::kVector}) {
+  for (MemoryKernels kernels : {MemoryKernels::kElement, MemoryKernels::kVector}) {
     CheckNorm<float>(true, 37, 96, kernels, 1);
     CheckNorm<float>(true, 37, 98, kernels, 5);
     CheckNorm<bf16>(true, 300, 2048, kernels, 9);
@@ -558,7 +616,7 @@ TEST(CudaKernels, LayerNormMatchesCpu) {
 
 TEST(CudaKernels, RmsNormMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
-  for (NormKernels kernels : {NormKernels::kWarp, NormKernels::kVector}) {
+  for (MemoryKernels kernels : {MemoryKernels::kElement, MemoryKernels::kVector}) {
     CheckNorm<float>(false, 41, 160, kernels, 200);
     CheckNorm<float>(false, 41, 162, kernels, 204);
     CheckNorm<bf16>(false, 300, 4096, kernels, 208);
@@ -566,21 +624,19 @@ TEST(CudaKernels, RmsNormMatchesCpu) {
   }
 }
 
-// Device-free: the environment picks the norm kernels when the caller does not, and the vector
-// kernels refuse (launching nothing) a width or a pointer that 16-byte accesses cannot serve.
-TEST(NormKernelsDefault, FollowsVocabpipeNormAndRefusesUnalignedRows) {
-  const char* saved = std::getenv("VOCABPIPE_NORM");
+// Device-free: the environment picks the memory-bound kernels when the caller does not, and the
+// vector norm kernels refuse (launching nothing) a width or a pointer that 16-byte accesses
+// cannot serve.
+TEST(MemoryKernelsDefault, FollowsTheEnvironmentAndNormsRefuseUnalignedRows) {
+  const char* saved = std::getenv("VOCABPIPE_MEMORY_KERNELS");
   const std::string restore = saved != nullptr ? saved : "";
-  setenv("VOCABPIPE_NORM", "vector", 1);
-  EXPECT_EQ(DefaultNormKernels(), NormKernels::kVector);
-  EXPECT_TRUE(UseVectorNorm(NormKernels::kDefault));
-  EXPECT_FALSE(UseVectorNorm(NormKernels::kWarp));
-  setenv("VOCABPIPE_NORM", "warp", 1);
-  EXPECT_EQ(DefaultNormKernels(), NormKernels::kWarp);
-  unsetenv("VOCABPIPE_NORM");
-  EXPECT_EQ(DefaultNormKernels(), NormKernels::kWarp);
-  EXPECT_TRUE(UseVectorNorm(NormKernels::kVector));
-  if (saved != nullptr) setenv("VOCABPIPE_NORM", restore.c_str(), 1);
+  setenv("VOCABPIPE_MEMORY_KERNELS", "vector", 1);
+  EXPECT_EQ(DefaultMemoryKernels(), MemoryKernels::kVector);
+  setenv("VOCABPIPE_MEMORY_KERNELS", "element", 1);
+  EXPECT_EQ(DefaultMemoryKernels(), MemoryKernels::kElement);
+  unsetenv("VOCABPIPE_MEMORY_KERNELS");
+  EXPECT_EQ(DefaultMemoryKernels(), MemoryKernels::kElement);
+  if (saved != nullptr) setenv("VOCABPIPE_MEMORY_KERNELS", restore.c_str(), 1);
 
   // Never dereferenced: the checks come before any launch.
   auto* aligned = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
@@ -634,19 +690,25 @@ TEST(CudaKernels, RopeMatchesCpuIncludingChunkOffset) {
   EXPECT_EQ(RopeForward(odd.p, 16, 1, 1, 1, 15, 0, theta, nullptr), cudaErrorInvalidValue);
 }
 
+// Both kernel sets; f = 72 allows 16-byte accesses, 70 does not.
 TEST(CudaKernels, SwigluMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   const long n = 33;
-  const int f = 72;
-  auto gu = Random(size_t(n) * 2 * f, 220, 3.0f), dy = Random(size_t(n) * f, 221);
-  std::vector<float> out(n * f), dgu(n * 2 * f);
-  cpu::SwigluForward(out.data(), gu.data(), n, f);
-  cpu::SwigluBackward(dgu.data(), gu.data(), dy.data(), n, f);
-  Dev<float> ggu(gu), gdy(dy), gout(n * f), gdgu(std::vector<float>(n * 2 * f, 9.0f));
-  ASSERT_EQ(SwigluForward(gout.p, ggu.p, n, f, nullptr), cudaSuccess);
-  ASSERT_EQ(SwigluBackward(gdgu.p, ggu.p, gdy.p, n, f, nullptr), cudaSuccess);
-  ExpectClose(gout.Get(), out, 1e-5, 1e-6, "swiglu");
-  ExpectClose(gdgu.Get(), dgu, 1e-5, 1e-6, "swiglu backward (overwrites)");
+  for (MemoryKernels kernels : {MemoryKernels::kElement, MemoryKernels::kVector}) {
+    for (const int f : {72, 70}) {
+      SCOPED_TRACE(std::string(kernels == MemoryKernels::kVector ? "vector" : "element") +
+                   " kernels, f " + std::to_string(f));
+      auto gu = Random(size_t(n) * 2 * f, 220, 3.0f), dy = Random(size_t(n) * f, 221);
+      std::vector<float> out(n * f), dgu(n * 2 * f);
+      cpu::SwigluForward(out.data(), gu.data(), n, f);
+      cpu::SwigluBackward(dgu.data(), gu.data(), dy.data(), n, f);
+      Dev<float> ggu(gu), gdy(dy), gout(n * f), gdgu(std::vector<float>(n * 2 * f, 9.0f));
+      ASSERT_EQ(SwigluForward(gout.p, ggu.p, n, f, nullptr, kernels), cudaSuccess);
+      ASSERT_EQ(SwigluBackward(gdgu.p, ggu.p, gdy.p, n, f, nullptr, kernels), cudaSuccess);
+      ExpectClose(gout.Get(), out, 1e-5, 1e-6, "swiglu");
+      ExpectClose(gdgu.Get(), dgu, 1e-5, 1e-6, "swiglu backward (overwrites)");
+    }
+  }
 }
 
 TEST(CudaKernels, LinearTransposedMatchesCpu) {

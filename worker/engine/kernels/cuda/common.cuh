@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "worker/engine/kernels/cuda/kernels.h"
+
 namespace vp::engine::cuda {
 
 __device__ __forceinline__ float ToFloat(float x) { return x; }
@@ -77,6 +79,12 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&src)[kVec<T>]) {
 }
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// MemoryKernels::kDefault resolved (VOCABPIPE_MEMORY_KERNELS): true for the 16-byte kernels.
+inline bool UseVectorKernels(MemoryKernels kernels) {
+  return (kernels == MemoryKernels::kDefault ? DefaultMemoryKernels() : kernels) ==
+         MemoryKernels::kVector;
+}
 
 inline unsigned CeilDiv(long a, long b) { return static_cast<unsigned>((a + b - 1) / b); }
 

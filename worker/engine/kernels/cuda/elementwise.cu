@@ -1,6 +1,11 @@
 // Embeddings, GELU, residual, bias, conversions and AdamW: memory-bound elementwise kernels with
-// grid-stride loops; all arithmetic in fp32.
+// grid-stride loops; all arithmetic in fp32. GELU, the residual adds and the bias add also come
+// as 16-byte kernels (MemoryKernels::kVector: V = kVec<T> values per thread and access, the same
+// per-element math), used where the sizes are multiples of V and the pointers 16-byte aligned.
 #include <cmath>
+#include <cstdlib>
+#include <initializer_list>
+#include <string_view>
 
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/kernels.h"
@@ -63,13 +68,23 @@ __global__ void PositionBackwardKernel(float* dwpe, const T* dx, int batch, int 
 // tanh(u) = 1 − 2/(exp(2u) + 1), the CPU engine's form (exact at the extremes).
 __device__ __forceinline__ float GeluTanh(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
 
+// gelu(x) and dy · gelu'(x): the one math of the element and the vector kernels.
+__device__ __forceinline__ float Gelu(float x) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + GeluTanh(u));
+}
+__device__ __forceinline__ float GeluGrad(float x, float dy) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  const float t = GeluTanh(u);
+  const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+  return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+
 template <typename T>
 __global__ void GeluForwardKernel(T* out, const T* inp, long n) {
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
-    const float x = ToFloat(inp[i]);
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = FromFloat<T>(0.5f * x * (1.0f + GeluTanh(u)));
+    out[i] = FromFloat<T>(Gelu(ToFloat(inp[i])));
   }
 }
 
@@ -77,12 +92,7 @@ template <typename T>
 __global__ void GeluBackwardKernel(T* dinp, const T* inp, const T* dout, long n) {
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
-    const float x = ToFloat(inp[i]);
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float t = GeluTanh(u);
-    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-    dinp[i] = FromFloat<T>(ToFloat(dout[i]) * grad);
+    dinp[i] = FromFloat<T>(GeluGrad(ToFloat(inp[i]), ToFloat(dout[i])));
   }
 }
 
@@ -134,6 +144,94 @@ __global__ void ColumnSumKernel(float* dbias, const T* dout, int n, int c, int r
     for (int y = 0; y < 8; ++y) s += partial[y][threadIdx.x];
     atomicAdd(&dbias[col], s);
   }
+}
+
+// ---- The 16-byte forms: chunk c covers elements [c·V, c·V + V), V = kVec<T>.
+
+template <typename T>
+__global__ void GeluForwardVectorKernel(T* out, const T* inp, long chunks) {
+  constexpr int V = kVec<T>;
+  for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<long>(gridDim.x) * blockDim.x) {
+    float x[V];
+    LoadVec<T>(x, inp + c * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] = Gelu(x[e]);
+    StoreVec<T>(out + c * V, x);
+  }
+}
+
+template <typename T>
+__global__ void GeluBackwardVectorKernel(T* dinp, const T* inp, const T* dout, long chunks) {
+  constexpr int V = kVec<T>;
+  for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<long>(gridDim.x) * blockDim.x) {
+    float x[V], dy[V];
+    LoadVec<T>(x, inp + c * V);
+    LoadVec<T>(dy, dout + c * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) dy[e] = GeluGrad(x[e], dy[e]);
+    StoreVec<T>(dinp + c * V, dy);
+  }
+}
+
+template <typename T>
+__global__ void ResidualForwardVectorKernel(T* out, const T* a, const T* b, long chunks) {
+  constexpr int V = kVec<T>;
+  for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<long>(gridDim.x) * blockDim.x) {
+    float x[V], y[V];
+    LoadVec<T>(x, a + c * V);
+    LoadVec<T>(y, b + c * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] += y[e];
+    StoreVec<T>(out + c * V, x);
+  }
+}
+
+template <typename T>
+__global__ void ResidualBackwardVectorKernel(T* da, T* db, const T* dout, long chunks) {
+  constexpr int V = kVec<T>;
+  for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<long>(gridDim.x) * blockDim.x) {
+    float g[V], x[V], y[V];
+    LoadVec<T>(g, dout + c * V);
+    LoadVec<T>(x, da + c * V);
+    LoadVec<T>(y, db + c * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      x[e] += g[e];
+      y[e] += g[e];
+    }
+    StoreVec<T>(da + c * V, x);
+    StoreVec<T>(db + c * V, y);
+  }
+}
+
+// out (n, c) += bias (c) per row; c is a multiple of V, so a chunk never straddles two rows.
+template <typename T>
+__global__ void AddBiasVectorKernel(T* out, const T* bias, long chunks, int row_chunks) {
+  constexpr int V = kVec<T>;
+  for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<long>(gridDim.x) * blockDim.x) {
+    float x[V], b[V];
+    LoadVec<T>(x, out + c * V);
+    LoadVec<T>(b, bias + (c % row_chunks) * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) x[e] += b[e];
+    StoreVec<T>(out + c * V, x);
+  }
+}
+
+// The vector kernels run when asked for and n (and the row width) are multiples of V with every
+// pointer 16-byte aligned.
+template <typename T>
+bool VectorFits(MemoryKernels kernels, long n, std::initializer_list<const void*> pointers) {
+  if (!UseVectorKernels(kernels) || n % kVec<T> != 0) return false;
+  for (const void* p : pointers) {
+    if (!Aligned16(p)) return false;
+  }
+  return true;
 }
 
 __global__ void FloatToBf16Kernel(__nv_bfloat16* out, const float* inp, long n) {
@@ -209,36 +307,76 @@ cudaError_t PositionEmbeddingBackward(float* dwpe, const T* dx, int batch, int t
   return cudaGetLastError();
 }
 
+MemoryKernels DefaultMemoryKernels() {
+  const char* env = std::getenv("VOCABPIPE_MEMORY_KERNELS");
+  if (env != nullptr && std::string_view(env) == "vector") return MemoryKernels::kVector;
+  return MemoryKernels::kElement;  // until the vector kernels have passed on a GPU
+}
+
 template <typename T>
-cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream) {
+cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream, MemoryKernels kernels) {
+  if (VectorFits<T>(kernels, n, {out, inp})) {
+    const long chunks = n / kVec<T>;
+    GeluForwardVectorKernel<T>
+        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(out, inp, chunks);
+    return cudaGetLastError();
+  }
   GeluForwardKernel<T><<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, inp, n);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t GeluBackward(T* dinp, const T* inp, const T* dout, long n, cudaStream_t stream) {
+cudaError_t GeluBackward(T* dinp, const T* inp, const T* dout, long n, cudaStream_t stream,
+                         MemoryKernels kernels) {
+  if (VectorFits<T>(kernels, n, {dinp, inp, dout})) {
+    const long chunks = n / kVec<T>;
+    GeluBackwardVectorKernel<T>
+        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, chunks);
+    return cudaGetLastError();
+  }
   GeluBackwardKernel<T>
       <<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t ResidualForward(T* out, const T* a, const T* b, long n, cudaStream_t stream) {
+cudaError_t ResidualForward(T* out, const T* a, const T* b, long n, cudaStream_t stream,
+                            MemoryKernels kernels) {
+  if (VectorFits<T>(kernels, n, {out, a, b})) {
+    const long chunks = n / kVec<T>;
+    ResidualForwardVectorKernel<T>
+        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(out, a, b, chunks);
+    return cudaGetLastError();
+  }
   ResidualForwardKernel<T><<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, a, b, n);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t ResidualBackward(T* da, T* db, const T* dout, long n, cudaStream_t stream) {
+cudaError_t ResidualBackward(T* da, T* db, const T* dout, long n, cudaStream_t stream,
+                             MemoryKernels kernels) {
+  if (VectorFits<T>(kernels, n, {da, db, dout})) {
+    const long chunks = n / kVec<T>;
+    ResidualBackwardVectorKernel<T>
+        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(da, db, dout, chunks);
+    return cudaGetLastError();
+  }
   ResidualBackwardKernel<T>
       <<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(da, db, dout, n);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t AddBias(T* out, const T* bias, int n, int c, cudaStream_t stream) {
-  AddBiasKernel<T><<<ElementwiseBlocks(static_cast<long>(n) * c, kThreads), kThreads, 0, stream>>>(
-      out, bias, n, c);
+cudaError_t AddBias(T* out, const T* bias, int n, int c, cudaStream_t stream,
+                    MemoryKernels kernels) {
+  const long total = static_cast<long>(n) * c;
+  if (VectorFits<T>(kernels, c, {out, bias})) {
+    const long chunks = total / kVec<T>;
+    AddBiasVectorKernel<T><<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(
+        out, bias, chunks, c / kVec<T>);
+    return cudaGetLastError();
+  }
+  AddBiasKernel<T><<<ElementwiseBlocks(total, kThreads), kThreads, 0, stream>>>(out, bias, n, c);
   return cudaGetLastError();
 }
 
@@ -274,20 +412,21 @@ cudaError_t AdamWStep(float* master, bf16* params, const float* grads, float* m,
   return cudaGetLastError();
 }
 
-#define VP_INSTANTIATE(T)                                                                        \
-  template cudaError_t EmbeddingForward<T>(T*, const T*, const int32_t*, int, int, int64_t,      \
-                                           int64_t, cudaStream_t);                               \
-  template cudaError_t EmbeddingBackward<T>(float*, const T*, const int32_t*, int, int, int64_t, \
-                                            int64_t, cudaStream_t);                              \
-  template cudaError_t PositionEmbeddingForward<T>(T*, const T*, int, int, int, int,             \
-                                                   cudaStream_t);                                \
-  template cudaError_t PositionEmbeddingBackward<T>(float*, const T*, int, int, int, int,        \
-                                                    cudaStream_t);                               \
-  template cudaError_t GeluForward<T>(T*, const T*, long, cudaStream_t);                         \
-  template cudaError_t GeluBackward<T>(T*, const T*, const T*, long, cudaStream_t);              \
-  template cudaError_t ResidualForward<T>(T*, const T*, const T*, long, cudaStream_t);           \
-  template cudaError_t ResidualBackward<T>(T*, T*, const T*, long, cudaStream_t);                \
-  template cudaError_t AddBias<T>(T*, const T*, int, int, cudaStream_t);                         \
+#define VP_INSTANTIATE(T)                                                                          \
+  template cudaError_t EmbeddingForward<T>(T*, const T*, const int32_t*, int, int, int64_t,        \
+                                           int64_t, cudaStream_t);                                 \
+  template cudaError_t EmbeddingBackward<T>(float*, const T*, const int32_t*, int, int, int64_t,   \
+                                            int64_t, cudaStream_t);                                \
+  template cudaError_t PositionEmbeddingForward<T>(T*, const T*, int, int, int, int,               \
+                                                   cudaStream_t);                                  \
+  template cudaError_t PositionEmbeddingBackward<T>(float*, const T*, int, int, int, int,          \
+                                                    cudaStream_t);                                 \
+  template cudaError_t GeluForward<T>(T*, const T*, long, cudaStream_t, MemoryKernels);            \
+  template cudaError_t GeluBackward<T>(T*, const T*, const T*, long, cudaStream_t, MemoryKernels); \
+  template cudaError_t ResidualForward<T>(T*, const T*, const T*, long, cudaStream_t,              \
+                                          MemoryKernels);                                          \
+  template cudaError_t ResidualBackward<T>(T*, T*, const T*, long, cudaStream_t, MemoryKernels);   \
+  template cudaError_t AddBias<T>(T*, const T*, int, int, cudaStream_t, MemoryKernels);            \
   template cudaError_t BiasBackward<T>(float*, const T*, int, int, cudaStream_t);
 VP_INSTANTIATE(float)
 VP_INSTANTIATE(bf16)

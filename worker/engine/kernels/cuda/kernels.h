@@ -65,15 +65,18 @@ cudaError_t PositionEmbeddingBackward(float* dwpe,  // (>= start_pos + t, c)
                                       int batch, int t, int c, int start_pos, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
-// Which kernels compute LayerNorm and RMSNorm (here and in the Llama ops below). kWarp: one warp
-// per row with element loads (layernorm.cu, llama.cu). kVector: the same math with 16-byte loads
-// and stores (norm_vector.cu), used where c is a multiple of 16 / sizeof(T) and every row
-// pointer is 16-byte aligned, else kWarp. Statistics, accumulation and the CPU tolerances are
-// the same. kDefault: the VOCABPIPE_NORM environment variable ("warp" or "vector"), else kWarp
-// until the vector kernels have passed on a GPU.
-enum class NormKernels { kDefault, kWarp, kVector };
-// The kernels kDefault resolves to now (reads VOCABPIPE_NORM).
-NormKernels DefaultNormKernels();
+// Which kernels run the memory-bound passes: LayerNorm and RMSNorm, GELU, SwiGLU, the residual
+// adds and the bias add. kElement: one element per thread (a row's elements per lane of one warp
+// for the norms) with 2- or 4-byte accesses (layernorm.cu, llama.cu, elementwise.cu). kVector:
+// the same math with 16-byte loads and stores, 8 bf16 or 4 fp32 values at a time (norm_vector.cu
+// and the vector kernels beside each element one), where the width is a multiple of 16 bytes and
+// every pointer is 16-byte aligned, else kElement. Statistics, accumulation order within an
+// element, and the CPU tolerances are the same. kDefault: the VOCABPIPE_MEMORY_KERNELS
+// environment variable ("element" or "vector"), else kElement until the vector kernels have
+// passed on a GPU.
+enum class MemoryKernels { kDefault, kElement, kVector };
+// The kernels kDefault resolves to now (reads VOCABPIPE_MEMORY_KERNELS).
+MemoryKernels DefaultMemoryKernels();
 
 // LayerNorm over the last dimension, fp32 statistics, eps 1e-5.
 
@@ -85,7 +88,7 @@ cudaError_t LayerNormForward(T* out,           // (n, c)
                              const T* weight,  // (c)
                              const T* bias,    // (c)
                              int n, int c, cudaStream_t stream,
-                             NormKernels kernels = NormKernels::kDefault);
+                             MemoryKernels kernels = MemoryKernels::kDefault);
 
 // B part: dinp += dL/dinp (accumulates into the residual stream's gradient).
 template <typename T>
@@ -96,7 +99,7 @@ cudaError_t LayerNormBackwardInput(T* dinp,            // (n, c)
                                    const float* mean,  // (n)
                                    const float* rstd,  // (n)
                                    int n, int c, cudaStream_t stream,
-                                   NormKernels kernels = NormKernels::kDefault);
+                                   MemoryKernels kernels = MemoryKernels::kDefault);
 
 // W part: dweight += Σ_rows dout·xhat, dbias += Σ_rows dout (fp32, accumulates).
 template <typename T>
@@ -107,31 +110,35 @@ cudaError_t LayerNormBackwardWeight(float* dweight,     // (c)
                                     const float* mean,  // (n)
                                     const float* rstd,  // (n)
                                     int n, int c, cudaStream_t stream,
-                                    NormKernels kernels = NormKernels::kDefault);
+                                    MemoryKernels kernels = MemoryKernels::kDefault);
 
 // ---------------------------------------------------------------------------------------------
 // Elementwise.
 
 // tanh-approximation GELU (GPT-2 gelu_new); never compiled with fast-math.
 template <typename T>
-cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream);  // all (n)
+cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream,
+                        MemoryKernels kernels = MemoryKernels::kDefault);  // all (n)
 // dinp = dout · gelu'(inp) (overwrites; dinp may alias dout).
 template <typename T>
-cudaError_t GeluBackward(T* dinp, const T* inp, const T* dout, long n,
-                         cudaStream_t stream);  // all (n)
+cudaError_t GeluBackward(T* dinp, const T* inp, const T* dout, long n, cudaStream_t stream,
+                         MemoryKernels kernels = MemoryKernels::kDefault);  // all (n)
 
 // out = a + b (out may alias a or b).
 template <typename T>
-cudaError_t ResidualForward(T* out, const T* a, const T* b, long n, cudaStream_t stream);
+cudaError_t ResidualForward(T* out, const T* a, const T* b, long n, cudaStream_t stream,
+                            MemoryKernels kernels = MemoryKernels::kDefault);
 // da += dout, db += dout.
 template <typename T>
-cudaError_t ResidualBackward(T* da, T* db, const T* dout, long n, cudaStream_t stream);
+cudaError_t ResidualBackward(T* da, T* db, const T* dout, long n, cudaStream_t stream,
+                             MemoryKernels kernels = MemoryKernels::kDefault);
 
 // out[i, :] += bias (the linear layer's bias, added after the GEMM).
 template <typename T>
 cudaError_t AddBias(T* out,         // (n, c)
                     const T* bias,  // (c)
-                    int n, int c, cudaStream_t stream);
+                    int n, int c, cudaStream_t stream,
+                    MemoryKernels kernels = MemoryKernels::kDefault);
 // dbias += Σ_rows dout (fp32, accumulates).
 template <typename T>
 cudaError_t BiasBackward(float* dbias,   // (c)
@@ -217,7 +224,7 @@ cudaError_t RmsNormForward(T* out,           // (n, c)
                            const T* inp,     // (n, c)
                            const T* weight,  // (c)
                            int n, int c, float eps, cudaStream_t stream,
-                           NormKernels kernels = NormKernels::kDefault);
+                           MemoryKernels kernels = MemoryKernels::kDefault);
 // B part: dinp += rstd · (g − x̂ · mean(g · x̂)), g = dout·weight, x̂ = inp·rstd (accumulates).
 template <typename T>
 cudaError_t RmsNormBackwardInput(T* dinp,            // (n, c)
@@ -226,7 +233,7 @@ cudaError_t RmsNormBackwardInput(T* dinp,            // (n, c)
                                  const T* weight,    // (c)
                                  const float* rstd,  // (n)
                                  int n, int c, cudaStream_t stream,
-                                 NormKernels kernels = NormKernels::kDefault);
+                                 MemoryKernels kernels = MemoryKernels::kDefault);
 // W part: dweight += Σ_rows dout · x̂ (fp32, accumulates).
 template <typename T>
 cudaError_t RmsNormBackwardWeight(float* dweight,     // (c)
@@ -234,7 +241,7 @@ cudaError_t RmsNormBackwardWeight(float* dweight,     // (c)
                                   const T* inp,       // (n, c)
                                   const float* rstd,  // (n)
                                   int n, int c, cudaStream_t stream,
-                                  NormKernels kernels = NormKernels::kDefault);
+                                  MemoryKernels kernels = MemoryKernels::kDefault);
 
 // Rotary position embedding in place on `heads` heads of head_dim columns from column 0 of each
 // row (row stride ld), "rotate half" pairing, angle (start_pos + row's chunk position) ·
@@ -253,13 +260,15 @@ cudaError_t RopeBackward(T* dx,  // (batch, t, ld)
 template <typename T>
 cudaError_t SwigluForward(T* out,       // (n, f)
                           const T* gu,  // (n, 2f)
-                          long n, int f, cudaStream_t stream);
+                          long n, int f, cudaStream_t stream,
+                          MemoryKernels kernels = MemoryKernels::kDefault);
 // dgu = [dout · up · silu'(gate), dout · silu(gate)] (overwrites).
 template <typename T>
 cudaError_t SwigluBackward(T* dgu,         // (n, 2f)
                            const T* gu,    // (n, 2f)
                            const T* dout,  // (n, f)
-                           long n, int f, cudaStream_t stream);
+                           long n, int f, cudaStream_t stream,
+                           MemoryKernels kernels = MemoryKernels::kDefault);
 
 // ---------------------------------------------------------------------------------------------
 // Output layer (vocabulary shard of `rows` rows, the first `valid` real; see

@@ -1,9 +1,6 @@
 // LayerNorm: one warp per row for the forward and the input gradient (rows of c <= a few
 // thousand fit a warp's strided loop), column-slice reductions for the weight gradient.
 // Statistics in fp32, two passes over the row (mean, then the centred variance), like the CPU.
-#include <cstdlib>
-#include <string_view>
-
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/norm_vector.h"
@@ -98,18 +95,12 @@ __global__ void LayerNormBackwardWeightKernel(float* dweight, float* dbias, cons
 
 }  // namespace
 
-NormKernels DefaultNormKernels() {
-  const char* env = std::getenv("VOCABPIPE_NORM");
-  if (env != nullptr && std::string_view(env) == "vector") return NormKernels::kVector;
-  return NormKernels::kWarp;  // until the vector kernels have passed on a GPU
-}
-
 template <typename T>
 cudaError_t LayerNormForward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                              const T* bias, int n, int c, cudaStream_t stream,
-                             NormKernels kernels) {
+                             MemoryKernels kernels) {
   if (n <= 0) return cudaSuccess;
-  if (UseVectorNorm(kernels)) {
+  if (UseVectorKernels(kernels)) {
     const cudaError_t e =
         NormForwardVector(out, mean, rstd, inp, weight, bias, n, c, kLayerNormEps, stream);
     if (e != cudaErrorNotSupported) return e;  // else: the element kernel below
@@ -122,9 +113,9 @@ cudaError_t LayerNormForward(T* out, float* mean, float* rstd, const T* inp, con
 template <typename T>
 cudaError_t LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* weight,
                                    const float* mean, const float* rstd, int n, int c,
-                                   cudaStream_t stream, NormKernels kernels) {
+                                   cudaStream_t stream, MemoryKernels kernels) {
   if (n <= 0) return cudaSuccess;
-  if (UseVectorNorm(kernels)) {
+  if (UseVectorKernels(kernels)) {
     const cudaError_t e =
         NormBackwardInputVector(dinp, dout, inp, weight, mean, rstd, n, c, stream);
     if (e != cudaErrorNotSupported) return e;
@@ -137,9 +128,9 @@ cudaError_t LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T
 template <typename T>
 cudaError_t LayerNormBackwardWeight(float* dweight, float* dbias, const T* dout, const T* inp,
                                     const float* mean, const float* rstd, int n, int c,
-                                    cudaStream_t stream, NormKernels kernels) {
+                                    cudaStream_t stream, MemoryKernels kernels) {
   if (n <= 0 || c <= 0) return cudaSuccess;
-  if (UseVectorNorm(kernels)) {
+  if (UseVectorKernels(kernels)) {
     const cudaError_t e =
         NormBackwardWeightVector(dweight, dbias, dout, inp, mean, rstd, n, c, stream);
     if (e != cudaErrorNotSupported) return e;
@@ -153,13 +144,13 @@ cudaError_t LayerNormBackwardWeight(float* dweight, float* dbias, const T* dout,
 
 #define VP_INSTANTIATE(T)                                                                         \
   template cudaError_t LayerNormForward<T>(T*, float*, float*, const T*, const T*, const T*, int, \
-                                           int, cudaStream_t, NormKernels);                       \
+                                           int, cudaStream_t, MemoryKernels);                     \
   template cudaError_t LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const float*,  \
                                                  const float*, int, int, cudaStream_t,            \
-                                                 NormKernels);                                    \
+                                                 MemoryKernels);                                  \
   template cudaError_t LayerNormBackwardWeight<T>(float*, float*, const T*, const T*,             \
                                                   const float*, const float*, int, int,           \
-                                                  cudaStream_t, NormKernels);
+                                                  cudaStream_t, MemoryKernels);
 VP_INSTANTIATE(float)
 VP_INSTANTIATE(bf16)
 #undef VP_INSTANTIATE

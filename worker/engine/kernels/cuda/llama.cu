@@ -5,7 +5,10 @@
 // RMSNorm: one warp per row (statistic in fp32) and column-slice reductions for the weight
 // gradient, as layernorm.cu. RoPE: one thread per rotated pair; angles in double exactly as the
 // CPU forms them (pos · theta^(−2i/d), then cos/sin rounded to float once), so a chunk that
-// starts mid-sequence rotates bit-for-bit like the CPU does. SwiGLU: one thread per column.
+// starts mid-sequence rotates bit-for-bit like the CPU does. SwiGLU: one thread per column, or
+// per 16 bytes of columns (MemoryKernels::kVector).
+#include <initializer_list>
+
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/norm_vector.h"
@@ -104,6 +107,18 @@ __global__ void RopeKernel(T* x, int ld, int batch, int t, int heads, int d, int
   }
 }
 
+// silu(g)·u and its two partial derivatives times dy: the one math of the element and the
+// vector kernels.
+__device__ __forceinline__ float Swiglu(float g, float u) {
+  const float sig = 1.0f / (1.0f + expf(-g));
+  return g * sig * u;
+}
+__device__ __forceinline__ void SwigluGrad(float g, float u, float dy, float& dg, float& du) {
+  const float sig = 1.0f / (1.0f + expf(-g));
+  dg = dy * u * sig * (1.0f + g * (1.0f - sig));
+  du = dy * g * sig;
+}
+
 template <typename T>
 __global__ void SwigluForwardKernel(T* out, const T* gu, long n, int f) {
   const long total = n * f;
@@ -111,9 +126,7 @@ __global__ void SwigluForwardKernel(T* out, const T* gu, long n, int f) {
        idx += static_cast<long>(gridDim.x) * blockDim.x) {
     const long r = idx / f;
     const int j = static_cast<int>(idx % f);
-    const float g = ToFloat(gu[r * 2 * f + j]), u = ToFloat(gu[r * 2 * f + f + j]);
-    const float sig = 1.0f / (1.0f + expf(-g));
-    out[idx] = FromFloat<T>(g * sig * u);
+    out[idx] = FromFloat<T>(Swiglu(ToFloat(gu[r * 2 * f + j]), ToFloat(gu[r * 2 * f + f + j])));
   }
 }
 
@@ -125,11 +138,57 @@ __global__ void SwigluBackwardKernel(T* dgu, const T* gu, const T* dout, long n,
     const long r = idx / f;
     const int j = static_cast<int>(idx % f);
     const long gi = r * 2 * f + j, ui = gi + f;
-    const float g = ToFloat(gu[gi]), u = ToFloat(gu[ui]), dy = ToFloat(dout[idx]);
-    const float sig = 1.0f / (1.0f + expf(-g));
-    dgu[gi] = FromFloat<T>(dy * u * sig * (1.0f + g * (1.0f - sig)));
-    dgu[ui] = FromFloat<T>(dy * g * sig);
+    float dg, du;
+    SwigluGrad(ToFloat(gu[gi]), ToFloat(gu[ui]), ToFloat(dout[idx]), dg, du);
+    dgu[gi] = FromFloat<T>(dg);
+    dgu[ui] = FromFloat<T>(du);
   }
+}
+
+// The 16-byte forms (MemoryKernels::kVector): chunk c is V = kVec<T> columns [j, j + V) of row r
+// of out (n, f); f is a multiple of V, so the gate and up halves of gu hold the same chunk at
+// r·2f + j and r·2f + f + j.
+template <typename T>
+__global__ void SwigluForwardVectorKernel(T* out, const T* gu, long chunks, int f) {
+  constexpr int V = kVec<T>;
+  const int row_chunks = f / V;
+  for (long c = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
+       c += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long gate = (c / row_chunks) * 2 * f + (c % row_chunks) * V;
+    float g[V], u[V];
+    LoadVec<T>(g, gu + gate);
+    LoadVec<T>(u, gu + gate + f);
+#pragma unroll
+    for (int e = 0; e < V; ++e) g[e] = Swiglu(g[e], u[e]);
+    StoreVec<T>(out + c * V, g);
+  }
+}
+
+template <typename T>
+__global__ void SwigluBackwardVectorKernel(T* dgu, const T* gu, const T* dout, long chunks, int f) {
+  constexpr int V = kVec<T>;
+  const int row_chunks = f / V;
+  for (long c = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
+       c += static_cast<long>(gridDim.x) * blockDim.x) {
+    const long gate = (c / row_chunks) * 2 * f + (c % row_chunks) * V;
+    float g[V], u[V], dy[V], dg[V], du[V];
+    LoadVec<T>(g, gu + gate);
+    LoadVec<T>(u, gu + gate + f);
+    LoadVec<T>(dy, dout + c * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) SwigluGrad(g[e], u[e], dy[e], dg[e], du[e]);
+    StoreVec<T>(dgu + gate, dg);
+    StoreVec<T>(dgu + gate + f, du);
+  }
+}
+
+template <typename T>
+bool SwigluVectorFits(MemoryKernels kernels, int f, std::initializer_list<const void*> pointers) {
+  if (!UseVectorKernels(kernels) || f % kVec<T> != 0) return false;
+  for (const void* p : pointers) {
+    if (!Aligned16(p)) return false;
+  }
+  return true;
 }
 
 template <typename T>
@@ -147,9 +206,9 @@ cudaError_t LaunchRope(T* x, int ld, int batch, int t, int heads, int head_dim, 
 
 template <typename T>
 cudaError_t RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, int n, int c,
-                           float eps, cudaStream_t stream, NormKernels kernels) {
+                           float eps, cudaStream_t stream, MemoryKernels kernels) {
   if (n <= 0) return cudaSuccess;
-  if (UseVectorNorm(kernels)) {
+  if (UseVectorKernels(kernels)) {
     const cudaError_t e =
         NormForwardVector<T>(out, nullptr, rstd, inp, weight, nullptr, n, c, eps, stream);
     if (e != cudaErrorNotSupported) return e;  // else: the element kernel below
@@ -162,9 +221,9 @@ cudaError_t RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, i
 template <typename T>
 cudaError_t RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* weight,
                                  const float* rstd, int n, int c, cudaStream_t stream,
-                                 NormKernels kernels) {
+                                 MemoryKernels kernels) {
   if (n <= 0) return cudaSuccess;
-  if (UseVectorNorm(kernels)) {
+  if (UseVectorKernels(kernels)) {
     const cudaError_t e =
         NormBackwardInputVector<T>(dinp, dout, inp, weight, nullptr, rstd, n, c, stream);
     if (e != cudaErrorNotSupported) return e;
@@ -176,9 +235,9 @@ cudaError_t RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* 
 
 template <typename T>
 cudaError_t RmsNormBackwardWeight(float* dweight, const T* dout, const T* inp, const float* rstd,
-                                  int n, int c, cudaStream_t stream, NormKernels kernels) {
+                                  int n, int c, cudaStream_t stream, MemoryKernels kernels) {
   if (n <= 0 || c <= 0) return cudaSuccess;
-  if (UseVectorNorm(kernels)) {
+  if (UseVectorKernels(kernels)) {
     const cudaError_t e =
         NormBackwardWeightVector<T>(dweight, nullptr, dout, inp, nullptr, rstd, n, c, stream);
     if (e != cudaErrorNotSupported) return e;
@@ -204,16 +263,30 @@ cudaError_t RopeBackward(T* dx, int ld, int batch, int t, int heads, int head_di
 }
 
 template <typename T>
-cudaError_t SwigluForward(T* out, const T* gu, long n, int f, cudaStream_t stream) {
+cudaError_t SwigluForward(T* out, const T* gu, long n, int f, cudaStream_t stream,
+                          MemoryKernels kernels) {
   if (n <= 0 || f <= 0) return cudaSuccess;
+  if (SwigluVectorFits<T>(kernels, f, {out, gu})) {
+    const long chunks = n * f / kVec<T>;
+    SwigluForwardVectorKernel<T>
+        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(out, gu, chunks, f);
+    return cudaGetLastError();
+  }
   SwigluForwardKernel<T>
       <<<ElementwiseBlocks(n * f, kThreads), kThreads, 0, stream>>>(out, gu, n, f);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t SwigluBackward(T* dgu, const T* gu, const T* dout, long n, int f, cudaStream_t stream) {
+cudaError_t SwigluBackward(T* dgu, const T* gu, const T* dout, long n, int f, cudaStream_t stream,
+                           MemoryKernels kernels) {
   if (n <= 0 || f <= 0) return cudaSuccess;
+  if (SwigluVectorFits<T>(kernels, f, {dgu, gu, dout})) {
+    const long chunks = n * f / kVec<T>;
+    SwigluBackwardVectorKernel<T>
+        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(dgu, gu, dout, chunks, f);
+    return cudaGetLastError();
+  }
   SwigluBackwardKernel<T>
       <<<ElementwiseBlocks(n * f, kThreads), kThreads, 0, stream>>>(dgu, gu, dout, n, f);
   return cudaGetLastError();
@@ -221,15 +294,16 @@ cudaError_t SwigluBackward(T* dgu, const T* gu, const T* dout, long n, int f, cu
 
 #define VP_INSTANTIATE(T)                                                                      \
   template cudaError_t RmsNormForward<T>(T*, float*, const T*, const T*, int, int, float,      \
-                                         cudaStream_t, NormKernels);                           \
+                                         cudaStream_t, MemoryKernels);                         \
   template cudaError_t RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const float*, \
-                                               int, int, cudaStream_t, NormKernels);           \
+                                               int, int, cudaStream_t, MemoryKernels);         \
   template cudaError_t RmsNormBackwardWeight<T>(float*, const T*, const T*, const float*, int, \
-                                                int, cudaStream_t, NormKernels);               \
+                                                int, cudaStream_t, MemoryKernels);             \
   template cudaError_t RopeForward<T>(T*, int, int, int, int, int, int, float, cudaStream_t);  \
   template cudaError_t RopeBackward<T>(T*, int, int, int, int, int, int, float, cudaStream_t); \
-  template cudaError_t SwigluForward<T>(T*, const T*, long, int, cudaStream_t);                \
-  template cudaError_t SwigluBackward<T>(T*, const T*, const T*, long, int, cudaStream_t);
+  template cudaError_t SwigluForward<T>(T*, const T*, long, int, cudaStream_t, MemoryKernels); \
+  template cudaError_t SwigluBackward<T>(T*, const T*, const T*, long, int, cudaStream_t,      \
+                                         MemoryKernels);
 VP_INSTANTIATE(float)
 VP_INSTANTIATE(bf16)
 #undef VP_INSTANTIATE

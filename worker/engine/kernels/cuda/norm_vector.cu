@@ -1,4 +1,4 @@
-// LayerNorm and RMSNorm with 16-byte loads and stores (NormKernels::kVector): the math, the fp32
+// LayerNorm and RMSNorm with 16-byte loads and stores (MemoryKernels::kVector): the math, the fp32
 // statistics and the accumulate rules of layernorm.cu and llama.cu, for rows whose width is a
 // multiple of V = kVec<T> (4 fp32 or 8 bf16 values) on 16-byte aligned pointers.
 //
@@ -177,11 +177,6 @@ int WeightRowsPerBlock(int n) {
 }
 
 }  // namespace
-
-bool UseVectorNorm(NormKernels kernels) {
-  return (kernels == NormKernels::kDefault ? DefaultNormKernels() : kernels) ==
-         NormKernels::kVector;
-}
 
 template <typename T>
 cudaError_t NormForwardVector(T* out, float* mean, float* rstd, const T* inp, const T* weight,

@@ -1,7 +1,7 @@
 // The 16-byte LayerNorm and RMSNorm kernels (norm_vector.cu), behind the LayerNorm* and RmsNorm*
-// functions of kernels.h with NormKernels::kVector (VOCABPIPE_NORM=vector). Internal to the CUDA
-// kernels: each returns cudaErrorNotSupported, launching nothing, where the shape or a pointer
-// does not allow 16-byte accesses (the caller then runs the element kernels).
+// functions of kernels.h with MemoryKernels::kVector (VOCABPIPE_MEMORY_KERNELS=vector). Internal
+// to the CUDA kernels: each returns cudaErrorNotSupported, launching nothing, where the shape or a
+// pointer does not allow 16-byte accesses (the caller then runs the element kernels).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,9 +9,6 @@
 #include "worker/engine/kernels/cuda/kernels.h"
 
 namespace vp::engine::cuda {
-
-// NormKernels::kDefault resolved: true for kVector.
-bool UseVectorNorm(NormKernels kernels);
 
 // mean == nullptr and bias == nullptr: RMSNorm (x̂ = x·rstd, eps the caller's); else LayerNorm.
 template <typename T>
