@@ -214,7 +214,8 @@ std::vector<float> Download(const Dev<T>& src) {
 }
 
 // bf16: the vector kernels (V = 8) against the element ones on the same device inputs: the same
-// math per element, so equal to within one bf16 rounding of the result (2^-8 relative).
+// math per element, so equal to within one bf16 ulp of the result (at most 2^-7 relative): an
+// fp32 rounding apart at most (the compiler may fuse a multiply-add differently), rounded to bf16.
 TEST(CudaKernels, VectorElementwiseKernelsMatchTheElementOnesInBf16) {
   SKIP_WITHOUT_DEVICE();
   const long rows = 64, c = 1024, f = 512;  // GPT-2's GELU, the residual stream, Llama's SwiGLU
@@ -249,7 +250,7 @@ TEST(CudaKernels, VectorElementwiseKernelsMatchTheElementOnesInBf16) {
   const char* names[] = {"gelu", "gelu backward", "residual", "da",
                          "db",   "bias",          "swiglu",   "swiglu backward"};
   for (size_t i = 0; i < results[0].size(); ++i) {
-    ExpectClose(results[1][i], results[0][i], 1.0 / 256, 1e-6, names[i]);
+    ExpectClose(results[1][i], results[0][i], 1.0 / 128, 1e-6, names[i]);
   }
 }
 
