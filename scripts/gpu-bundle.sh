@@ -43,7 +43,8 @@ CUDA_TESTS=(tests/unit/cuda/cuda_library_loading_test tests/unit/cuda/cuda_runti
             tests/integration/cuda_pipeline/cuda_pipeline_test tests/unit/cuda/cuda_nccl_test)
 BENCHES=(bench/cuda/cuda_bench)
 # The performance baseline's scripts (when present), beside cuda_bench in bench/.
-BENCH_SCRIPTS=(bench/cuda/perf.sh bench/cuda/torch_baseline.py bench/cuda/kernel_profile.sh)
+BENCH_SCRIPTS=(bench/cuda/perf.sh bench/cuda/torch_baseline.py bench/cuda/kernel_profile.sh
+  bench/cuda/bench_common.sh)
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   launcher=()

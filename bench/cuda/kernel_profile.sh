@@ -23,59 +23,15 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-dry_run=0
-outdir=""
-for a in "$@"; do
-  case "$a" in
-    --dry-run) dry_run=1 ;;
-    -h | --help)
-      sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-      exit 0
-      ;;
-    -*)
-      echo "kernel_profile.sh: unknown option $a" >&2
-      exit 2
-      ;;
-    *)
-      [[ -z "$outdir" ]] || {
-        echo "kernel_profile.sh: one OUTDIR only" >&2
-        exit 2
-      }
-      outdir=$a
-      ;;
-  esac
-done
-[[ -n "$outdir" ]] || {
-  echo "usage: kernel_profile.sh [--dry-run] OUTDIR" >&2
-  exit 2
-}
-mkdir -p "$outdir" || exit 2
-
-read -r -a bin_env <<< "${VP_BIN_ENV:-}"
-python=${PYTHON:-python3}
-py_env=()
-if [[ -n "${VP_HOST_LD_LIBRARY_PATH+x}" ]]; then
-  if [[ -n "$VP_HOST_LD_LIBRARY_PATH" ]]; then
-    py_env=(env "LD_LIBRARY_PATH=$VP_HOST_LD_LIBRARY_PATH")
-  else
-    py_env=(env -u LD_LIBRARY_PATH)
-  fi
-fi
-bench=${CUDA_BENCH:-}
-if [[ -z "$bench" ]]; then
-  for c in "$here/cuda_bench" "$here/../../build-cuda/bench/cuda/cuda_bench" \
-    "$here/../../build/bench/cuda/cuda_bench"; do
-    if [[ -x "$c" ]]; then
-      bench=$c
-      break
-    fi
-  done
-fi
+# shellcheck source=bench/cuda/bench_common.sh
+. "$here/bench_common.sh"
+parse_bench_options kernel_profile.sh "kernel_profile.sh [--dry-run] OUTDIR" 0 "$@"
+bench_programs "$here"
 ncu=${NCU:-}
 if [[ -z "$ncu" ]]; then
   ncu=$(command -v ncu 2> /dev/null)
   if [[ -z "$ncu" ]]; then
-    for c in $(ls -d /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | sort -V -r) \
+    for c in $(printf "%s\n" /opt/nvidia/nsight-compute/*/ncu | sort -V -r) \
       /usr/local/cuda/bin/ncu; do
       if [[ -x "$c" ]]; then
         ncu=$c

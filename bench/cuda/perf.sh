@@ -58,62 +58,16 @@
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-dry_run=0
-quick=0
-outdir=""
-for a in "$@"; do
-  case "$a" in
-    --dry-run) dry_run=1 ;;
-    --quick) quick=1 ;;
-    -h | --help)
-      sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
-      exit 0
-      ;;
-    -*)
-      echo "perf.sh: unknown option $a" >&2
-      exit 2
-      ;;
-    *)
-      [[ -z "$outdir" ]] || {
-        echo "perf.sh: one OUTDIR only" >&2
-        exit 2
-      }
-      outdir=$a
-      ;;
-  esac
-done
-[[ -n "$outdir" ]] || {
-  echo "usage: perf.sh OUTDIR [--quick] | perf.sh --dry-run OUTDIR" >&2
-  exit 2
-}
-mkdir -p "$outdir" || exit 2
-outdir=$(cd "$outdir" && pwd)
+# shellcheck source=bench/cuda/bench_common.sh
+. "$here/bench_common.sh"
+parse_bench_options perf.sh "perf.sh OUTDIR [--quick] | perf.sh --dry-run OUTDIR" 1 "$@"
 
 budget=${PERF_BUDGET_S:-130}
 read -r -a variants <<< "${PERF_VARIANTS-pipelined:VOCABPIPE_ATTENTION=flash-pipelined vector:VOCABPIPE_MEMORY_KERNELS=vector all:VOCABPIPE_ATTENTION=flash-pipelined,VOCABPIPE_MEMORY_KERNELS=vector,VOCABPIPE_GEMM_EPILOGUE=bias}"
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
-read -r -a bin_env <<< "${VP_BIN_ENV:-}"
-python=${PYTHON:-python3}
-py_env=()
-if [[ -n "${VP_HOST_LD_LIBRARY_PATH+x}" ]]; then
-  if [[ -n "$VP_HOST_LD_LIBRARY_PATH" ]]; then
-    py_env=(env "LD_LIBRARY_PATH=$VP_HOST_LD_LIBRARY_PATH")
-  else
-    py_env=(env -u LD_LIBRARY_PATH)
-  fi
-fi
+bench_programs "$here"
 baseline=$here/torch_baseline.py
-bench=${CUDA_BENCH:-}
-if [[ -z "$bench" ]]; then
-  for c in "$here/cuda_bench" "$here/../../build-cuda/bench/cuda/cuda_bench" \
-    "$here/../../build/bench/cuda/cuda_bench"; do
-    if [[ -x "$c" ]]; then
-      bench=$c
-      break
-    fi
-  done
-fi
 if ((quick)); then
   warmup=1 iters=2 sections=peak,layer,output,step
 else

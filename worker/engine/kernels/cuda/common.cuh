@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "worker/engine/kernels/cuda/kernels.h"
 
@@ -79,11 +80,24 @@ __device__ __forceinline__ void StoreVec(T* p, const float (&src)[kVec<T>]) {
 }
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+// Every pointer of the list 16-byte aligned (a null one, an absent operand, passes).
+inline bool Aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (p != nullptr && !Aligned16(p)) return false;
+  }
+  return true;
+}
 
 // MemoryKernels::kDefault resolved (VOCABPIPE_MEMORY_KERNELS): true for the 16-byte kernels.
 inline bool UseVectorKernels(MemoryKernels kernels) {
   return (kernels == MemoryKernels::kDefault ? DefaultMemoryKernels() : kernels) ==
          MemoryKernels::kVector;
+}
+// The 16-byte form of an elementwise kernel runs: asked for, `count` (the elements, or a row's
+// width) a multiple of kVec<T>, and every pointer 16-byte aligned.
+template <typename T>
+bool VectorFits(MemoryKernels kernels, long count, std::initializer_list<const void*> pointers) {
+  return UseVectorKernels(kernels) && count % kVec<T> == 0 && Aligned16(pointers);
 }
 
 inline unsigned CeilDiv(long a, long b) { return static_cast<unsigned>((a + b - 1) / b); }

@@ -4,7 +4,6 @@
 // per-element math), used where the sizes are multiples of V and the pointers 16-byte aligned.
 #include <cmath>
 #include <cstdlib>
-#include <initializer_list>
 #include <string_view>
 
 #include "worker/engine/kernels/cuda/common.cuh"
@@ -148,45 +147,37 @@ __global__ void ColumnSumKernel(float* dbias, const T* dout, int n, int c, int r
 
 // ---- The 16-byte forms: chunk c covers elements [c·V, c·V + V), V = kVec<T>.
 
-template <typename T>
-__global__ void GeluForwardVectorKernel(T* out, const T* inp, long chunks) {
+// out = op(a, b) element by element (b null: op(a, 0)), 16 bytes at a time: GELU, its gradient
+// and the residual add, with the same per-element functions as the element kernels.
+template <typename T, typename Op>
+__global__ void MapVectorKernel(T* out, const T* a, const T* b, long chunks, Op op) {
   constexpr int V = kVec<T>;
   for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
        c += static_cast<long>(gridDim.x) * blockDim.x) {
-    float x[V];
-    LoadVec<T>(x, inp + c * V);
-#pragma unroll
-    for (int e = 0; e < V; ++e) x[e] = Gelu(x[e]);
-    StoreVec<T>(out + c * V, x);
-  }
-}
-
-template <typename T>
-__global__ void GeluBackwardVectorKernel(T* dinp, const T* inp, const T* dout, long chunks) {
-  constexpr int V = kVec<T>;
-  for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
-       c += static_cast<long>(gridDim.x) * blockDim.x) {
-    float x[V], dy[V];
-    LoadVec<T>(x, inp + c * V);
-    LoadVec<T>(dy, dout + c * V);
-#pragma unroll
-    for (int e = 0; e < V; ++e) dy[e] = GeluGrad(x[e], dy[e]);
-    StoreVec<T>(dinp + c * V, dy);
-  }
-}
-
-template <typename T>
-__global__ void ResidualForwardVectorKernel(T* out, const T* a, const T* b, long chunks) {
-  constexpr int V = kVec<T>;
-  for (long c = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; c < chunks;
-       c += static_cast<long>(gridDim.x) * blockDim.x) {
-    float x[V], y[V];
+    float x[V], y[V] = {};
     LoadVec<T>(x, a + c * V);
-    LoadVec<T>(y, b + c * V);
+    if (b != nullptr) LoadVec<T>(y, b + c * V);
 #pragma unroll
-    for (int e = 0; e < V; ++e) x[e] += y[e];
+    for (int e = 0; e < V; ++e) x[e] = op(x[e], y[e]);
     StoreVec<T>(out + c * V, x);
   }
+}
+struct GeluOp {
+  __device__ float operator()(float x, float) const { return Gelu(x); }
+};
+struct GeluGradOp {  // a = inp, b = dout
+  __device__ float operator()(float x, float dy) const { return GeluGrad(x, dy); }
+};
+struct AddOp {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
+
+template <typename T, typename Op>
+cudaError_t LaunchMapVector(T* out, const T* a, const T* b, long n, cudaStream_t stream, Op op) {
+  const long chunks = n / kVec<T>;
+  MapVectorKernel<T, Op>
+      <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(out, a, b, chunks, op);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -221,17 +212,6 @@ __global__ void AddBiasVectorKernel(T* out, const T* bias, long chunks, int row_
     for (int e = 0; e < V; ++e) x[e] += b[e];
     StoreVec<T>(out + c * V, x);
   }
-}
-
-// The vector kernels run when asked for and n (and the row width) are multiples of V with every
-// pointer 16-byte aligned.
-template <typename T>
-bool VectorFits(MemoryKernels kernels, long n, std::initializer_list<const void*> pointers) {
-  if (!UseVectorKernels(kernels) || n % kVec<T> != 0) return false;
-  for (const void* p : pointers) {
-    if (!Aligned16(p)) return false;
-  }
-  return true;
 }
 
 __global__ void FloatToBf16Kernel(__nv_bfloat16* out, const float* inp, long n) {
@@ -316,10 +296,7 @@ MemoryKernels DefaultMemoryKernels() {
 template <typename T>
 cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream, MemoryKernels kernels) {
   if (VectorFits<T>(kernels, n, {out, inp})) {
-    const long chunks = n / kVec<T>;
-    GeluForwardVectorKernel<T>
-        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(out, inp, chunks);
-    return cudaGetLastError();
+    return LaunchMapVector<T>(out, inp, nullptr, n, stream, GeluOp{});
   }
   GeluForwardKernel<T><<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, inp, n);
   return cudaGetLastError();
@@ -329,10 +306,7 @@ template <typename T>
 cudaError_t GeluBackward(T* dinp, const T* inp, const T* dout, long n, cudaStream_t stream,
                          MemoryKernels kernels) {
   if (VectorFits<T>(kernels, n, {dinp, inp, dout})) {
-    const long chunks = n / kVec<T>;
-    GeluBackwardVectorKernel<T>
-        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, chunks);
-    return cudaGetLastError();
+    return LaunchMapVector<T>(dinp, inp, dout, n, stream, GeluGradOp{});
   }
   GeluBackwardKernel<T>
       <<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n);
@@ -343,10 +317,7 @@ template <typename T>
 cudaError_t ResidualForward(T* out, const T* a, const T* b, long n, cudaStream_t stream,
                             MemoryKernels kernels) {
   if (VectorFits<T>(kernels, n, {out, a, b})) {
-    const long chunks = n / kVec<T>;
-    ResidualForwardVectorKernel<T>
-        <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(out, a, b, chunks);
-    return cudaGetLastError();
+    return LaunchMapVector<T>(out, a, b, n, stream, AddOp{});
   }
   ResidualForwardKernel<T><<<ElementwiseBlocks(n, kThreads), kThreads, 0, stream>>>(out, a, b, n);
   return cudaGetLastError();

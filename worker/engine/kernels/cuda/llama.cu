@@ -7,8 +7,6 @@
 // CPU forms them (pos · theta^(−2i/d), then cos/sin rounded to float once), so a chunk that
 // starts mid-sequence rotates bit-for-bit like the CPU does. SwiGLU: one thread per column, or
 // per 16 bytes of columns (MemoryKernels::kVector).
-#include <initializer_list>
-
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/norm_vector.h"
@@ -183,15 +181,6 @@ __global__ void SwigluBackwardVectorKernel(T* dgu, const T* gu, const T* dout, l
 }
 
 template <typename T>
-bool SwigluVectorFits(MemoryKernels kernels, int f, std::initializer_list<const void*> pointers) {
-  if (!UseVectorKernels(kernels) || f % kVec<T> != 0) return false;
-  for (const void* p : pointers) {
-    if (!Aligned16(p)) return false;
-  }
-  return true;
-}
-
-template <typename T>
 cudaError_t LaunchRope(T* x, int ld, int batch, int t, int heads, int head_dim, int start_pos,
                        float theta, float sign, cudaStream_t stream) {
   if (head_dim % 2 != 0 || head_dim <= 0 || start_pos < 0) return cudaErrorInvalidValue;
@@ -266,7 +255,7 @@ template <typename T>
 cudaError_t SwigluForward(T* out, const T* gu, long n, int f, cudaStream_t stream,
                           MemoryKernels kernels) {
   if (n <= 0 || f <= 0) return cudaSuccess;
-  if (SwigluVectorFits<T>(kernels, f, {out, gu})) {
+  if (VectorFits<T>(kernels, f, {out, gu})) {
     const long chunks = n * f / kVec<T>;
     SwigluForwardVectorKernel<T>
         <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(out, gu, chunks, f);
@@ -281,7 +270,7 @@ template <typename T>
 cudaError_t SwigluBackward(T* dgu, const T* gu, const T* dout, long n, int f, cudaStream_t stream,
                            MemoryKernels kernels) {
   if (n <= 0 || f <= 0) return cudaSuccess;
-  if (SwigluVectorFits<T>(kernels, f, {dgu, gu, dout})) {
+  if (VectorFits<T>(kernels, f, {dgu, gu, dout})) {
     const long chunks = n * f / kVec<T>;
     SwigluBackwardVectorKernel<T>
         <<<ElementwiseBlocks(chunks, kThreads), kThreads, 0, stream>>>(dgu, gu, dout, chunks, f);

@@ -26,11 +26,7 @@ constexpr int kRowsPerBlock = 8;  // warps per block (forward, input gradient)
 
 template <typename T>
 bool VectorShape(int c, std::initializer_list<const void*> pointers) {
-  if (c % kVec<T> != 0) return false;
-  for (const void* p : pointers) {
-    if (p != nullptr && !Aligned16(p)) return false;
-  }
-  return true;
+  return c % kVec<T> == 0 && Aligned16(pointers);
 }
 
 template <typename T, bool kLayerNorm>
