@@ -27,9 +27,10 @@
 #   3. `vocabpipe run` p = 1 fp32 (200 steps) through the control plane;
 #   4. cuda_pipeline_test;
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
-#      d = 2 × p = 2 and t = 2 × p = 2 on the one GPU (SKIP while validation refuses them),
+#      d = 2 × p = 2 and t = 2 × p = 2 on the one GPU (while validation refuses them on cuda:
+#      with VOCABPIPE_UNVERIFIED_CUDA once their cuda_pipeline_test cases passed, else SKIP),
 #      then the layer stack and the bf16 job with the pipelined flash attention kernels
-#      (VOCABPIPE_ATTENTION=flash-pipelined; the flash ones are the default), the 16-byte norm
+#      (VOCABPIPE_ATTENTION=flash-pipelined; the flash ones are the default), the 16-byte
 #      memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector) and the cuBLASLt bias epilogue
 #      (VOCABPIPE_GEMM_EPILOGUE=bias), each opt-in;
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
