@@ -825,6 +825,63 @@ TEST(CudaKernels, OutputLayerSThenTMatchesReference) {
   for (int i = valid * h; i < rows * h; ++i) ASSERT_EQ(dw_got[i], 0.0f) << "padding row written";
 }
 
+// The S and T row kernels, both sets, against a float64 softmax of the same logits: rows of
+// 1000 (16-byte accesses in fp32 and bf16; valid 997 leaves padding inside the last chunk) and
+// 1002 (the vector kernels fall back), labels inside the shard, at its last valid row and
+// absent (−1), and a shard with no valid rows.
+TEST(CudaKernels, VocabSoftmaxRowKernelsMatchAFloat64Softmax) {
+  SKIP_WITHOUT_DEVICE();
+  const int n = 6;
+  const float d = 0.25f;
+  const std::vector<int32_t> label = {3, -1, 996, 0, 500, -1};
+  for (MemoryKernels kernels : {MemoryKernels::kElement, MemoryKernels::kVector}) {
+    for (const int64_t rows : {int64_t{1000}, int64_t{1002}}) {
+      for (const int64_t valid : {rows - 3, int64_t{0}}) {
+        SCOPED_TRACE(std::string(kernels == MemoryKernels::kVector ? "vector" : "element") +
+                     " kernels, rows " + std::to_string(rows) + ", valid " + std::to_string(valid));
+        auto logits = Random(size_t(n) * rows, 40, 4.0f);
+        std::vector<float> mx(n), sum(n), z(n), probs(size_t(n) * rows, 0.0f), grad;
+        const std::vector<float> scale = {1.0f, 0.5f, 2.0f, 1.5f, 0.75f, 1.0f};
+        for (int i = 0; i < n; ++i) {
+          double m = -INFINITY, total = 0;
+          for (int64_t j = 0; j < valid; ++j) m = std::max<double>(m, logits[i * rows + j]);
+          for (int64_t j = 0; j < valid; ++j) total += std::exp(logits[i * rows + j] - m);
+          mx[i] = valid > 0 ? float(m) : -INFINITY;
+          sum[i] = float(total);
+          const bool local = valid > 0 && label[i] >= 0;
+          z[i] = local ? float(logits[i * rows + label[i]] - m) : 0.0f;
+          for (int64_t j = 0; j < valid; ++j) {
+            probs[i * rows + j] = float(std::exp(logits[i * rows + j] - m) / total);
+          }
+        }
+        grad = probs;
+        for (int i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < valid; ++j) {
+            grad[i * rows + j] = probs[i * rows + j] * d * scale[i] - (j == label[i] ? d : 0.0f);
+          }
+        }
+        Dev<float> gy(logits), gmx(n), gsum(n), gz(n), gscale(scale);
+        Dev<int32_t> glabel(label);
+        ASSERT_EQ(VocabSoftmaxForward(gy.p, gmx.p, gsum.p, gz.p, glabel.p, n, rows, valid, nullptr,
+                                      kernels),
+                  cudaSuccess);
+        if (valid > 0) {
+          ExpectClose(gmx.Get(), mx, 0, 0, "m'");
+        } else {
+          for (float m : gmx.Get()) EXPECT_EQ(m, -INFINITY) << "m' of a shard with no rows";
+        }
+        ExpectClose(gsum.Get(), sum, 1e-5, 0, "s'");
+        ExpectClose(gz.Get(), z, 1e-6, 1e-6, "label logit − m'");
+        ExpectClose(gy.Get(), probs, 1e-5, 1e-9, "P' (padding 0)");
+        ASSERT_EQ(
+            VocabSoftmaxBackward(gy.p, gscale.p, glabel.p, d, n, rows, valid, nullptr, kernels),
+            cudaSuccess);
+        ExpectClose(gy.Get(), grad, 1e-5, 1e-8, "d·scale·P' − d·onehot");
+      }
+    }
+  }
+}
+
 TEST(CudaKernels, AdamWMatchesCpuOptimizer) {
   SKIP_WITHOUT_DEVICE();
   const size_t count = 1000;

@@ -66,14 +66,14 @@ cudaError_t PositionEmbeddingBackward(float* dwpe,  // (>= start_pos + t, c)
 
 // ---------------------------------------------------------------------------------------------
 // Which kernels run the memory-bound passes: LayerNorm and RMSNorm, GELU, SwiGLU, the residual
-// adds and the bias add. kElement: one element per thread (a row's elements per lane of one warp
-// for the norms) with 2- or 4-byte accesses (layernorm.cu, llama.cu, elementwise.cu). kVector:
-// the same math with 16-byte loads and stores, 8 bf16 or 4 fp32 values at a time (norm_vector.cu
-// and the vector kernels beside each element one), where the width is a multiple of 16 bytes and
-// every pointer is 16-byte aligned, else kElement. Statistics, accumulation order within an
-// element, and the CPU tolerances are the same. kDefault: the VOCABPIPE_MEMORY_KERNELS
-// environment variable ("element" or "vector"), else kElement until the vector kernels have
-// passed on a GPU.
+// adds, the bias add and the output layer's softmax rows (VocabSoftmaxForward/Backward). kElement:
+// one element per thread (a row's elements per lane of one warp for the norms) with 2- or 4-byte
+// accesses (layernorm.cu, llama.cu, elementwise.cu). kVector: the same math with 16-byte loads and
+// stores, 8 bf16 or 4 fp32 values at a time (norm_vector.cu and the vector kernels beside each
+// element one), where the width is a multiple of 16 bytes and every pointer is 16-byte aligned,
+// else kElement. Statistics, accumulation order within an element, and the CPU tolerances are the
+// same. kDefault: the VOCABPIPE_MEMORY_KERNELS environment variable ("element" or "vector"), else
+// kElement until the vector kernels have passed on a GPU.
 enum class MemoryKernels { kDefault, kElement, kVector };
 // The kernels kDefault resolves to now (reads VOCABPIPE_MEMORY_KERNELS).
 MemoryKernels DefaultMemoryKernels();
@@ -283,7 +283,8 @@ cudaError_t VocabSoftmaxForward(T* probs,                    // (n, rows) logits
                                 float* local_sum,            // (n)
                                 float* label_logit,          // (n)
                                 const int32_t* local_label,  // (n)
-                                int n, int64_t rows, int64_t valid, cudaStream_t stream);
+                                int n, int64_t rows, int64_t valid, cudaStream_t stream,
+                                MemoryKernels kernels = MemoryKernels::kDefault);
 
 // C1, before the sum all-reduce (global_max already all-reduced with max):
 //   scale[i] = s'·exp(m' − m);  sums[i] = scale[i];  sums[n+i] = z + m' − m where local, else 0.
@@ -313,7 +314,8 @@ template <typename T>
 cudaError_t VocabSoftmaxBackward(T* probs,                    // (n, rows)
                                  const float* scale,          // (n)
                                  const int32_t* local_label,  // (n)
-                                 float d, int n, int64_t rows, int64_t valid, cudaStream_t stream);
+                                 float d, int n, int64_t rows, int64_t valid, cudaStream_t stream,
+                                 MemoryKernels kernels = MemoryKernels::kDefault);
 
 // ---------------------------------------------------------------------------------------------
 // AdamW (torch semantics, same as vp::engine::AdamW::Step) on fp32 master weights, writing the
