@@ -39,11 +39,11 @@
 # Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries ("" for none);
 # by default pipelined (VOCABPIPE_ATTENTION=flash-pipelined: the flash kernels with cp.async
 # double buffering and ldmatrix operands), vector (VOCABPIPE_MEMORY_KERNELS=vector: 16-byte
-# norm, GELU, SwiGLU, residual and bias kernels) and all (both with VOCABPIPE_GEMM_EPILOGUE=bias, the linear layers' bias in
-# the cuBLASLt epilogue, whose own gain runs 3 and 4 measured); about 12 s a variant for the
-# three models. Each runs cuda_bench's layer, attention and step sections for every model with
-# those variables set (the peak measured above; the output layer is the baseline's), as the
-# table row MODEL+NAME.
+# norm, GELU, SwiGLU, residual, bias and output-layer softmax kernels) and all (both with
+# VOCABPIPE_GEMM_EPILOGUE=bias, the linear layers' bias in the cuBLASLt epilogue, whose own gain
+# runs 3 and 4 measured); about 15 s a variant for the three models. Each runs cuda_bench's
+# layer, output, attention and step sections for every model with those variables set (the peak
+# measured above), as the table row MODEL+NAME.
 #
 # Environment:
 #   VP_BIN_ENV               prefix for our binaries, e.g. "env LD_LIBRARY_PATH=/x/lib" (split
@@ -166,7 +166,7 @@ if ((dry_run)); then
       continue
     }
     echo "  would run variant ${v%%:*}: env ${v#*:} (commas: separate variables) ... $bench" \
-      "--sections=layer,attention,step ... for ${models[*]}"
+      "--sections=layer,output,attention,step ... for ${models[*]}"
   done
   echo "  would run: timeout ... ${py_env[*]} $python $baseline --models $(
     IFS=,
@@ -220,8 +220,8 @@ for v in "${variants[@]}"; do
     extra=()
     [[ -n "$peak" ]] && extra=(--peak="$peak")
     # shellcheck disable=SC2086  # flags are words
-    run "cuda_bench $m+$name" 20 "$outdir/cuda_bench-$m+$name.log" env "${assigns[@]}" \
-      "${bin_env[@]}" "$bench" --sections=layer,attention,step --warmup=$warmup \
+    run "cuda_bench $m+$name" 25 "$outdir/cuda_bench-$m+$name.log" env "${assigns[@]}" \
+      "${bin_env[@]}" "$bench" --sections=layer,output,attention,step --warmup=$warmup \
       --iters=$iters $flags "${extra[@]}"
     rows+=("$m+$name")
   done
@@ -258,7 +258,7 @@ or_dash() { [[ -n "$1" ]] && echo "$1" || echo "-"; }
   echo "layerF/layerBW: DeviceLayerStack forward, backward (B+W); outS+T: output layer S+C1+T" \
     "(Algorithm 2); vp: cuda_bench step (runtime passes, p = 1); pt: torch autocast bf16 +" \
     "fp32 master, fused AdamW, SDPA. GiB: peak allocated / reserved over the timed steps." \
-    "MODEL+NAME: the variant NAME (PERF_VARIANTS: ${variants[*]:-none}); outS+T is not rerun."
+    "MODEL+NAME: the variant NAME (PERF_VARIANTS: ${variants[*]:-none})."
   echo "where the time goes (one profiled pass after the timed ones, CUDA events per phase; %" \
     "of the pass's device time; idle = the stream waiting after a sync):"
   for m in "${rows[@]}"; do
