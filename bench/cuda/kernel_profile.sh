@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Nsight Compute (ncu) profiles of the layer's hand-written kernels on the GPU host: the flash
-# attention kernels and the LayerNorm kernels of one GPT-2 layer at gpt2-50k's shape (h 2048,
-# 16 heads of 128, s 2048, b 2; perf.sh's first model), forward, backward input and weight
-# passes (cuda_bench --sections=layer --layers=1), once with the default kernels and once with
-# the opt-in ones (VOCABPIPE_ATTENTION=flash-pipelined, VOCABPIPE_MEMORY_KERNELS=vector). Per kernel: speed
+# Nsight Compute (ncu) profiles of the hand-written kernels on the GPU host: the flash attention
+# and LayerNorm kernels of one GPT-2 layer at gpt2-50k's shape (h 2048, 16 heads of 128, s 2048,
+# b 2; perf.sh's first model) in its forward, backward input and weight passes, and the output
+# layer's softmax rows in its S and T passes (V 50304, Algorithm 2; cuda_bench
+# --sections=layer,output --layers=1), once with the default kernels and once with the opt-in
+# ones (VOCABPIPE_ATTENTION=flash-pipelined, VOCABPIPE_MEMORY_KERNELS=vector). Per kernel: speed
 # of light, occupancy, launch statistics, warp states (what the warps stall on), memory and
 # compute workload, shared-memory bank conflicts, and ncu's own advice. perf.sh says how long a
 # kernel takes; this says why (global-memory latency, shared-memory bandwidth, occupancy), so the
@@ -58,13 +59,14 @@ flags=$("${py_env[@]}" "$python" "$here/torch_baseline.py" --cuda-bench-flags gp
 }
 
 # One layer's F, B and W with one timed iteration: 2 LayerNorm forwards, the flash forward, the
-# delta kernel, the dK/dV and dQ kernels, 2 LayerNorm input and 2 weight gradients. The regex
-# matches the kernels' function names; 12 launches cover them once with room for the layer
-# section's finiteness checks.
+# delta kernel, the dK/dV and dQ kernels, 2 LayerNorm input and 2 weight gradients; then the
+# output layer's S and T: the softmax row kernels. The regex matches the kernels' function names;
+# 14 launches cover each once.
 # shellcheck disable=SC2206  # flags are words
-bench_cmd=("${bin_env[@]}" "$bench" --sections=layer --warmup=0 --iters=1 $flags --layers=1)
+bench_cmd=("${bin_env[@]}" "$bench" --sections=layer,output --algorithm=2 --warmup=0 --iters=1
+  $flags --layers=1)
 ncu_opts=(--clock-control none --kernel-name-base function
-  --kernel-name "regex:Flash|Norm|AttentionDelta" --launch-count 12
+  --kernel-name "regex:Flash|Norm|AttentionDelta|VocabSoftmax" --launch-count 14
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
   --section SchedulerStats --section MemoryWorkloadAnalysis
   --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis)
