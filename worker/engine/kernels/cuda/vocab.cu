@@ -16,6 +16,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// A shard with no valid rows: m' = −inf, s' = 0 and no label logit, so C1 adds exactly 0.
+__device__ __forceinline__ void EmptyShardStatistics(float* local_max, float* local_sum,
+                                                     float* label_logit, int i) {
+  local_max[i] = -INFINITY;
+  local_sum[i] = 0.0f;
+  label_logit[i] = 0.0f;
+}
+
 template <typename T>
 __global__ void VocabSoftmaxForwardKernel(T* probs, float* local_max, float* local_sum,
                                           float* label_logit, const int32_t* local_label,
@@ -28,11 +36,7 @@ __global__ void VocabSoftmaxForwardKernel(T* probs, float* local_max, float* loc
   mx = BlockMax(mx, red);
   if (valid == 0) {
     for (int64_t j = threadIdx.x; j < rows; j += blockDim.x) y[j] = FromFloat<T>(0.0f);
-    if (threadIdx.x == 0) {
-      local_max[i] = -INFINITY;
-      local_sum[i] = 0.0f;
-      label_logit[i] = 0.0f;
-    }
+    if (threadIdx.x == 0) EmptyShardStatistics(local_max, local_sum, label_logit, i);
     return;
   }
   const int32_t label = local_label[i];
@@ -68,11 +72,7 @@ __global__ void VocabSoftmaxForwardVectorKernel(T* probs, float* local_max, floa
   if (valid == 0) {
     float zero[V] = {};
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) StoreVec<T>(y + c * V, zero);
-    if (threadIdx.x == 0) {
-      local_max[i] = -INFINITY;
-      local_sum[i] = 0.0f;
-      label_logit[i] = 0.0f;
-    }
+    if (threadIdx.x == 0) EmptyShardStatistics(local_max, local_sum, label_logit, i);
     return;
   }
   const int32_t label = local_label[i];
