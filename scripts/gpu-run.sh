@@ -425,11 +425,18 @@ gtest_passed() {
 # runs with VOCABPIPE_UNVERIFIED_CUDA=PATH (the operator's switch that accepts the path), so one
 # command both tests the path and runs it end to end; else a SKIP naming the rule. After the rule
 # is lifted, the job as any other. `vocabpipe plan` validates offline in a moment.
+# gated_refused NAME: validation still refuses NAME's spec on cuda until its GPU tests pass;
+# `vocabpipe plan`'s exit status in VALIDATION_RC, its output in e2e-NAME-validation.log.
+gated_refused() {
+  local log="$LOGS/e2e-$1-validation.log"
+  capped 20 "${VP[@]}" plan "$WORK/$1.yaml" > "$log" 2>&1
+  VALIDATION_RC=$?
+  ((VALIDATION_RC == 2)) && grep -q "has not run on a GPU yet" "$log"
+}
 run_gated_job() {
-  local n=$1 path=$2 cap=$3 test_log=$4 log="$LOGS/e2e-$1-validation.log"
+  local n=$1 path=$2 cap=$3 test_log=$4
   shift 4
-  capped 20 "${VP[@]}" plan "$WORK/$n.yaml" > "$log" 2>&1
-  if (($? == 2)) && grep -q "has not run on a GPU yet" "$log"; then
+  if gated_refused "$n"; then
     if ! gtest_passed "$test_log" "$@"; then
       result SKIP "e2e-$n" "refused at submit, and its GPU tests did not all pass here: $*"
       return
@@ -458,14 +465,12 @@ if ((DRY)); then
   fi
   # The gated jobs: refused at submit while their rule stands (SKIP), or valid (PASS).
   for n in gpu-d2-p2 gpu-t2-p2; do
-    capped 20 "${VP[@]}" plan "$WORK/$n.yaml" > "$LOGS/e2e-$n-validation.log" 2>&1
-    rc=$?
-    if ((rc == 2)) && grep -q "has not run on a GPU yet" "$LOGS/e2e-$n-validation.log"; then
+    if gated_refused "$n"; then
       result SKIP "e2e-$n" "refused at submit until its GPU tests pass"
-    elif ((rc == 0)); then
+    elif ((VALIDATION_RC == 0)); then
       result PASS "e2e-$n-validation" "accepted (its rule is lifted)"
     else
-      result FAIL "e2e-$n-validation" "exit $rc: $(tail -1 "$LOGS/e2e-$n-validation.log")" \
+      result FAIL "e2e-$n-validation" "exit $VALIDATION_RC: $(tail -1 "$LOGS/e2e-$n-validation.log")" \
         "$LOGS/e2e-$n-validation.log"
     fi
   done

@@ -74,12 +74,8 @@ int main(int argc, char** argv) {
     const bool number = absl::SimpleAtod(v, &x) && x > 0;
     if (a == "--listen") {
       listen = v;
-    } else if (a == "--tls-cert") {
-      server_options.tls.cert = v;
-    } else if (a == "--tls-key") {
-      server_options.tls.key = v;
-    } else if (a == "--tls-ca") {
-      server_options.tls.ca = v;
+    } else if (vp::auth::SetTlsFlag(a, v, server_options.tls)) {
+      // --tls-ca, --tls-cert or --tls-key: stored
     } else if (a == "--tokens") {
       tokens_path = v;
     } else if (a == "--revoked") {

@@ -78,16 +78,30 @@ bool IsLoopbackAddress(const std::string& address) {
   return IsLoopbackHost(host);
 }
 
+bool SetTlsFlag(const std::string& flag, const std::string& value, TlsFiles& files) {
+  std::string* file = flag == "--tls-ca"     ? &files.ca
+                      : flag == "--tls-cert" ? &files.cert
+                      : flag == "--tls-key"  ? &files.key
+                                             : nullptr;
+  if (file == nullptr) return false;
+  *file = value;
+  return true;
+}
+
+std::vector<std::string> TlsFlags(const TlsFiles& files) {
+  return {"--tls-ca", files.ca, "--tls-cert", files.cert, "--tls-key", files.key};
+}
+
 absl::Status CheckInsecure(const TlsFiles& files, const std::string& address,
                            const std::string& what) {
   if (files.any()) {
     return absl::InvalidArgumentError("--insecure: excludes --tls-cert, --tls-key and --tls-ca");
   }
   if (!IsLoopbackAddress(address)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--insecure: only on loopback, but ", what, " is \"", address,
-        "\" (use a numeric 127.x.y.z or ::1, localhost, or unix:PATH; or TLS: "
-        "--tls-cert/--tls-key/--tls-ca)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--insecure: only on loopback, but ", what, " is \"", address,
+                     "\" (use a numeric 127.x.y.z or ::1, localhost, or unix:PATH; or TLS: "
+                     "--tls-cert/--tls-key/--tls-ca)"));
   }
   return absl::OkStatus();
 }

@@ -37,6 +37,11 @@ struct TlsFiles {
   std::string cert, key, ca;
   bool any() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
+// The command-line flags of TlsFiles: SetTlsFlag stores `value` as the file of `flag` when it is
+// --tls-ca, --tls-cert or --tls-key (false for any other flag, nothing stored); TlsFlags gives
+// the three flags and their files for a child process's command line.
+bool SetTlsFlag(const std::string& flag, const std::string& value, TlsFiles& files);
+std::vector<std::string> TlsFlags(const TlsFiles& files);
 
 // A host that is this machine by its form alone: the name "localhost", or a numeric IPv4
 // address in 127.0.0.0/8 or the IPv6 address ::1 (also as ::ffff:127.x.y.z), parsed with

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/planner_fixtures.h"
 #include "worker/engine/model/rank_model.h"
+#include "worker/runtime/pipeline_rank.h"
 #include "worker/runtime/trainer.h"
 
 namespace vp::runtime::fixtures {
@@ -141,6 +143,21 @@ inline void ExpectWeightsNear(const Weights& want, const Weights& got, double to
     }
     EXPECT_LE(worst, tol) << name;
   }
+}
+
+// A created rank (or its creation error) trained over steps [first, last) with `batches`,
+// `on_step` called after each step: the first error as text, "" when every step ran — what a
+// thread of a rank grid stores in its rank's error slot.
+inline std::string TrainRank(const absl::StatusOr<std::unique_ptr<PipelineRank>>& rank,
+                             int64_t first, int64_t last, const BatchFn& batches,
+                             const std::function<void(const RankStepResult&)>& on_step) {
+  if (!rank.ok()) return rank.status().ToString();
+  for (int64_t step = first; step < last; ++step) {
+    absl::StatusOr<RankStepResult> res = (*rank)->Step(step, batches);
+    if (!res.ok()) return res.status().ToString();
+    on_step(*res);
+  }
+  return "";
 }
 
 }  // namespace vp::runtime::fixtures

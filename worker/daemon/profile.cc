@@ -423,13 +423,9 @@ absl::StatusOr<v1::PassCosts> ProfileInChild(const v1::ProfileTask& task,
   if (task.tensor_size() > 1 && !options.store_address.empty()) {
     // A tensor group's profile meets in the coordinator's store, over the daemon's own channel
     // security (as a rank does).
-    args.insert(args.end(), {"--store", options.store_address, "--hostname", options.hostname});
-    if (options.insecure) {
-      args.push_back("--insecure");
-    } else {
-      args.insert(args.end(), {"--tls-ca", options.tls.ca, "--tls-cert", options.tls.cert,
-                               "--tls-key", options.tls.key});
-    }
+    const std::vector<std::string> store =
+        launch::StoreFlags(options.store_address, options.hostname, options.tls, options.insecure);
+    args.insert(args.end(), store.begin(), store.end());
   }
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -570,12 +566,8 @@ int ProfileChildMain(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &cuda_device) || cuda_device < 0) return 2;
     } else if (a == "--store") {
       store_address = v;
-    } else if (a == "--tls-ca") {
-      tls.ca = v;
-    } else if (a == "--tls-cert") {
-      tls.cert = v;
-    } else if (a == "--tls-key") {
-      tls.key = v;
+    } else if (auth::SetTlsFlag(a, v, tls)) {
+      // --tls-ca, --tls-cert or --tls-key: stored
     } else if (a == "--hostname") {
       group.hostname = v;
     } else {

@@ -27,6 +27,7 @@
 #include "worker/daemon/profile.h"
 #include "worker/data/tokenizer.h"
 #include "worker/engine/kernels/cpu/blas.h"
+#include "worker/launch/grpc_store.h"
 #include "worker/launch/job_rank.h"
 #include "worker/launch/preemption.h"
 #include "worker/launch/run_dir.h"
@@ -432,33 +433,23 @@ class Daemon {
     t.log_path = launch::RankLogPath(dir, run.rank());
     fs::remove(t.metrics_path, ec);  // the rank truncates it too, but only once it starts
 
-    std::vector<std::string> args = {options_.worker_binary,
-                                     "--run-dir",
-                                     dir,
-                                     "--rank",
-                                     std::to_string(run.rank()),
-                                     "--attempt",
-                                     run.attempt(),
-                                     "--run-id",
-                                     run_id,
-                                     "--timeout",
-                                     absl::StrCat(std::max<int64_t>(1, run.timeout_ms()) / 1000.0),
-                                     "--store",
-                                     options_.coordinator,
-                                     "--hostname",
-                                     options_.address};
+    std::vector<std::string> args = {
+        options_.worker_binary,
+        "--run-dir",
+        dir,
+        "--rank",
+        std::to_string(run.rank()),
+        "--attempt",
+        run.attempt(),
+        "--run-id",
+        run_id,
+        "--timeout",
+        absl::StrCat(std::max<int64_t>(1, run.timeout_ms()) / 1000.0),
+    };
     // The store over the same channel security as the daemon's own calls.
-    if (options_.insecure) {
-      args.push_back("--insecure");
-    } else {
-      for (const auto& [flag, file] :
-           {std::pair<const char*, const std::string*>{"--tls-ca", &options_.tls.ca},
-            {"--tls-cert", &options_.tls.cert},
-            {"--tls-key", &options_.tls.key}}) {
-        args.push_back(flag);
-        args.push_back(*file);
-      }
-    }
+    const std::vector<std::string> store =
+        launch::StoreFlags(options_.coordinator, options_.address, options_.tls, options_.insecure);
+    args.insert(args.end(), store.begin(), store.end());
     if (options_.device.rfind("cuda:", 0) == 0) {  // this daemon's GPU
       args.push_back("--cuda-device");
       args.push_back(options_.device.substr(5));

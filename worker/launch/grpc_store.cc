@@ -126,6 +126,18 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
   if (!st.ok()) Throw(absl::StrCat("wait for ", keys.size(), " keys"), st);
 }
 
+std::vector<std::string> StoreFlags(const std::string& address, const std::string& hostname,
+                                    const auth::TlsFiles& tls, bool insecure) {
+  std::vector<std::string> flags = {"--store", address, "--hostname", hostname};
+  if (insecure) {
+    flags.push_back("--insecure");
+  } else {
+    const std::vector<std::string> files = auth::TlsFlags(tls);
+    flags.insert(flags.end(), files.begin(), files.end());
+  }
+  return flags;
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> StoreCredentials(
     const std::string& address, const auth::TlsFiles& tls, bool insecure) {
   if (insecure) {

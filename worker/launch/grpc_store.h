@@ -52,5 +52,9 @@ class GrpcStore final : public gloo::rendezvous::Store {
 // `insecure` (loopback only). InvalidArgument naming --store otherwise.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> StoreCredentials(
     const std::string& address, const auth::TlsFiles& tls, bool insecure);
+// The flags that hand a child process (a rank, a profiling child) the store: --store ADDRESS
+// --hostname HOSTNAME, then --insecure or the daemon's TLS files (what StoreCredentials reads).
+std::vector<std::string> StoreFlags(const std::string& address, const std::string& hostname,
+                                    const auth::TlsFiles& tls, bool insecure);
 
 }  // namespace vp::launch

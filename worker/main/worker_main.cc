@@ -95,12 +95,8 @@ int DaemonMain(int argc, char** argv) {
     const std::string v = argv[++i];
     if (a == "--coordinator") {
       options.coordinator = v;
-    } else if (a == "--tls-ca") {
-      options.tls.ca = v;
-    } else if (a == "--tls-cert") {
-      options.tls.cert = v;
-    } else if (a == "--tls-key") {
-      options.tls.key = v;
+    } else if (vp::auth::SetTlsFlag(a, v, options.tls)) {
+      // --tls-ca, --tls-cert or --tls-key: stored
     } else if (a == "--device") {
       options.device = v;
     } else if (a == "--address") {
@@ -227,12 +223,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--store") {
       store_address = v;
-    } else if (a == "--tls-ca") {
-      tls.ca = v;
-    } else if (a == "--tls-cert") {
-      tls.cert = v;
-    } else if (a == "--tls-key") {
-      tls.key = v;
+    } else if (vp::auth::SetTlsFlag(a, v, tls)) {
+      // --tls-ca, --tls-cert or --tls-key: stored
     } else if (a == "--hostname") {
       options.hostname = v;
     } else if (a == "--cuda-device") {

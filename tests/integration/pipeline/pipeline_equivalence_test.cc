@@ -114,21 +114,12 @@ TEST_P(PipelineEquivalence, MatchesStandaloneTraining) {
     // against each other.
     engine::cpu::SetBlasThreads(
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.p));
-    auto rank = PipelineRank::Create(*plan, r, opt, &comm);
-    if (!rank.ok()) {
-      errors[r] = rank.status().ToString();
-      return;
-    }
-    for (int step = 0; step < steps; ++step) {
-      auto res = (*rank)->Step(step, batches);
-      if (!res.ok()) {
-        errors[r] = res.status().ToString();
-        return;
-      }
-      got[r].push_back(res->loss);
-      has[r].push_back(res->has_loss);
-    }
-    Gather((*rank)->model(), &got_w, &mu);
+    const auto rank = PipelineRank::Create(*plan, r, opt, &comm);
+    errors[r] = fixtures::TrainRank(rank, 0, steps, batches, [&](const RankStepResult& res) {
+      got[r].push_back(res.loss);
+      has[r].push_back(res.has_loss);
+    });
+    if (errors[r].empty()) Gather((*rank)->model(), &got_w, &mu);
   });
   for (int r = 0; r < c.p; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
 

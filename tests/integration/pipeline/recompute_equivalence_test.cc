@@ -83,22 +83,13 @@ TrainedRun Train(const Case& c, Recompute mode) {
       p, t, [&](int rank, int stage, int tp, comm::Communicator* pipe, comm::Communicator* tensor) {
         TrainerOptions mine = opt;
         mine.tensor.rank = tp;
-        auto pr = PipelineRank::Create(*plan, stage, mine, pipe, nullptr, tensor);
-        if (!pr.ok()) {
-          errors[rank] = pr.status().ToString();
-          return;
-        }
-        for (int step = 0; step < kSteps; ++step) {
-          auto res = (*pr)->Step(step, batches);
-          if (!res.ok()) {
-            errors[rank] = res.status().ToString();
-            return;
-          }
+        const auto pr = PipelineRank::Create(*plan, stage, mine, pipe, nullptr, tensor);
+        errors[rank] = fixtures::TrainRank(pr, 0, kSteps, batches, [&](const RankStepResult& res) {
           std::lock_guard<std::mutex> l(mu);
-          if (res->has_loss && rank == 0) out.losses.push_back(res->loss);
-          out.peak_activations[rank] = res->peak_activations;
-        }
-        fixtures::Gather((*pr)->model(), &out.weights, &mu);
+          if (res.has_loss && rank == 0) out.losses.push_back(res.loss);
+          out.peak_activations[rank] = res.peak_activations;
+        });
+        if (errors[rank].empty()) fixtures::Gather((*pr)->model(), &out.weights, &mu);
       });
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;

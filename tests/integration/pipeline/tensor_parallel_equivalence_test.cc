@@ -109,34 +109,27 @@ TEST_P(TensorParallelEquivalence, MatchesOneProcess) {
   std::vector<std::vector<char>> has(world);
   std::vector<std::string> errors(world);
   Weights got_w;
-  fixtures::RunJobGrid(c.d, p, t,
-                       [&](int rank, const planner::RankCoord& coord, comm::Communicator* pipe,
-                           comm::Communicator* data, comm::Communicator* tensor) {
-                         const int replica = coord.replica, stage = coord.stage;
-                         TrainerOptions mine = opt;
-                         mine.tensor.rank = coord.tensor;
-                         mine.data.replica = replica;
-                         // Replica r's j-th microbatch is the reference's r·m + j.
-                         const BatchFn batches = [&, replica](int64_t step, int j, int32_t* in,
-                                                              int32_t* out) {
-                           return all(step, replica * m + j, in, out);
-                         };
-                         auto pr = PipelineRank::Create(*plan, stage, mine, pipe, data, tensor);
-                         if (!pr.ok()) {
-                           errors[rank] = pr.status().ToString();
-                           return;
-                         }
-                         for (int step = 0; step < kSteps; ++step) {
-                           auto res = (*pr)->Step(step, batches);
-                           if (!res.ok()) {
-                             errors[rank] = res.status().ToString();
-                             return;
-                           }
-                           got[rank].push_back(res->loss);
-                           has[rank].push_back(res->has_loss);
-                         }
-                         if (replica == 0) Gather((*pr)->model(), &got_w, &mu);
-                       });
+  fixtures::RunJobGrid(
+      c.d, p, t,
+      [&](int rank, const planner::RankCoord& coord, comm::Communicator* pipe,
+          comm::Communicator* data, comm::Communicator* tensor) {
+        const int replica = coord.replica, stage = coord.stage;
+        TrainerOptions mine = opt;
+        mine.tensor.rank = coord.tensor;
+        mine.data.replica = replica;
+        // Replica r's j-th microbatch is the reference's r·m + j.
+        const BatchFn batches = [&, replica](int64_t step, int j, int32_t* in, int32_t* out) {
+          return all(step, replica * m + j, in, out);
+        };
+        const auto pr = PipelineRank::Create(*plan, stage, mine, pipe, data, tensor);
+        errors[rank] = fixtures::TrainRank(pr, 0, kSteps, batches, [&](const RankStepResult& res) {
+          got[rank].push_back(res.loss);
+          has[rank].push_back(res.has_loss);
+        });
+        if (errors[rank].empty() && replica == 0) {
+          Gather((*pr)->model(), &got_w, &mu);
+        }
+      });
   for (int r = 0; r < world; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
 
   int checked = 0;

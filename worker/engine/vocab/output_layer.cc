@@ -70,6 +70,26 @@ void SoftmaxRowForward(float* y,  // (valid) logits in, P' out
 
 }  // namespace
 
+void GroupShareTerms(int n, const float* local_max, const float* group_max, const float* local_sum,
+                     const float* label_logit, const int32_t* local_label, float* share,
+                     float* sums) {
+  for (int i = 0; i < n; ++i) {
+    // <= 0, or -inf for an all-padding shard (also when the whole group is padding, where
+    // -inf − -inf would be NaN): it then adds exactly 0.
+    const float delta = local_max[i] == kNegInf ? kNegInf : local_max[i] - group_max[i];
+    share[i] = local_sum[i] * std::exp(delta);
+    sums[i] = share[i];
+    sums[n + i] = local_label[i] >= 0 ? label_logit[i] + delta : 0.0f;
+  }
+}
+
+void NormalizeGroupShares(int n, const float* group_sums, float* share) {
+  for (int i = 0; i < n; ++i) {
+    const float total = group_sums[i];  // 0 only when all t shards are padding
+    share[i] = total > 0 ? share[i] / total : 0.0f;
+  }
+}
+
 bool OutputLayerState::grad_input_ready() const {
   if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
     return phase_ == Phase::kC1 || phase_ == Phase::kT;
@@ -233,22 +253,13 @@ absl::Status OutputLayerShard::MergeOverTensorGroup(OutputLayerState& st) const 
   }
   Buffer sums(tracker_, act, 2 * static_cast<size_t>(n));  // [s'·exp(m' − M) | z' + m' − M]
   st.group_share_ = Buffer(tracker_, act, n);
-  for (int i = 0; i < n; ++i) {
-    // <= 0, or -inf for an all-padding shard (also when the whole group is padding, where
-    // -inf − -inf would be NaN): it then adds exactly 0.
-    const float local_max = st.local_max_.data()[i];
-    const float delta = local_max == kNegInf ? kNegInf : local_max - group_max.data()[i];
-    st.group_share_.data()[i] = st.local_sum_.data()[i] * std::exp(delta);
-    sums.data()[i] = st.group_share_.data()[i];
-    sums.data()[n + i] = st.local_label_[i] >= 0 ? st.label_logit_.data()[i] + delta : 0.0f;
-  }
+  GroupShareTerms(n, st.local_max_.data(), group_max.data(), st.local_sum_.data(),
+                  st.label_logit_.data(), st.local_label_.data(), st.group_share_.data(),
+                  sums.data());
   if (absl::Status s = comm.AllReduce(sums.data(), sums.size(), comm::ReduceOp::kSum); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("output layer S group sum: ", s.message()));
   }
-  for (int i = 0; i < n; ++i) {
-    const float total = sums.data()[i];  // 0 only when all t shards are padding
-    st.group_share_.data()[i] = total > 0 ? st.group_share_.data()[i] / total : 0.0f;
-  }
+  NormalizeGroupShares(n, sums.data(), st.group_share_.data());
   if (algorithm_ == OutputAlgorithm::kAlgorithm2) {
     // One reduce-scatter of (n, 2h) rows [share·A | label's weight row where it is here].
     Buffer both(tracker_, act, static_cast<size_t>(n) * 2 * h);

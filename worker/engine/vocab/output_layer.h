@@ -46,6 +46,22 @@ namespace vp::engine::vocab {
 // Algorithm 2: one barrier (C1); ∇X is formed in S/C1 from A = P'·W_r and the label rows.
 enum class OutputAlgorithm { kAlgorithm1, kAlgorithm2 };
 
+// The host arithmetic of a tensor group's merge of its t shards' S statistics (the CPU and the
+// device shards' MergeOverTensorGroup). GroupShareTerms, per token i of n: delta = m'_i − M_i (M
+// the group's max; −inf for an all-padding shard, whose terms are then exactly 0),
+// share[i] = s'_i·exp(delta), sums[i] = share[i] and sums[n + i] = z'_i + delta where the label is
+// in this shard (local_label[i] >= 0), else 0. After sums is summed over the group,
+// NormalizeGroupShares divides share[i] by sums[i] (0 where the whole group is padding).
+void GroupShareTerms(int n,
+                     const float* local_max,      // (n) m'
+                     const float* group_max,      // (n) M
+                     const float* local_sum,      // (n) s'
+                     const float* label_logit,    // (n) z'
+                     const int32_t* local_label,  // (n)
+                     float* share,                // (n) out
+                     float* sums);                // (2n) out
+void NormalizeGroupShares(int n, const float* group_sums /* (>= n) */, float* share /* (n) */);
+
 class OutputLayerState {
  public:
   enum class Phase { kNone, kS, kC1, kT, kC2 };

@@ -332,15 +332,8 @@ absl::Status DeviceOutputLayerShard<E>::MergeOverTensorGroup(
   const std::vector<float>&lmax = (*stats)[0], &lsum = (*stats)[1], &llogit = (*stats)[2],
         &gmax = (*stats)[3];
   std::vector<float> share(n), sums(2 * static_cast<size_t>(n));  // [share | label term]
-  for (int i = 0; i < n; ++i) {
-    // <= 0, or -inf for an all-padding shard (also when the whole group is padding, where
-    // -inf − -inf would be NaN): it then adds exactly 0.
-    const float lm = lmax[i];
-    const float delta = std::isinf(lm) && lm < 0 ? lm : lm - gmax[i];
-    share[i] = lsum[i] * std::exp(delta);
-    sums[i] = share[i];
-    sums[n + i] = local_label[i] >= 0 ? llogit[i] + delta : 0.0f;
-  }
+  vocab::GroupShareTerms(n, lmax.data(), gmax.data(), lsum.data(), llogit.data(),
+                         local_label.data(), share.data(), sums.data());
   auto sums_dev = Upload(ctx, sums.data(), sums.size());
   if (!sums_dev.ok()) return sums_dev.status();
   if (absl::Status s = Idle(ctx); !s.ok()) return s;
@@ -351,10 +344,7 @@ absl::Status DeviceOutputLayerShard<E>::MergeOverTensorGroup(
   auto summed = Download(ctx, {sums_dev->data()}, sums.size());
   if (!summed.ok()) return summed.status();
   const std::vector<float>& total = (*summed)[0];
-  for (int i = 0; i < n; ++i) {
-    const float s = total[i];  // 0 only when all t shards are padding
-    share[i] = s > 0 ? share[i] / s : 0.0f;
-  }
+  vocab::NormalizeGroupShares(n, total.data(), share.data());
   // All -1: VocabGradInputFix without a label is a row scaling (here and in C1).
   const std::vector<int32_t> none(n, -1);
   auto no_label = Upload(ctx, none.data(), none.size());
