@@ -478,15 +478,20 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
 
   if (any_failed()) {
     (void)drain();  // keep the metrics of every step that all ranks finished
-    // The first to fail is the cause; a rank killed by a signal beats one that exited on
-    // its own in the same poll (its peers fail because it vanished).
+    // The first to fail is the cause. Within one poll, a rank killed by a signal beats one
+    // that exited on its own, and one killed by SIGPIPE comes after the other signals: its
+    // peers fail, exit or die writing to its closed socket, because it vanished.
     std::vector<const Worker*> failed;
     for (const Worker& w : workers) {
       if (w.failed()) failed.push_back(&w);
     }
-    std::stable_sort(failed.begin(), failed.end(), [](const Worker* a, const Worker* b) {
+    auto consequence = [](const Worker* w) {  // 0 a cause, 1 a broken pipe, 2 an exit
+      if (!WIFSIGNALED(w->wait_status)) return 2;
+      return WTERMSIG(w->wait_status) == SIGPIPE ? 1 : 0;
+    };
+    std::stable_sort(failed.begin(), failed.end(), [&](const Worker* a, const Worker* b) {
       if (a->exit_round != b->exit_round) return a->exit_round < b->exit_round;
-      return WIFSIGNALED(a->wait_status) && !WIFSIGNALED(b->wait_status);
+      return consequence(a) < consequence(b);
     });
     const Worker& first = *failed.front();
     std::string message =
