@@ -29,10 +29,11 @@
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
 #      d = 2 × p = 2 and t = 2 × p = 2 on the one GPU (while validation refuses them on cuda:
 #      with VOCABPIPE_UNVERIFIED_CUDA once their cuda_pipeline_test cases passed, else SKIP),
-#      then the layer stack and the bf16 job with the pipelined flash attention kernels
-#      (VOCABPIPE_ATTENTION=flash-pipelined; the flash ones are the default), the 16-byte
-#      memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector) and the cuBLASLt bias epilogue
-#      (VOCABPIPE_GEMM_EPILOGUE=bias), each opt-in;
+#      then the layer stack and the bf16 job with the pipelined and the wide flash attention
+#      kernels (VOCABPIPE_ATTENTION=flash-pipelined, flash-wide; the flash ones are the
+#      default), the 16-byte
+#      memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector) and the cuBLASLt bias and GELU
+#      epilogues (VOCABPIPE_GEMM_EPILOGUE=gelu), each opt-in;
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
 #      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it, then
 #      bench/kernel_profile.sh (Nsight Compute on the flash and norm kernels) when ncu is there;
@@ -499,10 +500,11 @@ else
   run_gated_job gpu-t2-p2 tensor 60 "$LOGS/cuda_pipeline_test.log" TensorRanks/CudaDataParallel
   # bf16 attention runs on the flash kernels by default (mma.sync, registers; the third GPU run
   # measured them fastest). The pipelined flash kernels (cp.async double buffering, ldmatrix
-  # operands) are opt-in until they pass here: the layer stack and the 200-step bf16 job with
-  # them (cuda_kernels_test checks every kernel set explicitly, the tensor-core and FMA ones
-  # included, which passed these end-to-end checks in runs 2-4).
-  for kernels in flash-pipelined; do
+  # operands) and the wide ones (their backward, a forward of 32 query rows per warp) are opt-in
+  # until they pass here: the layer stack and the 200-step bf16 job with each (cuda_kernels_test
+  # checks every kernel set explicitly, the tensor-core and FMA ones included, which passed these
+  # end-to-end checks in runs 2-4).
+  for kernels in flash-pipelined flash-wide; do
     say "== the $kernels attention kernels (VOCABPIPE_ATTENTION=$kernels)"
     export VOCABPIPE_ATTENTION=$kernels
     run_test cuda_layer_stack_test 45 "$kernels"
@@ -522,13 +524,15 @@ else
     "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-vector.yaml"
   run_job gpu-p1-bf16-vector 60
   unset VOCABPIPE_MEMORY_KERNELS
-  # The linear layers' bias in the cuBLASLt epilogue (opt-in, VOCABPIPE_GEMM_EPILOGUE=bias).
-  say "== the bias epilogue (VOCABPIPE_GEMM_EPILOGUE=bias)"
-  export VOCABPIPE_GEMM_EPILOGUE=bias
-  run_test cuda_layer_stack_test 45 bias
-  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-bias,#" -e "s/^name: .*/name: gpu-p1-bf16-bias/" \
-    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-bias.yaml"
-  run_job gpu-p1-bf16-bias 60
+  # The cuBLASLt epilogues (opt-in, VOCABPIPE_GEMM_EPILOGUE=gelu): the linear layers' bias, and
+  # GPT-2's GELU with c_fc's GEMM and its gradient with c_proj's input-gradient GEMM (the bias
+  # epilogue alone passed these checks in runs 3 and 4).
+  say "== the bias and GELU epilogues (VOCABPIPE_GEMM_EPILOGUE=gelu)"
+  export VOCABPIPE_GEMM_EPILOGUE=gelu
+  run_test cuda_layer_stack_test 45 gelu
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-gelu,#" -e "s/^name: .*/name: gpu-p1-bf16-gelu/" \
+    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-gelu.yaml"
+  run_job gpu-p1-bf16-gelu 60
   unset VOCABPIPE_GEMM_EPILOGUE
 fi
 
@@ -549,7 +553,7 @@ if [[ -x "$HERE/bench/perf.sh" ]]; then
   perf_args=("$LOGS/perf")
   ((DRY)) && perf_args=(--dry-run "${perf_args[@]}")
   export VP_BIN_ENV="${VPENV[*]}"  # perf.sh's prefix for our binaries; python3 runs plain
-  capped 145 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
+  capped 180 bash "$HERE/bench/perf.sh" "${perf_args[@]}" > "$LOGS/perf.log" 2>&1
   rc=$?
   [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
   if ((rc == 0)); then

@@ -16,8 +16,8 @@ on the build machine). One line per check, starting PASS, FAIL, SKIP or INFO:
     norms (before clipping) within 1e-3;
   - bf16 learns like fp32: after the 200 steps of gpu-p1-bf16 and gpu-p1-fp32 the final loss
     (mean of the last 10 steps) within 3% of fp32's, and bf16 keeps >= 90% of fp32's loss drop;
-    the same for the variants gpu-p1-bf16-{tensor-core,fma,flash,flash-pipelined,vector,
-    bias} (other attention kernels, VOCABPIPE_ATTENTION; the 16-byte memory-bound kernels, VOCABPIPE_MEMORY_KERNELS; the
+    the same for the variants gpu-p1-bf16-{tensor-core,fma,flash,flash-pipelined,flash-wide,
+    vector,bias,gelu} (other attention kernels, VOCABPIPE_ATTENTION; the 16-byte memory-bound kernels, VOCABPIPE_MEMORY_KERNELS; the
     cuBLASLt bias epilogue) when RUNS has them;
   - INFO: tokens/s and MFU of the GPU runs (median over the steps after the first).
 --cpu-only (a dry run without a GPU): only checks that the CPU runs exist and are finite.
@@ -198,7 +198,8 @@ def main():
     # The same bf16 job with other attention kernels (VOCABPIPE_ATTENTION) or the bias epilogue,
     # when the run has it.
     variants = ["gpu-p1-bf16-tensor-core", "gpu-p1-bf16-fma", "gpu-p1-bf16-flash",
-                "gpu-p1-bf16-flash-pipelined", "gpu-p1-bf16-vector", "gpu-p1-bf16-bias"]
+                "gpu-p1-bf16-flash-pipelined", "gpu-p1-bf16-flash-wide", "gpu-p1-bf16-vector",
+                "gpu-p1-bf16-bias", "gpu-p1-bf16-gelu"]
     for variant in variants:
         if os.path.isdir(os.path.join(a.runs, variant)) or os.path.isdir(
                 os.path.join(a.runs, variant + "-direct")):

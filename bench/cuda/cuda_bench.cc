@@ -520,10 +520,12 @@ absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
   report.Line("W (BackwardWeight)", flops, w_s);
   report.Line("B+W (backward)", 2 * flops, b_s + w_s);
   report.Line("F+B+W", 3 * flops, f_s + b_s + w_s);
-  std::printf("  attention kernels: %s; memory-bound kernels: %s; bias epilogue: %s\n",
-              std::getenv("VOCABPIPE_ATTENTION") ? std::getenv("VOCABPIPE_ATTENTION") : "default",
-              DefaultMemoryKernels() == MemoryKernels::kVector ? "vector" : "element",
-              FusedBiasEpilogue() ? "cuBLASLt" : "separate kernel");
+  std::printf(
+      "  attention kernels: %s; memory-bound kernels: %s; bias epilogue: %s; GELU epilogue: %s\n",
+      std::getenv("VOCABPIPE_ATTENTION") ? std::getenv("VOCABPIPE_ATTENTION") : "default",
+      DefaultMemoryKernels() == MemoryKernels::kVector ? "vector" : "element",
+      FusedBiasEpilogue() ? "cuBLASLt" : "separate kernel",
+      FusedGeluEpilogue() ? "cuBLASLt" : "separate kernel");
   std::printf("PERF section=layer f_ms=%.3f b_ms=%.3f w_ms=%.3f f_mfu=%s bw_mfu=%s fbw_mfu=%s\n",
               f_s * 1e3, b_s * 1e3, w_s * 1e3, report.MfuText(flops, f_s).c_str(),
               report.MfuText(2 * flops, b_s + w_s).c_str(),

@@ -4,7 +4,8 @@
 # b 2; perf.sh's first model) in its forward, backward input and weight passes, and the output
 # layer's softmax rows in its S and T passes (V 50304, Algorithm 2; cuda_bench
 # --sections=layer,output --layers=1), once with the default kernels and once with the opt-in
-# ones (VOCABPIPE_ATTENTION=flash-pipelined, VOCABPIPE_MEMORY_KERNELS=vector). Per kernel: speed
+# ones (VOCABPIPE_ATTENTION=flash-pipelined, VOCABPIPE_MEMORY_KERNELS=vector), then the wide
+# flash forward alone (VOCABPIPE_ATTENTION=flash-wide: 32 query rows per warp). Per kernel: speed
 # of light, occupancy, launch statistics, warp states (what the warps stall on), memory and
 # compute workload, shared-memory bank conflicts, and ncu's own advice. perf.sh says how long a
 # kernel takes; this says why (global-memory latency, shared-memory bandwidth, occupancy), so the
@@ -17,10 +18,10 @@
 # ncu on PATH, else the newest /opt/nvidia/nsight-compute/*/ncu, else /usr/local/cuda/bin/ncu),
 # CUDA_BENCH (default: beside this script, then build-cuda/, build/), PYTHON (python3; reads the
 # model's flags from torch_baseline.py), VP_HOST_LD_LIBRARY_PATH (as perf.sh, for python3).
-# Output: OUTDIR/ncu-default.txt and OUTDIR/ncu-opt-in.txt (ncu's report), OUTDIR/ncu-summary.txt
+# Output: OUTDIR/ncu-default.txt, ncu-opt-in.txt, ncu-wide.txt (ncu's reports), OUTDIR/ncu-summary.txt
 # (per kernel: duration, throughputs, occupancy, registers, the first line of ncu's advice), also
 # on stdout.
-# Exit status: 0 when both profiles ran, 1 when one failed, 2 on bad usage or missing inputs.
+# Exit status: 0 when the three profiles ran, 1 when one failed, 2 on bad usage or missing inputs.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -65,17 +66,23 @@ flags=$("${py_env[@]}" "$python" "$here/torch_baseline.py" --cuda-bench-flags gp
 # shellcheck disable=SC2206  # flags are words
 bench_cmd=("${bin_env[@]}" "$bench" --sections=layer,output --algorithm=2 --warmup=0 --iters=1
   $flags --layers=1)
+ncu_select=(--kernel-name "regex:Flash|Norm|AttentionDelta|VocabSoftmax" --launch-count 14)
+# The wide flash forward (VOCABPIPE_ATTENTION=flash-wide) alone: its backward kernels are the
+# pipelined ones, profiled in the opt-in run.
+ncu_select_wide=(--kernel-name "regex:FlashForwardWide" --launch-count 1)
 ncu_opts=(--clock-control none --kernel-name-base function
-  --kernel-name "regex:Flash|Norm|AttentionDelta|VocabSoftmax" --launch-count 14
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
   --section SchedulerStats --section MemoryWorkloadAnalysis
   --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis)
 
 if ((dry_run)); then
   echo "kernel_profile.sh --dry-run: ncu ${ncu:-(not found)}"
-  echo "  would run: ${ncu:-ncu} ${ncu_opts[*]} ${bench_cmd[*]} > $outdir/ncu-default.txt"
+  echo "  would run: ${ncu:-ncu} ${ncu_select[*]} ${ncu_opts[*]} ${bench_cmd[*]}" \
+    "> $outdir/ncu-default.txt"
   echo "  would run: ${ncu:-ncu} ... (VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_MEMORY_KERNELS=vector)" \
     "> $outdir/ncu-opt-in.txt"
+  echo "  would run: ${ncu:-ncu} ${ncu_select_wide[*]} ... (VOCABPIPE_ATTENTION=flash-wide)" \
+    "> $outdir/ncu-wide.txt"
   exit 0
 fi
 [[ -n "$ncu" ]] || {
@@ -112,11 +119,19 @@ summarize() {
 
 status=0
 t0=$SECONDS
-for variant in default opt-in; do
+variants=(default opt-in wide)
+for variant in "${variants[@]}"; do
   report=$outdir/ncu-$variant.txt
   envs=()
-  [[ $variant == opt-in ]] && envs=(env VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_MEMORY_KERNELS=vector)
-  if "$ncu" "${ncu_opts[@]}" "${envs[@]}" "${bench_cmd[@]}" > "$report" 2>&1; then
+  select=("${ncu_select[@]}")
+  case $variant in
+    opt-in) envs=(env VOCABPIPE_ATTENTION=flash-pipelined VOCABPIPE_MEMORY_KERNELS=vector) ;;
+    wide)
+      envs=(env VOCABPIPE_ATTENTION=flash-wide)
+      select=("${ncu_select_wide[@]}")
+      ;;
+  esac
+  if "$ncu" "${select[@]}" "${ncu_opts[@]}" "${envs[@]}" "${bench_cmd[@]}" > "$report" 2>&1; then
     echo "== ncu $variant: ok ($(grep -c 'Section: GPU Speed Of Light' "$report") kernels," \
       "$((SECONDS - t0)) s)"
   else
@@ -125,7 +140,7 @@ for variant in default opt-in; do
   fi
 done
 {
-  for variant in default opt-in; do
+  for variant in "${variants[@]}"; do
     echo "---- $variant kernels (ncu-$variant.txt)"
     summarize "$outdir/ncu-$variant.txt"
   done

@@ -30,7 +30,7 @@
 #     3 / 16 / 4 GiB): peaks of about 17 / 43 / 56 GiB. (b = 2 for Llama would add ~8 GiB to
 #     torch's peak; b = 1, m = 4 keeps it near 60 with the same tokens.)
 #
-# Budget: the whole script stops within PERF_BUDGET_S (130) seconds: every program runs under
+# Budget: the whole script stops within PERF_BUDGET_S (165) seconds: every program runs under
 # `timeout`, given min(its cap, what is left of the budget), and 30 s stay reserved for the
 # torch run until it has run; the variants run last, in what is left. A program that fails or
 # times out prints FAIL with its first error line; the script goes on and the table shows what
@@ -38,10 +38,12 @@
 #
 # Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries ("" for none);
 # by default pipelined (VOCABPIPE_ATTENTION=flash-pipelined: the flash kernels with cp.async
-# double buffering and ldmatrix operands), vector (VOCABPIPE_MEMORY_KERNELS=vector: 16-byte
-# norm, GELU, SwiGLU, residual, bias and output-layer softmax kernels) and all (both with
-# VOCABPIPE_GEMM_EPILOGUE=bias, the linear layers' bias in the cuBLASLt epilogue, whose own gain
-# runs 3 and 4 measured); about 15 s a variant for the three models. Each runs cuda_bench's
+# double buffering and ldmatrix operands), wide (VOCABPIPE_ATTENTION=flash-wide: the pipelined
+# backward and a forward of 32 query rows per warp), vector (VOCABPIPE_MEMORY_KERNELS=vector:
+# 16-byte norm, GELU, SwiGLU, residual, bias and output-layer softmax kernels), gelu
+# (VOCABPIPE_GEMM_EPILOGUE=gelu: the linear layers' bias, GPT-2's GELU and its gradient in the
+# cuBLASLt epilogues; the bias epilogue's own gain runs 3 and 4 measured) and all (wide, vector
+# and gelu); about 15 s a variant for the three models. Each runs cuda_bench's
 # layer, output, attention and step sections for every model with those variables set (the peak
 # measured above), as the table row MODEL+NAME.
 #
@@ -52,7 +54,7 @@
 #                            empty) instead of the inherited one.
 #   CUDA_BENCH               the cuda_bench binary (default: beside this script, as in the GPU
 #                            bundle's bench/, else build-cuda/ or build/ of the source tree).
-#   PYTHON (python3), PERF_BUDGET_S (130), PERF_VARIANTS (above).
+#   PYTHON (python3), PERF_BUDGET_S (165), PERF_VARIANTS (above).
 # Output: OUTDIR/perf.txt (the table and the breakdowns, also on stdout),
 # OUTDIR/cuda_bench-MODEL.log, OUTDIR/cuda_bench-MODEL+VARIANT.log, OUTDIR/torch.log.
 set -uo pipefail
@@ -62,8 +64,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/bench_common.sh"
 parse_bench_options perf.sh "perf.sh OUTDIR [--quick] | perf.sh --dry-run OUTDIR" 1 "$@"
 
-budget=${PERF_BUDGET_S:-130}
-read -r -a variants <<< "${PERF_VARIANTS-pipelined:VOCABPIPE_ATTENTION=flash-pipelined vector:VOCABPIPE_MEMORY_KERNELS=vector all:VOCABPIPE_ATTENTION=flash-pipelined,VOCABPIPE_MEMORY_KERNELS=vector,VOCABPIPE_GEMM_EPILOGUE=bias}"
+budget=${PERF_BUDGET_S:-165}
+read -r -a variants <<< "${PERF_VARIANTS-pipelined:VOCABPIPE_ATTENTION=flash-pipelined wide:VOCABPIPE_ATTENTION=flash-wide vector:VOCABPIPE_MEMORY_KERNELS=vector gelu:VOCABPIPE_GEMM_EPILOGUE=gelu all:VOCABPIPE_ATTENTION=flash-wide,VOCABPIPE_MEMORY_KERNELS=vector,VOCABPIPE_GEMM_EPILOGUE=gelu}"
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
 bench_programs "$here"

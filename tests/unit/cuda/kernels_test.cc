@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -298,6 +300,115 @@ TEST(CudaKernels, LinearBiasEpilogueMatchesSeparateBias) {
   if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
 }
 
+// VOCABPIPE_GEMM_EPILOGUE=gelu: GPT-2's c_fc with its GELU in cuBLASLt's GELU_AUX_BIAS epilogue
+// (pre and gelu(pre) from one GEMM) and c_proj's input gradient through the GELU in the DGELU
+// epilogue equal the GEMMs followed by the GELU kernels: fp32 to the GELU's evaluation error
+// (cuBLASLt may evaluate tanh approximately, ~2^-11 relative, which gelu' amplifies up to ~3x
+// for |pre| ~ 3: 4e-3 of |pre| or of |dout·W2ᵀ|; a wrong formula is off by O(1)), bf16 within 2
+// ulps of the magnitudes, for a small shape and c_fc / c_proj at h 2048, f 8192 over 512 tokens.
+// The fused GEMMs are called directly first: at the GPT-2 shape GELU_AUX_BIAS must be available
+// (else the option would silently change nothing); DGELU's availability is printed.
+template <typename T>
+void CheckGeluEpilogue(int n, int h, int f, const std::vector<float>& x,
+                       const std::vector<float>& w1, const std::vector<float>& b1,
+                       const std::vector<float>& w2, const std::vector<float>& dout, double rel,
+                       double abs_floor) {
+  auto gemm = GemmRunner::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  auto upload = [](const std::vector<float>& v) {
+    auto d = std::make_unique<Dev<T>>(v.size());
+    if constexpr (std::is_same_v<T, float>) {
+      EXPECT_EQ(cudaMemcpy(d->p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    } else {
+      Dev<float> tmp(v);
+      EXPECT_EQ(FloatToBf16(d->p, tmp.p, long(v.size()), nullptr), cudaSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
+    return d;
+  };
+  auto gx = upload(x), gw1 = upload(w1), gb1 = upload(b1), gw2 = upload(w2), gdo = upload(dout);
+  const size_t nf = size_t(n) * f;
+  Dev<T> pre_sep(nf), y_sep(nf), pre_fused(nf), y_fused(nf), dx(nf), dpre_sep(nf), dpre_fused(nf);
+  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  ASSERT_FALSE(FusedGeluEpilogue());
+  ASSERT_TRUE(
+      LinearGeluForward<T>(**gemm, y_sep.p, pre_sep.p, gx->p, gw1->p, gb1->p, n, h, f, nullptr)
+          .ok());
+  ASSERT_TRUE(
+      LinearBackwardInputGelu<T>(**gemm, dpre_sep.p, gdo->p, gw2->p, pre_sep.p, n, f, h, nullptr)
+          .ok());
+  ASSERT_TRUE(LinearBackwardInput<T>(**gemm, dx.p, gdo->p, gw2->p, n, f, h, nullptr).ok());
+  setenv("VOCABPIPE_GEMM_EPILOGUE", "gelu", 1);
+  ASSERT_TRUE(FusedGeluEpilogue());
+  ASSERT_TRUE(FusedBiasEpilogue());  // gelu implies the bias epilogue
+  constexpr DType t = std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
+  const absl::Status forward = (*gemm)->GemmBiasGelu(
+      false, false, n, f, h, gx->p, h, gw1->p, f, y_fused.p, f, t, t, gb1->p, pre_fused.p, nullptr);
+  const absl::Status backward = (*gemm)->GemmGeluGrad(false, true, n, f, h, gdo->p, h, gw2->p, h,
+                                                      dpre_fused.p, f, t, t, pre_sep.p, nullptr);
+  std::printf("  GELU epilogues, %s, n %d h %d f %d: GELU_AUX_BIAS %s, DGELU %s\n",
+              std::is_same_v<T, float> ? "fp32" : "bf16", n, h, f, forward.ToString().c_str(),
+              backward.ToString().c_str());
+  if (std::is_same_v<T, bf16> && h == 2048) {
+    EXPECT_TRUE(forward.ok()) << forward;
+  }
+  ASSERT_TRUE(forward.ok() || absl::IsUnimplemented(forward)) << forward;
+  ASSERT_TRUE(backward.ok() || absl::IsUnimplemented(backward)) << backward;
+  // Through the public functions (the fused GEMMs where available, else the fallback).
+  ASSERT_TRUE(
+      LinearGeluForward<T>(**gemm, y_fused.p, pre_fused.p, gx->p, gw1->p, gb1->p, n, h, f, nullptr)
+          .ok());
+  ASSERT_TRUE(
+      LinearBackwardInputGelu<T>(**gemm, dpre_fused.p, gdo->p, gw2->p, pre_sep.p, n, f, h, nullptr)
+          .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  const auto ps = Download(pre_sep), pf = Download(pre_fused), ys = Download(y_sep),
+             yf = Download(y_fused), gx_plain = Download(dx), ds = Download(dpre_sep),
+             df = Download(dpre_fused);
+  for (size_t i = 0; i < nf; ++i) {
+    const double b = b1[i % f], magnitude = std::abs(ps[i] - b) + std::abs(b);
+    ASSERT_NEAR(pf[i], ps[i], abs_floor + rel * magnitude) << "pre at " << i;
+    ASSERT_NEAR(yf[i], ys[i], abs_floor + rel * magnitude) << "gelu(pre) at " << i;
+    ASSERT_NEAR(df[i], ds[i], abs_floor + rel * std::abs(gx_plain[i])) << "dpre at " << i;
+  }
+}
+
+TEST(CudaKernels, LinearGeluEpilogueMatchesSeparateKernels) {
+  SKIP_WITHOUT_DEVICE();
+  const char* saved = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
+  const std::string restore = saved != nullptr ? saved : "";
+  for (const auto& [n, h, f] : {std::tuple{24, 64, 48}, std::tuple{512, 2048, 8192}}) {
+    const auto x = Random(size_t(n) * h, 40), w1 = Random(size_t(h) * f, 41, 0.05f),
+               b1 = Random(f, 42), w2 = Random(size_t(f) * h, 43, 0.05f),
+               dout = Random(size_t(n) * h, 44);
+    CheckGeluEpilogue<float>(n, h, f, x, w1, b1, w2, dout, 4e-3, 1e-5);
+    CheckGeluEpilogue<bf16>(n, h, f, x, w1, b1, w2, dout, 2.0 / 128, 1e-2);
+  }
+  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
+}
+
+// Which epilogues VOCABPIPE_GEMM_EPILOGUE selects (no device needed).
+TEST(GemmEpilogueSwitch, FollowsVocabpipeGemmEpilogue) {
+  const char* saved = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
+  const std::string restore = saved != nullptr ? saved : "";
+  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  EXPECT_FALSE(FusedBiasEpilogue());
+  EXPECT_FALSE(FusedGeluEpilogue());
+  setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+  EXPECT_TRUE(FusedBiasEpilogue());
+  EXPECT_FALSE(FusedGeluEpilogue());
+  setenv("VOCABPIPE_GEMM_EPILOGUE", "gelu", 1);
+  EXPECT_TRUE(FusedBiasEpilogue());
+  EXPECT_TRUE(FusedGeluEpilogue());
+  setenv("VOCABPIPE_GEMM_EPILOGUE", "GELU", 1);  // exact names only
+  EXPECT_FALSE(FusedGeluEpilogue());
+  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
+}
+
 struct AttentionTolerance {
   double rel, out_abs, grad_abs, lse_rel;
 };
@@ -531,6 +642,8 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   setenv("VOCABPIPE_ATTENTION", "flash-pipelined", 1);
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlashPipelined);
+  setenv("VOCABPIPE_ATTENTION", "flash-wide", 1);
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlashWide);
   unsetenv("VOCABPIPE_ATTENTION");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   if (saved != nullptr) setenv("VOCABPIPE_ATTENTION", restore.c_str(), 1);
@@ -1044,6 +1157,15 @@ TEST(CudaFlashAttention, MatchesCpu) {
 TEST(CudaFlashAttention, PipelinedMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   CheckFlashAttention(AttentionKernels::kFlashPipelined);
+}
+
+// The wide forward (128 query rows per block, 32 per warp as two m-tiles; VOCABPIPE_ATTENTION=
+// flash-wide) with the pipelined backward, on the same shapes: chunks whose queries end inside
+// a block's second m-tile or a warp's second half (100, 128 and 1000 rows), query tiles off the
+// key grid (q_begin 33), head_dim 20 through the synchronous fall-back loads, grouped-query.
+TEST(CudaFlashAttention, WideMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  CheckFlashAttention(AttentionKernels::kFlashWide);
 }
 
 }  // namespace

@@ -455,6 +455,7 @@ AttentionKernels DefaultAttentionKernels() {
   if (env != nullptr && std::string_view(env) == "flash-pipelined") {
     return AttentionKernels::kFlashPipelined;
   }
+  if (env != nullptr && std::string_view(env) == "flash-wide") return AttentionKernels::kFlashWide;
   return AttentionKernels::kFlash;  // measured fastest on an H100 (docs/benchmarks.md §7.4)
 }
 
@@ -468,9 +469,12 @@ cudaError_t AttentionForward(T* out, float* lse, const T* q, int ldq, const T* k
       case AttentionKernels::kTensorCore:
         return AttentionForwardTensorCore(out, lse, q, ldq, k, v, shape, stream);
       case AttentionKernels::kFlash:
-        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream, false);
+        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream,
+                                     FlashForm::kSynchronous);
       case AttentionKernels::kFlashPipelined:
-        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream, true);
+        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream, FlashForm::kPipelined);
+      case AttentionKernels::kFlashWide:
+        return AttentionForwardFlash(out, lse, q, ldq, k, v, shape, stream, FlashForm::kWide);
       default:
         break;
     }
@@ -497,10 +501,13 @@ cudaError_t AttentionBackward(T* dq, T* dk, T* dv, float* delta, const T* dout, 
                                            stream);
       case AttentionKernels::kFlash:
         return AttentionBackwardFlash(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream,
-                                      false);
+                                      FlashForm::kSynchronous);
       case AttentionKernels::kFlashPipelined:
         return AttentionBackwardFlash(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream,
-                                      true);
+                                      FlashForm::kPipelined);
+      case AttentionKernels::kFlashWide:
+        return AttentionBackwardFlash(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream,
+                                      FlashForm::kWide);
       default:
         break;
     }

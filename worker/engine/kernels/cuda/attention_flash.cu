@@ -157,12 +157,32 @@ __device__ __forceinline__ void LoadBRowsPair(uint32_t (&r)[4], const bf16* tile
   LoadMatrices(r, tile + (n0 + (m / 2) * 8 + lane % 8) * Ld<D>() + k0 + (m % 2) * 8);
 }
 
-// dst (kRows, Ld<D>) ← rows [first, first + kRows) of src (columns [0, head_dim)); rows >= limit
-// and columns [head_dim, D) are zero. 16-byte copies when the rows allow them.
+// 16-byte chunks of a (kRows, D) tile per thread (blocks are kThreads wide): 8 at D = 128.
 template <int D>
+constexpr int kChunksPerThread = kRows*(D / 8) / kThreads;
+static_assert(kRows * (64 / 8) % kThreads == 0, "whole chunks per thread");
+
+// LoadTile (below) one element at a time, for rows that 16-byte copies cannot serve.
+template <int D>
+__device__ void LoadTileByElement(bf16* dst, const bf16* src, long ld, int first, int limit,
+                                  int head_dim) {
+  for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D, row = first + r;
+    dst[r * Ld<D>() + d] =
+        row < limit && d < head_dim ? src[static_cast<long>(row) * ld + d] : __float2bfloat16(0.0f);
+  }
+}
+
+// dst (kRows, Ld<D>) ← rows [first, first + kRows) of src (columns [0, head_dim)); rows >= limit
+// and columns [head_dim, D) are zero. 16-byte copies when the rows allow them, kBatch loads issued
+// before their stores, so a tile at D = 128 costs 8 / kBatch memory latencies, not eight (a store
+// to shared memory between two loads orders them: the compiler cannot tell that the pointers do
+// not alias). kBatch 1 where the registers are short: the dK/dV kernel loads its query tiles
+// beside 128 accumulator registers, and two loads in flight made ptxas spill there.
+template <int D, int kBatch = 4>
 __device__ void LoadTile(bf16* dst, const bf16* src, long ld, int first, int limit, int head_dim) {
   const bool vec = head_dim % 8 == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
-  if (vec) {
+  if (vec && kBatch == 1) {
     constexpr int kChunks = D / 8;
     for (int idx = threadIdx.x; idx < kRows * kChunks; idx += blockDim.x) {
       const int r = idx / kChunks, d = (idx % kChunks) * 8, row = first + r;
@@ -174,11 +194,29 @@ __device__ void LoadTile(bf16* dst, const bf16* src, long ld, int first, int lim
     }
     return;
   }
-  for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
-    const int r = idx / D, d = idx % D, row = first + r;
-    dst[r * Ld<D>() + d] =
-        row < limit && d < head_dim ? src[static_cast<long>(row) * ld + d] : __float2bfloat16(0.0f);
+  if (vec) {
+    constexpr int kChunks = D / 8;
+    static_assert(kChunksPerThread<D> % kBatch == 0, "whole batches");
+#pragma unroll
+    for (int n0 = 0; n0 < kChunksPerThread<D>; n0 += kBatch) {
+      uint4 val[kBatch];
+#pragma unroll
+      for (int n = 0; n < kBatch; ++n) {
+        const int idx = threadIdx.x + (n0 + n) * kThreads;
+        const int r = idx / kChunks, d = (idx % kChunks) * 8, row = first + r;
+        val[n] = row < limit && d < head_dim
+                     ? *reinterpret_cast<const uint4*>(src + static_cast<long>(row) * ld + d)
+                     : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int n = 0; n < kBatch; ++n) {
+        const int idx = threadIdx.x + (n0 + n) * kThreads;
+        *reinterpret_cast<uint4*>(dst + (idx / kChunks) * Ld<D>() + (idx % kChunks) * 8) = val[n];
+      }
+    }
+    return;
   }
+  LoadTileByElement<D>(dst, src, ld, first, limit, head_dim);
 }
 
 // LoadTile as cp.async copies in the current group (the padding zeros and rows that 16-byte
@@ -188,7 +226,7 @@ __device__ void LoadTileAsync(bf16* dst, const bf16* src, long ld, int first, in
                               int head_dim) {
   const bool vec = head_dim % 8 == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
   if (!vec) {
-    LoadTile<D>(dst, src, ld, first, limit, head_dim);
+    LoadTileByElement<D>(dst, src, ld, first, limit, head_dim);
     return;
   }
   constexpr int kChunks = D / 8;
@@ -203,14 +241,14 @@ __device__ void LoadTileAsync(bf16* dst, const bf16* src, long ld, int first, in
   }
 }
 
-// One tile: asynchronously in the pipelined kernels, else at once.
-template <int D, bool kPipelined>
+// One tile: asynchronously in the pipelined kernels, else at once (kBatch loads in flight).
+template <int D, bool kPipelined, int kBatch = 4>
 __device__ __forceinline__ void LoadTileFor(bf16* dst, const bf16* src, long ld, int first,
                                             int limit, int head_dim) {
   if constexpr (kPipelined) {
     LoadTileAsync<D>(dst, src, ld, first, limit, head_dim);
   } else {
-    LoadTile<D>(dst, src, ld, first, limit, head_dim);
+    LoadTile<D, kBatch>(dst, src, ld, first, limit, head_dim);
   }
 }
 
@@ -292,84 +330,22 @@ __device__ __forceinline__ void ScoreTile(float (&s)[kRows / 8][4], const uint32
 
 // ---------------------------------------------------------------------------------------------
 // Forward: out = softmax(scale·Q·Kᵀ, causal)·V and lse per query row.
-template <int D>
-constexpr size_t ForwardSmem(bool pipelined) {
-  return (pipelined ? 4 : 2) * TileBytes<D>();
-}
 
-template <int D, bool kPipelined>
-__global__ void __launch_bounds__(kThreads)
-    FlashForwardKernel(bf16* out,      // (batch, q_len, heads*head_dim)
-                       float* lse,     // (batch, heads, q_len)
-                       const bf16* q,  // (batch, q_len, ldq)
-                       int ldq,
-                       const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
-                       const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
-                       AttentionShape s, float scale_log2) {
-  // ForwardSmem: stage st's key tile at 2·st, its value tile at 2·st + 1 (one stage unless
-  // pipelined). The queries live in registers, staged through the last key tile.
-  extern __shared__ __align__(128) unsigned char smem[];
-  bf16* const tiles = reinterpret_cast<bf16*>(smem);
-  constexpr int kTile = kRows * Ld<D>();
-  constexpr int kStages = kPipelined ? 2 : 1;
-  const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first (causal)
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int w0 = warp * 16;
-  const int n_keys = s.q_begin + min(i0 + kRows, q_len);  // keys the tile's last real row sees
-  const bool warp_real = i0 + w0 < q_len;
-  const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;  // its last real row's key
-  // Absolute positions of this lane's two rows (padding rows compute garbage, never written).
-  const int pos0 = s.q_begin + i0 + w0 + g, pos1 = pos0 + 8;
-  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
-  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
-  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
-  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
-  const int n_tiles = (n_keys + kRows - 1) / kRows;
-
-  if constexpr (kPipelined) {  // the first key/value tile flies while the queries load
-    LoadTileAsync<D>(tiles, kh, kvw, 0, n_keys, hd);
-    LoadTileAsync<D>(tiles + kTile, vh, kvw, 0, n_keys, hd);
-    CommitCopies();
-  }
-  bf16* const q_stage = tiles + (2 * kStages - 2) * kTile;
-  LoadTile<D>(q_stage, qh, ldq, i0, q_len, hd);
-  __syncthreads();
-  uint32_t qf[D / 16][4];  // the warp's 16 query rows as A operands
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) LoadA<D, kPipelined>(qf[kk], q_stage, w0, 16 * kk);
-  float o[D / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+// The online softmax of a warp's 16 query rows (this lane's rows g and g + 8) over the key tiles,
+// in the exp2 domain, and the output rows it finally writes.
+struct OnlineSoftmax {
   float m0 = -INFINITY, m1 = -INFINITY;  // running row max of the log2-scaled scores
   float l0 = 0.0f, l1 = 0.0f;            // this lane's part of the running Σ 2^(x − m)
 
-  for (int it = 0; it < n_tiles; ++it) {
-    const int j0 = it * kRows;
-    const int stage = kPipelined ? it % 2 : 0;
-    const bf16* ks = tiles + 2 * stage * kTile;  // (64, D+8) key tile
-    const bf16* vs = ks + kTile;                 // (64, D+8) value tile
-    // Orders the previous tile's reads (on entry: the queries') before the stage is refilled.
-    __syncthreads();
-    if constexpr (kPipelined) {
-      if (it + 1 < n_tiles) {
-        bf16* next = tiles + 2 * (1 - stage) * kTile;
-        LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
-        LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
-        CommitCopies();
-        WaitCopies<1>();  // this tile's group is done, the next one may fly
-      } else {
-        WaitCopies<0>();
-      }
-    } else {
-      LoadTile<D>(tiles, kh, kvw, j0, n_keys, hd);
-      LoadTile<D>(tiles + kTile, vh, kvw, j0, n_keys, hd);
-    }
-    __syncthreads();
-    if (!warp_real || j0 > warp_last) continue;  // nothing visible to the warp's rows
-    float sc[kRows / 8][4];
-    ScoreTile<D, kPipelined>(sc, qf, ks);
+  // sc (16 rows × the 64 keys [j0, j0+64) of one tile, raw Q·Kᵀ) becomes the rows'
+  // probabilities relative to the new running max, masked where a key lies after the row
+  // (pos0: this lane's first row's absolute position) or at or past n_keys; o (16 × D) is
+  // rescaled to that max.
+  template <int kOutTiles>  // D / 8
+  __device__ __forceinline__ void Step(float (&sc)[kRows / 8][4], float (&o)[kOutTiles][4], int j0,
+                                       int pos0, int n_keys, float scale_log2) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int pos1 = pos0 + 8;
     const bool diagonal = j0 + kRows - 1 > pos0 - g;  // some key may lie after some row
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -409,38 +385,269 @@ __global__ void __launch_bounds__(kThreads)
     l0 = l0 * corr0 + sum0;
     l1 = l1 * corr1 + sum1;
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
+    for (int nt = 0; nt < kOutTiles; ++nt) {
       o[nt][0] *= corr0;
       o[nt][1] *= corr0;
       o[nt][2] *= corr1;
       o[nt][3] *= corr1;
     }
+  }
+
+  // out rows [row0, row0 + 16) (chunk-relative; those < q_len) of head h of sequence b ← o / l,
+  // and their lse. Call once, after the last tile.
+  template <int kOutTiles>  // D / 8
+  __device__ __forceinline__ void Write(bf16* out, float* lse, const float (&o)[kOutTiles][4],
+                                        const AttentionShape& s, int b, int h, int row0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;  // l >= 1: the row max contributes 2^0
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = row0 + g + 8 * half;  // chunk-relative query row
+      if (i >= q_len) continue;
+      const float inv = half == 0 ? inv0 : inv1;
+      bf16* orow = out + (static_cast<long>(b) * q_len + i) * width + h * hd;
+#pragma unroll
+      for (int nt = 0; nt < kOutTiles; ++nt) {
+        const int d = 8 * nt + 2 * t;
+        if (d < hd) orow[d] = __float2bfloat16(o[nt][2 * half] * inv);
+        if (d + 1 < hd) orow[d + 1] = __float2bfloat16(o[nt][2 * half + 1] * inv);
+      }
+      if (t == 0) {
+        const float m = half == 0 ? m0 : m1, l = half == 0 ? l0 : l1;
+        lse[(static_cast<long>(b) * s.heads + h) * q_len + i] = (m + log2f(l)) * kLn2;
+      }
+    }
+  }
+};
+
+template <int D>
+constexpr size_t ForwardSmem(bool pipelined) {
+  return (pipelined ? 4 : 2) * TileBytes<D>();
+}
+
+template <int D, bool kPipelined>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardKernel(bf16* out,      // (batch, q_len, heads*head_dim)
+                       float* lse,     // (batch, heads, q_len)
+                       const bf16* q,  // (batch, q_len, ldq)
+                       int ldq,
+                       const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
+                       const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
+                       AttentionShape s, float scale_log2) {
+  // ForwardSmem: stage st's key tile at 2·st, its value tile at 2·st + 1 (one stage unless
+  // pipelined). The queries live in registers, staged through the last key tile.
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* const tiles = reinterpret_cast<bf16*>(smem);
+  constexpr int kTile = kRows * Ld<D>();
+  constexpr int kStages = kPipelined ? 2 : 1;
+  const int hd = s.head_dim, q_len = s.q_end - s.q_begin;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first (causal)
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
+  const int w0 = warp * 16;
+  const int n_keys = s.q_begin + min(i0 + kRows, q_len);  // keys the tile's last real row sees
+  const bool warp_real = i0 + w0 < q_len;
+  const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;  // its last real row's key
+  // Absolute position of this lane's first row (padding rows compute garbage, never written).
+  const int pos0 = s.q_begin + i0 + w0 + g;
+  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
+  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
+  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const int n_tiles = (n_keys + kRows - 1) / kRows;
+
+  if constexpr (kPipelined) {  // the first key/value tile flies while the queries load
+    LoadTileAsync<D>(tiles, kh, kvw, 0, n_keys, hd);
+    LoadTileAsync<D>(tiles + kTile, vh, kvw, 0, n_keys, hd);
+    CommitCopies();
+  }
+  bf16* const q_stage = tiles + (2 * kStages - 2) * kTile;
+  LoadTile<D>(q_stage, qh, ldq, i0, q_len, hd);
+  __syncthreads();
+  uint32_t qf[D / 16][4];  // the warp's 16 query rows as A operands
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) LoadA<D, kPipelined>(qf[kk], q_stage, w0, 16 * kk);
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  OnlineSoftmax row;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int j0 = it * kRows;
+    const int stage = kPipelined ? it % 2 : 0;
+    const bf16* ks = tiles + 2 * stage * kTile;  // (64, D+8) key tile
+    const bf16* vs = ks + kTile;                 // (64, D+8) value tile
+    // Orders the previous tile's reads (on entry: the queries') before the stage is refilled.
+    __syncthreads();
+    if constexpr (kPipelined) {
+      if (it + 1 < n_tiles) {
+        bf16* next = tiles + 2 * (1 - stage) * kTile;
+        LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
+        LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
+        CommitCopies();
+        WaitCopies<1>();  // this tile's group is done, the next one may fly
+      } else {
+        WaitCopies<0>();
+      }
+    } else {
+      LoadTile<D>(tiles, kh, kvw, j0, n_keys, hd);
+      LoadTile<D>(tiles + kTile, vh, kvw, j0, n_keys, hd);
+    }
+    __syncthreads();
+    if (!warp_real || j0 > warp_last) continue;  // nothing visible to the warp's rows
+    float sc[kRows / 8][4];
+    ScoreTile<D, kPipelined>(sc, qf, ks);
+    row.Step(sc, o, j0, pos0, n_keys, scale_log2);
     AccumulateScoresTimesRows<D>(o, sc, vs);
   }
 
   if (!warp_real) return;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;  // l >= 1: the row max contributes 2^0
+  row.Write(out, lse, o, s, b, h, i0 + w0);
+}
+
+// The wide forward (AttentionKernels::kFlashWide): 128 query rows per block, 32 per warp as two
+// 16-row m-tiles (mt = 0, 1: rows [w0 + 16mt, +16)), K/V double buffered as in the pipelined
+// kernel. Why: with 16 rows per warp every K/V fragment read from shared memory feeds one
+// m16n8k16 (256 bytes per product), more than shared memory can deliver at the tensor cores'
+// rate; here each fragment feeds two. The queries stay in shared memory (both m-tiles' fragments
+// in registers would not fit beside the two output accumulators) and are read per key tile with
+// ldmatrix.x4: 192 bytes per product for S, 128 for P·V, against 256 and 256.
+constexpr int kWideRows = 2 * kRows;  // 128 query rows per block
+constexpr int kWideMTiles = 2;        // 16-row m-tiles per warp
+
+// The queries (128 rows) and two stages of key + value tiles: 102 KiB at D = 128.
+template <int D>
+constexpr size_t WideForwardSmem() {
+  return (2 + 4) * TileBytes<D>();
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardWideKernel(bf16* out,      // (batch, q_len, heads*head_dim)
+                           float* lse,     // (batch, heads, q_len)
+                           const bf16* q,  // (batch, q_len, ldq)
+                           int ldq,
+                           const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
+                           const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
+                           AttentionShape s, float scale_log2) {
+  // WideForwardSmem: the (128, D+8) query rows, then stage st's key tile at 2 + 2·st and its
+  // value tile at 3 + 2·st (in kTile units).
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kTile = kRows * Ld<D>();
+  bf16* const qs = reinterpret_cast<bf16*>(smem);
+  bf16* const kv = qs + 2 * kTile;
+  const int hd = s.head_dim, q_len = s.q_end - s.q_begin;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kWideRows;  // heaviest tiles first (causal)
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
+  const int w0 = warp * 16 * kWideMTiles;
+  const int n_keys = s.q_begin + min(i0 + kWideRows, q_len);  // keys the last real row sees
+  const bool warp_real = i0 + w0 < q_len;
+  const int warp_last = s.q_begin + min(i0 + w0 + 16 * kWideMTiles, q_len) - 1;
+  const int pos0 = s.q_begin + i0 + w0 + g;  // this lane's first row in m-tile 0; +16 in m-tile 1
+  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
+  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
+  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const int n_tiles = (n_keys + kRows - 1) / kRows;
+
+  LoadTileAsync<D>(qs, qh, ldq, i0, q_len, hd);
+  LoadTileAsync<D>(qs + kTile, qh, ldq, i0 + kRows, q_len, hd);
+  LoadTileAsync<D>(kv, kh, kvw, 0, n_keys, hd);
+  LoadTileAsync<D>(kv + kTile, vh, kvw, 0, n_keys, hd);
+  CommitCopies();
+  float o[kWideMTiles][D / 8][4];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = i0 + w0 + g + 8 * half;  // chunk-relative query row
-    if (i >= q_len) continue;
-    const float inv = half == 0 ? inv0 : inv1;
-    bf16* orow = out + (static_cast<long>(b) * q_len + i) * width + h * hd;
+  for (int mt = 0; mt < kWideMTiles; ++mt) {
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      const int d = 8 * nt + 2 * t;
-      if (d < hd) orow[d] = __float2bfloat16(o[nt][2 * half] * inv);
-      if (d + 1 < hd) orow[d + 1] = __float2bfloat16(o[nt][2 * half + 1] * inv);
+    for (int nt = 0; nt < D / 8; ++nt)
+      o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.0f;
+  }
+  OnlineSoftmax rows[kWideMTiles];
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int j0 = it * kRows;
+    const int stage = it % 2;
+    const bf16* ks = kv + 2 * stage * kTile;  // (64, D+8) key tile
+    const bf16* vs = ks + kTile;              // (64, D+8) value tile
+    __syncthreads();  // the previous tile's reads before its stage is refilled
+    if (it + 1 < n_tiles) {
+      bf16* next = kv + 2 * (1 - stage) * kTile;
+      LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
+      LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
+      CommitCopies();
+      WaitCopies<1>();
+    } else {
+      WaitCopies<0>();
     }
-    if (t == 0) {
-      const float m = half == 0 ? m0 : m1, l = half == 0 ? l0 : l1;
-      lse[(static_cast<long>(b) * s.heads + h) * q_len + i] = (m + log2f(l)) * kLn2;
+    __syncthreads();
+    if (!warp_real || j0 > warp_last) continue;  // nothing visible to the warp's rows
+    // S = Q·Kᵀ for both m-tiles: each key fragment pair feeds four products.
+    float sc[kWideMTiles][kRows / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < kWideMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kRows / 8; ++nt) {
+        sc[mt][nt][0] = sc[mt][nt][1] = sc[mt][nt][2] = sc[mt][nt][3] = 0.0f;
+      }
+    }
+#pragma unroll 1  // kk only moves the shared addresses: rolled, it needs fewer registers
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[kWideMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kWideMTiles; ++mt) LoadA<D, true>(a[mt], qs, w0 + 16 * mt, 16 * kk);
+#pragma unroll
+      for (int nt = 0; nt < kRows / 8; nt += 2) {
+        uint32_t bk[4];
+        LoadBRowsPair<D>(bk, ks, 8 * nt, 16 * kk);
+#pragma unroll
+        for (int mt = 0; mt < kWideMTiles; ++mt) {
+          Mma(sc[mt][nt], a[mt], bk[0], bk[1]);
+          Mma(sc[mt][nt + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+    // The probabilities as bf16 A operands (keys [16kk, 16kk+16) in p[mt][kk]), packed before the
+    // products so the fp32 scores are dead while the output accumulators are updated.
+    uint32_t p[kWideMTiles][kRows / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < kWideMTiles; ++mt) {
+      rows[mt].Step(sc[mt], o[mt], j0, pos0 + 16 * mt, n_keys, scale_log2);
+#pragma unroll
+      for (int kk = 0; kk < kRows / 16; ++kk) {
+        p[mt][kk][0] = Pack(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+        p[mt][kk][1] = Pack(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+        p[mt][kk][2] = Pack(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+        p[mt][kk][3] = Pack(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+      }
+    }
+    // O += P·V for both m-tiles: each value fragment pair feeds four products.
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+#pragma unroll
+      for (int n2 = 0; n2 < D / 16; ++n2) {
+        uint32_t bv[4];
+        LoadBTransposed(bv, vs + (16 * kk + lane % 16) * Ld<D>() + 16 * n2 + (lane / 16) * 8);
+#pragma unroll
+        for (int mt = 0; mt < kWideMTiles; ++mt) {
+          Mma(o[mt][2 * n2], p[mt][kk], bv[0], bv[1]);
+          Mma(o[mt][2 * n2 + 1], p[mt][kk], bv[2], bv[3]);
+        }
+      }
     }
   }
+
+  WaitCopies<0>();  // none in flight at exit
+  if (!warp_real) return;
+#pragma unroll
+  for (int mt = 0; mt < kWideMTiles; ++mt)
+    rows[mt].Write(out, lse, o[mt], s, b, h, i0 + w0 + 16 * mt);
 }
 
 // Adds (or stores, accumulate = false) scale·acc of a warp's 16 rows [row0, row0+16) into dst
@@ -506,10 +713,10 @@ __global__ void __launch_bounds__(kThreads)
   auto load_item = [&](int it, int stage) {
     const int h = kvh * group + it / per_head, i0 = i_first + (it % per_head) * kRows;
     bf16* qs = vs + (1 + 2 * stage) * kTile;
-    LoadTileFor<D, kPipelined>(qs, q + static_cast<long>(b) * q_len * ldq + h * hd, ldq, i0, q_len,
-                               hd);
-    LoadTileFor<D, kPipelined>(qs + kTile, dout + static_cast<long>(b) * q_len * width + h * hd,
-                               width, i0, q_len, hd);
+    LoadTileFor<D, kPipelined, 1>(qs, q + static_cast<long>(b) * q_len * ldq + h * hd, ldq, i0,
+                                  q_len, hd);
+    LoadTileFor<D, kPipelined, 1>(qs + kTile, dout + static_cast<long>(b) * q_len * width + h * hd,
+                                  width, i0, q_len, hd);
     const long stats = (static_cast<long>(b) * s.heads + h) * q_len;
     for (int r = threadIdx.x; r < kRows; r += blockDim.x) {
       const int i = i0 + r;  // padding rows: P is masked to 0
@@ -649,8 +856,8 @@ __global__ void __launch_bounds__(kThreads)
         WaitCopies<0>();
       }
     } else {
-      LoadTile<D>(ks, kh, kvw, j0, n_keys, hd);
-      LoadTile<D>(vs, vh, kvw, j0, n_keys, hd);
+      LoadTile<D, 1>(ks, kh, kvw, j0, n_keys, hd);
+      LoadTile<D, 1>(vs, vh, kvw, j0, n_keys, hd);
     }
     __syncthreads();
     if (!warp_real || j0 > warp_last) continue;
@@ -705,6 +912,19 @@ cudaError_t LaunchForward(bf16* out, float* lse, const bf16* q, int ldq, const b
   return cudaGetLastError();
 }
 
+template <int D>
+cudaError_t LaunchForwardWide(bf16* out, float* lse, const bf16* q, int ldq, const bf16* k,
+                              const bf16* v, const AttentionShape& s, cudaStream_t stream) {
+  constexpr size_t smem = WideForwardSmem<D>();
+  if (cudaError_t e = AllowSharedMemory(FlashForwardWideKernel<D>, smem); e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid(CeilDiv(s.q_len(), kWideRows), s.heads, s.batch);
+  FlashForwardWideKernel<D>
+      <<<grid, kThreads, smem, stream>>>(out, lse, q, ldq, k, v, s, Scale(s) * kLog2e);
+  return cudaGetLastError();
+}
+
 template <int D, bool kPipelined>
 cudaError_t LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const float* delta, const bf16* dout,
                            const float* lse, const bf16* q, int ldq, const bf16* k, const bf16* v,
@@ -732,7 +952,12 @@ cudaError_t LaunchBackward(bf16* dq, bf16* dk, bf16* dv, const float* delta, con
 
 cudaError_t AttentionForwardFlash(bf16* out, float* lse, const bf16* q, int ldq, const bf16* k,
                                   const bf16* v, const AttentionShape& shape, cudaStream_t stream,
-                                  bool pipelined) {
+                                  FlashForm form) {
+  if (form == FlashForm::kWide) {
+    return shape.head_dim <= 64 ? LaunchForwardWide<64>(out, lse, q, ldq, k, v, shape, stream)
+                                : LaunchForwardWide<128>(out, lse, q, ldq, k, v, shape, stream);
+  }
+  const bool pipelined = form == FlashForm::kPipelined;
   if (shape.head_dim <= 64) {
     return pipelined ? LaunchForward<64, true>(out, lse, q, ldq, k, v, shape, stream)
                      : LaunchForward<64, false>(out, lse, q, ldq, k, v, shape, stream);
@@ -744,7 +969,8 @@ cudaError_t AttentionForwardFlash(bf16* out, float* lse, const bf16* q, int ldq,
 cudaError_t AttentionBackwardFlash(bf16* dq, bf16* dk, bf16* dv, const float* delta,
                                    const bf16* dout, const float* lse, const bf16* q, int ldq,
                                    const bf16* k, const bf16* v, const AttentionShape& shape,
-                                   cudaStream_t stream, bool pipelined) {
+                                   cudaStream_t stream, FlashForm form) {
+  const bool pipelined = form != FlashForm::kSynchronous;  // the wide form's backward too
   if (shape.head_dim <= 64) {
     return pipelined
                ? LaunchBackward<64, true>(dq, dk, dv, delta, dout, lse, q, ldq, k, v, shape, stream)

@@ -1,8 +1,9 @@
 // The mma.sync flash attention kernels (attention_flash.cu), bf16 only, behind AttentionForward /
 // AttentionBackward (kernels.h) with AttentionKernels::kFlash (VOCABPIPE_ATTENTION=flash) or, with
-// `pipelined`, kFlashPipelined (VOCABPIPE_ATTENTION=flash-pipelined: double-buffered cp.async tile
-// loads and ldmatrix operands), which check the shape and compute delta first. Internal to the
-// CUDA kernels.
+// FlashForm::kPipelined, kFlashPipelined (VOCABPIPE_ATTENTION=flash-pipelined: double-buffered
+// cp.async tile loads and ldmatrix operands) or FlashForm::kWide, kFlashWide
+// (VOCABPIPE_ATTENTION=flash-wide: 32 query rows per warp in the forward), which check the shape
+// and compute delta first. Internal to the CUDA kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,12 @@
 
 namespace vp::engine::cuda {
 
+// Which form of the flash kernels: kSynchronous (kFlash: each tile loaded, then computed on),
+// kPipelined (kFlashPipelined: the next tile copied by cp.async while the warps compute on this
+// one, ldmatrix operands), kWide (kFlashWide: the pipelined backward and a forward of 128 query
+// rows per block, 32 per warp, so every key/value fragment feeds two products).
+enum class FlashForm { kSynchronous, kPipelined, kWide };
+
 // The shape is valid (AttentionForward checked it).
 cudaError_t AttentionForwardFlash(bf16* out,      // (batch, q_len, heads*head_dim)
                                   float* lse,     // (batch, heads, q_len)
@@ -18,7 +25,7 @@ cudaError_t AttentionForwardFlash(bf16* out,      // (batch, q_len, heads*head_d
                                   int ldq,
                                   const bf16* k,  // (batch, kv_rows, kv_heads*head_dim)
                                   const bf16* v,  // (batch, kv_rows, kv_heads*head_dim)
-                                  const AttentionShape& shape, cudaStream_t stream, bool pipelined);
+                                  const AttentionShape& shape, cudaStream_t stream, FlashForm form);
 
 // delta (Σ_d dout·out per row) already computed; dq overwritten, dk/dv accumulated.
 cudaError_t AttentionBackwardFlash(bf16* dq,            // (batch, q_len, ldq)
@@ -32,6 +39,6 @@ cudaError_t AttentionBackwardFlash(bf16* dq,            // (batch, q_len, ldq)
                                    const bf16* k,  // (batch, kv_rows, kv_width)
                                    const bf16* v,  // (batch, kv_rows, kv_width)
                                    const AttentionShape& shape, cudaStream_t stream,
-                                   bool pipelined);
+                                   FlashForm form);
 
 }  // namespace vp::engine::cuda

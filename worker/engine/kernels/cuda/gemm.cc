@@ -54,7 +54,7 @@ void GemmRunner::Destroy(Plan& p) {
 // (trans_a ? m×k : k×m), op = trans_a).
 absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
-  const auto [ta, tb, m, n, k, lda, ldb, ldc, ab, ct, with_bias] = key;
+  const auto [ta, tb, m, n, k, lda, ldb, ldc, ab, ct, epilogue] = key;
   const cudaDataType_t ab_type = ToCuda(static_cast<DType>(ab));
   const cudaDataType_t c_type = ToCuda(static_cast<DType>(ct));
   Plan p;
@@ -67,12 +67,27 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
         p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
     VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
         p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-    if (with_bias) {
+    if (epilogue != Epilogue::kNone) {
       // D is the column-major (n × m) Cᵀ: a bias over D's rows is one value per column of the
       // row-major C, added to every row. Its type defaults to D's; the pointer is set per call.
-      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const cublasLtEpilogue_t mode = epilogue == Epilogue::kBias ? CUBLASLT_EPILOGUE_BIAS
+                                      : epilogue == Epilogue::kBiasGeluAux
+                                          ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                          : CUBLASLT_EPILOGUE_DGELU;
       VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
-          p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+          p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &mode, sizeof(mode)));
+    }
+    if (epilogue == Epilogue::kBiasGeluAux || epilogue == Epilogue::kGeluGrad) {
+      // The GELU input matrix is laid out as D (the row-major C read column-major), of D's type.
+      // The heuristic reads the alignment the algorithm may assume from the pointer's value, so
+      // the plan is chosen for 256-byte aligned matrices (the caching allocator's blocks) and
+      // Run refuses others.
+      const int64_t aux_ld = ldc;
+      const void* aligned = reinterpret_cast<const void*>(uintptr_t{kAuxAlignment});
+      VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
+          p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+      VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
+          p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aligned, sizeof(aligned)));
     }
     // Layouts are (rows, cols, ld) of the stored column-major matrices.
     VP_CUBLAS_RETURN_IF_ERROR(
@@ -99,9 +114,10 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::GetPlan(const Key& key) {
                                                                   p.c, pref, 1, &result, &found);
     lt_->cublasLtMatmulPreferenceDestroy(pref);
     VP_CUBLAS_RETURN_IF_ERROR(hs);
-    if (found == 0 && with_bias) {
-      return absl::UnimplementedError(absl::StrCat(
-          "cuBLASLt has no bias-epilogue algorithm for gemm m ", m, " n ", n, " k ", k));
+    if (found == 0 && epilogue != Epilogue::kNone) {
+      return absl::UnimplementedError(
+          absl::StrCat("cuBLASLt has no ", epilogue == Epilogue::kBias ? "bias" : "GELU",
+                       "-epilogue algorithm for gemm m ", m, " n ", n, " k ", k));
     }
     if (found == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -146,10 +162,18 @@ absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, f
     return st;
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  const Key key{
-      trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
-      false};
-  return Run(key, alpha, a, b, beta, c, nullptr, stream);
+  const Key key{trans_a,
+                trans_b,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                static_cast<int>(ab_type),
+                static_cast<int>(c_type),
+                Epilogue::kNone};
+  return Run(key, alpha, a, b, beta, c, nullptr, nullptr, stream);
 }
 
 absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
@@ -161,20 +185,86 @@ absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int 
     return st;
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  const Key key{
-      trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
-      true};
-  return Run(key, alpha, a, b, beta, c, bias, stream);
+  const Key key{trans_a,
+                trans_b,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                static_cast<int>(ab_type),
+                static_cast<int>(c_type),
+                Epilogue::kBias};
+  return Run(key, alpha, a, b, beta, c, bias, nullptr, stream);
+}
+
+absl::Status GemmRunner::GemmBiasGelu(bool trans_a, bool trans_b, int m, int n, int k,
+                                      const void* a, int lda, const void* b, int ldb, void* c,
+                                      int ldc, DType ab_type, DType c_type, const void* bias,
+                                      void* pre, cudaStream_t stream) {
+  if (bias == nullptr || pre == nullptr) {
+    return absl::InvalidArgumentError("gemm: bias and pre must not be null");
+  }
+  if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
+    return st;
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (reinterpret_cast<uintptr_t>(pre) % kAuxAlignment != 0) {
+    return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
+  }
+  const Key key{trans_a,
+                trans_b,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                static_cast<int>(ab_type),
+                static_cast<int>(c_type),
+                Epilogue::kBiasGeluAux};
+  return Run(key, 1.0f, a, b, 0.0f, c, bias, pre, stream);
+}
+
+absl::Status GemmRunner::GemmGeluGrad(bool trans_a, bool trans_b, int m, int n, int k,
+                                      const void* a, int lda, const void* b, int ldb, void* c,
+                                      int ldc, DType ab_type, DType c_type, const void* pre,
+                                      cudaStream_t stream) {
+  if (pre == nullptr) return absl::InvalidArgumentError("gemm: pre must not be null");
+  if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
+    return st;
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (reinterpret_cast<uintptr_t>(pre) % kAuxAlignment != 0) {
+    return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
+  }
+  const Key key{trans_a,
+                trans_b,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                static_cast<int>(ab_type),
+                static_cast<int>(c_type),
+                Epilogue::kGeluGrad};
+  return Run(key, 1.0f, a, b, 0.0f, c, nullptr, pre, stream);
 }
 
 absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const void* b, float beta,
-                             void* c, const void* bias, cudaStream_t stream) {
+                             void* c, const void* bias, const void* aux, cudaStream_t stream) {
   absl::StatusOr<Plan*> plan = GetPlan(key);
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
   if (bias != nullptr) {
     VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
         p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (aux != nullptr) {
+    VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   }
   VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmul(handle_, p.desc, &alpha, b, p.b, a, p.a, &beta, c,
                                                 p.c, c, p.c, &p.algo, workspace_, workspace_bytes_,
@@ -184,7 +274,12 @@ absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const v
 
 bool FusedBiasEpilogue() {
   const char* env = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  return env != nullptr && std::string_view(env) == "bias";
+  return env != nullptr && (std::string_view(env) == "bias" || std::string_view(env) == "gelu");
+}
+
+bool FusedGeluEpilogue() {
+  const char* env = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
+  return env != nullptr && std::string_view(env) == "gelu";
 }
 
 // Llama's nn.Linear layout [out, in], no bias (cpu::LinearT*): the same three GEMMs with the
@@ -240,6 +335,43 @@ absl::Status LinearBackwardInput(GemmRunner& gemm, T* dinp, const T* dout, const
   constexpr DType t = DTypeOf<T>();
   return gemm.Gemm(false, true, n, in_dim, out_dim, 1.0f, dout, out_dim, weight, out_dim, 0.0f,
                    dinp, in_dim, t, t, stream);
+}
+
+template <typename T>
+absl::Status LinearGeluForward(GemmRunner& gemm, T* out, T* pre, const T* inp, const T* weight,
+                               const T* bias, int n, int in_dim, int out_dim, cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  if (bias != nullptr && FusedGeluEpilogue()) {
+    absl::Status s = gemm.GemmBiasGelu(false, false, n, out_dim, in_dim, inp, in_dim, weight,
+                                       out_dim, out, out_dim, t, t, bias, pre, stream);
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+  }
+  if (absl::Status s = LinearForward<T>(gemm, pre, inp, weight, bias, n, in_dim, out_dim, stream);
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(stream, Phase::kElementwise);  // the caller marks its next step again
+  VP_CUDA_RETURN_IF_ERROR(GeluForward(out, pre, static_cast<long>(n) * out_dim, stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status LinearBackwardInputGelu(GemmRunner& gemm, T* dpre, const T* dout, const T* weight,
+                                     const T* pre, int n, int in_dim, int out_dim,
+                                     cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  if (FusedGeluEpilogue()) {
+    absl::Status s = gemm.GemmGeluGrad(false, true, n, in_dim, out_dim, dout, out_dim, weight,
+                                       out_dim, dpre, in_dim, t, t, pre, stream);
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+  }
+  if (absl::Status s = LinearBackwardInput<T>(gemm, dpre, dout, weight, n, in_dim, out_dim, stream);
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(stream, Phase::kElementwise);
+  VP_CUDA_RETURN_IF_ERROR(GeluBackward(dpre, pre, dpre, static_cast<long>(n) * in_dim, stream));
+  return absl::OkStatus();
 }
 
 template <typename T>
@@ -328,6 +460,10 @@ absl::Status OutputLayerT(GemmRunner& gemm, T* probs, float* weight_grad, float*
                                          int, cudaStream_t);                                       \
   template absl::Status LinearBackwardInput<T>(GemmRunner&, T*, const T*, const T*, int, int, int, \
                                                cudaStream_t);                                      \
+  template absl::Status LinearGeluForward<T>(GemmRunner&, T*, T*, const T*, const T*, const T*,    \
+                                             int, int, int, cudaStream_t);                         \
+  template absl::Status LinearBackwardInputGelu<T>(GemmRunner&, T*, const T*, const T*, const T*,  \
+                                                   int, int, int, cudaStream_t);                   \
   template absl::Status LinearBackwardWeight<T>(GemmRunner&, float*, float*, const T*, const T*,   \
                                                 int, int, int, cudaStream_t);                      \
   template absl::Status LinearTForward<T>(GemmRunner&, T*, const T*, const T*, int, int, int,      \

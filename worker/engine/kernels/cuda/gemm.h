@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -49,11 +50,31 @@ class GemmRunner {
                         int lda, const void* b, int ldb, float beta, void* c, int ldc,
                         DType ab_type, DType c_type, const void* bias, cudaStream_t stream);
 
+  // GELU's forward in the epilogue (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, the tanh form): pre (m × n,
+  // row stride ldc, c_type) = op(A)·op(B) + bias and C = gelu(pre), both from the fp32
+  // accumulator (alpha 1, beta 0). Unimplemented when cuBLASLt has no such algorithm for the
+  // shape or pre is not 256-byte aligned (the alignment the plan's algorithm was chosen for); the
+  // caller then runs the GEMM and the GELU kernel itself.
+  absl::Status GemmBiasGelu(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+                            const void* b, int ldb, void* c, int ldc, DType ab_type, DType c_type,
+                            const void* bias, void* pre, cudaStream_t stream);
+
+  // GELU's gradient in the epilogue (CUBLASLT_EPILOGUE_DGELU): C = (op(A)·op(B)) ∘ gelu'(pre),
+  // pre (m × n, row stride ldc, c_type) the forward's GELU input (alpha 1, beta 0).
+  // Unimplemented as GemmBiasGelu.
+  absl::Status GemmGeluGrad(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+                            const void* b, int ldb, void* c, int ldc, DType ab_type, DType c_type,
+                            const void* pre, cudaStream_t stream);
+
   size_t cached_plans() const { return plans_.size(); }
 
  private:
-  // trans_a, trans_b, m, n, k, lda, ldb, ldc, ab type, c type, bias epilogue.
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, int, int, bool>;
+  // The GELU epilogues' plans assume their GELU input matrix is aligned so (GemmBiasGelu).
+  static constexpr uintptr_t kAuxAlignment = 256;
+  // What the epilogue adds to the product.
+  enum class Epilogue { kNone, kBias, kBiasGeluAux, kGeluGrad };
+  // trans_a, trans_b, m, n, k, lda, ldb, ldc, ab type, c type, epilogue.
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, int, int, Epilogue>;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -62,7 +83,7 @@ class GemmRunner {
   explicit GemmRunner(const CublasLt* lt) : lt_(lt) {}
   absl::StatusOr<Plan*> GetPlan(const Key& key);
   absl::Status Run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c,
-                   const void* bias, cudaStream_t stream);
+                   const void* bias, const void* aux, cudaStream_t stream);
   void Destroy(Plan& plan);
 
   const CublasLt* lt_;  // the process's cuBLASLt (never unloaded)
@@ -72,9 +93,13 @@ class GemmRunner {
   std::map<Key, Plan> plans_;
 };
 
-// True when VOCABPIPE_GEMM_EPILOGUE=bias: LinearForward adds its bias in the GEMM's cuBLASLt
-// epilogue instead of a separate kernel (opt-in until measured on a GPU; read at every call).
+// True when VOCABPIPE_GEMM_EPILOGUE=bias or gelu: LinearForward adds its bias in the GEMM's
+// cuBLASLt epilogue instead of a separate kernel (opt-in until measured on a GPU; read at every
+// call).
 bool FusedBiasEpilogue();
+// True when VOCABPIPE_GEMM_EPILOGUE=gelu: also LinearGeluForward's GELU and
+// LinearBackwardInputGelu's GELU gradient in the epilogue (opt-in likewise).
+bool FusedGeluEpilogue();
 
 // Linear layer, weight in Conv1D layout [in, out] (the CPU engine's layout), T float or bf16.
 // out = inp · weight (+ bias).
@@ -84,6 +109,24 @@ absl::Status LinearForward(GemmRunner& gemm, T* out,  // (n, out_dim)
                            const T* weight,           // (in_dim, out_dim)
                            const T* bias,             // (out_dim) or null
                            int n, int in_dim, int out_dim, cudaStream_t stream);
+// GPT-2's c_fc and its GELU: pre = inp · weight + bias, out = gelu(pre) (tanh form). One GEMM
+// with VOCABPIPE_GEMM_EPILOGUE=gelu where cuBLASLt allows, else LinearForward and GeluForward.
+template <typename T>
+absl::Status LinearGeluForward(GemmRunner& gemm, T* out,  // (n, out_dim)  gelu(pre)
+                               T* pre,                    // (n, out_dim)  the GELU's input
+                               const T* inp,              // (n, in_dim)
+                               const T* weight,           // (in_dim, out_dim)
+                               const T* bias,             // (out_dim) or null
+                               int n, int in_dim, int out_dim, cudaStream_t stream);
+// B part through the GELU that feeds this layer: dpre = (dout · weightᵀ) ∘ gelu'(pre)
+// (overwrites). One GEMM with VOCABPIPE_GEMM_EPILOGUE=gelu where cuBLASLt allows, else
+// LinearBackwardInput and GeluBackward.
+template <typename T>
+absl::Status LinearBackwardInputGelu(GemmRunner& gemm, T* dpre,  // (n, in_dim)
+                                     const T* dout,              // (n, out_dim)
+                                     const T* weight,            // (in_dim, out_dim)
+                                     const T* pre,               // (n, in_dim)
+                                     int n, int in_dim, int out_dim, cudaStream_t stream);
 // B part: dinp = dout · weightᵀ (overwrites).
 template <typename T>
 absl::Status LinearBackwardInput(GemmRunner& gemm, T* dinp,  // (n, in_dim)

@@ -173,10 +173,12 @@ struct AttentionShape {
 // accumulators in registers, FlashAttention-2 style (attention_flash.cu; the fastest on an H100,
 // 1.37x the tensor-core kernels' step at GPT-2 h = 2048); kFlashPipelined: the flash kernels with
 // double-buffered cp.async tile loads and ldmatrix operand loads (attention_flash.cu; opt-in until
-// it has passed and been timed on a GPU). kDefault: the VOCABPIPE_ATTENTION environment variable
-// ("fma", "tensor-core", "flash" or "flash-pipelined"), else kFlash. fp32 attention always uses
-// kFma: its results must equal the CPU's to fp32 rounding.
-enum class AttentionKernels { kDefault, kFma, kTensorCore, kFlash, kFlashPipelined };
+// it has passed and been timed on a GPU); kFlashWide: the pipelined backward and a forward of 128
+// query rows per block, 32 per warp, so each key/value fragment read from shared memory feeds two
+// products (opt-in likewise). kDefault: the VOCABPIPE_ATTENTION environment variable ("fma",
+// "tensor-core", "flash", "flash-pipelined" or "flash-wide"), else kFlash. fp32 attention always
+// uses kFma: its results must equal the CPU's to fp32 rounding.
+enum class AttentionKernels { kDefault, kFma, kTensorCore, kFlash, kFlashPipelined, kFlashWide };
 // The kernels kDefault resolves to for bf16 now (reads VOCABPIPE_ATTENTION).
 AttentionKernels DefaultAttentionKernels();
 

@@ -159,6 +159,29 @@ absl::Status DeviceColumnParallelLinear<T>::Forward(T* y, const T* x_local, int 
 }
 
 template <typename T>
+absl::Status DeviceColumnParallelLinear<T>::ForwardGelu(T* y, T* pre, const T* x_local,
+                                                        int n) const {
+  auto x = sp_->Gather(x_local, n, p_.in);
+  if (!x.ok()) return x.status();
+  const DeviceContext& ctx = sp_->ctx();
+  if (p_.layout == WeightLayout::kInOut) {
+    if (absl::Status s = LinearGeluForward<T>(*ctx.gemm, y, pre, x->data(), p_.w, p_.b, n, p_.in,
+                                              p_.out, ctx.stream);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    if (absl::Status s = Product<T>(*ctx.gemm, p_.layout, pre, x->data(), p_.w, p_.b, n, p_.in,
+                                    p_.out, ctx.stream);
+        !s.ok()) {
+      return s;
+    }
+    VP_CUDA_RETURN_IF_ERROR(GeluForward<T>(y, pre, static_cast<long>(n) * p_.out, ctx.stream));
+  }
+  return Done(sp_->group(), ctx);
+}
+
+template <typename T>
 absl::Status DeviceColumnParallelLinear<T>::BackwardInput(T* dx_local, const T* dy, int n) const {
   const DeviceContext& ctx = sp_->ctx();
   if (sp_->group().size() == 1) {  // the plain layer's input gradient
@@ -232,6 +255,30 @@ absl::Status DeviceRowParallelLinear<T>::BackwardInput(T* dx, const T* dy_local,
                                                p_.out, ctx.stream);
       !s.ok()) {
     return s;
+  }
+  return Done(sp_->group(), ctx);
+}
+
+template <typename T>
+absl::Status DeviceRowParallelLinear<T>::BackwardInputGelu(T* dpre, const T* dy_local, const T* pre,
+                                                           int n) const {
+  auto dy = sp_->Gather(dy_local, n, p_.out);
+  if (!dy.ok()) return dy.status();
+  const DeviceContext& ctx = sp_->ctx();
+  if (p_.layout == WeightLayout::kInOut) {
+    if (absl::Status s = LinearBackwardInputGelu<T>(*ctx.gemm, dpre, dy->data(), p_.w, pre, n,
+                                                    p_.in, p_.out, ctx.stream);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    if (absl::Status s = ProductBackwardInput<T>(*ctx.gemm, p_.layout, dpre, dy->data(), p_.w, n,
+                                                 p_.in, p_.out, ctx.stream);
+        !s.ok()) {
+      return s;
+    }
+    VP_CUDA_RETURN_IF_ERROR(
+        GeluBackward<T>(dpre, pre, dpre, static_cast<long>(n) * p_.in, ctx.stream));
   }
   return Done(sp_->group(), ctx);
 }

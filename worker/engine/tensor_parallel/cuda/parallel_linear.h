@@ -95,6 +95,12 @@ class DeviceColumnParallelLinear {
   absl::Status Forward(T* y,              // (n, out_r)
                        const T* x_local,  // (m, in)
                        int n) const;
+  // The same followed by GELU (GPT-2's c_fc): pre = Y, y = gelu(Y), in one GEMM under
+  // VOCABPIPE_GEMM_EPILOGUE=gelu (LinearGeluForward).
+  absl::Status ForwardGelu(T* y,              // (n, out_r)  gelu(pre)
+                           T* pre,            // (n, out_r)
+                           const T* x_local,  // (m, in)
+                           int n) const;
   // B: dX_local (m, in) = reduce-scatter(dY · W_rᵀ) (overwrites).
   absl::Status BackwardInput(T* dx_local,  // (m, in)
                              const T* dy,  // (n, out_r)
@@ -124,6 +130,12 @@ class DeviceRowParallelLinear {
   absl::Status BackwardInput(T* dx,              // (n, in_r)
                              const T* dy_local,  // (m, out)
                              int n) const;
+  // The same through the GELU that produced X = gelu(pre) (GPT-2's c_proj): dpre (n, in_r) =
+  // dX ∘ gelu'(pre), in one GEMM under VOCABPIPE_GEMM_EPILOGUE=gelu (LinearBackwardInputGelu).
+  absl::Status BackwardInputGelu(T* dpre,            // (n, in_r)
+                                 const T* dy_local,  // (m, out)
+                                 const T* pre,       // (n, in_r)
+                                 int n) const;
   // W: dW_r += Xᵀ · gather(dY_local), db += Σ_rows dY_local (this rank's rows).
   absl::Status BackwardWeight(const T* dy_local,  // (m, out)
                               const T* x,         // (n, in_r)

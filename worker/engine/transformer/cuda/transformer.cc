@@ -241,11 +241,10 @@ class DeviceLayer {
                                              p_.ln2_b, m, h, st));
     const long nf = static_cast<long>(n) * f;
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch));
-    MarkPhase(st, Phase::kGemmFc1);
-    VP_LS_RETURN_IF_ERROR(mlp_in_.Forward(acts.fch.data(), acts.ln2.data(), n));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.fch_gelu));
-    MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(GeluForward(acts.fch_gelu.data(), acts.fch.data(), nf, st));
+    MarkPhase(st, Phase::kGemmFc1);  // the GELU in the GEMM's epilogue, or marked kElementwise
+    VP_LS_RETURN_IF_ERROR(
+        mlp_in_.ForwardGelu(acts.fch_gelu.data(), acts.fch.data(), acts.ln2.data(), n));
     MarkPhase(st, Phase::kGemmFc2);
     VP_LS_RETURN_IF_ERROR(mlp_out_.Forward(out, acts.fch_gelu.data(), n));
     MarkPhase(st, Phase::kElementwise);
@@ -274,11 +273,8 @@ class DeviceLayer {
     MarkPhase(st, Phase::kCopy);
     VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_out.data(), dout, mh, st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, nf, acts.d_fch));
-    MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(mlp_out_.BackwardInput(acts.d_fch.data(), dout, n));
-    MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(
-        GeluBackward(acts.d_fch.data(), acts.fch.data(), acts.d_fch.data(), nf, st));
+    MarkPhase(st, Phase::kGemmFc2);  // the GELU gradient in the GEMM's epilogue, or kElementwise
+    VP_LS_RETURN_IF_ERROR(mlp_out_.BackwardInputGelu(acts.d_fch.data(), dout, acts.fch.data(), n));
     acts.fch.Reset();  // W needs only the GELU output
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln2));
     MarkPhase(st, Phase::kGemmFc1);
