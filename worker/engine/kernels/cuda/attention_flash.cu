@@ -252,6 +252,21 @@ __device__ __forceinline__ void LoadTileFor(bf16* dst, const bf16* src, long ld,
   }
 }
 
+// Column 0 of query head h of sequence b in q, and of the key/value head it reads in k and v
+// (grouped-query: head h / (heads / kv_heads)).
+struct HeadRows {
+  const bf16* q;  // (q_len rows, stride ldq)
+  const bf16* k;  // (kv_rows rows, stride kv_width)
+  const bf16* v;  // (kv_rows rows, stride kv_width)
+};
+__device__ __forceinline__ HeadRows RowsOfHead(const bf16* q, int ldq, const bf16* k, const bf16* v,
+                                               const AttentionShape& s, int b, int h) {
+  const int hd = s.head_dim, q_len = s.q_end - s.q_begin, kvw = s.kv_width();
+  const long kv_offset =
+      static_cast<long>(b) * s.kv_rows * kvw + (h / (s.heads / s.num_kv_heads())) * hd;
+  return {q + static_cast<long>(b) * q_len * ldq + h * hd, k + kv_offset, v + kv_offset};
+}
+
 // Bytes of one (kRows, D + 8) bf16 tile.
 template <int D>
 constexpr size_t TileBytes() {
@@ -455,10 +470,9 @@ __global__ void __launch_bounds__(kThreads)
   const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;  // its last real row's key
   // Absolute position of this lane's first row (padding rows compute garbage, never written).
   const int pos0 = s.q_begin + i0 + w0 + g;
-  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
-  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
-  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
-  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const int kvw = s.kv_width();
+  const HeadRows rows_of = RowsOfHead(q, ldq, k, v, s, b, h);
+  const bf16 *qh = rows_of.q, *kh = rows_of.k, *vh = rows_of.v;
   const int n_tiles = (n_keys + kRows - 1) / kRows;
 
   if constexpr (kPipelined) {  // the first key/value tile flies while the queries load
@@ -550,10 +564,9 @@ __global__ void __launch_bounds__(kThreads)
   const bool warp_real = i0 + w0 < q_len;
   const int warp_last = s.q_begin + min(i0 + w0 + 16 * kWideMTiles, q_len) - 1;
   const int pos0 = s.q_begin + i0 + w0 + g;  // this lane's first row in m-tile 0; +16 in m-tile 1
-  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
-  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
-  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
-  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const int kvw = s.kv_width();
+  const HeadRows rows_of = RowsOfHead(q, ldq, k, v, s, b, h);
+  const bf16 *qh = rows_of.q, *kh = rows_of.k, *vh = rows_of.v;
   const int n_tiles = (n_keys + kRows - 1) / kRows;
 
   LoadTileAsync<D>(qs, qh, ldq, i0, q_len, hd);
@@ -811,11 +824,10 @@ __global__ void __launch_bounds__(kThreads)
   const bool warp_real = i0 + w0 < q_len;
   const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;
   const int pos0 = s.q_begin + i0 + w0 + g, pos1 = pos0 + 8;
-  const bf16* qh = q + static_cast<long>(b) * q_len * ldq + h * hd;
   const bf16* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
-  const int kvw = s.kv_width(), kvc = (h / (s.heads / s.num_kv_heads())) * hd;
-  const bf16* kh = k + static_cast<long>(b) * s.kv_rows * kvw + kvc;
-  const bf16* vh = v + static_cast<long>(b) * s.kv_rows * kvw + kvc;
+  const int kvw = s.kv_width();
+  const HeadRows rows_of = RowsOfHead(q, ldq, k, v, s, b, h);
+  const bf16 *qh = rows_of.q, *kh = rows_of.k, *vh = rows_of.v;
   const float scale_log2 = scale * kLog2e;
   // This lane's two rows' statistics (padding rows: 0, their P is masked).
   const long stat = (static_cast<long>(b) * s.heads + h) * q_len + i0 + w0 + g;

@@ -203,34 +203,23 @@ absl::Status GemmRunner::GemmBiasGelu(bool trans_a, bool trans_b, int m, int n, 
                                       const void* a, int lda, const void* b, int ldb, void* c,
                                       int ldc, DType ab_type, DType c_type, const void* bias,
                                       void* pre, cudaStream_t stream) {
-  if (bias == nullptr || pre == nullptr) {
-    return absl::InvalidArgumentError("gemm: bias and pre must not be null");
-  }
-  if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
-    return st;
-  }
-  if (m == 0 || n == 0) return absl::OkStatus();
-  if (reinterpret_cast<uintptr_t>(pre) % kAuxAlignment != 0) {
-    return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
-  }
-  const Key key{trans_a,
-                trans_b,
-                m,
-                n,
-                k,
-                lda,
-                ldb,
-                ldc,
-                static_cast<int>(ab_type),
-                static_cast<int>(c_type),
-                Epilogue::kBiasGeluAux};
-  return Run(key, 1.0f, a, b, 0.0f, c, bias, pre, stream);
+  if (bias == nullptr) return absl::InvalidArgumentError("gemm: bias must not be null");
+  return GemmGelu(Epilogue::kBiasGeluAux, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+                  ab_type, c_type, bias, pre, stream);
 }
 
 absl::Status GemmRunner::GemmGeluGrad(bool trans_a, bool trans_b, int m, int n, int k,
                                       const void* a, int lda, const void* b, int ldb, void* c,
                                       int ldc, DType ab_type, DType c_type, const void* pre,
                                       cudaStream_t stream) {
+  return GemmGelu(Epilogue::kGeluGrad, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, ab_type,
+                  c_type, nullptr, pre, stream);
+}
+
+absl::Status GemmRunner::GemmGelu(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n,
+                                  int k, const void* a, int lda, const void* b, int ldb, void* c,
+                                  int ldc, DType ab_type, DType c_type, const void* bias,
+                                  const void* pre, cudaStream_t stream) {
   if (pre == nullptr) return absl::InvalidArgumentError("gemm: pre must not be null");
   if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
     return st;
@@ -239,18 +228,10 @@ absl::Status GemmRunner::GemmGeluGrad(bool trans_a, bool trans_b, int m, int n, 
   if (reinterpret_cast<uintptr_t>(pre) % kAuxAlignment != 0) {
     return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
   }
-  const Key key{trans_a,
-                trans_b,
-                m,
-                n,
-                k,
-                lda,
-                ldb,
-                ldc,
-                static_cast<int>(ab_type),
-                static_cast<int>(c_type),
-                Epilogue::kGeluGrad};
-  return Run(key, 1.0f, a, b, 0.0f, c, nullptr, pre, stream);
+  const Key key{
+      trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
+      epilogue};
+  return Run(key, 1.0f, a, b, 0.0f, c, bias, pre, stream);
 }
 
 absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const void* b, float beta,
