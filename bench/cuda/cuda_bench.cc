@@ -1051,7 +1051,7 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
   // AdamW (the runtime's defaults: β 0.9/0.95, ε 1e-8, weight decay 0.1), lr 3e-4, clip 1.0.
   std::vector<double> host_partials(kSquaredNormBlocks);
   auto optimizer = [&](int64_t t, double* grad_norm) -> absl::Status {
-    MarkPhase(stream, Phase::kOther);
+    MarkPhase(stream, Phase::kOptimizer);
     VP_CUDA_RETURN_IF_ERROR(SquaredNormPartials(partials.data(), g, count, stream));
     VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_partials.data(), partials.data(),
                                             kSquaredNormBlocks * sizeof(double),
@@ -1065,7 +1065,7 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
     ap.grad_scale = *grad_norm > 1.0 ? static_cast<float>(1.0 / *grad_norm) : 1.0f;
     ap.bc1 = 1.0 - std::pow(static_cast<double>(ap.beta1), static_cast<double>(t));
     ap.bc2 = 1.0 - std::pow(static_cast<double>(ap.beta2), static_cast<double>(t));
-    MarkPhase(stream, Phase::kOther);
+    MarkPhase(stream, Phase::kOptimizer);
     VP_CUDA_RETURN_IF_ERROR(AdamWStep(master.data(), params.data(), g, adam_m.data(), adam_v.data(),
                                       decay.data(), count, ap, stream));
     return Finish(ctx);
@@ -1133,7 +1133,7 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
     VP_BENCH_RETURN_IF_ERROR(timer->Collect().status());
     const auto t0 = std::chrono::steady_clock::now();
     double profiled_loss = 0;
-    MarkPhase(stream, Phase::kOther);
+    MarkPhase(stream, Phase::kOptimizer);  // ZeroGrads
     VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g, 0, count * sizeof(float), stream));
     VP_BENCH_RETURN_IF_ERROR(Finish(ctx));
     for (int j = 0; j < m; ++j) VP_BENCH_RETURN_IF_ERROR(microbatch(j, &profiled_loss));

@@ -36,6 +36,8 @@ const char* PhaseName(Phase phase) {
       return "out.gemm";
     case Phase::kOutSoftmax:
       return "out.softmax";
+    case Phase::kOptimizer:
+      return "optimizer";
     case Phase::kOther:
       return "other";
     case Phase::kIdle:

@@ -34,7 +34,8 @@ enum class Phase : int {
   kCopy,         // device-to-device copies (K/V cache rows, stashed gradients)
   kOutGemm,      // the output layer's GEMMs (logits, A = P'·W, ∇W, ∇X')
   kOutSoftmax,   // the output layer's softmax passes over the (n × rows) logits
-  kOther,        // anything else the caller marks (embedding, optimizer, final norm, ...)
+  kOptimizer,    // the step's gradient zeroing, gradient norm and AdamW
+  kOther,        // anything else the caller marks (embeddings, conversions, ...)
   kIdle,         // marked by Finish: the stream waits for the host until the next mark
   kCount
 };
