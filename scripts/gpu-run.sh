@@ -514,7 +514,7 @@ else
     run_job "gpu-p1-bf16-$kernels" 60
   done
   unset VOCABPIPE_ATTENTION
-  # The 16-byte memory-bound kernels (norms, GELU, SwiGLU, residual, bias; opt-in,
+  # The 16-byte memory-bound kernels (norms, GELU, SwiGLU, residual, bias, softmax rows, AdamW; opt-in,
   # VOCABPIPE_MEMORY_KERNELS=vector): the layer stacks (GPT-2 and Llama) and the bf16 job.
   say "== the 16-byte memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector)"
   export VOCABPIPE_MEMORY_KERNELS=vector

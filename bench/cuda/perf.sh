@@ -40,7 +40,7 @@
 # by default pipelined (VOCABPIPE_ATTENTION=flash-pipelined: the flash kernels with cp.async
 # double buffering and ldmatrix operands), wide (VOCABPIPE_ATTENTION=flash-wide: the pipelined
 # backward and a forward of 32 query rows per warp), vector (VOCABPIPE_MEMORY_KERNELS=vector:
-# 16-byte norm, GELU, SwiGLU, residual, bias and output-layer softmax kernels), gelu
+# 16-byte norm, GELU, SwiGLU, residual, bias, output-layer softmax and AdamW kernels), gelu
 # (VOCABPIPE_GEMM_EPILOGUE=gelu: the linear layers' bias, GPT-2's GELU and its gradient in the
 # cuBLASLt epilogues; the bias epilogue's own gain runs 3 and 4 measured) and all (wide, vector
 # and gelu); about 15 s a variant for the three models. Each runs cuda_bench's

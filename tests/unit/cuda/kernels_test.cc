@@ -1026,6 +1026,51 @@ TEST(CudaKernels, AdamWMatchesCpuOptimizer) {
   ExpectClose(back.Get(), cpu_p, 1.0 / 256, 0, "bf16 params");
 }
 
+// VOCABPIPE_MEMORY_KERNELS=vector: AdamW four elements per access equals the element kernel (the
+// same per-element function; to 2e-7 relative, in case the compiler contracts differently), on a
+// count with a tail (1003 = 4·250 + 3), from a 16-byte aligned shard start (offset 4: the vector
+// kernel) and from a misaligned one (offset 2: the fall-back), with and without the bf16 copy.
+TEST(CudaKernels, AdamWVectorKernelMatchesTheElementKernel) {
+  SKIP_WITHOUT_DEVICE();
+  const size_t count = 1003, pad = 8;
+  const auto p = Random(count + pad, 24), g = Random(count + pad, 25, 0.1f);
+  std::vector<uint8_t> decay(count + pad);
+  for (size_t i = 0; i < decay.size(); ++i) decay[i] = i % 3 != 0;
+  for (const size_t offset : {size_t{4}, size_t{2}}) {
+    for (const bool copy : {true, false}) {
+      std::vector<float> results[2][4];  // per kernel set: master, m, v, params
+      const MemoryKernels sets[2] = {MemoryKernels::kElement, MemoryKernels::kVector};
+      for (int k = 0; k < 2; ++k) {
+        Dev<float> gp(p), gg(g), gm(count + pad), gv(count + pad);
+        Dev<bf16> gbf(count + pad);
+        Dev<uint8_t> gdecay(decay);
+        for (int step = 1; step <= 3; ++step) {
+          AdamWParams ap{.lr = 1e-3f,
+                         .grad_scale = 0.5f,
+                         .bc1 = 1.0 - std::pow(0.9, step),
+                         .bc2 = 1.0 - std::pow(0.95, step)};
+          ASSERT_EQ(AdamWStep(gp.p + offset, copy ? gbf.p + offset : nullptr, gg.p + offset,
+                              gm.p + offset, gv.p + offset, gdecay.p + offset, count, ap, nullptr,
+                              sets[k]),
+                    cudaSuccess);
+        }
+        results[k][0] = gp.Get();
+        results[k][1] = gm.Get();
+        results[k][2] = gv.Get();
+        results[k][3] = Download(gbf);
+      }
+      const char* names[] = {"master", "m", "v", "bf16 params"};
+      for (int a = 0; a < 4; ++a) {
+        ExpectClose(results[1][a], results[0][a], 2e-7, 0, names[a]);
+      }
+      // The elements outside the shard are untouched; inside, the update happened.
+      EXPECT_EQ(results[1][0][offset - 1], p[offset - 1]);
+      EXPECT_EQ(results[1][0][offset + count], p[offset + count]);
+      EXPECT_NE(results[1][0][offset + count - 1], p[offset + count - 1]);
+    }
+  }
+}
+
 // cuda_bench's breakdown: without a timer MarkPhase does nothing; with one, the time between
 // marks on its stream goes to the earlier mark's phase, marks on other streams are ignored and
 // Collect starts a new window.

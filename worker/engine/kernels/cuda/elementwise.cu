@@ -1,7 +1,7 @@
 // Embeddings, GELU, residual, bias, conversions and AdamW: memory-bound elementwise kernels with
-// grid-stride loops; all arithmetic in fp32. GELU, the residual adds and the bias add also come
-// as 16-byte kernels (MemoryKernels::kVector: V = kVec<T> values per thread and access, the same
-// per-element math), used where the sizes are multiples of V and the pointers 16-byte aligned.
+// grid-stride loops; all arithmetic in fp32. GELU, the residual adds, the bias add and AdamW also
+// come as 16-byte kernels (MemoryKernels::kVector: V = kVec<T> values per thread and access, the
+// same per-element math), used where the sizes are multiples of V and the pointers 16-byte aligned.
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -227,26 +227,75 @@ __global__ void Bf16ToFloatKernel(float* out, const __nv_bfloat16* inp, long n) 
   }
 }
 
-// The CPU optimizer's arithmetic, element by element (same operation order, so the fp32
-// master weights agree to rounding).
-__global__ void AdamWKernel(float* master, __nv_bfloat16* params, const float* grads, float* m,
-                            float* v, const uint8_t* decay, size_t count, float lr, float b1,
-                            float b2, float eps, float decay_factor, float grad_scale,
-                            float step_size, float bc2_sqrt) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+// AdamW's per-step constants (AdamWStep derives them from AdamWParams).
+struct AdamWScalars {
+  float b1, b2, eps, decay_factor, grad_scale, step_size, bc2_sqrt;
+};
+
+// One element: the CPU optimizer's arithmetic in its order, so the fp32 master weights agree to
+// rounding and both kernels below agree bit for bit. Returns the new weight; updates m and v.
+__device__ __forceinline__ float AdamWElement(float p, float grad, float& m, float& v, bool decay,
+                                              const AdamWScalars& a) {
+  const float g = grad * a.grad_scale;
+  if (decay) p *= a.decay_factor;
+  m = a.b1 * m + (1.0f - a.b1) * g;
+  v = a.b2 * v + (1.0f - a.b2) * g * g;
+  const float denom = sqrtf(v) / a.bc2_sqrt + a.eps;
+  return p - a.step_size * m / denom;
+}
+
+// Elements [first, count), one per thread and step of the grid-stride loop.
+__device__ __forceinline__ void AdamWElements(float* master, __nv_bfloat16* params,
+                                              const float* grads, float* m, float* v,
+                                              const uint8_t* decay, size_t first, size_t count,
+                                              const AdamWScalars& a) {
+  for (size_t i = first + blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = grads[i] * grad_scale;
-    float p = master[i];
-    if (decay[i]) p *= decay_factor;
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    float mi = m[i], vi = v[i];
+    const float p = AdamWElement(master[i], grads[i], mi, vi, decay[i] != 0, a);
     m[i] = mi;
     v[i] = vi;
-    const float denom = sqrtf(vi) / bc2_sqrt + eps;
-    p = p - step_size * mi / denom;
     master[i] = p;
     if (params != nullptr) params[i] = __float2bfloat16(p);
   }
+}
+
+__global__ void AdamWKernel(float* master, __nv_bfloat16* params, const float* grads, float* m,
+                            float* v, const uint8_t* decay, size_t count, AdamWScalars a) {
+  AdamWElements(master, params, grads, m, v, decay, 0, count, a);
+}
+
+// MemoryKernels::kVector: four elements per thread and access (16-byte fp32 loads and stores,
+// 8-byte bf16 stores, 4-byte decay flags); the last count % 4 elements one at a time. Needs
+// master, grads, m, v 16-byte, params 8-byte and decay 4-byte aligned (AdamWStep checks).
+__global__ void AdamWVectorKernel(float* master, __nv_bfloat16* params, const float* grads,
+                                  float* m, float* v, const uint8_t* decay, size_t count,
+                                  AdamWScalars a) {
+  const size_t quads = count / 4;
+  for (size_t q = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; q < quads;
+       q += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float4 p4 = reinterpret_cast<const float4*>(master)[q];
+    const float4 g4 = reinterpret_cast<const float4*>(grads)[q];
+    float4 m4 = reinterpret_cast<const float4*>(m)[q];
+    float4 v4 = reinterpret_cast<const float4*>(v)[q];
+    const uchar4 d4 = reinterpret_cast<const uchar4*>(decay)[q];
+    const float4 out = make_float4(AdamWElement(p4.x, g4.x, m4.x, v4.x, d4.x != 0, a),
+                                   AdamWElement(p4.y, g4.y, m4.y, v4.y, d4.y != 0, a),
+                                   AdamWElement(p4.z, g4.z, m4.z, v4.z, d4.z != 0, a),
+                                   AdamWElement(p4.w, g4.w, m4.w, v4.w, d4.w != 0, a));
+    reinterpret_cast<float4*>(m)[q] = m4;
+    reinterpret_cast<float4*>(v)[q] = v4;
+    reinterpret_cast<float4*>(master)[q] = out;
+    if (params != nullptr) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(out.x, out.y),
+                           hi = __floats2bfloat162_rn(out.z, out.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      reinterpret_cast<uint2*>(params)[q] = packed;
+    }
+  }
+  AdamWElements(master, params, grads, m, v, decay, quads * 4, count, a);
 }
 
 }  // namespace
@@ -371,15 +420,26 @@ cudaError_t Bf16ToFloat(float* out, const bf16* inp, long n, cudaStream_t stream
 }
 
 cudaError_t AdamWStep(float* master, bf16* params, const float* grads, float* m, float* v,
-                      const uint8_t* decay, size_t count, const AdamWParams& p,
-                      cudaStream_t stream) {
+                      const uint8_t* decay, size_t count, const AdamWParams& p, cudaStream_t stream,
+                      MemoryKernels kernels) {
   if (count == 0) return cudaSuccess;
-  const float step_size = static_cast<float>(p.lr / p.bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(p.bc2));
-  const float decay_factor = 1.0f - p.lr * p.weight_decay;
-  AdamWKernel<<<ElementwiseBlocks(static_cast<long>(count), kThreads), kThreads, 0, stream>>>(
-      master, params, grads, m, v, decay, count, p.lr, p.beta1, p.beta2, p.eps, decay_factor,
-      p.grad_scale, step_size, bc2_sqrt);
+  const AdamWScalars a{.b1 = p.beta1,
+                       .b2 = p.beta2,
+                       .eps = p.eps,
+                       .decay_factor = 1.0f - p.lr * p.weight_decay,
+                       .grad_scale = p.grad_scale,
+                       .step_size = static_cast<float>(p.lr / p.bc1),
+                       .bc2_sqrt = static_cast<float>(std::sqrt(p.bc2))};
+  const bool vector = UseVectorKernels(kernels) && Aligned16({master, grads, m, v}) &&
+                      reinterpret_cast<uintptr_t>(params) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(decay) % 4 == 0;
+  if (vector) {
+    AdamWVectorKernel<<<ElementwiseBlocks(static_cast<long>(count / 4) + 1, kThreads), kThreads, 0,
+                        stream>>>(master, params, grads, m, v, decay, count, a);
+  } else {
+    AdamWKernel<<<ElementwiseBlocks(static_cast<long>(count), kThreads), kThreads, 0, stream>>>(
+        master, params, grads, m, v, decay, count, a);
+  }
   return cudaGetLastError();
 }
 

@@ -322,7 +322,8 @@ cudaError_t VocabSoftmaxBackward(T* probs,                    // (n, rows)
 // ---------------------------------------------------------------------------------------------
 // AdamW (torch semantics, same as vp::engine::AdamW::Step) on fp32 master weights, writing the
 // bf16 working copy. decay[i] = 1 where weight decay applies. bc1 = 1 − β1^t, bc2 = 1 − β2^t
-// (computed by the caller in double, as the CPU optimizer does). params may be null.
+// (computed by the caller in double, as the CPU optimizer does). params may be null. With
+// MemoryKernels::kVector, four elements per access where the pointers allow (bit-identical).
 struct AdamWParams {
   float lr = 0.0f;
   float beta1 = 0.9f;
@@ -339,7 +340,8 @@ cudaError_t AdamWStep(float* master,         // (count)
                       float* m,              // (count)
                       float* v,              // (count)
                       const uint8_t* decay,  // (count)
-                      size_t count, const AdamWParams& p, cudaStream_t stream);
+                      size_t count, const AdamWParams& p, cudaStream_t stream,
+                      MemoryKernels kernels = MemoryKernels::kDefault);
 
 // fp32 ↔ bf16 conversions (round to nearest even), for uploads and comparisons.
 cudaError_t FloatToBf16(bf16* out, const float* inp, long n, cudaStream_t stream);
