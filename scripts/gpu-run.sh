@@ -514,8 +514,8 @@ else
     run_job "gpu-p1-bf16-$kernels" 60
   done
   unset VOCABPIPE_ATTENTION
-  # The 16-byte memory-bound kernels (norms, GELU, SwiGLU, residual, bias, softmax rows, AdamW; opt-in,
-  # VOCABPIPE_MEMORY_KERNELS=vector): the layer stacks (GPT-2 and Llama) and the bf16 job.
+  # The 16-byte memory-bound kernels (norms, GELU, SwiGLU, residual, bias, softmax rows, AdamW;
+  # opt-in, VOCABPIPE_MEMORY_KERNELS=vector): the layer stacks (GPT-2 and Llama) and the bf16 job.
   say "== the 16-byte memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector)"
   export VOCABPIPE_MEMORY_KERNELS=vector
   run_test cuda_layer_stack_test 45 vector
