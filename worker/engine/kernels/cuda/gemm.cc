@@ -158,22 +158,8 @@ absl::Status CheckGemmShape(bool trans_a, bool trans_b, int m, int n, int k, int
 absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                               const void* a, int lda, const void* b, int ldb, float beta, void* c,
                               int ldc, DType ab_type, DType c_type, cudaStream_t stream) {
-  if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
-    return st;
-  }
-  if (m == 0 || n == 0) return absl::OkStatus();
-  const Key key{trans_a,
-                trans_b,
-                m,
-                n,
-                k,
-                lda,
-                ldb,
-                ldc,
-                static_cast<int>(ab_type),
-                static_cast<int>(c_type),
-                Epilogue::kNone};
-  return Run(key, alpha, a, b, beta, c, nullptr, nullptr, stream);
+  return RunChecked(Epilogue::kNone, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                    ab_type, c_type, nullptr, nullptr, stream);
 }
 
 absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
@@ -181,57 +167,49 @@ absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int 
                                   void* c, int ldc, DType ab_type, DType c_type, const void* bias,
                                   cudaStream_t stream) {
   if (bias == nullptr) return absl::InvalidArgumentError("gemm: bias must not be null");
-  if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
-    return st;
-  }
-  if (m == 0 || n == 0) return absl::OkStatus();
-  const Key key{trans_a,
-                trans_b,
-                m,
-                n,
-                k,
-                lda,
-                ldb,
-                ldc,
-                static_cast<int>(ab_type),
-                static_cast<int>(c_type),
-                Epilogue::kBias};
-  return Run(key, alpha, a, b, beta, c, bias, nullptr, stream);
+  return RunChecked(Epilogue::kBias, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                    ab_type, c_type, bias, nullptr, stream);
 }
 
 absl::Status GemmRunner::GemmBiasGelu(bool trans_a, bool trans_b, int m, int n, int k,
                                       const void* a, int lda, const void* b, int ldb, void* c,
                                       int ldc, DType ab_type, DType c_type, const void* bias,
                                       void* pre, cudaStream_t stream) {
-  if (bias == nullptr) return absl::InvalidArgumentError("gemm: bias must not be null");
-  return GemmGelu(Epilogue::kBiasGeluAux, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
-                  ab_type, c_type, bias, pre, stream);
+  if (bias == nullptr || pre == nullptr) {
+    return absl::InvalidArgumentError("gemm: bias and pre must not be null");
+  }
+  if (reinterpret_cast<uintptr_t>(pre) % kAuxAlignment != 0) {
+    return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
+  }
+  return RunChecked(Epilogue::kBiasGeluAux, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f,
+                    c, ldc, ab_type, c_type, bias, pre, stream);
 }
 
 absl::Status GemmRunner::GemmGeluGrad(bool trans_a, bool trans_b, int m, int n, int k,
                                       const void* a, int lda, const void* b, int ldb, void* c,
                                       int ldc, DType ab_type, DType c_type, const void* pre,
                                       cudaStream_t stream) {
-  return GemmGelu(Epilogue::kGeluGrad, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, ab_type,
-                  c_type, nullptr, pre, stream);
+  if (pre == nullptr) return absl::InvalidArgumentError("gemm: pre must not be null");
+  if (reinterpret_cast<uintptr_t>(pre) % kAuxAlignment != 0) {
+    return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
+  }
+  return RunChecked(Epilogue::kGeluGrad, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c,
+                    ldc, ab_type, c_type, nullptr, pre, stream);
 }
 
-absl::Status GemmRunner::GemmGelu(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n,
-                                  int k, const void* a, int lda, const void* b, int ldb, void* c,
-                                  int ldc, DType ab_type, DType c_type, const void* bias,
-                                  const void* pre, cudaStream_t stream) {
-  if (pre == nullptr) return absl::InvalidArgumentError("gemm: pre must not be null");
+absl::Status GemmRunner::RunChecked(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n,
+                                    int k, float alpha, const void* a, int lda, const void* b,
+                                    int ldb, float beta, void* c, int ldc, DType ab_type,
+                                    DType c_type, const void* bias, const void* aux,
+                                    cudaStream_t stream) {
   if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
     return st;
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  if (reinterpret_cast<uintptr_t>(pre) % kAuxAlignment != 0) {
-    return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
-  }
   const Key key{
       trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
       epilogue};
-  return Run(key, 1.0f, a, b, 0.0f, c, bias, pre, stream);
+  return Run(key, alpha, a, b, beta, c, bias, aux, stream);
 }
 
 absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const void* b, float beta,

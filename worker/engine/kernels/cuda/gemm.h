@@ -82,11 +82,11 @@ class GemmRunner {
   };
   explicit GemmRunner(const CublasLt* lt) : lt_(lt) {}
   absl::StatusOr<Plan*> GetPlan(const Key& key);
-  // GemmBiasGelu (bias set) and GemmGeluGrad (bias null): the checks and the GEMM.
-  absl::Status GemmGelu(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n, int k,
-                        const void* a, int lda, const void* b, int ldb, void* c, int ldc,
-                        DType ab_type, DType c_type, const void* bias, const void* pre,
-                        cudaStream_t stream);
+  // Every entry point's shape checks (an empty product does nothing), then Run.
+  absl::Status RunChecked(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n, int k,
+                          float alpha, const void* a, int lda, const void* b, int ldb, float beta,
+                          void* c, int ldc, DType ab_type, DType c_type, const void* bias,
+                          const void* aux, cudaStream_t stream);
   absl::Status Run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c,
                    const void* bias, const void* aux, cudaStream_t stream);
   void Destroy(Plan& plan);
