@@ -177,8 +177,9 @@ __device__ void LoadTileByElement(bf16* dst, const bf16* src, long ld, int first
 // and columns [head_dim, D) are zero. 16-byte copies when the rows allow them, kBatch loads issued
 // before their stores, so a tile at D = 128 costs 8 / kBatch memory latencies, not eight (a store
 // to shared memory between two loads orders them: the compiler cannot tell that the pointers do
-// not alias). kBatch 1 where the registers are short: the dK/dV kernel loads its query tiles
-// beside 128 accumulator registers, and two loads in flight made ptxas spill there.
+// not alias). kBatch 1 where the registers are short: the backward kernels stream their tiles
+// beside 64-128 accumulator registers, and two loads in flight made ptxas spill in the dK/dV
+// kernel and cost the dQ kernel a block per SM (163 → 180 registers).
 template <int D, int kBatch = 4>
 __device__ void LoadTile(bf16* dst, const bf16* src, long ld, int first, int limit, int head_dim) {
   const bool vec = head_dim % 8 == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0;
