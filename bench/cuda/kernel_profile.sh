@@ -63,7 +63,7 @@ flags=$("${py_env[@]}" "$python" "$here/torch_baseline.py" --cuda-bench-flags gp
 # delta kernel, the dK/dV and dQ kernels, 2 LayerNorm input and 2 weight gradients; then the
 # output layer's S and T: the softmax row kernels. The regex matches the kernels' function names;
 # 14 launches cover each once.
-# shellcheck disable=SC2206  # flags are words
+# shellcheck disable=SC2206,SC2054  # flags are words; commas inside a flag
 bench_cmd=("${bin_env[@]}" "$bench" --sections=layer,output --algorithm=2 --warmup=0 --iters=1
   $flags --layers=1)
 ncu_select=(--kernel-name "regex:Flash|Norm|AttentionDelta|VocabSoftmax" --launch-count 14)

@@ -261,6 +261,32 @@ or_dash() { [[ -n "$1" ]] && echo "$1" || echo "-"; }
     "(Algorithm 2); vp: cuda_bench step (runtime passes, p = 1); pt: torch autocast bf16 +" \
     "fp32 master, fused AdamW, SDPA. GiB: peak allocated / reserved over the timed steps." \
     "MODEL+NAME: the variant NAME (PERF_VARIANTS: ${variants[*]:-none})."
+  # Against the performance targets (layer forward, output layer, step MFU, the ratio to
+  # PyTorch eager, reserved / in use): "+" met, "-" not, "?" not measured.
+  echo "targets: layerF >= 55%, outS+T >= 65%, step MFU >= 45%, vp/torch >= 1.2x," \
+    "reserved/in use <= 1.15 (+ met, - not met, ? not measured)"
+  for m in "${rows[@]}"; do
+    f=$outdir/cuda_bench-$m.log
+    [[ -f "$f" ]] || continue
+    awk -v m="$m" -v lf="$(kv "$f" "PERF section=layer" f_mfu)" \
+      -v st="$(kv "$f" "PERF section=output" st_mfu)" -v mfu="$(kv "$f" "PERF section=step" mfu)" \
+      -v vt="$(kv "$f" "PERF section=step" tokens_per_s)" \
+      -v tt="$(kv "$outdir/torch.log" "TORCH model=${m%%+*} " tokens_per_s)" \
+      -v use="$(kv "$f" "PERF section=step" peak_inuse_gib)" \
+      -v res="$(kv "$f" "PERF section=step" peak_reserved_gib)" '
+      function mark(v, limit, above) {
+        if (v == "" || v == "n/a") return "?"
+        return (above ? v + 0 >= limit : v + 0 <= limit) ? "+" : "-"
+      }
+      BEGIN {
+        ratio = (vt != "" && tt != "" && tt + 0 > 0) ? sprintf("%.2f", vt / tt) : ""
+        fill = (use != "" && res != "" && use + 0 > 0) ? sprintf("%.2f", res / use) : ""
+        printf "%-15s layerF %s%s  outS+T %s%s  step %s%s  vp/torch %s%s  res/use %s%s\n", m,
+          lf == "" ? "-" : lf "%", mark(lf, 55, 1), st == "" ? "-" : st "%", mark(st, 65, 1),
+          mfu == "" ? "-" : mfu "%", mark(mfu, 45, 1), ratio == "" ? "-" : ratio "x",
+          mark(ratio, 1.2, 1), fill == "" ? "-" : fill, mark(fill, 1.15, 0)
+      }'
+  done
   echo "where the time goes (one profiled pass after the timed ones, CUDA events per phase; %" \
     "of the pass's device time; idle = the stream waiting after a sync):"
   for m in "${rows[@]}"; do
