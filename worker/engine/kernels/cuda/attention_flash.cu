@@ -441,6 +441,26 @@ struct OnlineSoftmax {
   }
 };
 
+// The query rows a block and warp of the forward and dQ kernels own: the block rows
+// [i0, i0 + block_rows) of the chunk (the heaviest, last, tiles first under the causal mask), the
+// warp rows [i0 + w0, + warp_rows).
+struct QueryTileRows {
+  int i0, w0;
+  int n_keys;      // keys the block's last real row sees (absolute positions [0, n_keys))
+  bool warp_real;  // the warp has a row < q_len
+  int warp_last;   // the absolute position of the warp's last real row
+  int pos0;        // the absolute position of this lane's first row (row g of the warp)
+  __device__ QueryTileRows(const AttentionShape& s, int block_rows, int warp_rows) {
+    const int q_len = s.q_end - s.q_begin, warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
+    i0 = (gridDim.x - 1 - blockIdx.x) * block_rows;
+    w0 = warp * warp_rows;
+    n_keys = s.q_begin + min(i0 + block_rows, q_len);
+    warp_real = i0 + w0 < q_len;
+    warp_last = s.q_begin + min(i0 + w0 + warp_rows, q_len) - 1;
+    pos0 = s.q_begin + i0 + w0 + g;
+  }
+};
+
 template <int D>
 constexpr size_t ForwardSmem(bool pipelined) {
   return (pipelined ? 4 : 2) * TileBytes<D>();
@@ -463,14 +483,10 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kStages = kPipelined ? 2 : 1;
   const int hd = s.head_dim, q_len = s.q_end - s.q_begin;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // heaviest tiles first (causal)
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
-  const int w0 = warp * 16;
-  const int n_keys = s.q_begin + min(i0 + kRows, q_len);  // keys the tile's last real row sees
-  const bool warp_real = i0 + w0 < q_len;
-  const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;  // its last real row's key
-  // Absolute position of this lane's first row (padding rows compute garbage, never written).
-  const int pos0 = s.q_begin + i0 + w0 + g;
+  const QueryTileRows mine(s, kRows, 16);
+  const int i0 = mine.i0, w0 = mine.w0, n_keys = mine.n_keys, warp_last = mine.warp_last;
+  const bool warp_real = mine.warp_real;
+  const int pos0 = mine.pos0;  // padding rows compute garbage, never written
   const int kvw = s.kv_width();
   const HeadRows rows_of = RowsOfHead(q, ldq, k, v, s, b, h);
   const bf16 *qh = rows_of.q, *kh = rows_of.k, *vh = rows_of.v;
@@ -558,13 +574,10 @@ __global__ void __launch_bounds__(kThreads)
   bf16* const kv = qs + 2 * kTile;
   const int hd = s.head_dim, q_len = s.q_end - s.q_begin;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kWideRows;  // heaviest tiles first (causal)
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
-  const int w0 = warp * 16 * kWideMTiles;
-  const int n_keys = s.q_begin + min(i0 + kWideRows, q_len);  // keys the last real row sees
-  const bool warp_real = i0 + w0 < q_len;
-  const int warp_last = s.q_begin + min(i0 + w0 + 16 * kWideMTiles, q_len) - 1;
-  const int pos0 = s.q_begin + i0 + w0 + g;  // this lane's first row in m-tile 0; +16 in m-tile 1
+  const QueryTileRows mine(s, kWideRows, 16 * kWideMTiles);
+  const int i0 = mine.i0, w0 = mine.w0, n_keys = mine.n_keys, warp_last = mine.warp_last;
+  const bool warp_real = mine.warp_real;
+  const int pos0 = mine.pos0;  // this lane's first row in m-tile 0; +16 in m-tile 1
   const int kvw = s.kv_width();
   const HeadRows rows_of = RowsOfHead(q, ldq, k, v, s, b, h);
   const bf16 *qh = rows_of.q, *kh = rows_of.k, *vh = rows_of.v;
@@ -818,13 +831,11 @@ __global__ void __launch_bounds__(kThreads)
   bf16* const dos = qs + kTile;                    // (64, D+8) dout rows
   const int hd = s.head_dim, width = s.heads * s.head_dim, q_len = s.q_end - s.q_begin;
   const int h = blockIdx.y, b = blockIdx.z;
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kRows;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int w0 = warp * 16;
-  const int n_keys = s.q_begin + min(i0 + kRows, q_len);
-  const bool warp_real = i0 + w0 < q_len;
-  const int warp_last = s.q_begin + min(i0 + w0 + 16, q_len) - 1;
-  const int pos0 = s.q_begin + i0 + w0 + g, pos1 = pos0 + 8;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const QueryTileRows mine(s, kRows, 16);
+  const int i0 = mine.i0, w0 = mine.w0, n_keys = mine.n_keys, warp_last = mine.warp_last;
+  const bool warp_real = mine.warp_real;
+  const int pos0 = mine.pos0, pos1 = pos0 + 8;
   const bf16* doh = dout + static_cast<long>(b) * q_len * width + h * hd;
   const int kvw = s.kv_width();
   const HeadRows rows_of = RowsOfHead(q, ldq, k, v, s, b, h);
