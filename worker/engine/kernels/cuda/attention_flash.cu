@@ -861,6 +861,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt)
     dq_acc[nt][0] = dq_acc[nt][1] = dq_acc[nt][2] = dq_acc[nt][3] = 0.0f;
+  // Pipelined at D = 128: the warp's query and dout rows as A operands, read from shared memory
+  // once (after the first tile's wait) instead of once per key tile. The 64 registers are free
+  // there (246 in all: 2 blocks per SM, as shared memory already allows); at D = 64 they would
+  // cost a block per SM.
+  constexpr bool kRowsInRegisters = kPipelined && D == 128;
+  uint32_t qf[kRowsInRegisters ? D / 16 : 1][4], dof[kRowsInRegisters ? D / 16 : 1][4];
 
   for (int it = 0; it < n_tiles; ++it) {
     const int j0 = it * kRows;
@@ -884,10 +890,24 @@ __global__ void __launch_bounds__(kThreads)
       LoadTile<D, 1>(vs, vh, kvw, j0, n_keys, hd);
     }
     __syncthreads();
+    if constexpr (kRowsInRegisters) {
+      if (it == 0) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          LoadA<D, true>(qf[kk], qs, w0, 16 * kk);
+          LoadA<D, true>(dof[kk], dos, w0, 16 * kk);
+        }
+      }
+    }
     if (!warp_real || j0 > warp_last) continue;
     float sc[kRows / 8][4], dp[kRows / 8][4];
-    ScoreTile<D, kPipelined>(sc, qs, w0, ks);   // S = Q·Kᵀ
-    ScoreTile<D, kPipelined>(dp, dos, w0, vs);  // dP = dO·Vᵀ
+    if constexpr (kRowsInRegisters) {
+      ScoreTile<D, true>(sc, qf, ks);   // S = Q·Kᵀ
+      ScoreTile<D, true>(dp, dof, vs);  // dP = dO·Vᵀ
+    } else {
+      ScoreTile<D, kPipelined>(sc, qs, w0, ks);
+      ScoreTile<D, kPipelined>(dp, dos, w0, vs);
+    }
 #pragma unroll
     for (int nt = 0; nt < kRows / 8; ++nt) {
 #pragma unroll
