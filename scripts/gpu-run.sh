@@ -29,11 +29,10 @@
 #   5. the other jobs (p = 1 bf16, p = 2 vocab1 / vocab2 / Llama sharing the GPU) and tests,
 #      d = 2 × p = 2 and t = 2 × p = 2 on the one GPU (while validation refuses them on cuda:
 #      with VOCABPIPE_UNVERIFIED_CUDA once their cuda_pipeline_test cases passed, else SKIP),
-#      then the layer stack and the bf16 job with the pipelined and the wide flash attention
-#      kernels (VOCABPIPE_ATTENTION=flash-pipelined, flash-wide; the flash ones are the
-#      default), the 16-byte
-#      memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector) and the cuBLASLt bias and GELU
-#      epilogues (VOCABPIPE_GEMM_EPILOGUE=gelu), each opt-in;
+#      then the layer stack and the bf16 job with each opt-in kernel set: the pipelined and the
+#      wide flash attention kernels (VOCABPIPE_ATTENTION=flash-pipelined, flash-wide; the flash
+#      ones are the default), the 16-byte memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector)
+#      and the cuBLASLt bias and GELU epilogues (VOCABPIPE_GEMM_EPILOGUE=gelu);
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
 #      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it, then
 #      bench/kernel_profile.sh (Nsight Compute on the flash and norm kernels) when ncu is there;
@@ -420,20 +419,21 @@ gtest_passed() {
   done
   return 0
 }
-# run_gated_job NAME PATH CAP TEST_LOG PREFIX...: run_job for a spec that validation refuses on
-# cuda until the path's GPU tests pass (PATH data or tensor: a rule of proto/spec/job_spec.cc).
-# While the rule stands: when those tests (PREFIX... in TEST_LOG) passed in this run, the job
-# runs with VOCABPIPE_UNVERIFIED_CUDA=PATH (the operator's switch that accepts the path), so one
-# command both tests the path and runs it end to end; else a SKIP naming the rule. After the rule
-# is lifted, the job as any other. `vocabpipe plan` validates offline in a moment.
-# gated_refused NAME: validation still refuses NAME's spec on cuda until its GPU tests pass;
-# `vocabpipe plan`'s exit status in VALIDATION_RC, its output in e2e-NAME-validation.log.
+# gated_refused NAME: validation still refuses NAME's spec on cuda until its GPU tests pass
+# (`vocabpipe plan` validates offline in a moment); its exit status in VALIDATION_RC, its output
+# in e2e-NAME-validation.log.
 gated_refused() {
   local log="$LOGS/e2e-$1-validation.log"
   capped 20 "${VP[@]}" plan "$WORK/$1.yaml" > "$log" 2>&1
   VALIDATION_RC=$?
   ((VALIDATION_RC == 2)) && grep -q "has not run on a GPU yet" "$log"
 }
+# run_gated_job NAME PATH CAP TEST_LOG PREFIX...: run_job for a spec that validation refuses on
+# cuda until the path's GPU tests pass (PATH data or tensor: a rule of proto/spec/job_spec.cc).
+# While the rule stands: when those tests (PREFIX... in TEST_LOG) passed in this run, the job
+# runs with VOCABPIPE_UNVERIFIED_CUDA=PATH (the operator's switch that accepts the path), so one
+# command both tests the path and runs it end to end; else a SKIP naming the rule. After the rule
+# is lifted, the job as any other.
 run_gated_job() {
   local n=$1 path=$2 cap=$3 test_log=$4
   shift 4
@@ -447,6 +447,21 @@ run_gated_job() {
     return
   fi
   run_job "$n" "$cap"
+}
+
+# run_opt_in VALUE VAR: the layer stacks (GPT-2 and Llama) and the 200-step bf16 job (as
+# gpu-p1-bf16-VALUE, which compare.py checks like gpu-p1-bf16) with VAR=VALUE, an opt-in kernel
+# set.
+run_opt_in() {
+  local value=$1 var=$2
+  say "== $var=$value"
+  export "$var=$value"
+  run_test cuda_layer_stack_test 45 "$value"
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-$value,#" \
+    -e "s/^name: .*/name: gpu-p1-bf16-$value/" "$WORK/gpu-p1-bf16.yaml" \
+    > "$WORK/gpu-p1-bf16-$value.yaml"
+  run_job "gpu-p1-bf16-$value" 60
+  unset "$var"
 }
 
 if ((DRY)); then
@@ -471,8 +486,8 @@ if ((DRY)); then
     elif ((VALIDATION_RC == 0)); then
       result PASS "e2e-$n-validation" "accepted (its rule is lifted)"
     else
-      result FAIL "e2e-$n-validation" "exit $VALIDATION_RC: $(tail -1 "$LOGS/e2e-$n-validation.log")" \
-        "$LOGS/e2e-$n-validation.log"
+      result FAIL "e2e-$n-validation" \
+        "exit $VALIDATION_RC: $(tail -1 "$LOGS/e2e-$n-validation.log")" "$LOGS/e2e-$n-validation.log"
     fi
   done
 else
@@ -498,42 +513,16 @@ else
   # cuda_pipeline_test cases (d = 2 replicas; t = 2 tensor ranks) have passed above.
   run_gated_job gpu-d2-p2 data 60 "$LOGS/cuda_pipeline_test.log" Replicas/CudaDataParallel
   run_gated_job gpu-t2-p2 tensor 60 "$LOGS/cuda_pipeline_test.log" TensorRanks/CudaDataParallel
-  # bf16 attention runs on the flash kernels by default (mma.sync, registers; the third GPU run
-  # measured them fastest). The pipelined flash kernels (cp.async double buffering, ldmatrix
-  # operands) and the wide ones (their backward, a forward of 32 query rows per warp) are opt-in
-  # until they pass here: the layer stack and the 200-step bf16 job with each (cuda_kernels_test
-  # checks every kernel set explicitly, the tensor-core and FMA ones included, which passed these
-  # end-to-end checks in runs 2-4).
-  for kernels in flash-pipelined flash-wide; do
-    say "== the $kernels attention kernels (VOCABPIPE_ATTENTION=$kernels)"
-    export VOCABPIPE_ATTENTION=$kernels
-    run_test cuda_layer_stack_test 45 "$kernels"
-    sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-$kernels,#" \
-      -e "s/^name: .*/name: gpu-p1-bf16-$kernels/" \
-      "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-$kernels.yaml"
-    run_job "gpu-p1-bf16-$kernels" 60
-  done
-  unset VOCABPIPE_ATTENTION
-  # The 16-byte memory-bound kernels (norms, GELU, SwiGLU, residual, bias, softmax rows, AdamW;
-  # opt-in, VOCABPIPE_MEMORY_KERNELS=vector): the layer stacks (GPT-2 and Llama) and the bf16 job.
-  say "== the 16-byte memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector)"
-  export VOCABPIPE_MEMORY_KERNELS=vector
-  run_test cuda_layer_stack_test 45 vector
-  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-vector,#" \
-    -e "s/^name: .*/name: gpu-p1-bf16-vector/" \
-    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-vector.yaml"
-  run_job gpu-p1-bf16-vector 60
-  unset VOCABPIPE_MEMORY_KERNELS
-  # The cuBLASLt epilogues (opt-in, VOCABPIPE_GEMM_EPILOGUE=gelu): the linear layers' bias, and
-  # GPT-2's GELU with c_fc's GEMM and its gradient with c_proj's input-gradient GEMM (the bias
-  # epilogue alone passed these checks in runs 3 and 4).
-  say "== the bias and GELU epilogues (VOCABPIPE_GEMM_EPILOGUE=gelu)"
-  export VOCABPIPE_GEMM_EPILOGUE=gelu
-  run_test cuda_layer_stack_test 45 gelu
-  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-gelu,#" -e "s/^name: .*/name: gpu-p1-bf16-gelu/" \
-    "$WORK/gpu-p1-bf16.yaml" > "$WORK/gpu-p1-bf16-gelu.yaml"
-  run_job gpu-p1-bf16-gelu 60
-  unset VOCABPIPE_GEMM_EPILOGUE
+  # The opt-in kernels, each until it passes here (cuda_kernels_test checks every kernel set
+  # explicitly; the tensor-core and FMA attention kernels passed these end-to-end checks in runs
+  # 2-4, the bias epilogue alone in runs 3-4): the pipelined flash attention kernels (cp.async
+  # double buffering, ldmatrix operands) and the wide ones (their backward, a forward of 32 query
+  # rows per warp) beside the default flash ones; the 16-byte memory-bound kernels (norms, GELU,
+  # SwiGLU, residual, bias, softmax rows, AdamW); the cuBLASLt bias and GELU epilogues.
+  run_opt_in flash-pipelined VOCABPIPE_ATTENTION
+  run_opt_in flash-wide VOCABPIPE_ATTENTION
+  run_opt_in vector VOCABPIPE_MEMORY_KERNELS
+  run_opt_in gelu VOCABPIPE_GEMM_EPILOGUE
 fi
 
 # ---- the benchmarks

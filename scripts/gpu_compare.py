@@ -16,9 +16,8 @@ on the build machine). One line per check, starting PASS, FAIL, SKIP or INFO:
     norms (before clipping) within 1e-3;
   - bf16 learns like fp32: after the 200 steps of gpu-p1-bf16 and gpu-p1-fp32 the final loss
     (mean of the last 10 steps) within 3% of fp32's, and bf16 keeps >= 90% of fp32's loss drop;
-    the same for the variants gpu-p1-bf16-{tensor-core,fma,flash,flash-pipelined,flash-wide,
-    vector,bias,gelu} (other attention kernels, VOCABPIPE_ATTENTION; the 16-byte memory-bound kernels, VOCABPIPE_MEMORY_KERNELS; the
-    cuBLASLt bias epilogue) when RUNS has them;
+    the same for every variant gpu-p1-bf16-NAME that RUNS has (the job under another kernel
+    set: gpu-run.sh's opt-in reruns, e.g. flash-pipelined, flash-wide, vector, gelu);
   - INFO: tokens/s and MFU of the GPU runs (median over the steps after the first).
 --cpu-only (a dry run without a GPU): only checks that the CPU runs exist and are finite.
 Exit status 1 when a check failed. Standard library only.
@@ -195,15 +194,14 @@ def main():
         if os.path.isdir(os.path.join(a.runs, name)):
             check_equal(rep, a.runs, refs, name, a.cpu_steps)
     check_bf16(rep, a.runs, a.floor)
-    # The same bf16 job with other attention kernels (VOCABPIPE_ATTENTION) or the bias epilogue,
-    # when the run has it.
-    variants = ["gpu-p1-bf16-tensor-core", "gpu-p1-bf16-fma", "gpu-p1-bf16-flash",
-                "gpu-p1-bf16-flash-pipelined", "gpu-p1-bf16-flash-wide", "gpu-p1-bf16-vector",
-                "gpu-p1-bf16-bias", "gpu-p1-bf16-gelu"]
+    # The same bf16 job under other kernel sets: every run gpu-p1-bf16-NAME (or its --direct
+    # rerun, NAME-direct) the GPU run has.
+    variants = sorted({
+        d[:-len("-direct")] if d.endswith("-direct") else d
+        for d in (os.listdir(a.runs) if os.path.isdir(a.runs) else [])
+        if d.startswith("gpu-p1-bf16-")} - {"gpu-p1-bf16"})
     for variant in variants:
-        if os.path.isdir(os.path.join(a.runs, variant)) or os.path.isdir(
-                os.path.join(a.runs, variant + "-direct")):
-            check_bf16(rep, a.runs, a.floor, variant)
+        check_bf16(rep, a.runs, a.floor, variant)
     for name in ["gpu-p1-fp32", "gpu-p1-bf16", *variants,
                  "gpu-p2-vocab1", "gpu-p2-vocab2", "gpu-llama-p2", *gated]:
         info_speed(rep, a.runs, name)

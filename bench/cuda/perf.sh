@@ -65,7 +65,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 parse_bench_options perf.sh "perf.sh OUTDIR [--quick] | perf.sh --dry-run OUTDIR" 1 "$@"
 
 budget=${PERF_BUDGET_S:-165}
-read -r -a variants <<< "${PERF_VARIANTS-pipelined:VOCABPIPE_ATTENTION=flash-pipelined wide:VOCABPIPE_ATTENTION=flash-wide vector:VOCABPIPE_MEMORY_KERNELS=vector gelu:VOCABPIPE_GEMM_EPILOGUE=gelu all:VOCABPIPE_ATTENTION=flash-wide,VOCABPIPE_MEMORY_KERNELS=vector,VOCABPIPE_GEMM_EPILOGUE=gelu}"
+default_variants="pipelined:VOCABPIPE_ATTENTION=flash-pipelined"
+default_variants+=" wide:VOCABPIPE_ATTENTION=flash-wide"
+default_variants+=" vector:VOCABPIPE_MEMORY_KERNELS=vector"
+default_variants+=" gelu:VOCABPIPE_GEMM_EPILOGUE=gelu"
+default_variants+=" all:VOCABPIPE_ATTENTION=flash-wide,VOCABPIPE_MEMORY_KERNELS=vector"
+default_variants+=",VOCABPIPE_GEMM_EPILOGUE=gelu"
+read -r -a variants <<< "${PERF_VARIANTS-$default_variants}"
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
 bench_programs "$here"
@@ -232,6 +238,15 @@ done
 # The table.
 pct() { [[ -n "$1" && "$1" != n/a ]] && echo "$1%" || echo "-"; }
 or_dash() { [[ -n "$1" ]] && echo "$1" || echo "-"; }
+# mark VALUE LIMIT ge|le: "+" when VALUE >= (ge) or <= (le) LIMIT, "-" when not, "?" when absent.
+mark() {
+  [[ -n "$1" && "$1" != n/a ]] || {
+    echo "?"
+    return
+  }
+  awk -v v="$1" -v l="$2" -v op="$3" \
+    'BEGIN { print ((op == "ge" ? v + 0 >= l : v + 0 <= l) ? "+" : "-") }'
+}
 {
   gpu=$(grep -m1 -o 'gpu="[^"]*"' "$outdir/cuda_bench-${models[0]}.log" 2> /dev/null | cut -d'"' -f2)
   echo "vocabpipe vs PyTorch eager, one GPU (${gpu:-unknown}); MFU against the measured bf16" \
@@ -239,54 +254,43 @@ or_dash() { [[ -n "$1" ]] && echo "$1" || echo "-"; }
     "mean of $iters timed steps"
   printf '%-15s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' model "layerF" "layerBW" \
     "outS+T" "vp tok/s" "MFU" "GiB use/res" "pt tok/s" "MFU" "GiB use/res" "vp/torch"
+  # Each row's numbers read once: its table row now, its targets line (issue 28's targets:
+  # "+" met, "-" not, "?" not measured) after the table.
+  targets=()
   for m in "${rows[@]}"; do
     f=$outdir/cuda_bench-$m.log
     t=$outdir/torch.log
+    tm="TORCH model=${m%%+*} "
     [[ -f "$f" ]] || continue
-    vtps=$(kv "$f" "PERF section=step" tokens_per_s)
-    ttps=$(kv "$t" "TORCH model=${m%%+*} " tokens_per_s)
-    ratio="-"
-    [[ -n "$vtps" && -n "$ttps" ]] && ratio=$(awk -v a="$vtps" -v b="$ttps" 'BEGIN { printf "%.2fx", a / b }')
+    lf=$(kv "$f" "PERF section=layer" f_mfu) st=$(kv "$f" "PERF section=output" st_mfu)
+    mfu=$(kv "$f" "PERF section=step" mfu) vtps=$(kv "$f" "PERF section=step" tokens_per_s)
+    use=$(kv "$f" "PERF section=step" peak_inuse_gib)
+    res=$(kv "$f" "PERF section=step" peak_reserved_gib)
+    ttps=$(kv "$t" "$tm" tokens_per_s)
+    ratio="" fill=""
+    [[ -n "$vtps" && -n "$ttps" ]] &&
+      ratio=$(awk -v a="$vtps" -v b="$ttps" 'BEGIN { if (b > 0) printf "%.2f", a / b }')
+    [[ -n "$use" && -n "$res" ]] &&
+      fill=$(awk -v u="$use" -v r="$res" 'BEGIN { if (u > 0) printf "%.2f", r / u }')
     printf '%-15s %7s %7s %7s | %9s %6s %11s | %9s %6s %11s | %8s\n' "$m" \
-      "$(pct "$(kv "$f" "PERF section=layer" f_mfu)")" \
-      "$(pct "$(kv "$f" "PERF section=layer" bw_mfu)")" \
-      "$(pct "$(kv "$f" "PERF section=output" st_mfu)")" \
-      "$(or_dash "$vtps")" "$(pct "$(kv "$f" "PERF section=step" mfu)")" \
-      "$(or_dash "$(kv "$f" "PERF section=step" peak_inuse_gib)")/$(or_dash "$(kv "$f" "PERF section=step" peak_reserved_gib)")" \
-      "$(or_dash "$ttps")" "$(pct "$(kv "$t" "TORCH model=${m%%+*} " mfu)")" \
-      "$(or_dash "$(kv "$t" "TORCH model=${m%%+*} " peak_alloc_gib)")/$(or_dash "$(kv "$t" "TORCH model=${m%%+*} " peak_reserved_gib)")" \
-      "$ratio"
+      "$(pct "$lf")" "$(pct "$(kv "$f" "PERF section=layer" bw_mfu)")" "$(pct "$st")" \
+      "$(or_dash "$vtps")" "$(pct "$mfu")" "$(or_dash "$use")/$(or_dash "$res")" \
+      "$(or_dash "$ttps")" "$(pct "$(kv "$t" "$tm" mfu)")" \
+      "$(or_dash "$(kv "$t" "$tm" peak_alloc_gib)")/$(or_dash "$(kv "$t" "$tm" \
+        peak_reserved_gib)")" \
+      "$(or_dash "${ratio:+${ratio}x}")"
+    targets+=("$(printf '%-15s layerF %s%s  outS+T %s%s  step %s%s  vp/torch %s%s  res/use %s%s' \
+      "$m" "$(pct "$lf")" "$(mark "$lf" 55 ge)" "$(pct "$st")" "$(mark "$st" 65 ge)" \
+      "$(pct "$mfu")" "$(mark "$mfu" 45 ge)" "$(or_dash "${ratio:+${ratio}x}")" \
+      "$(mark "$ratio" 1.2 ge)" "$(or_dash "$fill")" "$(mark "$fill" 1.15 le)")")
   done
   echo "layerF/layerBW: DeviceLayerStack forward, backward (B+W); outS+T: output layer S+C1+T" \
     "(Algorithm 2); vp: cuda_bench step (runtime passes, p = 1); pt: torch autocast bf16 +" \
     "fp32 master, fused AdamW, SDPA. GiB: peak allocated / reserved over the timed steps." \
     "MODEL+NAME: the variant NAME (PERF_VARIANTS: ${variants[*]:-none})."
-  # Against the performance targets (layer forward, output layer, step MFU, the ratio to
-  # PyTorch eager, reserved / in use): "+" met, "-" not, "?" not measured.
   echo "targets: layerF >= 55%, outS+T >= 65%, step MFU >= 45%, vp/torch >= 1.2x," \
     "reserved/in use <= 1.15 (+ met, - not met, ? not measured)"
-  for m in "${rows[@]}"; do
-    f=$outdir/cuda_bench-$m.log
-    [[ -f "$f" ]] || continue
-    awk -v m="$m" -v lf="$(kv "$f" "PERF section=layer" f_mfu)" \
-      -v st="$(kv "$f" "PERF section=output" st_mfu)" -v mfu="$(kv "$f" "PERF section=step" mfu)" \
-      -v vt="$(kv "$f" "PERF section=step" tokens_per_s)" \
-      -v tt="$(kv "$outdir/torch.log" "TORCH model=${m%%+*} " tokens_per_s)" \
-      -v use="$(kv "$f" "PERF section=step" peak_inuse_gib)" \
-      -v res="$(kv "$f" "PERF section=step" peak_reserved_gib)" '
-      function mark(v, limit, above) {
-        if (v == "" || v == "n/a") return "?"
-        return (above ? v + 0 >= limit : v + 0 <= limit) ? "+" : "-"
-      }
-      BEGIN {
-        ratio = (vt != "" && tt != "" && tt + 0 > 0) ? sprintf("%.2f", vt / tt) : ""
-        fill = (use != "" && res != "" && use + 0 > 0) ? sprintf("%.2f", res / use) : ""
-        printf "%-15s layerF %s%s  outS+T %s%s  step %s%s  vp/torch %s%s  res/use %s%s\n", m,
-          lf == "" ? "-" : lf "%", mark(lf, 55, 1), st == "" ? "-" : st "%", mark(st, 65, 1),
-          mfu == "" ? "-" : mfu "%", mark(mfu, 45, 1), ratio == "" ? "-" : ratio "x",
-          mark(ratio, 1.2, 1), fill == "" ? "-" : fill, mark(fill, 1.15, 0)
-      }'
-  done
+  printf '%s\n' "${targets[@]}"
   echo "where the time goes (one profiled pass after the timed ones, CUDA events per phase; %" \
     "of the pass's device time; idle = the stream waiting after a sync):"
   for m in "${rows[@]}"; do

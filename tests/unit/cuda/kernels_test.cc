@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tests/support/scoped_env.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/norm_vector.h"
@@ -261,18 +262,17 @@ TEST(CudaKernels, VectorElementwiseKernelsMatchTheElementOnesInBf16) {
 // small shape and GPT-2's c_attn at h 2048 over 512 tokens.
 TEST(CudaKernels, LinearBiasEpilogueMatchesSeparateBias) {
   SKIP_WITHOUT_DEVICE();
-  const char* saved = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  const std::string restore = saved != nullptr ? saved : "";
+  const vp::testing::ScopedEnv epilogue("VOCABPIPE_GEMM_EPILOGUE");
   for (const auto& [n, in, out_dim] : {std::tuple{24, 64, 48}, std::tuple{512, 2048, 6144}}) {
     auto x = Random(size_t(n) * in, 12), w = Random(size_t(in) * out_dim, 13, 0.05f),
          b = Random(out_dim, 14);
     auto gemm = GemmRunner::Create();
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     Dev<float> gx(x), gw(w), gb(b), separate(size_t(n) * out_dim), fused(size_t(n) * out_dim);
-    unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+    epilogue.Unset();
     EXPECT_FALSE(FusedBiasEpilogue());
     ASSERT_TRUE(LinearForward(**gemm, separate.p, gx.p, gw.p, gb.p, n, in, out_dim, nullptr).ok());
-    setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+    epilogue.Set("bias");
     EXPECT_TRUE(FusedBiasEpilogue());
     ASSERT_TRUE(LinearForward(**gemm, fused.p, gx.p, gw.p, gb.p, n, in, out_dim, nullptr).ok());
     ExpectClose(fused.Get(), separate.Get(), 1e-5, 1e-5, "fp32 fused bias");
@@ -281,9 +281,9 @@ TEST(CudaKernels, LinearBiasEpilogueMatchesSeparateBias) {
     ASSERT_EQ(FloatToBf16(hx.p, gx.p, long(n) * in, nullptr), cudaSuccess);
     ASSERT_EQ(FloatToBf16(hw.p, gw.p, long(in) * out_dim, nullptr), cudaSuccess);
     ASSERT_EQ(FloatToBf16(hb.p, gb.p, out_dim, nullptr), cudaSuccess);
-    unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+    epilogue.Unset();
     ASSERT_TRUE(LinearForward(**gemm, hsep.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
-    setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+    epilogue.Set("bias");
     ASSERT_TRUE(LinearForward(**gemm, hfused.p, hx.p, hw.p, hb.p, n, in, out_dim, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     // Two roundings against one. The separate path rounds x·W to bf16 before adding b, so its
@@ -296,8 +296,6 @@ TEST(CudaKernels, LinearBiasEpilogueMatchesSeparateBias) {
       ASSERT_NEAR(got[i], want[i], 1e-2 + magnitude / 128) << "bf16 fused bias at " << i;
     }
   }
-  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
-  if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
 }
 
 // VOCABPIPE_GEMM_EPILOGUE=gelu: GPT-2's c_fc with its GELU in cuBLASLt's GELU_AUX_BIAS epilogue
@@ -312,7 +310,7 @@ template <typename T>
 void CheckGeluEpilogue(int n, int h, int f, const std::vector<float>& x,
                        const std::vector<float>& w1, const std::vector<float>& b1,
                        const std::vector<float>& w2, const std::vector<float>& dout, double rel,
-                       double abs_floor) {
+                       double abs_floor, const vp::testing::ScopedEnv& epilogue) {
   auto gemm = GemmRunner::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   auto upload = [](const std::vector<float>& v) {
@@ -330,7 +328,7 @@ void CheckGeluEpilogue(int n, int h, int f, const std::vector<float>& x,
   auto gx = upload(x), gw1 = upload(w1), gb1 = upload(b1), gw2 = upload(w2), gdo = upload(dout);
   const size_t nf = size_t(n) * f;
   Dev<T> pre_sep(nf), y_sep(nf), pre_fused(nf), y_fused(nf), dx(nf), dpre_sep(nf), dpre_fused(nf);
-  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  epilogue.Unset();
   ASSERT_FALSE(FusedGeluEpilogue());
   ASSERT_TRUE(
       LinearGeluForward<T>(**gemm, y_sep.p, pre_sep.p, gx->p, gw1->p, gb1->p, n, h, f, nullptr)
@@ -339,7 +337,7 @@ void CheckGeluEpilogue(int n, int h, int f, const std::vector<float>& x,
       LinearBackwardInputGelu<T>(**gemm, dpre_sep.p, gdo->p, gw2->p, pre_sep.p, n, f, h, nullptr)
           .ok());
   ASSERT_TRUE(LinearBackwardInput<T>(**gemm, dx.p, gdo->p, gw2->p, n, f, h, nullptr).ok());
-  setenv("VOCABPIPE_GEMM_EPILOGUE", "gelu", 1);
+  epilogue.Set("gelu");
   ASSERT_TRUE(FusedGeluEpilogue());
   ASSERT_TRUE(FusedBiasEpilogue());  // gelu implies the bias epilogue
   constexpr DType t = std::is_same_v<T, float> ? DType::kF32 : DType::kBF16;
@@ -363,7 +361,7 @@ void CheckGeluEpilogue(int n, int h, int f, const std::vector<float>& x,
       LinearBackwardInputGelu<T>(**gemm, dpre_fused.p, gdo->p, gw2->p, pre_sep.p, n, f, h, nullptr)
           .ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  epilogue.Unset();
   const auto ps = Download(pre_sep), pf = Download(pre_fused), ys = Download(y_sep),
              yf = Download(y_fused), gx_plain = Download(dx), ds = Download(dpre_sep),
              df = Download(dpre_fused);
@@ -377,36 +375,30 @@ void CheckGeluEpilogue(int n, int h, int f, const std::vector<float>& x,
 
 TEST(CudaKernels, LinearGeluEpilogueMatchesSeparateKernels) {
   SKIP_WITHOUT_DEVICE();
-  const char* saved = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  const std::string restore = saved != nullptr ? saved : "";
+  const vp::testing::ScopedEnv epilogue("VOCABPIPE_GEMM_EPILOGUE");
   for (const auto& [n, h, f] : {std::tuple{24, 64, 48}, std::tuple{512, 2048, 8192}}) {
     const auto x = Random(size_t(n) * h, 40), w1 = Random(size_t(h) * f, 41, 0.05f),
                b1 = Random(f, 42), w2 = Random(size_t(f) * h, 43, 0.05f),
                dout = Random(size_t(n) * h, 44);
-    CheckGeluEpilogue<float>(n, h, f, x, w1, b1, w2, dout, 4e-3, 1e-5);
-    CheckGeluEpilogue<bf16>(n, h, f, x, w1, b1, w2, dout, 2.0 / 128, 1e-2);
+    CheckGeluEpilogue<float>(n, h, f, x, w1, b1, w2, dout, 4e-3, 1e-5, epilogue);
+    CheckGeluEpilogue<bf16>(n, h, f, x, w1, b1, w2, dout, 2.0 / 128, 1e-2, epilogue);
   }
-  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
-  if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
 }
 
 // Which epilogues VOCABPIPE_GEMM_EPILOGUE selects (no device needed).
 TEST(GemmEpilogueSwitch, FollowsVocabpipeGemmEpilogue) {
-  const char* saved = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  const std::string restore = saved != nullptr ? saved : "";
-  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
+  const vp::testing::ScopedEnv epilogue("VOCABPIPE_GEMM_EPILOGUE");
+  epilogue.Unset();
   EXPECT_FALSE(FusedBiasEpilogue());
   EXPECT_FALSE(FusedGeluEpilogue());
-  setenv("VOCABPIPE_GEMM_EPILOGUE", "bias", 1);
+  epilogue.Set("bias");
   EXPECT_TRUE(FusedBiasEpilogue());
   EXPECT_FALSE(FusedGeluEpilogue());
-  setenv("VOCABPIPE_GEMM_EPILOGUE", "gelu", 1);
+  epilogue.Set("gelu");
   EXPECT_TRUE(FusedBiasEpilogue());
   EXPECT_TRUE(FusedGeluEpilogue());
-  setenv("VOCABPIPE_GEMM_EPILOGUE", "GELU", 1);  // exact names only
+  epilogue.Set("GELU");  // exact names only
   EXPECT_FALSE(FusedGeluEpilogue());
-  unsetenv("VOCABPIPE_GEMM_EPILOGUE");
-  if (saved != nullptr) setenv("VOCABPIPE_GEMM_EPILOGUE", restore.c_str(), 1);
 }
 
 struct AttentionTolerance {
@@ -632,21 +624,19 @@ TEST(CudaKernels, TensorCoreAttentionMatchesCpu) {
 
 // The environment picks the bf16 kernels when the caller does not.
 TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
-  const char* saved = std::getenv("VOCABPIPE_ATTENTION");
-  const std::string restore = saved != nullptr ? saved : "";
-  setenv("VOCABPIPE_ATTENTION", "tensor-core", 1);
+  const vp::testing::ScopedEnv attention("VOCABPIPE_ATTENTION");
+  attention.Set("tensor-core");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kTensorCore);
-  setenv("VOCABPIPE_ATTENTION", "fma", 1);
+  attention.Set("fma");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFma);
-  setenv("VOCABPIPE_ATTENTION", "flash", 1);
+  attention.Set("flash");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
-  setenv("VOCABPIPE_ATTENTION", "flash-pipelined", 1);
+  attention.Set("flash-pipelined");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlashPipelined);
-  setenv("VOCABPIPE_ATTENTION", "flash-wide", 1);
+  attention.Set("flash-wide");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlashWide);
-  unsetenv("VOCABPIPE_ATTENTION");
+  attention.Unset();
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
-  if (saved != nullptr) setenv("VOCABPIPE_ATTENTION", restore.c_str(), 1);
 }
 
 TEST(CudaKernels, GroupedQueryAttentionRejectsUnevenGroups) {
@@ -742,15 +732,13 @@ TEST(CudaKernels, RmsNormMatchesCpu) {
 // vector norm kernels refuse (launching nothing) a width or a pointer that 16-byte accesses
 // cannot serve.
 TEST(MemoryKernelsDefault, FollowsTheEnvironmentAndNormsRefuseUnalignedRows) {
-  const char* saved = std::getenv("VOCABPIPE_MEMORY_KERNELS");
-  const std::string restore = saved != nullptr ? saved : "";
-  setenv("VOCABPIPE_MEMORY_KERNELS", "vector", 1);
+  const vp::testing::ScopedEnv memory_kernels("VOCABPIPE_MEMORY_KERNELS");
+  memory_kernels.Set("vector");
   EXPECT_EQ(DefaultMemoryKernels(), MemoryKernels::kVector);
-  setenv("VOCABPIPE_MEMORY_KERNELS", "element", 1);
+  memory_kernels.Set("element");
   EXPECT_EQ(DefaultMemoryKernels(), MemoryKernels::kElement);
-  unsetenv("VOCABPIPE_MEMORY_KERNELS");
+  memory_kernels.Unset();
   EXPECT_EQ(DefaultMemoryKernels(), MemoryKernels::kElement);
-  if (saved != nullptr) setenv("VOCABPIPE_MEMORY_KERNELS", restore.c_str(), 1);
 
   // Never dereferenced: the checks come before any launch.
   auto* aligned = reinterpret_cast<bf16*>(uintptr_t{1} << 20);

@@ -57,6 +57,10 @@ def main():
         write(runs, "gpu-p2-vocab1-direct", [l * (1 + 2e-5) for l in ref])
         write(runs, "gpu-p2-vocab2", [l * (1 + 5e-4) for l in ref])  # over the 1e-4 limit
         write(runs, "gpu-p1-bf16", [l * 1.01 for l in curve(200)])  # within 3%
+        # Opt-in kernel reruns of the bf16 job, found by name: one through the control plane,
+        # one only as a --direct retry.
+        write(runs, "gpu-p1-bf16-vector", [l * 1.02 for l in curve(200)])
+        write(runs, "gpu-p1-bf16-gelu-direct", [l * 1.005 for l in curve(200)])
         # t = 2 ran (its rule lifted), d = 2 was refused at submit: no run folder.
         ranks = [{"replica": 0, "tensor": t, "stage": p, "memory": {"total": (3 + t) << 20},
                   "predicted_memory_total": 4 << 20} for t in range(2) for p in range(2)]
@@ -74,6 +78,10 @@ def main():
                "a missing run fails, named", out)
         expect(any(l.startswith("PASS gpu-p1-bf16 learns like fp32") for l in lines(out, "PASS")),
                "bf16 1% above fp32 passes the 3% limit", out)
+        for variant in ("gpu-p1-bf16-vector", "gpu-p1-bf16-gelu"):
+            expect(any(l.startswith(f"PASS {variant} learns like fp32") for l in lines(out, "PASS")),
+                   f"the rerun {variant} is found and checked like gpu-p1-bf16", out)
+        expect("gpu-p1-bf16-gelu-direct learns" not in out, "a --direct retry is its job's run", out)
         expect(any(l.startswith("INFO gpu-p1-fp32 loss difference by step") for l in
                    lines(out, "INFO")), "the per-step difference is reported", out)
         expect(any(l.startswith("PASS gpu-t2-p2 cuda fp32 = cpu") for l in lines(out, "PASS")),

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tests/support/scoped_env.h"
 
 namespace vp::spec {
 namespace {
@@ -684,17 +685,15 @@ TEST(ParseJobSpec, UnverifiedCudaPathsAreAcceptedOnlyWhenListed) {
   const std::string recompute =
       Edit("device: cpu", "device: cuda\nprecision: fp32",
            Edit("  microbatches: 2\n", "  microbatches: 2\n  recompute: full\n"));
-  const char* saved = std::getenv("VOCABPIPE_UNVERIFIED_CUDA");
-  const std::string restore = saved != nullptr ? saved : "";
-  setenv("VOCABPIPE_UNVERIFIED_CUDA", "tensor, data", 1);
+  const vp::testing::ScopedEnv unverified("VOCABPIPE_UNVERIFIED_CUDA");
+  unverified.Set("tensor, data");
   EXPECT_TRUE(ParseJobSpec(data2, "/base").ok()) << ErrorOf(data2);
   EXPECT_THAT(ErrorOf(recompute), HasSubstr("parallel.recompute: must be none on device cuda"));
-  setenv("VOCABPIPE_UNVERIFIED_CUDA", "recompute,datax", 1);
+  unverified.Set("recompute,datax");
   EXPECT_TRUE(ParseJobSpec(recompute, "/base").ok()) << ErrorOf(recompute);
   EXPECT_THAT(ErrorOf(data2), HasSubstr("parallel.data: > 1 needs device cpu in this version"));
-  unsetenv("VOCABPIPE_UNVERIFIED_CUDA");
+  unverified.Unset();
   EXPECT_THAT(ErrorOf(data2), HasSubstr("parallel.data: > 1 needs device cpu in this version"));
-  if (saved != nullptr) setenv("VOCABPIPE_UNVERIFIED_CUDA", restore.c_str(), 1);
 }
 
 TEST(ParseJobSpec, DataPathsList) {
@@ -843,24 +842,21 @@ TEST(LoadJobSpecFile, ResolvesAgainstTheFilesFolderAndPrefixesErrors) {
 // paths accepted (they wait for their GPU tests), and nothing else may need that.
 TEST(Examples, EveryExampleLoads) {
   const std::filesystem::path dir = std::filesystem::path(VP_SOURCE_DIR) / "examples";
-  const char* saved = std::getenv("VOCABPIPE_UNVERIFIED_CUDA");
-  const std::string restore = saved != nullptr ? saved : "";
+  const vp::testing::ScopedEnv unverified("VOCABPIPE_UNVERIFIED_CUDA");
   int count = 0, gated = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".yaml" && ext != ".yml" && ext != ".json") continue;
     ++count;
-    unsetenv("VOCABPIPE_UNVERIFIED_CUDA");
+    unverified.Unset();
     absl::StatusOr<JobSpec> spec = LoadJobSpecFile(entry.path().string());
     if (!spec.ok() && absl::StrContains(spec.status().message(), "has not run on a GPU yet")) {
       ++gated;
-      setenv("VOCABPIPE_UNVERIFIED_CUDA", "data,tensor,recompute", 1);
+      unverified.Set("data,tensor,recompute");
       spec = LoadJobSpecFile(entry.path().string());
     }
     EXPECT_TRUE(spec.ok()) << spec.status();
   }
-  unsetenv("VOCABPIPE_UNVERIFIED_CUDA");
-  if (saved != nullptr) setenv("VOCABPIPE_UNVERIFIED_CUDA", restore.c_str(), 1);
   EXPECT_GE(count, 4);
   EXPECT_LE(gated, 2);  // gpu-d2-p2 and gpu-t2-p2 until their rules are lifted
 }
@@ -915,8 +911,8 @@ TEST(ParseJobSpec, RecomputeModes) {
   const std::string cuda = Edit("  microbatches: 2", "  microbatches: 2\n  recompute: full",
                                 Edit("device: cpu", "device: cuda"));
   EXPECT_THAT(ParseJobSpec(cuda, "/base").status().message(),
-              testing::HasSubstr("parallel.recompute: must be none on device cuda in this "
-                                 "version (got full on cuda)"));
+              ::testing::HasSubstr("parallel.recompute: must be none on device cuda in this "
+                                   "version (got full on cuda)"));
 }
 
 }  // namespace vp::spec

@@ -253,6 +253,32 @@ __device__ __forceinline__ void LoadTileFor(bf16* dst, const bf16* src, long ld,
   }
 }
 
+// One step of the loop over key/value tiles (forward, wide forward, dQ), between the block's two
+// barriers: the first orders the previous tile's reads (on entry: the first loads') before a
+// stage is refilled, the second makes this tile visible. Pipelined: tile it + 1 (keys from
+// (it + 1)·kRows) starts copying into k_dst / v_dst, the other stage, while this tile's copies
+// complete; else tile it loads at once into k_dst / v_dst (kBatch loads in flight).
+template <int D, bool kPipelined, int kBatch = 4>
+__device__ __forceinline__ void StepKeyValueTiles(bf16* k_dst, bf16* v_dst, const bf16* kh,
+                                                  const bf16* vh, int kvw, int it, int n_tiles,
+                                                  int n_keys, int head_dim) {
+  __syncthreads();
+  if constexpr (kPipelined) {
+    if (it + 1 < n_tiles) {
+      LoadTileAsync<D>(k_dst, kh, kvw, (it + 1) * kRows, n_keys, head_dim);
+      LoadTileAsync<D>(v_dst, vh, kvw, (it + 1) * kRows, n_keys, head_dim);
+      CommitCopies();
+      WaitCopies<1>();  // this tile's group is done, the next one may fly
+    } else {
+      WaitCopies<0>();
+    }
+  } else {
+    LoadTile<D, kBatch>(k_dst, kh, kvw, it * kRows, n_keys, head_dim);
+    LoadTile<D, kBatch>(v_dst, vh, kvw, it * kRows, n_keys, head_dim);
+  }
+  __syncthreads();
+}
+
 // Column 0 of query head h of sequence b in q, and of the key/value head it reads in k and v
 // (grouped-query: head h / (heads / kv_heads)).
 struct HeadRows {
@@ -513,23 +539,9 @@ __global__ void __launch_bounds__(kThreads)
     const int stage = kPipelined ? it % 2 : 0;
     const bf16* ks = tiles + 2 * stage * kTile;  // (64, D+8) key tile
     const bf16* vs = ks + kTile;                 // (64, D+8) value tile
-    // Orders the previous tile's reads (on entry: the queries') before the stage is refilled.
-    __syncthreads();
-    if constexpr (kPipelined) {
-      if (it + 1 < n_tiles) {
-        bf16* next = tiles + 2 * (1 - stage) * kTile;
-        LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
-        LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
-        CommitCopies();
-        WaitCopies<1>();  // this tile's group is done, the next one may fly
-      } else {
-        WaitCopies<0>();
-      }
-    } else {
-      LoadTile<D>(tiles, kh, kvw, j0, n_keys, hd);
-      LoadTile<D>(tiles + kTile, vh, kvw, j0, n_keys, hd);
-    }
-    __syncthreads();
+    // Pipelined: the next tile into the other stage; else this one into the only stage.
+    bf16* const k_dst = kPipelined ? tiles + 2 * (1 - stage) * kTile : tiles;
+    StepKeyValueTiles<D, kPipelined>(k_dst, k_dst + kTile, kh, vh, kvw, it, n_tiles, n_keys, hd);
     if (!warp_real || j0 > warp_last) continue;  // nothing visible to the warp's rows
     float sc[kRows / 8][4];
     ScoreTile<D, kPipelined>(sc, qf, ks);
@@ -602,17 +614,8 @@ __global__ void __launch_bounds__(kThreads)
     const int stage = it % 2;
     const bf16* ks = kv + 2 * stage * kTile;  // (64, D+8) key tile
     const bf16* vs = ks + kTile;              // (64, D+8) value tile
-    __syncthreads();  // the previous tile's reads before its stage is refilled
-    if (it + 1 < n_tiles) {
-      bf16* next = kv + 2 * (1 - stage) * kTile;
-      LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
-      LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
-      CommitCopies();
-      WaitCopies<1>();
-    } else {
-      WaitCopies<0>();
-    }
-    __syncthreads();
+    bf16* const next = kv + 2 * (1 - stage) * kTile;
+    StepKeyValueTiles<D, true>(next, next + kTile, kh, vh, kvw, it, n_tiles, n_keys, hd);
     if (!warp_real || j0 > warp_last) continue;  // nothing visible to the warp's rows
     // S = Q·Kᵀ for both m-tiles: each key fragment pair feeds four products.
     float sc[kWideMTiles][kRows / 8][4];
@@ -873,23 +876,9 @@ __global__ void __launch_bounds__(kThreads)
     const int stage = kPipelined ? it % 2 : 0;
     bf16* const ks = dos + (1 + 2 * stage) * kTile;  // (64, D+8) key tile
     bf16* const vs = ks + kTile;                     // (64, D+8) value tile
-    // Orders the previous tile's reads (on entry: Q/dO's loads) before the stage is refilled.
-    __syncthreads();
-    if constexpr (kPipelined) {
-      if (it + 1 < n_tiles) {
-        bf16* next = dos + (1 + 2 * (1 - stage)) * kTile;
-        LoadTileAsync<D>(next, kh, kvw, j0 + kRows, n_keys, hd);
-        LoadTileAsync<D>(next + kTile, vh, kvw, j0 + kRows, n_keys, hd);
-        CommitCopies();
-        WaitCopies<1>();
-      } else {
-        WaitCopies<0>();
-      }
-    } else {
-      LoadTile<D, 1>(ks, kh, kvw, j0, n_keys, hd);
-      LoadTile<D, 1>(vs, vh, kvw, j0, n_keys, hd);
-    }
-    __syncthreads();
+    // Pipelined: the next tile into the other stage; else this one into the only stage.
+    bf16* const k_dst = kPipelined ? dos + (1 + 2 * (1 - stage)) * kTile : ks;
+    StepKeyValueTiles<D, kPipelined, 1>(k_dst, k_dst + kTile, kh, vh, kvw, it, n_tiles, n_keys, hd);
     if constexpr (kRowsInRegisters) {
       if (it == 0) {
 #pragma unroll

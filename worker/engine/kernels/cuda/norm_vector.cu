@@ -14,7 +14,6 @@
 //                             row y of the block the rows y, y + 8, ... of its row slice; the 8
 //                             partial sums meet in shared memory, one atomic per column and block.
 #include <algorithm>
-#include <initializer_list>
 
 #include "worker/engine/kernels/cuda/common.cuh"
 #include "worker/engine/kernels/cuda/norm_vector.h"
@@ -23,11 +22,6 @@ namespace vp::engine::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block (forward, input gradient)
-
-template <typename T>
-bool VectorShape(int c, std::initializer_list<const void*> pointers) {
-  return c % kVec<T> == 0 && Aligned16(pointers);
-}
 
 template <typename T, bool kLayerNorm>
 __global__ void NormForwardVectorKernel(T* out, float* mean, float* rstd, const T* inp,
@@ -177,7 +171,9 @@ int WeightRowsPerBlock(int n) {
 template <typename T>
 cudaError_t NormForwardVector(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                               const T* bias, int n, int c, float eps, cudaStream_t stream) {
-  if (!VectorShape<T>(c, {out, inp, weight, bias})) return cudaErrorNotSupported;
+  if (!VectorFits<T>(MemoryKernels::kVector, c, {out, inp, weight, bias})) {
+    return cudaErrorNotSupported;
+  }
   if (n <= 0) return cudaSuccess;
   const unsigned blocks = CeilDiv(n, kRowsPerBlock), threads = 32 * kRowsPerBlock;
   if (mean != nullptr) {
@@ -194,7 +190,9 @@ template <typename T>
 cudaError_t NormBackwardInputVector(T* dinp, const T* dout, const T* inp, const T* weight,
                                     const float* mean, const float* rstd, int n, int c,
                                     cudaStream_t stream) {
-  if (!VectorShape<T>(c, {dinp, dout, inp, weight})) return cudaErrorNotSupported;
+  if (!VectorFits<T>(MemoryKernels::kVector, c, {dinp, dout, inp, weight})) {
+    return cudaErrorNotSupported;
+  }
   if (n <= 0) return cudaSuccess;
   const unsigned blocks = CeilDiv(n, kRowsPerBlock), threads = 32 * kRowsPerBlock;
   if (mean != nullptr) {
@@ -211,7 +209,7 @@ template <typename T>
 cudaError_t NormBackwardWeightVector(float* dweight, float* dbias, const T* dout, const T* inp,
                                      const float* mean, const float* rstd, int n, int c,
                                      cudaStream_t stream) {
-  if (!VectorShape<T>(c, {dout, inp})) return cudaErrorNotSupported;
+  if (!VectorFits<T>(MemoryKernels::kVector, c, {dout, inp})) return cudaErrorNotSupported;
   if (n <= 0 || c <= 0) return cudaSuccess;
   const int rows_per_block = WeightRowsPerBlock(n);
   const dim3 grid(CeilDiv(c, 32 * kVec<T>), CeilDiv(n, rows_per_block));
