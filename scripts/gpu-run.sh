@@ -32,7 +32,8 @@
 #      then the layer stack and the bf16 job with each opt-in kernel set: the pipelined and the
 #      wide flash attention kernels (VOCABPIPE_ATTENTION=flash-pipelined, flash-wide; the flash
 #      ones are the default), the 16-byte memory-bound kernels (VOCABPIPE_MEMORY_KERNELS=vector)
-#      and the cuBLASLt bias and GELU epilogues (VOCABPIPE_GEMM_EPILOGUE=gelu);
+#      and the cuBLASLt epilogues: bias, GELU and the residual as the GEMM's C matrix
+#      (VOCABPIPE_GEMM_EPILOGUE=all, runs named gpu-p1-bf16-epilogues);
 #   6. cuda_bench, then bench/perf.sh (the performance baseline, its per-phase breakdown and
 #      the PERF_VARIANTS rows, e.g. the flash kernels) when the bundle has it, then
 #      bench/kernel_profile.sh (Nsight Compute on the flash and norm kernels) when ncu is there;
@@ -449,18 +450,18 @@ run_gated_job() {
   run_job "$n" "$cap"
 }
 
-# run_opt_in VALUE VAR: the layer stacks (GPT-2 and Llama) and the 200-step bf16 job (as
-# gpu-p1-bf16-VALUE, which compare.py checks like gpu-p1-bf16) with VAR=VALUE, an opt-in kernel
-# set.
+# run_opt_in VALUE VAR [LABEL]: the layer stacks (GPT-2 and Llama) and the 200-step bf16 job (as
+# gpu-p1-bf16-LABEL, which compare.py checks like gpu-p1-bf16) with VAR=VALUE, an opt-in kernel
+# set; LABEL defaults to VALUE.
 run_opt_in() {
-  local value=$1 var=$2
+  local value=$1 var=$2 label=${3:-$1}
   say "== $var=$value"
   export "$var=$value"
-  run_test cuda_layer_stack_test 45 "$value"
-  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-$value,#" \
-    -e "s/^name: .*/name: gpu-p1-bf16-$value/" "$WORK/gpu-p1-bf16.yaml" \
-    > "$WORK/gpu-p1-bf16-$value.yaml"
-  run_job "gpu-p1-bf16-$value" 60
+  run_test cuda_layer_stack_test 45 "$label"
+  sed -e "s#runs/gpu-p1-bf16,#runs/gpu-p1-bf16-$label,#" \
+    -e "s/^name: .*/name: gpu-p1-bf16-$label/" "$WORK/gpu-p1-bf16.yaml" \
+    > "$WORK/gpu-p1-bf16-$label.yaml"
+  run_job "gpu-p1-bf16-$label" 60
   unset "$var"
 }
 
@@ -522,7 +523,7 @@ else
   run_opt_in flash-pipelined VOCABPIPE_ATTENTION
   run_opt_in flash-wide VOCABPIPE_ATTENTION
   run_opt_in vector VOCABPIPE_MEMORY_KERNELS
-  run_opt_in gelu VOCABPIPE_GEMM_EPILOGUE
+  run_opt_in all VOCABPIPE_GEMM_EPILOGUE epilogues
 fi
 
 # ---- the benchmarks

@@ -521,11 +521,13 @@ absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
   report.Line("B+W (backward)", 2 * flops, b_s + w_s);
   report.Line("F+B+W", 3 * flops, f_s + b_s + w_s);
   std::printf(
-      "  attention kernels: %s; memory-bound kernels: %s; bias epilogue: %s; GELU epilogue: %s\n",
+      "  attention kernels: %s; memory-bound kernels: %s; bias epilogue: %s; GELU epilogue: %s; "
+      "residual add: %s\n",
       std::getenv("VOCABPIPE_ATTENTION") ? std::getenv("VOCABPIPE_ATTENTION") : "default",
       DefaultMemoryKernels() == MemoryKernels::kVector ? "vector" : "element",
       FusedBiasEpilogue() ? "cuBLASLt" : "separate kernel",
-      FusedGeluEpilogue() ? "cuBLASLt" : "separate kernel");
+      FusedGeluEpilogue() ? "cuBLASLt" : "separate kernel",
+      FusedResidualEpilogue() ? "cuBLASLt C matrix" : "separate kernel");
   std::printf("PERF section=layer f_ms=%.3f b_ms=%.3f w_ms=%.3f f_mfu=%s bw_mfu=%s fbw_mfu=%s\n",
               f_s * 1e3, b_s * 1e3, w_s * 1e3, report.MfuText(flops, f_s).c_str(),
               report.MfuText(2 * flops, b_s + w_s).c_str(),
@@ -1015,13 +1017,14 @@ absl::Status RunStep(const Options& o, const Reporter& report) {
         FloatToBf16(gx.data(), out_state.grad_input(), static_cast<long>(nh), stream));
     MarkPhase(stream, Phase::kNorm);
     if (o.llama()) {
-      VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput<bf16>(dy.data(), gx.data(), y.data(), lnf_w,
-                                                         rstd.data(), n, h, stream));
+      VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput<bf16>(dy.data(), dy.data(), gx.data(), y.data(),
+                                                         lnf_w, rstd.data(), n, h, stream));
       VP_CUDA_RETURN_IF_ERROR(
           RmsNormBackwardWeight<bf16>(lnf_wg, gx.data(), y.data(), rstd.data(), n, h, stream));
     } else {
-      VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput<bf16>(dy.data(), gx.data(), y.data(), lnf_w,
-                                                           mean.data(), rstd.data(), n, h, stream));
+      VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput<bf16>(dy.data(), dy.data(), gx.data(),
+                                                           y.data(), lnf_w, mean.data(),
+                                                           rstd.data(), n, h, stream));
       VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardWeight<bf16>(
           lnf_wg, lnf_bg, gx.data(), y.data(), mean.data(), rstd.data(), n, h, stream));
     }

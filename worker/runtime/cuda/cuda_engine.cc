@@ -228,14 +228,14 @@ absl::Status CudaStageEngine<T>::FinalNormBackward(Buffer& dout, const float* gr
   }
   if (opt_.model.llama()) {
     VP_CUDA_RETURN_IF_ERROR(engine::cuda::RmsNormBackwardInput<T>(
-        dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.rstd.data(), n, h,
+        dout.data(), dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.rstd.data(), n, h,
         compute_.stream));
     VP_CUDA_RETURN_IF_ERROR(engine::cuda::RmsNormBackwardWeight<T>(
         model_->lnf_weight_grad(), g, xs.x_last.data(), xs.rstd.data(), n, h, compute_.stream));
   } else {
     VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardInput<T>(
-        dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.mean.data(), xs.rstd.data(), n,
-        h, compute_.stream));
+        dout.data(), dout.data(), g, xs.x_last.data(), model_->lnf_weight(), xs.mean.data(),
+        xs.rstd.data(), n, h, compute_.stream));
     VP_CUDA_RETURN_IF_ERROR(engine::cuda::LayerNormBackwardWeight<T>(
         model_->lnf_weight_grad(), model_->lnf_bias_grad(), g, xs.x_last.data(), xs.mean.data(),
         xs.rstd.data(), n, h, compute_.stream));

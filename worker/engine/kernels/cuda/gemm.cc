@@ -5,6 +5,8 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/phase_timer.h"
@@ -158,8 +160,8 @@ absl::Status CheckGemmShape(bool trans_a, bool trans_b, int m, int n, int k, int
 absl::Status GemmRunner::Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                               const void* a, int lda, const void* b, int ldb, float beta, void* c,
                               int ldc, DType ab_type, DType c_type, cudaStream_t stream) {
-  return RunChecked(Epilogue::kNone, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                    ab_type, c_type, nullptr, nullptr, stream);
+  return RunChecked(Epilogue::kNone, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, c,
+                    ldc, ab_type, c_type, nullptr, nullptr, stream);
 }
 
 absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
@@ -167,8 +169,19 @@ absl::Status GemmRunner::GemmBias(bool trans_a, bool trans_b, int m, int n, int 
                                   void* c, int ldc, DType ab_type, DType c_type, const void* bias,
                                   cudaStream_t stream) {
   if (bias == nullptr) return absl::InvalidArgumentError("gemm: bias must not be null");
-  return RunChecked(Epilogue::kBias, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                    ab_type, c_type, bias, nullptr, stream);
+  return RunChecked(Epilogue::kBias, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, c,
+                    ldc, ab_type, c_type, bias, nullptr, stream);
+}
+
+absl::Status GemmRunner::GemmResidual(bool trans_a, bool trans_b, int m, int n, int k,
+                                      const void* a, int lda, const void* b, int ldb,
+                                      const void* residual, void* c, int ldc, DType ab_type,
+                                      DType c_type, const void* bias, cudaStream_t stream) {
+  if (residual == nullptr) return absl::InvalidArgumentError("gemm: residual must not be null");
+  if (residual == c) return absl::InvalidArgumentError("gemm: residual must not alias c");
+  return RunChecked(bias != nullptr ? Epilogue::kBias : Epilogue::kNone, trans_a, trans_b, m, n, k,
+                    1.0f, a, lda, b, ldb, 1.0f, residual, c, ldc, ab_type, c_type, bias, nullptr,
+                    stream);
 }
 
 absl::Status GemmRunner::GemmBiasGelu(bool trans_a, bool trans_b, int m, int n, int k,
@@ -182,7 +195,7 @@ absl::Status GemmRunner::GemmBiasGelu(bool trans_a, bool trans_b, int m, int n, 
     return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
   }
   return RunChecked(Epilogue::kBiasGeluAux, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f,
-                    c, ldc, ab_type, c_type, bias, pre, stream);
+                    c, c, ldc, ab_type, c_type, bias, pre, stream);
 }
 
 absl::Status GemmRunner::GemmGeluGrad(bool trans_a, bool trans_b, int m, int n, int k,
@@ -194,13 +207,13 @@ absl::Status GemmRunner::GemmGeluGrad(bool trans_a, bool trans_b, int m, int n, 
     return absl::UnimplementedError("gemm: the GELU epilogue's pre is not 256-byte aligned");
   }
   return RunChecked(Epilogue::kGeluGrad, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c,
-                    ldc, ab_type, c_type, nullptr, pre, stream);
+                    c, ldc, ab_type, c_type, nullptr, pre, stream);
 }
 
 absl::Status GemmRunner::RunChecked(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n,
                                     int k, float alpha, const void* a, int lda, const void* b,
-                                    int ldb, float beta, void* c, int ldc, DType ab_type,
-                                    DType c_type, const void* bias, const void* aux,
+                                    int ldb, float beta, const void* c_in, void* c, int ldc,
+                                    DType ab_type, DType c_type, const void* bias, const void* aux,
                                     cudaStream_t stream) {
   if (absl::Status st = CheckGemmShape(trans_a, trans_b, m, n, k, lda, ldb, ldc); !st.ok()) {
     return st;
@@ -209,11 +222,12 @@ absl::Status GemmRunner::RunChecked(Epilogue epilogue, bool trans_a, bool trans_
   const Key key{
       trans_a, trans_b, m, n, k, lda, ldb, ldc, static_cast<int>(ab_type), static_cast<int>(c_type),
       epilogue};
-  return Run(key, alpha, a, b, beta, c, bias, aux, stream);
+  return Run(key, alpha, a, b, beta, c_in, c, bias, aux, stream);
 }
 
 absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const void* b, float beta,
-                             void* c, const void* bias, const void* aux, cudaStream_t stream) {
+                             const void* c_in, void* c, const void* bias, const void* aux,
+                             cudaStream_t stream) {
   absl::StatusOr<Plan*> plan = GetPlan(key);
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
@@ -225,21 +239,39 @@ absl::Status GemmRunner::Run(const Key& key, float alpha, const void* a, const v
     VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmulDescSetAttribute(
         p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   }
-  VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmul(handle_, p.desc, &alpha, b, p.b, a, p.a, &beta, c,
-                                                p.c, c, p.c, &p.algo, workspace_, workspace_bytes_,
-                                                stream));
+  VP_CUBLAS_RETURN_IF_ERROR(lt_->cublasLtMatmul(handle_, p.desc, &alpha, b, p.b, a, p.a, &beta,
+                                                c_in, p.c, c, p.c, &p.algo, workspace_,
+                                                workspace_bytes_, stream));
   return absl::OkStatus();
 }
 
-bool FusedBiasEpilogue() {
+namespace {
+
+struct EpilogueOptIns {
+  bool bias = false;
+  bool gelu = false;
+  bool residual = false;
+};
+
+EpilogueOptIns ReadEpilogueOptIns() {
+  EpilogueOptIns o;
   const char* env = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  return env != nullptr && (std::string_view(env) == "bias" || std::string_view(env) == "gelu");
+  if (env == nullptr) return o;
+  for (absl::string_view word : absl::StrSplit(env, absl::ByAnyChar(",+"))) {
+    word = absl::StripAsciiWhitespace(word);
+    const bool all = word == "all";
+    if (word == "bias" || all) o.bias = true;
+    if (word == "gelu" || all) o.bias = o.gelu = true;
+    if (word == "residual" || all) o.bias = o.residual = true;
+  }
+  return o;
 }
 
-bool FusedGeluEpilogue() {
-  const char* env = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  return env != nullptr && std::string_view(env) == "gelu";
-}
+}  // namespace
+
+bool FusedBiasEpilogue() { return ReadEpilogueOptIns().bias; }
+bool FusedGeluEpilogue() { return ReadEpilogueOptIns().gelu; }
+bool FusedResidualEpilogue() { return ReadEpilogueOptIns().residual; }
 
 // Llama's nn.Linear layout [out, in], no bias (cpu::LinearT*): the same three GEMMs with the
 // weight's transpose flags flipped.
@@ -286,6 +318,52 @@ absl::Status LinearForward(GemmRunner& gemm, T* out, const T* inp, const T* weig
     VP_CUDA_RETURN_IF_ERROR(AddBias(out, bias, n, out_dim, stream));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The residual stream's product done in two steps (the epilogue off, or no algorithm for it):
+// the product (its own bias step included), then the add.
+template <typename T, typename Product>
+absl::Status ProductThenResidual(T* out, const T* residual, int n, int out_dim, cudaStream_t stream,
+                                 Product product) {
+  if (absl::Status s = product(); !s.ok()) return s;
+  MarkPhase(stream, Phase::kElementwise);  // the caller marks its next step again
+  VP_CUDA_RETURN_IF_ERROR(
+      ResidualForward(out, out, residual, static_cast<long>(n) * out_dim, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+template <typename T>
+absl::Status LinearResidualForward(GemmRunner& gemm, T* out, const T* inp, const T* weight,
+                                   const T* bias, const T* residual, int n, int in_dim, int out_dim,
+                                   cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  if (FusedResidualEpilogue()) {
+    absl::Status s = gemm.GemmResidual(false, false, n, out_dim, in_dim, inp, in_dim, weight,
+                                       out_dim, residual, out, out_dim, t, t, bias, stream);
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+  }
+  return ProductThenResidual(out, residual, n, out_dim, stream, [&] {
+    return LinearForward<T>(gemm, out, inp, weight, bias, n, in_dim, out_dim, stream);
+  });
+}
+
+template <typename T>
+absl::Status LinearTResidualForward(GemmRunner& gemm, T* out, const T* inp, const T* weight,
+                                    const T* residual, int n, int in_dim, int out_dim,
+                                    cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  if (FusedResidualEpilogue()) {
+    // No epilogue, so never Unimplemented: cuBLASLt reads C for any plan.
+    return gemm.GemmResidual(false, true, n, out_dim, in_dim, inp, in_dim, weight, in_dim, residual,
+                             out, out_dim, t, t, nullptr, stream);
+  }
+  return ProductThenResidual(out, residual, n, out_dim, stream, [&] {
+    return LinearTForward<T>(gemm, out, inp, weight, n, in_dim, out_dim, stream);
+  });
 }
 
 template <typename T>
@@ -427,6 +505,10 @@ absl::Status OutputLayerT(GemmRunner& gemm, T* probs, float* weight_grad, float*
                                                 int, int, int, cudaStream_t);                      \
   template absl::Status LinearTForward<T>(GemmRunner&, T*, const T*, const T*, int, int, int,      \
                                           cudaStream_t);                                           \
+  template absl::Status LinearResidualForward<T>(GemmRunner&, T*, const T*, const T*, const T*,    \
+                                                 const T*, int, int, int, cudaStream_t);           \
+  template absl::Status LinearTResidualForward<T>(GemmRunner&, T*, const T*, const T*, const T*,   \
+                                                  int, int, int, cudaStream_t);                    \
   template absl::Status LinearTBackwardInput<T>(GemmRunner&, T*, const T*, const T*, int, int,     \
                                                 int, cudaStream_t);                                \
   template absl::Status LinearTBackwardWeight<T>(GemmRunner&, float*, const T*, const T*, int,     \

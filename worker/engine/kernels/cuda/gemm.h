@@ -66,6 +66,15 @@ class GemmRunner {
                             const void* b, int ldb, void* c, int ldc, DType ab_type, DType c_type,
                             const void* pre, cudaStream_t stream);
 
+  // A product written onto the residual stream: C = op(A)·op(B) (+ bias) + residual, residual
+  // (m × n, row stride ldc, c_type) read as cuBLASLt's C matrix with beta 1 and C written as its
+  // D, all from the fp32 accumulator with one rounding; residual must not alias c (in-place needs
+  // no C matrix: Gemm with beta 1). With a bias, the CUBLASLT_EPILOGUE_BIAS plan, Unimplemented
+  // as in GemmBias.
+  absl::Status GemmResidual(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+                            const void* b, int ldb, const void* residual, void* c, int ldc,
+                            DType ab_type, DType c_type, const void* bias, cudaStream_t stream);
+
   size_t cached_plans() const { return plans_.size(); }
 
  private:
@@ -82,13 +91,15 @@ class GemmRunner {
   };
   explicit GemmRunner(const CublasLt* lt) : lt_(lt) {}
   absl::StatusOr<Plan*> GetPlan(const Key& key);
-  // Every entry point's shape checks (an empty product does nothing), then Run.
+  // Every entry point's shape checks (an empty product does nothing), then Run. c_in is what
+  // beta scales (cuBLASLt's C), c what is written (its D); the same layout, usually one matrix.
   absl::Status RunChecked(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n, int k,
                           float alpha, const void* a, int lda, const void* b, int ldb, float beta,
-                          void* c, int ldc, DType ab_type, DType c_type, const void* bias,
-                          const void* aux, cudaStream_t stream);
-  absl::Status Run(const Key& key, float alpha, const void* a, const void* b, float beta, void* c,
-                   const void* bias, const void* aux, cudaStream_t stream);
+                          const void* c_in, void* c, int ldc, DType ab_type, DType c_type,
+                          const void* bias, const void* aux, cudaStream_t stream);
+  absl::Status Run(const Key& key, float alpha, const void* a, const void* b, float beta,
+                   const void* c_in, void* c, const void* bias, const void* aux,
+                   cudaStream_t stream);
   void Destroy(Plan& plan);
 
   const CublasLt* lt_;  // the process's cuBLASLt (never unloaded)
@@ -98,13 +109,18 @@ class GemmRunner {
   std::map<Key, Plan> plans_;
 };
 
-// True when VOCABPIPE_GEMM_EPILOGUE=bias or gelu: LinearForward adds its bias in the GEMM's
-// cuBLASLt epilogue instead of a separate kernel (opt-in until measured on a GPU; read at every
-// call).
+// VOCABPIPE_GEMM_EPILOGUE is a list of bias, gelu and residual separated by ',' or '+' (gelu and
+// residual each imply bias; all means the three; other words are ignored), read at every call.
+// Opt-in until measured on a GPU.
+// True for bias, gelu or residual: LinearForward adds its bias in the GEMM's cuBLASLt epilogue
+// instead of a separate kernel.
 bool FusedBiasEpilogue();
-// True when VOCABPIPE_GEMM_EPILOGUE=gelu: also LinearGeluForward's GELU and
-// LinearBackwardInputGelu's GELU gradient in the epilogue (opt-in likewise).
+// True for gelu: also LinearGeluForward's GELU and LinearBackwardInputGelu's GELU gradient in the
+// epilogue.
 bool FusedGeluEpilogue();
+// True for residual: Linear(T)ResidualForward read the residual stream as the GEMM's C matrix
+// (GemmResidual) instead of adding it with a separate kernel.
+bool FusedResidualEpilogue();
 
 // Linear layer, weight in Conv1D layout [in, out] (the CPU engine's layout), T float or bf16.
 // out = inp · weight (+ bias).
@@ -132,6 +148,16 @@ absl::Status LinearBackwardInputGelu(GemmRunner& gemm, T* dpre,  // (n, in_dim)
                                      const T* weight,            // (in_dim, out_dim)
                                      const T* pre,               // (n, in_dim)
                                      int n, int in_dim, int out_dim, cudaStream_t stream);
+// A product that writes the residual stream (GPT-2's c_proj layers): out = residual + inp · weight
+// (+ bias); residual must not alias out or inp. One GEMM with VOCABPIPE_GEMM_EPILOGUE=residual
+// where cuBLASLt allows, else LinearForward and ResidualForward.
+template <typename T>
+absl::Status LinearResidualForward(GemmRunner& gemm, T* out,  // (n, out_dim)
+                                   const T* inp,              // (n, in_dim)
+                                   const T* weight,           // (in_dim, out_dim)
+                                   const T* bias,             // (out_dim) or null
+                                   const T* residual,         // (n, out_dim)
+                                   int n, int in_dim, int out_dim, cudaStream_t stream);
 // B part: dinp = dout · weightᵀ (overwrites).
 template <typename T>
 absl::Status LinearBackwardInput(GemmRunner& gemm, T* dinp,  // (n, in_dim)
@@ -153,6 +179,14 @@ absl::Status LinearTForward(GemmRunner& gemm, T* out,  // (n, out_dim)
                             const T* inp,              // (n, in_dim)
                             const T* weight,           // (out_dim, in_dim)
                             int n, int in_dim, int out_dim, cudaStream_t stream);
+// The same onto the residual stream (Llama's o_proj and down_proj): out = residual + inp · weightᵀ,
+// as LinearResidualForward.
+template <typename T>
+absl::Status LinearTResidualForward(GemmRunner& gemm, T* out,  // (n, out_dim)
+                                    const T* inp,              // (n, in_dim)
+                                    const T* weight,           // (out_dim, in_dim)
+                                    const T* residual,         // (n, out_dim)
+                                    int n, int in_dim, int out_dim, cudaStream_t stream);
 // B part: dinp = dout · weight (overwrites).
 template <typename T>
 absl::Status LinearTBackwardInput(GemmRunner& gemm, T* dinp,  // (n, in_dim)

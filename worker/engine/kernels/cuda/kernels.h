@@ -90,9 +90,12 @@ cudaError_t LayerNormForward(T* out,           // (n, c)
                              int n, int c, cudaStream_t stream,
                              MemoryKernels kernels = MemoryKernels::kDefault);
 
-// B part: dinp += dL/dinp (accumulates into the residual stream's gradient).
+// B part: dinp = skip + dL/dinp, skip the residual stream's gradient from the skip path (skip may
+// be dinp: accumulates in place). Taking skip apart saves the copy of it into dinp that
+// cpu::LayerNormBackwardInput's accumulate-only form would need.
 template <typename T>
 cudaError_t LayerNormBackwardInput(T* dinp,            // (n, c)
+                                   const T* skip,      // (n, c)
                                    const T* dout,      // (n, c)
                                    const T* inp,       // (n, c)
                                    const T* weight,    // (c)
@@ -227,9 +230,11 @@ cudaError_t RmsNormForward(T* out,           // (n, c)
                            const T* weight,  // (c)
                            int n, int c, float eps, cudaStream_t stream,
                            MemoryKernels kernels = MemoryKernels::kDefault);
-// B part: dinp += rstd · (g − x̂ · mean(g · x̂)), g = dout·weight, x̂ = inp·rstd (accumulates).
+// B part: dinp = skip + rstd · (g − x̂ · mean(g · x̂)), g = dout·weight, x̂ = inp·rstd (skip may be
+// dinp, as for LayerNorm).
 template <typename T>
 cudaError_t RmsNormBackwardInput(T* dinp,            // (n, c)
+                                 const T* skip,      // (n, c)
                                  const T* dout,      // (n, c)
                                  const T* inp,       // (n, c)
                                  const T* weight,    // (c)

@@ -36,10 +36,12 @@ __global__ void LayerNormForwardKernel(T* out, float* mean, float* rstd, const T
   }
 }
 
-// dinp += (dnorm − mean(dnorm) − xhat·mean(dnorm·xhat))·rstd, dnorm = dout·weight.
+// dinp = skip + (dnorm − mean(dnorm) − xhat·mean(dnorm·xhat))·rstd, dnorm = dout·weight. skip may
+// be dinp: each element is read before it is written, by the same thread.
 template <typename T>
-__global__ void LayerNormBackwardInputKernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                             const float* mean, const float* rstd, int n, int c) {
+__global__ void LayerNormBackwardInputKernel(T* dinp, const T* skip, const T* dout, const T* inp,
+                                             const T* weight, const float* mean, const float* rstd,
+                                             int n, int c) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -56,7 +58,7 @@ __global__ void LayerNormBackwardInputKernel(T* dinp, const T* dout, const T* in
   for (int j = lane; j < c; j += 32) {
     const float dnorm = ToFloat(dout[off + j]) * ToFloat(weight[j]);
     const float xhat = (ToFloat(inp[off + j]) - m) * s;
-    dinp[off + j] = FromFloat<T>(ToFloat(dinp[off + j]) + (dnorm - a - xhat * b) * s);
+    dinp[off + j] = FromFloat<T>(ToFloat(skip[off + j]) + (dnorm - a - xhat * b) * s);
   }
 }
 
@@ -111,17 +113,17 @@ cudaError_t LayerNormForward(T* out, float* mean, float* rstd, const T* inp, con
 }
 
 template <typename T>
-cudaError_t LayerNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* weight,
-                                   const float* mean, const float* rstd, int n, int c,
-                                   cudaStream_t stream, MemoryKernels kernels) {
+cudaError_t LayerNormBackwardInput(T* dinp, const T* skip, const T* dout, const T* inp,
+                                   const T* weight, const float* mean, const float* rstd, int n,
+                                   int c, cudaStream_t stream, MemoryKernels kernels) {
   if (n <= 0) return cudaSuccess;
   if (UseVectorKernels(kernels)) {
     const cudaError_t e =
-        NormBackwardInputVector(dinp, dout, inp, weight, mean, rstd, n, c, stream);
+        NormBackwardInputVector(dinp, skip, dout, inp, weight, mean, rstd, n, c, stream);
     if (e != cudaErrorNotSupported) return e;
   }
   LayerNormBackwardInputKernel<T><<<CeilDiv(n, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, n, c);
+      dinp, skip, dout, inp, weight, mean, rstd, n, c);
   return cudaGetLastError();
 }
 
@@ -145,9 +147,9 @@ cudaError_t LayerNormBackwardWeight(float* dweight, float* dbias, const T* dout,
 #define VP_INSTANTIATE(T)                                                                         \
   template cudaError_t LayerNormForward<T>(T*, float*, float*, const T*, const T*, const T*, int, \
                                            int, cudaStream_t, MemoryKernels);                     \
-  template cudaError_t LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const float*,  \
-                                                 const float*, int, int, cudaStream_t,            \
-                                                 MemoryKernels);                                  \
+  template cudaError_t LayerNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*,      \
+                                                 const float*, const float*, int, int,            \
+                                                 cudaStream_t, MemoryKernels);                    \
   template cudaError_t LayerNormBackwardWeight<T>(float*, float*, const T*, const T*,             \
                                                   const float*, const float*, int, int,           \
                                                   cudaStream_t, MemoryKernels);

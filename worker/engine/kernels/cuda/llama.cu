@@ -36,10 +36,11 @@ __global__ void RmsNormForwardKernel(T* out, float* rstd, const T* inp, const T*
   if (lane == 0) rstd[row] = r;
 }
 
-// dinp += r·(g − x̂·mean(g·x̂)), g = dout·weight, x̂ = inp·r.
+// dinp = skip + r·(g − x̂·mean(g·x̂)), g = dout·weight, x̂ = inp·r (skip may be dinp, as in
+// LayerNorm's kernel).
 template <typename T>
-__global__ void RmsNormBackwardInputKernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                           const float* rstd, int n, int c) {
+__global__ void RmsNormBackwardInputKernel(T* dinp, const T* skip, const T* dout, const T* inp,
+                                           const T* weight, const float* rstd, int n, int c) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -53,7 +54,7 @@ __global__ void RmsNormBackwardInputKernel(T* dinp, const T* dout, const T* inp,
   for (int j = lane; j < c; j += 32) {
     const float g = ToFloat(dout[off + j]) * ToFloat(weight[j]);
     const float xhat = ToFloat(inp[off + j]) * r;
-    dinp[off + j] = FromFloat<T>(ToFloat(dinp[off + j]) + r * (g - xhat * m));
+    dinp[off + j] = FromFloat<T>(ToFloat(skip[off + j]) + r * (g - xhat * m));
   }
 }
 
@@ -208,17 +209,17 @@ cudaError_t RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, i
 }
 
 template <typename T>
-cudaError_t RmsNormBackwardInput(T* dinp, const T* dout, const T* inp, const T* weight,
-                                 const float* rstd, int n, int c, cudaStream_t stream,
-                                 MemoryKernels kernels) {
+cudaError_t RmsNormBackwardInput(T* dinp, const T* skip, const T* dout, const T* inp,
+                                 const T* weight, const float* rstd, int n, int c,
+                                 cudaStream_t stream, MemoryKernels kernels) {
   if (n <= 0) return cudaSuccess;
   if (UseVectorKernels(kernels)) {
     const cudaError_t e =
-        NormBackwardInputVector<T>(dinp, dout, inp, weight, nullptr, rstd, n, c, stream);
+        NormBackwardInputVector<T>(dinp, skip, dout, inp, weight, nullptr, rstd, n, c, stream);
     if (e != cudaErrorNotSupported) return e;
   }
   RmsNormBackwardInputKernel<T><<<CeilDiv(n, kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
-      dinp, dout, inp, weight, rstd, n, c);
+      dinp, skip, dout, inp, weight, rstd, n, c);
   return cudaGetLastError();
 }
 
@@ -284,8 +285,9 @@ cudaError_t SwigluBackward(T* dgu, const T* gu, const T* dout, long n, int f, cu
 #define VP_INSTANTIATE(T)                                                                      \
   template cudaError_t RmsNormForward<T>(T*, float*, const T*, const T*, int, int, float,      \
                                          cudaStream_t, MemoryKernels);                         \
-  template cudaError_t RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const float*, \
-                                               int, int, cudaStream_t, MemoryKernels);         \
+  template cudaError_t RmsNormBackwardInput<T>(T*, const T*, const T*, const T*, const T*,     \
+                                               const float*, int, int, cudaStream_t,           \
+                                               MemoryKernels);                                 \
   template cudaError_t RmsNormBackwardWeight<T>(float*, const T*, const T*, const float*, int, \
                                                 int, cudaStream_t, MemoryKernels);             \
   template cudaError_t RopeForward<T>(T*, int, int, int, int, int, int, float, cudaStream_t);  \

@@ -69,11 +69,13 @@ __global__ void NormForwardVectorKernel(T* out, float* mean, float* rstd, const 
   }
 }
 
-// LayerNorm: dinp += (dnorm − mean(dnorm) − x̂·mean(dnorm·x̂))·rstd, dnorm = dout·weight.
-// RMSNorm:   dinp += rstd·(dnorm − x̂·mean(dnorm·x̂)).
+// LayerNorm: dinp = skip + (dnorm − mean(dnorm) − x̂·mean(dnorm·x̂))·rstd, dnorm = dout·weight.
+// RMSNorm:   dinp = skip + rstd·(dnorm − x̂·mean(dnorm·x̂)). skip may be dinp (each chunk is read
+// before it is written, by the same lane).
 template <typename T, bool kLayerNorm>
-__global__ void NormBackwardInputVectorKernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                              const float* mean, const float* rstd, int n, int c) {
+__global__ void NormBackwardInputVectorKernel(T* dinp, const T* skip, const T* dout, const T* inp,
+                                              const T* weight, const float* mean, const float* rstd,
+                                              int n, int c) {
   constexpr int V = kVec<T>;
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -101,7 +103,7 @@ __global__ void NormBackwardInputVectorKernel(T* dinp, const T* dout, const T* i
     LoadVec<T>(g, dout + off + j * V);
     LoadVec<T>(w, weight + j * V);
     LoadVec<T>(x, inp + off + j * V);
-    LoadVec<T>(d, dinp + off + j * V);
+    LoadVec<T>(d, skip + off + j * V);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float xhat = (x[e] - m) * s;
@@ -187,20 +189,20 @@ cudaError_t NormForwardVector(T* out, float* mean, float* rstd, const T* inp, co
 }
 
 template <typename T>
-cudaError_t NormBackwardInputVector(T* dinp, const T* dout, const T* inp, const T* weight,
-                                    const float* mean, const float* rstd, int n, int c,
-                                    cudaStream_t stream) {
-  if (!VectorFits<T>(MemoryKernels::kVector, c, {dinp, dout, inp, weight})) {
+cudaError_t NormBackwardInputVector(T* dinp, const T* skip, const T* dout, const T* inp,
+                                    const T* weight, const float* mean, const float* rstd, int n,
+                                    int c, cudaStream_t stream) {
+  if (!VectorFits<T>(MemoryKernels::kVector, c, {dinp, skip, dout, inp, weight})) {
     return cudaErrorNotSupported;
   }
   if (n <= 0) return cudaSuccess;
   const unsigned blocks = CeilDiv(n, kRowsPerBlock), threads = 32 * kRowsPerBlock;
   if (mean != nullptr) {
     NormBackwardInputVectorKernel<T, true>
-        <<<blocks, threads, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, n, c);
+        <<<blocks, threads, 0, stream>>>(dinp, skip, dout, inp, weight, mean, rstd, n, c);
   } else {
     NormBackwardInputVectorKernel<T, false>
-        <<<blocks, threads, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, n, c);
+        <<<blocks, threads, 0, stream>>>(dinp, skip, dout, inp, weight, mean, rstd, n, c);
   }
   return cudaGetLastError();
 }
@@ -226,8 +228,9 @@ cudaError_t NormBackwardWeightVector(float* dweight, float* dbias, const T* dout
 #define VP_INSTANTIATE(T)                                                                          \
   template cudaError_t NormForwardVector<T>(T*, float*, float*, const T*, const T*, const T*, int, \
                                             int, float, cudaStream_t);                             \
-  template cudaError_t NormBackwardInputVector<T>(T*, const T*, const T*, const T*, const float*,  \
-                                                  const float*, int, int, cudaStream_t);           \
+  template cudaError_t NormBackwardInputVector<T>(T*, const T*, const T*, const T*, const T*,      \
+                                                  const float*, const float*, int, int,            \
+                                                  cudaStream_t);                                   \
   template cudaError_t NormBackwardWeightVector<T>(                                                \
       float*, float*, const T*, const T*, const float*, const float*, int, int, cudaStream_t);
 VP_INSTANTIATE(float)

@@ -20,9 +20,10 @@ cudaError_t NormForwardVector(T* out,           // (n, c)
                               const T* bias,    // (c) or nullptr (RMSNorm)
                               int n, int c, float eps, cudaStream_t stream);
 
-// dinp += the input gradient (mean == nullptr: RMSNorm's).
+// dinp = skip + the input gradient (mean == nullptr: RMSNorm's); skip may be dinp.
 template <typename T>
 cudaError_t NormBackwardInputVector(T* dinp,            // (n, c)
+                                    const T* skip,      // (n, c)
                                     const T* dout,      // (n, c)
                                     const T* inp,       // (n, c)
                                     const T* weight,    // (c)

@@ -222,13 +222,35 @@ absl::Status DeviceColumnParallelLinear<T>::BackwardWeight(const T* dy, const T*
 
 template <typename T>
 absl::Status DeviceRowParallelLinear<T>::Forward(T* y_local, const T* x, int n) const {
+  return ForwardOnto(y_local, x, nullptr, n);
+}
+
+template <typename T>
+absl::Status DeviceRowParallelLinear<T>::ForwardResidual(T* y_local, const T* x,
+                                                         const T* residual_local, int n) const {
+  if (residual_local == nullptr || residual_local == y_local) {
+    return absl::InvalidArgumentError(
+        "row-parallel forward: the residual must be given and must not alias the output");
+  }
+  return ForwardOnto(y_local, x, residual_local, n);
+}
+
+template <typename T>
+absl::Status DeviceRowParallelLinear<T>::ForwardOnto(T* y_local, const T* x,
+                                                     const T* residual_local, int n) const {
   const DeviceContext& ctx = sp_->ctx();
-  if (sp_->group().size() == 1) {  // the plain layer: bias inside the product, as at t = 1
-    if (absl::Status s =
-            Product<T>(*ctx.gemm, p_.layout, y_local, x, p_.w, p_.b, n, p_.in, p_.out, ctx.stream);
-        !s.ok()) {
-      return s;
+  if (sp_->group().size() == 1) {  // the plain layer: bias (and residual) inside the product
+    absl::Status s;
+    if (residual_local == nullptr) {
+      s = Product<T>(*ctx.gemm, p_.layout, y_local, x, p_.w, p_.b, n, p_.in, p_.out, ctx.stream);
+    } else if (p_.layout == WeightLayout::kInOut) {
+      s = LinearResidualForward<T>(*ctx.gemm, y_local, x, p_.w, p_.b, residual_local, n, p_.in,
+                                   p_.out, ctx.stream);
+    } else {
+      s = LinearTResidualForward<T>(*ctx.gemm, y_local, x, p_.w, residual_local, n, p_.in, p_.out,
+                                    ctx.stream);
     }
+    if (!s.ok()) return s;
     return Done(sp_->group(), ctx);
   }
   auto partial = DeviceArray<float>::Create(ctx, MemoryCategory::kActivations,
@@ -240,8 +262,13 @@ absl::Status DeviceRowParallelLinear<T>::Forward(T* y_local, const T* x, int n) 
     return s;
   }
   if (absl::Status s = sp_->ScatterSum(partial->data(), n, p_.out, y_local); !s.ok()) return s;
+  const int m = sp_->LocalRows(n);
   if (p_.b != nullptr) {  // the replicated bias, once per row after the sum
-    VP_CUDA_RETURN_IF_ERROR(AddBias<T>(y_local, p_.b, sp_->LocalRows(n), p_.out, ctx.stream));
+    VP_CUDA_RETURN_IF_ERROR(AddBias<T>(y_local, p_.b, m, p_.out, ctx.stream));
+  }
+  if (residual_local != nullptr) {
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward<T>(y_local, y_local, residual_local,
+                                               static_cast<long>(m) * p_.out, ctx.stream));
   }
   return Done(sp_->group(), ctx);
 }

@@ -126,6 +126,13 @@ class DeviceRowParallelLinear {
   absl::Status Forward(T* y_local,  // (m, out)
                        const T* x,  // (n, in_r)
                        int n) const;
+  // The same onto the residual stream (attention-out, FC2 / down): y_local = residual_local + the
+  // product, residual_local not aliasing y_local. At t = 1 one GEMM under
+  // VOCABPIPE_GEMM_EPILOGUE=residual (Linear(T)ResidualForward); at t > 1 added after the sum.
+  absl::Status ForwardResidual(T* y_local,               // (m, out)
+                               const T* x,               // (n, in_r)
+                               const T* residual_local,  // (m, out)
+                               int n) const;
   // B: dX (n, in_r) = gather(dY_local) · W_rᵀ (overwrites).
   absl::Status BackwardInput(T* dx,              // (n, in_r)
                              const T* dy_local,  // (m, out)
@@ -142,6 +149,9 @@ class DeviceRowParallelLinear {
                               int n) const;
 
  private:
+  // Forward (residual_local null) and ForwardResidual.
+  absl::Status ForwardOnto(T* y_local, const T* x, const T* residual_local, int n) const;
+
   const DeviceSequenceParallel<T>* sp_;
   DeviceLinearWeights<T> p_;
 };

@@ -226,10 +226,8 @@ class DeviceLayer {
     VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
                                              kv.k.data(), kv.v.data(), Shape(seq), st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.res1));
-    MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(attn_out_.Forward(acts.res1.data(), acts.atty.data(), n));
-    MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, mh, st));
+    MarkPhase(st, Phase::kGemmProj);  // the residual add in the GEMM's C, or marked kElementwise
+    VP_LS_RETURN_IF_ERROR(attn_out_.ForwardResidual(acts.res1.data(), acts.atty.data(), x, n));
     DropAttentionCore(acts);
     // MLP sub-block: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.ln2));
@@ -246,9 +244,7 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(
         mlp_in_.ForwardGelu(acts.fch_gelu.data(), acts.fch.data(), acts.ln2.data(), n));
     MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(mlp_out_.Forward(out, acts.fch_gelu.data(), n));
-    MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), mh, st));
+    VP_LS_RETURN_IF_ERROR(mlp_out_.ForwardResidual(out, acts.fch_gelu.data(), acts.res1.data(), n));
     acts.forward_done = true;
     return absl::OkStatus();
   }
@@ -279,12 +275,10 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln2));
     MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(mlp_in_.BackwardInput(acts.d_ln2.data(), acts.d_fch.data(), n));
-    // LayerNormBackwardInput accumulates: start d_res1 from the skip path's gradient, dout.
+    // d_res1 = dout (the skip path's gradient) + ln_2's input gradient, in one kernel.
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_res1));
-    MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, mh, st));
     MarkPhase(st, Phase::kNorm);
-    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
+    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(acts.d_res1.data(), dout, acts.d_ln2.data(),
                                                    acts.res1.data(), p_.ln2_w, acts.ln2_mean.data(),
                                                    acts.ln2_rstd.data(), m, h, st));
     // Attention sub-block.
@@ -324,13 +318,11 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln1));
     MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(qkv_.BackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), n));
-    // dx = d_res1 (the skip path) + ln_1's input gradient (accumulated by the kernel).
-    MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), mh, st));
+    // dx = d_res1 (the skip path) + ln_1's input gradient.
     MarkPhase(st, Phase::kNorm);
-    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, p_.ln1_w,
-                                                   acts.ln1_mean.data(), acts.ln1_rstd.data(), m, h,
-                                                   st));
+    VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(dx, acts.d_res1.data(), acts.d_ln1.data(),
+                                                   acts.inp, p_.ln1_w, acts.ln1_mean.data(),
+                                                   acts.ln1_rstd.data(), m, h, st));
     if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
     acts.backward_input_done = true;
     return absl::OkStatus();
@@ -418,10 +410,8 @@ class DeviceLayer {
     VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
                                              kv.k.data(), kv.v.data(), Shape(seq), st));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.res1));
-    MarkPhase(st, Phase::kGemmProj);
-    VP_LS_RETURN_IF_ERROR(attn_out_.Forward(acts.res1.data(), acts.atty.data(), n));
-    MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(acts.res1.data(), acts.res1.data(), x, mh, st));
+    MarkPhase(st, Phase::kGemmProj);  // the residual add in the GEMM's C, or marked kElementwise
+    VP_LS_RETURN_IF_ERROR(attn_out_.ForwardResidual(acts.res1.data(), acts.atty.data(), x, n));
     DropAttentionCore(acts);
     // MLP: out = res1 + down(silu(gate) · up), gate|up = rms(res1)·Wguᵀ.
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.ln2));
@@ -437,9 +427,7 @@ class DeviceLayer {
     MarkPhase(st, Phase::kElementwise);
     VP_CUDA_RETURN_IF_ERROR(SwigluForward(acts.fch_gelu.data(), acts.fch.data(), n, f, st));
     MarkPhase(st, Phase::kGemmFc2);
-    VP_LS_RETURN_IF_ERROR(mlp_out_.Forward(out, acts.fch_gelu.data(), n));
-    MarkPhase(st, Phase::kElementwise);
-    VP_CUDA_RETURN_IF_ERROR(ResidualForward(out, out, acts.res1.data(), mh, st));
+    VP_LS_RETURN_IF_ERROR(mlp_out_.ForwardResidual(out, acts.fch_gelu.data(), acts.res1.data(), n));
     acts.forward_done = true;
     return absl::OkStatus();
   }
@@ -471,11 +459,9 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln2));
     MarkPhase(st, Phase::kGemmFc1);
     VP_LS_RETURN_IF_ERROR(mlp_in_.BackwardInput(acts.d_ln2.data(), acts.d_fch.data(), n));
-    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_res1));
-    MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(acts.d_res1.data(), dout, mh, st));
+    VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_res1));  // dout + the MLP norm's gradient
     MarkPhase(st, Phase::kNorm);
-    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(acts.d_res1.data(), acts.d_ln2.data(),
+    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(acts.d_res1.data(), dout, acts.d_ln2.data(),
                                                  acts.res1.data(), lp_.mlp_norm_w,
                                                  acts.ln2_rstd.data(), m, h, st));
     // Attention.
@@ -518,11 +504,10 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.d_ln1));
     MarkPhase(st, Phase::kGemmQkv);
     VP_LS_RETURN_IF_ERROR(qkv_.BackwardInput(acts.d_ln1.data(), acts.d_qkv.data(), n));
-    MarkPhase(st, Phase::kCopy);
-    VP_CUDA_RETURN_IF_ERROR(CopyDevice(dx, acts.d_res1.data(), mh, st));
-    MarkPhase(st, Phase::kNorm);
-    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(dx, acts.d_ln1.data(), acts.inp, lp_.attn_norm_w,
-                                                 acts.ln1_rstd.data(), m, h, st));
+    MarkPhase(st, Phase::kNorm);  // dx = d_res1 + the attention norm's gradient
+    VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(dx, acts.d_res1.data(), acts.d_ln1.data(),
+                                                 acts.inp, lp_.attn_norm_w, acts.ln1_rstd.data(), m,
+                                                 h, st));
     if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
     acts.backward_input_done = true;
     return absl::OkStatus();
