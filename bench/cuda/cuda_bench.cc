@@ -1,6 +1,6 @@
 // CUDA throughput in bf16 (fp32 accumulation), in ms, TFLOP/s and MFU against the bf16 GEMM
 // peak measured here (section peak), or --peak, or the device's datasheet figure
-// (PeakBf16Tflops of the device name). Prints "no CUDA device" and exits 0 without a GPU. Six
+// (PeakBf16Tflops of the device name). Prints "no CUDA device" and exits 0 without a GPU. Seven
 // sections (--sections picks some):
 //
 //   peak       the bf16 GEMM peak: a --peak-size³ GEMM (8192³) through the project's GemmRunner
@@ -16,6 +16,8 @@
 //              Algorithm 1 also its C2 barrier.
 //   gemm       the layer's forward linear GEMMs as bare kernels (no norms, activations, ...).
 //   attention  the flash attention forward/backward kernels over whole causal sequences.
+//   memory     the memory-bound kernels (norms, GELU or SwiGLU, bias, residual) alone, both
+//              kernel sets, in TB/s against a device-to-device copy.
 //   step       one whole p = 1 training step of a --layers-layer model with V = --rows
 //              (untied), --microbatches microbatches of --batch sequences: the runtime's device
 //              classes and kernels in the executor's p = 1 order (RunStep below), fp32 master
@@ -37,7 +39,7 @@
 //   build/bench/cuda/cuda_bench [--arch=gpt2|llama] [--hidden=768] [--heads=12] [--kv-heads=0]
 //       [--ffn=3072] [--seq=1024] [--batch=4] [--layers=1] [--rows=32768] [--microbatches=2]
 //       [--iters=20] [--warmup=3] [--peak=TFLOPS] [--peak-size=8192] [--algorithm=both|1|2]
-//       [--sections=peak,layer,output,gemm,attention,step] [--print-flops]
+//       [--sections=peak,layer,output,gemm,attention,memory,step] [--print-flops]
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -47,6 +49,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -101,7 +104,7 @@ constexpr const char* kUsage =
     "                  [--ffn=3072] [--seq=1024] [--batch=4] [--layers=1] [--rows=32768]\n"
     "                  [--microbatches=2] [--iters=20] [--warmup=3] [--peak=TFLOPS]\n"
     "                  [--peak-size=8192] [--algorithm=both|1|2]\n"
-    "                  [--sections=peak,layer,output,gemm,attention,step] [--print-flops]\n";
+    "                  [--sections=peak,layer,output,gemm,attention,memory,step] [--print-flops]\n";
 
 struct Options {
   Architecture arch = Architecture::kGpt2;
@@ -119,7 +122,8 @@ struct Options {
   int peak_size = 8192;        // the peak section's square GEMM
   std::optional<double> peak;  // --peak overrides the measured peak and the device table
   bool print_flops = false;    // print the step's FLOP count and parameter count, no device
-  bool peak_section = true, layer = true, output = true, gemm = true, attention = true, step = true;
+  bool peak_section = true, layer = true, output = true, gemm = true, attention = true,
+       memory = true, step = true;
   std::vector<OutputAlgorithm> algorithms = {OutputAlgorithm::kAlgorithm2,
                                              OutputAlgorithm::kAlgorithm1};
 
@@ -216,7 +220,7 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
             absl::StrCat("--algorithm=", value, ": must be 1, 2 or both"));
       }
     } else if (name == "sections") {
-      o.peak_section = o.layer = o.output = o.gemm = o.attention = o.step = false;
+      o.peak_section = o.layer = o.output = o.gemm = o.attention = o.memory = o.step = false;
       for (absl::string_view section : absl::StrSplit(value, ',')) {
         if (section == "peak") {
           o.peak_section = true;
@@ -228,12 +232,15 @@ absl::StatusOr<Options> ParseFlags(int argc, char** argv) {
           o.gemm = true;
         } else if (section == "attention") {
           o.attention = true;
+        } else if (section == "memory") {
+          o.memory = true;
         } else if (section == "step") {
           o.step = true;
         } else {
           return absl::InvalidArgumentError(
               absl::StrCat("--sections: '", section,
-                           "' is not one of peak, layer, output, gemm, attention, step"));
+                           "' is not one of peak, layer, output, gemm, attention, memory, "
+                           "step"));
         }
       }
     } else {
@@ -774,18 +781,128 @@ absl::Status RunAttention(const Options& o, const Reporter& report) {
   // the forward, the usual FlashAttention convention.
   const double fwd_flops = 4.0 * batch * heads * (0.5 * seq * (seq + 1.0)) * head_dim;
   const double bwd_flops = 2.5 * fwd_flops;
-  const AttentionKernels kernels = DefaultAttentionKernels();  // VOCABPIPE_ATTENTION
-  const char* kernel_name = kernels == AttentionKernels::kFlash ? "flash (mma.sync)"
-                            : kernels == AttentionKernels::kFlashPipelined
-                                ? "flash-pipelined (mma.sync, cp.async)"
-                            : kernels == AttentionKernels::kFma ? "fma"
-                                                                : "tensor-core (wmma)";
+  const std::string kernel_name(AttentionKernelsName(AttentionKernels::kDefault));
   std::printf(
       "kernels: attention (%s), batch %d, seq %d, heads %d, kv heads %d, head_dim %d (causal)\n",
-      kernel_name, batch, seq, heads, att.num_kv_heads(), head_dim);
+      kernel_name.c_str(), batch, seq, heads, att.num_kv_heads(), head_dim);
   report.Line("attention fwd", fwd_flops, fwd_s);
   report.Line("attention bwd", bwd_flops, bwd_s);
   report.Line("attention fwd+bwd", fwd_flops + bwd_flops, fwd_s + bwd_s);
+  // The line perf.sh sets beside PyTorch's SDPA on the same shape (torch_baseline.py's
+  // TORCH_ATTENTION lines use the same FLOP convention).
+  std::printf(
+      "PERF section=attention kernels=%s fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.1f "
+      "bwd_tflops=%.1f\n",
+      kernel_name.c_str(), fwd_s * 1e3, bwd_s * 1e3, fwd_flops / fwd_s / 1e12,
+      bwd_flops / bwd_s / 1e12);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The memory-bound kernels alone at the layer's shapes (one microbatch, n = batch·seq rows), with
+// both kernel sets (MemoryKernels), in microseconds and TB/s of the fewest bytes each must move
+// (inputs read once, outputs written once; the norms' statistics and weight-gradient atomics
+// not counted), against a device-to-device copy of an (n, ffn) bf16 matrix measured here. Beside
+// the layer section's BREAKDOWN (whose phases also hold any launch gap inside them) this says
+// which kernels run far below the memory's speed. One PERF line per kernel and set.
+absl::Status RunMemory(const Options& o) {
+  const long n = o.tokens(), h = o.hidden, f = o.ffn, nh = n * h, nf = n * f;
+  const int rows = static_cast<int>(n), width = o.hidden, ffn = o.ffn;
+  VP_BENCH_ASSIGN(act_mem, Zeroed(4 * nh * sizeof(bf16)));
+  VP_BENCH_ASSIGN(wide_mem, Zeroed(5 * nf * sizeof(bf16)));
+  VP_BENCH_ASSIGN(vec_mem, Zeroed((2 * h + f) * sizeof(bf16)));
+  VP_BENCH_ASSIGN(stat_mem, Zeroed((2 * n + 2 * h + f) * sizeof(float)));
+  bf16* x = static_cast<bf16*>(act_mem.get());  // (n, h) each: x, y, dy, dx
+  bf16 *y = x + nh, *dy = x + 2 * nh, *dx = x + 3 * nh;
+  bf16* wide = static_cast<bf16*>(wide_mem.get());  // (n, f) ×5: GELU's pre, out, dout; or
+  bf16 *wide1 = wide + nf, *wide2 = wide + 2 * nf, *wide3 = wide + 3 * nf;  // SwiGLU's gu (n, 2f)
+  bf16* w = static_cast<bf16*>(vec_mem.get());  // (h) norm weight, (h) norm bias, (f) bias
+  bf16 *b = w + h, *fc_bias = w + 2 * h;
+  float* mean = static_cast<float*>(stat_mem.get());  // (n) mean, rstd; (h) dw, db; (f) dbias
+  float *rstd = mean + n, *dw = mean + 2 * n, *db = dw + h, *dbias = db + h;
+  const double elem = sizeof(bf16);
+
+  VP_BENCH_ASSIGN(copy_s, TimeKernels([&]() -> absl::Status {
+                    VP_CUDA_RETURN_IF_ERROR(
+                        cudaMemcpyAsync(wide1, wide, nf * sizeof(bf16), cudaMemcpyDeviceToDevice));
+                    return absl::OkStatus();
+                  }));
+  const double copy_tbps = 2.0 * nf * elem / copy_s / 1e12;
+  std::printf(
+      "kernels: memory-bound, n %ld, h %ld, ffn %ld (%s); copy of (n, ffn) bf16: %.1f us, "
+      "%.2f TB/s\n",
+      n, h, f, o.llama() ? "llama" : "gpt2", copy_s * 1e6, copy_tbps);
+  std::printf("PERF section=memory kernel=copy set=- us=%.1f tbps=%.2f of_copy=1.00\n",
+              copy_s * 1e6, copy_tbps);
+  struct Kernel {
+    const char* name;
+    double bytes;
+    std::function<cudaError_t(MemoryKernels)> launch;
+  };
+  std::vector<Kernel> kernels;
+  if (o.llama()) {
+    kernels = {
+        {"norm.fwd", 2 * nh * elem,
+         [&](MemoryKernels k) {
+           return RmsNormForward<bf16>(y, rstd, x, w, rows, width, 1e-5f, nullptr, k);
+         }},
+        {"norm.bwd_input", 4 * nh * elem,
+         [&](MemoryKernels k) {
+           return RmsNormBackwardInput<bf16>(dx, dx, dy, x, w, rstd, rows, width, nullptr, k);
+         }},
+        {"norm.bwd_weight", 2 * nh * elem,
+         [&](MemoryKernels k) {
+           return RmsNormBackwardWeight<bf16>(dw, dy, x, rstd, rows, width, nullptr, k);
+         }},
+        {"swiglu.fwd", 3 * nf * elem,
+         [&](MemoryKernels k) { return SwigluForward<bf16>(wide, wide1, n, ffn, nullptr, k); }},
+        {"swiglu.bwd", 5 * nf * elem,
+         [&](MemoryKernels k) {
+           return SwigluBackward<bf16>(wide3, wide1, wide, n, ffn, nullptr, k);
+         }},
+    };
+  } else {
+    kernels = {
+        {"norm.fwd", 2 * nh * elem,
+         [&](MemoryKernels k) {
+           return LayerNormForward<bf16>(y, mean, rstd, x, w, b, rows, width, nullptr, k);
+         }},
+        {"norm.bwd_input", 4 * nh * elem,
+         [&](MemoryKernels k) {
+           return LayerNormBackwardInput<bf16>(dx, dx, dy, x, w, mean, rstd, rows, width, nullptr,
+                                               k);
+         }},
+        {"norm.bwd_weight", 2 * nh * elem,
+         [&](MemoryKernels k) {
+           return LayerNormBackwardWeight<bf16>(dw, db, dy, x, mean, rstd, rows, width, nullptr, k);
+         }},
+        {"gelu.fwd", 2 * nf * elem,
+         [&](MemoryKernels k) { return GeluForward<bf16>(wide1, wide, nf, nullptr, k); }},
+        {"gelu.bwd", 3 * nf * elem,
+         [&](MemoryKernels k) { return GeluBackward<bf16>(wide2, wide, wide1, nf, nullptr, k); }},
+        {"bias.fwd", 2 * nf * elem,
+         [&](MemoryKernels k) { return AddBias<bf16>(wide, fc_bias, rows, ffn, nullptr, k); }},
+        {"bias.bwd", nf * elem,
+         [&](MemoryKernels) { return BiasBackward<bf16>(dbias, wide, rows, ffn, nullptr); }},
+    };
+  }
+  kernels.push_back({"residual.fwd", 3 * nh * elem, [&](MemoryKernels k) {
+                       return ResidualForward<bf16>(y, x, dy, nh, nullptr, k);
+                     }});
+  for (const Kernel& kernel : kernels) {
+    for (MemoryKernels set : {MemoryKernels::kElement, MemoryKernels::kVector}) {
+      VP_BENCH_ASSIGN(sec, TimeKernels([&]() -> absl::Status {
+                        VP_CUDA_RETURN_IF_ERROR(kernel.launch(set));
+                        return absl::OkStatus();
+                      }));
+      const double tbps = kernel.bytes / sec / 1e12;
+      const char* set_name = set == MemoryKernels::kVector ? "vector" : "element";
+      std::printf("  %-16s %-8s %9.1f us  %5.2f TB/s  %3.0f%% of the copy's\n", kernel.name,
+                  set_name, sec * 1e6, tbps, 100 * tbps / copy_tbps);
+      std::printf("PERF section=memory kernel=%s set=%s us=%.1f tbps=%.2f of_copy=%.2f\n",
+                  kernel.name, set_name, sec * 1e6, tbps, tbps / copy_tbps);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -1226,6 +1343,7 @@ int Main(int argc, char** argv) {
   }
   if (o.gemm) flushed("gemm", RunGemms(o, report));
   if (o.attention) flushed("attention", RunAttention(o, report));
+  if (o.memory) flushed("memory", RunMemory(o));
   if (o.step) flushed("step", RunStep(o, report));
   return failures == 0 ? 0 : 1;
 }

@@ -10,6 +10,8 @@
 #                                           by construction: see the budget below)
 #   bench/cuda/perf.sh --dry-run OUTDIR     anywhere: checks that everything is present, runs
 #                                           the device-free parts, prints what it would run
+#   bench/cuda/perf.sh --table OUTDIR       anywhere: prints the table again from the logs an
+#                                           earlier run left in OUTDIR (rewrites perf.txt)
 #
 # Models (torch_baseline.py MODELS; cuda_bench gets its flags from there): 8 layers, s = 2048,
 # 8192 tokens per step, untied embeddings, fp32 master weights + AdamW, bf16 compute:
@@ -63,7 +65,13 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=bench/cuda/bench_common.sh
 . "$here/bench_common.sh"
-parse_bench_options perf.sh "perf.sh OUTDIR [--quick] | perf.sh --dry-run OUTDIR" 1 "$@"
+table_only=0
+if [[ "${1:-}" == --table ]]; then
+  table_only=1
+  shift
+fi
+parse_bench_options perf.sh \
+  "perf.sh OUTDIR [--quick] | perf.sh --dry-run OUTDIR | perf.sh --table OUTDIR" 1 "$@"
 
 budget=${PERF_BUDGET_S:-165}
 default_variants="pipelined:VOCABPIPE_ATTENTION=flash-pipelined"
@@ -80,11 +88,11 @@ baseline=$here/torch_baseline.py
 if ((quick)); then
   warmup=1 iters=2 sections=peak,layer,output,step
 else
-  warmup=2 iters=3 sections=peak,layer,output,gemm,attention,step
+  warmup=2 iters=3 sections=peak,layer,output,gemm,attention,memory,step
 fi
 
 missing=0
-[[ -n "$bench" && -x "$bench" ]] || {
+((table_only)) || [[ -n "$bench" && -x "$bench" ]] || {
   echo "perf.sh: cuda_bench not found (beside perf.sh, build-cuda/, build/ or \$CUDA_BENCH)" >&2
   missing=1
 }
@@ -191,50 +199,69 @@ if ((dry_run)); then
   exit $status
 fi
 
-echo "perf.sh: logs in $outdir; budget ${budget}s; warm-up $warmup, timed $iters"
-peak=""
-caps=(25 25 32)
-for i in "${!models[@]}"; do
-  m=${models[$i]}
-  flags=$(flags_of "$m")
-  secs=$sections
-  extra=()
-  if [[ -n "$peak" ]]; then
-    secs=${sections/peak,/}
-    extra=(--peak="$peak")
-  fi
-  # shellcheck disable=SC2086  # flags are words
-  run "cuda_bench $m" "${caps[$i]}" "$outdir/cuda_bench-$m.log" "${bin_env[@]}" "$bench" \
-    --sections="$secs" --algorithm=2 --warmup=$warmup --iters=$iters $flags "${extra[@]}"
-  if [[ -z "$peak" ]]; then
-    peak=$(kv "$outdir/cuda_bench-$m.log" "PERF section=peak" peak_tflops)
-  fi
-done
-reserve=0
-peak_args=()
-[[ -n "$peak" ]] && peak_args=(--peak-tflops "$peak")
-run "torch eager (all models)" 60 "$outdir/torch.log" "${py_env[@]}" "$python" "$baseline" \
-  --models "$(
-    IFS=,
-    echo "${models[*]}"
-  )" --warmup $warmup --iters $iters "${peak_args[@]}"
-
-# The variants, in what is left of the budget (each model's row MODEL+NAME).
-rows=("${models[@]}")
-for v in "${variants[@]}"; do
-  name=${v%%:*}
-  IFS=, read -r -a assigns <<< "${v#*:}"
-  for m in "${models[@]}"; do
-    flags=$(flags_of "$m")
-    extra=()
-    [[ -n "$peak" ]] && extra=(--peak="$peak")
-    # shellcheck disable=SC2086  # flags are words
-    run "cuda_bench $m+$name" 25 "$outdir/cuda_bench-$m+$name.log" env "${assigns[@]}" \
-      "${bin_env[@]}" "$bench" --sections=layer,output,attention,step --warmup=$warmup \
-      --iters=$iters $flags "${extra[@]}"
-    rows+=("$m+$name")
+if ((table_only)); then
+  # The rows and the peak an earlier run's logs hold: its variants are the NAMEs of its
+  # cuda_bench-MODEL+NAME.log files, whatever PERF_VARIANTS says now.
+  peak=$(kv "$outdir/cuda_bench-${models[0]}.log" "PERF section=peak" peak_tflops)
+  rows=("${models[@]}")
+  variants=()
+  for f in "$outdir"/cuda_bench-*+*.log; do
+    [[ -f "$f" ]] || continue
+    name=${f##*+}
+    name=${name%.log}
+    [[ " ${variants[*]} " == *" $name "* ]] || variants+=("$name")
   done
-done
+  for name in "${variants[@]}"; do
+    for m in "${models[@]}"; do
+      [[ -f "$outdir/cuda_bench-$m+$name.log" ]] && rows+=("$m+$name")
+    done
+  done
+else
+  echo "perf.sh: logs in $outdir; budget ${budget}s; warm-up $warmup, timed $iters"
+  peak=""
+  caps=(25 25 32)
+  for i in "${!models[@]}"; do
+    m=${models[$i]}
+    flags=$(flags_of "$m")
+    secs=$sections
+    extra=()
+    if [[ -n "$peak" ]]; then
+      secs=${sections/peak,/}
+      extra=(--peak="$peak")
+    fi
+    # shellcheck disable=SC2086  # flags are words
+    run "cuda_bench $m" "${caps[$i]}" "$outdir/cuda_bench-$m.log" "${bin_env[@]}" "$bench" \
+      --sections="$secs" --algorithm=2 --warmup=$warmup --iters=$iters $flags "${extra[@]}"
+    if [[ -z "$peak" ]]; then
+      peak=$(kv "$outdir/cuda_bench-$m.log" "PERF section=peak" peak_tflops)
+    fi
+  done
+  reserve=0
+  peak_args=()
+  [[ -n "$peak" ]] && peak_args=(--peak-tflops "$peak")
+  run "torch eager (all models)" 60 "$outdir/torch.log" "${py_env[@]}" "$python" "$baseline" \
+    --models "$(
+      IFS=,
+      echo "${models[*]}"
+    )" --warmup $warmup --iters $iters "${peak_args[@]}"
+
+  # The variants, in what is left of the budget (each model's row MODEL+NAME).
+  rows=("${models[@]}")
+  for v in "${variants[@]}"; do
+    name=${v%%:*}
+    IFS=, read -r -a assigns <<< "${v#*:}"
+    for m in "${models[@]}"; do
+      flags=$(flags_of "$m")
+      extra=()
+      [[ -n "$peak" ]] && extra=(--peak="$peak")
+      # shellcheck disable=SC2086  # flags are words
+      run "cuda_bench $m+$name" 25 "$outdir/cuda_bench-$m+$name.log" env "${assigns[@]}" \
+        "${bin_env[@]}" "$bench" --sections=layer,output,attention,step --warmup=$warmup \
+        --iters=$iters $flags "${extra[@]}"
+      rows+=("$m+$name")
+    done
+  done
+fi
 
 # The table.
 pct() { [[ -n "$1" && "$1" != n/a ]] && echo "$1%" || echo "-"; }
@@ -299,6 +326,49 @@ mark() {
     [[ -f "$f" ]] || continue
     grep -h '^BREAKDOWN ' "$f" | sed "s/^BREAKDOWN /$(printf '%-15s' "$m") /"
   done
+  if grep -q '^TORCH_BREAKDOWN ' "$outdir/torch.log" 2> /dev/null; then
+    echo "where PyTorch eager's time goes (torch.profiler over one more step; % of its kernels'" \
+      "device time by kernel family; its five longest kernels):"
+    grep -h -E '^TORCH_(BREAKDOWN|KERNELS) ' "$outdir/torch.log" | sed 's/^TORCH_/torch /'
+  fi
+  echo "memory-bound kernels alone at each model's shape (cuda_bench's memory section: time," \
+    "TB/s of the fewest bytes each must move, share of a device-to-device copy's TB/s):"
+  for m in "${models[@]}"; do
+    awk -v m="$m" 'index($0, "PERF section=memory ") == 1 {
+        delete v
+        for (i = 3; i <= NF; ++i) { split($i, p, "="); v[p[1]] = p[2] }
+        cell = sprintf("%8s us %5s TB/s %4.0f%%", v["us"], v["tbps"], 100 * v["of_copy"])
+        if (v["set"] == "-") { printf "%-15s %-16s %s\n", m, v["kernel"], cell; next }
+        if (!(v["kernel"] in seen)) { order[++count] = v["kernel"]; seen[v["kernel"]] = 1 }
+        text[v["kernel"], v["set"]] = cell
+      }
+      END {
+        for (i = 1; i <= count; ++i) {
+          k = order[i]
+          printf "%-15s %-16s element %s | vector %s\n", m, k, text[k, "element"], text[k, "vector"]
+        }
+      }' "$outdir/cuda_bench-$m.log" 2> /dev/null
+  done
+  echo "attention alone at each model's shape (causal; TFLOP/s forward / backward with" \
+    "FlashAttention's FLOP convention): vocabpipe's kernels (cuda_bench), then PyTorch's SDPA" \
+    "with its own choice and with each backend forced:"
+  for m in "${rows[@]}"; do
+    f=$outdir/cuda_bench-$m.log
+    k=$(kv "$f" "PERF section=attention" kernels)
+    [[ -n "$k" ]] || continue
+    printf '%-15s vocabpipe %-17s fwd %6s  bwd %6s TFLOP/s (%s / %s ms)\n' "$m" "$k" \
+      "$(kv "$f" "PERF section=attention" fwd_tflops)" \
+      "$(kv "$f" "PERF section=attention" bwd_tflops)" \
+      "$(kv "$f" "PERF section=attention" fwd_ms)" "$(kv "$f" "PERF section=attention" bwd_ms)"
+  done
+  awk '$1 == "TORCH_ATTENTION" {
+      f = ""
+      for (i = 2; i <= NF; ++i) { split($i, p, "="); v[p[1]] = p[2]; f = f " " $i }
+      if (f ~ / FAIL /) { sub(/^ /, "", f); printf "torch           %s\n", f; next }
+      printf "%-15s torch %-21s fwd %6s  bwd %6s TFLOP/s (%s / %s ms) %s\n", v["model"],
+        "sdpa-" v["backend"], v["fwd_tflops"], v["bwd_tflops"], v["fwd_ms"], v["bwd_ms"],
+        v["kernel"]
+    }' "$outdir/torch.log" 2> /dev/null
   for f in "$outdir"/cuda_bench-*.log "$outdir/torch.log"; do
     [[ -f "$f" ]] || continue
     grep -h -E '^(PERF section=[a-z]+ FAIL|TORCH model=[^ ]+ FAIL|TORCH no CUDA|no CUDA device)|SKIP' "$f" |

@@ -18,11 +18,25 @@ worker/runtime/flops.cc (flops() below; `--print-flops` prints it without torch)
 torch.cuda.max_memory_allocated / max_memory_reserved over the timed steps (peaks reset after
 the warm-up; model state included, CUDA context not).
 
-Output: one line per model, `TORCH model=NAME key=value ...`, or `TORCH model=NAME FAIL why`.
+Output: one line per model, `TORCH model=NAME key=value ...`, or `TORCH model=NAME FAIL why`;
+then, unless --no-profile, where PyTorch's step spends its device time and how fast its
+attention is, to set beside cuda_bench's BREAKDOWN and attention lines:
+  TORCH_BREAKDOWN model=NAME STEP_MS ms: FAMILY SHARE% ...   one more step under
+      torch.profiler (CUDA kernels only), each kernel's time charged to the first family of
+      KERNEL_FAMILIES whose words its name contains, largest first, and the kernels' sum
+      against the step's wall time ("busy");
+  TORCH_KERNELS model=NAME: the five longest kernels, ms and name (shortened);
+  TORCH_ATTENTION model=NAME backend=B fwd_ms= bwd_ms= fwd_tflops= bwd_tflops= kernel=K
+      F.scaled_dot_product_attention alone at the model's shape (b, heads, s, head_dim, causal;
+      q, k, v as views of (b, s, heads, head_dim) projections, as the model has them) with
+      PyTorch's own choice of backend (default) and with each of flash, cudnn and efficient
+      forced (a FAIL line where one cannot run the shape); 2 untimed calls, then 10 between
+      CUDA events; FLOPs as cuda_bench's attention section counts them (causal: 4·b·heads·
+      s(s+1)/2·head_dim forward, 2.5x that backward); K the longest kernel of one forward.
 
 Usage:
   torch_baseline.py [--models gpt2-50k,gpt2-256k,llama] [--warmup 2] [--iters 3]
-                    [--peak-tflops X] [--quick]
+                    [--peak-tflops X] [--quick] [--no-profile]
   torch_baseline.py --print-flops [--models ...]      (no torch needed)
   torch_baseline.py --cuda-bench-flags MODEL          (no torch needed)
 
@@ -46,6 +60,52 @@ MODELS = {
     "llama": dict(arch="llama", layers=8, hidden=4096, heads=32, kv_heads=8, ffn=14336,
                   seq=2048, vocab=128256, batch=1, microbatches=4),
 }
+
+
+# Where a kernel's time goes in TORCH_BREAKDOWN: the first family one of whose words the
+# lower-cased kernel name contains (attention before gemm: the fused attention kernels carry
+# "cutlass" or "gemm"-like words too; the optimizer before norm: clip_grad_norm_'s kernels).
+KERNEL_FAMILIES = [
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn", "fprop", "bprop",
+                   "dot_product")),
+    ("optimizer", ("adam", "multi_tensor", "foreach", "lpnorm")),
+    ("norm", ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "gammabeta")),
+    ("softmax", ("softmax", "nll_loss", "cross_entropy")),
+    ("embedding", ("embedding", "indexing_backward", "index_select", "radix", "segment",
+                   "scatter", "gather")),
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "sm90_", "sm80_")),
+    ("copy", ("copy", "cast", "memcpy", "memset", "fill")),
+    ("eltwise", ("elementwise", "vectorized", "gelu", "silu", "mul", "add", "reduce")),
+]
+
+
+def kernel_family(name):
+    low = name.lower()
+    for family, words in KERNEL_FAMILIES:
+        if any(w in low for w in words):
+            return family
+    return "other"
+
+
+def breakdown_text(kernel_us, wall_s):
+    """TORCH_BREAKDOWN's body from {kernel name: device µs} and the step's wall time:
+    'STEP_MS ms: family share% ... (busy B%)' over families >= 0.5%, largest first."""
+    families = {}
+    for name, us in kernel_us.items():
+        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + us
+    total = sum(families.values())
+    parts = [f"{f} {100 * us / total:.1f}%"
+             for f, us in sorted(families.items(), key=lambda kv: -kv[1])
+             if total > 0 and us >= 0.005 * total]
+    busy = 100 * total / 1e6 / wall_s if wall_s > 0 else 0.0
+    return f"{total / 1e3:.2f} ms: {' '.join(parts)} (kernels {busy:.1f}% of the wall time)"
+
+
+def attention_flops(c):
+    """cuda_bench's attention-section convention: forward, backward FLOPs (causal)."""
+    b, s, heads, hd = c["batch"], c["seq"], c["heads"], c["hidden"] // c["heads"]
+    fwd = 4.0 * b * heads * (0.5 * s * (s + 1.0)) * hd
+    return fwd, 2.5 * fwd
 
 
 def layer_flops(c, b):
@@ -249,7 +309,105 @@ def measure(name, c, args, torch):
           f"peak_reserved_gib={torch.cuda.max_memory_reserved() / gib:.2f} loss={loss:.4f} "
           f"ln_v={math.log(v):.3f} params={n_params} precision=autocast-bf16+fp32-master "
           f"attention=sdpa", flush=True)
+    if args.profile:
+        guarded("TORCH_BREAKDOWN", name, lambda: profile_step(name, step, torch))
     del opt, model
+
+
+def guarded(tag, name, fn):
+    """Runs fn; an exception becomes one 'TAG model=NAME FAIL why' line (the profile lines
+    are extras: they never fail the baseline)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 (any failure is reported, not raised)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"{tag} model={name} FAIL {type(e).__name__}: {first[:200]}", flush=True)
+
+
+def kernel_times(prof, torch):
+    """{kernel name: device µs} of a torch.profiler run (device events only)."""
+    cuda = torch.autograd.DeviceType.CUDA
+    out = {}
+    for evt in prof.events():
+        if getattr(evt, "device_type", cuda) != cuda:
+            continue
+        out[evt.name] = out.get(evt.name, 0.0) + evt.time_range.elapsed_us()
+    return out
+
+
+def profile_step(name, step, torch):
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = kernel_times(prof, torch)
+    print(f"TORCH_BREAKDOWN model={name} {breakdown_text(kernels, wall)}", flush=True)
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:5]
+    print(f"TORCH_KERNELS model={name}: " +
+          "; ".join(f"{us / 1e3:.2f} ms {n[:70]}" for n, us in top), flush=True)
+
+
+def attention(name, c, torch):
+    """TORCH_ATTENTION lines: SDPA alone at the model's shape, per backend."""
+    import contextlib
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity, profile
+    F = torch.nn.functional
+    b, s, heads = c["batch"], c["seq"], c["heads"]
+    hd = c["hidden"] // heads
+    kvh = c["kv_heads"] if c["arch"] == "llama" else heads
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(7)
+
+    def projection(n_heads):  # (b, n_heads, s, hd) view of a (b, s, n_heads, hd) leaf
+        leaf = torch.randn(b, s, n_heads, hd, device="cuda", dtype=torch.bfloat16,
+                           generator=gen, requires_grad=True)
+        return leaf.transpose(1, 2)
+
+    q, k, v = projection(heads), projection(kvh), projection(kvh)
+    dout = torch.randn(b, heads, s, hd, device="cuda", dtype=torch.bfloat16, generator=gen)
+    extra = {"enable_gqa": True} if kvh != heads else {}
+
+    def fwd():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra)
+
+    def fwd_bwd():
+        fwd().backward(dout)
+
+    def seconds(fn, reps=10):
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+
+    fwd_flops, bwd_flops = attention_flops(c)
+    for label, backend in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
+                           ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                           ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        def run():
+            with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+                f = seconds(fwd)
+                fb = seconds(fwd_bwd)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    fwd()
+                    torch.cuda.synchronize()
+            kernels = kernel_times(prof, torch)
+            longest = max(kernels.items(), key=lambda kv: kv[1])[0] if kernels else "?"
+            bwd = max(fb - f, 1e-9)
+            print(f"TORCH_ATTENTION model={name} backend={label} fwd_ms={f * 1e3:.3f} "
+                  f"bwd_ms={bwd * 1e3:.3f} fwd_tflops={fwd_flops / f / 1e12:.1f} "
+                  f"bwd_tflops={bwd_flops / bwd / 1e12:.1f} "
+                  f"kernel={longest[:60].replace(' ', '')}", flush=True)
+        guarded(f"TORCH_ATTENTION backend={label}", name, run)
 
 
 def main(argv=None):
@@ -260,6 +418,8 @@ def main(argv=None):
     ap.add_argument("--peak-tflops", type=float, default=0.0,
                     help="bf16 peak for MFU (perf.sh passes cuda_bench's measured one)")
     ap.add_argument("--quick", action="store_true", help="1 warm-up step, 2 timed")
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="skip the TORCH_BREAKDOWN/KERNELS/ATTENTION lines")
     ap.add_argument("--print-flops", action="store_true",
                     help="print FLOPs, tokens and parameters per model; no torch, no GPU")
     ap.add_argument("--cuda-bench-flags", metavar="MODEL",
@@ -296,6 +456,8 @@ def main(argv=None):
     for n in names:
         try:
             measure(n, MODELS[n], args, torch)
+            if args.profile:
+                attention(n, MODELS[n], torch)
         except Exception as e:  # keep going: report the first line of the error
             failures += 1
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -730,8 +730,18 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlashPipelined);
   attention.Set("flash-wide");
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlashWide);
+  EXPECT_EQ(AttentionKernelsName(AttentionKernels::kDefault), "flash-wide");
+  attention.Set("Flash");  // exact names only
+  EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   attention.Unset();
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
+  // Each name selects the kernels it names.
+  for (AttentionKernels k :
+       {AttentionKernels::kFma, AttentionKernels::kTensorCore, AttentionKernels::kFlash,
+        AttentionKernels::kFlashPipelined, AttentionKernels::kFlashWide}) {
+    attention.Set(std::string(AttentionKernelsName(k)));
+    EXPECT_EQ(DefaultAttentionKernels(), k) << AttentionKernelsName(k);
+  }
 }
 
 TEST(CudaKernels, GroupedQueryAttentionRejectsUnevenGroups) {

@@ -445,18 +445,36 @@ AttentionKernels Resolve(AttentionKernels kernels) {
   }
 }
 
+// VOCABPIPE_ATTENTION's values.
+struct NamedAttentionKernels {
+  std::string_view name;
+  AttentionKernels kernels;
+};
+constexpr NamedAttentionKernels kAttentionKernelNames[] = {
+    {"fma", AttentionKernels::kFma},
+    {"tensor-core", AttentionKernels::kTensorCore},
+    {"flash", AttentionKernels::kFlash},
+    {"flash-pipelined", AttentionKernels::kFlashPipelined},
+    {"flash-wide", AttentionKernels::kFlashWide},
+};
+
 }  // namespace
 
 AttentionKernels DefaultAttentionKernels() {
-  const char* env = std::getenv("VOCABPIPE_ATTENTION");
-  if (env != nullptr && std::string_view(env) == "fma") return AttentionKernels::kFma;
-  if (env != nullptr && std::string_view(env) == "tensor-core")
-    return AttentionKernels::kTensorCore;
-  if (env != nullptr && std::string_view(env) == "flash-pipelined") {
-    return AttentionKernels::kFlashPipelined;
+  if (const char* env = std::getenv("VOCABPIPE_ATTENTION"); env != nullptr) {
+    for (const NamedAttentionKernels& k : kAttentionKernelNames) {
+      if (k.name == env) return k.kernels;
+    }
   }
-  if (env != nullptr && std::string_view(env) == "flash-wide") return AttentionKernels::kFlashWide;
   return AttentionKernels::kFlash;  // measured fastest on an H100 (docs/benchmarks.md §7.4)
+}
+
+std::string_view AttentionKernelsName(AttentionKernels kernels) {
+  if (kernels == AttentionKernels::kDefault) kernels = DefaultAttentionKernels();
+  for (const NamedAttentionKernels& k : kAttentionKernelNames) {
+    if (k.kernels == kernels) return k.name;
+  }
+  return "flash";
 }
 
 template <typename T>

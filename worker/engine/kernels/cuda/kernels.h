@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string_view>
 
 namespace vp::engine::cuda {
 
@@ -184,6 +185,8 @@ struct AttentionShape {
 enum class AttentionKernels { kDefault, kFma, kTensorCore, kFlash, kFlashPipelined, kFlashWide };
 // The kernels kDefault resolves to for bf16 now (reads VOCABPIPE_ATTENTION).
 AttentionKernels DefaultAttentionKernels();
+// The VOCABPIPE_ATTENTION value that selects `kernels` (kDefault: the one it resolves to now).
+std::string_view AttentionKernelsName(AttentionKernels kernels);
 
 // k, v, dk, dv rows are kv_width() wide (= width() without grouping); with kv_heads < heads the
 // backward sums dK, dV over the heads/kv_heads query heads that share a key/value head.
