@@ -501,7 +501,9 @@ absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
   // Each iteration is a fresh microbatch id: F, then its B, then its W (which frees the slot),
   // so one microbatch's activations are live at a time.
   double f_s = 0, b_s = 0, w_s = 0;
+  int64_t misses_before_timed = 0;  // the allocator's backend allocations before the timed passes
   for (int i = 0; i < o.warmup + o.iters; ++i) {
+    if (i == o.warmup) misses_before_timed = dev.alloc.stats().backend_allocs;
     const SlotKey slot{i, 0};
     VP_BENCH_ASSIGN(f, Seconds([&] { return stack->Forward(slot, x.data(), out.data()); }));
     VP_BENCH_ASSIGN(b, Seconds([&] { return stack->BackwardInput(slot, dout.data(), dx.data()); }));
@@ -541,6 +543,10 @@ absl::Status RunLayerPasses(const Options& o, const Reporter& report) {
               report.MfuText(3 * flops, f_s + b_s + w_s).c_str());
   std::printf("  outputs, input gradients and weight gradients finite: %s\n",
               out_finite && dx_finite && grads_finite ? "yes" : "NO");
+  // A cudaMalloc inside a timed pass would stall the host and show as a gap in whatever phase
+  // it follows in the breakdown; after the warm-up every block should come from the cache.
+  std::printf("  allocator: %lld cudaMalloc calls in the timed passes (should be 0)\n",
+              static_cast<long long>(dev.alloc.stats().backend_allocs - misses_before_timed));
   // Where F, B and W spend their device time (one more microbatch, profiled).
   return BreakdownStatus("layer", [&]() -> absl::Status {
     VP_BENCH_ASSIGN(timer, PhaseTimer::Start(ctx.stream));
