@@ -406,7 +406,7 @@ def attention(name, c, torch):
             print(f"TORCH_ATTENTION model={name} backend={label} fwd_ms={f * 1e3:.3f} "
                   f"bwd_ms={bwd * 1e3:.3f} fwd_tflops={fwd_flops / f / 1e12:.1f} "
                   f"bwd_tflops={bwd_flops / bwd / 1e12:.1f} "
-                  f"kernel={longest[:60].replace(' ', '')}", flush=True)
+                  f"kernel={longest.replace(' ', '')[:100]}", flush=True)
         guarded(f"TORCH_ATTENTION backend={label}", name, run)
 
 
@@ -456,8 +456,6 @@ def main(argv=None):
     for n in names:
         try:
             measure(n, MODELS[n], args, torch)
-            if args.profile:
-                attention(n, MODELS[n], torch)
         except Exception as e:  # keep going: report the first line of the error
             failures += 1
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -466,6 +464,8 @@ def main(argv=None):
             import gc
             gc.collect()
             torch.cuda.empty_cache()
+        if args.profile:  # after the model is freed; a failure here is one FAIL line
+            guarded("TORCH_ATTENTION", n, lambda: attention(n, MODELS[n], torch))
     return 1 if failures else 0
 
 
