@@ -298,57 +298,58 @@ absl::Status LinearTBackwardWeight(GemmRunner& gemm, float* dweight, const T* do
                    in_dim, DTypeOf<T>(), DType::kF32, stream);
 }
 
-template <typename T>
-absl::Status LinearForward(GemmRunner& gemm, T* out, const T* inp, const T* weight, const T* bias,
-                           int n, int in_dim, int out_dim, cudaStream_t stream) {
-  constexpr DType t = DTypeOf<T>();
-  if (bias != nullptr && FusedBiasEpilogue()) {
-    // The bias in the GEMM's epilogue: one pass over out fewer, and one bf16 rounding fewer.
-    absl::Status s = gemm.GemmBias(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight,
-                                   out_dim, 0.0f, out, out_dim, t, t, bias, stream);
-    if (s.code() != absl::StatusCode::kUnimplemented) return s;
-  }
-  if (absl::Status s = gemm.Gemm(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight,
-                                 out_dim, 0.0f, out, out_dim, t, t, stream);
-      !s.ok()) {
-    return s;
-  }
-  if (bias != nullptr) {
-    MarkPhase(stream, Phase::kElementwise);  // the caller marks its next step again
-    VP_CUDA_RETURN_IF_ERROR(AddBias(out, bias, n, out_dim, stream));
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
-// The residual stream's product done in two steps (the epilogue off, or no algorithm for it):
-// the product (its own bias step included), then the add.
-template <typename T, typename Product>
-absl::Status ProductThenResidual(T* out, const T* residual, int n, int out_dim, cudaStream_t stream,
-                                 Product product) {
+// A product and the elementwise step after it (bias, GELU, its gradient, the residual add): one
+// cuBLASLt call with the step in its epilogue (`fused`) where the opt-in is on and cuBLASLt has
+// an algorithm for it — one pass over the output and one bf16 rounding fewer — else the product
+// (`product`) and then the step's kernel (`step`, a cudaError_t, charged to the eltwise phase).
+template <typename Fused, typename Product, typename Step>
+absl::Status FusedOrSeparate(bool opted_in, cudaStream_t stream, Fused fused, Product product,
+                             Step step) {
+  if (opted_in) {
+    absl::Status s = fused();
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+  }
   if (absl::Status s = product(); !s.ok()) return s;
   MarkPhase(stream, Phase::kElementwise);  // the caller marks its next step again
-  VP_CUDA_RETURN_IF_ERROR(
-      ResidualForward(out, out, residual, static_cast<long>(n) * out_dim, stream));
+  VP_CUDA_RETURN_IF_ERROR(step());
   return absl::OkStatus();
 }
 
 }  // namespace
 
 template <typename T>
+absl::Status LinearForward(GemmRunner& gemm, T* out, const T* inp, const T* weight, const T* bias,
+                           int n, int in_dim, int out_dim, cudaStream_t stream) {
+  constexpr DType t = DTypeOf<T>();
+  auto product = [&] {
+    return gemm.Gemm(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight, out_dim, 0.0f,
+                     out, out_dim, t, t, stream);
+  };
+  if (bias == nullptr) return product();
+  return FusedOrSeparate(
+      FusedBiasEpilogue(), stream,
+      [&] {
+        return gemm.GemmBias(false, false, n, out_dim, in_dim, 1.0f, inp, in_dim, weight, out_dim,
+                             0.0f, out, out_dim, t, t, bias, stream);
+      },
+      product, [&] { return AddBias(out, bias, n, out_dim, stream); });
+}
+
+template <typename T>
 absl::Status LinearResidualForward(GemmRunner& gemm, T* out, const T* inp, const T* weight,
                                    const T* bias, const T* residual, int n, int in_dim, int out_dim,
                                    cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
-  if (FusedResidualEpilogue()) {
-    absl::Status s = gemm.GemmResidual(false, false, n, out_dim, in_dim, inp, in_dim, weight,
-                                       out_dim, residual, out, out_dim, t, t, bias, stream);
-    if (s.code() != absl::StatusCode::kUnimplemented) return s;
-  }
-  return ProductThenResidual(out, residual, n, out_dim, stream, [&] {
-    return LinearForward<T>(gemm, out, inp, weight, bias, n, in_dim, out_dim, stream);
-  });
+  return FusedOrSeparate(
+      FusedResidualEpilogue(), stream,
+      [&] {
+        return gemm.GemmResidual(false, false, n, out_dim, in_dim, inp, in_dim, weight, out_dim,
+                                 residual, out, out_dim, t, t, bias, stream);
+      },
+      [&] { return LinearForward<T>(gemm, out, inp, weight, bias, n, in_dim, out_dim, stream); },
+      [&] { return ResidualForward(out, out, residual, static_cast<long>(n) * out_dim, stream); });
 }
 
 template <typename T>
@@ -356,14 +357,14 @@ absl::Status LinearTResidualForward(GemmRunner& gemm, T* out, const T* inp, cons
                                     const T* residual, int n, int in_dim, int out_dim,
                                     cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
-  if (FusedResidualEpilogue()) {
-    // No epilogue, so never Unimplemented: cuBLASLt reads C for any plan.
-    return gemm.GemmResidual(false, true, n, out_dim, in_dim, inp, in_dim, weight, in_dim, residual,
-                             out, out_dim, t, t, nullptr, stream);
-  }
-  return ProductThenResidual(out, residual, n, out_dim, stream, [&] {
-    return LinearTForward<T>(gemm, out, inp, weight, n, in_dim, out_dim, stream);
-  });
+  return FusedOrSeparate(
+      FusedResidualEpilogue(), stream,
+      [&] {
+        return gemm.GemmResidual(false, true, n, out_dim, in_dim, inp, in_dim, weight, in_dim,
+                                 residual, out, out_dim, t, t, nullptr, stream);
+      },
+      [&] { return LinearTForward<T>(gemm, out, inp, weight, n, in_dim, out_dim, stream); },
+      [&] { return ResidualForward(out, out, residual, static_cast<long>(n) * out_dim, stream); });
 }
 
 template <typename T>
@@ -378,18 +379,14 @@ template <typename T>
 absl::Status LinearGeluForward(GemmRunner& gemm, T* out, T* pre, const T* inp, const T* weight,
                                const T* bias, int n, int in_dim, int out_dim, cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
-  if (bias != nullptr && FusedGeluEpilogue()) {
-    absl::Status s = gemm.GemmBiasGelu(false, false, n, out_dim, in_dim, inp, in_dim, weight,
-                                       out_dim, out, out_dim, t, t, bias, pre, stream);
-    if (s.code() != absl::StatusCode::kUnimplemented) return s;
-  }
-  if (absl::Status s = LinearForward<T>(gemm, pre, inp, weight, bias, n, in_dim, out_dim, stream);
-      !s.ok()) {
-    return s;
-  }
-  MarkPhase(stream, Phase::kElementwise);  // the caller marks its next step again
-  VP_CUDA_RETURN_IF_ERROR(GeluForward(out, pre, static_cast<long>(n) * out_dim, stream));
-  return absl::OkStatus();
+  return FusedOrSeparate(
+      bias != nullptr && FusedGeluEpilogue(), stream,
+      [&] {
+        return gemm.GemmBiasGelu(false, false, n, out_dim, in_dim, inp, in_dim, weight, out_dim,
+                                 out, out_dim, t, t, bias, pre, stream);
+      },
+      [&] { return LinearForward<T>(gemm, pre, inp, weight, bias, n, in_dim, out_dim, stream); },
+      [&] { return GeluForward(out, pre, static_cast<long>(n) * out_dim, stream); });
 }
 
 template <typename T>
@@ -397,18 +394,14 @@ absl::Status LinearBackwardInputGelu(GemmRunner& gemm, T* dpre, const T* dout, c
                                      const T* pre, int n, int in_dim, int out_dim,
                                      cudaStream_t stream) {
   constexpr DType t = DTypeOf<T>();
-  if (FusedGeluEpilogue()) {
-    absl::Status s = gemm.GemmGeluGrad(false, true, n, in_dim, out_dim, dout, out_dim, weight,
-                                       out_dim, dpre, in_dim, t, t, pre, stream);
-    if (s.code() != absl::StatusCode::kUnimplemented) return s;
-  }
-  if (absl::Status s = LinearBackwardInput<T>(gemm, dpre, dout, weight, n, in_dim, out_dim, stream);
-      !s.ok()) {
-    return s;
-  }
-  MarkPhase(stream, Phase::kElementwise);
-  VP_CUDA_RETURN_IF_ERROR(GeluBackward(dpre, pre, dpre, static_cast<long>(n) * in_dim, stream));
-  return absl::OkStatus();
+  return FusedOrSeparate(
+      FusedGeluEpilogue(), stream,
+      [&] {
+        return gemm.GemmGeluGrad(false, true, n, in_dim, out_dim, dout, out_dim, weight, out_dim,
+                                 dpre, in_dim, t, t, pre, stream);
+      },
+      [&] { return LinearBackwardInput<T>(gemm, dpre, dout, weight, n, in_dim, out_dim, stream); },
+      [&] { return GeluBackward(dpre, pre, dpre, static_cast<long>(n) * in_dim, stream); });
 }
 
 template <typename T>
