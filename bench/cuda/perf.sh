@@ -191,7 +191,7 @@ if ((dry_run)); then
   ) --warmup $warmup --iters $iters --peak-tflops <measured>"
   dev=$("${bin_env[@]}" "$bench" --sections=peak --peak-size=64 2>&1 | head -n 1)
   echo "perf.sh --dry-run: cuda_bench on this machine: $dev"
-  if "${py_env[@]}" "$python" -c 'import torch' 2> /dev/null; then
+  if "${py_env[@]}" "$python" -c 'import torch.cuda' 2> /dev/null; then
     echo "perf.sh --dry-run: torch importable here"
   else
     echo "perf.sh --dry-run: torch not importable here (needed on the GPU host only)"
