@@ -320,7 +320,8 @@ mark() {
     "reserved/in use <= 1.15 (+ met, - not met, ? not measured)"
   printf '%s\n' "${targets[@]}"
   echo "where the time goes (one profiled pass after the timed ones, CUDA events per phase; %" \
-    "of the pass's device time; idle = the stream waiting after a sync):"
+    "of the pass's device time; idle = the stream waiting after a sync; host = waiting for the" \
+    "host's next launch after the backward norms):"
   for m in "${rows[@]}"; do
     f=$outdir/cuda_bench-$m.log
     [[ -f "$f" ]] || continue

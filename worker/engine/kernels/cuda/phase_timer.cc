@@ -40,6 +40,8 @@ const char* PhaseName(Phase phase) {
       return "optimizer";
     case Phase::kOther:
       return "other";
+    case Phase::kHost:
+      return "host";
     case Phase::kIdle:
       return "idle";
     case Phase::kCount:

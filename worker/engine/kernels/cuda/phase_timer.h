@@ -36,6 +36,9 @@ enum class Phase : int {
   kOutSoftmax,   // the output layer's softmax passes over the (n × rows) logits
   kOptimizer,    // the step's gradient zeroing, gradient norm and AdamW
   kOther,        // anything else the caller marks (embeddings, conversions, ...)
+  kHost,         // marked right after a step's last launch where the host's work before the next
+                 // mark (allocations, bookkeeping) could leave the stream waiting: that wait,
+                 // which would otherwise be charged to the step, shows here
   kIdle,         // marked by Finish: the stream waits for the host until the next mark
   kCount
 };

@@ -281,6 +281,9 @@ class DeviceLayer {
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(acts.d_res1.data(), dout, acts.d_ln2.data(),
                                                    acts.res1.data(), p_.ln2_w, acts.ln2_mean.data(),
                                                    acts.ln2_rstd.data(), m, h, st));
+    // Run 4 charged ~10x the forward norm's time to these norms: the host mark splits the
+    // kernel from any wait for the host's next launch.
+    MarkPhase(st, Phase::kHost);
     // Attention sub-block.
     DeviceArray<T> d_atty;  // (n, a)
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, d_atty));
@@ -323,6 +326,7 @@ class DeviceLayer {
     VP_CUDA_RETURN_IF_ERROR(LayerNormBackwardInput(dx, acts.d_res1.data(), acts.d_ln1.data(),
                                                    acts.inp, p_.ln1_w, acts.ln1_mean.data(),
                                                    acts.ln1_rstd.data(), m, h, st));
+    MarkPhase(st, Phase::kHost);
     if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
     acts.backward_input_done = true;
     return absl::OkStatus();
@@ -464,6 +468,7 @@ class DeviceLayer {
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(acts.d_res1.data(), dout, acts.d_ln2.data(),
                                                  acts.res1.data(), lp_.mlp_norm_w,
                                                  acts.ln2_rstd.data(), m, h, st));
+    MarkPhase(st, Phase::kHost);
     // Attention.
     DeviceArray<T> d_atty;  // (n, a)
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, d_atty));
@@ -508,6 +513,7 @@ class DeviceLayer {
     VP_CUDA_RETURN_IF_ERROR(RmsNormBackwardInput(dx, acts.d_res1.data(), acts.d_ln1.data(),
                                                  acts.inp, lp_.attn_norm_w, acts.ln1_rstd.data(), m,
                                                  h, st));
+    MarkPhase(st, Phase::kHost);
     if (seq.begin == 0) kv = DeviceKvState<T>();  // the microbatch's last backward
     acts.backward_input_done = true;
     return absl::OkStatus();
