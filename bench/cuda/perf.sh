@@ -239,7 +239,7 @@ else
   reserve=0
   peak_args=()
   [[ -n "$peak" ]] && peak_args=(--peak-tflops "$peak")
-  run "torch eager (all models)" 60 "$outdir/torch.log" "${py_env[@]}" "$python" "$baseline" \
+  run "torch eager (all models)" 80 "$outdir/torch.log" "${py_env[@]}" "$python" "$baseline" \
     --models "$(
       IFS=,
       echo "${models[*]}"
