@@ -9,6 +9,12 @@
 #                                             parts, the shipped CPU references are checked
 #   run.sh --make-references REFDIR           (gpu-bundle.sh, on the build machine) the CPU
 #                                             reference jobs, whose metrics the bundle ships
+#   VP_GPU_ONLY=perf bash gpu-bundle/run.sh LOGDIR
+#                                             the preflight and bench/perf.sh only (its
+#                                             PERF_VARIANTS from the environment, then
+#                                             kernel_profile.sh if time is left): a second GPU
+#                                             call that measures the winners of the first
+#                                             without its tests and jobs (~2-3 minutes)
 #
 # LOGDIR receives three files only, so that all of it comes back from a host that returns a
 # few files: summary.txt (one PASS / FAIL / SKIP / INFO line per check, then the first lines
@@ -53,6 +59,8 @@ if [[ $# -ne 1 ]]; then
 fi
 DRY=0
 [[ "$MODE" != gpu ]] && DRY=1
+PERF_ONLY=0
+[[ "${VP_GPU_ONLY:-}" == perf ]] && PERF_ONLY=1
 REF_STEPS=20      # steps of each CPU reference (and of the fp32 comparison)
 CPU_THREADS=4     # BLAS threads per CPU reference rank
 CPU_REFS=(gpu-p1-fp32 gpu-p2-vocab1 gpu-p2-vocab2 gpu-llama-p2 gpu-d2-p2 gpu-t2-p2)
@@ -465,72 +473,79 @@ run_opt_in() {
   unset "$var"
 }
 
-if ((DRY)); then
-  say "== tests (device-free parts)"
-  for t in cuda_library_loading_test cuda_runtime_test cuda_kernels_test cuda_pipeline_test \
-    cuda_layer_stack_test cuda_vocab_shards_test cuda_nccl_test cuda_parallel_linear_test; do
-    run_test "$t" 120
-  done
-  say "== end-to-end"
-  capped 60 "${VP[@]}" run "$WORK/gpu-p1-fp32.yaml" > "$LOGS/e2e-gpu-p1-fp32.log" 2>&1
-  rc=$?
-  if ((rc == 2)) && grep -q "device: cuda" "$LOGS/e2e-gpu-p1-fp32.log"; then
-    result PASS e2e-refused-without-gpu "$(tail -1 "$LOGS/e2e-gpu-p1-fp32.log")"
-  else
-    result FAIL e2e-refused-without-gpu "exit $rc: $(tail -1 "$LOGS/e2e-gpu-p1-fp32.log")" \
-      "$LOGS/e2e-gpu-p1-fp32.log"
-  fi
-  # The gated jobs: refused at submit while their rule stands (SKIP), or valid (PASS).
-  for n in gpu-d2-p2 gpu-t2-p2; do
-    if gated_refused "$n"; then
-      result SKIP "e2e-$n" "refused at submit until its GPU tests pass"
-    elif ((VALIDATION_RC == 0)); then
-      result PASS "e2e-$n-validation" "accepted (its rule is lifted)"
-    else
-      result FAIL "e2e-$n-validation" \
-        "exit $VALIDATION_RC: $(tail -1 "$LOGS/e2e-$n-validation.log")" "$LOGS/e2e-$n-validation.log"
-    fi
-  done
+if ((PERF_ONLY)); then
+  result SKIP tests-and-jobs "VP_GPU_ONLY=perf"
 else
-  say "== tests and jobs, in order of value"
-  # First: cuBLASLt and NCCL are opened at run time, so ldd cannot vouch for them; this opens
-  # the host's copies and binds every function the backend calls.
-  run_test cuda_library_loading_test 20
-  run_test cuda_runtime_test 30
-  run_test cuda_kernels_test 60
-  run_job gpu-p1-fp32 75
-  run_test cuda_pipeline_test 150
-  run_job gpu-p1-bf16 60
-  run_job gpu-p2-vocab1 45
-  run_job gpu-p2-vocab2 45
-  run_test cuda_layer_stack_test 45
-  run_test cuda_vocab_shards_test 45
-  run_job gpu-llama-p2 45
-  run_test cuda_nccl_test 30
-  run_test cuda_parallel_linear_test 30
-  # Data 2 × pipeline 2 (ZeRO-1) and tensor 2 × pipeline 2, four ranks on the one GPU: fp32
-  # against their CPU references; gpu-t2-p2 beside gpu-p2-vocab2 (the same job at t = 1) gives
-  # tokens/s and memory per rank at t = 1 and 2 on one card. Each runs once its
-  # cuda_pipeline_test cases (d = 2 replicas; t = 2 tensor ranks) have passed above.
-  run_gated_job gpu-d2-p2 data 60 "$LOGS/cuda_pipeline_test.log" Replicas/CudaDataParallel
-  run_gated_job gpu-t2-p2 tensor 60 "$LOGS/cuda_pipeline_test.log" TensorRanks/CudaDataParallel
-  # The opt-in kernels, each until it passes here (cuda_kernels_test checks every kernel set
-  # explicitly; the tensor-core and FMA attention kernels passed these end-to-end checks in runs
-  # 2-4, the bias epilogue alone in runs 3-4): the pipelined flash attention kernels (cp.async
-  # double buffering, ldmatrix operands) and the wide ones (their backward, a forward of 32 query
-  # rows per warp) beside the default flash ones; the 16-byte memory-bound kernels (norms, GELU,
-  # SwiGLU, residual, bias, softmax rows, AdamW); the cuBLASLt bias and GELU epilogues.
-  run_opt_in flash-pipelined VOCABPIPE_ATTENTION
-  run_opt_in flash-wide VOCABPIPE_ATTENTION
-  run_opt_in vector VOCABPIPE_MEMORY_KERNELS
-  run_opt_in all VOCABPIPE_GEMM_EPILOGUE epilogues
+  if ((DRY)); then
+    say "== tests (device-free parts)"
+    for t in cuda_library_loading_test cuda_runtime_test cuda_kernels_test cuda_pipeline_test \
+      cuda_layer_stack_test cuda_vocab_shards_test cuda_nccl_test cuda_parallel_linear_test; do
+      run_test "$t" 120
+    done
+    say "== end-to-end"
+    capped 60 "${VP[@]}" run "$WORK/gpu-p1-fp32.yaml" > "$LOGS/e2e-gpu-p1-fp32.log" 2>&1
+    rc=$?
+    if ((rc == 2)) && grep -q "device: cuda" "$LOGS/e2e-gpu-p1-fp32.log"; then
+      result PASS e2e-refused-without-gpu "$(tail -1 "$LOGS/e2e-gpu-p1-fp32.log")"
+    else
+      result FAIL e2e-refused-without-gpu "exit $rc: $(tail -1 "$LOGS/e2e-gpu-p1-fp32.log")" \
+        "$LOGS/e2e-gpu-p1-fp32.log"
+    fi
+    # The gated jobs: refused at submit while their rule stands (SKIP), or valid (PASS).
+    for n in gpu-d2-p2 gpu-t2-p2; do
+      if gated_refused "$n"; then
+        result SKIP "e2e-$n" "refused at submit until its GPU tests pass"
+      elif ((VALIDATION_RC == 0)); then
+        result PASS "e2e-$n-validation" "accepted (its rule is lifted)"
+      else
+        result FAIL "e2e-$n-validation" \
+          "exit $VALIDATION_RC: $(tail -1 "$LOGS/e2e-$n-validation.log")" "$LOGS/e2e-$n-validation.log"
+      fi
+    done
+  else
+    say "== tests and jobs, in order of value"
+    # First: cuBLASLt and NCCL are opened at run time, so ldd cannot vouch for them; this opens
+    # the host's copies and binds every function the backend calls.
+    run_test cuda_library_loading_test 20
+    run_test cuda_runtime_test 30
+    run_test cuda_kernels_test 60
+    run_job gpu-p1-fp32 75
+    run_test cuda_pipeline_test 150
+    run_job gpu-p1-bf16 60
+    run_job gpu-p2-vocab1 45
+    run_job gpu-p2-vocab2 45
+    run_test cuda_layer_stack_test 45
+    run_test cuda_vocab_shards_test 45
+    run_job gpu-llama-p2 45
+    run_test cuda_nccl_test 30
+    run_test cuda_parallel_linear_test 30
+    # Data 2 × pipeline 2 (ZeRO-1) and tensor 2 × pipeline 2, four ranks on the one GPU: fp32
+    # against their CPU references; gpu-t2-p2 beside gpu-p2-vocab2 (the same job at t = 1) gives
+    # tokens/s and memory per rank at t = 1 and 2 on one card. Each runs once its
+    # cuda_pipeline_test cases (d = 2 replicas; t = 2 tensor ranks) have passed above.
+    run_gated_job gpu-d2-p2 data 60 "$LOGS/cuda_pipeline_test.log" Replicas/CudaDataParallel
+    run_gated_job gpu-t2-p2 tensor 60 "$LOGS/cuda_pipeline_test.log" TensorRanks/CudaDataParallel
+    # The opt-in kernels, each until it passes here (cuda_kernels_test checks every kernel set
+    # explicitly; the tensor-core and FMA attention kernels passed these end-to-end checks in runs
+    # 2-4, the bias epilogue alone in runs 3-4): the pipelined flash attention kernels (cp.async
+    # double buffering, ldmatrix operands) and the wide ones (their backward, a forward of 32 query
+    # rows per warp) beside the default flash ones; the 16-byte memory-bound kernels (norms, GELU,
+    # SwiGLU, residual, bias, softmax rows, AdamW); the cuBLASLt bias and GELU epilogues.
+    run_opt_in flash-pipelined VOCABPIPE_ATTENTION
+    run_opt_in flash-wide VOCABPIPE_ATTENTION
+    run_opt_in vector VOCABPIPE_MEMORY_KERNELS
+    run_opt_in all VOCABPIPE_GEMM_EPILOGUE epilogues
+  fi
 fi
 
 # ---- the benchmarks
 say "== benchmarks"
-capped 45 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGS/cuda_bench.txt" 2>&1
+: > "$LOGS/cuda_bench.txt"
+((PERF_ONLY)) || capped 45 "${VPENV[@]}" "$HERE/bench/cuda_bench" > "$LOGS/cuda_bench.txt" 2>&1
 rc=$?
-if ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGS/cuda_bench.txt"; then
+if ((PERF_ONLY)); then
+  result SKIP cuda_bench "VP_GPU_ONLY=perf"
+elif ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGS/cuda_bench.txt"; then
   result FAIL cuda_bench "CUDA sees no device although the preflight did" "$LOGS/cuda_bench.txt"
 elif ((rc == 0)); then
   result "$( ((DRY)) && echo SKIP || echo PASS)" cuda_bench \
@@ -576,6 +591,11 @@ if [[ -x "$HERE/bench/kernel_profile.sh" ]]; then
 fi
 
 # ---- the comparison with the CPU references
+if ((PERF_ONLY)); then
+  finish
+  ((FAILS == 0))
+  exit
+fi
 say "== comparison"
 compare_args=("$LOGS/runs" --refs "$HERE/refs" --cpu-steps "$REF_STEPS")
 [[ -n "$FLOOR" ]] && compare_args+=(--floor "$FLOOR")
