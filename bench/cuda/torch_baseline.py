@@ -92,7 +92,8 @@ def breakdown_text(kernel_us, wall_s):
     'STEP_MS ms: family share% ... (busy B%)' over families >= 0.5%, largest first."""
     families = {}
     for name, us in kernel_us.items():
-        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + us
+        family = kernel_family(name)
+        families[family] = families.get(family, 0.0) + us
     total = sum(families.values())
     parts = [f"{f} {100 * us / total:.1f}%"
              for f, us in sorted(families.items(), key=lambda kv: -kv[1])

@@ -34,6 +34,17 @@ absl::Status Product(GemmRunner& gemm, WeightLayout layout, T* y, const T* x, co
   return LinearTForward<T>(gemm, y, x, w, n, in, out, s);
 }
 
+// y (n, out) = residual + x (n, in) · W (+ b), T out, in either layout: one GEMM where the
+// residual epilogue is on (gemm.h Linear(T)ResidualForward). residual must not alias y.
+template <typename T>
+absl::Status ProductOnto(GemmRunner& gemm, WeightLayout layout, T* y, const T* x, const T* w,
+                         const T* b, const T* residual, int n, int in, int out, cudaStream_t s) {
+  if (layout == WeightLayout::kInOut) {
+    return LinearResidualForward<T>(gemm, y, x, w, b, residual, n, in, out, s);
+  }
+  return LinearTResidualForward<T>(gemm, y, x, w, residual, n, in, out, s);
+}
+
 // y (n, out) = x (n, in) · W in fp32 (a partial product the group then sums), no bias.
 template <typename T>
 absl::Status ProductToFloat(GemmRunner& gemm, WeightLayout layout, float* y, const T* x, const T* w,
@@ -240,16 +251,11 @@ absl::Status DeviceRowParallelLinear<T>::ForwardOnto(T* y_local, const T* x,
                                                      const T* residual_local, int n) const {
   const DeviceContext& ctx = sp_->ctx();
   if (sp_->group().size() == 1) {  // the plain layer: bias (and residual) inside the product
-    absl::Status s;
-    if (residual_local == nullptr) {
-      s = Product<T>(*ctx.gemm, p_.layout, y_local, x, p_.w, p_.b, n, p_.in, p_.out, ctx.stream);
-    } else if (p_.layout == WeightLayout::kInOut) {
-      s = LinearResidualForward<T>(*ctx.gemm, y_local, x, p_.w, p_.b, residual_local, n, p_.in,
-                                   p_.out, ctx.stream);
-    } else {
-      s = LinearTResidualForward<T>(*ctx.gemm, y_local, x, p_.w, residual_local, n, p_.in, p_.out,
-                                    ctx.stream);
-    }
+    const absl::Status s =
+        residual_local == nullptr
+            ? Product<T>(*ctx.gemm, p_.layout, y_local, x, p_.w, p_.b, n, p_.in, p_.out, ctx.stream)
+            : ProductOnto<T>(*ctx.gemm, p_.layout, y_local, x, p_.w, p_.b, residual_local, n, p_.in,
+                             p_.out, ctx.stream);
     if (!s.ok()) return s;
     return Done(sp_->group(), ctx);
   }
