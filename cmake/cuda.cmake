@@ -95,6 +95,24 @@ if(VP_HAVE_CUDA)
     VP_CUBLASLT_SONAME="${VP_CUBLASLT_SONAME}"
     VP_CUBLASLT_PATH="${_vp_cublaslt_dir}/${VP_CUBLASLT_SONAME}"
     VP_NCCL_SONAME="${VP_NCCL_SONAME}" VP_NCCL_PATH="${_vp_nccl_dir}/${VP_NCCL_SONAME}")
+  # cuDNN is optional: only VOCABPIPE_ATTENTION=cudnn uses it (attention_cudnn.h), opened on
+  # first use like cuBLASLt. Without its graph header the backend builds without that path; the
+  # bundle lists it in cuda-optional-libraries.txt (a host without it still runs everything else).
+  find_path(VP_CUDNN_INCLUDE_DIR NAMES cudnn_graph.h
+            HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include)
+  find_library(VP_CUDNN_LIBRARY NAMES cudnn
+               HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
+  if(VP_CUDNN_INCLUDE_DIR AND VP_CUDNN_LIBRARY)
+    vp_soname(VP_CUDNN_SONAME "${VP_CUDNN_LIBRARY}")
+    get_filename_component(_vp_cudnn_dir "${VP_CUDNN_LIBRARY}" DIRECTORY)
+    target_include_directories(vp_cuda_toolkit INTERFACE ${VP_CUDNN_INCLUDE_DIR})
+    target_compile_definitions(vp_cuda_toolkit INTERFACE VP_HAVE_CUDNN=1
+      VP_CUDNN_SONAME="${VP_CUDNN_SONAME}" VP_CUDNN_PATH="${_vp_cudnn_dir}/${VP_CUDNN_SONAME}")
+    file(WRITE "${CMAKE_BINARY_DIR}/cuda-optional-libraries.txt" "${VP_CUDNN_SONAME}\n")
+  else()
+    file(WRITE "${CMAKE_BINARY_DIR}/cuda-optional-libraries.txt" "")
+    message(STATUS "cuDNN not found: VOCABPIPE_ATTENTION=cudnn is unavailable in this build")
+  endif()
   message(STATUS "CUDA backend on: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                  "architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${VP_NCCL_LIBRARY}")
 endif()

@@ -117,6 +117,12 @@ while read -r name; do
   [[ -n "$name" ]] && host_libs[$name]=1
 done < "$BUILD_DIR/cuda-libraries.txt"
 printf '%s\n' "${!host_libs[@]}" | sort > "$stage/host-libs.txt"
+# cuDNN (VOCABPIPE_ATTENTION=cudnn only) is looked for too, but a host without it still runs.
+if [[ -f "$BUILD_DIR/cuda-optional-libraries.txt" ]]; then
+  cp "$BUILD_DIR/cuda-optional-libraries.txt" "$stage/optional-host-libs.txt"
+else
+  : > "$stage/optional-host-libs.txt"
+fi
 
 cp scripts/gpu-run.sh "$stage/run.sh"
 cp scripts/gpu_compare.py "$stage/compare.py"

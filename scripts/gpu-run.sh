@@ -272,6 +272,23 @@ if [[ -n "$missing" ]]; then
 else
   result PASS host-libraries "$(tr '\n' ' ' < "$HERE/host-libs.txt")"
 fi
+# cuDNN: only VOCABPIPE_ATTENTION=cudnn opens it (the wheel PyTorch brings, nvidia/cudnn/lib);
+# without it everything else runs and the cuDNN checks fail with "not found".
+if [[ -s "$HERE/optional-host-libs.txt" ]]; then
+  while read -r soname; do
+    [[ -z "$soname" ]] && continue
+    found=""
+    for d in "${candidates[@]}"; do
+      [[ -e "$d/$soname" ]] && { found=$(cd "$d" && pwd -P); break; }
+    done
+    if [[ -n "$found" ]]; then
+      add_path "$found"
+      result PASS "optional-library-$soname" "$found"
+    else
+      result INFO "optional-library-$soname" "not found: VOCABPIPE_ATTENTION=cudnn cannot run"
+    fi
+  done < "$HERE/optional-host-libs.txt"
+fi
 # The driver (cudart is linked statically and opens libcuda.so.1 at run time): its folder as
 # ldconfig knows it, or the usual mounts.
 libcuda=$(ldconfig -p 2> /dev/null | awk '/libcuda\.so\.1 / { print $NF; exit }')
@@ -531,6 +548,9 @@ else
     # double buffering, ldmatrix operands) and the wide ones (their backward, a forward of 32 query
     # rows per warp) beside the default flash ones; the 16-byte memory-bound kernels (norms, GELU,
     # SwiGLU, residual, bias, softmax rows, AdamW); the cuBLASLt bias and GELU epilogues.
+    # First the library attention: cuDNN's fused kernels (cuda_kernels_test's
+    # CudnnAttentionMatchesCpu has checked them against the CPU above).
+    run_opt_in cudnn VOCABPIPE_ATTENTION
     run_opt_in flash-pipelined VOCABPIPE_ATTENTION
     run_opt_in flash-wide VOCABPIPE_ATTENTION
     run_opt_in vector VOCABPIPE_MEMORY_KERNELS

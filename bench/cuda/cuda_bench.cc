@@ -69,6 +69,7 @@
 #include "proto/plan/flops.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/config.h"
+#include "worker/engine/kernels/cuda/attention_cudnn.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/device.h"
@@ -387,6 +388,7 @@ struct BenchDevice {
   CachingAllocator alloc{MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kAfterSync};
   CudaStream compute_stream, comm_stream;
   std::unique_ptr<GemmRunner> compute_gemm, comm_gemm;
+  std::unique_ptr<CudnnAttention> attention;  // VOCABPIPE_ATTENTION=cudnn, as the runtime does
   DeviceContext compute, comm;
 
   absl::Status Init() {
@@ -398,7 +400,12 @@ struct BenchDevice {
     comm_stream = std::move(ms);
     compute_gemm = std::move(cg);
     comm_gemm = std::move(mg);
-    compute = DeviceContext{compute_stream.get(), compute_gemm.get(), &alloc};
+    if (DefaultAttentionKernels() == AttentionKernels::kCudnn) {
+      VP_BENCH_ASSIGN(dnn, CudnnAttention::Create(&alloc));
+      attention = std::move(dnn);
+      std::printf("attention: cuDNN %ld\n", static_cast<long>(attention->version()));
+    }
+    compute = DeviceContext{compute_stream.get(), compute_gemm.get(), &alloc, attention.get()};
     comm = DeviceContext{comm_stream.get(), comm_gemm.get(), &alloc};
     return absl::OkStatus();
   }
@@ -771,15 +778,15 @@ absl::Status RunAttention(const Options& o, const Reporter& report) {
   bf16* dout = out + rows * h;
   float* lse = static_cast<float*>(stats_mem.get());  // (b, heads, seq) each
   float* delta = lse + rows * heads;
-  VP_BENCH_ASSIGN(
-      fwd_s, TimeKernels([&]() -> absl::Status {
-        VP_CUDA_RETURN_IF_ERROR(AttentionForward<bf16>(out, lse, qkv, ldq, k, v, att, nullptr));
-        return absl::OkStatus();
-      }));
+  // The runtime's choice (RunAttention*): cuDNN under VOCABPIPE_ATTENTION=cudnn, else the kernels.
+  BenchDevice dev;
+  VP_BENCH_RETURN_IF_ERROR(dev.Init());
+  VP_BENCH_ASSIGN(fwd_s, TimeKernels([&]() -> absl::Status {
+                    return RunAttentionForward<bf16>(dev.compute, out, lse, qkv, ldq, k, v, att);
+                  }));
   VP_BENCH_ASSIGN(bwd_s, TimeKernels([&]() -> absl::Status {
-                    VP_CUDA_RETURN_IF_ERROR(AttentionBackward<bf16>(
-                        dqkv, dk, dv, delta, dout, out, lse, qkv, ldq, k, v, att, nullptr));
-                    return absl::OkStatus();
+                    return RunAttentionBackward<bf16>(dev.compute, dqkv, dk, dv, delta, dout, out,
+                                                      lse, qkv, ldq, k, v, att);
                   }));
   // FLOP convention (causal, counting only the visible scores): the forward's two matmuls Q·Kᵀ
   // and P·V cost 2·len_i·head_dim each per query row i, so 4·b·heads·Σ_i len_i·head_dim with

@@ -17,6 +17,10 @@
 #include <vector>
 
 #include "tests/support/scoped_env.h"
+#include "worker/engine/kernels/cuda/attention_cudnn.h"
+#include "worker/engine/kernels/cuda/caching_allocator.h"
+#include "worker/engine/kernels/cuda/cudnn_library.h"
+#include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/norm_vector.h"
@@ -504,9 +508,14 @@ struct AttentionTolerance {
 // dk/dv start at nonzero values to check that they are accumulated, dq at a sentinel outside
 // its q columns to check that only those are written. lse is checked against a float64
 // log-sum-exp of the scaled scores over each row's causal prefix.
+//
+// With a cuDNN runner (`dnn`) the pair runs through RunAttentionForward/Backward on a context that
+// holds it — cuDNN where it covers the shape, the default kernels elsewhere — and dk/dv start at
+// zero: cuDNN writes a whole sequence's dK/dV rather than adding to them (attention_cudnn.h).
 template <typename T>
 void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const AttentionTolerance& tol,
-                    AttentionKernels kernels = AttentionKernels::kFma) {
+                    AttentionKernels kernels = AttentionKernels::kFma,
+                    CudnnAttention* dnn = nullptr) {
   const AttentionShape s{cs.batch, cs.heads,   cs.head_dim, cs.q_begin,
                          cs.q_end, cs.kv_rows, cs.kv_heads};
   const int w = cs.width(), kvw = cs.kv_width(), ldq = 3 * w, ql = cs.q_len(), hd = cs.head_dim;
@@ -516,6 +525,10 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
   auto q = Random(q_n, seed), k = Random(kv_n, seed + 1), v = Random(kv_n, seed + 2),
        dout = Random(o_n, seed + 3), dk = Random(kv_n, seed + 4, 0.5f),
        dv = Random(kv_n, seed + 5, 0.5f);
+  if (dnn != nullptr) {
+    std::fill(dk.begin(), dk.end(), 0.0f);
+    std::fill(dv.begin(), dv.end(), 0.0f);
+  }
   std::vector<float> dq(q_n, 7.0f);
   Dev<T> gq(q_n), gk(kv_n), gv(kv_n), gdo(o_n), gdk(kv_n), gdv(kv_n), gdq(q_n), gout(o_n);
   Upload(gq, q);
@@ -530,13 +543,25 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
   std::vector<float> out(o_n), cpu_lse(stat_n),
       scratch(cpu::AttentionBackwardScratch(cs));  // tiles per thread the CPU uses
   cpu::AttentionForward(out.data(), cpu_lse.data(), q.data(), ldq, k.data(), v.data(), cs);
-  ASSERT_EQ(AttentionForward(gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s, nullptr, kernels),
-            cudaSuccess);
-  // The backward reads the device's own forward output, as in training (for bf16 it is the
-  // rounded out that delta = Σ dO·O sees; the CPU uses its fp32 out).
-  ASSERT_EQ(AttentionBackward(gdq.p, gdk.p, gdv.p, gdelta.p, gdo.p, gout.p, glse.p, gq.p, ldq, gk.p,
-                              gv.p, s, nullptr, kernels),
-            cudaSuccess);
+  if (dnn != nullptr) {
+    MemoryTracker tracker;
+    CachingAllocator alloc(MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kImmediate);
+    const DeviceContext ctx{.stream = nullptr, .gemm = nullptr, .alloc = &alloc, .attention = dnn};
+    const absl::Status fwd = RunAttentionForward(ctx, gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s);
+    ASSERT_TRUE(fwd.ok()) << fwd;
+    const absl::Status bwd = RunAttentionBackward(ctx, gdq.p, gdk.p, gdv.p, gdelta.p, gdo.p, gout.p,
+                                                  glse.p, gq.p, ldq, gk.p, gv.p, s);
+    ASSERT_TRUE(bwd.ok()) << bwd;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  } else {
+    ASSERT_EQ(AttentionForward(gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s, nullptr, kernels),
+              cudaSuccess);
+    // The backward reads the device's own forward output, as in training (for bf16 it is the
+    // rounded out that delta = Σ dO·O sees; the CPU uses its fp32 out).
+    ASSERT_EQ(AttentionBackward(gdq.p, gdk.p, gdv.p, gdelta.p, gdo.p, gout.p, glse.p, gq.p, ldq,
+                                gk.p, gv.p, s, nullptr, kernels),
+              cudaSuccess);
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cpu::AttentionBackward(dq.data(), ldq, dk.data(), dv.data(), scratch.data(), dout.data(),
                          out.data(), cpu_lse.data(), q.data(), ldq, k.data(), v.data(), cs);
@@ -716,6 +741,83 @@ TEST(CudaKernels, TensorCoreAttentionMatchesCpu) {
                        380, kTol, kTc);
 }
 
+// cuDNN's fused attention (attention_cudnn.h) against the CPU, with the kernels' bf16 tolerance
+// (P and dS are rounded to bf16 before their products there too): whole sequences — GPT-2's
+// head_dim on 200 rows (no multiple of cuDNN's 64-row tiles), Llama's 128 with grouped-query
+// attention (dK/dV summed over each group) — where both passes run on cuDNN; and Seq1F1B's first
+// chunk (positions 0-95 of a 192-row cache), where cuDNN's forward feeds the flash kernels'
+// backward through lse (one convention: natural-log log-sum-exp of the scaled scores).
+TEST(CudaKernels, CudnnAttentionMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  MemoryTracker tracker;
+  CachingAllocator alloc(MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kImmediate);
+  absl::StatusOr<std::unique_ptr<CudnnAttention>> dnn = CudnnAttention::Create(&alloc);
+  ASSERT_TRUE(dnn.ok()) << dnn.status();
+  std::printf("cuDNN %ld\n", static_cast<long>((*dnn)->version()));
+  constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
+  constexpr auto kAny = AttentionKernels::kDefault;
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400,
+      kTol, kAny, dnn->get());
+  CheckAttention<bf16>({.batch = 1,
+                        .heads = 8,
+                        .head_dim = 128,
+                        .q_begin = 0,
+                        .q_end = 130,
+                        .kv_rows = 130,
+                        .kv_heads = 2},
+                       410, kTol, kAny, dnn->get());
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 3, .head_dim = 64, .q_begin = 0, .q_end = 96, .kv_rows = 192}, 420,
+      kTol, kAny, dnn->get());
+}
+
+// Device-free: which shapes cuDNN runs (the rest fall back to the kernels).
+TEST(CudnnAttentionCoverage, WholeSequencesAndFirstChunks) {
+  const AttentionShape whole{
+      .batch = 2, .heads = 16, .head_dim = 64, .q_begin = 0, .q_end = 1024, .kv_rows = 1024};
+  EXPECT_TRUE(CudnnAttention::CoversForward(whole, 3 * 1024));
+  EXPECT_TRUE(CudnnAttention::CoversBackward(whole, 3 * 1024));
+  AttentionShape first = whole;  // Seq1F1B's first chunk: forward only (dK/dV accumulate later)
+  first.q_end = 256;
+  EXPECT_TRUE(CudnnAttention::CoversForward(first, 3 * 1024));
+  EXPECT_FALSE(CudnnAttention::CoversBackward(first, 3 * 1024));
+  AttentionShape later = whole;  // a later chunk: its queries start past position 0
+  later.q_begin = 256;
+  EXPECT_FALSE(CudnnAttention::CoversForward(later, 3 * 1024));
+  AttentionShape odd = whole;  // head_dim no multiple of 8, or above 128
+  odd.head_dim = 20;
+  EXPECT_FALSE(CudnnAttention::CoversForward(odd, 3 * 320));
+  odd.head_dim = 256;
+  EXPECT_FALSE(CudnnAttention::CoversForward(odd, 3 * 4096));
+  EXPECT_FALSE(CudnnAttention::CoversForward(whole, 3 * 1024 + 4));  // rows not 16-byte aligned
+  AttentionShape gqa = whole;
+  gqa.kv_heads = 4;
+  EXPECT_TRUE(CudnnAttention::CoversBackward(gqa, 1024 + 2 * 256));
+}
+
+// Device-free: every tensor and operation descriptor of both graphs is accepted and finalized
+// by the cuDNN this build found (a wrong attribute type, count or mode fails here, in CI, not
+// first on a GPU): GPT-2's multi-head shape and Llama's grouped one. cuDNN is optional (only
+// VOCABPIPE_ATTENTION=cudnn needs it): a build or machine without it has nothing to check.
+TEST(CudnnAttentionGraphs, DescriptorsFinalizeWithoutADevice) {
+  absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
+  if (!dnn.ok()) GTEST_SKIP() << "no cuDNN: " << dnn.status();
+  const AttentionShape mha{
+      .batch = 2, .heads = 16, .head_dim = 64, .q_begin = 0, .q_end = 1024, .kv_rows = 1024};
+  const absl::Status m = CudnnAttention::CheckDescriptors(mha, 3 * 1024);
+  EXPECT_TRUE(m.ok()) << m;
+  const AttentionShape gqa{.batch = 1,
+                           .heads = 32,
+                           .head_dim = 128,
+                           .q_begin = 0,
+                           .q_end = 512,
+                           .kv_rows = 512,
+                           .kv_heads = 8};
+  const absl::Status g = CudnnAttention::CheckDescriptors(gqa, 4096 + 2 * 1024);
+  EXPECT_TRUE(g.ok()) << g;
+}
+
 // The environment picks the bf16 kernels when the caller does not.
 TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   const vp::testing::ScopedEnv attention("VOCABPIPE_ATTENTION");
@@ -737,7 +839,7 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   // Each name selects the kernels it names.
   for (AttentionKernels k :
        {AttentionKernels::kFma, AttentionKernels::kTensorCore, AttentionKernels::kFlash,
-        AttentionKernels::kFlashPipelined, AttentionKernels::kFlashWide}) {
+        AttentionKernels::kFlashPipelined, AttentionKernels::kFlashWide, AttentionKernels::kCudnn}) {
     attention.Set(std::string(AttentionKernelsName(k)));
     EXPECT_EQ(DefaultAttentionKernels(), k) << AttentionKernelsName(k);
   }

@@ -25,6 +25,7 @@
 #include "tests/support/cuda_test_device.h"
 #include "tests/support/gloo_threads.h"
 #include "worker/comm/nccl/staged_communicator.h"
+#include "worker/engine/kernels/cuda/attention_cudnn.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
 #include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
@@ -258,7 +259,15 @@ class DeviceLayerStackTest : public ::testing::Test {
     auto gemm = GemmRunner::Create();
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     gemm_ = std::move(*gemm);
-    ctx_ = DeviceContext{stream_.get(), gemm_.get(), alloc_.get()};
+    // Under VOCABPIPE_ATTENTION=cudnn the layers' bf16 attention runs on cuDNN, as in a rank;
+    // its kept workspace comes from the untracked allocator, so kActivations still counts only
+    // what the stack holds.
+    if (DefaultAttentionKernels() == AttentionKernels::kCudnn) {
+      auto dnn = CudnnAttention::Create(io_alloc_.get());
+      ASSERT_TRUE(dnn.ok()) << dnn.status();
+      attention_ = std::move(*dnn);
+    }
+    ctx_ = DeviceContext{stream_.get(), gemm_.get(), alloc_.get(), attention_.get()};
     io_ = DeviceContext{stream_.get(), gemm_.get(), io_alloc_.get()};
   }
 
@@ -359,6 +368,7 @@ class DeviceLayerStackTest : public ::testing::Test {
   std::unique_ptr<CachingAllocator> io_alloc_;
   CudaStream stream_;
   std::unique_ptr<GemmRunner> gemm_;
+  std::unique_ptr<CudnnAttention> attention_;
   DeviceContext ctx_;
   DeviceContext io_;
 };

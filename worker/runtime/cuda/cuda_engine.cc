@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cuda/attention_cudnn.h"
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/model/cuda/model_kernels.h"
@@ -82,7 +83,20 @@ absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
   auto g2 = engine::cuda::GemmRunner::Create();
   if (!g2.ok()) return g2.status();
   e->comm_gemm_ = std::move(*g2);
-  e->compute_ = {e->compute_stream_.get(), e->compute_gemm_.get(), e->alloc_.get()};
+  // VOCABPIPE_ATTENTION=cudnn asks for cuDNN's fused attention (bf16 only: fp32 attention runs
+  // the FMA kernels, whose results must equal the CPU's); a missing library is the operator's
+  // error to see, not a silent fallback.
+  if (std::is_same_v<T, engine::cuda::bf16> &&
+      engine::cuda::DefaultAttentionKernels() == engine::cuda::AttentionKernels::kCudnn) {
+    auto dnn = engine::cuda::CudnnAttention::Create(e->alloc_.get());
+    if (!dnn.ok()) {
+      return absl::Status(dnn.status().code(),
+                          absl::StrCat("VOCABPIPE_ATTENTION=cudnn: ", dnn.status().message()));
+    }
+    e->attention_ = std::move(*dnn);
+  }
+  e->compute_ = {e->compute_stream_.get(), e->compute_gemm_.get(), e->alloc_.get(),
+                 e->attention_.get()};
   e->comm_ = {e->comm_stream_.get(), e->comm_gemm_.get(), e->alloc_.get()};
   // ZeRO-1: the AdamW state of this replica's range only (the range RunOptimizerStep
   // reduce-scatters into, comm::RangeOf over the data group).

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/kernels/cuda/attention_cudnn.h"
 #include "worker/engine/kernels/cuda/caching_allocator.h"
 #include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
@@ -90,6 +91,9 @@ class CudaStageEngine {
   std::unique_ptr<engine::cuda::CachingAllocator> alloc_;
   engine::cuda::CudaStream compute_stream_, comm_stream_;
   std::unique_ptr<engine::cuda::GemmRunner> compute_gemm_, comm_gemm_;
+  // cuDNN's attention for the compute thread's layers (VOCABPIPE_ATTENTION=cudnn, bf16), else
+  // null; its workspace is the allocator's, so it goes first.
+  std::unique_ptr<engine::cuda::CudnnAttention> attention_;
   engine::cuda::DeviceContext compute_, comm_;
   std::unique_ptr<Model> model_;
 };

@@ -435,13 +435,15 @@ cudaError_t LaunchBackward(T* dq, T* dk, T* dv, const float* delta, const T* dou
 }
 
 // The kernels T's attention runs on: fp32 always on the FMA ones; bf16 as asked, kDefault
-// resolved through VOCABPIPE_ATTENTION.
+// resolved through VOCABPIPE_ATTENTION; kCudnn (a library, run by CudnnAttention where the
+// caller has one) on the flash kernels here, the shapes cuDNN does not cover.
 template <typename T>
 AttentionKernels Resolve(AttentionKernels kernels) {
   if constexpr (!std::is_same_v<T, bf16>) {
     return AttentionKernels::kFma;
   } else {
-    return kernels == AttentionKernels::kDefault ? DefaultAttentionKernels() : kernels;
+    if (kernels == AttentionKernels::kDefault) kernels = DefaultAttentionKernels();
+    return kernels == AttentionKernels::kCudnn ? AttentionKernels::kFlash : kernels;
   }
 }
 
@@ -456,6 +458,7 @@ constexpr NamedAttentionKernels kAttentionKernelNames[] = {
     {"flash", AttentionKernels::kFlash},
     {"flash-pipelined", AttentionKernels::kFlashPipelined},
     {"flash-wide", AttentionKernels::kFlashWide},
+    {"cudnn", AttentionKernels::kCudnn},
 };
 
 }  // namespace

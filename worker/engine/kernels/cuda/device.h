@@ -22,10 +22,15 @@
 
 namespace vp::engine::cuda {
 
+class CudnnAttention;  // attention_cudnn.h
+
 struct DeviceContext {
   cudaStream_t stream = nullptr;
   GemmRunner* gemm = nullptr;         // used only on this context's thread
   CachingAllocator* alloc = nullptr;  // shared by the rank's threads (thread-safe)
+  // cuDNN's fused attention (VOCABPIPE_ATTENTION=cudnn), used only on this context's thread;
+  // null: the attention kernels (RunAttentionForward/Backward in attention_cudnn.h choose).
+  CudnnAttention* attention = nullptr;
 };
 
 // Synchronises ctx.stream, then returns the blocks this thread released to the allocator's cache

@@ -179,10 +179,21 @@ struct AttentionShape {
 // double-buffered cp.async tile loads and ldmatrix operand loads (attention_flash.cu; opt-in until
 // it has passed and been timed on a GPU); kFlashWide: the pipelined backward and a forward of 128
 // query rows per block, 32 per warp, so each key/value fragment read from shared memory feeds two
-// products (opt-in likewise). kDefault: the VOCABPIPE_ATTENTION environment variable ("fma",
-// "tensor-core", "flash", "flash-pipelined" or "flash-wide"), else kFlash. fp32 attention always
-// uses kFma: its results must equal the CPU's to fp32 rounding.
-enum class AttentionKernels { kDefault, kFma, kTensorCore, kFlash, kFlashPipelined, kFlashWide };
+// products (opt-in likewise). kCudnn: cuDNN's fused flash attention through its graph API, run
+// by a CudnnAttention (attention_cudnn.h) that the caller's DeviceContext holds, for the shapes it
+// covers (opt-in until it has passed and been timed on a GPU); the functions below, which have no
+// such runner, run kFlash for it. kDefault: the VOCABPIPE_ATTENTION environment variable ("fma",
+// "tensor-core", "flash", "flash-pipelined", "flash-wide" or "cudnn"), else kFlash. fp32
+// attention always uses kFma: its results must equal the CPU's to fp32 rounding.
+enum class AttentionKernels {
+  kDefault,
+  kFma,
+  kTensorCore,
+  kFlash,
+  kFlashPipelined,
+  kFlashWide,
+  kCudnn
+};
 // The kernels kDefault resolves to for bf16 now (reads VOCABPIPE_ATTENTION).
 AttentionKernels DefaultAttentionKernels();
 // The VOCABPIPE_ATTENTION value that selects `kernels` (kDefault: the one it resolves to now).

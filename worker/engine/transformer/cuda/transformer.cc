@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/kernels/cuda/attention_cudnn.h"
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/gemm.h"
 #include "worker/engine/kernels/cuda/kernels.h"
@@ -174,9 +175,9 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * heads * t, acts.lse));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * t * a, acts.atty));
     MarkPhase(ctx.stream, Phase::kAttention);
-    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(),
-                                             w_.qkv(), kv.k.data(), kv.v.data(), Shape(seq),
-                                             ctx.stream));
+    VP_LS_RETURN_IF_ERROR(RunAttentionForward(ctx, acts.atty.data(), acts.lse.data(),
+                                              acts.qkv.data(), w_.qkv(), kv.k.data(), kv.v.data(),
+                                              Shape(seq)));
     return absl::OkStatus();
   }
 
@@ -223,8 +224,9 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, acts.lse));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, acts.atty));
     MarkPhase(st, Phase::kAttention);
-    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
-                                             kv.k.data(), kv.v.data(), Shape(seq), st));
+    VP_LS_RETURN_IF_ERROR(RunAttentionForward(ctx, acts.atty.data(), acts.lse.data(),
+                                              acts.qkv.data(), qd, kv.k.data(), kv.v.data(),
+                                              Shape(seq)));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.res1));
     MarkPhase(st, Phase::kGemmProj);  // the residual add in the GEMM's C, or marked kElementwise
     VP_LS_RETURN_IF_ERROR(attn_out_.ForwardResidual(acts.res1.data(), acts.atty.data(), x, n));
@@ -301,10 +303,11 @@ class DeviceLayer {
       DeviceArray<float> delta;  // (b, heads, t) scratch: Σ_d dout·out per query row
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, delta));
       MarkPhase(st, Phase::kAttention);
-      VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
-                                                delta.data(), d_atty.data(), acts.atty.data(),
-                                                acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
-                                                kv.v.data(), Shape(seq), st));
+      VP_LS_RETURN_IF_ERROR(RunAttentionBackward(ctx, acts.d_qkv.data(), kv.dk.data(),
+                                                 kv.dv.data(), delta.data(), d_atty.data(),
+                                                 acts.atty.data(), acts.lse.data(),
+                                                 acts.qkv.data(), qd, kv.k.data(), kv.v.data(),
+                                                 Shape(seq)));
     }
     // Later chunks (already run backward) and this chunk have now added everything they owe to
     // the keys/values at this chunk's positions; earlier chunks never see them. So the
@@ -411,8 +414,9 @@ class DeviceLayer {
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, acts.lse));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(n) * a, acts.atty));
     MarkPhase(st, Phase::kAttention);
-    VP_CUDA_RETURN_IF_ERROR(AttentionForward(acts.atty.data(), acts.lse.data(), acts.qkv.data(), qd,
-                                             kv.k.data(), kv.v.data(), Shape(seq), st));
+    VP_LS_RETURN_IF_ERROR(RunAttentionForward(ctx, acts.atty.data(), acts.lse.data(),
+                                              acts.qkv.data(), qd, kv.k.data(), kv.v.data(),
+                                              Shape(seq)));
     VP_LS_RETURN_IF_ERROR(Acquire(ctx, mh, acts.res1));
     MarkPhase(st, Phase::kGemmProj);  // the residual add in the GEMM's C, or marked kElementwise
     VP_LS_RETURN_IF_ERROR(attn_out_.ForwardResidual(acts.res1.data(), acts.atty.data(), x, n));
@@ -484,10 +488,11 @@ class DeviceLayer {
       DeviceArray<float> delta;  // (b, heads, t)
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, delta));
       MarkPhase(st, Phase::kAttention);
-      VP_CUDA_RETURN_IF_ERROR(AttentionBackward(acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
-                                                delta.data(), d_atty.data(), acts.atty.data(),
-                                                acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
-                                                kv.v.data(), Shape(seq), st));
+      VP_LS_RETURN_IF_ERROR(RunAttentionBackward(ctx, acts.d_qkv.data(), kv.dk.data(),
+                                                 kv.dv.data(), delta.data(), d_atty.data(),
+                                                 acts.atty.data(), acts.lse.data(),
+                                                 acts.qkv.data(), qd, kv.k.data(), kv.v.data(),
+                                                 Shape(seq)));
     }
     // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now. (With
     // replicated key/value heads they hold only this rank's query heads' share: the k and v

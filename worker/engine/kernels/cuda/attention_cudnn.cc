@@ -1,0 +1,740 @@
+#include "worker/engine/kernels/cuda/attention_cudnn.h"
+
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/cudnn_library.h"
+
+namespace vp::engine::cuda {
+
+bool CudnnAttention::CoversForward(const AttentionShape& s, int ldq) {
+  return s.q_begin == 0 && s.q_end > 0 && s.q_end <= s.kv_rows && s.head_dim % 8 == 0 &&
+         s.head_dim <= 128 && ldq % 8 == 0 && s.heads % s.num_kv_heads() == 0;
+}
+
+bool CudnnAttention::CoversBackward(const AttentionShape& s, int ldq) {
+  return CoversForward(s, ldq) && s.q_end == s.kv_rows;
+}
+
+template <typename T>
+absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q,
+                                 int ldq, const T* k, const T* v, const AttentionShape& shape) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (ctx.attention != nullptr && CudnnAttention::CoversForward(shape, ldq)) {
+      return ctx.attention->Forward(ctx, out, lse, q, ldq, k, v, shape);
+    }
+  }
+  VP_CUDA_RETURN_IF_ERROR(AttentionForward(out, lse, q, ldq, k, v, shape, ctx.stream));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status RunAttentionBackward(const DeviceContext& ctx, T* dq, T* dk, T* dv, float* delta,
+                                  const T* dout, const T* out, const float* lse, const T* q,
+                                  int ldq, const T* k, const T* v, const AttentionShape& shape) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (ctx.attention != nullptr && CudnnAttention::CoversBackward(shape, ldq)) {
+      return ctx.attention->Backward(ctx, dq, dk, dv, delta, dout, out, lse, q, ldq, k, v, shape);
+    }
+  }
+  VP_CUDA_RETURN_IF_ERROR(
+      AttentionBackward(dq, dk, dv, delta, dout, out, lse, q, ldq, k, v, shape, ctx.stream));
+  return absl::OkStatus();
+}
+
+#define VP_INSTANTIATE(T)                                                                      \
+  template absl::Status RunAttentionForward<T>(const DeviceContext&, T*, float*, const T*, int, \
+                                               const T*, const T*, const AttentionShape&);      \
+  template absl::Status RunAttentionBackward<T>(const DeviceContext&, T*, T*, T*, float*,       \
+                                                const T*, const T*, const float*, const T*, int, \
+                                                const T*, const T*, const AttentionShape&);
+VP_INSTANTIATE(float)
+VP_INSTANTIATE(bf16)
+#undef VP_INSTANTIATE
+
+#if VP_HAVE_CUDNN
+
+namespace {
+
+// The variant pack's tensor ids: the graphs' real tensors and host scalars (virtual tensors, which
+// have no memory, count up from kFirstVirtual).
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kNegInf,
+  kOne,
+  kDout,
+  kDq,
+  kDk,
+  kDv,
+  kRowSum,  // Σ_d dO·O per row (the caller's delta)
+  kDqAccum,  // dQ in fp32 (the workspace, after the plan's own part)
+  kFirstVirtual = 100,
+};
+
+using Dims = std::array<int64_t, 4>;
+
+absl::Status DnnStatus(const Cudnn& dnn, cudnnStatus_t status, absl::string_view what) {
+  if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+  char detail[1024] = {0};
+  dnn.cudnnGetLastErrorString(detail, sizeof(detail));
+  std::string message = absl::StrCat("cuDNN attention: ", what, ": ",
+                                     dnn.cudnnGetErrorString(status), " (", int(status), ")");
+  if (detail[0] != '\0') absl::StrAppend(&message, ": ", detail);
+  // cuDNN 9 numbers its statuses by class: 3xxx "not supported" (this graph or shape on this
+  // GPU and version), the rest are failures.
+  if (status >= 3000 && status < 4000) return absl::UnimplementedError(message);
+  return absl::InternalError(message);
+}
+
+// One backend descriptor, destroyed with its owner.
+class Descriptor {
+ public:
+  Descriptor(const Cudnn* dnn, cudnnBackendDescriptor_t d) : dnn_(dnn), d_(d) {}
+  Descriptor(Descriptor&& other) noexcept
+      : dnn_(other.dnn_), d_(std::exchange(other.d_, nullptr)) {}
+  Descriptor& operator=(Descriptor&&) = delete;
+  Descriptor(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (d_ != nullptr) dnn_->cudnnBackendDestroyDescriptor(d_);
+  }
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+ private:
+  const Cudnn* dnn_;
+  cudnnBackendDescriptor_t d_;
+};
+
+}  // namespace
+
+struct CudnnAttention::Plan {
+  std::vector<Descriptor> owned;  // every descriptor the plan was built from, the plan last
+  cudnnBackendDescriptor_t plan = nullptr;
+  int64_t plan_workspace = 0;  // bytes the execution plan asks for
+  int64_t dq_accum_bytes = 0;  // the backward's fp32 dQ, after the plan's part (256-aligned)
+  // Host scalars the variant pack points at (passed by value).
+  float scale = 0.0f;
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  float one = 1.0f;
+};
+
+namespace {
+
+// Builds one operation graph and its execution plan. Errors are sticky: after the first failed
+// call every later one does nothing, and Build returns that first error — so a graph reads as
+// the list of its operations.
+class GraphBuilder {
+ public:
+  using Desc = cudnnBackendDescriptor_t;
+
+  GraphBuilder(const Cudnn& dnn, CudnnAttention::Plan& plan) : dnn_(dnn), plan_(plan) {}
+
+  // A tensor in device memory (uid from Uid), or a virtual one (intermediate, no memory).
+  Desc Tensor(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type) {
+    return MakeTensor(uid, dims, strides, type, /*is_virtual=*/false, /*by_value=*/false);
+  }
+  Desc Virtual(const Dims& dims, const Dims& strides, cudnnDataType_t type) {
+    return MakeTensor(next_virtual_++, dims, strides, type, /*is_virtual=*/true, false);
+  }
+  // A host scalar passed by value (dims all 1).
+  Desc Scalar(int64_t uid, cudnnDataType_t type) {
+    return MakeTensor(uid, {1, 1, 1, 1}, {1, 1, 1, 1}, type, false, /*by_value=*/true);
+  }
+
+  // c = a · b over the last two dims (fp32 accumulation), batched over the first two.
+  void Matmul(Desc a, Desc b, Desc c) {
+    Uses({a, b}, c);
+    const cudnnDataType_t fp32 = CUDNN_DATA_FLOAT;
+    Desc desc = Make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    Set(desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &fp32);
+    Finalize(desc, "matmul descriptor");
+    Desc op = Make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, desc);
+    AddOperation(op, "matmul");
+  }
+
+  // y = mode(x[, b][, t]) elementwise with broadcasting; axis only for GEN_INDEX.
+  void Pointwise(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc t, Desc y,
+                 cudnnDataType_t math = CUDNN_DATA_FLOAT, int64_t axis = -1) {
+    Uses({x, b, t}, y);
+    Desc desc = Make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    Set(desc, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    Set(desc, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math);
+    if (mode == CUDNN_POINTWISE_GEN_INDEX) {
+      Set(desc, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    }
+    Finalize(desc, "pointwise descriptor");
+    Desc op = Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc);
+    SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b != nullptr) SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+    if (t != nullptr) SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
+    SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    AddOperation(op, "pointwise");
+  }
+  void Unary(cudnnPointwiseMode_t mode, Desc x, Desc y) { Pointwise(mode, x, nullptr, nullptr, y); }
+  void Binary(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
+    Pointwise(mode, x, b, nullptr, y);
+  }
+
+  // y = reduce(x) over the dims where y is 1 (fp32).
+  void Reduction(cudnnReduceTensorOp_t reduce, Desc x, Desc y) {
+    Uses({x}, y);
+    const cudnnDataType_t fp32 = CUDNN_DATA_FLOAT;
+    Desc desc = Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    Set(desc, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &fp32);
+    Set(desc, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &reduce);
+    Finalize(desc, "reduction descriptor");
+    Desc op = Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    SetDesc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    SetDesc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    SetDesc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, desc);
+    AddOperation(op, "reduction");
+  }
+
+  // y = x viewed with y's dims and strides (a transpose of the last two dims here).
+  void Reshape(Desc x, Desc y) {
+    Uses({x}, y);
+    Desc op = Make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    SetDesc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    SetDesc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    AddOperation(op, "reshape");
+  }
+
+  // The first error so far; when OK, whether the graph is wired: every virtual tensor written by
+  // exactly one operation and read by at least one, every real tensor written at most once and
+  // used. (cuDNN's graph finalize does not catch a dangling intermediate; its engines reject
+  // such a graph only on a GPU, without saying which tensor.)
+  absl::Status CheckWiring() const {
+    if (!status_.ok()) return status_;
+    for (const auto& [tensor, use] : uses_) {
+      const bool bad = use.is_virtual ? use.writes != 1 || use.reads == 0
+                                      : use.writes > 1 || use.writes + use.reads == 0;
+      if (bad) {
+        return absl::InternalError(absl::StrCat("cuDNN attention: tensor ", use.uid, " is written ",
+                                                use.writes, " times and read ", use.reads,
+                                                " times"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The operation graph on `handle`, the heuristics' engine configurations (mode A) and the
+  // first whose execution plan finalizes; its workspace size.
+  absl::Status Build(cudnnHandle_t handle) {
+    if (absl::Status st = CheckWiring(); !st.ok()) return st;
+    Desc graph = Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        static_cast<int64_t>(ops_.size()), ops_.data());
+    Set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    Finalize(graph, "operation graph");
+    Desc heur = Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    SetDesc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    Set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    Finalize(heur, "engine heuristics");
+    if (!status_.ok()) return status_;
+    int64_t count = 0;
+    if (absl::Status st = Call(dnn_.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                                             &count, nullptr),
+                               "engine count");
+        !st.ok()) {
+      return st;
+    }
+    if (count <= 0) return absl::UnimplementedError("cuDNN attention: no engine for this graph");
+    std::vector<Desc> configs;
+    for (int64_t i = 0; i < count; ++i) configs.push_back(Make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    if (!status_.ok()) return status_;
+    int64_t returned = 0;
+    if (absl::Status st = Call(
+            dnn_.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
+                                          configs.data()),
+            "engine configurations");
+        !st.ok()) {
+      return st;
+    }
+    // The heuristics rank the engines; the first whose plan finalizes here runs.
+    absl::Status first_failure;
+    for (int64_t i = 0; i < returned; ++i) {
+      cudnnBackendDescriptor_t plan = nullptr;
+      if (absl::Status st = Call(dnn_.cudnnBackendCreateDescriptor(
+                                     CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan),
+                                 "execution plan");
+          !st.ok()) {
+        return st;
+      }
+      Descriptor owned(&dnn_, plan);
+      absl::Status st = Call(dnn_.cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+                                                           CUDNN_TYPE_HANDLE, 1, &handle),
+                             "plan handle");
+      if (st.ok()) {
+        st = Call(dnn_.cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &configs[i]),
+                  "plan engine configuration");
+      }
+      if (st.ok()) st = Call(dnn_.cudnnBackendFinalize(plan), "execution plan finalize");
+      if (st.ok()) {
+        int64_t workspace = 0, got = 0;
+        st = Call(dnn_.cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                CUDNN_TYPE_INT64, 1, &got, &workspace),
+                  "plan workspace size");
+        if (st.ok()) {
+          plan_.plan = plan;
+          plan_.plan_workspace = workspace;
+          plan_.owned.push_back(std::move(owned));
+          return absl::OkStatus();
+        }
+      }
+      if (first_failure.ok()) first_failure = st;
+    }
+    return first_failure.ok() ? absl::UnimplementedError("cuDNN attention: no engine config")
+                              : first_failure;
+  }
+
+ private:
+  absl::Status Call(cudnnStatus_t status, absl::string_view what) const {
+    return DnnStatus(dnn_, status, what);
+  }
+  void Note(cudnnStatus_t status, absl::string_view what) {
+    if (status_.ok()) status_ = DnnStatus(dnn_, status, what);
+  }
+  Desc Make(cudnnBackendDescriptorType_t type) {
+    if (!status_.ok()) return nullptr;
+    cudnnBackendDescriptor_t d = nullptr;
+    Note(dnn_.cudnnBackendCreateDescriptor(type, &d), absl::StrCat("create descriptor ", static_cast<int>(type)));
+    if (!status_.ok()) return nullptr;
+    plan_.owned.emplace_back(&dnn_, d);
+    return d;
+  }
+  void Set(Desc d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+           int64_t count, const void* value) {
+    if (!status_.ok()) return;
+    Note(dnn_.cudnnBackendSetAttribute(d, name, type, count, value),
+         absl::StrCat("set attribute ", static_cast<int>(name)));
+  }
+  void SetDesc(Desc d, cudnnBackendAttributeName_t name, Desc value) {
+    Set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value);
+  }
+  void Finalize(Desc d, absl::string_view what) {
+    if (!status_.ok()) return;
+    Note(dnn_.cudnnBackendFinalize(d), absl::StrCat("finalize ", what));
+  }
+  void AddOperation(Desc op, absl::string_view what) {
+    Finalize(op, what);
+    if (status_.ok()) ops_.push_back(op);
+  }
+  Desc MakeTensor(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type,
+                  bool is_virtual, bool by_value) {
+    Desc t = Make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t alignment = 16;
+    Set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+    Set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+    Set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+    Set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    Set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+    Set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+    if (by_value) Set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    Finalize(t, "tensor");
+    if (t != nullptr) uses_[t] = Use{uid, is_virtual};
+    return t;
+  }
+  void Uses(std::initializer_list<Desc> inputs, Desc output) {
+    for (Desc in : inputs) {
+      if (auto it = uses_.find(in); it != uses_.end()) ++it->second.reads;
+    }
+    if (auto it = uses_.find(output); it != uses_.end()) ++it->second.writes;
+  }
+
+  struct Use {
+    int64_t uid = 0;
+    bool is_virtual = false;
+    int reads = 0, writes = 0;
+  };
+
+  const Cudnn& dnn_;
+  CudnnAttention::Plan& plan_;
+  absl::Status status_;
+  std::vector<Desc> ops_;
+  std::map<Desc, Use> uses_;  // every tensor made, by descriptor
+  int64_t next_virtual_ = kFirstVirtual;
+};
+
+// The shapes both graphs share, from the attention shape and the q row stride.
+struct Geometry {
+  int64_t b, hq, hk, sq, skv, d, ldq, kv_rows;
+  int64_t w() const { return hq * d; }
+  int64_t kvw() const { return hk * d; }
+  // (b, hq, sq, d) inside the fused q|k|v rows, and dq likewise.
+  Dims q_dims() const { return {b, hq, sq, d}; }
+  Dims q_strides() const { return {sq * ldq, d, ldq, 1}; }
+  // (b, hk, skv, d) inside the (b, kv_rows, kvw) cache; Kᵀ swaps the last two.
+  Dims kv_dims() const { return {b, hk, skv, d}; }
+  Dims kv_strides() const { return {kv_rows * kvw(), d, kvw(), 1}; }
+  Dims kt_dims() const { return {b, hk, d, skv}; }
+  Dims kt_strides() const { return {kv_rows * kvw(), d, 1, kvw()}; }
+  // (b, hq, sq, d) in the (b, sq, w) output rows.
+  Dims o_dims() const { return {b, hq, sq, d}; }
+  Dims o_strides() const { return {sq * w(), d, w(), 1}; }
+  // Per-row statistics (b, hq, sq, 1), and the (b, hq, sq, skv) scores.
+  Dims row_dims() const { return {b, hq, sq, 1}; }
+  Dims row_strides() const { return {hq * sq, sq, 1, 1}; }
+  Dims score_dims() const { return {b, hq, sq, skv}; }
+  Dims score_strides() const { return {hq * sq * skv, sq * skv, skv, 1}; }
+  // The scores transposed (b, hq, skv, sq): the same memory read column-wise.
+  Dims score_t_dims() const { return {b, hq, skv, sq}; }
+  Dims score_t_strides() const { return {hq * sq * skv, sq * skv, 1, skv}; }
+};
+
+Geometry GeometryOf(const AttentionShape& s, int ldq) {
+  return Geometry{s.batch,  s.heads,   s.num_kv_heads(), s.q_len(), s.q_end,
+                  s.head_dim, ldq, s.kv_rows};
+}
+
+// scores = (Q·Kᵀ)·scale with the causal mask: row i sees columns j ≤ i (the chunk starts at
+// position 0, so the row index is the position). Returns the masked fp32 scores.
+GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo,
+                                GraphBuilder::Desc scaled) {
+  const Dims dims = geo.score_dims(), strides = geo.score_strides();
+  GraphBuilder::Desc row = g.Virtual(dims, strides, CUDNN_DATA_INT32);
+  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
+  GraphBuilder::Desc col = g.Virtual(dims, strides, CUDNN_DATA_INT32);
+  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
+  GraphBuilder::Desc keep = g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN);
+  g.Pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  GraphBuilder::Desc masked = g.Virtual(dims, strides, CUDNN_DATA_FLOAT);
+  // BINARY_SELECT: y = t ? x : b.
+  g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scaled, g.Scalar(kNegInf, CUDNN_DATA_FLOAT), keep,
+              masked);
+  return masked;
+}
+
+// Forward: S = Q·Kᵀ·scale, masked; m = rowmax S; e = exp(S − m); l = Σ e; stats = m + log l
+// (lse); P = e / l (bf16); O = P·V.
+void BuildForward(GraphBuilder& g, const Geometry& geo) {
+  using Desc = GraphBuilder::Desc;
+  const Dims sd = geo.score_dims(), ss = geo.score_strides();
+  const Dims rd = geo.row_dims(), rs = geo.row_strides();
+  Desc q = g.Tensor(kQ, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16);
+  Desc kt = g.Tensor(kK, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);
+  Desc v = g.Tensor(kV, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
+  Desc o = g.Tensor(kO, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16);
+  Desc stats = g.Tensor(kStats, rd, rs, CUDNN_DATA_FLOAT);
+  Desc s = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Matmul(q, kt, s);
+  Desc scaled = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_MUL, s, g.Scalar(kScale, CUDNN_DATA_FLOAT), scaled);
+  Desc masked = MaskedScores(g, geo, scaled);
+  Desc max = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
+  g.Reduction(CUDNN_REDUCE_TENSOR_MAX, masked, max);
+  Desc shifted = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_SUB, masked, max, shifted);
+  Desc e = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Unary(CUDNN_POINTWISE_EXP, shifted, e);
+  Desc sum = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
+  g.Reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum);
+  Desc log_sum = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
+  g.Unary(CUDNN_POINTWISE_LOG, sum, log_sum);
+  g.Binary(CUDNN_POINTWISE_ADD, max, log_sum, stats);
+  Desc p = g.Virtual(sd, ss, CUDNN_DATA_BFLOAT16);
+  g.Binary(CUDNN_POINTWISE_DIV, e, sum, p);
+  g.Matmul(p, v, o);
+}
+
+// dV (or dK) = a · b into `out` (b, hk, skv, d); with grouped heads the product is formed per
+// query head (b, hq, skv, d) and summed over each group by a reduction.
+void ProductIntoKvHeads(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc a,
+                        GraphBuilder::Desc b, GraphBuilder::Desc out) {
+  if (geo.hq == geo.hk) {
+    g.Matmul(a, b, out);
+    return;
+  }
+  GraphBuilder::Desc full = g.Virtual({geo.b, geo.hq, geo.skv, geo.d},
+                                      {geo.hq * geo.skv * geo.d, geo.skv * geo.d, geo.d, 1},
+                                      CUDNN_DATA_BFLOAT16);
+  g.Matmul(a, b, full);
+  g.Reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
+// Backward (the forward's P recomputed from the saved lse):
+//   D = Σ_d dO·O (the caller's delta); P = exp(S·scale − lse), masked;
+//   dV = Pᵀ·dO; dP = dO·Vᵀ; dS = P·(dP − D)·scale; dK = dSᵀ·Q; dQ = dS·K (fp32, then bf16).
+void BuildBackward(GraphBuilder& g, const Geometry& geo) {
+  using Desc = GraphBuilder::Desc;
+  const Dims sd = geo.score_dims(), ss = geo.score_strides();
+  const Dims td = geo.score_t_dims(), ts = geo.score_t_strides();
+  const Dims rd = geo.row_dims(), rs = geo.row_strides();
+  Desc q = g.Tensor(kQ, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16);
+  Desc kt = g.Tensor(kK, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);
+  Desc vt = g.Tensor(kV, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);
+  Desc o = g.Tensor(kO, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16);
+  Desc dout = g.Tensor(kDout, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16);
+  Desc stats = g.Tensor(kStats, rd, rs, CUDNN_DATA_FLOAT);
+  Desc dq = g.Tensor(kDq, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16);
+  Desc dk = g.Tensor(kDk, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
+  Desc dv = g.Tensor(kDv, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
+  Desc row_sum = g.Tensor(kRowSum, rd, rs, CUDNN_DATA_FLOAT);
+  Desc dq_accum = g.Tensor(kDqAccum, geo.q_dims(),
+                           {geo.hq * geo.sq * geo.d, geo.sq * geo.d, geo.d, 1}, CUDNN_DATA_FLOAT);
+  Desc scale = g.Scalar(kScale, CUDNN_DATA_FLOAT);
+  // D = Σ_d dO·O, written to the caller's delta.
+  Desc dout_o = g.Virtual(geo.o_dims(), {geo.hq * geo.sq * geo.d, geo.sq * geo.d, geo.w(), 1},
+                          CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_MUL, dout, o, dout_o);
+  Desc dot = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
+  g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dout_o, dot);
+  g.Binary(CUDNN_POINTWISE_MUL, dot, g.Scalar(kOne, CUDNN_DATA_FLOAT), row_sum);
+  // P = exp(S·scale − lse) under the causal mask.
+  Desc s = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Matmul(q, kt, s);
+  Desc scaled = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_MUL, s, scale, scaled);
+  Desc centred = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_SUB, scaled, stats, centred);
+  Desc masked = MaskedScores(g, geo, centred);
+  Desc p = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Unary(CUDNN_POINTWISE_EXP, masked, p);
+  // dV = Pᵀ·dO.
+  Desc p_t = g.Virtual(td, ts, CUDNN_DATA_BFLOAT16);
+  g.Reshape(p, p_t);
+  ProductIntoKvHeads(g, geo, p_t, dout, dv);
+  // dS = P·(dO·Vᵀ − D)·scale.
+  Desc dp = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Matmul(dout, vt, dp);
+  Desc dp_centred = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_SUB, dp, row_sum, dp_centred);
+  Desc ds_unscaled = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_MUL, dp_centred, p, ds_unscaled);
+  Desc ds = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
+  g.Binary(CUDNN_POINTWISE_MUL, ds_unscaled, scale, ds);
+  // dK = dSᵀ·Q.
+  Desc ds_t = g.Virtual(td, ts, CUDNN_DATA_BFLOAT16);
+  g.Reshape(ds, ds_t);
+  ProductIntoKvHeads(g, geo, ds_t, q, dk);
+  // dQ = dS·K in fp32, then to bf16 in the q columns of dq.
+  Desc k = g.Virtual(geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
+  g.Reshape(kt, k);
+  g.Matmul(ds, k, dq_accum);
+  g.Unary(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+}
+
+constexpr int64_t kWorkspaceAlign = 256;
+int64_t AlignUp(int64_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+absl::Status Execute(const Cudnn& dnn, cudnnHandle_t handle, const CudnnAttention::Plan& plan,
+                     cudaStream_t stream, const std::vector<int64_t>& uids,
+                     const std::vector<void*>& pointers, void* workspace) {
+  cudnnBackendDescriptor_t pack = nullptr;
+  if (absl::Status st = DnnStatus(
+          dnn, dnn.cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
+          "variant pack");
+      !st.ok()) {
+    return st;
+  }
+  Descriptor owned(&dnn, pack);
+  const int64_t n = static_cast<int64_t>(uids.size());
+  cudnnStatus_t status = dnn.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+                                                      CUDNN_TYPE_INT64, n, uids.data());
+  if (status == CUDNN_STATUS_SUCCESS) {
+    status = dnn.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                          CUDNN_TYPE_VOID_PTR, n, pointers.data());
+  }
+  if (status == CUDNN_STATUS_SUCCESS) {
+    status = dnn.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                                          CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  }
+  if (status == CUDNN_STATUS_SUCCESS) status = dnn.cudnnBackendFinalize(pack);
+  if (status == CUDNN_STATUS_SUCCESS) status = dnn.cudnnSetStream(handle, stream);
+  if (status == CUDNN_STATUS_SUCCESS) status = dnn.cudnnBackendExecute(handle, plan.plan, pack);
+  return DnnStatus(dnn, status, "execute");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(
+    CachingAllocator* workspace_alloc) {
+  if (workspace_alloc == nullptr) {
+    return absl::InvalidArgumentError("cuDNN attention: no workspace allocator");
+  }
+  absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
+  if (!dnn.ok()) return dnn.status();
+  cudnnHandle_t handle = nullptr;
+  if (absl::Status st = DnnStatus(**dnn, (*dnn)->cudnnCreate(&handle), "create handle");
+      !st.ok()) {
+    return st;
+  }
+  return std::unique_ptr<CudnnAttention>(new CudnnAttention(
+      *dnn, handle, static_cast<int64_t>((*dnn)->cudnnGetVersion()), workspace_alloc));
+}
+
+CudnnAttention::CudnnAttention(const Cudnn* dnn, void* handle, int64_t version,
+                               CachingAllocator* alloc)
+    : dnn_(dnn), handle_(handle), version_(version), alloc_(alloc) {}
+
+CudnnAttention::~CudnnAttention() {
+  plans_.clear();  // the plans' descriptors before the handle they were built on
+  if (handle_ != nullptr) dnn_->cudnnDestroy(static_cast<cudnnHandle_t>(handle_));
+}
+
+absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backward,
+                                                                    const AttentionShape& shape,
+                                                                    int ldq) {
+  const Geometry geo = GeometryOf(shape, ldq);
+  const std::array<int64_t, 9> key{backward, geo.b,   geo.hq,  geo.hk,     geo.sq,
+                                   geo.skv,  geo.d,   geo.ldq, geo.kv_rows};
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  auto plan = std::make_unique<Plan>();
+  plan->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(geo.d)));
+  GraphBuilder g(*dnn_, *plan);
+  if (backward) {
+    BuildBackward(g, geo);
+    plan->dq_accum_bytes = geo.b * geo.hq * geo.sq * geo.d * static_cast<int64_t>(sizeof(float));
+  } else {
+    BuildForward(g, geo);
+  }
+  if (absl::Status st = g.Build(static_cast<cudnnHandle_t>(handle_)); !st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat(st.message(), " [", backward ? "backward" : "forward",
+                                     " b ", geo.b, " heads ", geo.hq, "/", geo.hk, " rows ",
+                                     geo.sq, "x", geo.skv, " head_dim ", geo.d, ", cuDNN ",
+                                     version_, "]"));
+  }
+  const Plan* built = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return built;
+}
+
+absl::Status CudnnAttention::CheckDescriptors(const AttentionShape& shape, int ldq) {
+  absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
+  if (!dnn.ok()) return dnn.status();
+  const Geometry geo = GeometryOf(shape, ldq);
+  for (bool backward : {false, true}) {
+    Plan plan;
+    GraphBuilder g(**dnn, plan);
+    if (backward) {
+      BuildBackward(g, geo);
+    } else {
+      BuildForward(g, geo);
+    }
+    if (absl::Status st = g.CheckWiring(); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudnnAttention::Workspace(const DeviceContext& ctx, int64_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (workspace_.size() < static_cast<size_t>(bytes)) {
+    workspace_.Reset();
+    const DeviceContext on{.stream = ctx.stream, .alloc = alloc_};
+    absl::StatusOr<DeviceArray<uint8_t>> grown = DeviceArray<uint8_t>::Create(
+        on, MemoryCategory::kActivations, static_cast<size_t>(bytes), /*zero=*/false);
+    if (!grown.ok()) return grown.status();
+    workspace_ = std::move(*grown);
+  }
+  return workspace_.data();
+}
+
+absl::Status CudnnAttention::Forward(const DeviceContext& ctx, bf16* out, float* lse,
+                                     const bf16* q, int ldq, const bf16* k, const bf16* v,
+                                     const AttentionShape& shape) {
+  if (!CoversForward(shape, ldq)) {
+    return absl::InvalidArgumentError("cuDNN attention: forward shape not covered");
+  }
+  absl::StatusOr<const Plan*> plan = PlanFor(/*backward=*/false, shape, ldq);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<void*> workspace = Workspace(ctx, (*plan)->plan_workspace);
+  if (!workspace.ok()) return workspace.status();
+  const std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  const std::vector<void*> pointers{const_cast<bf16*>(q),
+                                    const_cast<bf16*>(k),
+                                    const_cast<bf16*>(v),
+                                    out,
+                                    lse,
+                                    const_cast<float*>(&(*plan)->scale),
+                                    const_cast<float*>(&(*plan)->neg_inf)};
+  return Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream, uids, pointers,
+                 *workspace);
+}
+
+absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* dk, bf16* dv,
+                                      float* delta, const bf16* dout, const bf16* out,
+                                      const float* lse, const bf16* q, int ldq, const bf16* k,
+                                      const bf16* v, const AttentionShape& shape) {
+  if (!CoversBackward(shape, ldq)) {
+    return absl::InvalidArgumentError("cuDNN attention: backward shape not covered");
+  }
+  absl::StatusOr<const Plan*> plan = PlanFor(/*backward=*/true, shape, ldq);
+  if (!plan.ok()) return plan.status();
+  const int64_t plan_part = AlignUp((*plan)->plan_workspace);
+  absl::StatusOr<void*> workspace = Workspace(ctx, plan_part + (*plan)->dq_accum_bytes);
+  if (!workspace.ok()) return workspace.status();
+  void* dq_accum = static_cast<uint8_t*>(*workspace) + plan_part;
+  // Before 9.6 the graph expects its fp32 dQ accumulator zeroed by the caller.
+  if (version_ < 90600) {
+    VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_accum, 0, (*plan)->dq_accum_bytes, ctx.stream));
+  }
+  const std::vector<int64_t> uids{kQ,  kK,  kV,      kO,       kDout,  kStats, kDq,
+                                  kDk, kDv, kRowSum, kDqAccum, kScale, kNegInf, kOne};
+  const std::vector<void*> pointers{const_cast<bf16*>(q),
+                                    const_cast<bf16*>(k),
+                                    const_cast<bf16*>(v),
+                                    const_cast<bf16*>(out),
+                                    const_cast<bf16*>(dout),
+                                    const_cast<float*>(lse),
+                                    dq,
+                                    dk,
+                                    dv,
+                                    delta,
+                                    dq_accum,
+                                    const_cast<float*>(&(*plan)->scale),
+                                    const_cast<float*>(&(*plan)->neg_inf),
+                                    const_cast<float*>(&(*plan)->one)};
+  return Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream, uids, pointers,
+                 *workspace);
+}
+
+#else  // !VP_HAVE_CUDNN
+
+struct CudnnAttention::Plan {};
+
+absl::Status CudnnAttention::CheckDescriptors(const AttentionShape&, int) {
+  return LoadCudnn().status();
+}
+
+absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(CachingAllocator*) {
+  absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
+  return dnn.status();  // Unavailable: no cuDNN headers in this build
+}
+CudnnAttention::CudnnAttention(const Cudnn* dnn, void* handle, int64_t version,
+                               CachingAllocator* alloc)
+    : dnn_(dnn), handle_(handle), version_(version), alloc_(alloc) {}
+CudnnAttention::~CudnnAttention() = default;
+absl::Status CudnnAttention::Forward(const DeviceContext&, bf16*, float*, const bf16*, int,
+                                     const bf16*, const bf16*, const AttentionShape&) {
+  return absl::UnavailableError("cuDNN attention: built without cuDNN");
+}
+absl::Status CudnnAttention::Backward(const DeviceContext&, bf16*, bf16*, bf16*, float*,
+                                      const bf16*, const bf16*, const float*, const bf16*, int,
+                                      const bf16*, const bf16*, const AttentionShape&) {
+  return absl::UnavailableError("cuDNN attention: built without cuDNN");
+}
+
+#endif  // VP_HAVE_CUDNN
+
+}  // namespace vp::engine::cuda

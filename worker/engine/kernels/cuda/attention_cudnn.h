@@ -1,0 +1,118 @@
+// cuDNN's fused flash attention, through its graph ("backend") API, in place of the project's
+// bf16 attention kernels (VOCABPIPE_ATTENTION=cudnn; opt-in until it has passed and been timed
+// on a GPU). Same inputs, outputs and rules as AttentionForward/Backward (kernels.h): causal,
+// scale 1/√head_dim, grouped-query attention, q inside the fused q|k|v rows (row stride ldq),
+// lse the natural-log log-sum-exp of each row's scaled scores — so a cuDNN forward and a kernel
+// backward (or the reverse) agree, and a shape cuDNN does not cover runs on the kernels.
+//
+// Why a library: the project's flash kernels reached 6-8% of the H100's bf16 peak in run 4 (the
+// GEMMs ~70%) and attention was 40% of GPT-2's layer forward; cuDNN's fused kernels are the ones
+// PyTorch's scaled_dot_product_attention picks on Hopper.
+//
+// Letters: b batch, hq query heads, hk key/value heads (hq when not grouped), sq the chunk's
+// query rows (q_len), skv the key rows they see (q_end), d head_dim, w = hq·d, kvw = hk·d.
+//
+// The graphs are the published composition of cuDNN's SDPA (matmul, scale, causal mask from
+// generated row/column indices, softmax with its statistics, matmul; the backward's dV = Pᵀ·dO,
+// dP = dO·Vᵀ, dS = P·(dP − Σ dO·O), dK = dSᵀ·Q, dQ = dS·K accumulated in fp32), written here
+// against the backend descriptors so no C++ frontend is needed. cuDNN's fusion engines then
+// compile one kernel per graph (NVRTC at first use: the first call of a shape takes longer).
+//
+// What it covers (else the kernels run): bf16; head_dim a multiple of 8 up to 128; q and the
+// row strides 16-byte aligned; the forward of a chunk that starts at position 0 (a whole
+// sequence, or Seq1F1B's first chunk); the backward of a whole sequence only — dK/dV are
+// written, not accumulated, which equals the accumulation contract there because a whole
+// sequence's backward is the first and only one to touch its zeroed dK/dV rows (the layers zero
+// them: transformer.cc). dQ's fp32 accumulation may use atomics: unlike the kernels, the
+// backward is not bit-for-bit deterministic.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/kernels/cuda/device.h"
+#include "worker/engine/kernels/cuda/kernels.h"
+
+namespace vp::engine::cuda {
+
+struct Cudnn;
+
+class CudnnAttention {
+ public:
+  // Loads cuDNN (cudnn_library.h) and creates its handle on the current device; the workspace
+  // (cuDNN's own, plus the backward's fp32 dQ: 4·b·sq·w bytes) comes from `workspace_alloc`,
+  // charged to kActivations and kept between calls. NotFound / Unavailable when the library or
+  // this build's cuDNN headers are missing.
+  static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(CachingAllocator* workspace_alloc);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Whether Forward / Backward run `shape` with q rows ldq elements apart (the rules above).
+  static bool CoversForward(const AttentionShape& shape, int ldq);
+  static bool CoversBackward(const AttentionShape& shape, int ldq);
+
+  // AttentionForward's contract on ctx.stream, for a covered shape (InvalidArgument otherwise).
+  absl::Status Forward(const DeviceContext& ctx,
+                       bf16* out,   // (b, sq, w)
+                       float* lse,  // (b, hq, sq)
+                       const bf16* q, int ldq,  // (b, sq, ldq), q in columns [0, w)
+                       const bf16* k,           // (b, kv_rows, kvw)
+                       const bf16* v,           // (b, kv_rows, kvw)
+                       const AttentionShape& shape);
+  // AttentionBackward's contract for a whole sequence: dq's q columns written, dk and dv
+  // written over rows [0, skv) (zero before: see above); delta holds Σ_d dO·O per row after.
+  absl::Status Backward(const DeviceContext& ctx,
+                        bf16* dq,          // (b, sq, ldq)
+                        bf16* dk,          // (b, kv_rows, kvw)
+                        bf16* dv,          // (b, kv_rows, kvw)
+                        float* delta,      // (b, hq, sq) scratch
+                        const bf16* dout,  // (b, sq, w)
+                        const bf16* out,   // (b, sq, w)
+                        const float* lse,  // (b, hq, sq)
+                        const bf16* q, int ldq, const bf16* k, const bf16* v,
+                        const AttentionShape& shape);
+
+  // Device-free: builds and finalizes every tensor and operation descriptor of both graphs for
+  // `shape` and checks their wiring (all but the operation graph's engine and plan, which need a
+  // GPU), so a wrong attribute or a dangling tensor shows without a device. Errors as Create.
+  static absl::Status CheckDescriptors(const AttentionShape& shape, int ldq);
+
+  // cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0.
+  int64_t version() const { return version_; }
+
+  struct Plan;  // a finalized execution plan and what its variant pack needs (the .cc)
+
+ private:
+  CudnnAttention(const Cudnn* dnn, void* handle, int64_t version, CachingAllocator* alloc);
+  absl::StatusOr<const Plan*> PlanFor(bool backward, const AttentionShape& shape, int ldq);
+  // Device memory of at least `bytes` for ctx.stream, kept between calls (one stream: reuse is
+  // ordered by the stream).
+  absl::StatusOr<void*> Workspace(const DeviceContext& ctx, int64_t bytes);
+
+  const Cudnn* dnn_;
+  void* handle_;  // cudnnHandle_t
+  int64_t version_;
+  CachingAllocator* alloc_;
+  // Keyed by (backward, b, hq, hk, sq, skv, d, ldq, kv_rows).
+  std::map<std::array<int64_t, 9>, std::unique_ptr<Plan>> plans_;
+  DeviceArray<uint8_t> workspace_;
+};
+
+// The attention of a layer on ctx.stream: cuDNN where ctx.attention is set and covers the shape
+// (bf16 only), else AttentionForward / AttentionBackward with the default kernels.
+template <typename T>
+absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q,
+                                 int ldq, const T* k, const T* v, const AttentionShape& shape);
+template <typename T>
+absl::Status RunAttentionBackward(const DeviceContext& ctx, T* dq, T* dk, T* dv, float* delta,
+                                  const T* dout, const T* out, const float* lse, const T* q,
+                                  int ldq, const T* k, const T* v, const AttentionShape& shape);
+
+}  // namespace vp::engine::cuda
