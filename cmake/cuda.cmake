@@ -108,7 +108,14 @@ if(VP_HAVE_CUDA)
     target_include_directories(vp_cuda_toolkit INTERFACE ${VP_CUDNN_INCLUDE_DIR})
     target_compile_definitions(vp_cuda_toolkit INTERFACE VP_HAVE_CUDNN=1
       VP_CUDNN_SONAME="${VP_CUDNN_SONAME}" VP_CUDNN_PATH="${_vp_cudnn_dir}/${VP_CUDNN_SONAME}")
-    file(WRITE "${CMAKE_BINARY_DIR}/cuda-optional-libraries.txt" "${VP_CUDNN_SONAME}\n")
+    # cuDNN's fused-attention engines compile their kernels with NVRTC at first use: its
+    # folder must be on the path too.
+    set(_vp_optional "${VP_CUDNN_SONAME}\n")
+    if(CUDA_nvrtc_LIBRARY)
+      vp_soname(_vp_nvrtc_soname "${CUDA_nvrtc_LIBRARY}")
+      string(APPEND _vp_optional "${_vp_nvrtc_soname}\n")
+    endif()
+    file(WRITE "${CMAKE_BINARY_DIR}/cuda-optional-libraries.txt" "${_vp_optional}")
   else()
     file(WRITE "${CMAKE_BINARY_DIR}/cuda-optional-libraries.txt" "")
     message(STATUS "cuDNN not found: VOCABPIPE_ATTENTION=cudnn is unavailable in this build")

@@ -526,6 +526,17 @@ else
     run_test cuda_library_loading_test 20
     run_test cuda_runtime_test 30
     run_test cuda_kernels_test 60
+    # cuDNN's attention is the one path written without ever running it: if its test failed,
+    # run it again alone with cuDNN's own log (errors and warnings: which engine refused the
+    # graph and why), cut to 2 MB.
+    if grep -q '^\[  FAILED  \] CudaKernels.CudnnAttentionMatchesCpu' \
+      "$LOGS/cuda_kernels_test.log" 2> /dev/null; then
+      capped 40 env CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$LOGS/cudnn-debug.log" "${VPENV[@]}" \
+        "$HERE/tests/cuda_kernels_test" --gtest_filter=CudaKernels.CudnnAttentionMatchesCpu \
+        > "$LOGS/cuda_kernels_test-cudnn.log" 2>&1
+      truncate -s '<2M' "$LOGS/cudnn-debug.log" 2> /dev/null
+      result INFO cudnn-debug "the cuDNN attention test again with cuDNN's log: cudnn-debug.log"
+    fi
     run_job gpu-p1-fp32 75
     run_test cuda_pipeline_test 150
     run_job gpu-p1-bf16 60
