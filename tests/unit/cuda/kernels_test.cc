@@ -837,9 +837,9 @@ TEST(AttentionKernelsDefault, FollowsVocabpipeAttention) {
   attention.Unset();
   EXPECT_EQ(DefaultAttentionKernels(), AttentionKernels::kFlash);
   // Each name selects the kernels it names.
-  for (AttentionKernels k :
-       {AttentionKernels::kFma, AttentionKernels::kTensorCore, AttentionKernels::kFlash,
-        AttentionKernels::kFlashPipelined, AttentionKernels::kFlashWide, AttentionKernels::kCudnn}) {
+  for (AttentionKernels k : {AttentionKernels::kFma, AttentionKernels::kTensorCore,
+                             AttentionKernels::kFlash, AttentionKernels::kFlashPipelined,
+                             AttentionKernels::kFlashWide, AttentionKernels::kCudnn}) {
     attention.Set(std::string(AttentionKernelsName(k)));
     EXPECT_EQ(DefaultAttentionKernels(), k) << AttentionKernelsName(k);
   }

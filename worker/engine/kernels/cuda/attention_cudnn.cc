@@ -25,8 +25,8 @@ bool CudnnAttention::CoversBackward(const AttentionShape& s, int ldq) {
 }
 
 template <typename T>
-absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q,
-                                 int ldq, const T* k, const T* v, const AttentionShape& shape) {
+absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q, int ldq,
+                                 const T* k, const T* v, const AttentionShape& shape) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (ctx.attention != nullptr && CudnnAttention::CoversForward(shape, ldq)) {
       return ctx.attention->Forward(ctx, out, lse, q, ldq, k, v, shape);
@@ -50,10 +50,10 @@ absl::Status RunAttentionBackward(const DeviceContext& ctx, T* dq, T* dk, T* dv,
   return absl::OkStatus();
 }
 
-#define VP_INSTANTIATE(T)                                                                      \
-  template absl::Status RunAttentionForward<T>(const DeviceContext&, T*, float*, const T*, int, \
-                                               const T*, const T*, const AttentionShape&);      \
-  template absl::Status RunAttentionBackward<T>(const DeviceContext&, T*, T*, T*, float*,       \
+#define VP_INSTANTIATE(T)                                                                        \
+  template absl::Status RunAttentionForward<T>(const DeviceContext&, T*, float*, const T*, int,  \
+                                               const T*, const T*, const AttentionShape&);       \
+  template absl::Status RunAttentionBackward<T>(const DeviceContext&, T*, T*, T*, float*,        \
                                                 const T*, const T*, const float*, const T*, int, \
                                                 const T*, const T*, const AttentionShape&);
 VP_INSTANTIATE(float)
@@ -79,7 +79,7 @@ enum Uid : int64_t {
   kDq,
   kDk,
   kDv,
-  kRowSum,  // Σ_d dO·O per row (the caller's delta)
+  kRowSum,   // Σ_d dO·O per row (the caller's delta)
   kDqAccum,  // dQ in fp32 (the workspace, after the plan's own part)
   kFirstVirtual = 100,
 };
@@ -120,13 +120,22 @@ class Descriptor {
 }  // namespace
 
 struct CudnnAttention::Plan {
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  // Newest first: the execution plan before the graph it was planned from, an operation before
+  // the tensors it names.
+  ~Plan() {
+    while (!owned.empty()) owned.pop_back();
+  }
+
   std::vector<Descriptor> owned;  // every descriptor the plan was built from, the plan last
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t plan_workspace = 0;  // bytes the execution plan asks for
   int64_t dq_accum_bytes = 0;  // the backward's fp32 dQ, after the plan's part (256-aligned)
   // Host scalars the variant pack points at (passed by value).
   float scale = 0.0f;
-  float neg_inf = -std::numeric_limits<float>::infinity();
+  float neg_inf = -std::numeric_limits<float>::infinity();  // the causal mask's fill
   float one = 1.0f;
 };
 
@@ -250,10 +259,10 @@ class GraphBuilder {
     Finalize(heur, "engine heuristics");
     if (!status_.ok()) return status_;
     int64_t count = 0;
-    if (absl::Status st = Call(dnn_.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                                             &count, nullptr),
-                               "engine count");
+    if (absl::Status st =
+            Call(dnn_.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+                 "engine count");
         !st.ok()) {
       return st;
     }
@@ -262,11 +271,10 @@ class GraphBuilder {
     for (int64_t i = 0; i < count; ++i) configs.push_back(Make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
     if (!status_.ok()) return status_;
     int64_t returned = 0;
-    if (absl::Status st = Call(
-            dnn_.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
-                                          configs.data()),
-            "engine configurations");
+    if (absl::Status st = Call(dnn_.cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
+                                                             &returned, configs.data()),
+                               "engine configurations");
         !st.ok()) {
       return st;
     }
@@ -274,9 +282,9 @@ class GraphBuilder {
     absl::Status first_failure;
     for (int64_t i = 0; i < returned; ++i) {
       cudnnBackendDescriptor_t plan = nullptr;
-      if (absl::Status st = Call(dnn_.cudnnBackendCreateDescriptor(
-                                     CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan),
-                                 "execution plan");
+      if (absl::Status st = Call(
+              dnn_.cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan),
+              "execution plan");
           !st.ok()) {
         return st;
       }
@@ -318,7 +326,8 @@ class GraphBuilder {
   Desc Make(cudnnBackendDescriptorType_t type) {
     if (!status_.ok()) return nullptr;
     cudnnBackendDescriptor_t d = nullptr;
-    Note(dnn_.cudnnBackendCreateDescriptor(type, &d), absl::StrCat("create descriptor ", static_cast<int>(type)));
+    Note(dnn_.cudnnBackendCreateDescriptor(type, &d),
+         absl::StrCat("create descriptor ", static_cast<int>(type)));
     if (!status_.ok()) return nullptr;
     plan_.owned.emplace_back(&dnn_, d);
     return d;
@@ -403,14 +412,13 @@ struct Geometry {
 };
 
 Geometry GeometryOf(const AttentionShape& s, int ldq) {
-  return Geometry{s.batch,  s.heads,   s.num_kv_heads(), s.q_len(), s.q_end,
-                  s.head_dim, ldq, s.kv_rows};
+  return Geometry{s.batch,    s.heads, s.num_kv_heads(), s.q_len(), s.q_end,
+                  s.head_dim, ldq,     s.kv_rows};
 }
 
 // scores = (Q·Kᵀ)·scale with the causal mask: row i sees columns j ≤ i (the chunk starts at
 // position 0, so the row index is the position). Returns the masked fp32 scores.
-GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo,
-                                GraphBuilder::Desc scaled) {
+GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scaled) {
   const Dims dims = geo.score_dims(), strides = geo.score_strides();
   GraphBuilder::Desc row = g.Virtual(dims, strides, CUDNN_DATA_INT32);
   g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
@@ -465,9 +473,9 @@ void ProductIntoKvHeads(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc
     g.Matmul(a, b, out);
     return;
   }
-  GraphBuilder::Desc full = g.Virtual({geo.b, geo.hq, geo.skv, geo.d},
-                                      {geo.hq * geo.skv * geo.d, geo.skv * geo.d, geo.d, 1},
-                                      CUDNN_DATA_BFLOAT16);
+  GraphBuilder::Desc full =
+      g.Virtual({geo.b, geo.hq, geo.skv, geo.d},
+                {geo.hq * geo.skv * geo.d, geo.skv * geo.d, geo.d, 1}, CUDNN_DATA_BFLOAT16);
   g.Matmul(a, b, full);
   g.Reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
@@ -535,7 +543,9 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
 }
 
 constexpr int64_t kWorkspaceAlign = 256;
-int64_t AlignUp(int64_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+int64_t AlignUp(int64_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
 
 absl::Status Execute(const Cudnn& dnn, cudnnHandle_t handle, const CudnnAttention::Plan& plan,
                      cudaStream_t stream, const std::vector<int64_t>& uids,
@@ -575,8 +585,7 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(
   absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
   if (!dnn.ok()) return dnn.status();
   cudnnHandle_t handle = nullptr;
-  if (absl::Status st = DnnStatus(**dnn, (*dnn)->cudnnCreate(&handle), "create handle");
-      !st.ok()) {
+  if (absl::Status st = DnnStatus(**dnn, (*dnn)->cudnnCreate(&handle), "create handle"); !st.ok()) {
     return st;
   }
   return std::unique_ptr<CudnnAttention>(new CudnnAttention(
@@ -596,11 +605,13 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backwar
                                                                     const AttentionShape& shape,
                                                                     int ldq) {
   const Geometry geo = GeometryOf(shape, ldq);
-  const std::array<int64_t, 9> key{backward, geo.b,   geo.hq,  geo.hk,     geo.sq,
-                                   geo.skv,  geo.d,   geo.ldq, geo.kv_rows};
+  const std::array<int64_t, 9> key{backward, geo.b, geo.hq,  geo.hk,     geo.sq,
+                                   geo.skv,  geo.d, geo.ldq, geo.kv_rows};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   auto plan = std::make_unique<Plan>();
   plan->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(geo.d)));
+  // Before 9.10 cuDNN's masked softmax expected the lowest finite float as the fill, not -inf.
+  if (version_ < 91000) plan->neg_inf = std::numeric_limits<float>::lowest();
   GraphBuilder g(*dnn_, *plan);
   if (backward) {
     BuildBackward(g, geo);
@@ -609,11 +620,10 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backwar
     BuildForward(g, geo);
   }
   if (absl::Status st = g.Build(static_cast<cudnnHandle_t>(handle_)); !st.ok()) {
-    return absl::Status(st.code(),
-                        absl::StrCat(st.message(), " [", backward ? "backward" : "forward",
-                                     " b ", geo.b, " heads ", geo.hq, "/", geo.hk, " rows ",
-                                     geo.sq, "x", geo.skv, " head_dim ", geo.d, ", cuDNN ",
-                                     version_, "]"));
+    return absl::Status(
+        st.code(), absl::StrCat(st.message(), " [", backward ? "backward" : "forward", " b ", geo.b,
+                                " heads ", geo.hq, "/", geo.hk, " rows ", geo.sq, "x", geo.skv,
+                                " head_dim ", geo.d, ", cuDNN ", version_, "]"));
   }
   const Plan* built = plan.get();
   plans_.emplace(key, std::move(plan));
@@ -650,8 +660,8 @@ absl::StatusOr<void*> CudnnAttention::Workspace(const DeviceContext& ctx, int64_
   return workspace_.data();
 }
 
-absl::Status CudnnAttention::Forward(const DeviceContext& ctx, bf16* out, float* lse,
-                                     const bf16* q, int ldq, const bf16* k, const bf16* v,
+absl::Status CudnnAttention::Forward(const DeviceContext& ctx, bf16* out, float* lse, const bf16* q,
+                                     int ldq, const bf16* k, const bf16* v,
                                      const AttentionShape& shape) {
   if (!CoversForward(shape, ldq)) {
     return absl::InvalidArgumentError("cuDNN attention: forward shape not covered");
@@ -689,7 +699,7 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
   if (version_ < 90600) {
     VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_accum, 0, (*plan)->dq_accum_bytes, ctx.stream));
   }
-  const std::vector<int64_t> uids{kQ,  kK,  kV,      kO,       kDout,  kStats, kDq,
+  const std::vector<int64_t> uids{kQ,  kK,  kV,      kO,       kDout,  kStats,  kDq,
                                   kDk, kDv, kRowSum, kDqAccum, kScale, kNegInf, kOne};
   const std::vector<void*> pointers{const_cast<bf16*>(q),
                                     const_cast<bf16*>(k),

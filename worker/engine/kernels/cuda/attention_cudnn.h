@@ -60,8 +60,8 @@ class CudnnAttention {
 
   // AttentionForward's contract on ctx.stream, for a covered shape (InvalidArgument otherwise).
   absl::Status Forward(const DeviceContext& ctx,
-                       bf16* out,   // (b, sq, w)
-                       float* lse,  // (b, hq, sq)
+                       bf16* out,               // (b, sq, w)
+                       float* lse,              // (b, hq, sq)
                        const bf16* q, int ldq,  // (b, sq, ldq), q in columns [0, w)
                        const bf16* k,           // (b, kv_rows, kvw)
                        const bf16* v,           // (b, kv_rows, kvw)
@@ -108,8 +108,8 @@ class CudnnAttention {
 // The attention of a layer on ctx.stream: cuDNN where ctx.attention is set and covers the shape
 // (bf16 only), else AttentionForward / AttentionBackward with the default kernels.
 template <typename T>
-absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q,
-                                 int ldq, const T* k, const T* v, const AttentionShape& shape);
+absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q, int ldq,
+                                 const T* k, const T* v, const AttentionShape& shape);
 template <typename T>
 absl::Status RunAttentionBackward(const DeviceContext& ctx, T* dq, T* dk, T* dv, float* delta,
                                   const T* dout, const T* out, const float* lse, const T* q,

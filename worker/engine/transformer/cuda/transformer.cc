@@ -303,11 +303,10 @@ class DeviceLayer {
       DeviceArray<float> delta;  // (b, heads, t) scratch: Σ_d dout·out per query row
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, delta));
       MarkPhase(st, Phase::kAttention);
-      VP_LS_RETURN_IF_ERROR(RunAttentionBackward(ctx, acts.d_qkv.data(), kv.dk.data(),
-                                                 kv.dv.data(), delta.data(), d_atty.data(),
-                                                 acts.atty.data(), acts.lse.data(),
-                                                 acts.qkv.data(), qd, kv.k.data(), kv.v.data(),
-                                                 Shape(seq)));
+      VP_LS_RETURN_IF_ERROR(RunAttentionBackward(ctx, acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
+                                                 delta.data(), d_atty.data(), acts.atty.data(),
+                                                 acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
+                                                 kv.v.data(), Shape(seq)));
     }
     // Later chunks (already run backward) and this chunk have now added everything they owe to
     // the keys/values at this chunk's positions; earlier chunks never see them. So the
@@ -488,11 +487,10 @@ class DeviceLayer {
       DeviceArray<float> delta;  // (b, heads, t)
       VP_LS_RETURN_IF_ERROR(Acquire(ctx, static_cast<size_t>(b) * w_.heads * t, delta));
       MarkPhase(st, Phase::kAttention);
-      VP_LS_RETURN_IF_ERROR(RunAttentionBackward(ctx, acts.d_qkv.data(), kv.dk.data(),
-                                                 kv.dv.data(), delta.data(), d_atty.data(),
-                                                 acts.atty.data(), acts.lse.data(),
-                                                 acts.qkv.data(), qd, kv.k.data(), kv.v.data(),
-                                                 Shape(seq)));
+      VP_LS_RETURN_IF_ERROR(RunAttentionBackward(ctx, acts.d_qkv.data(), kv.dk.data(), kv.dv.data(),
+                                                 delta.data(), d_atty.data(), acts.atty.data(),
+                                                 acts.lse.data(), acts.qkv.data(), qd, kv.k.data(),
+                                                 kv.v.data(), Shape(seq)));
     }
     // As in the GPT-2 block, rows [begin, end) of the dK/dV accumulators are final now. (With
     // replicated key/value heads they hold only this rank's query heads' share: the k and v
