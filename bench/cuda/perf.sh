@@ -255,12 +255,15 @@ else
   for v in "${variants[@]}"; do
     name=${v%%:*}
     IFS=, read -r -a assigns <<< "${v#*:}"
+    # cuDNN plans each shape at its first call (compiling kernels): twice the time.
+    cap=25
+    [[ "$v" == *=cudnn* ]] && cap=50
     for m in "${models[@]}"; do
       flags=$(flags_of "$m")
       extra=()
       [[ -n "$peak" ]] && extra=(--peak="$peak")
       # shellcheck disable=SC2086  # flags are words
-      run "cuda_bench $m+$name" 25 "$outdir/cuda_bench-$m+$name.log" env "${assigns[@]}" \
+      run "cuda_bench $m+$name" $cap "$outdir/cuda_bench-$m+$name.log" env "${assigns[@]}" \
         "${bin_env[@]}" "$bench" --sections=layer,output,attention,step --warmup=$warmup \
         --iters=$iters $flags "${extra[@]}"
       rows+=("$m+$name")
