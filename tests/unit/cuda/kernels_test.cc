@@ -794,6 +794,11 @@ TEST(CudnnAttentionCoverage, WholeSequencesAndFirstChunks) {
   AttentionShape gqa = whole;
   gqa.kv_heads = 4;
   EXPECT_TRUE(CudnnAttention::CoversBackward(gqa, 1024 + 2 * 256));
+  gqa.kv_heads = 3;  // 16 query heads cannot share 3 key/value heads
+  EXPECT_FALSE(CudnnAttention::CoversForward(gqa, 1024 + 2 * 192));
+  AttentionShape empty = whole;  // no heads: never covered (and never divided by)
+  empty.heads = 0;
+  EXPECT_FALSE(CudnnAttention::CoversForward(empty, 0));
 }
 
 // Device-free: every tensor and operation descriptor of both graphs is accepted and finalized

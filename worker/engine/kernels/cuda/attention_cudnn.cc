@@ -16,8 +16,9 @@
 namespace vp::engine::cuda {
 
 bool CudnnAttention::CoversForward(const AttentionShape& s, int ldq) {
-  return s.q_begin == 0 && s.q_end > 0 && s.q_end <= s.kv_rows && s.head_dim % 8 == 0 &&
-         s.head_dim <= 128 && ldq % 8 == 0 && s.heads % s.num_kv_heads() == 0;
+  return s.batch > 0 && s.heads > 0 && s.q_begin == 0 && s.q_end > 0 && s.q_end <= s.kv_rows &&
+         s.head_dim > 0 && s.head_dim % 8 == 0 && s.head_dim <= 128 && ldq % 8 == 0 &&
+         ldq >= s.width() && s.heads % s.num_kv_heads() == 0;
 }
 
 bool CudnnAttention::CoversBackward(const AttentionShape& s, int ldq) {
@@ -584,17 +585,18 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(
   }
   absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
   if (!dnn.ok()) return dnn.status();
+  std::unique_ptr<CudnnAttention> r(new CudnnAttention(  // private constructor
+      *dnn, static_cast<int64_t>((*dnn)->cudnnGetVersion()), workspace_alloc));
   cudnnHandle_t handle = nullptr;
   if (absl::Status st = DnnStatus(**dnn, (*dnn)->cudnnCreate(&handle), "create handle"); !st.ok()) {
     return st;
   }
-  return std::unique_ptr<CudnnAttention>(new CudnnAttention(
-      *dnn, handle, static_cast<int64_t>((*dnn)->cudnnGetVersion()), workspace_alloc));
+  r->handle_ = handle;
+  return r;
 }
 
-CudnnAttention::CudnnAttention(const Cudnn* dnn, void* handle, int64_t version,
-                               CachingAllocator* alloc)
-    : dnn_(dnn), handle_(handle), version_(version), alloc_(alloc) {}
+CudnnAttention::CudnnAttention(const Cudnn* dnn, int64_t version, CachingAllocator* alloc)
+    : dnn_(dnn), version_(version), alloc_(alloc) {}
 
 CudnnAttention::~CudnnAttention() {
   plans_.clear();  // the plans' descriptors before the handle they were built on
@@ -731,9 +733,8 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(CachingAl
   absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
   return dnn.status();  // Unavailable: no cuDNN headers in this build
 }
-CudnnAttention::CudnnAttention(const Cudnn* dnn, void* handle, int64_t version,
-                               CachingAllocator* alloc)
-    : dnn_(dnn), handle_(handle), version_(version), alloc_(alloc) {}
+CudnnAttention::CudnnAttention(const Cudnn* dnn, int64_t version, CachingAllocator* alloc)
+    : dnn_(dnn), version_(version), alloc_(alloc) {}
 CudnnAttention::~CudnnAttention() = default;
 absl::Status CudnnAttention::Forward(const DeviceContext&, bf16*, float*, const bf16*, int,
                                      const bf16*, const bf16*, const AttentionShape&) {

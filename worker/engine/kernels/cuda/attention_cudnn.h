@@ -87,17 +87,19 @@ class CudnnAttention {
   // cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0.
   int64_t version() const { return version_; }
 
-  struct Plan;  // a finalized execution plan and what its variant pack needs (the .cc)
+  // A finalized execution plan and what its variant pack needs (defined and used in the .cc
+  // only; public so the .cc's graph builder can fill one).
+  struct Plan;
 
  private:
-  CudnnAttention(const Cudnn* dnn, void* handle, int64_t version, CachingAllocator* alloc);
+  CudnnAttention(const Cudnn* dnn, int64_t version, CachingAllocator* alloc);
   absl::StatusOr<const Plan*> PlanFor(bool backward, const AttentionShape& shape, int ldq);
   // Device memory of at least `bytes` for ctx.stream, kept between calls (one stream: reuse is
   // ordered by the stream).
   absl::StatusOr<void*> Workspace(const DeviceContext& ctx, int64_t bytes);
 
   const Cudnn* dnn_;
-  void* handle_;  // cudnnHandle_t
+  void* handle_ = nullptr;  // cudnnHandle_t (void*: this header needs no cuDNN headers)
   int64_t version_;
   CachingAllocator* alloc_;
   // Keyed by (backward, b, hq, hk, sq, skv, d, ldq, kv_rows).
