@@ -164,22 +164,21 @@ class GraphBuilder {
   }
 
   // c = a · b over the last two dims (fp32 accumulation), batched over the first two.
-  void Matmul(Desc a, Desc b, Desc c) {
+  Desc Matmul(Desc a, Desc b, Desc c) {
     Uses({a, b}, c);
-    const cudnnDataType_t fp32 = CUDNN_DATA_FLOAT;
-    Desc desc = Make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    Set(desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &fp32);
+    Desc desc = Fp32Descriptor(CUDNN_BACKEND_MATMUL_DESCRIPTOR, CUDNN_ATTR_MATMUL_COMP_TYPE);
     Finalize(desc, "matmul descriptor");
-    Desc op = Make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
-    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
-    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
-    SetDesc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, desc);
-    AddOperation(op, "matmul");
+    Operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+               {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+               {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
+               {CUDNN_ATTR_OPERATION_MATMUL_DESC, desc}},
+              "matmul");
+    return c;
   }
 
   // y = mode(x[, b][, t]) elementwise with broadcasting; axis only for GEN_INDEX.
-  void Pointwise(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc t, Desc y,
+  Desc Pointwise(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc t, Desc y,
                  cudnnDataType_t math = CUDNN_DATA_FLOAT, int64_t axis = -1) {
     Uses({x, b, t}, y);
     Desc desc = Make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
@@ -189,41 +188,43 @@ class GraphBuilder {
       Set(desc, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
     }
     Finalize(desc, "pointwise descriptor");
-    Desc op = Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc);
-    SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b != nullptr) SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
-    if (t != nullptr) SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
-    SetDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    AddOperation(op, "pointwise");
+    Operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, desc},
+               {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
+               {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b},
+               {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
+               {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y}},
+              "pointwise");
+    return y;
   }
-  void Unary(cudnnPointwiseMode_t mode, Desc x, Desc y) { Pointwise(mode, x, nullptr, nullptr, y); }
-  void Binary(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
-    Pointwise(mode, x, b, nullptr, y);
+  Desc Unary(cudnnPointwiseMode_t mode, Desc x, Desc y) {
+    return Pointwise(mode, x, nullptr, nullptr, y);
+  }
+  Desc Binary(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
+    return Pointwise(mode, x, b, nullptr, y);
   }
 
   // y = reduce(x) over the dims where y is 1 (fp32).
-  void Reduction(cudnnReduceTensorOp_t reduce, Desc x, Desc y) {
+  Desc Reduction(cudnnReduceTensorOp_t reduce, Desc x, Desc y) {
     Uses({x}, y);
-    const cudnnDataType_t fp32 = CUDNN_DATA_FLOAT;
-    Desc desc = Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    Set(desc, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &fp32);
+    Desc desc = Fp32Descriptor(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, CUDNN_ATTR_REDUCTION_COMP_TYPE);
     Set(desc, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &reduce);
     Finalize(desc, "reduction descriptor");
-    Desc op = Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    SetDesc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
-    SetDesc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
-    SetDesc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, desc);
-    AddOperation(op, "reduction");
+    Operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
+               {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y},
+               {CUDNN_ATTR_OPERATION_REDUCTION_DESC, desc}},
+              "reduction");
+    return y;
   }
 
   // y = x viewed with y's dims and strides (a transpose of the last two dims here).
-  void Reshape(Desc x, Desc y) {
+  Desc Reshape(Desc x, Desc y) {
     Uses({x}, y);
-    Desc op = Make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    SetDesc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
-    SetDesc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
-    AddOperation(op, "reshape");
+    Operation(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}},
+              "reshape");
+    return y;
   }
 
   // The first error so far; when OK, whether the graph is wired: every virtual tensor written by
@@ -346,7 +347,22 @@ class GraphBuilder {
     if (!status_.ok()) return;
     Note(dnn_.cudnnBackendFinalize(d), absl::StrCat("finalize ", what));
   }
-  void AddOperation(Desc op, absl::string_view what) {
+  // A descriptor of `type` whose compute type (attribute `compute`) is fp32, not yet finalized.
+  Desc Fp32Descriptor(cudnnBackendDescriptorType_t type, cudnnBackendAttributeName_t compute) {
+    const cudnnDataType_t fp32 = CUDNN_DATA_FLOAT;
+    Desc d = Make(type);
+    Set(d, compute, CUDNN_TYPE_DATA_TYPE, 1, &fp32);
+    return d;
+  }
+  // An operation of `type` with its descriptor-valued attributes (a null value: not set),
+  // finalized and added to the graph.
+  void Operation(cudnnBackendDescriptorType_t type,
+                 std::initializer_list<std::pair<cudnnBackendAttributeName_t, Desc>> attributes,
+                 absl::string_view what) {
+    Desc op = Make(type);
+    for (const auto& [name, value] : attributes) {
+      if (value != nullptr) SetDesc(op, name, value);
+    }
     Finalize(op, what);
     if (status_.ok()) ops_.push_back(op);
   }
@@ -420,18 +436,30 @@ Geometry GeometryOf(const AttentionShape& s, int ldq) {
 // scores = (Q·Kᵀ)·scale with the causal mask: row i sees columns j ≤ i (the chunk starts at
 // position 0, so the row index is the position). Returns the masked fp32 scores.
 GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scaled) {
+  using Desc = GraphBuilder::Desc;
   const Dims dims = geo.score_dims(), strides = geo.score_strides();
-  GraphBuilder::Desc row = g.Virtual(dims, strides, CUDNN_DATA_INT32);
-  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr, row, CUDNN_DATA_FLOAT, 2);
-  GraphBuilder::Desc col = g.Virtual(dims, strides, CUDNN_DATA_INT32);
-  g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr, col, CUDNN_DATA_FLOAT, 3);
-  GraphBuilder::Desc keep = g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN);
-  g.Pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
-  GraphBuilder::Desc masked = g.Virtual(dims, strides, CUDNN_DATA_FLOAT);
+  Desc row = g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr,
+                         g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_FLOAT, /*axis=*/2);
+  Desc col = g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr,
+                         g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_FLOAT, /*axis=*/3);
+  Desc keep = g.Pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr,
+                          g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN), CUDNN_DATA_BOOLEAN);
   // BINARY_SELECT: y = t ? x : b.
-  g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scaled, g.Scalar(kNegInf, CUDNN_DATA_FLOAT), keep,
-              masked);
-  return masked;
+  return g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scaled, g.Scalar(kNegInf, CUDNN_DATA_FLOAT),
+                     keep, g.Virtual(dims, strides, CUDNN_DATA_FLOAT));
+}
+
+// The real tensors both graphs use: Q, Kᵀ (K's memory read transposed), O and the statistics.
+struct CommonTensors {
+  GraphBuilder::Desc q, kt, o, stats;
+};
+
+CommonTensors Common(GraphBuilder& g, const Geometry& geo) {
+  return CommonTensors{
+      .q = g.Tensor(kQ, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16),
+      .kt = g.Tensor(kK, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16),
+      .o = g.Tensor(kO, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16),
+      .stats = g.Tensor(kStats, geo.row_dims(), geo.row_strides(), CUDNN_DATA_FLOAT)};
 }
 
 // Forward: S = Q·Kᵀ·scale, masked; m = rowmax S; e = exp(S − m); l = Σ e; stats = m + log l
@@ -440,29 +468,19 @@ void BuildForward(GraphBuilder& g, const Geometry& geo) {
   using Desc = GraphBuilder::Desc;
   const Dims sd = geo.score_dims(), ss = geo.score_strides();
   const Dims rd = geo.row_dims(), rs = geo.row_strides();
-  Desc q = g.Tensor(kQ, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16);
-  Desc kt = g.Tensor(kK, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);
+  const auto [q, kt, o, stats] = Common(g, geo);
   Desc v = g.Tensor(kV, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
-  Desc o = g.Tensor(kO, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16);
-  Desc stats = g.Tensor(kStats, rd, rs, CUDNN_DATA_FLOAT);
-  Desc s = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Matmul(q, kt, s);
-  Desc scaled = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_MUL, s, g.Scalar(kScale, CUDNN_DATA_FLOAT), scaled);
+  Desc s = g.Matmul(q, kt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc scaled = g.Binary(CUDNN_POINTWISE_MUL, s, g.Scalar(kScale, CUDNN_DATA_FLOAT),
+                         g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc masked = MaskedScores(g, geo, scaled);
-  Desc max = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
-  g.Reduction(CUDNN_REDUCE_TENSOR_MAX, masked, max);
-  Desc shifted = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_SUB, masked, max, shifted);
-  Desc e = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Unary(CUDNN_POINTWISE_EXP, shifted, e);
-  Desc sum = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
-  g.Reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum);
-  Desc log_sum = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
-  g.Unary(CUDNN_POINTWISE_LOG, sum, log_sum);
+  Desc max = g.Reduction(CUDNN_REDUCE_TENSOR_MAX, masked, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
+  Desc shifted = g.Binary(CUDNN_POINTWISE_SUB, masked, max, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc e = g.Unary(CUDNN_POINTWISE_EXP, shifted, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc sum = g.Reduction(CUDNN_REDUCE_TENSOR_ADD, e, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
+  Desc log_sum = g.Unary(CUDNN_POINTWISE_LOG, sum, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
   g.Binary(CUDNN_POINTWISE_ADD, max, log_sum, stats);
-  Desc p = g.Virtual(sd, ss, CUDNN_DATA_BFLOAT16);
-  g.Binary(CUDNN_POINTWISE_DIV, e, sum, p);
+  Desc p = g.Binary(CUDNN_POINTWISE_DIV, e, sum, g.Virtual(sd, ss, CUDNN_DATA_BFLOAT16));
   g.Matmul(p, v, o);
 }
 
@@ -474,10 +492,10 @@ void ProductIntoKvHeads(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc
     g.Matmul(a, b, out);
     return;
   }
-  GraphBuilder::Desc full =
+  GraphBuilder::Desc full = g.Matmul(
+      a, b,
       g.Virtual({geo.b, geo.hq, geo.skv, geo.d},
-                {geo.hq * geo.skv * geo.d, geo.skv * geo.d, geo.d, 1}, CUDNN_DATA_BFLOAT16);
-  g.Matmul(a, b, full);
+                {geo.hq * geo.skv * geo.d, geo.skv * geo.d, geo.d, 1}, CUDNN_DATA_BFLOAT16));
   g.Reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
@@ -489,12 +507,9 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
   const Dims sd = geo.score_dims(), ss = geo.score_strides();
   const Dims td = geo.score_t_dims(), ts = geo.score_t_strides();
   const Dims rd = geo.row_dims(), rs = geo.row_strides();
-  Desc q = g.Tensor(kQ, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16);
-  Desc kt = g.Tensor(kK, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);
-  Desc vt = g.Tensor(kV, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);
-  Desc o = g.Tensor(kO, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16);
+  const auto [q, kt, o, stats] = Common(g, geo);
+  Desc vt = g.Tensor(kV, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);  // V read as Vᵀ
   Desc dout = g.Tensor(kDout, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16);
-  Desc stats = g.Tensor(kStats, rd, rs, CUDNN_DATA_FLOAT);
   Desc dq = g.Tensor(kDq, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16);
   Desc dk = g.Tensor(kDk, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
   Desc dv = g.Tensor(kDv, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
@@ -503,42 +518,32 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
                            {geo.hq * geo.sq * geo.d, geo.sq * geo.d, geo.d, 1}, CUDNN_DATA_FLOAT);
   Desc scale = g.Scalar(kScale, CUDNN_DATA_FLOAT);
   // D = Σ_d dO·O, written to the caller's delta.
-  Desc dout_o = g.Virtual(geo.o_dims(), {geo.hq * geo.sq * geo.d, geo.sq * geo.d, geo.w(), 1},
-                          CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_MUL, dout, o, dout_o);
-  Desc dot = g.Virtual(rd, rs, CUDNN_DATA_FLOAT);
-  g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dout_o, dot);
+  Desc dout_o =
+      g.Binary(CUDNN_POINTWISE_MUL, dout, o,
+               g.Virtual(geo.o_dims(), {geo.hq * geo.sq * geo.d, geo.sq * geo.d, geo.w(), 1},
+                         CUDNN_DATA_FLOAT));
+  Desc dot = g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dout_o, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
   g.Binary(CUDNN_POINTWISE_MUL, dot, g.Scalar(kOne, CUDNN_DATA_FLOAT), row_sum);
   // P = exp(S·scale − lse) under the causal mask.
-  Desc s = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Matmul(q, kt, s);
-  Desc scaled = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_MUL, s, scale, scaled);
-  Desc centred = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_SUB, scaled, stats, centred);
+  Desc s = g.Matmul(q, kt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc scaled = g.Binary(CUDNN_POINTWISE_MUL, s, scale, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc centred = g.Binary(CUDNN_POINTWISE_SUB, scaled, stats, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc masked = MaskedScores(g, geo, centred);
-  Desc p = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Unary(CUDNN_POINTWISE_EXP, masked, p);
+  Desc p = g.Unary(CUDNN_POINTWISE_EXP, masked, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   // dV = Pᵀ·dO.
-  Desc p_t = g.Virtual(td, ts, CUDNN_DATA_BFLOAT16);
-  g.Reshape(p, p_t);
+  Desc p_t = g.Reshape(p, g.Virtual(td, ts, CUDNN_DATA_BFLOAT16));
   ProductIntoKvHeads(g, geo, p_t, dout, dv);
   // dS = P·(dO·Vᵀ − D)·scale.
-  Desc dp = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Matmul(dout, vt, dp);
-  Desc dp_centred = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_SUB, dp, row_sum, dp_centred);
-  Desc ds_unscaled = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_MUL, dp_centred, p, ds_unscaled);
-  Desc ds = g.Virtual(sd, ss, CUDNN_DATA_FLOAT);
-  g.Binary(CUDNN_POINTWISE_MUL, ds_unscaled, scale, ds);
+  Desc dp = g.Matmul(dout, vt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc dp_centred = g.Binary(CUDNN_POINTWISE_SUB, dp, row_sum, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc ds_unscaled =
+      g.Binary(CUDNN_POINTWISE_MUL, dp_centred, p, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc ds = g.Binary(CUDNN_POINTWISE_MUL, ds_unscaled, scale, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   // dK = dSᵀ·Q.
-  Desc ds_t = g.Virtual(td, ts, CUDNN_DATA_BFLOAT16);
-  g.Reshape(ds, ds_t);
+  Desc ds_t = g.Reshape(ds, g.Virtual(td, ts, CUDNN_DATA_BFLOAT16));
   ProductIntoKvHeads(g, geo, ds_t, q, dk);
   // dQ = dS·K in fp32, then to bf16 in the q columns of dq.
-  Desc k = g.Virtual(geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
-  g.Reshape(kt, k);
+  Desc k = g.Reshape(kt, g.Virtual(geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16));
   g.Matmul(ds, k, dq_accum);
   g.Unary(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
 }
