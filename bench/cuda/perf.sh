@@ -39,18 +39,18 @@
 # was measured.
 #
 # Variants: PERF_VARIANTS, space-separated NAME:VAR=VALUE[,VAR=VALUE...] entries ("" for none);
-# by default cudnn (VOCABPIPE_ATTENTION=cudnn: cuDNN's fused attention through its graph API,
-# the library kernels PyTorch's SDPA uses on Hopper), pipelined
-# (VOCABPIPE_ATTENTION=flash-pipelined: the flash kernels with cp.async double buffering and
-# ldmatrix operands), wide (VOCABPIPE_ATTENTION=flash-wide: the pipelined backward and a forward
-# of 32 query rows per warp), vector (VOCABPIPE_MEMORY_KERNELS=vector: 16-byte norm, GELU,
-# SwiGLU, residual, bias, output-layer softmax and AdamW kernels), epilogues
-# (VOCABPIPE_GEMM_EPILOGUE=all: the linear layers' bias, GPT-2's GELU and its gradient in the
-# cuBLASLt epilogues, and the residual stream read as the C matrix of the GEMMs that write it;
-# the bias epilogue's own gain runs 3 and 4 measured), all (wide, vector and epilogues) and
-# cudnn-all (cudnn, vector and epilogues); about 15 s a variant for the three models. Each runs
-# cuda_bench's layer, output, attention and step sections for every model with those variables
-# set (the peak measured above), as the table row MODEL+NAME.
+# by default, in this order (the budget cuts the last first): cudnn (VOCABPIPE_ATTENTION=cudnn:
+# cuDNN's fused attention through its graph API, the library kernels PyTorch's SDPA uses on
+# Hopper), cudnn-all (cudnn, vector and epilogues), pipelined (VOCABPIPE_ATTENTION=
+# flash-pipelined: the flash kernels with cp.async double buffering and ldmatrix operands), wide
+# (VOCABPIPE_ATTENTION=flash-wide: the pipelined backward and a forward of 32 query rows per
+# warp), vector (VOCABPIPE_MEMORY_KERNELS=vector: 16-byte norm, GELU, SwiGLU, residual, bias,
+# output-layer softmax and AdamW kernels), epilogues (VOCABPIPE_GEMM_EPILOGUE=all: the linear
+# layers' bias, GPT-2's GELU and its gradient in the cuBLASLt epilogues, and the residual stream
+# read as the C matrix of the GEMMs that write it; the bias epilogue's own gain runs 3 and 4
+# measured) and all (wide, vector and epilogues); about 15 s a variant for the three models. Each
+# runs cuda_bench's layer, output, attention and step sections for every model with those
+# variables set (the peak measured above), as the table row MODEL+NAME.
 #
 # Environment:
 #   VP_BIN_ENV               prefix for our binaries, e.g. "env LD_LIBRARY_PATH=/x/lib" (split
@@ -77,13 +77,13 @@ parse_bench_options perf.sh \
 
 budget=${PERF_BUDGET_S:-165}
 default_variants="cudnn:VOCABPIPE_ATTENTION=cudnn"
+default_variants+=" cudnn-all:VOCABPIPE_ATTENTION=cudnn,VOCABPIPE_MEMORY_KERNELS=vector"
+default_variants+=",VOCABPIPE_GEMM_EPILOGUE=all"
 default_variants+=" pipelined:VOCABPIPE_ATTENTION=flash-pipelined"
 default_variants+=" wide:VOCABPIPE_ATTENTION=flash-wide"
 default_variants+=" vector:VOCABPIPE_MEMORY_KERNELS=vector"
 default_variants+=" epilogues:VOCABPIPE_GEMM_EPILOGUE=all"
 default_variants+=" all:VOCABPIPE_ATTENTION=flash-wide,VOCABPIPE_MEMORY_KERNELS=vector"
-default_variants+=",VOCABPIPE_GEMM_EPILOGUE=all"
-default_variants+=" cudnn-all:VOCABPIPE_ATTENTION=cudnn,VOCABPIPE_MEMORY_KERNELS=vector"
 default_variants+=",VOCABPIPE_GEMM_EPILOGUE=all"
 read -r -a variants <<< "${PERF_VARIANTS-$default_variants}"
 t_start=$SECONDS
