@@ -530,10 +530,10 @@ else
     # cuDNN's attention is the one path written without ever running it: if its test failed,
     # run it again alone with cuDNN's own log (errors and warnings: which engine refused the
     # graph and why), cut to 2 MB.
-    if grep -q '^\[  FAILED  \] CudaKernels.CudnnAttentionMatchesCpu' \
+    if grep -q '^\[  FAILED  \] CudaCudnnAttention.MatchesCpu' \
       "$LOGS/cuda_kernels_test.log" 2> /dev/null; then
       capped 40 env CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$LOGS/cudnn-debug.log" "${VPENV[@]}" \
-        "$HERE/tests/cuda_kernels_test" --gtest_filter=CudaKernels.CudnnAttentionMatchesCpu \
+        "$HERE/tests/cuda_kernels_test" --gtest_filter=CudaCudnnAttention.MatchesCpu \
         > "$LOGS/cuda_kernels_test-cudnn.log" 2>&1
       truncate -s '<2M' "$LOGS/cudnn-debug.log" 2> /dev/null
       result INFO cudnn-debug "the cuDNN attention test again with cuDNN's log: cudnn-debug.log"
@@ -561,7 +561,7 @@ else
     # rows per warp) beside the default flash ones; the 16-byte memory-bound kernels (norms, GELU,
     # SwiGLU, residual, bias, softmax rows, AdamW); the cuBLASLt bias and GELU epilogues.
     # First the library attention: cuDNN's fused kernels (cuda_kernels_test's
-    # CudnnAttentionMatchesCpu has checked them against the CPU above).
+    # CudaCudnnAttention.MatchesCpu has checked them against the CPU above).
     run_opt_in cudnn VOCABPIPE_ATTENTION cudnn 2
     run_opt_in flash-pipelined VOCABPIPE_ATTENTION
     run_opt_in flash-wide VOCABPIPE_ATTENTION

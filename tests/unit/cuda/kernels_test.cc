@@ -741,37 +741,6 @@ TEST(CudaKernels, TensorCoreAttentionMatchesCpu) {
                        380, kTol, kTc);
 }
 
-// cuDNN's fused attention (attention_cudnn.h) against the CPU, with the kernels' bf16 tolerance
-// (P and dS are rounded to bf16 before their products there too): whole sequences — GPT-2's
-// head_dim on 200 rows (no multiple of cuDNN's 64-row tiles), Llama's 128 with grouped-query
-// attention (dK/dV summed over each group) — where both passes run on cuDNN; and Seq1F1B's first
-// chunk (positions 0-95 of a 192-row cache), where cuDNN's forward feeds the flash kernels'
-// backward through lse (one convention: natural-log log-sum-exp of the scaled scores).
-TEST(CudaKernels, CudnnAttentionMatchesCpu) {
-  SKIP_WITHOUT_DEVICE();
-  MemoryTracker tracker;
-  CachingAllocator alloc(MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kImmediate);
-  absl::StatusOr<std::unique_ptr<CudnnAttention>> dnn = CudnnAttention::Create(&alloc);
-  ASSERT_TRUE(dnn.ok()) << dnn.status();
-  std::printf("cuDNN %ld\n", static_cast<long>((*dnn)->version()));
-  constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
-  constexpr auto kAny = AttentionKernels::kDefault;
-  CheckAttention<bf16>(
-      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400,
-      kTol, kAny, dnn->get());
-  CheckAttention<bf16>({.batch = 1,
-                        .heads = 8,
-                        .head_dim = 128,
-                        .q_begin = 0,
-                        .q_end = 130,
-                        .kv_rows = 130,
-                        .kv_heads = 2},
-                       410, kTol, kAny, dnn->get());
-  CheckAttention<bf16>(
-      {.batch = 2, .heads = 3, .head_dim = 64, .q_begin = 0, .q_end = 96, .kv_rows = 192}, 420,
-      kTol, kAny, dnn->get());
-}
-
 // Device-free: which shapes cuDNN runs (the rest fall back to the kernels).
 TEST(CudnnAttentionCoverage, WholeSequencesAndFirstChunks) {
   const AttentionShape whole{
@@ -1427,6 +1396,40 @@ TEST(CudaFlashAttention, PipelinedMatchesCpu) {
 TEST(CudaFlashAttention, WideMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   CheckFlashAttention(AttentionKernels::kFlashWide);
+}
+
+// Last in the file: a library path never run before on a GPU, so a fault in it (a sticky CUDA
+// error ends the process) cannot cost the kernel tests above.
+//
+// cuDNN's fused attention (attention_cudnn.h) against the CPU, with the kernels' bf16 tolerance
+// (P and dS are rounded to bf16 before their products there too): whole sequences — GPT-2's
+// head_dim on 200 rows (no multiple of cuDNN's 64-row tiles), Llama's 128 with grouped-query
+// attention (dK/dV summed over each group) — where both passes run on cuDNN; and Seq1F1B's first
+// chunk (positions 0-95 of a 192-row cache), where cuDNN's forward feeds the flash kernels'
+// backward through lse (one convention: natural-log log-sum-exp of the scaled scores).
+TEST(CudaCudnnAttention, MatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  MemoryTracker tracker;
+  CachingAllocator alloc(MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kImmediate);
+  absl::StatusOr<std::unique_ptr<CudnnAttention>> dnn = CudnnAttention::Create(&alloc);
+  ASSERT_TRUE(dnn.ok()) << dnn.status();
+  std::printf("cuDNN %ld\n", static_cast<long>((*dnn)->version()));
+  constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
+  constexpr auto kAny = AttentionKernels::kDefault;
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400,
+      kTol, kAny, dnn->get());
+  CheckAttention<bf16>({.batch = 1,
+                        .heads = 8,
+                        .head_dim = 128,
+                        .q_begin = 0,
+                        .q_end = 130,
+                        .kv_rows = 130,
+                        .kv_heads = 2},
+                       410, kTol, kAny, dnn->get());
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 3, .head_dim = 64, .q_begin = 0, .q_end = 96, .kv_rows = 192}, 420,
+      kTol, kAny, dnn->get());
 }
 
 }  // namespace
