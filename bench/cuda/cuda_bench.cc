@@ -400,9 +400,9 @@ struct BenchDevice {
     comm_stream = std::move(ms);
     compute_gemm = std::move(cg);
     comm_gemm = std::move(mg);
-    if (DefaultAttentionKernels() == AttentionKernels::kCudnn) {
-      VP_BENCH_ASSIGN(dnn, CudnnAttention::Create(&alloc));
-      attention = std::move(dnn);
+    VP_BENCH_ASSIGN(dnn, ChosenCudnnAttention(&alloc));
+    attention = std::move(dnn);
+    if (attention != nullptr) {
       std::printf("attention: cuDNN %ld\n", static_cast<long>(attention->version()));
     }
     compute = DeviceContext{compute_stream.get(), compute_gemm.get(), &alloc, attention.get()};

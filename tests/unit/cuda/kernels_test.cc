@@ -3,6 +3,7 @@
 // "no CUDA device" when none is present.
 #include "worker/engine/kernels/cpu/kernels.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -768,6 +769,33 @@ TEST(CudnnAttentionCoverage, WholeSequencesAndFirstChunks) {
   AttentionShape empty = whole;  // no heads: never covered (and never divided by)
   empty.heads = 0;
   EXPECT_FALSE(CudnnAttention::CoversForward(empty, 0));
+}
+
+// Who gets a runner: none unless VOCABPIPE_ATTENTION=cudnn; asked for, it is created where a GPU
+// is, and where it cannot be (here: no device for cuDNN's handle) the error names the variable,
+// so a rank fails at start instead of silently running other kernels.
+TEST(CudnnAttentionChoice, OnlyWhenAskedAndLoudWhenUnavailable) {
+  MemoryTracker tracker;
+  CachingAllocator alloc(MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kImmediate);
+  const vp::testing::ScopedEnv attention("VOCABPIPE_ATTENTION");
+  attention.Unset();
+  absl::StatusOr<std::unique_ptr<CudnnAttention>> none = ChosenCudnnAttention(&alloc);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+  attention.Set("flash-wide");
+  none = ChosenCudnnAttention(&alloc);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, nullptr);
+  attention.Set("cudnn");
+  absl::StatusOr<std::unique_ptr<CudnnAttention>> chosen = ChosenCudnnAttention(&alloc);
+  if (DeviceCount() > 0) {
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_NE(*chosen, nullptr);
+  } else {
+    ASSERT_FALSE(chosen.ok());
+    EXPECT_THAT(std::string(chosen.status().message()),
+                ::testing::HasSubstr("VOCABPIPE_ATTENTION=cudnn"));
+  }
 }
 
 // Device-free: every tensor and operation descriptor of both graphs is accepted and finalized

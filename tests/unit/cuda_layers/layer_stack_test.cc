@@ -262,11 +262,9 @@ class DeviceLayerStackTest : public ::testing::Test {
     // Under VOCABPIPE_ATTENTION=cudnn the layers' bf16 attention runs on cuDNN, as in a rank;
     // its kept workspace comes from the untracked allocator, so kActivations still counts only
     // what the stack holds.
-    if (DefaultAttentionKernels() == AttentionKernels::kCudnn) {
-      auto dnn = CudnnAttention::Create(io_alloc_.get());
-      ASSERT_TRUE(dnn.ok()) << dnn.status();
-      attention_ = std::move(*dnn);
-    }
+    auto dnn = ChosenCudnnAttention(io_alloc_.get());
+    ASSERT_TRUE(dnn.ok()) << dnn.status();
+    attention_ = std::move(*dnn);
     ctx_ = DeviceContext{stream_.get(), gemm_.get(), alloc_.get(), attention_.get()};
     io_ = DeviceContext{stream_.get(), gemm_.get(), io_alloc_.get()};
   }

@@ -86,13 +86,9 @@ absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
   // VOCABPIPE_ATTENTION=cudnn asks for cuDNN's fused attention (bf16 only: fp32 attention runs
   // the FMA kernels, whose results must equal the CPU's); a missing library is the operator's
   // error to see, not a silent fallback.
-  if (std::is_same_v<T, engine::cuda::bf16> &&
-      engine::cuda::DefaultAttentionKernels() == engine::cuda::AttentionKernels::kCudnn) {
-    auto dnn = engine::cuda::CudnnAttention::Create(e->alloc_.get());
-    if (!dnn.ok()) {
-      return absl::Status(dnn.status().code(),
-                          absl::StrCat("VOCABPIPE_ATTENTION=cudnn: ", dnn.status().message()));
-    }
+  if (std::is_same_v<T, engine::cuda::bf16>) {
+    auto dnn = engine::cuda::ChosenCudnnAttention(e->alloc_.get());
+    if (!dnn.ok()) return dnn.status();
     e->attention_ = std::move(*dnn);
   }
   e->compute_ = {e->compute_stream_.get(), e->compute_gemm_.get(), e->alloc_.get(),

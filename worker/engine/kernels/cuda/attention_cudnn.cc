@@ -25,6 +25,17 @@ bool CudnnAttention::CoversBackward(const AttentionShape& s, int ldq) {
   return CoversForward(s, ldq) && s.q_end == s.kv_rows;
 }
 
+absl::StatusOr<std::unique_ptr<CudnnAttention>> ChosenCudnnAttention(
+    CachingAllocator* workspace_alloc) {
+  if (DefaultAttentionKernels() != AttentionKernels::kCudnn) return nullptr;
+  absl::StatusOr<std::unique_ptr<CudnnAttention>> dnn = CudnnAttention::Create(workspace_alloc);
+  if (!dnn.ok()) {
+    return absl::Status(dnn.status().code(),
+                        absl::StrCat("VOCABPIPE_ATTENTION=cudnn: ", dnn.status().message()));
+  }
+  return dnn;
+}
+
 template <typename T>
 absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q, int ldq,
                                  const T* k, const T* v, const AttentionShape& shape) {

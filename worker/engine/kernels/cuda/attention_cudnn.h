@@ -107,6 +107,12 @@ class CudnnAttention {
   DeviceArray<uint8_t> workspace_;
 };
 
+// The runner a context gets: cuDNN's attention when VOCABPIPE_ATTENTION=cudnn — an error naming
+// the variable if cuDNN cannot be opened, since the operator asked for it — else none (null: the
+// attention kernels). The one place the engine, cuda_bench and the layer tests decide it.
+absl::StatusOr<std::unique_ptr<CudnnAttention>> ChosenCudnnAttention(
+    CachingAllocator* workspace_alloc);
+
 // The attention of a layer on ctx.stream: cuDNN where ctx.attention is set and covers the shape
 // (bf16 only), else AttentionForward / AttentionBackward with the default kernels.
 template <typename T>
