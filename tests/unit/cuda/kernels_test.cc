@@ -772,8 +772,8 @@ TEST(CudnnAttentionCoverage, WholeSequencesAndFirstChunks) {
 }
 
 // Who gets a runner: none unless VOCABPIPE_ATTENTION=cudnn; asked for, it is created where a GPU
-// is, and where it cannot be (here: no device for cuDNN's handle) the error names the variable,
-// so a rank fails at start instead of silently running other kernels.
+// and cuDNN are, and where it cannot be (here: no device for cuDNN's handle; or no cuDNN) the
+// error names the variable, so a rank fails at start instead of silently running other kernels.
 TEST(CudnnAttentionChoice, OnlyWhenAskedAndLoudWhenUnavailable) {
   MemoryTracker tracker;
   CachingAllocator alloc(MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kImmediate);
@@ -788,7 +788,7 @@ TEST(CudnnAttentionChoice, OnlyWhenAskedAndLoudWhenUnavailable) {
   EXPECT_EQ(*none, nullptr);
   attention.Set("cudnn");
   absl::StatusOr<std::unique_ptr<CudnnAttention>> chosen = ChosenCudnnAttention(&alloc);
-  if (DeviceCount() > 0) {
+  if (DeviceCount() > 0 && LoadCudnn().ok()) {
     ASSERT_TRUE(chosen.ok()) << chosen.status();
     EXPECT_NE(*chosen, nullptr);
   } else {
