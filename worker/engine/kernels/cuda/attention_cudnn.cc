@@ -256,6 +256,18 @@ class GraphBuilder {
     return absl::OkStatus();
   }
 
+  // The operation graph finalized without a handle (which needs a GPU): cuDNN then checks what
+  // it can of the graph as a whole, and its API log (CUDNN_LOGLEVEL_DBG=3) prints the graph as
+  // JSON — the form in which it can be compared with the graph cuDNN's own frontend builds.
+  absl::Status FinalizeGraphWithoutHandle() {
+    if (absl::Status st = CheckWiring(); !st.ok()) return st;
+    Desc graph = Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        static_cast<int64_t>(ops_.size()), ops_.data());
+    Finalize(graph, "operation graph");
+    return status_;
+  }
+
   // The operation graph on `handle`, the heuristics' engine configurations (mode A) and the
   // first whose execution plan finalizes; its workspace size.
   absl::Status Build(cudnnHandle_t handle) {
@@ -553,8 +565,9 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
   // dK = dSᵀ·Q.
   Desc ds_t = g.Reshape(ds, g.Virtual(td, ts, CUDNN_DATA_BFLOAT16));
   ProductIntoKvHeads(g, geo, ds_t, q, dk);
-  // dQ = dS·K in fp32, then to bf16 in the q columns of dq.
-  Desc k = g.Reshape(kt, g.Virtual(geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16));
+  // dQ = dS·K in fp32, then to bf16 in the q columns of dq. (K's view is labelled fp32, as in the
+  // graph cuDNN's frontend builds: a view's label is the engines' pattern, not a conversion.)
+  Desc k = g.Reshape(kt, g.Virtual(geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_FLOAT));
   g.Matmul(ds, k, dq_accum);
   g.Unary(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
 }
@@ -661,6 +674,7 @@ absl::Status CudnnAttention::CheckDescriptors(const AttentionShape& shape, int l
       BuildForward(g, geo);
     }
     if (absl::Status st = g.CheckWiring(); !st.ok()) return st;
+    if (absl::Status st = g.FinalizeGraphWithoutHandle(); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
