@@ -80,8 +80,10 @@ class CudnnAttention {
                         const AttentionShape& shape);
 
   // Device-free: builds and finalizes every tensor and operation descriptor of both graphs for
-  // `shape` and checks their wiring (all but the operation graph's engine and plan, which need a
-  // GPU), so a wrong attribute or a dangling tensor shows without a device. Errors as Create.
+  // `shape`, checks their wiring and finalizes each operation graph without a handle (all but the
+  // engine and plan, which need a GPU), so a wrong attribute or a dangling tensor shows without a
+  // device; with cuDNN's API log on, the graphs are printed as JSON (compare_cudnn_graphs.py holds
+  // them to cuDNN's own frontend's). Errors as Create.
   static absl::Status CheckDescriptors(const AttentionShape& shape, int ldq);
 
   // cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0.
