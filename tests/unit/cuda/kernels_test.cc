@@ -545,9 +545,8 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
       scratch(cpu::AttentionBackwardScratch(cs));  // tiles per thread the CPU uses
   cpu::AttentionForward(out.data(), cpu_lse.data(), q.data(), ldq, k.data(), v.data(), cs);
   if (dnn != nullptr) {
-    MemoryTracker tracker;
-    CachingAllocator alloc(MakeCudaMemoryBackend(), &tracker, CachingAllocator::Reuse::kImmediate);
-    const DeviceContext ctx{.stream = nullptr, .gemm = nullptr, .alloc = &alloc, .attention = dnn};
+    // Neither path allocates from the context: the runner keeps its own workspace.
+    const DeviceContext ctx{.attention = dnn};
     const absl::Status fwd = RunAttentionForward(ctx, gout.p, glse.p, gq.p, ldq, gk.p, gv.p, s);
     ASSERT_TRUE(fwd.ok()) << fwd;
     const absl::Status bwd = RunAttentionBackward(ctx, gdq.p, gdk.p, gdv.p, gdelta.p, gdo.p, gout.p,

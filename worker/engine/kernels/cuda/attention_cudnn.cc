@@ -238,6 +238,9 @@ class GraphBuilder {
     return y;
   }
 
+  // The first error so far.
+  const absl::Status& status() const { return status_; }
+
   // The first error so far; when OK, whether the graph is wired: every virtual tensor written by
   // exactly one operation and read by at least one, every real tensor written at most once and
   // used. (cuDNN's graph finalize does not catch a dangling intermediate; its engines reject
@@ -256,27 +259,25 @@ class GraphBuilder {
     return absl::OkStatus();
   }
 
-  // The operation graph finalized without a handle (which needs a GPU): cuDNN then checks what
-  // it can of the graph as a whole, and its API log (CUDNN_LOGLEVEL_DBG=3) prints the graph as
-  // JSON — the form in which it can be compared with the graph cuDNN's own frontend builds.
-  absl::Status FinalizeGraphWithoutHandle() {
-    if (absl::Status st = CheckWiring(); !st.ok()) return st;
+  // The operation graph of the operations so far, checked for wiring first, on `handle` — or,
+  // without one (a handle needs a GPU), finalized alone: cuDNN then checks what it can of the
+  // graph as a whole, and its API log (CUDNN_LOGLEVEL_DBG=3) prints the graph as JSON, the form
+  // in which compare_cudnn_graphs.py holds it to the graph cuDNN's own frontend builds.
+  Desc OperationGraph(cudnnHandle_t handle) {
+    if (status_.ok()) status_ = CheckWiring();
     Desc graph = Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
         static_cast<int64_t>(ops_.size()), ops_.data());
+    if (handle != nullptr)
+      Set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
     Finalize(graph, "operation graph");
-    return status_;
+    return graph;
   }
 
   // The operation graph on `handle`, the heuristics' engine configurations (mode A) and the
   // first whose execution plan finalizes; its workspace size.
   absl::Status Build(cudnnHandle_t handle) {
-    if (absl::Status st = CheckWiring(); !st.ok()) return st;
-    Desc graph = Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-        static_cast<int64_t>(ops_.size()), ops_.data());
-    Set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-    Finalize(graph, "operation graph");
+    Desc graph = OperationGraph(handle);
     Desc heur = Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     SetDesc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
@@ -572,6 +573,15 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
   g.Unary(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
 }
 
+// The forward or the backward graph of `geo` into g.
+void BuildGraph(GraphBuilder& g, const Geometry& geo, bool backward) {
+  if (backward) {
+    BuildBackward(g, geo);
+  } else {
+    BuildForward(g, geo);
+  }
+}
+
 constexpr int64_t kWorkspaceAlign = 256;
 int64_t AlignUp(int64_t bytes) {
   return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
@@ -643,13 +653,11 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backwar
   plan->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(geo.d)));
   // Before 9.10 cuDNN's masked softmax expected the lowest finite float as the fill, not -inf.
   if (version_ < 91000) plan->neg_inf = std::numeric_limits<float>::lowest();
-  GraphBuilder g(*dnn_, *plan);
   if (backward) {
-    BuildBackward(g, geo);
     plan->dq_accum_bytes = geo.b * geo.hq * geo.sq * geo.d * static_cast<int64_t>(sizeof(float));
-  } else {
-    BuildForward(g, geo);
   }
+  GraphBuilder g(*dnn_, *plan);
+  BuildGraph(g, geo, backward);
   if (absl::Status st = g.Build(static_cast<cudnnHandle_t>(handle_)); !st.ok()) {
     return absl::Status(
         st.code(), absl::StrCat(st.message(), " [", backward ? "backward" : "forward", " b ", geo.b,
@@ -668,13 +676,9 @@ absl::Status CudnnAttention::CheckDescriptors(const AttentionShape& shape, int l
   for (bool backward : {false, true}) {
     Plan plan;
     GraphBuilder g(**dnn, plan);
-    if (backward) {
-      BuildBackward(g, geo);
-    } else {
-      BuildForward(g, geo);
-    }
-    if (absl::Status st = g.CheckWiring(); !st.ok()) return st;
-    if (absl::Status st = g.FinalizeGraphWithoutHandle(); !st.ok()) return st;
+    BuildGraph(g, geo, backward);
+    g.OperationGraph(/*handle=*/nullptr);
+    if (!g.status().ok()) return g.status();
   }
   return absl::OkStatus();
 }
