@@ -63,7 +63,8 @@ struct Worker {
   pid_t pid = -1;
   bool running = false;
   int wait_status = 0;
-  int64_t exit_round = 0;  // the launcher's poll round in which the exit was seen
+  int64_t exit_round = 0;       // the launcher's poll round in which the exit was seen
+  Clock::time_point exit_time;  // when the launcher saw it
   std::string jsonl;
   int64_t offset = 0;                 // bytes of jsonl consumed
   std::string partial;                // an incomplete last line
@@ -140,6 +141,7 @@ int Reap(std::vector<Worker>& workers, int64_t round) {
       w.running = false;
       w.wait_status = status;
       w.exit_round = round;
+      w.exit_time = Clock::now();
     } else {
       ++running;
     }
@@ -478,9 +480,13 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
 
   if (any_failed()) {
     (void)drain();  // keep the metrics of every step that all ranks finished
-    // The first to fail is the cause. Within one poll, a rank killed by a signal beats one
-    // that exited on its own, and one killed by SIGPIPE comes after the other signals: its
-    // peers fail, exit or die writing to its closed socket, because it vanished.
+    // The first to fail is the cause, and among failures seen close together (kSimultaneous of
+    // the first) a rank killed by a signal beats one that exited on its own, and one killed by
+    // SIGPIPE comes after the other signals: when a rank vanishes its peers fail, exit or die
+    // writing to its closed socket — and a peer can be reaped first, since a killed process
+    // closes its sockets before it can be waited for, and a loaded machine may run the peer's
+    // whole exit in between. Ranks the launcher itself stopped (round INT64_MAX) come last.
+    constexpr auto kSimultaneous = std::chrono::milliseconds(500);
     std::vector<const Worker*> failed;
     for (const Worker& w : workers) {
       if (w.failed()) failed.push_back(&w);
@@ -489,9 +495,21 @@ absl::StatusOr<runtime::RunSummary> RunPipelineJob(const vocabpipe::v1::JobSpec&
       if (!WIFSIGNALED(w->wait_status)) return 2;
       return WTERMSIG(w->wait_status) == SIGPIPE ? 1 : 0;
     };
+    auto stopped = [](const Worker* w) { return w->exit_round == INT64_MAX; };
+    Clock::time_point first_seen = Clock::time_point::max();
+    for (const Worker* w : failed) {
+      if (!stopped(w)) first_seen = std::min(first_seen, w->exit_time);
+    }
+    auto near_first = [&](const Worker* w) {
+      return !stopped(w) && w->exit_time - first_seen <= kSimultaneous;
+    };
     std::stable_sort(failed.begin(), failed.end(), [&](const Worker* a, const Worker* b) {
-      if (a->exit_round != b->exit_round) return a->exit_round < b->exit_round;
-      return consequence(a) < consequence(b);
+      if (stopped(a) != stopped(b)) return stopped(b);
+      if (near_first(a) != near_first(b)) return near_first(a);
+      if (near_first(a) && consequence(a) != consequence(b)) {
+        return consequence(a) < consequence(b);
+      }
+      return a->exit_round < b->exit_round;
     });
     const Worker& first = *failed.front();
     std::string message =
