@@ -74,6 +74,7 @@
 #include "worker/engine/kernels/cuda/check.h"
 #include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
+#include "worker/engine/kernels/cuda/kernel_switches.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/phase_timer.h"
 #include "worker/engine/kernels/cuda/runtime.h"
@@ -1295,6 +1296,11 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const Options& o = *opts;
+  // A misspelt kernel switch would time the default kernels under the name asked for.
+  if (absl::Status st = CheckKernelSwitches(); !st.ok()) {
+    std::fprintf(stderr, "cuda_bench: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
   if (o.print_flops) {  // no device needed: the FLOP convention, for torch_baseline.py's test
     absl::StatusOr<vocab::VocabPartition> partition = vocab::MakeVocabPartition(o.rows, 1, 0);
     if (!partition.ok()) {

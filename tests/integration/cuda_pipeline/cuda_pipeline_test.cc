@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/planner.h"
 #include "tests/support/gloo_threads.h"
+#include "tests/support/scoped_env.h"
 #include "tests/support/tensor_grid.h"
 #include "tests/support/training_fixtures.h"
 #include "worker/comm/nccl/staged_communicator.h"
@@ -244,6 +245,15 @@ TEST(CudaPipeline, WithoutADeviceCreateFailsClearly) {
     auto rank = CreateCudaPipelineRank(*plan, gloo.rank(), opt, {}, &gloo, &gloo);
     EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument) << rank.status();
   });
+  {  // A misspelt kernel switch is refused by name before any device work, GPU or not.
+    const vp::testing::ScopedEnv attention("VOCABPIPE_ATTENTION");
+    attention.Set("flsh");
+    auto rank = CreateCudaPipelineRank(*plan, 0, opt, {}, self.get(), self.get());
+    ASSERT_FALSE(rank.ok());
+    EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(rank.status().message().find("VOCABPIPE_ATTENTION"), std::string::npos)
+        << rank.status();
+  }
   if (engine::cuda::DeviceCount() != 0) GTEST_SKIP() << "a CUDA device is present";
   auto rank = CreateCudaPipelineRank(*plan, 0, opt, {}, self.get(), self.get());
   ASSERT_FALSE(rank.ok());
@@ -283,7 +293,7 @@ TEST(CudaPipeline, GradientsRecoveredFromAdamMomentAreTheTrainers) {
   }
 }
 
-class CudaMatchesCpu : public testing::TestWithParam<Case> {};
+class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaMatchesCpu, Fp32LossesGradientsAndWeights) {
   SKIP_WITHOUT_DEVICE();
@@ -342,20 +352,20 @@ TEST_P(CudaMatchesCpu, Bf16LossesAndGradientsWithinTolerance) {
       got.grad_norms[0], want.grad_norms[0], rel);
 }
 
-std::string Name(const testing::TestParamInfo<Case>& info) {
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return fixtures::CaseName(c.schedule, c.vocab, c.p, c.k, c.tied ? "_tied" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, CudaMatchesCpu,
-                         testing::Values(Case{Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false},
-                                         Case{Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, false},
-                                         Case{Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, true},
-                                         Case{Schedule::k1F1B, VocabMethod::kBaseline, 2, 1, true},
-                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2, 2, 2,
-                                              false},
-                                         Case{Schedule::kZBV, VocabMethod::kVocab1, 2, 1, false}),
-                         Name);
+INSTANTIATE_TEST_SUITE_P(
+    Plans, CudaMatchesCpu,
+    ::testing::Values(Case{Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false},
+                      Case{Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, false},
+                      Case{Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, true},
+                      Case{Schedule::k1F1B, VocabMethod::kBaseline, 2, 1, true},
+                      Case{Schedule::kSeq1F1B, VocabMethod::kVocab2, 2, 2, false},
+                      Case{Schedule::kZBV, VocabMethod::kVocab1, 2, 1, false}),
+    Name);
 
 // A learnable corpus (a sparse Markov chain: the loss can fall from ln V towards the chain's
 // entropy rate): bf16 must lower the loss as the fp32 CPU run does, not merely start close.
@@ -377,7 +387,7 @@ BatchFn MarkovBatches(const TrainerOptions& o, int64_t tokens) {
   };
 }
 
-class Bf16Learns : public testing::TestWithParam<Case> {};
+class Bf16Learns : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Bf16Learns, LossFallsAsInFp32) {
   SKIP_WITHOUT_DEVICE();
@@ -420,8 +430,9 @@ TEST_P(Bf16Learns, LossFallsAsInFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, Bf16Learns,
-                         testing::Values(Case{Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false},
-                                         Case{Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, false}),
+                         ::testing::Values(Case{Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false},
+                                           Case{Schedule::k1F1B, VocabMethod::kVocab1, 2, 1,
+                                                false}),
                          Name);
 
 // GPT-2 small's layer shape (h = 768, 12 heads of 64, ffn 3072) at s = 1024, 2 layers over 2
@@ -549,7 +560,7 @@ DataRun RunReplicas(const DataCase& dc, const TrainerOptions& base, const planne
   return out;
 }
 
-class CudaDataParallel : public testing::TestWithParam<DataCase> {};
+class CudaDataParallel : public ::testing::TestWithParam<DataCase> {};
 
 TEST_P(CudaDataParallel, MatchesTheCpuReplicas) {
   SKIP_WITHOUT_DEVICE();
@@ -659,7 +670,7 @@ TEST(CudaDataParallelHarness, CpuReplicasEqualOneProcess) {
   }
 }
 
-std::string DataName(const testing::TestParamInfo<DataCase>& info) {
+std::string DataName(const ::testing::TestParamInfo<DataCase>& info) {
   const DataCase& dc = info.param;
   return fixtures::CaseName(dc.base.schedule, dc.base.vocab, dc.base.p, dc.base.k,
                             absl::StrCat("_d", dc.d, dc.t > 1 ? absl::StrCat("_t", dc.t) : "",
@@ -668,7 +679,7 @@ std::string DataName(const testing::TestParamInfo<DataCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     Replicas, CudaDataParallel,
-    testing::Values(
+    ::testing::Values(
         DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}},
         DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .overlap = false},
         DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, true}, .zero = true},
@@ -681,7 +692,7 @@ INSTANTIATE_TEST_SUITE_P(
 // the vocabulary over p·t shards, the replicated gradients' group sum and the clipping norm.
 INSTANTIATE_TEST_SUITE_P(
     TensorRanks, CudaDataParallel,
-    testing::Values(
+    ::testing::Values(
         DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab2, 2, 1, false}, .d = 1, .t = 2},
         DataCase{.base = {Schedule::k1F1B, VocabMethod::kVocab1, 2, 1, true}, .d = 1, .t = 2},
         DataCase{.base = {Schedule::kZBV, VocabMethod::kVocab1, 2, 1, false}, .d = 1, .t = 2},
@@ -704,7 +715,7 @@ TrainerOptions LlamaOptions(const Case& c) {
   return o;
 }
 
-class CudaLlamaMatchesCpu : public testing::TestWithParam<Case> {};
+class CudaLlamaMatchesCpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaLlamaMatchesCpu, Fp32LossesGradientsAndWeights) {
   SKIP_WITHOUT_DEVICE();
@@ -743,9 +754,9 @@ TEST_P(CudaLlamaMatchesCpu, Bf16LossWithinTolerance) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, CudaLlamaMatchesCpu,
-                         testing::Values(Case{Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false},
-                                         Case{Schedule::kSeq1F1B, VocabMethod::kVocab2, 2, 2,
-                                              false}),
+                         ::testing::Values(Case{Schedule::k1F1B, VocabMethod::kVocab2, 1, 1, false},
+                                           Case{Schedule::kSeq1F1B, VocabMethod::kVocab2, 2, 2,
+                                                false}),
                          Name);
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "worker/engine/kernels/cuda/cudnn_library.h"
 #include "worker/engine/kernels/cuda/device.h"
 #include "worker/engine/kernels/cuda/gemm.h"
+#include "worker/engine/kernels/cuda/kernel_switches.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/kernels/cuda/norm_vector.h"
 #include "worker/engine/kernels/cuda/phase_timer.h"
@@ -511,8 +512,9 @@ struct AttentionTolerance {
 // log-sum-exp of the scaled scores over each row's causal prefix.
 //
 // With a cuDNN runner (`dnn`) the pair runs through RunAttentionForward/Backward on a context that
-// holds it — cuDNN where it covers the shape, the default kernels elsewhere — and dk/dv start at
-// zero: cuDNN writes a whole sequence's dK/dV rather than adding to them (attention_cudnn.h).
+// holds it — cuDNN where it covers the shape, the default kernels elsewhere — and a whole
+// sequence's dk/dv start at zero: cuDNN writes those rather than adding to them
+// (attention_cudnn.h); a chunk's are added to, as by the kernels.
 template <typename T>
 void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const AttentionTolerance& tol,
                     AttentionKernels kernels = AttentionKernels::kFma,
@@ -526,7 +528,7 @@ void CheckAttention(const cpu::AttentionShape& cs, uint32_t seed, const Attentio
   auto q = Random(q_n, seed), k = Random(kv_n, seed + 1), v = Random(kv_n, seed + 2),
        dout = Random(o_n, seed + 3), dk = Random(kv_n, seed + 4, 0.5f),
        dv = Random(kv_n, seed + 5, 0.5f);
-  if (dnn != nullptr) {
+  if (dnn != nullptr && cs.q_begin == 0 && cs.q_end == cs.kv_rows) {
     std::fill(dk.begin(), dk.end(), 0.0f);
     std::fill(dv.begin(), dv.end(), 0.0f);
   }
@@ -742,32 +744,45 @@ TEST(CudaKernels, TensorCoreAttentionMatchesCpu) {
 }
 
 // Device-free: which shapes cuDNN runs (the rest fall back to the kernels).
-TEST(CudnnAttentionCoverage, WholeSequencesAndFirstChunks) {
+TEST(CudnnAttentionCoverage, WholeSequencesAndChunks) {
+  constexpr int64_t kV919 = 91900, kV95 = 90500;  // cuDNN 9.19, and one before 9.6
   const AttentionShape whole{
       .batch = 2, .heads = 16, .head_dim = 64, .q_begin = 0, .q_end = 1024, .kv_rows = 1024};
-  EXPECT_TRUE(CudnnAttention::CoversForward(whole, 3 * 1024));
-  EXPECT_TRUE(CudnnAttention::CoversBackward(whole, 3 * 1024));
-  AttentionShape first = whole;  // Seq1F1B's first chunk: forward only (dK/dV accumulate later)
+  EXPECT_TRUE(CudnnAttention::CoversForward(whole, 3 * 1024, kV919));
+  EXPECT_TRUE(CudnnAttention::CoversBackward(whole, 3 * 1024, kV919));
+  AttentionShape first = whole;  // Seq1F1B's first chunk (dK/dV added to the later chunks')
   first.q_end = 256;
-  EXPECT_TRUE(CudnnAttention::CoversForward(first, 3 * 1024));
-  EXPECT_FALSE(CudnnAttention::CoversBackward(first, 3 * 1024));
+  EXPECT_TRUE(CudnnAttention::CoversForward(first, 3 * 1024, kV919));
+  EXPECT_TRUE(CudnnAttention::CoversBackward(first, 3 * 1024, kV919));
   AttentionShape later = whole;  // a later chunk: its queries start past position 0
   later.q_begin = 256;
-  EXPECT_FALSE(CudnnAttention::CoversForward(later, 3 * 1024));
+  later.q_end = 600;
+  EXPECT_TRUE(CudnnAttention::CoversForward(later, 3 * 1024, kV919));
+  EXPECT_TRUE(CudnnAttention::CoversBackward(later, 3 * 1024, kV919));
+  // Before cuDNN 9.6 the bottom-right mask needs lengths that are multiples of 64.
+  EXPECT_FALSE(CudnnAttention::CoversForward(later, 3 * 1024, kV95));
+  EXPECT_FALSE(CudnnAttention::CoversBackward(later, 3 * 1024, kV95));
+  later.q_end = 640;  // 384 queries on 640 keys
+  EXPECT_TRUE(CudnnAttention::CoversForward(later, 3 * 1024, kV95));
+  EXPECT_TRUE(CudnnAttention::CoversForward(first, 3 * 1024, kV95));  // top-left: any length
+  AttentionShape no_rows = whole;
+  no_rows.q_begin = no_rows.q_end = 512;
+  EXPECT_FALSE(CudnnAttention::CoversForward(no_rows, 3 * 1024, kV919));
   AttentionShape odd = whole;  // head_dim no multiple of 8, or above 128
   odd.head_dim = 20;
-  EXPECT_FALSE(CudnnAttention::CoversForward(odd, 3 * 320));
+  EXPECT_FALSE(CudnnAttention::CoversForward(odd, 3 * 320, kV919));
   odd.head_dim = 256;
-  EXPECT_FALSE(CudnnAttention::CoversForward(odd, 3 * 4096));
-  EXPECT_FALSE(CudnnAttention::CoversForward(whole, 3 * 1024 + 4));  // rows not 16-byte aligned
+  EXPECT_FALSE(CudnnAttention::CoversForward(odd, 3 * 4096, kV919));
+  // Rows not 16-byte aligned.
+  EXPECT_FALSE(CudnnAttention::CoversForward(whole, 3 * 1024 + 4, kV919));
   AttentionShape gqa = whole;
   gqa.kv_heads = 4;
-  EXPECT_TRUE(CudnnAttention::CoversBackward(gqa, 1024 + 2 * 256));
+  EXPECT_TRUE(CudnnAttention::CoversBackward(gqa, 1024 + 2 * 256, kV919));
   gqa.kv_heads = 3;  // 16 query heads cannot share 3 key/value heads
-  EXPECT_FALSE(CudnnAttention::CoversForward(gqa, 1024 + 2 * 192));
+  EXPECT_FALSE(CudnnAttention::CoversForward(gqa, 1024 + 2 * 192, kV919));
   AttentionShape empty = whole;  // no heads: never covered (and never divided by)
   empty.heads = 0;
-  EXPECT_FALSE(CudnnAttention::CoversForward(empty, 0));
+  EXPECT_FALSE(CudnnAttention::CoversForward(empty, 0, kV919));
 }
 
 // Who gets a runner: none unless VOCABPIPE_ATTENTION=cudnn; asked for, it is created where a GPU
@@ -799,7 +814,8 @@ TEST(CudnnAttentionChoice, OnlyWhenAskedAndLoudWhenUnavailable) {
 
 // Device-free: every tensor and operation descriptor of both graphs is accepted and finalized
 // by the cuDNN this build found (a wrong attribute type, count or mode fails here, in CI, not
-// first on a GPU): GPT-2's multi-head shape and Llama's grouped one. cuDNN is optional (only
+// first on a GPU): GPT-2's multi-head shape, Llama's grouped one and a grouped Seq1F1B chunk
+// (compare_cudnn_graphs.py holds the six graphs to cuDNN's frontend's). cuDNN is optional (only
 // VOCABPIPE_ATTENTION=cudnn needs it): a build or machine without it has nothing to check.
 TEST(CudnnAttentionGraphs, DescriptorsFinalizeWithoutADevice) {
   absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
@@ -817,6 +833,61 @@ TEST(CudnnAttentionGraphs, DescriptorsFinalizeWithoutADevice) {
                            .kv_heads = 8};
   const absl::Status g = CudnnAttention::CheckDescriptors(gqa, 4096 + 2 * 1024);
   EXPECT_TRUE(g.ok()) << g;
+  // A grouped Seq1F1B chunk: queries 512-767 of a 1024-row cache (the bottom-right mask, dK/dV
+  // in rows of their own).
+  const AttentionShape chunk{.batch = 2,
+                             .heads = 8,
+                             .head_dim = 128,
+                             .q_begin = 512,
+                             .q_end = 768,
+                             .kv_rows = 1024,
+                             .kv_heads = 2};
+  const absl::Status c = CudnnAttention::CheckDescriptors(chunk, 1024 + 2 * 256);
+  EXPECT_TRUE(c.ok()) << c;
+}
+
+// Device-free: a kernel switch holding a value its kernels do not know is refused by name (they
+// would otherwise run the default silently); unset or known values pass.
+TEST(KernelSwitches, UnknownValuesAreRefusedNamingTheVariable) {
+  const vp::testing::ScopedEnv attention("VOCABPIPE_ATTENTION");
+  const vp::testing::ScopedEnv memory("VOCABPIPE_MEMORY_KERNELS");
+  const vp::testing::ScopedEnv epilogue("VOCABPIPE_GEMM_EPILOGUE");
+  attention.Unset();
+  memory.Unset();
+  epilogue.Unset();
+  EXPECT_TRUE(CheckKernelSwitches().ok());
+  for (std::string_view name : AttentionKernelsNames()) {
+    attention.Set(std::string(name));
+    EXPECT_TRUE(CheckKernelSwitches().ok()) << name;
+  }
+  memory.Set("vector");
+  epilogue.Set("gelu, residual");
+  EXPECT_TRUE(CheckKernelSwitches().ok());
+  epilogue.Set("all");
+  EXPECT_TRUE(CheckKernelSwitches().ok());
+
+  attention.Set("cudnnn");
+  absl::Status st = CheckKernelSwitches();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("VOCABPIPE_ATTENTION"));
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("\"cudnnn\""));
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("flash-pipelined"));  // the choices
+  attention.Set("flash");
+  memory.Set("vectors");
+  st = CheckKernelSwitches();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("VOCABPIPE_MEMORY_KERNELS"));
+  memory.Set("element");
+  epilogue.Set("bias+gelo");
+  st = CheckKernelSwitches();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("VOCABPIPE_GEMM_EPILOGUE"));
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("\"gelo\""));
+  // A control character in the value is escaped, and a long one cut.
+  epilogue.Set("bias,\x1b[31m" + std::string(100, 'x'));
+  st = CheckKernelSwitches();
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("\\x1b[31m"));
+  EXPECT_LT(st.message().size(), 200u) << st;
 }
 
 // The environment picks the bf16 kernels when the caller does not.
@@ -1431,9 +1502,12 @@ TEST(CudaFlashAttention, WideMatchesCpu) {
 // cuDNN's fused attention (attention_cudnn.h) against the CPU, with the kernels' bf16 tolerance
 // (P and dS are rounded to bf16 before their products there too): whole sequences — GPT-2's
 // head_dim on 200 rows (no multiple of cuDNN's 64-row tiles), Llama's 128 with grouped-query
-// attention (dK/dV summed over each group) — where both passes run on cuDNN; and Seq1F1B's first
-// chunk (positions 0-95 of a 192-row cache), where cuDNN's forward feeds the flash kernels'
-// backward through lse (one convention: natural-log log-sum-exp of the scaled scores).
+// attention (dK/dV summed over each group); and Seq1F1B's chunks, whose dK/dV cuDNN computes
+// into its workspace and adds to the cache's gradient rows [0, q_end) (which start nonzero here,
+// as after a later chunk's backward): the first (positions 0-95 of a 192-row cache), a middle
+// one off cuDNN's 64-row tiles (positions 70-169 of 224: the bottom-right causal diagonal) and a
+// grouped last one (128-255 of 256 at head_dim 128). Chunks past position 0 need cuDNN 9.6
+// (lengths off multiples of 64): before it they run on the kernels, which the test says.
 TEST(CudaCudnnAttention, MatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   MemoryTracker tracker;
@@ -1457,6 +1531,18 @@ TEST(CudaCudnnAttention, MatchesCpu) {
   CheckAttention<bf16>(
       {.batch = 2, .heads = 3, .head_dim = 64, .q_begin = 0, .q_end = 96, .kv_rows = 192}, 420,
       kTol, kAny, dnn->get());
+  if ((*dnn)->version() < 90600) std::printf("cuDNN before 9.6: the middle chunk on the kernels\n");
+  CheckAttention<bf16>(
+      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 70, .q_end = 170, .kv_rows = 224}, 430,
+      kTol, kAny, dnn->get());
+  CheckAttention<bf16>({.batch = 1,
+                        .heads = 4,
+                        .head_dim = 128,
+                        .q_begin = 128,
+                        .q_end = 256,
+                        .kv_rows = 256,
+                        .kv_heads = 2},
+                       440, kTol, kAny, dnn->get());
 }
 
 }  // namespace

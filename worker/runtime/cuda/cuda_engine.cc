@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/kernels/cuda/attention_cudnn.h"
 #include "worker/engine/kernels/cuda/check.h"
+#include "worker/engine/kernels/cuda/kernel_switches.h"
 #include "worker/engine/kernels/cuda/kernels.h"
 #include "worker/engine/model/cuda/model_kernels.h"
 #include "worker/engine/optimizer.h"
@@ -51,6 +52,8 @@ absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
     const TrainerOptions& options, const engine::RankLayout& layout,
     const std::vector<int>& seq_bounds, engine::vocab::OutputAlgorithm algorithm, int device,
     comm::Communicator* tensor) {
+  // The operator's kernel switches first: a misspelt one would train with other kernels, silently.
+  if (absl::Status st = engine::cuda::CheckKernelSwitches(); !st.ok()) return st;
   const int count = engine::cuda::DeviceCount();
   if (count == 0) return absl::FailedPreconditionError("no CUDA device");
   if (device < 0 || device >= count) {

@@ -1,15 +1,19 @@
 // Not built: how cudnn_frontend_sdpa_graphs.jsonl was made. cuDNN's own C++ frontend (the
 // header-only NVIDIA/cudnn-frontend, which PyTorch uses for its cuDNN attention) builds its SDPA
 // forward or backward graph for one shape, with vocabpipe's layouts (q inside fused q|k|v rows,
-// K/V in their own rows, O in (b, s, heads·d) rows), causal (top-left diagonal, right bound 0),
-// scale 1/√d, stats kept for training — and lowers it to cuDNN's backend without a GPU. cuDNN's
-// API log then prints the lowered operation graph as JSON (one "operationGraph" line), which
-// compare_cudnn_graphs.py holds vocabpipe's graphs (attention_cudnn.cc) to.
+// K/V in their own rows of a KV_ROWS-row cache, O in (b, s, heads·d) rows), causal (right bound
+// 0; the diagonal top-left for a whole sequence, bottom-right for a Seq1F1B chunk whose SQ
+// queries see SKV > SQ keys), scale 1/√d, stats kept for training — and lowers it to cuDNN's
+// backend without a GPU. A chunk's dK/dV are (b, SKV, kv heads·d) rows of their own (vocabpipe
+// adds them to the cache's gradient afterwards). cuDNN's API log then prints the lowered
+// operation graph as JSON (one "operationGraph" line), which compare_cudnn_graphs.py holds
+// vocabpipe's graphs (attention_cudnn.cc) to.
 //
 //   g++ -std=c++17 -I<cudnn-frontend>/include -I/usr/local/cuda/include \
 //       cudnn_frontend_sdpa_graphs.cc -o fe_sdpa -L/usr/local/cuda/lib64 -lcudnn -lcudart
-//   for a in "fwd 2 16 16 1024 64" "bwd 2 16 16 1024 64" "fwd 1 32 8 512 128" \
-//            "bwd 1 32 8 512 128"; do
+//   for a in "fwd 2 16 16 1024 1024 1024 64" "bwd 2 16 16 1024 1024 1024 64" \
+//            "fwd 1 32 8 512 512 512 128" "bwd 1 32 8 512 512 512 128" \
+//            "fwd 2 8 2 256 768 1024 128" "bwd 2 8 2 256 768 1024 128"; do
 //     CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=log.txt ./fe_sdpa $a
 //     grep '"operationGraph"' log.txt | sed 's/.*val=//; s/;$//' >> cudnn_frontend_sdpa_graphs.jsonl
 //     rm log.txt
@@ -17,7 +21,9 @@
 //
 // Made with cudnn-frontend 1.23.0 (its main branch, 3929da2) and cuDNN 9.19.0 on 2026-11-28; the
 // shapes are CudnnAttentionGraphs.DescriptorsFinalizeWithoutADevice's: GPT-2-like (b 2, 16 heads
-// of 64, 1024 rows) and Llama-like grouped (b 1, 32 query heads on 8, head_dim 128, 512 rows).
+// of 64, 1024 rows), Llama-like grouped (b 1, 32 query heads on 8, head_dim 128, 512 rows) and a
+// grouped Seq1F1B chunk (b 2, 8 query heads on 2, head_dim 128, queries 512-767 of a 1024-row
+// cache).
 #include <cudnn_frontend.h>
 
 #include <cmath>
@@ -29,14 +35,20 @@
 namespace fe = cudnn_frontend;
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: fe_sdpa fwd|bwd B H HK S D\n");
+  if (argc != 9) {
+    std::fprintf(stderr, "usage: fe_sdpa fwd|bwd B H HK SQ SKV KV_ROWS D\n");
     return 2;
   }
   const bool backward = std::string(argv[1]) == "bwd";
   const int64_t b = std::atoi(argv[2]), h = std::atoi(argv[3]), hk = std::atoi(argv[4]),
-                s = std::atoi(argv[5]), d = std::atoi(argv[6]);
+                s = std::atoi(argv[5]), skv = std::atoi(argv[6]), kv_rows = std::atoi(argv[7]),
+                d = std::atoi(argv[8]);
   const int64_t ldq = h * d + 2 * hk * d, kvw = hk * d, w = h * d;
+  const bool chunk = skv > s;
+  // dK/dV: in the cache's rows for a whole sequence, in rows of their own for a chunk.
+  const int64_t dkv_batch = s == skv && skv == kv_rows ? kv_rows * kvw : skv * kvw;
+  const auto diagonal =
+      chunk ? fe::DiagonalAlignment_t::BOTTOM_RIGHT : fe::DiagonalAlignment_t::TOP_LEFT;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -49,12 +61,12 @@ int main(int argc, char** argv) {
         fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
   };
   auto q = tensor("Q", 1, {b, h, s, d}, {s * ldq, d, ldq, 1});
-  auto k = tensor("K", 2, {b, hk, s, d}, {s * kvw, d, kvw, 1});
-  auto v = tensor("V", 3, {b, hk, s, d}, {s * kvw, d, kvw, 1});
+  auto k = tensor("K", 2, {b, hk, skv, d}, {kv_rows * kvw, d, kvw, 1});
+  auto v = tensor("V", 3, {b, hk, skv, d}, {kv_rows * kvw, d, kvw, 1});
   if (!backward) {
     auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true);
     options.set_attn_scale(scale)
-        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_alignment(diagonal)
         .set_diagonal_band_right_bound(0);
     auto [o, stats] = g->sdpa(q, k, v, options);
     o->set_output(true).set_uid(4).set_dim({b, h, s, d}).set_stride({s * w, d, w, 1});
@@ -66,12 +78,12 @@ int main(int argc, char** argv) {
     stats->set_data_type(fe::DataType_t::FLOAT);
     auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward");
     options.set_attn_scale(scale)
-        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_alignment(diagonal)
         .set_diagonal_band_right_bound(0);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
     dq->set_output(true).set_uid(10).set_dim({b, h, s, d}).set_stride({s * ldq, d, ldq, 1});
-    dk->set_output(true).set_uid(11).set_dim({b, hk, s, d}).set_stride({s * kvw, d, kvw, 1});
-    dv->set_output(true).set_uid(12).set_dim({b, hk, s, d}).set_stride({s * kvw, d, kvw, 1});
+    dk->set_output(true).set_uid(11).set_dim({b, hk, skv, d}).set_stride({dkv_batch, d, kvw, 1});
+    dv->set_output(true).set_uid(12).set_dim({b, hk, skv, d}).set_stride({dkv_batch, d, kvw, 1});
   }
   auto status = g->validate();
   if (status.is_good()) status = g->build_operation_graph(nullptr);

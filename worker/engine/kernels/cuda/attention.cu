@@ -472,6 +472,12 @@ AttentionKernels DefaultAttentionKernels() {
   return AttentionKernels::kFlash;  // measured fastest on an H100 (docs/benchmarks.md §7.4)
 }
 
+std::vector<std::string_view> AttentionKernelsNames() {
+  std::vector<std::string_view> names;
+  for (const NamedAttentionKernels& k : kAttentionKernelNames) names.push_back(k.name);
+  return names;
+}
+
 std::string_view AttentionKernelsName(AttentionKernels kernels) {
   if (kernels == AttentionKernels::kDefault) kernels = DefaultAttentionKernels();
   for (const NamedAttentionKernels& k : kAttentionKernelNames) {

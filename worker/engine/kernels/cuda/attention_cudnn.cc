@@ -15,14 +15,20 @@
 
 namespace vp::engine::cuda {
 
-bool CudnnAttention::CoversForward(const AttentionShape& s, int ldq) {
-  return s.batch > 0 && s.heads > 0 && s.q_begin == 0 && s.q_end > 0 && s.q_end <= s.kv_rows &&
-         s.head_dim > 0 && s.head_dim % 8 == 0 && s.head_dim <= 128 && ldq % 8 == 0 &&
-         ldq >= s.width() && s.heads % s.num_kv_heads() == 0;
+bool CudnnAttention::CoversForward(const AttentionShape& s, int ldq, int64_t version) {
+  const bool covered = s.batch > 0 && s.heads > 0 && s.q_begin >= 0 && s.q_begin < s.q_end &&
+                       s.q_end <= s.kv_rows && s.head_dim > 0 && s.head_dim % 8 == 0 &&
+                       s.head_dim <= 128 && ldq % 8 == 0 && ldq >= s.width() &&
+                       s.heads % s.num_kv_heads() == 0;
+  if (!covered) return false;
+  // A chunk past position 0 needs the bottom-right causal mask: any lengths from cuDNN 9.6,
+  // multiples of 64 before (the limit cuDNN's frontend states).
+  if (s.q_begin > 0 && version < 90600) return s.q_len() % 64 == 0 && s.q_end % 64 == 0;
+  return true;
 }
 
-bool CudnnAttention::CoversBackward(const AttentionShape& s, int ldq) {
-  return CoversForward(s, ldq) && s.q_end == s.kv_rows;
+bool CudnnAttention::CoversBackward(const AttentionShape& s, int ldq, int64_t version) {
+  return CoversForward(s, ldq, version);
 }
 
 absl::StatusOr<std::unique_ptr<CudnnAttention>> ChosenCudnnAttention(
@@ -40,7 +46,8 @@ template <typename T>
 absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q, int ldq,
                                  const T* k, const T* v, const AttentionShape& shape) {
   if constexpr (std::is_same_v<T, bf16>) {
-    if (ctx.attention != nullptr && CudnnAttention::CoversForward(shape, ldq)) {
+    if (ctx.attention != nullptr &&
+        CudnnAttention::CoversForward(shape, ldq, ctx.attention->version())) {
       return ctx.attention->Forward(ctx, out, lse, q, ldq, k, v, shape);
     }
   }
@@ -53,7 +60,8 @@ absl::Status RunAttentionBackward(const DeviceContext& ctx, T* dq, T* dk, T* dv,
                                   const T* dout, const T* out, const float* lse, const T* q,
                                   int ldq, const T* k, const T* v, const AttentionShape& shape) {
   if constexpr (std::is_same_v<T, bf16>) {
-    if (ctx.attention != nullptr && CudnnAttention::CoversBackward(shape, ldq)) {
+    if (ctx.attention != nullptr &&
+        CudnnAttention::CoversBackward(shape, ldq, ctx.attention->version())) {
       return ctx.attention->Backward(ctx, dq, dk, dv, delta, dout, out, lse, q, ldq, k, v, shape);
     }
   }
@@ -93,6 +101,8 @@ enum Uid : int64_t {
   kDv,
   kRowSum,   // Σ_d dO·O per row (the caller's delta)
   kDqAccum,  // dQ in fp32 (the workspace, after the plan's own part)
+  kSeqLenQ,  // a chunk's query rows and the key rows they see (int32 scalars of the mask)
+  kSeqLenKv,
   kFirstVirtual = 100,
 };
 
@@ -149,6 +159,8 @@ struct CudnnAttention::Plan {
   float scale = 0.0f;
   float neg_inf = -std::numeric_limits<float>::infinity();  // the causal mask's fill
   float one = 1.0f;
+  int32_t seq_len_q = 0, seq_len_kv = 0;  // a chunk's sq and skv (the bottom-right mask)
+  int64_t dkv_bytes = 0;                  // a chunk's dK and dV each, after dQ (256-aligned)
 };
 
 namespace {
@@ -211,8 +223,9 @@ class GraphBuilder {
   Desc Unary(cudnnPointwiseMode_t mode, Desc x, Desc y) {
     return Pointwise(mode, x, nullptr, nullptr, y);
   }
-  Desc Binary(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
-    return Pointwise(mode, x, b, nullptr, y);
+  Desc Binary(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y,
+              cudnnDataType_t math = CUDNN_DATA_FLOAT) {
+    return Pointwise(mode, x, b, nullptr, y, math);
   }
 
   // y = reduce(x) over the dims where y is 1 (fp32).
@@ -426,11 +439,19 @@ class GraphBuilder {
   int64_t next_virtual_ = kFirstVirtual;
 };
 
-// The shapes both graphs share, from the attention shape and the q row stride.
+// The shapes both graphs share, from the attention shape and the q row stride. sq < skv: a
+// Seq1F1B chunk whose queries start at position skv − sq.
 struct Geometry {
   int64_t b, hq, hk, sq, skv, d, ldq, kv_rows;
   int64_t w() const { return hq * d; }
   int64_t kvw() const { return hk * d; }
+  bool chunk() const { return sq < skv; }
+  // A whole sequence writes its dK/dV in place; anything else into (b, skv, kvw) rows of the
+  // workspace, added to the caller's afterwards.
+  bool dkv_in_place() const { return sq == skv && skv == kv_rows; }
+  Dims dkv_strides() const {
+    return dkv_in_place() ? kv_strides() : Dims{skv * kvw(), d, kvw(), 1};
+  }
   // (b, hq, sq, d) inside the fused q|k|v rows, and dq likewise.
   Dims q_dims() const { return {b, hq, sq, d}; }
   Dims q_strides() const { return {sq * ldq, d, ldq, 1}; }
@@ -457,8 +478,10 @@ Geometry GeometryOf(const AttentionShape& s, int ldq) {
                   s.head_dim, ldq,     s.kv_rows};
 }
 
-// scores = (Q·Kᵀ)·scale with the causal mask: row i sees columns j ≤ i (the chunk starts at
-// position 0, so the row index is the position). Returns the masked fp32 scores.
+// scores = (Q·Kᵀ)·scale with the causal mask: row i sees columns j ≤ i + skv − sq — the
+// diagonal aligned to the scores' bottom right, so a chunk's row i (position skv − sq + i) sees
+// the keys up to its own position; for a whole sequence (sq = skv) j ≤ i. Returns the masked
+// fp32 scores.
 GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scaled) {
   using Desc = GraphBuilder::Desc;
   const Dims dims = geo.score_dims(), strides = geo.score_strides();
@@ -466,6 +489,12 @@ GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuild
                          g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_FLOAT, /*axis=*/2);
   Desc col = g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr,
                          g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_FLOAT, /*axis=*/3);
+  if (geo.chunk()) {  // row + skv − sq, in int32 as cuDNN's frontend forms it
+    row = g.Binary(CUDNN_POINTWISE_ADD, row, g.Scalar(kSeqLenKv, CUDNN_DATA_INT32),
+                   g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
+    row = g.Binary(CUDNN_POINTWISE_SUB, row, g.Scalar(kSeqLenQ, CUDNN_DATA_INT32),
+                   g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
+  }
   Desc keep = g.Pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr,
                           g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN), CUDNN_DATA_BOOLEAN);
   // BINARY_SELECT: y = t ? x : b.
@@ -535,8 +564,8 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
   Desc vt = g.Tensor(kV, geo.kt_dims(), geo.kt_strides(), CUDNN_DATA_BFLOAT16);  // V read as Vᵀ
   Desc dout = g.Tensor(kDout, geo.o_dims(), geo.o_strides(), CUDNN_DATA_BFLOAT16);
   Desc dq = g.Tensor(kDq, geo.q_dims(), geo.q_strides(), CUDNN_DATA_BFLOAT16);
-  Desc dk = g.Tensor(kDk, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
-  Desc dv = g.Tensor(kDv, geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_BFLOAT16);
+  Desc dk = g.Tensor(kDk, geo.kv_dims(), geo.dkv_strides(), CUDNN_DATA_BFLOAT16);
+  Desc dv = g.Tensor(kDv, geo.kv_dims(), geo.dkv_strides(), CUDNN_DATA_BFLOAT16);
   Desc row_sum = g.Tensor(kRowSum, rd, rs, CUDNN_DATA_FLOAT);
   Desc dq_accum = g.Tensor(kDqAccum, geo.q_dims(),
                            {geo.hq * geo.sq * geo.d, geo.sq * geo.d, geo.d, 1}, CUDNN_DATA_FLOAT);
@@ -582,6 +611,16 @@ void BuildGraph(GraphBuilder& g, const Geometry& geo, bool backward) {
   }
 }
 
+// A chunk's mask scalars (sq, skv) in the variant pack, for graphs that have them.
+void AddChunkScalars(const CudnnAttention::Plan& plan, const AttentionShape& shape,
+                     std::vector<int64_t>& uids, std::vector<void*>& pointers) {
+  if (shape.q_begin == 0) return;
+  uids.push_back(kSeqLenQ);
+  pointers.push_back(const_cast<int32_t*>(&plan.seq_len_q));
+  uids.push_back(kSeqLenKv);
+  pointers.push_back(const_cast<int32_t*>(&plan.seq_len_kv));
+}
+
 constexpr int64_t kWorkspaceAlign = 256;
 int64_t AlignUp(int64_t bytes) {
   return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
@@ -624,8 +663,14 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> CudnnAttention::Create(
   }
   absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
   if (!dnn.ok()) return dnn.status();
+  const int64_t version = static_cast<int64_t>((*dnn)->cudnnGetVersion());
+  if (version == 91000 || version == 91001) {  // as cuDNN's frontend refuses them
+    return absl::UnavailableError(absl::StrCat(
+        "cuDNN attention: cuDNN ", version,
+        " has known bugs in its bf16 attention (9.10.0 and 9.10.1); use 9.10.2 or later"));
+  }
   std::unique_ptr<CudnnAttention> r(new CudnnAttention(  // private constructor
-      *dnn, static_cast<int64_t>((*dnn)->cudnnGetVersion()), workspace_alloc));
+      *dnn, version, workspace_alloc));
   cudnnHandle_t handle = nullptr;
   if (absl::Status st = DnnStatus(**dnn, (*dnn)->cudnnCreate(&handle), "create handle"); !st.ok()) {
     return st;
@@ -653,8 +698,13 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backwar
   plan->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(geo.d)));
   // Before 9.10 cuDNN's masked softmax expected the lowest finite float as the fill, not -inf.
   if (version_ < 91000) plan->neg_inf = std::numeric_limits<float>::lowest();
+  plan->seq_len_q = static_cast<int32_t>(geo.sq);
+  plan->seq_len_kv = static_cast<int32_t>(geo.skv);
   if (backward) {
     plan->dq_accum_bytes = geo.b * geo.hq * geo.sq * geo.d * static_cast<int64_t>(sizeof(float));
+    if (!geo.dkv_in_place()) {
+      plan->dkv_bytes = geo.b * geo.skv * geo.kvw() * static_cast<int64_t>(sizeof(bf16));
+    }
   }
   GraphBuilder g(*dnn_, *plan);
   BuildGraph(g, geo, backward);
@@ -699,21 +749,22 @@ absl::StatusOr<void*> CudnnAttention::Workspace(const DeviceContext& ctx, int64_
 absl::Status CudnnAttention::Forward(const DeviceContext& ctx, bf16* out, float* lse, const bf16* q,
                                      int ldq, const bf16* k, const bf16* v,
                                      const AttentionShape& shape) {
-  if (!CoversForward(shape, ldq)) {
+  if (!CoversForward(shape, ldq, version_)) {
     return absl::InvalidArgumentError("cuDNN attention: forward shape not covered");
   }
   absl::StatusOr<const Plan*> plan = PlanFor(/*backward=*/false, shape, ldq);
   if (!plan.ok()) return plan.status();
   absl::StatusOr<void*> workspace = Workspace(ctx, (*plan)->plan_workspace);
   if (!workspace.ok()) return workspace.status();
-  const std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
-  const std::vector<void*> pointers{const_cast<bf16*>(q),
-                                    const_cast<bf16*>(k),
-                                    const_cast<bf16*>(v),
-                                    out,
-                                    lse,
-                                    const_cast<float*>(&(*plan)->scale),
-                                    const_cast<float*>(&(*plan)->neg_inf)};
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<void*> pointers{const_cast<bf16*>(q),
+                              const_cast<bf16*>(k),
+                              const_cast<bf16*>(v),
+                              out,
+                              lse,
+                              const_cast<float*>(&(*plan)->scale),
+                              const_cast<float*>(&(*plan)->neg_inf)};
+  AddChunkScalars(**plan, shape, uids, pointers);
   return Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream, uids, pointers,
                  *workspace);
 }
@@ -722,37 +773,58 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
                                       float* delta, const bf16* dout, const bf16* out,
                                       const float* lse, const bf16* q, int ldq, const bf16* k,
                                       const bf16* v, const AttentionShape& shape) {
-  if (!CoversBackward(shape, ldq)) {
+  if (!CoversBackward(shape, ldq, version_)) {
     return absl::InvalidArgumentError("cuDNN attention: backward shape not covered");
   }
   absl::StatusOr<const Plan*> plan = PlanFor(/*backward=*/true, shape, ldq);
   if (!plan.ok()) return plan.status();
+  // The workspace: cuDNN's part, dQ in fp32, and a chunk's dK and dV (each 256-aligned).
   const int64_t plan_part = AlignUp((*plan)->plan_workspace);
-  absl::StatusOr<void*> workspace = Workspace(ctx, plan_part + (*plan)->dq_accum_bytes);
+  const int64_t dq_part = AlignUp((*plan)->dq_accum_bytes);
+  const int64_t dkv_part = AlignUp((*plan)->dkv_bytes);
+  absl::StatusOr<void*> workspace = Workspace(ctx, plan_part + dq_part + 2 * dkv_part);
   if (!workspace.ok()) return workspace.status();
-  void* dq_accum = static_cast<uint8_t*>(*workspace) + plan_part;
+  uint8_t* const base = static_cast<uint8_t*>(*workspace);
+  void* dq_accum = base + plan_part;
+  const bool in_place = (*plan)->dkv_bytes == 0;
+  bf16* const dk_out = in_place ? dk : reinterpret_cast<bf16*>(base + plan_part + dq_part);
+  bf16* const dv_out =
+      in_place ? dv : reinterpret_cast<bf16*>(base + plan_part + dq_part + dkv_part);
   // Before 9.6 the graph expects its fp32 dQ accumulator zeroed by the caller.
   if (version_ < 90600) {
     VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_accum, 0, (*plan)->dq_accum_bytes, ctx.stream));
   }
-  const std::vector<int64_t> uids{kQ,  kK,  kV,      kO,       kDout,  kStats,  kDq,
-                                  kDk, kDv, kRowSum, kDqAccum, kScale, kNegInf, kOne};
-  const std::vector<void*> pointers{const_cast<bf16*>(q),
-                                    const_cast<bf16*>(k),
-                                    const_cast<bf16*>(v),
-                                    const_cast<bf16*>(out),
-                                    const_cast<bf16*>(dout),
-                                    const_cast<float*>(lse),
-                                    dq,
-                                    dk,
-                                    dv,
-                                    delta,
-                                    dq_accum,
-                                    const_cast<float*>(&(*plan)->scale),
-                                    const_cast<float*>(&(*plan)->neg_inf),
-                                    const_cast<float*>(&(*plan)->one)};
-  return Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream, uids, pointers,
-                 *workspace);
+  std::vector<int64_t> uids{kQ,  kK,  kV,      kO,       kDout,  kStats,  kDq,
+                            kDk, kDv, kRowSum, kDqAccum, kScale, kNegInf, kOne};
+  std::vector<void*> pointers{const_cast<bf16*>(q),
+                              const_cast<bf16*>(k),
+                              const_cast<bf16*>(v),
+                              const_cast<bf16*>(out),
+                              const_cast<bf16*>(dout),
+                              const_cast<float*>(lse),
+                              dq,
+                              dk_out,
+                              dv_out,
+                              delta,
+                              dq_accum,
+                              const_cast<float*>(&(*plan)->scale),
+                              const_cast<float*>(&(*plan)->neg_inf),
+                              const_cast<float*>(&(*plan)->one)};
+  AddChunkScalars(**plan, shape, uids, pointers);
+  if (absl::Status st = Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream,
+                                uids, pointers, *workspace);
+      !st.ok() || in_place) {
+    return st;
+  }
+  // A chunk: its dK/dV rows [0, skv) of each sequence added to the caller's, which keep what
+  // the later chunks' backward passes (run before this one) put there.
+  const int64_t kvw = shape.kv_width(), rows = static_cast<int64_t>(shape.q_end) * kvw;
+  for (int i = 0; i < shape.batch; ++i) {
+    const int64_t to = i * static_cast<int64_t>(shape.kv_rows) * kvw, from = i * rows;
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(dk + to, dk + to, dk_out + from, rows, ctx.stream));
+    VP_CUDA_RETURN_IF_ERROR(ResidualForward(dv + to, dv + to, dv_out + from, rows, ctx.stream));
+  }
+  return absl::OkStatus();
 }
 
 #else  // !VP_HAVE_CUDNN

@@ -19,12 +19,17 @@
 // compile one kernel per graph (NVRTC at first use: the first call of a shape takes longer).
 //
 // What it covers (else the kernels run): bf16; head_dim a multiple of 8 up to 128; q and the
-// row strides 16-byte aligned; the forward of a chunk that starts at position 0 (a whole
-// sequence, or Seq1F1B's first chunk); the backward of a whole sequence only — dK/dV are
-// written, not accumulated, which equals the accumulation contract there because a whole
-// sequence's backward is the first and only one to touch its zeroed dK/dV rows (the layers zero
-// them: transformer.cc). dQ's fp32 accumulation may use atomics: unlike the kernels, the
-// backward is not bit-for-bit deterministic.
+// row strides 16-byte aligned; whole sequences and Seq1F1B's chunks, forward and backward. A
+// chunk's queries [q_begin, q_end) see keys [0, q_end): the causal diagonal is aligned to the
+// bottom right of its (q_len × q_end) scores — row i sees columns j ≤ i + q_begin — which the
+// mask forms as row + q_end − q_len ≥ column, as cuDNN's frontend does (cuDNN before 9.6 runs
+// that mask only on lengths that are multiples of 64: other chunks go to the kernels there).
+// dK/dV: a whole sequence's are written in place, which equals the kernels' accumulation
+// because its backward is the first and only one to touch its zeroed dK/dV rows (the layers zero
+// them: transformer.cc); a chunk's are written to the workspace and added to rows [0, q_end)
+// (an earlier-run later chunk's contribution is kept, as the kernels keep it). dQ's fp32
+// accumulation may use atomics: unlike the kernels, the backward is not bit-for-bit
+// deterministic.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,17 +51,19 @@ struct Cudnn;
 class CudnnAttention {
  public:
   // Loads cuDNN (cudnn_library.h) and creates its handle on the current device; the workspace
-  // (cuDNN's own, plus the backward's fp32 dQ: 4·b·sq·w bytes) comes from `workspace_alloc`,
-  // charged to kActivations and kept between calls. NotFound / Unavailable when the library or
-  // this build's cuDNN headers are missing.
+  // (cuDNN's own, plus the backward's fp32 dQ, 4·b·sq·w bytes, and a chunk's dK/dV, 4·b·skv·kvw)
+  // comes from `workspace_alloc`, charged to kActivations and kept between calls. NotFound /
+  // Unavailable when the library or this build's cuDNN headers are missing, or the library is a
+  // version whose bf16 attention cuDNN itself lists as broken (9.10.0 and 9.10.1).
   static absl::StatusOr<std::unique_ptr<CudnnAttention>> Create(CachingAllocator* workspace_alloc);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // Whether Forward / Backward run `shape` with q rows ldq elements apart (the rules above).
-  static bool CoversForward(const AttentionShape& shape, int ldq);
-  static bool CoversBackward(const AttentionShape& shape, int ldq);
+  // Whether Forward / Backward run `shape` with q rows ldq elements apart on cuDNN `version`
+  // (cudnnGetVersion(), e.g. 91900; the rules above).
+  static bool CoversForward(const AttentionShape& shape, int ldq, int64_t version);
+  static bool CoversBackward(const AttentionShape& shape, int ldq, int64_t version);
 
   // AttentionForward's contract on ctx.stream, for a covered shape (InvalidArgument otherwise).
   absl::Status Forward(const DeviceContext& ctx,
@@ -66,8 +73,9 @@ class CudnnAttention {
                        const bf16* k,           // (b, kv_rows, kvw)
                        const bf16* v,           // (b, kv_rows, kvw)
                        const AttentionShape& shape);
-  // AttentionBackward's contract for a whole sequence: dq's q columns written, dk and dv
-  // written over rows [0, skv) (zero before: see above); delta holds Σ_d dO·O per row after.
+  // AttentionBackward's contract: dq's q columns written; dk and dv written over rows [0, skv)
+  // for a whole sequence (zero before: see above), added to them for a chunk; delta holds
+  // Σ_d dO·O per row after.
   absl::Status Backward(const DeviceContext& ctx,
                         bf16* dq,          // (b, sq, ldq)
                         bf16* dk,          // (b, kv_rows, kvw)
@@ -104,7 +112,7 @@ class CudnnAttention {
   void* handle_ = nullptr;  // cudnnHandle_t (void*: this header needs no cuDNN headers)
   int64_t version_;
   CachingAllocator* alloc_;
-  // Keyed by (backward, b, hq, hk, sq, skv, d, ldq, kv_rows).
+  // Keyed by (backward, b, hq, hk, sq, skv, d, ldq, kv_rows): sq < skv is a chunk.
   std::map<std::array<int64_t, 9>, std::unique_ptr<Plan>> plans_;
   DeviceArray<uint8_t> workspace_;
 };

@@ -342,6 +342,8 @@ MemoryKernels DefaultMemoryKernels() {
   return MemoryKernels::kElement;  // until the vector kernels have passed on a GPU
 }
 
+std::vector<std::string_view> MemoryKernelsNames() { return {"element", "vector"}; }
+
 template <typename T>
 cudaError_t GeluForward(T* out, const T* inp, long n, cudaStream_t stream, MemoryKernels kernels) {
   if (VectorFits<T>(kernels, n, {out, inp})) {

@@ -1,9 +1,11 @@
 #include "worker/engine/kernels/cuda/gemm.h"
 
 #include <cstdlib>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -253,17 +255,27 @@ struct EpilogueOptIns {
   bool residual = false;
 };
 
-EpilogueOptIns ReadEpilogueOptIns() {
-  EpilogueOptIns o;
+// VOCABPIPE_GEMM_EPILOGUE's words (',' or '+' between them, blanks ignored), each applied to o;
+// the first word that is none of bias, gelu, residual, all ("" when every word is known).
+std::string ReadEpilogueWords(EpilogueOptIns& o) {
   const char* env = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  if (env == nullptr) return o;
+  if (env == nullptr) return "";
   for (absl::string_view word : absl::StrSplit(env, absl::ByAnyChar(",+"))) {
     word = absl::StripAsciiWhitespace(word);
     const bool all = word == "all";
     if (word == "bias" || all) o.bias = true;
     if (word == "gelu" || all) o.bias = o.gelu = true;
     if (word == "residual" || all) o.bias = o.residual = true;
+    if (!word.empty() && !all && word != "bias" && word != "gelu" && word != "residual") {
+      return std::string(word);
+    }
   }
+  return "";
+}
+
+EpilogueOptIns ReadEpilogueOptIns() {
+  EpilogueOptIns o;
+  ReadEpilogueWords(o);
   return o;
 }
 
@@ -272,6 +284,15 @@ EpilogueOptIns ReadEpilogueOptIns() {
 bool FusedBiasEpilogue() { return ReadEpilogueOptIns().bias; }
 bool FusedGeluEpilogue() { return ReadEpilogueOptIns().gelu; }
 bool FusedResidualEpilogue() { return ReadEpilogueOptIns().residual; }
+
+absl::Status CheckGemmEpilogueSwitch() {
+  EpilogueOptIns o;
+  const std::string unknown = ReadEpilogueWords(o);
+  if (unknown.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "VOCABPIPE_GEMM_EPILOGUE: unknown word \"", absl::CHexEscape(unknown.substr(0, 40)),
+      "\" (expected a list of bias, gelu, residual or all)"));
+}
 
 // Llama's nn.Linear layout [out, in], no bias (cpu::LinearT*): the same three GEMMs with the
 // weight's transpose flags flipped.

@@ -121,6 +121,9 @@ bool FusedGeluEpilogue();
 // True for residual: Linear(T)ResidualForward read the residual stream as the GEMM's C matrix
 // (GemmResidual) instead of adding it with a separate kernel.
 bool FusedResidualEpilogue();
+// OK when every word of VOCABPIPE_GEMM_EPILOGUE (or its absence) is one of the above or `all`;
+// InvalidArgument naming the variable and the first unknown word otherwise.
+absl::Status CheckGemmEpilogueSwitch();
 
 // Linear layer, weight in Conv1D layout [in, out] (the CPU engine's layout), T float or bf16.
 // out = inp · weight (+ bias).

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace vp::engine::cuda {
 
@@ -78,6 +79,8 @@ cudaError_t PositionEmbeddingBackward(float* dwpe,  // (>= start_pos + t, c)
 enum class MemoryKernels { kDefault, kElement, kVector };
 // The kernels kDefault resolves to now (reads VOCABPIPE_MEMORY_KERNELS).
 MemoryKernels DefaultMemoryKernels();
+// Every value VOCABPIPE_MEMORY_KERNELS takes.
+std::vector<std::string_view> MemoryKernelsNames();
 
 // LayerNorm over the last dimension, fp32 statistics, eps 1e-5.
 
@@ -198,6 +201,8 @@ enum class AttentionKernels {
 AttentionKernels DefaultAttentionKernels();
 // The VOCABPIPE_ATTENTION value that selects `kernels` (kDefault: the one it resolves to now).
 std::string_view AttentionKernelsName(AttentionKernels kernels);
+// Every value VOCABPIPE_ATTENTION takes.
+std::vector<std::string_view> AttentionKernelsNames();
 
 // k, v, dk, dv rows are kv_width() wide (= width() without grouping); with kv_heads < heads the
 // backward sums dK, dV over the heads/kv_heads query heads that share a key/value head.
