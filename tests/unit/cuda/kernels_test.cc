@@ -860,6 +860,8 @@ TEST(KernelSwitches, UnknownValuesAreRefusedNamingTheVariable) {
     attention.Set(std::string(name));
     EXPECT_TRUE(CheckKernelSwitches().ok()) << name;
   }
+  attention.Set("");  // empty: the default, like unset
+  EXPECT_TRUE(CheckKernelSwitches().ok());
   memory.Set("vector");
   epilogue.Set("gelu, residual");
   EXPECT_TRUE(CheckKernelSwitches().ok());

@@ -14,10 +14,10 @@
 namespace vp::engine::cuda {
 namespace {
 
-// `variable` unset, or one of `names`.
+// `variable` unset or empty (the default), or one of `names`.
 absl::Status CheckOneOf(const char* variable, const std::vector<std::string_view>& names) {
   const char* env = std::getenv(variable);
-  if (env == nullptr || absl::c_linear_search(names, std::string_view(env))) {
+  if (env == nullptr || *env == '\0' || absl::c_linear_search(names, std::string_view(env))) {
     return absl::OkStatus();
   }
   std::string expected;

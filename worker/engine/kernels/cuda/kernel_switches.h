@@ -9,7 +9,7 @@
 
 namespace vp::engine::cuda {
 
-// OK when each switch is unset or holds a value it knows; else InvalidArgument naming the
+// OK when each switch is unset, empty or holds a value it knows; else InvalidArgument naming the
 // variable, the value (escaped, at most 40 bytes) and the values it takes.
 absl::Status CheckKernelSwitches();
 
