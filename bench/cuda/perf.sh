@@ -50,7 +50,10 @@
 # read as the C matrix of the GEMMs that write it; the bias epilogue's own gain runs 3 and 4
 # measured) and all (wide, vector and epilogues); about 15 s a variant for the three models. Each
 # runs cuda_bench's layer, output, attention and step sections for every model with those
-# variables set (the peak measured above), as the table row MODEL+NAME.
+# variables set (the peak measured above), as the table row MODEL+NAME. An entry of another form,
+# or one that sets a VOCABPIPE_ variable no kernel reads (a misspelt switch would time the
+# defaults under the variant's name), is reported FAIL and skipped before anything runs; a dry
+# run then exits 1. cuda_bench refuses a switch's unknown value itself.
 #
 # Environment:
 #   VP_BIN_ENV               prefix for our binaries, e.g. "env LD_LIBRARY_PATH=/x/lib" (split
@@ -86,6 +89,49 @@ default_variants+=" epilogues:VOCABPIPE_GEMM_EPILOGUE=all"
 default_variants+=" all:VOCABPIPE_ATTENTION=flash-wide,VOCABPIPE_MEMORY_KERNELS=vector"
 default_variants+=",VOCABPIPE_GEMM_EPILOGUE=all"
 read -r -a variants <<< "${PERF_VARIANTS-$default_variants}"
+
+# Why a PERF_VARIANTS entry cannot run ("" when it can): NAME:VAR=VALUE[,VAR=VALUE...], and a
+# VOCABPIPE_ variable only among the kernel switches cuda_bench reads — a misspelt one would time
+# the default kernels under the variant's name (cuda_bench itself refuses an unknown value).
+variant_problem() {
+  local v=$1 a parts
+  [[ "$v" == ?*:*=* ]] || {
+    echo "is not NAME:VAR=VALUE[,VAR=VALUE]"
+    return
+  }
+  IFS=, read -r -a parts <<< "${v#*:}"
+  for a in "${parts[@]}"; do
+    [[ "$a" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || {
+      echo "has '$a', not VAR=VALUE"
+      return
+    }
+    case "${a%%=*}" in
+      VOCABPIPE_ATTENTION | VOCABPIPE_MEMORY_KERNELS | VOCABPIPE_GEMM_EPILOGUE) ;;
+      VOCABPIPE_*)
+        echo "sets ${a%%=*}, which no kernel reads (the switches:" \
+          "VOCABPIPE_ATTENTION, VOCABPIPE_MEMORY_KERNELS, VOCABPIPE_GEMM_EPILOGUE)"
+        return
+        ;;
+    esac
+  done
+}
+# Checked before anything runs: a bad entry is reported and dropped (the others still run); a
+# dry run then fails.
+if ((!table_only)); then
+  bad_variants=0
+  good=()
+  for v in "${variants[@]}"; do
+    problem=$(variant_problem "$v")
+    if [[ -n "$problem" ]]; then
+      echo "FAIL: PERF_VARIANTS entry '$v' $problem"
+      bad_variants=1
+    else
+      good+=("$v")
+    fi
+  done
+  variants=("${good[@]}")
+  ((!dry_run || !bad_variants)) || exit 1
+fi
 t_start=$SECONDS
 models=(gpt2-50k gpt2-256k llama)
 bench_programs "$here"
@@ -182,11 +228,6 @@ if ((dry_run)); then
       "--warmup=$warmup --iters=$iters $flags [--peak=<measured> after the first model]"
   done
   for v in "${variants[@]}"; do
-    [[ "$v" == *:*=* ]] || {
-      echo "FAIL: PERF_VARIANTS entry '$v' is not NAME:VAR=VALUE[,VAR=VALUE]"
-      status=1
-      continue
-    }
     echo "  would run variant ${v%%:*}: env ${v#*:} (commas: separate variables) ... $bench" \
       "--sections=layer,output,attention,step ... for ${models[*]}"
   done

@@ -50,6 +50,26 @@ expect "gpt2-50k        norm.bwd_input   element    415.0 us  0.16 TB/s    4% | 
 expect "gpt2-50k        vocabpipe flash             fwd   46.0  bwd   62.6 TFLOP/s (0.747 / 1.373 ms)"
 expect "gpt2-50k        torch sdpa-default          fwd  171.9  bwd  143.2 TFLOP/s (0.200 / 0.600 ms) flash_fwd_kernel"
 expect "backend=cudnn model=gpt2-50k FAIL RuntimeError: No available kernel."
+# A PERF_VARIANTS entry that names no kernel switch (misspelt) or is no NAME:VAR=VALUE fails the
+# dry run before anything else, naming the entry; well-formed ones pass that check.
+dry=$(PERF_VARIANTS='ok:VOCABPIPE_ATTENTION=cudnn typo:VOCABPIPE_ATENTION=cudnn bare' \
+  CUDA_BENCH=/nonexistent bash "$here/perf.sh" --dry-run "$work/dry" 2>&1)
+rc=$?
+((rc == 1)) || {
+  echo "perf.sh --dry-run with bad variants exited $rc"
+  bad=1
+}
+for line in "FAIL: PERF_VARIANTS entry 'typo:VOCABPIPE_ATENTION=cudnn' sets VOCABPIPE_ATENTION" \
+  "FAIL: PERF_VARIANTS entry 'bare' is not NAME:VAR=VALUE"; do
+  grep -qF -- "$line" <<< "$dry" || {
+    echo "missing: $line"
+    bad=1
+  }
+done
+! grep -q "entry 'ok:" <<< "$dry" || {
+  echo "a well-formed variant was refused"
+  bad=1
+}
 [[ -s "$work/perf.txt" ]] || {
   echo "perf.txt not written"
   bad=1
