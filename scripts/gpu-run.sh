@@ -15,6 +15,8 @@
 #                                             kernel_profile.sh if time is left): a second GPU
 #                                             call that measures the winners of the first
 #                                             without its tests and jobs (~2-3 minutes)
+# Another VP_GPU_ONLY value, or a VP_GPU_BUDGET_S that is no whole number of seconds, is refused
+# before anything runs (exit 2): a misspelt setting would spend the GPU's minutes on another run.
 #
 # LOGDIR receives three files only, so that all of it comes back from a host that returns a
 # few files: summary.txt (one PASS / FAIL / SKIP / INFO line per check, then the first lines
@@ -60,7 +62,19 @@ fi
 DRY=0
 [[ "$MODE" != gpu ]] && DRY=1
 PERF_ONLY=0
-[[ "${VP_GPU_ONLY:-}" == perf ]] && PERF_ONLY=1
+# A misspelt setting would spend the GPU's minutes on the wrong run: refused before anything.
+case "${VP_GPU_ONLY:-}" in
+  "") ;;
+  perf) PERF_ONLY=1 ;;
+  *)
+    echo "run.sh: VP_GPU_ONLY must be perf or unset" >&2
+    exit 2
+    ;;
+esac
+if [[ -n "${VP_GPU_BUDGET_S:-}" && ! "${VP_GPU_BUDGET_S}" =~ ^[1-9][0-9]*$ ]]; then
+  echo "run.sh: VP_GPU_BUDGET_S must be a whole number of seconds" >&2
+  exit 2
+fi
 REF_STEPS=20      # steps of each CPU reference (and of the fp32 comparison)
 CPU_THREADS=4     # BLAS threads per CPU reference rank
 CPU_REFS=(gpu-p1-fp32 gpu-p2-vocab1 gpu-p2-vocab2 gpu-llama-p2 gpu-d2-p2 gpu-t2-p2)
