@@ -1519,32 +1519,31 @@ TEST(CudaCudnnAttention, MatchesCpu) {
   std::printf("cuDNN %ld\n", static_cast<long>((*dnn)->version()));
   constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
   constexpr auto kAny = AttentionKernels::kDefault;
-  CheckAttention<bf16>(
-      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400,
-      kTol, kAny, dnn->get());
-  CheckAttention<bf16>({.batch = 1,
-                        .heads = 8,
-                        .head_dim = 128,
-                        .q_begin = 0,
-                        .q_end = 130,
-                        .kv_rows = 130,
-                        .kv_heads = 2},
-                       410, kTol, kAny, dnn->get());
-  CheckAttention<bf16>(
-      {.batch = 2, .heads = 3, .head_dim = 64, .q_begin = 0, .q_end = 96, .kv_rows = 192}, 420,
-      kTol, kAny, dnn->get());
   if ((*dnn)->version() < 90600) std::printf("cuDNN before 9.6: the middle chunk on the kernels\n");
-  CheckAttention<bf16>(
-      {.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 70, .q_end = 170, .kv_rows = 224}, 430,
-      kTol, kAny, dnn->get());
-  CheckAttention<bf16>({.batch = 1,
-                        .heads = 4,
-                        .head_dim = 128,
-                        .q_begin = 128,
-                        .q_end = 256,
-                        .kv_rows = 256,
-                        .kv_heads = 2},
-                       440, kTol, kAny, dnn->get());
+  struct Case {
+    cpu::AttentionShape shape;
+    uint32_t seed;
+  };
+  const Case cases[] = {
+      // Whole sequences: 200 rows at head_dim 64; grouped 8 -> 2 at 128.
+      {{.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200}, 400},
+      {{.batch = 1, .heads = 8, .head_dim = 128, .q_end = 130, .kv_rows = 130, .kv_heads = 2}, 410},
+      // Seq1F1B chunks: the first, a middle one off the 64-row tiles, a grouped last one.
+      {{.batch = 2, .heads = 3, .head_dim = 64, .q_begin = 0, .q_end = 96, .kv_rows = 192}, 420},
+      {{.batch = 2, .heads = 2, .head_dim = 64, .q_begin = 70, .q_end = 170, .kv_rows = 224}, 430},
+      {{.batch = 1,
+        .heads = 4,
+        .head_dim = 128,
+        .q_begin = 128,
+        .q_end = 256,
+        .kv_rows = 256,
+        .kv_heads = 2},
+       440},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "seed " << c.seed);
+    CheckAttention<bf16>(c.shape, c.seed, kTol, kAny, dnn->get());
+  }
 }
 
 }  // namespace

@@ -259,18 +259,19 @@ struct EpilogueOptIns {
 // the first word that is none of bias, gelu, residual, all ("" when every word is known).
 std::string ReadEpilogueWords(EpilogueOptIns& o) {
   const char* env = std::getenv("VOCABPIPE_GEMM_EPILOGUE");
-  if (env == nullptr) return "";
+  std::string unknown;
+  if (env == nullptr) return unknown;
   for (absl::string_view word : absl::StrSplit(env, absl::ByAnyChar(",+"))) {
     word = absl::StripAsciiWhitespace(word);
     const bool all = word == "all";
     if (word == "bias" || all) o.bias = true;
     if (word == "gelu" || all) o.bias = o.gelu = true;
     if (word == "residual" || all) o.bias = o.residual = true;
-    if (!word.empty() && !all && word != "bias" && word != "gelu" && word != "residual") {
-      return std::string(word);
-    }
+    const bool known =
+        word.empty() || all || word == "bias" || word == "gelu" || word == "residual";
+    if (!known && unknown.empty()) unknown = std::string(word);
   }
-  return "";
+  return unknown;
 }
 
 EpilogueOptIns ReadEpilogueOptIns() {
