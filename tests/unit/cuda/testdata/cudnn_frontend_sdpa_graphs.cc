@@ -19,6 +19,17 @@
 //     rm log.txt
 //   done
 //
+// Then four graphs as the frontend builds them for cuDNN up to 9.15, whose backward on key
+// lengths that are no multiple of 128 it gives a padding mask (lengths = the dims) and M/N/K
+// overrides, working around those versions' backward kernels. With cuDNN 9.19 here, the
+// frontend's version test for that workaround (node/scaled_dot_product_flash_attention.h,
+// `detail::get_backend_version() <= 91500` in the backward node's pre-validation) was made true
+// in a scratch copy of its headers when FORCE_WORKAROUND is set, and fe_sdpa rebuilt against it:
+//   for a in "fwd 2 2 2 200 200 200 64" "bwd 2 2 2 200 200 200 64" \
+//            "fwd 2 4 2 100 170 224 64" "bwd 2 4 2 100 170 224 64"; do
+//     FORCE_WORKAROUND=1 CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=log.txt ./fe_sdpa $a  # ... as above
+//   done
+//
 // Made with cudnn-frontend 1.23.0 (its main branch, 3929da2) and cuDNN 9.19.0 on 2026-11-28; the
 // shapes are CudnnAttentionGraphs.DescriptorsFinalizeWithoutADevice's: GPT-2-like (b 2, 16 heads
 // of 64, 1024 rows), Llama-like grouped (b 1, 32 query heads on 8, head_dim 128, 512 rows) and a

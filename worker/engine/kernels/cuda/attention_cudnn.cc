@@ -103,6 +103,8 @@ enum Uid : int64_t {
   kDqAccum,  // dQ in fp32 (the workspace, after the plan's own part)
   kSeqLenQ,  // a chunk's query rows and the key rows they see (int32 scalars of the mask)
   kSeqLenKv,
+  kPadLenQ,   // the same per sequence, (b, 1, 1, 1) int32 in device memory: the padding mask
+  kPadLenKv,  // of the backward's workaround for cuDNN up to 9.15 (PaddingWorkaround)
   kFirstVirtual = 100,
 };
 
@@ -161,9 +163,20 @@ struct CudnnAttention::Plan {
   float one = 1.0f;
   int32_t seq_len_q = 0, seq_len_kv = 0;  // a chunk's sq and skv (the bottom-right mask)
   int64_t dkv_bytes = 0;                  // a chunk's dK and dV each, after dQ (256-aligned)
+  // The padding workaround's lengths: sq for each sequence, then from pad_kv_offset (16-byte
+  // aligned, as every tensor is declared) skv for each; device memory, uploaded once from
+  // pad_lens_host, which outlives the copy.
+  std::vector<int32_t> pad_lens_host;
+  DeviceArray<int32_t> pad_lens;
+  int64_t pad_kv_offset = 0;
 };
 
 namespace {
+
+// Per-sequence lengths that override a matmul's M, N or K (null: not overridden).
+struct Overrides {
+  cudnnBackendDescriptor_t m = nullptr, n = nullptr, k = nullptr;
+};
 
 // Builds one operation graph and its execution plan. Errors are sticky: after the first failed
 // call every later one does nothing, and Build returns that first error — so a graph reads as
@@ -187,15 +200,18 @@ class GraphBuilder {
   }
 
   // c = a · b over the last two dims (fp32 accumulation), batched over the first two.
-  Desc Matmul(Desc a, Desc b, Desc c) {
-    Uses({a, b}, c);
+  Desc Matmul(Desc a, Desc b, Desc c, Overrides o = {}) {
+    Uses({a, b, o.m, o.n, o.k}, c);
     Desc desc = Fp32Descriptor(CUDNN_BACKEND_MATMUL_DESCRIPTOR, CUDNN_ATTR_MATMUL_COMP_TYPE);
     Finalize(desc, "matmul descriptor");
     Operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
               {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
                {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
                {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
-               {CUDNN_ATTR_OPERATION_MATMUL_DESC, desc}},
+               {CUDNN_ATTR_OPERATION_MATMUL_DESC, desc},
+               {CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, o.m},
+               {CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, o.n},
+               {CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, o.k}},
               "matmul");
     return c;
   }
@@ -443,6 +459,11 @@ class GraphBuilder {
 // Seq1F1B chunk whose queries start at position skv − sq.
 struct Geometry {
   int64_t b, hq, hk, sq, skv, d, ldq, kv_rows;
+  // The backward as cuDNN's frontend builds it for cuDNN up to 9.15 when skv is no multiple of
+  // 128: with a padding mask (lengths sq, skv per sequence) and the matmuls' M/N/K overridden by
+  // those lengths — a workaround the frontend applies for a fault of those versions' backward
+  // kernels on such lengths (the lengths equal the dims, so the result is unchanged).
+  bool padding_workaround = false;
   int64_t w() const { return hq * d; }
   int64_t kvw() const { return hk * d; }
   bool chunk() const { return sq < skv; }
@@ -473,16 +494,58 @@ struct Geometry {
   Dims score_t_strides() const { return {hq * sq * skv, sq * skv, 1, skv}; }
 };
 
-Geometry GeometryOf(const AttentionShape& s, int ldq) {
-  return Geometry{s.batch,    s.heads, s.num_kv_heads(), s.q_len(), s.q_end,
-                  s.head_dim, ldq,     s.kv_rows};
+Geometry GeometryOf(const AttentionShape& s, int ldq, bool backward, int64_t version) {
+  Geometry geo{s.batch, s.heads, s.num_kv_heads(), s.q_len(), s.q_end, s.head_dim, ldq, s.kv_rows};
+  geo.padding_workaround = backward && version <= 91500 && geo.skv % 128 != 0;
+  return geo;
+}
+
+// The lengths a graph's mask compares with: by-value scalars for a chunk's bottom-right causal
+// mask, or the padding workaround's (b, 1, 1, 1) tensors; null where the graph has none.
+struct SeqLens {
+  GraphBuilder::Desc q = nullptr, kv = nullptr;
+};
+
+SeqLens SeqLensOf(GraphBuilder& g, const Geometry& geo) {
+  if (geo.padding_workaround) {
+    const Dims dims{geo.b, 1, 1, 1}, strides{1, 1, 1, 1};
+    return {g.Tensor(kPadLenQ, dims, strides, CUDNN_DATA_INT32),
+            g.Tensor(kPadLenKv, dims, strides, CUDNN_DATA_INT32)};
+  }
+  if (geo.chunk()) {
+    return {g.Scalar(kSeqLenQ, CUDNN_DATA_INT32), g.Scalar(kSeqLenKv, CUDNN_DATA_INT32)};
+  }
+  return {};
+}
+
+// The padding mask of the workaround: scores outside rows [0, sq) × columns [0, skv) of each
+// sequence set to −inf (none are, here: the lengths are the dims).
+GraphBuilder::Desc PaddingMask(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scores,
+                               const SeqLens& lens) {
+  using Desc = GraphBuilder::Desc;
+  const Dims dims = geo.score_dims(), strides = geo.score_strides();
+  auto index = [&](int64_t axis) {
+    return g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, nullptr,
+                       g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_INT32, axis);
+  };
+  auto below = [&](Desc index, Desc length) {
+    return g.Binary(CUDNN_POINTWISE_CMP_LT, index, length,
+                    g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN), CUDNN_DATA_BOOLEAN);
+  };
+  Desc col_in = below(index(3), lens.kv);
+  Desc row_in = below(index(2), lens.q);
+  Desc inside = g.Binary(CUDNN_POINTWISE_LOGICAL_AND, row_in, col_in,
+                         g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN), CUDNN_DATA_BOOLEAN);
+  return g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, g.Scalar(kNegInf, CUDNN_DATA_FLOAT),
+                     inside, g.Virtual(dims, strides, CUDNN_DATA_FLOAT));
 }
 
 // scores = (Q·Kᵀ)·scale with the causal mask: row i sees columns j ≤ i + skv − sq — the
 // diagonal aligned to the scores' bottom right, so a chunk's row i (position skv − sq + i) sees
 // the keys up to its own position; for a whole sequence (sq = skv) j ≤ i. Returns the masked
 // fp32 scores.
-GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scaled) {
+GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scaled,
+                                const SeqLens& lens) {
   using Desc = GraphBuilder::Desc;
   const Dims dims = geo.score_dims(), strides = geo.score_strides();
   Desc row = g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr,
@@ -490,10 +553,10 @@ GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuild
   Desc col = g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr,
                          g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_FLOAT, /*axis=*/3);
   if (geo.chunk()) {  // row + skv − sq, in int32 as cuDNN's frontend forms it
-    row = g.Binary(CUDNN_POINTWISE_ADD, row, g.Scalar(kSeqLenKv, CUDNN_DATA_INT32),
-                   g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
-    row = g.Binary(CUDNN_POINTWISE_SUB, row, g.Scalar(kSeqLenQ, CUDNN_DATA_INT32),
-                   g.Virtual(dims, strides, CUDNN_DATA_INT32), CUDNN_DATA_INT32);
+    row = g.Binary(CUDNN_POINTWISE_ADD, row, lens.kv, g.Virtual(dims, strides, CUDNN_DATA_INT32),
+                   CUDNN_DATA_INT32);
+    row = g.Binary(CUDNN_POINTWISE_SUB, row, lens.q, g.Virtual(dims, strides, CUDNN_DATA_INT32),
+                   CUDNN_DATA_INT32);
   }
   Desc keep = g.Pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr,
                           g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN), CUDNN_DATA_BOOLEAN);
@@ -526,7 +589,7 @@ void BuildForward(GraphBuilder& g, const Geometry& geo) {
   Desc s = g.Matmul(q, kt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc scaled = g.Binary(CUDNN_POINTWISE_MUL, s, g.Scalar(kScale, CUDNN_DATA_FLOAT),
                          g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
-  Desc masked = MaskedScores(g, geo, scaled);
+  Desc masked = MaskedScores(g, geo, scaled, SeqLensOf(g, geo));
   Desc max = g.Reduction(CUDNN_REDUCE_TENSOR_MAX, masked, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
   Desc shifted = g.Binary(CUDNN_POINTWISE_SUB, masked, max, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc e = g.Unary(CUDNN_POINTWISE_EXP, shifted, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
@@ -540,21 +603,25 @@ void BuildForward(GraphBuilder& g, const Geometry& geo) {
 // dV (or dK) = a · b into `out` (b, hk, skv, d); with grouped heads the product is formed per
 // query head (b, hq, skv, d) and summed over each group by a reduction.
 void ProductIntoKvHeads(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc a,
-                        GraphBuilder::Desc b, GraphBuilder::Desc out) {
+                        GraphBuilder::Desc b, GraphBuilder::Desc out, const Overrides& o) {
   if (geo.hq == geo.hk) {
-    g.Matmul(a, b, out);
+    g.Matmul(a, b, out, o);
     return;
   }
   GraphBuilder::Desc full = g.Matmul(
       a, b,
       g.Virtual({geo.b, geo.hq, geo.skv, geo.d},
-                {geo.hq * geo.skv * geo.d, geo.skv * geo.d, geo.d, 1}, CUDNN_DATA_BFLOAT16));
+                {geo.hq * geo.skv * geo.d, geo.skv * geo.d, geo.d, 1}, CUDNN_DATA_BFLOAT16),
+      o);
   g.Reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
 // Backward (the forward's P recomputed from the saved lse):
 //   D = Σ_d dO·O (the caller's delta); P = exp(S·scale − lse), masked;
 //   dV = Pᵀ·dO; dP = dO·Vᵀ; dS = P·(dP − D)·scale; dK = dSᵀ·Q; dQ = dS·K (fp32, then bf16).
+// With the padding workaround (Geometry) the scaled scores pass the padding mask before lse is
+// subtracted, and every product's rows or columns over queries (keys) are overridden by the
+// per-sequence sq (skv), as the frontend builds it.
 void BuildBackward(GraphBuilder& g, const Geometry& geo) {
   using Desc = GraphBuilder::Desc;
   const Dims sd = geo.score_dims(), ss = geo.score_strides();
@@ -577,28 +644,35 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
                          CUDNN_DATA_FLOAT));
   Desc dot = g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dout_o, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
   g.Binary(CUDNN_POINTWISE_MUL, dot, g.Scalar(kOne, CUDNN_DATA_FLOAT), row_sum);
+  const SeqLens lens = SeqLensOf(g, geo);
+  const bool pad = geo.padding_workaround;
+  // (queries × keys) products, (keys × queries) ones, and those over keys into queries.
+  const Overrides qk = pad ? Overrides{.m = lens.q, .n = lens.kv} : Overrides{};
+  const Overrides kq = pad ? Overrides{.m = lens.kv, .k = lens.q} : Overrides{};
+  const Overrides q_by_k = pad ? Overrides{.m = lens.q, .k = lens.kv} : Overrides{};
   // P = exp(S·scale − lse) under the causal mask.
-  Desc s = g.Matmul(q, kt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc s = g.Matmul(q, kt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT), qk);
   Desc scaled = g.Binary(CUDNN_POINTWISE_MUL, s, scale, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  if (pad) scaled = PaddingMask(g, geo, scaled, lens);
   Desc centred = g.Binary(CUDNN_POINTWISE_SUB, scaled, stats, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
-  Desc masked = MaskedScores(g, geo, centred);
+  Desc masked = MaskedScores(g, geo, centred, lens);
   Desc p = g.Unary(CUDNN_POINTWISE_EXP, masked, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   // dV = Pᵀ·dO.
   Desc p_t = g.Reshape(p, g.Virtual(td, ts, CUDNN_DATA_BFLOAT16));
-  ProductIntoKvHeads(g, geo, p_t, dout, dv);
+  ProductIntoKvHeads(g, geo, p_t, dout, dv, kq);
   // dS = P·(dO·Vᵀ − D)·scale.
-  Desc dp = g.Matmul(dout, vt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  Desc dp = g.Matmul(dout, vt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT), qk);
   Desc dp_centred = g.Binary(CUDNN_POINTWISE_SUB, dp, row_sum, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc ds_unscaled =
       g.Binary(CUDNN_POINTWISE_MUL, dp_centred, p, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc ds = g.Binary(CUDNN_POINTWISE_MUL, ds_unscaled, scale, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   // dK = dSᵀ·Q.
   Desc ds_t = g.Reshape(ds, g.Virtual(td, ts, CUDNN_DATA_BFLOAT16));
-  ProductIntoKvHeads(g, geo, ds_t, q, dk);
+  ProductIntoKvHeads(g, geo, ds_t, q, dk, kq);
   // dQ = dS·K in fp32, then to bf16 in the q columns of dq. (K's view is labelled fp32, as in the
   // graph cuDNN's frontend builds: a view's label is the engines' pattern, not a conversion.)
   Desc k = g.Reshape(kt, g.Virtual(geo.kv_dims(), geo.kv_strides(), CUDNN_DATA_FLOAT));
-  g.Matmul(ds, k, dq_accum);
+  g.Matmul(ds, k, dq_accum, q_by_k);
   g.Unary(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
 }
 
@@ -687,10 +761,11 @@ CudnnAttention::~CudnnAttention() {
   if (handle_ != nullptr) dnn_->cudnnDestroy(static_cast<cudnnHandle_t>(handle_));
 }
 
-absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backward,
+absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(const DeviceContext& ctx,
+                                                                    bool backward,
                                                                     const AttentionShape& shape,
                                                                     int ldq) {
-  const Geometry geo = GeometryOf(shape, ldq);
+  const Geometry geo = GeometryOf(shape, ldq, backward, version_);
   const std::array<int64_t, 9> key{backward, geo.b, geo.hq,  geo.hk,     geo.sq,
                                    geo.skv,  geo.d, geo.ldq, geo.kv_rows};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
@@ -706,6 +781,19 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backwar
       plan->dkv_bytes = geo.b * geo.skv * geo.kvw() * static_cast<int64_t>(sizeof(bf16));
     }
   }
+  if (geo.padding_workaround) {  // sq for each sequence, then skv for each
+    plan->pad_kv_offset = (geo.b + 3) / 4 * 4;
+    plan->pad_lens_host.assign(plan->pad_kv_offset, static_cast<int32_t>(geo.sq));
+    plan->pad_lens_host.resize(plan->pad_kv_offset + geo.b, static_cast<int32_t>(geo.skv));
+    const DeviceContext on{.stream = ctx.stream, .alloc = alloc_};
+    absl::StatusOr<DeviceArray<int32_t>> lens = DeviceArray<int32_t>::Create(
+        on, MemoryCategory::kActivations, plan->pad_lens_host.size(), /*zero=*/false);
+    if (!lens.ok()) return lens.status();
+    plan->pad_lens = std::move(*lens);
+    VP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(plan->pad_lens.data(), plan->pad_lens_host.data(),
+                                            plan->pad_lens_host.size() * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, ctx.stream));
+  }
   GraphBuilder g(*dnn_, *plan);
   BuildGraph(g, geo, backward);
   if (absl::Status st = g.Build(static_cast<cudnnHandle_t>(handle_)); !st.ok()) {
@@ -719,11 +807,14 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(bool backwar
   return built;
 }
 
-absl::Status CudnnAttention::CheckDescriptors(const AttentionShape& shape, int ldq) {
+absl::Status CudnnAttention::CheckDescriptors(const AttentionShape& shape, int ldq,
+                                              int64_t as_version) {
   absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
   if (!dnn.ok()) return dnn.status();
-  const Geometry geo = GeometryOf(shape, ldq);
+  const int64_t version =
+      as_version > 0 ? as_version : static_cast<int64_t>((*dnn)->cudnnGetVersion());
   for (bool backward : {false, true}) {
+    const Geometry geo = GeometryOf(shape, ldq, backward, version);
     Plan plan;
     GraphBuilder g(**dnn, plan);
     BuildGraph(g, geo, backward);
@@ -752,7 +843,7 @@ absl::Status CudnnAttention::Forward(const DeviceContext& ctx, bf16* out, float*
   if (!CoversForward(shape, ldq, version_)) {
     return absl::InvalidArgumentError("cuDNN attention: forward shape not covered");
   }
-  absl::StatusOr<const Plan*> plan = PlanFor(/*backward=*/false, shape, ldq);
+  absl::StatusOr<const Plan*> plan = PlanFor(ctx, /*backward=*/false, shape, ldq);
   if (!plan.ok()) return plan.status();
   absl::StatusOr<void*> workspace = Workspace(ctx, (*plan)->plan_workspace);
   if (!workspace.ok()) return workspace.status();
@@ -776,7 +867,7 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
   if (!CoversBackward(shape, ldq, version_)) {
     return absl::InvalidArgumentError("cuDNN attention: backward shape not covered");
   }
-  absl::StatusOr<const Plan*> plan = PlanFor(/*backward=*/true, shape, ldq);
+  absl::StatusOr<const Plan*> plan = PlanFor(ctx, /*backward=*/true, shape, ldq);
   if (!plan.ok()) return plan.status();
   // The workspace: cuDNN's part, dQ in fp32, and a chunk's dK and dV (each 256-aligned).
   const int64_t plan_part = AlignUp((*plan)->plan_workspace);
@@ -811,6 +902,12 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
                               const_cast<float*>(&(*plan)->neg_inf),
                               const_cast<float*>(&(*plan)->one)};
   AddChunkScalars(**plan, shape, uids, pointers);
+  if (!(*plan)->pad_lens.empty()) {
+    uids.push_back(kPadLenQ);
+    pointers.push_back((*plan)->pad_lens.data());
+    uids.push_back(kPadLenKv);
+    pointers.push_back((*plan)->pad_lens.data() + (*plan)->pad_kv_offset);
+  }
   if (absl::Status st = Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream,
                                 uids, pointers, *workspace);
       !st.ok() || in_place) {
@@ -831,7 +928,7 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
 
 struct CudnnAttention::Plan {};
 
-absl::Status CudnnAttention::CheckDescriptors(const AttentionShape&, int) {
+absl::Status CudnnAttention::CheckDescriptors(const AttentionShape&, int, int64_t) {
   return LoadCudnn().status();
 }
 

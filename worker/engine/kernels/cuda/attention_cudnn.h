@@ -29,7 +29,9 @@
 // them: transformer.cc); a chunk's are written to the workspace and added to rows [0, q_end)
 // (an earlier-run later chunk's contribution is kept, as the kernels keep it). dQ's fp32
 // accumulation may use atomics: unlike the kernels, the backward is not bit-for-bit
-// deterministic.
+// deterministic. Version quirks, as cuDNN's frontend handles them: 9.10.0/9.10.1 refused; up to
+// 9.15 a backward whose key length is no multiple of 128 gets a padding mask and M/N/K overrides
+// (the lengths equal the dims), the frontend's workaround for those versions' kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -91,8 +93,10 @@ class CudnnAttention {
   // `shape`, checks their wiring and finalizes each operation graph without a handle (all but the
   // engine and plan, which need a GPU), so a wrong attribute or a dangling tensor shows without a
   // device; with cuDNN's API log on, the graphs are printed as JSON (compare_cudnn_graphs.py holds
-  // them to cuDNN's own frontend's). Errors as Create.
-  static absl::Status CheckDescriptors(const AttentionShape& shape, int ldq);
+  // them to cuDNN's own frontend's). `as_version` > 0 builds them as for that cuDNN version (the
+  // backward's padding workaround up to 9.15), else as for the loaded one. Errors as Create.
+  static absl::Status CheckDescriptors(const AttentionShape& shape, int ldq,
+                                       int64_t as_version = 0);
 
   // cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0.
   int64_t version() const { return version_; }
@@ -103,7 +107,8 @@ class CudnnAttention {
 
  private:
   CudnnAttention(const Cudnn* dnn, int64_t version, CachingAllocator* alloc);
-  absl::StatusOr<const Plan*> PlanFor(bool backward, const AttentionShape& shape, int ldq);
+  absl::StatusOr<const Plan*> PlanFor(const DeviceContext& ctx, bool backward,
+                                      const AttentionShape& shape, int ldq);
   // Device memory of at least `bytes` for ctx.stream, kept between calls (one stream: reuse is
   // ordered by the stream).
   absl::StatusOr<void*> Workspace(const DeviceContext& ctx, int64_t bytes);
