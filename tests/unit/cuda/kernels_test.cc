@@ -1537,7 +1537,7 @@ TEST(CudaCudnnAttention, MatchesCpu) {
   constexpr AttentionTolerance kTol{2e-2, 2e-2, 2e-2, 1e-4};
   constexpr auto kAny = AttentionKernels::kDefault;
   if ((*dnn)->version() < 90600) std::printf("cuDNN before 9.6: the middle chunk on the kernels\n");
-  if ((*dnn)->version() <= 91500) {  // every case but none: key lengths 200, 130, 96, 170, 256
+  if ((*dnn)->version() <= 91500) {  // the cases with 200, 130, 96 and 170 keys
     std::printf("cuDNN up to 9.15: backward passes off 128 keys with the padding workaround\n");
   }
   struct Case {
