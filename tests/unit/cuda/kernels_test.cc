@@ -814,53 +814,53 @@ TEST(CudnnAttentionChoice, OnlyWhenAskedAndLoudWhenUnavailable) {
 
 // Device-free: every tensor and operation descriptor of both graphs is accepted and finalized
 // by the cuDNN this build found (a wrong attribute type, count or mode fails here, in CI, not
-// first on a GPU): GPT-2's multi-head shape, Llama's grouped one and a grouped Seq1F1B chunk
-// (compare_cudnn_graphs.py holds the six graphs to cuDNN's frontend's). cuDNN is optional (only
-// VOCABPIPE_ATTENTION=cudnn needs it): a build or machine without it has nothing to check.
+// first on a GPU): GPT-2's multi-head shape, Llama's grouped one, a grouped Seq1F1B chunk, and,
+// built as for cuDNN 9.15 (whose backward on key lengths off multiples of 128 gets the frontend's
+// padding workaround: a padding mask and the products' M/N/K overridden by the lengths), 200 rows
+// and a grouped chunk of 100 queries on 170 keys. compare_cudnn_graphs.py holds the ten graphs,
+// in this order, to cuDNN's frontend's. cuDNN is optional (only VOCABPIPE_ATTENTION=cudnn needs
+// it): a build or machine without it has nothing to check.
 TEST(CudnnAttentionGraphs, DescriptorsFinalizeWithoutADevice) {
   absl::StatusOr<const Cudnn*> dnn = LoadCudnn();
   if (!dnn.ok()) GTEST_SKIP() << "no cuDNN: " << dnn.status();
-  const AttentionShape mha{
-      .batch = 2, .heads = 16, .head_dim = 64, .q_begin = 0, .q_end = 1024, .kv_rows = 1024};
-  const absl::Status m = CudnnAttention::CheckDescriptors(mha, 3 * 1024);
-  EXPECT_TRUE(m.ok()) << m;
-  const AttentionShape gqa{.batch = 1,
-                           .heads = 32,
-                           .head_dim = 128,
-                           .q_begin = 0,
-                           .q_end = 512,
-                           .kv_rows = 512,
-                           .kv_heads = 8};
-  const absl::Status g = CudnnAttention::CheckDescriptors(gqa, 4096 + 2 * 1024);
-  EXPECT_TRUE(g.ok()) << g;
-  // A grouped Seq1F1B chunk: queries 512-767 of a 1024-row cache (the bottom-right mask, dK/dV
-  // in rows of their own).
-  const AttentionShape chunk{.batch = 2,
-                             .heads = 8,
-                             .head_dim = 128,
-                             .q_begin = 512,
-                             .q_end = 768,
-                             .kv_rows = 1024,
-                             .kv_heads = 2};
-  const absl::Status c = CudnnAttention::CheckDescriptors(chunk, 1024 + 2 * 256);
-  EXPECT_TRUE(c.ok()) << c;
-  // As for cuDNN 9.15, whose backward on key lengths off multiples of 128 gets the frontend's
-  // padding workaround (a padding mask and the products' M/N/K overridden by the lengths): 200
-  // rows, and a grouped chunk of 100 queries on 170 keys of a 224-row cache.
-  constexpr int64_t kV915 = 91500;
-  const AttentionShape rows200{
-      .batch = 2, .heads = 2, .head_dim = 64, .q_begin = 0, .q_end = 200, .kv_rows = 200};
-  const absl::Status w = CudnnAttention::CheckDescriptors(rows200, 128 + 2 * 128, kV915);
-  EXPECT_TRUE(w.ok()) << w;
-  const AttentionShape chunk170{.batch = 2,
-                                .heads = 4,
-                                .head_dim = 64,
-                                .q_begin = 70,
-                                .q_end = 170,
-                                .kv_rows = 224,
-                                .kv_heads = 2};
-  const absl::Status wc = CudnnAttention::CheckDescriptors(chunk170, 256 + 2 * 128, kV915);
-  EXPECT_TRUE(wc.ok()) << wc;
+  struct Case {
+    AttentionShape shape;
+    int ldq;
+    int64_t as_version;  // 0: the loaded cuDNN's
+  };
+  const Case cases[] = {
+      {{.batch = 2, .heads = 16, .head_dim = 64, .q_end = 1024, .kv_rows = 1024}, 3 * 1024, 0},
+      {{.batch = 1, .heads = 32, .head_dim = 128, .q_end = 512, .kv_rows = 512, .kv_heads = 8},
+       4096 + 2 * 1024,
+       0},
+      // Queries 512-767 of a 1024-row cache: the bottom-right mask, dK/dV in rows of their own.
+      {{.batch = 2,
+        .heads = 8,
+        .head_dim = 128,
+        .q_begin = 512,
+        .q_end = 768,
+        .kv_rows = 1024,
+        .kv_heads = 2},
+       1024 + 2 * 256,
+       0},
+      {{.batch = 2, .heads = 2, .head_dim = 64, .q_end = 200, .kv_rows = 200},
+       128 + 2 * 128,
+       91500},
+      {{.batch = 2,
+        .heads = 4,
+        .head_dim = 64,
+        .q_begin = 70,
+        .q_end = 170,
+        .kv_rows = 224,
+        .kv_heads = 2},
+       256 + 2 * 128,
+       91500},
+  };
+  for (const Case& c : cases) {
+    const absl::Status st = CudnnAttention::CheckDescriptors(c.shape, c.ldq, c.as_version);
+    EXPECT_TRUE(st.ok()) << st << " (" << c.shape.q_len() << " queries on " << c.shape.q_end
+                         << " keys)";
+  }
 }
 
 // Device-free: a kernel switch holding a value its kernels do not know is refused by name (they
