@@ -104,7 +104,8 @@ enum Uid : int64_t {
   kSeqLenQ,  // a chunk's query rows and the key rows they see (int32 scalars of the mask)
   kSeqLenKv,
   kPadLenQ,   // the same per sequence, (b, 1, 1, 1) int32 in device memory: the padding mask
-  kPadLenKv,  // of the backward's workaround for cuDNN up to 9.15 (PaddingWorkaround)
+  kPadLenKv,  // of the backward's workaround for cuDNN up to 9.15 (Geometry)
+  kPadFill,   // the padding mask's −inf (a scalar of its own, as in the frontend's graph)
   kFirstVirtual = 100,
 };
 
@@ -500,28 +501,30 @@ Geometry GeometryOf(const AttentionShape& s, int ldq, bool backward, int64_t ver
   return geo;
 }
 
-// The lengths a graph's mask compares with: by-value scalars for a chunk's bottom-right causal
-// mask, or the padding workaround's (b, 1, 1, 1) tensors; null where the graph has none.
-struct SeqLens {
+// The lengths a graph's masks compare with, each tensor made once per graph (one uid, one
+// tensor): by-value scalars for a chunk's bottom-right causal mask, or the padding workaround's
+// (b, 1, 1, 1) tensors; null where the graph has none.
+struct MaskInputs {
   GraphBuilder::Desc q = nullptr, kv = nullptr;
 };
 
-SeqLens SeqLensOf(GraphBuilder& g, const Geometry& geo) {
+MaskInputs MaskInputsOf(GraphBuilder& g, const Geometry& geo) {
+  MaskInputs in;
   if (geo.padding_workaround) {
     const Dims dims{geo.b, 1, 1, 1}, strides{1, 1, 1, 1};
-    return {g.Tensor(kPadLenQ, dims, strides, CUDNN_DATA_INT32),
-            g.Tensor(kPadLenKv, dims, strides, CUDNN_DATA_INT32)};
+    in.q = g.Tensor(kPadLenQ, dims, strides, CUDNN_DATA_INT32);
+    in.kv = g.Tensor(kPadLenKv, dims, strides, CUDNN_DATA_INT32);
+  } else if (geo.chunk()) {
+    in.q = g.Scalar(kSeqLenQ, CUDNN_DATA_INT32);
+    in.kv = g.Scalar(kSeqLenKv, CUDNN_DATA_INT32);
   }
-  if (geo.chunk()) {
-    return {g.Scalar(kSeqLenQ, CUDNN_DATA_INT32), g.Scalar(kSeqLenKv, CUDNN_DATA_INT32)};
-  }
-  return {};
+  return in;
 }
 
 // The padding mask of the workaround: scores outside rows [0, sq) × columns [0, skv) of each
 // sequence set to −inf (none are, here: the lengths are the dims).
 GraphBuilder::Desc PaddingMask(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scores,
-                               const SeqLens& lens) {
+                               const MaskInputs& lens) {
   using Desc = GraphBuilder::Desc;
   const Dims dims = geo.score_dims(), strides = geo.score_strides();
   auto index = [&](int64_t axis) {
@@ -536,7 +539,7 @@ GraphBuilder::Desc PaddingMask(GraphBuilder& g, const Geometry& geo, GraphBuilde
   Desc row_in = below(index(2), lens.q);
   Desc inside = g.Binary(CUDNN_POINTWISE_LOGICAL_AND, row_in, col_in,
                          g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN), CUDNN_DATA_BOOLEAN);
-  return g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, g.Scalar(kNegInf, CUDNN_DATA_FLOAT),
+  return g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, g.Scalar(kPadFill, CUDNN_DATA_FLOAT),
                      inside, g.Virtual(dims, strides, CUDNN_DATA_FLOAT));
 }
 
@@ -545,7 +548,7 @@ GraphBuilder::Desc PaddingMask(GraphBuilder& g, const Geometry& geo, GraphBuilde
 // the keys up to its own position; for a whole sequence (sq = skv) j ≤ i. Returns the masked
 // fp32 scores.
 GraphBuilder::Desc MaskedScores(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scaled,
-                                const SeqLens& lens) {
+                                const MaskInputs& lens) {
   using Desc = GraphBuilder::Desc;
   const Dims dims = geo.score_dims(), strides = geo.score_strides();
   Desc row = g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr,
@@ -589,7 +592,7 @@ void BuildForward(GraphBuilder& g, const Geometry& geo) {
   Desc s = g.Matmul(q, kt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc scaled = g.Binary(CUDNN_POINTWISE_MUL, s, g.Scalar(kScale, CUDNN_DATA_FLOAT),
                          g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
-  Desc masked = MaskedScores(g, geo, scaled, SeqLensOf(g, geo));
+  Desc masked = MaskedScores(g, geo, scaled, MaskInputsOf(g, geo));
   Desc max = g.Reduction(CUDNN_REDUCE_TENSOR_MAX, masked, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
   Desc shifted = g.Binary(CUDNN_POINTWISE_SUB, masked, max, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   Desc e = g.Unary(CUDNN_POINTWISE_EXP, shifted, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
@@ -644,7 +647,7 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
                          CUDNN_DATA_FLOAT));
   Desc dot = g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dout_o, g.Virtual(rd, rs, CUDNN_DATA_FLOAT));
   g.Binary(CUDNN_POINTWISE_MUL, dot, g.Scalar(kOne, CUDNN_DATA_FLOAT), row_sum);
-  const SeqLens lens = SeqLensOf(g, geo);
+  const MaskInputs lens = MaskInputsOf(g, geo);
   const bool pad = geo.padding_workaround;
   // (queries × keys) products, (keys × queries) ones, and those over keys into queries.
   const Overrides qk = pad ? Overrides{.m = lens.q, .n = lens.kv} : Overrides{};
@@ -907,6 +910,8 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
     pointers.push_back((*plan)->pad_lens.data());
     uids.push_back(kPadLenKv);
     pointers.push_back((*plan)->pad_lens.data() + (*plan)->pad_kv_offset);
+    uids.push_back(kPadFill);
+    pointers.push_back(const_cast<float*>(&(*plan)->neg_inf));
   }
   if (absl::Status st = Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream,
                                 uids, pointers, *workspace);
