@@ -271,12 +271,19 @@ class GraphBuilder {
   // The first error so far.
   const absl::Status& status() const { return status_; }
 
-  // The first error so far; when OK, whether the graph is wired: every virtual tensor written by
-  // exactly one operation and read by at least one, every real tensor written at most once and
-  // used. (cuDNN's graph finalize does not catch a dangling intermediate; its engines reject
-  // such a graph only on a GPU, without saying which tensor.)
+  // The first error so far; when OK, whether the graph is wired: one tensor per uid, every
+  // virtual tensor written by exactly one operation and read by at least one, every real tensor
+  // written at most once and used. (cuDNN's graph finalize does not catch a dangling intermediate;
+  // its engines reject such a graph only on a GPU, without saying which tensor.)
   absl::Status CheckWiring() const {
     if (!status_.ok()) return status_;
+    std::map<int64_t, int> tensors_of_uid;  // the variant pack maps a uid to one pointer
+    for (const auto& [tensor, use] : uses_) {
+      if (++tensors_of_uid[use.uid] > 1) {
+        return absl::InternalError(
+            absl::StrCat("cuDNN attention: two tensors of the graph have uid ", use.uid));
+      }
+    }
     for (const auto& [tensor, use] : uses_) {
       const bool bad = use.is_virtual ? use.writes != 1 || use.reads == 0
                                       : use.writes > 1 || use.writes + use.reads == 0;
