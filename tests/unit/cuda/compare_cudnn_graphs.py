@@ -7,7 +7,8 @@ Runs CUDA_KERNELS_TEST's CudnnAttentionGraphs case (no GPU needed: it builds and
 graphs of attention_cudnn.cc at a GPT-2-like and a Llama-like grouped whole-sequence shape and at
 a grouped Seq1F1B chunk, whose causal diagonal is aligned bottom-right; and, built as for cuDNN
 up to 9.15, a 200-row sequence and a grouped chunk of 100 queries on 170 keys, whose backward then
-carries the frontend's padding workaround) with cuDNN's API log on, takes the ten operation
+carries the frontend's padding workaround, and the 200 rows as for 9.9, where the frontend applies
+that padding mask a second time) with cuDNN's API log on, takes the twelve operation
 graphs cuDNN prints as JSON (forward and backward, per shape), and
 compares each with the graph NVIDIA's cudnn-frontend lowers its SDPA node to at the same shape
 and layout (GOLDEN.jsonl, made by testdata/cudnn_frontend_sdpa_graphs.cc).
@@ -17,7 +18,7 @@ same signature: its data type, dims and strides, and recursively the operation t
 (kind, mode, compute type, axis, reduction, determinism, alphas) with the signatures of that
 operation's inputs by port. The graph's own inputs are named by role (Q, K, V, O, dO, Stats, by
 uid) and by-value scalars by type and shape; intermediates carry no name, so the numbering of
-virtual tensors does not matter, only what computes what. Exit 0 when all ten match, 1 with the
+virtual tensors does not matter, only what computes what. Exit 0 when all twelve match, 1 with the
 first difference, 77 (ctest: skipped) when this build or machine has no cuDNN.
 """
 import json
@@ -33,7 +34,8 @@ ROLES = {'1': 'Q', '2': 'K', '3': 'V', '4': 'O', '5': 'Stats', '9': 'dO',
 CASES = ['GPT-2-like forward', 'GPT-2-like backward', 'grouped forward', 'grouped backward',
          'grouped chunk forward', 'grouped chunk backward',
          '200 rows forward', '200 rows backward as for cuDNN <= 9.15',
-         'grouped chunk of 100 on 170 forward', 'its backward as for cuDNN <= 9.15']
+         'grouped chunk of 100 on 170 forward', 'its backward as for cuDNN <= 9.15',
+         '200 rows forward as for cuDNN 9.9', 'its backward (padding mask twice)']
 OP_KEYS = ['operation', 'pointwiseMode', 'mathPrec', 'axis', 'reductionOp', 'isDeterministic',
            'alpha1', 'alpha2']
 INPUT_PORTS = ['X', 'B', 'T', 'matA', 'matB', 'mOverride', 'nOverride', 'kOverride']

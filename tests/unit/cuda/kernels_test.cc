@@ -765,6 +765,10 @@ TEST(CudnnAttentionCoverage, WholeSequencesAndChunks) {
   later.q_end = 640;  // 384 queries on 640 keys
   EXPECT_TRUE(CudnnAttention::CoversForward(later, 3 * 1024, kV95));
   EXPECT_TRUE(CudnnAttention::CoversForward(first, 3 * 1024, kV95));  // top-left: any length
+  AttentionShape one = whole;  // one query on one key: forward only
+  one.q_end = one.kv_rows = 1;
+  EXPECT_TRUE(CudnnAttention::CoversForward(one, 3 * 1024, kV919));
+  EXPECT_FALSE(CudnnAttention::CoversBackward(one, 3 * 1024, kV919));
   AttentionShape no_rows = whole;
   no_rows.q_begin = no_rows.q_end = 512;
   EXPECT_FALSE(CudnnAttention::CoversForward(no_rows, 3 * 1024, kV919));
@@ -817,7 +821,8 @@ TEST(CudnnAttentionChoice, OnlyWhenAskedAndLoudWhenUnavailable) {
 // first on a GPU): GPT-2's multi-head shape, Llama's grouped one, a grouped Seq1F1B chunk, and,
 // built as for cuDNN 9.15 (whose backward on key lengths off multiples of 128 gets the frontend's
 // padding workaround: a padding mask and the products' M/N/K overridden by the lengths), 200 rows
-// and a grouped chunk of 100 queries on 170 keys. compare_cudnn_graphs.py holds the ten graphs,
+// and a grouped chunk of 100 queries on 170 keys, and as for 9.9 (the padding mask twice) the 200
+// rows again. compare_cudnn_graphs.py holds the twelve graphs,
 // in this order, to cuDNN's frontend's. cuDNN is optional (only VOCABPIPE_ATTENTION=cudnn needs
 // it): a build or machine without it has nothing to check.
 TEST(CudnnAttentionGraphs, DescriptorsFinalizeWithoutADevice) {
@@ -855,6 +860,10 @@ TEST(CudnnAttentionGraphs, DescriptorsFinalizeWithoutADevice) {
         .kv_heads = 2},
        256 + 2 * 128,
        91500},
+      // As for 9.9: the padding mask applied a second time, after lse is subtracted.
+      {{.batch = 2, .heads = 2, .head_dim = 64, .q_end = 200, .kv_rows = 200},
+       128 + 2 * 128,
+       90900},
   };
   for (const Case& c : cases) {
     const absl::Status st = CudnnAttention::CheckDescriptors(c.shape, c.ldq, c.as_version);

@@ -29,6 +29,10 @@
 //            "fwd 2 4 2 100 170 224 64" "bwd 2 4 2 100 170 224 64"; do
 //     FORCE_WORKAROUND=1 CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG=log.txt ./fe_sdpa $a  # ... as above
 //   done
+// and, as for cuDNN 9.0-9.9, whose backward the frontend gives that padding mask a second time
+// after lse is subtracted (its test for that made true in the same copy by FORCE_PADDING2), the
+// 200 rows again: the forward (as above: nothing of it depends on the version) and
+//     FORCE_WORKAROUND=1 FORCE_PADDING2=1 ... ./fe_sdpa bwd 2 2 2 200 200 200 64
 //
 // Made with cudnn-frontend 1.23.0 (its main branch, 3929da2) and cuDNN 9.19.0 on 2026-11-28; the
 // shapes are CudnnAttentionGraphs.DescriptorsFinalizeWithoutADevice's: GPT-2-like (b 2, 16 heads

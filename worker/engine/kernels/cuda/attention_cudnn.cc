@@ -28,7 +28,8 @@ bool CudnnAttention::CoversForward(const AttentionShape& s, int ldq, int64_t ver
 }
 
 bool CudnnAttention::CoversBackward(const AttentionShape& s, int ldq, int64_t version) {
-  return CoversForward(s, ldq, version);
+  // One query on one key: a backward cuDNN's frontend refuses (not supported).
+  return CoversForward(s, ldq, version) && !(s.q_len() == 1 && s.q_end == 1);
 }
 
 absl::StatusOr<std::unique_ptr<CudnnAttention>> ChosenCudnnAttention(
@@ -106,6 +107,7 @@ enum Uid : int64_t {
   kPadLenQ,   // the same per sequence, (b, 1, 1, 1) int32 in device memory: the padding mask
   kPadLenKv,  // of the backward's workaround for cuDNN up to 9.15 (Geometry)
   kPadFill,   // the padding mask's −inf (a scalar of its own, as in the frontend's graph)
+  kPadFill2,  // and its second application's, before cuDNN 9.10
   kFirstVirtual = 100,
 };
 
@@ -472,6 +474,8 @@ struct Geometry {
   // those lengths — a workaround the frontend applies for a fault of those versions' backward
   // kernels on such lengths (the lengths equal the dims, so the result is unchanged).
   bool padding_workaround = false;
+  // Before 9.10 the frontend applies a padding mask a second time, after lse is subtracted.
+  bool padding_twice = false;
   int64_t w() const { return hq * d; }
   int64_t kvw() const { return hk * d; }
   bool chunk() const { return sq < skv; }
@@ -505,6 +509,7 @@ struct Geometry {
 Geometry GeometryOf(const AttentionShape& s, int ldq, bool backward, int64_t version) {
   Geometry geo{s.batch, s.heads, s.num_kv_heads(), s.q_len(), s.q_end, s.head_dim, ldq, s.kv_rows};
   geo.padding_workaround = backward && version <= 91500 && geo.skv % 128 != 0;
+  geo.padding_twice = geo.padding_workaround && version < 91000;
   return geo;
 }
 
@@ -531,7 +536,7 @@ MaskInputs MaskInputsOf(GraphBuilder& g, const Geometry& geo) {
 // The padding mask of the workaround: scores outside rows [0, sq) × columns [0, skv) of each
 // sequence set to −inf (none are, here: the lengths are the dims).
 GraphBuilder::Desc PaddingMask(GraphBuilder& g, const Geometry& geo, GraphBuilder::Desc scores,
-                               const MaskInputs& lens) {
+                               const MaskInputs& lens, Uid fill) {
   using Desc = GraphBuilder::Desc;
   const Dims dims = geo.score_dims(), strides = geo.score_strides();
   auto index = [&](int64_t axis) {
@@ -546,7 +551,7 @@ GraphBuilder::Desc PaddingMask(GraphBuilder& g, const Geometry& geo, GraphBuilde
   Desc row_in = below(index(2), lens.q);
   Desc inside = g.Binary(CUDNN_POINTWISE_LOGICAL_AND, row_in, col_in,
                          g.Virtual(dims, strides, CUDNN_DATA_BOOLEAN), CUDNN_DATA_BOOLEAN);
-  return g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, g.Scalar(kPadFill, CUDNN_DATA_FLOAT),
+  return g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, g.Scalar(fill, CUDNN_DATA_FLOAT),
                      inside, g.Virtual(dims, strides, CUDNN_DATA_FLOAT));
 }
 
@@ -663,8 +668,9 @@ void BuildBackward(GraphBuilder& g, const Geometry& geo) {
   // P = exp(S·scale − lse) under the causal mask.
   Desc s = g.Matmul(q, kt, g.Virtual(sd, ss, CUDNN_DATA_FLOAT), qk);
   Desc scaled = g.Binary(CUDNN_POINTWISE_MUL, s, scale, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
-  if (pad) scaled = PaddingMask(g, geo, scaled, lens);
+  if (pad) scaled = PaddingMask(g, geo, scaled, lens, kPadFill);
   Desc centred = g.Binary(CUDNN_POINTWISE_SUB, scaled, stats, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
+  if (geo.padding_twice) centred = PaddingMask(g, geo, centred, lens, kPadFill2);
   Desc masked = MaskedScores(g, geo, centred, lens);
   Desc p = g.Unary(CUDNN_POINTWISE_EXP, masked, g.Virtual(sd, ss, CUDNN_DATA_FLOAT));
   // dV = Pᵀ·dO.
@@ -919,6 +925,10 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
     pointers.push_back((*plan)->pad_lens.data() + (*plan)->pad_kv_offset);
     uids.push_back(kPadFill);
     pointers.push_back(const_cast<float*>(&(*plan)->neg_inf));
+    if (version_ < 91000) {  // Geometry::padding_twice
+      uids.push_back(kPadFill2);
+      pointers.push_back(const_cast<float*>(&(*plan)->neg_inf));
+    }
   }
   if (absl::Status st = Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream,
                                 uids, pointers, *workspace);
