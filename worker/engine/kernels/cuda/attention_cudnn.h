@@ -31,7 +31,9 @@
 // accumulation may use atomics: unlike the kernels, the backward is not bit-for-bit
 // deterministic. Version quirks, as cuDNN's frontend handles them: 9.10.0/9.10.1 refused; up to
 // 9.15 a backward whose key length is no multiple of 128 gets a padding mask and M/N/K overrides
-// (the lengths equal the dims), the frontend's workaround for those versions' kernels.
+// (the lengths equal the dims; before 9.10 the mask twice), the frontend's workaround for those
+// versions' kernels; a backward of one query on one key, which the frontend refuses, runs on the
+// kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
