@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<CudaStageEngine<T>>> CudaStageEngine<T>::Create(
   // VOCABPIPE_ATTENTION=cudnn asks for cuDNN's fused attention (bf16 only: fp32 attention runs
   // the FMA kernels, whose results must equal the CPU's); a missing library is the operator's
   // error to see, not a silent fallback.
-  if (std::is_same_v<T, engine::cuda::bf16>) {
+  if constexpr (std::is_same_v<T, engine::cuda::bf16>) {
     auto dnn = engine::cuda::ChosenCudnnAttention(e->alloc_.get());
     if (!dnn.ok()) return dnn.status();
     e->attention_ = std::move(*dnn);

@@ -158,6 +158,7 @@ struct CudnnAttention::Plan {
 
   std::vector<Descriptor> owned;  // every descriptor the plan was built from, the plan last
   cudnnBackendDescriptor_t plan = nullptr;
+  std::vector<int64_t> uids;   // the graph's tensors with memory or a value: its variant pack
   int64_t plan_workspace = 0;  // bytes the execution plan asks for
   int64_t dq_accum_bytes = 0;  // the backward's fp32 dQ, after the plan's part (256-aligned)
   // Host scalars the variant pack points at (passed by value).
@@ -272,6 +273,15 @@ class GraphBuilder {
 
   // The first error so far.
   const absl::Status& status() const { return status_; }
+
+  // The uids of the tensors the variant pack must give (every one that is not virtual).
+  std::vector<int64_t> RealUids() const {
+    std::vector<int64_t> uids;
+    for (const auto& [tensor, use] : uses_) {
+      if (!use.is_virtual) uids.push_back(use.uid);
+    }
+    return uids;
+  }
 
   // The first error so far; when OK, whether the graph is wired: one tensor per uid, every
   // virtual tensor written by exactly one operation and read by at least one, every real tensor
@@ -701,14 +711,23 @@ void BuildGraph(GraphBuilder& g, const Geometry& geo, bool backward) {
   }
 }
 
-// A chunk's mask scalars (sq, skv) in the variant pack, for graphs that have them.
-void AddChunkScalars(const CudnnAttention::Plan& plan, const AttentionShape& shape,
-                     std::vector<int64_t>& uids, std::vector<void*>& pointers) {
-  if (shape.q_begin == 0) return;
-  uids.push_back(kSeqLenQ);
-  pointers.push_back(const_cast<int32_t*>(&plan.seq_len_q));
-  uids.push_back(kSeqLenKv);
-  pointers.push_back(const_cast<int32_t*>(&plan.seq_len_kv));
+// Every variant-pack pointer by uid (null: none given); Execute passes those the plan's graph has.
+using VariantPointers = std::array<void*, kFirstVirtual>;
+
+// The pointers the plan itself owns: its host scalars and the padding workaround's lengths.
+void AddPlanPointers(const CudnnAttention::Plan& plan, VariantPointers& p) {
+  auto value = [](const auto& field) {
+    return const_cast<void*>(static_cast<const void*>(&field));
+  };
+  p[kScale] = value(plan.scale);
+  p[kNegInf] = p[kPadFill] = p[kPadFill2] = value(plan.neg_inf);
+  p[kOne] = value(plan.one);
+  p[kSeqLenQ] = value(plan.seq_len_q);
+  p[kSeqLenKv] = value(plan.seq_len_kv);
+  if (!plan.pad_lens.empty()) {
+    p[kPadLenQ] = const_cast<int32_t*>(plan.pad_lens.data());
+    p[kPadLenKv] = const_cast<int32_t*>(plan.pad_lens.data() + plan.pad_kv_offset);
+  }
 }
 
 constexpr int64_t kWorkspaceAlign = 256;
@@ -716,9 +735,18 @@ int64_t AlignUp(int64_t bytes) {
   return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
 }
 
+// Runs the plan on `stream` with the pointers of the uids its graph has (`pointers`: the
+// caller's data, AddPlanPointers added here).
 absl::Status Execute(const Cudnn& dnn, cudnnHandle_t handle, const CudnnAttention::Plan& plan,
-                     cudaStream_t stream, const std::vector<int64_t>& uids,
-                     const std::vector<void*>& pointers, void* workspace) {
+                     cudaStream_t stream, VariantPointers pointers, void* workspace) {
+  AddPlanPointers(plan, pointers);
+  std::vector<void*> given;
+  for (int64_t uid : plan.uids) {
+    if (pointers[uid] == nullptr) {
+      return absl::InternalError(absl::StrCat("cuDNN attention: no pointer for tensor ", uid));
+    }
+    given.push_back(pointers[uid]);
+  }
   cudnnBackendDescriptor_t pack = nullptr;
   if (absl::Status st = DnnStatus(
           dnn, dnn.cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
@@ -727,12 +755,12 @@ absl::Status Execute(const Cudnn& dnn, cudnnHandle_t handle, const CudnnAttentio
     return st;
   }
   Descriptor owned(&dnn, pack);
-  const int64_t n = static_cast<int64_t>(uids.size());
+  const int64_t n = static_cast<int64_t>(plan.uids.size());
   cudnnStatus_t status = dnn.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-                                                      CUDNN_TYPE_INT64, n, uids.data());
+                                                      CUDNN_TYPE_INT64, n, plan.uids.data());
   if (status == CUDNN_STATUS_SUCCESS) {
     status = dnn.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                                          CUDNN_TYPE_VOID_PTR, n, pointers.data());
+                                          CUDNN_TYPE_VOID_PTR, n, given.data());
   }
   if (status == CUDNN_STATUS_SUCCESS) {
     status = dnn.cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
@@ -818,6 +846,7 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(const Device
                                 " heads ", geo.hq, "/", geo.hk, " rows ", geo.sq, "x", geo.skv,
                                 " head_dim ", geo.d, ", cuDNN ", version_, "]"));
   }
+  plan->uids = g.RealUids();
   const Plan* built = plan.get();
   plans_.emplace(key, std::move(plan));
   return built;
@@ -863,16 +892,13 @@ absl::Status CudnnAttention::Forward(const DeviceContext& ctx, bf16* out, float*
   if (!plan.ok()) return plan.status();
   absl::StatusOr<void*> workspace = Workspace(ctx, (*plan)->plan_workspace);
   if (!workspace.ok()) return workspace.status();
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> pointers{const_cast<bf16*>(q),
-                              const_cast<bf16*>(k),
-                              const_cast<bf16*>(v),
-                              out,
-                              lse,
-                              const_cast<float*>(&(*plan)->scale),
-                              const_cast<float*>(&(*plan)->neg_inf)};
-  AddChunkScalars(**plan, shape, uids, pointers);
-  return Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream, uids, pointers,
+  VariantPointers pointers{};
+  pointers[kQ] = const_cast<bf16*>(q);
+  pointers[kK] = const_cast<bf16*>(k);
+  pointers[kV] = const_cast<bf16*>(v);
+  pointers[kO] = out;
+  pointers[kStats] = lse;
+  return Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream, pointers,
                  *workspace);
 }
 
@@ -901,37 +927,20 @@ absl::Status CudnnAttention::Backward(const DeviceContext& ctx, bf16* dq, bf16* 
   if (version_ < 90600) {
     VP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dq_accum, 0, (*plan)->dq_accum_bytes, ctx.stream));
   }
-  std::vector<int64_t> uids{kQ,  kK,  kV,      kO,       kDout,  kStats,  kDq,
-                            kDk, kDv, kRowSum, kDqAccum, kScale, kNegInf, kOne};
-  std::vector<void*> pointers{const_cast<bf16*>(q),
-                              const_cast<bf16*>(k),
-                              const_cast<bf16*>(v),
-                              const_cast<bf16*>(out),
-                              const_cast<bf16*>(dout),
-                              const_cast<float*>(lse),
-                              dq,
-                              dk_out,
-                              dv_out,
-                              delta,
-                              dq_accum,
-                              const_cast<float*>(&(*plan)->scale),
-                              const_cast<float*>(&(*plan)->neg_inf),
-                              const_cast<float*>(&(*plan)->one)};
-  AddChunkScalars(**plan, shape, uids, pointers);
-  if (!(*plan)->pad_lens.empty()) {
-    uids.push_back(kPadLenQ);
-    pointers.push_back((*plan)->pad_lens.data());
-    uids.push_back(kPadLenKv);
-    pointers.push_back((*plan)->pad_lens.data() + (*plan)->pad_kv_offset);
-    uids.push_back(kPadFill);
-    pointers.push_back(const_cast<float*>(&(*plan)->neg_inf));
-    if (version_ < 91000) {  // Geometry::padding_twice
-      uids.push_back(kPadFill2);
-      pointers.push_back(const_cast<float*>(&(*plan)->neg_inf));
-    }
-  }
+  VariantPointers pointers{};
+  pointers[kQ] = const_cast<bf16*>(q);
+  pointers[kK] = const_cast<bf16*>(k);
+  pointers[kV] = const_cast<bf16*>(v);
+  pointers[kO] = const_cast<bf16*>(out);
+  pointers[kDout] = const_cast<bf16*>(dout);
+  pointers[kStats] = const_cast<float*>(lse);
+  pointers[kDq] = dq;
+  pointers[kDk] = dk_out;
+  pointers[kDv] = dv_out;
+  pointers[kRowSum] = delta;
+  pointers[kDqAccum] = dq_accum;
   if (absl::Status st = Execute(*dnn_, static_cast<cudnnHandle_t>(handle_), **plan, ctx.stream,
-                                uids, pointers, *workspace);
+                                pointers, *workspace);
       !st.ok() || in_place) {
     return st;
   }
