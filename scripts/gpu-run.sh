@@ -447,14 +447,18 @@ run_job() {  # NAME CAP: `vocabpipe run` through the control plane, as a user ru
   result INFO "e2e-$n --direct" "exit $rc: $(tail -1 "$LOGS/e2e-$n-direct.log")"
 }
 
-# gtest_passed LOG PREFIX...: every PREFIX ran in LOG (a test's output) with at least one OK and
-# no FAILED test.
+# gtest_passed LOG PREFIX...: the test binary ran to its end in LOG (its output; a crash or a
+# time cap leaves no closing line, and cases it never reached leave no FAILED line either) and
+# every PREFIX's cases that started there passed: as many OK lines as RUN lines, at least one.
 gtest_passed() {
-  local log=$1 prefix
+  local log=$1 prefix runs oks
   shift
   [[ -f "$log" ]] || return 1
+  grep -qE '^\[==========\] [0-9]+ tests? from [0-9]+ test (suite|case)s? ran\.' "$log" || return 1
   for prefix in "$@"; do
-    grep -qF "[       OK ] $prefix" "$log" || return 1
+    runs=$(grep -cF "[ RUN      ] $prefix" "$log")
+    oks=$(grep -cF "[       OK ] $prefix" "$log")
+    ((runs >= 1 && oks == runs)) || return 1
     grep -qF "[  FAILED  ] $prefix" "$log" && return 1
   done
   return 0

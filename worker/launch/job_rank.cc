@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <set>
 #include <utility>
 
@@ -217,9 +218,17 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
   if (cudaDeviceGetPCIBusId(bus, sizeof(bus), *device) != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cuda:", *device, ": cannot read its PCI bus id"));
   }
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  const std::string id = absl::StrCat(host, "/", bus);
+  // The machine by its kernel's boot id, which containers on one node share (their host names
+  // differ), so two containers given one GPU are seen to share it; the host name where the boot
+  // id cannot be read.
+  std::string machine;
+  if (std::ifstream boot("/proc/sys/kernel/random/boot_id"); boot) std::getline(boot, machine);
+  if (machine.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    machine = host;
+  }
+  const std::string id = absl::StrCat(machine, "/", bus);
   std::set<std::string> ids;
   try {
     store->set(absl::StrCat(base, "/gpu/", options.rank), std::vector<char>(id.begin(), id.end()));
@@ -301,6 +310,23 @@ absl::StatusOr<std::unique_ptr<JobRank>> ConnectJobRank(
           add(w->Split(topology->TensorGroupId(options.rank), tp, tp, t, false, tensor_prefix));
       if (!c.ok()) return c.status();
       out->tensor = *c;
+    }
+    // NCCL connects a communicator's peers on its first use, which would be step 0, with the
+    // communicators driven from different threads. Connect them here instead, on this thread,
+    // every rank in the same order (pipeline, data, tensor); the pipeline's transfer
+    // communicator also with its neighbours.
+    std::vector<std::pair<comm::NcclCommunicator*, bool>> warm;
+    auto nccl_of = [](comm::Communicator* c) { return dynamic_cast<comm::NcclCommunicator*>(c); };
+    if (comm::NcclCommunicator* c = nccl_of(p2p)) warm.push_back({c, true});
+    if (comm::NcclCommunicator* c = nccl_of(coll); c != nullptr && coll != p2p) {
+      warm.push_back({c, false});
+    }
+    if (comm::NcclCommunicator* c = nccl_of(out->data)) warm.push_back({c, false});
+    if (comm::NcclCommunicator* c = nccl_of(out->tensor)) warm.push_back({c, false});
+    for (auto [c, neighbours] : warm) {
+      if (absl::Status s = c->WarmUp(neighbours); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("connect (NCCL): warm-up: ", s.message()));
+      }
     }
   } else {
     // Several ranks on one GPU: Gloo with device buffers staged through host memory, one

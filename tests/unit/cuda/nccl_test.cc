@@ -113,6 +113,11 @@ TEST(NcclCommunicator, SplitFormsTheTopologysGroups) {
         errors[r] = absl::StrCat(pipe.status().ToString(), " / ", data.status().ToString());
         return;
       }
+      // Connected as the launcher connects them (the pipeline with its neighbours).
+      for (auto [comm, neighbours] :
+           {std::pair{pipe->get(), true}, std::pair{data->get(), false}}) {
+        if (absl::Status s = comm->WarmUp(neighbours); !s.ok()) errors[r] += s.ToString();
+      }
       // A split whose expectation NCCL cannot meet is refused (the world stays usable).
       auto wrong = (*w)->Split(0, 0, 0, world + 1, false, "too-big");
       if (wrong.status().code() != absl::StatusCode::kInvalidArgument) {

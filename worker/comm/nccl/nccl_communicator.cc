@@ -71,7 +71,7 @@ absl::Status CreateStreamAndScratch(bool high_priority, cudaStream_t* stream, fl
     *stream = nullptr;
     return CudaError(e, "nccl connect: scratch");
   }
-  cudaMemset(*scratch, 0, sizeof(float));
+  cudaMemsetAsync(*scratch, 0, sizeof(float), *stream);  // ordered before its first use
   return absl::OkStatus();
 }
 
@@ -125,9 +125,15 @@ NcclCommunicator::~NcclCommunicator() {
   if (comm_ != nullptr) {
     // A poisoned communicator was aborted already; a healthy one finalises cleanly.
     if (error_.ok()) {
+      // A finalise that did not settle (a peer gone, kernels still waiting on it) would make
+      // ncclCommDestroy wait for it without end; abort instead.
       ncclResult_t r = nccl_->ncclCommFinalize(comm_);
-      Settle(*nccl_, comm_, r, absl::Now() + timeout_);
-      nccl_->ncclCommDestroy(comm_);
+      r = Settle(*nccl_, comm_, r, absl::Now() + timeout_);
+      if (r == ncclSuccess) {
+        nccl_->ncclCommDestroy(comm_);
+      } else {
+        nccl_->ncclCommAbort(comm_);
+      }
     }
   }
   if (scratch_ != nullptr) cudaFree(scratch_);
@@ -305,6 +311,33 @@ absl::Status NcclCommunicator::Barrier() {
   return AllReduce(scratch_, 1, ReduceOp::kSum);
 }
 
+absl::Status NcclCommunicator::WarmUp(bool neighbours) {
+  if (absl::Status s = CheckUsable(); !s.ok()) return s;
+  if (size_ == 1) return absl::OkStatus();
+  cudaSetDevice(device_);
+  const size_t count = static_cast<size_t>(size_) + 1;  // one a member, one to receive into
+  float* raw = nullptr;
+  if (cudaError_t e = cudaMalloc(&raw, count * sizeof(float)); e != cudaSuccess) {
+    return CudaError(e, absl::StrCat("nccl warm-up of \"", prefix_, "\": buffer"));
+  }
+  std::unique_ptr<float, decltype(&cudaFree)> buffer(raw, &cudaFree);
+  if (cudaError_t e = cudaMemsetAsync(raw, 0, count * sizeof(float), stream_); e != cudaSuccess) {
+    return CudaError(e, absl::StrCat("nccl warm-up of \"", prefix_, "\": buffer"));
+  }
+  if (absl::Status s = AllReduce(raw, size_, ReduceOp::kSum); !s.ok()) return s;
+  if (absl::Status s = ReduceScatterSum(raw, size_); !s.ok()) return s;
+  if (absl::Status s = AllGather(raw, size_); !s.ok()) return s;
+  if (!neighbours) return absl::OkStatus();
+  const bool has_next = rank_ + 1 < size_, has_previous = rank_ > 0;
+  // Downstream, then upstream: every member posts its pair of each direction in one group.
+  if (absl::Status s =
+          SendRecv(raw, has_next ? 1 : 0, rank_ + 1, raw + size_, has_previous ? 1 : 0, rank_ - 1);
+      !s.ok()) {
+    return s;
+  }
+  return SendRecv(raw, has_previous ? 1 : 0, rank_ - 1, raw + size_, has_next ? 1 : 0, rank_ + 1);
+}
+
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int color, int key,
                                                                           int expect_rank,
                                                                           int expect_size,
@@ -345,10 +378,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int co
   if (r == ncclSuccess && child != nullptr) r = Settle(*nccl_, child, ncclInProgress, deadline);
   if (r == ncclSuccess && child == nullptr) r = ncclInternalError;
   if (r != ncclSuccess) {
+    // Abort the parent first: that joins NCCL's split job, which fills in `child` (a local
+    // whose address the job holds) even when it failed; only then is `child` final.
+    const absl::Status failed =
+        Fail(r == ncclInProgress ? absl::DeadlineExceededError(what) : NcclError(*nccl_, r, what));
     if (child != nullptr) nccl_->ncclCommAbort(child);
     release();
-    if (r == ncclInProgress) return Fail(absl::DeadlineExceededError(what));
-    return Fail(NcclError(*nccl_, r, what));
+    return failed;
   }
   int count = 0, user_rank = -1;
   if (nccl_->ncclCommCount(child, &count) != ncclSuccess ||

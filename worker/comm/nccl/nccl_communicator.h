@@ -91,6 +91,15 @@ class NcclCommunicator final : public Communicator {
 
   cudaStream_t stream() const { return stream_; }
 
+  // Runs one of each operation the job will issue on this communicator, so NCCL sets up its
+  // connections now, on the calling thread, instead of lazily in the first step — where
+  // communicators of one device are driven from different threads while another's kernel may
+  // be waiting on the device. An all-reduce, a reduce-scatter and an all-gather of one float a
+  // member, and with `neighbours` one exchange with each pipeline neighbour (rank ± 1, each
+  // direction one grouped send/recv). Collective: every member calls it, in the same order
+  // relative to the other communicators' warm-ups.
+  absl::Status WarmUp(bool neighbours);
+
   // A communicator of the members of this one that pass the same `color` (>= 0), ranked by
   // `key` (ncclCommSplit; the job's groups use planner::Topology's group ids and group ranks).
   // Collective over this communicator: every member calls it, the splits in the same order.
