@@ -769,6 +769,12 @@ TEST(CudnnAttentionCoverage, WholeSequencesAndChunks) {
   one.q_end = one.kv_rows = 1;
   EXPECT_TRUE(CudnnAttention::CoversForward(one, 3 * 1024, kV919));
   EXPECT_FALSE(CudnnAttention::CoversBackward(one, 3 * 1024, kV919));
+  // One causal query row: refused by the frontend up to 9.9 (kernels), a chunk's too.
+  EXPECT_FALSE(CudnnAttention::CoversForward(one, 3 * 1024, kV95));
+  AttentionShape last_row = whole;
+  last_row.q_begin = 1023;
+  EXPECT_FALSE(CudnnAttention::CoversForward(last_row, 3 * 1024, 90900));
+  EXPECT_TRUE(CudnnAttention::CoversForward(last_row, 3 * 1024, 91000));
   AttentionShape no_rows = whole;
   no_rows.q_begin = no_rows.q_end = 512;
   EXPECT_FALSE(CudnnAttention::CoversForward(no_rows, 3 * 1024, kV919));
@@ -1573,6 +1579,8 @@ TEST(CudaCudnnAttention, MatchesCpu) {
     SCOPED_TRACE(::testing::Message() << "seed " << c.seed);
     CheckAttention<bf16>(c.shape, c.seed, kTol, kAny, dnn->get());
   }
+  // RunAttention* falls back to the kernels where cuDNN finds no engine: none of these may have.
+  EXPECT_EQ((*dnn)->refused_shapes(), 0) << (*dnn)->last_refusal();
 }
 
 }  // namespace

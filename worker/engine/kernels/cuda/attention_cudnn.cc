@@ -1,6 +1,7 @@
 #include "worker/engine/kernels/cuda/attention_cudnn.h"
 
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -24,6 +25,8 @@ bool CudnnAttention::CoversForward(const AttentionShape& s, int ldq, int64_t ver
   // A chunk past position 0 needs the bottom-right causal mask: any lengths from cuDNN 9.6,
   // multiples of 64 before (the limit cuDNN's frontend states).
   if (s.q_begin > 0 && version < 90600) return s.q_len() % 64 == 0 && s.q_end % 64 == 0;
+  // One query row under the causal mask: the frontend refuses it up to cuDNN 9.9.
+  if (s.q_len() == 1 && version < 91000) return false;
   return true;
 }
 
@@ -43,13 +46,30 @@ absl::StatusOr<std::unique_ptr<CudnnAttention>> ChosenCudnnAttention(
   return dnn;
 }
 
+namespace {
+
+// cuDNN's tensors are declared 16-byte aligned (its vectorised and TMA loads rely on it); the
+// layers pass allocator blocks, but a pointer off that alignment runs on the kernels.
+bool Aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 template <typename T>
 absl::Status RunAttentionForward(const DeviceContext& ctx, T* out, float* lse, const T* q, int ldq,
                                  const T* k, const T* v, const AttentionShape& shape) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (ctx.attention != nullptr &&
-        CudnnAttention::CoversForward(shape, ldq, ctx.attention->version())) {
-      return ctx.attention->Forward(ctx, out, lse, q, ldq, k, v, shape);
+        CudnnAttention::CoversForward(shape, ldq, ctx.attention->version()) &&
+        Aligned16({out, lse, q, k, v})) {
+      absl::Status st = ctx.attention->Forward(ctx, out, lse, q, ldq, k, v, shape);
+      // Unimplemented: cuDNN has no engine for this shape here (nothing was written; the
+      // runner counts it); the kernels below run it.
+      if (!absl::IsUnimplemented(st)) return st;
     }
   }
   VP_CUDA_RETURN_IF_ERROR(AttentionForward(out, lse, q, ldq, k, v, shape, ctx.stream));
@@ -62,8 +82,11 @@ absl::Status RunAttentionBackward(const DeviceContext& ctx, T* dq, T* dk, T* dv,
                                   int ldq, const T* k, const T* v, const AttentionShape& shape) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (ctx.attention != nullptr &&
-        CudnnAttention::CoversBackward(shape, ldq, ctx.attention->version())) {
-      return ctx.attention->Backward(ctx, dq, dk, dv, delta, dout, out, lse, q, ldq, k, v, shape);
+        CudnnAttention::CoversBackward(shape, ldq, ctx.attention->version()) &&
+        Aligned16({dq, dk, dv, delta, dout, out, lse, q, k, v})) {
+      absl::Status st =
+          ctx.attention->Backward(ctx, dq, dk, dv, delta, dout, out, lse, q, ldq, k, v, shape);
+      if (!absl::IsUnimplemented(st)) return st;  // as in the forward
     }
   }
   VP_CUDA_RETURN_IF_ERROR(
@@ -812,7 +835,10 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(const Device
   const Geometry geo = GeometryOf(shape, ldq, backward, version_);
   const std::array<int64_t, 9> key{backward, geo.b, geo.hq,  geo.hk,     geo.sq,
                                    geo.skv,  geo.d, geo.ldq, geo.kv_rows};
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  if (auto it = plans_.find(key); it != plans_.end()) {
+    if (it->second == nullptr) return absl::UnimplementedError(last_refusal_);
+    return it->second.get();
+  }
   auto plan = std::make_unique<Plan>();
   plan->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(geo.d)));
   // Before 9.10 cuDNN's masked softmax expected the lowest finite float as the fill, not -inf.
@@ -841,10 +867,15 @@ absl::StatusOr<const CudnnAttention::Plan*> CudnnAttention::PlanFor(const Device
   GraphBuilder g(*dnn_, *plan);
   BuildGraph(g, geo, backward);
   if (absl::Status st = g.Build(static_cast<cudnnHandle_t>(handle_)); !st.ok()) {
-    return absl::Status(
-        st.code(), absl::StrCat(st.message(), " [", backward ? "backward" : "forward", " b ", geo.b,
-                                " heads ", geo.hq, "/", geo.hk, " rows ", geo.sq, "x", geo.skv,
-                                " head_dim ", geo.d, ", cuDNN ", version_, "]"));
+    const std::string message = absl::StrCat(
+        st.message(), " [", backward ? "backward" : "forward", " b ", geo.b, " heads ", geo.hq, "/",
+        geo.hk, " rows ", geo.sq, "x", geo.skv, " head_dim ", geo.d, ", cuDNN ", version_, "]");
+    if (absl::IsUnimplemented(st)) {  // remembered: the next call of this shape goes straight on
+      plans_.emplace(key, nullptr);
+      ++refused_shapes_;
+      last_refusal_ = message;
+    }
+    return absl::Status(st.code(), message);
   }
   plan->uids = g.RealUids();
   const Plan* built = plan.get();

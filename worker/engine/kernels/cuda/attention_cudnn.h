@@ -32,8 +32,10 @@
 // deterministic. Version quirks, as cuDNN's frontend handles them: 9.10.0/9.10.1 refused; up to
 // 9.15 a backward whose key length is no multiple of 128 gets a padding mask and M/N/K overrides
 // (the lengths equal the dims; before 9.10 the mask twice), the frontend's workaround for those
-// versions' kernels; a backward of one query on one key, which the frontend refuses, runs on the
-// kernels.
+// versions' kernels; a backward of one query on one key, and up to 9.9 a forward of one query
+// row, which the frontend refuses, run on the kernels. A shape these rules cover but for which
+// cuDNN finds no engine on the GPU at hand (planning returns Unimplemented) also runs on the
+// kernels, through RunAttentionForward/Backward: see refused_shapes().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,6 +44,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -103,6 +106,14 @@ class CudnnAttention {
   // cudnnGetVersion() of the loaded library, e.g. 91900 for 9.19.0.
   int64_t version() const { return version_; }
 
+  // Shapes the static rules cover but for which cuDNN found no engine on this GPU (planning
+  // returned Unimplemented: an architecture or version its kernels do not support, NVRTC
+  // missing). Forward/Backward return Unimplemented for them, RunAttentionForward/Backward run
+  // them on the kernels instead; each is tried once, and counted here so a test or benchmark
+  // can tell cuDNN's numbers from the fallback's.
+  int refused_shapes() const { return refused_shapes_; }
+  const std::string& last_refusal() const { return last_refusal_; }
+
   // A finalized execution plan and what its variant pack needs (defined and used in the .cc
   // only; public so the .cc's graph builder can fill one).
   struct Plan;
@@ -119,8 +130,11 @@ class CudnnAttention {
   void* handle_ = nullptr;  // cudnnHandle_t (void*: this header needs no cuDNN headers)
   int64_t version_;
   CachingAllocator* alloc_;
-  // Keyed by (backward, b, hq, hk, sq, skv, d, ldq, kv_rows): sq < skv is a chunk.
+  // Keyed by (backward, b, hq, hk, sq, skv, d, ldq, kv_rows): sq < skv is a chunk. A null plan
+  // is a shape cuDNN refused.
   std::map<std::array<int64_t, 9>, std::unique_ptr<Plan>> plans_;
+  int refused_shapes_ = 0;
+  std::string last_refusal_;
   DeviceArray<uint8_t> workspace_;
 };
 
