@@ -392,6 +392,15 @@ struct BenchDevice {
   std::unique_ptr<CudnnAttention> attention;  // VOCABPIPE_ATTENTION=cudnn, as the runtime does
   DeviceContext compute, comm;
 
+  // Shapes cuDNN found no engine for ran on the kernels: say so, or a cudnn row would be read as
+  // cuDNN's.
+  ~BenchDevice() {
+    if (attention != nullptr && attention->refused_shapes() > 0) {
+      std::printf("attention: cuDNN refused %d shape(s), which ran on the kernels; the last: %s\n",
+                  attention->refused_shapes(), attention->last_refusal().c_str());
+    }
+  }
+
   absl::Status Init() {
     VP_BENCH_ASSIGN(cs, CudaStream::Create());
     VP_BENCH_ASSIGN(ms, CudaStream::Create(CudaStream::Priority::kHigh));
