@@ -792,7 +792,11 @@ absl::Status Execute(const Cudnn& dnn, cudnnHandle_t handle, const CudnnAttentio
   if (status == CUDNN_STATUS_SUCCESS) status = dnn.cudnnBackendFinalize(pack);
   if (status == CUDNN_STATUS_SUCCESS) status = dnn.cudnnSetStream(handle, stream);
   if (status == CUDNN_STATUS_SUCCESS) status = dnn.cudnnBackendExecute(handle, plan.plan, pack);
-  return DnnStatus(dnn, status, "execute");
+  absl::Status st = DnnStatus(dnn, status, "execute");
+  // Only planning may answer Unimplemented (the callers' cue to fall back to the kernels): a
+  // planned graph that then fails is an error, not a shape to move elsewhere unseen.
+  if (absl::IsUnimplemented(st)) return absl::InternalError(st.message());
+  return st;
 }
 
 }  // namespace
