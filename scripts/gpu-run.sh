@@ -159,6 +159,11 @@ capped() {
   ((t < 5)) && return "$NOT_RUN"
   timeout --kill-after=5 "$t" "$@"
 }
+# not_started NAME: the SKIP line of a step capped did not start (NOT_RUN).
+not_started() {
+  result SKIP "$1" "not started: $(left) s of the budget left$(
+    ((RESERVE > 0)) && echo ", $RESERVE s kept for the benchmarks")"
+}
 # pack: the logs so far into logs.tgz (after each phase, so a run cut by the caller's time
 # limit, even by SIGKILL, still leaves the phases it finished).
 pack() {
@@ -425,7 +430,7 @@ run_test() {  # NAME CAP [TAG]: the log and XML are NAME[-TAG].log/.xml, the che
   failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
   detail="${passed:-0} passed, ${skipped:-0} skipped, ${failed:-0} failed, $((SECONDS - t0)) s"
   if ((rc == NOT_RUN)); then
-    result SKIP "$check" "not started: $(left) s of the budget left, $RESERVE s kept for the benchmarks"
+    not_started "$check"
   elif ((rc == 124 || rc == 137)); then
     result FAIL "$check" "timed out ($detail; last: $(tail -1 "$log"))" "$log"
   elif ((rc != 0)); then
@@ -456,7 +461,7 @@ run_job() {  # NAME CAP: `vocabpipe run` through the control plane, as a user ru
     return
   fi
   if ((rc == NOT_RUN)); then
-    result SKIP "e2e-$n" "not started: $(left) s of the budget left, $RESERVE s kept for the benchmarks"
+    not_started "e2e-$n"
     return
   fi
   result FAIL "e2e-$n" "exit $rc after $((SECONDS - t0)) s: $(tail -1 "$log")" "$log"
@@ -635,7 +640,7 @@ if [[ -x "$HERE/bench/perf.sh" ]]; then
   rc=$?
   [[ -f "$LOGS/perf/perf.txt" ]] && cp "$LOGS/perf/perf.txt" "$LOGDIR/perf.txt"
   if ((rc == NOT_RUN)); then
-    result SKIP perf "not started: $(left) s of the budget left"
+    not_started perf
   elif ((rc == 0)); then
     result "$( ((DRY)) && echo SKIP || echo PASS)" perf "$(tail -1 "$LOGS/perf.log")"
     [[ -f "$LOGDIR/perf.txt" ]] && sed 's/^/     /' "$LOGDIR/perf.txt" | tee -a "$SUMMARY"
@@ -651,7 +656,7 @@ rc=$?
 if ((PERF_ONLY)); then
   result SKIP cuda_bench "VP_GPU_ONLY=perf"
 elif ((rc == NOT_RUN)); then
-  result SKIP cuda_bench "not started: $(left) s of the budget left"
+  not_started cuda_bench
 elif ((rc == 0)) && ((!DRY)) && grep -q "no CUDA device" "$LOGS/cuda_bench.txt"; then
   result FAIL cuda_bench "CUDA sees no device although the preflight did" "$LOGS/cuda_bench.txt"
 elif ((rc == 0)); then
